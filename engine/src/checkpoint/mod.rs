@@ -1,0 +1,234 @@
+//! Checkpoints in the diffusers folder layout: `model_index.json`, and one folder per
+//! component (`transformer/`, `vae/`, `scheduler/`), each with a `config.json` and its
+//! weights as one safetensors file or several listed by a `*.safetensors.index.json`.
+//!
+//! Opening a component reads headers only; [`Mapped`] maps the files with memmap2 so the
+//! weights are shared page cache, never copied whole into anonymous memory.
+
+pub mod header;
+pub mod model;
+pub mod profile;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use serde::Deserialize;
+
+pub use header::{Header, TensorInfo};
+pub use model::DitCheckpoint;
+pub use profile::{ActivationCost, Profile};
+
+use crate::{Error, Result};
+
+/// The weight file names diffusers writes, in the order we look for them.
+const WEIGHT_NAMES: [&str; 2] = ["diffusion_pytorch_model", "model"];
+
+/// One component folder's weights: the files' headers and where each tensor lives.
+#[derive(Debug, Clone)]
+pub struct Component {
+    pub dir: PathBuf,
+    pub files: Vec<Header>,
+    /// Tensor name → (index into `files`, index into that file's tensors).
+    pub index: BTreeMap<String, (usize, usize)>,
+}
+
+#[derive(Deserialize)]
+struct ShardIndex {
+    weight_map: BTreeMap<String, String>,
+}
+
+impl Component {
+    /// Reads the headers of a component folder's safetensors weights.
+    pub fn open(dir: &Path) -> Result<Component> {
+        let (files, expected) = Self::weight_files(dir)?;
+        let headers = files.iter().map(|p| Header::read(p)).collect::<Result<Vec<_>>>()?;
+        let mut index = BTreeMap::new();
+        for (fi, h) in headers.iter().enumerate() {
+            for (ti, t) in h.tensors.iter().enumerate() {
+                if let Some((other, _)) = index.insert(t.name.clone(), (fi, ti)) {
+                    return Err(Error::tensor(
+                        &h.path,
+                        &t.name,
+                        format!("also stored in {}", headers[other].path.display()),
+                    ));
+                }
+            }
+        }
+        if let Some((index_path, map)) = expected {
+            for (name, file) in &map {
+                match index.get(name) {
+                    None => {
+                        return Err(Error::tensor(
+                            &index_path,
+                            name,
+                            format!("listed in the index (in {file}) but not found in any weight file"),
+                        ))
+                    }
+                    Some(&(fi, _)) if !headers[fi].path.ends_with(file) => {
+                        return Err(Error::tensor(
+                            &index_path,
+                            name,
+                            format!("index says {file} but it is in {}", headers[fi].path.display()),
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(name) = index.keys().find(|n| !map.contains_key(*n)) {
+                let (fi, _) = index[name];
+                return Err(Error::tensor(&headers[fi].path, name, "not listed in the shard index"));
+            }
+        }
+        Ok(Component {
+            dir: dir.to_path_buf(),
+            files: headers,
+            index,
+        })
+    }
+
+    /// The weight files of a folder, and the shard index's map when there is one.
+    #[allow(clippy::type_complexity)]
+    fn weight_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<(PathBuf, BTreeMap<String, String>)>)> {
+        for stem in WEIGHT_NAMES {
+            let single = dir.join(format!("{stem}.safetensors"));
+            if single.is_file() {
+                return Ok((vec![single], None));
+            }
+            let index_path = dir.join(format!("{stem}.safetensors.index.json"));
+            if index_path.is_file() {
+                let text = std::fs::read(&index_path).map_err(|e| Error::io(&index_path, e))?;
+                let idx: ShardIndex = serde_json::from_slice(&text)
+                    .map_err(|e| Error::checkpoint(&index_path, format!("not a shard index: {e}")))?;
+                let mut files: Vec<String> = idx.weight_map.values().cloned().collect();
+                files.sort();
+                files.dedup();
+                let mut paths = Vec::with_capacity(files.len());
+                for f in files {
+                    if f.contains('/') || f.contains("..") {
+                        return Err(Error::checkpoint(&index_path, format!("shard `{f}` is not a file name in this folder")));
+                    }
+                    let p = dir.join(&f);
+                    if !p.is_file() {
+                        return Err(Error::checkpoint(&index_path, format!("shard file `{f}` is missing")));
+                    }
+                    paths.push(p);
+                }
+                return Ok((paths, Some((index_path, idx.weight_map))));
+            }
+        }
+        Err(Error::checkpoint(
+            dir,
+            "no diffusion_pytorch_model.safetensors or diffusion_pytorch_model.safetensors.index.json",
+        ))
+    }
+
+    /// The header entry and file of a tensor.
+    pub fn get(&self, name: &str) -> Option<(&Header, &TensorInfo)> {
+        self.index.get(name).map(|&(f, t)| {
+            let h = &self.files[f];
+            (h, &h.tensors[t])
+        })
+    }
+
+    /// The file a tensor is in (for error messages).
+    pub fn path_of(&self, name: &str) -> PathBuf {
+        self.get(name).map_or_else(|| self.dir.clone(), |(h, _)| h.path.clone())
+    }
+
+    pub fn tensor_bytes(&self) -> u64 {
+        self.files.iter().map(Header::tensor_bytes).sum()
+    }
+}
+
+/// A component with its files mapped read-only. Cloning shares the mappings.
+#[derive(Clone)]
+pub struct Mapped {
+    pub component: Arc<Component>,
+    maps: Arc<Vec<Mmap>>,
+}
+
+impl Mapped {
+    pub fn map(component: Component) -> Result<Mapped> {
+        let mut maps = Vec::with_capacity(component.files.len());
+        for h in &component.files {
+            let f = File::open(&h.path).map_err(|e| Error::io(&h.path, e))?;
+            // SAFETY: the mapping is read-only and the engine never writes through it. A
+            // file truncated underneath us would fault; checkpoints are immutable inputs
+            // mounted read-only, and the header check above ruled out short files at open.
+            let m = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&h.path, e))?;
+            if (m.len() as u64) < h.file_len {
+                return Err(Error::checkpoint(&h.path, "file shrank after its header was read"));
+            }
+            maps.push(m);
+        }
+        Ok(Mapped {
+            component: Arc::new(component),
+            maps: Arc::new(maps),
+        })
+    }
+
+    /// The stored bytes of a tensor, borrowed from the mapping.
+    pub fn bytes(&self, name: &str) -> Option<&[u8]> {
+        let &(f, t) = self.component.index.get(name)?;
+        let info = &self.component.files[f].tensors[t];
+        Some(self.range(f, info.offset, info.len))
+    }
+
+    /// A byte range of file `file` of the component.
+    pub fn range(&self, file: usize, offset: u64, len: u64) -> &[u8] {
+        &self.maps[file][offset as usize..(offset + len) as usize]
+    }
+
+    /// Advises the kernel that the mapping is read in order (bigger read-ahead).
+    pub fn advise_sequential(&self) {
+        for m in self.maps.iter() {
+            let _ = m.advise(memmap2::Advice::Sequential);
+        }
+    }
+}
+
+/// The paths of a diffusers model folder.
+#[derive(Debug, Clone)]
+pub struct ModelFolder {
+    pub root: PathBuf,
+}
+
+impl ModelFolder {
+    /// Checks that `root` looks like a diffusers pipeline folder.
+    pub fn new(root: &Path) -> Result<ModelFolder> {
+        let index = root.join("model_index.json");
+        if !index.is_file() {
+            return Err(Error::checkpoint(root, "no model_index.json: not a diffusers model folder"));
+        }
+        let text = std::fs::read(&index).map_err(|e| Error::io(&index, e))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|e| Error::checkpoint(&index, format!("not valid JSON: {e}")))?;
+        for part in ["transformer", "vae"] {
+            if v.get(part).is_none() {
+                return Err(Error::config(&index, part, "missing; this pipeline needs a transformer and a vae"));
+            }
+        }
+        Ok(ModelFolder { root: root.to_path_buf() })
+    }
+    pub fn transformer(&self) -> PathBuf {
+        self.root.join("transformer")
+    }
+    pub fn vae(&self) -> PathBuf {
+        self.root.join("vae")
+    }
+    pub fn scheduler_config(&self) -> PathBuf {
+        self.root.join("scheduler").join("scheduler_config.json")
+    }
+}
+
+/// Reads and parses a JSON config file, naming the file on failure.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_slice(&text).map_err(|e| {
+        let field = e.to_string();
+        Error::config(path, field.split('`').nth(1).unwrap_or("(document)"), e.to_string())
+    })
+}

@@ -1,0 +1,87 @@
+//! The engine's one error type. Every variant names the thing at fault (file, tensor,
+//! field, rank) so that a person reading the message knows where to look.
+
+use std::path::PathBuf;
+
+/// Result with the engine's error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A checkpoint file whose bytes are not what they claim to be.
+    #[error("{path}: {msg}")]
+    Checkpoint { path: PathBuf, msg: String },
+    /// A tensor that is missing, unexpected, or of the wrong shape or dtype.
+    #[error("{path}: tensor `{tensor}`: {msg}")]
+    Tensor {
+        path: PathBuf,
+        tensor: String,
+        msg: String,
+    },
+    /// A configuration value that is missing, malformed, or disagrees with the weights.
+    #[error("{path}: config field `{field}`: {msg}")]
+    Config {
+        path: PathBuf,
+        field: String,
+        msg: String,
+    },
+    /// A request or option outside what the engine can do.
+    #[error("invalid {field}: {msg}")]
+    Invalid { field: String, msg: String },
+    /// An allocation that would exceed the device's memory budget.
+    #[error("device memory exhausted on rank {rank}: {what} needs {need} bytes, {free} of {capacity} free")]
+    OutOfDeviceMemory {
+        rank: usize,
+        what: String,
+        need: u64,
+        free: u64,
+        capacity: u64,
+    },
+    /// A rank, stream or collective that failed; carries the first cause.
+    #[error("rank {rank}: {msg}")]
+    Rank { rank: usize, msg: String },
+    #[cfg(feature = "runtime")]
+    #[error("tensor math: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+    pub fn checkpoint(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
+        Error::Checkpoint {
+            path: path.into(),
+            msg: msg.into(),
+        }
+    }
+    pub fn tensor(path: impl Into<PathBuf>, tensor: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::Tensor {
+            path: path.into(),
+            tensor: tensor.into(),
+            msg: msg.into(),
+        }
+    }
+    pub fn config(path: impl Into<PathBuf>, field: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::Config {
+            path: path.into(),
+            field: field.into(),
+            msg: msg.into(),
+        }
+    }
+    pub fn invalid(field: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::Invalid {
+            field: field.into(),
+            msg: msg.into(),
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! layerwise engine: serve diffusion transformers larger than one accelerator by streaming
+//! their blocks through a few device slots. See ARCHITECTURE.md for the map.
+//!
+//! Without the `runtime` feature this crate is the header-only checkpoint reader and the
+//! model families' metadata, which is all the node agent needs.
+
+pub mod checkpoint;
+pub mod error;
+pub mod family;
+pub mod layout;
+pub mod strategy;
+#[cfg(feature = "runtime")]
+pub mod runtime;
+
+pub use error::{Error, Result};
+pub use strategy::Strategy;

@@ -1,0 +1,184 @@
+//! DiT forward pass, split the way the pipeline streams it: a prologue (patch and
+//! position embedding) and epilogue (final adaLN layer, unpatchify) on resident weights,
+//! and one function per block that takes the block's weights from wherever they are.
+//! Follows diffusers' `DiTTransformer2DModel` operation for operation.
+
+use candle_core::{DType, Device, Module, Tensor, D};
+use candle_nn::Linear;
+
+use super::weights::Weights;
+use crate::family::dit::{DitConfig, TIMESTEP_CHANNELS};
+use crate::{Error, Result};
+
+/// eps of the LayerNorm inside adaLN-Zero and of the final norm (fixed in diffusers).
+const ADA_EPS: f64 = 1e-6;
+
+fn linear(w: &dyn Weights, name: &str, x: &Tensor) -> Result<Tensor> {
+    let weight = w.get(&format!("{name}.weight"))?;
+    let bias = w.get(&format!("{name}.bias")).ok();
+    Ok(Linear::new(weight, bias).forward(x)?)
+}
+
+/// LayerNorm over the last dimension without affine parameters (biased variance).
+fn layer_norm(x: &Tensor, eps: f64) -> Result<Tensor> {
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
+    Ok(xc.broadcast_div(&(var + eps)?.sqrt()?)?)
+}
+
+/// `x * (1 + scale) + shift` with per-sample `scale`, `shift` of shape [B, D].
+fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
+    let scale = (scale.unsqueeze(1)? + 1.0)?;
+    Ok(x.broadcast_mul(&scale)?.broadcast_add(&shift.unsqueeze(1)?)?)
+}
+
+/// diffusers' `get_timestep_embedding` with flip_sin_to_cos=True, downscale_freq_shift=1.
+pub fn timestep_embedding(t: &[f32], device: &Device) -> Result<Tensor> {
+    let half = TIMESTEP_CHANNELS / 2;
+    let freqs: Vec<f32> = (0..half)
+        .map(|i| (-(10000f64.ln() as f32) * i as f32 / (half as f32 - 1.0)).exp())
+        .collect();
+    let mut out = Vec::with_capacity(t.len() * TIMESTEP_CHANNELS);
+    for &ts in t {
+        let args: Vec<f32> = freqs.iter().map(|f| ts * f).collect();
+        out.extend(args.iter().map(|a| a.cos()));
+        out.extend(args.iter().map(|a| a.sin()));
+    }
+    Ok(Tensor::from_vec(out, (t.len(), TIMESTEP_CHANNELS), device)?)
+}
+
+fn sincos_1d(dim: usize, pos: f64, out: &mut Vec<f64>) {
+    let half = dim / 2;
+    let omega: Vec<f64> = (0..half).map(|i| 1.0 / 10000f64.powf(i as f64 / (dim as f64 / 2.0))).collect();
+    out.extend(omega.iter().map(|o| (pos * o).sin()));
+    out.extend(omega.iter().map(|o| (pos * o).cos()));
+}
+
+/// diffusers' 2-D sin-cos position embedding for an `h × w` patch grid: the first half
+/// of the channels encodes the column, the second the row, scaled to `base` patches.
+pub fn pos_embedding(dim: usize, h: usize, w: usize, base: usize, device: &Device) -> Result<Tensor> {
+    let mut v = Vec::with_capacity(h * w * dim);
+    for row in 0..h {
+        for col in 0..w {
+            let gw = col as f32 / (w as f32 / base as f32);
+            let gh = row as f32 / (h as f32 / base as f32);
+            sincos_1d(dim / 2, gw as f64, &mut v);
+            sincos_1d(dim / 2, gh as f64, &mut v);
+        }
+    }
+    let v: Vec<f32> = v.into_iter().map(|x| x as f32).collect();
+    Ok(Tensor::from_vec(v, (1, h * w, dim), device)?)
+}
+
+/// One request's activations while its blocks run.
+pub struct DitState {
+    /// Hidden states [B, T, D].
+    pub x: Tensor,
+    /// Sinusoidal timestep projections [B, 256].
+    t_proj: Tensor,
+    /// Class labels [B] (u32), the null class for the unconditional half.
+    labels: Tensor,
+    /// Block 0's conditioning, reused by the final layer (as diffusers does).
+    cond0: Option<Tensor>,
+    grid: (usize, usize),
+}
+
+/// The DiT's shape and its resident (non-streamed) weights.
+pub struct Dit {
+    pub cfg: DitConfig,
+    resident: Box<dyn Weights + Send + Sync>,
+}
+
+impl Dit {
+    pub fn new(cfg: DitConfig, resident: Box<dyn Weights + Send + Sync>) -> Self {
+        Dit { cfg, resident }
+    }
+
+    /// Patch embedding of latents [B, C, H, W] for timestep `t` and `labels`.
+    pub fn prologue(&self, latents: &Tensor, t: f32, labels: &[u32]) -> Result<DitState> {
+        let (b, c, h, w) = latents.dims4()?;
+        let p = self.cfg.patch();
+        if c != self.cfg.in_channels || h % p != 0 || w % p != 0 || labels.len() != b {
+            return Err(Error::invalid(
+                "latents",
+                format!("shape [{b}, {c}, {h}, {w}] with {} labels does not fit this DiT (in_channels {}, patch {p})", labels.len(), self.cfg.in_channels),
+            ));
+        }
+        let dev = latents.device();
+        let wt = self.resident.get("pos_embed.proj.weight")?;
+        let bias = self.resident.get("pos_embed.proj.bias")?;
+        let x = latents.conv2d(&wt, 0, p, 1, 1)?.broadcast_add(&bias.reshape((1, (), 1, 1))?)?;
+        let (gh, gw) = (h / p, w / p);
+        let x = x.flatten_from(2)?.transpose(1, 2)?;
+        let base = self.cfg.sample_size / p;
+        let x = x.broadcast_add(&pos_embedding(self.cfg.hidden(), gh, gw, base, dev)?)?.contiguous()?;
+        Ok(DitState {
+            x,
+            t_proj: timestep_embedding(&vec![t; b], dev)?,
+            labels: Tensor::from_slice(labels, b, dev)?,
+            cond0: None,
+            grid: (gh, gw),
+        })
+    }
+
+    /// Timestep + class conditioning of a block's own embedder.
+    fn conditioning(&self, w: &dyn Weights, st: &DitState) -> Result<Tensor> {
+        let t = linear(w, "norm1.emb.timestep_embedder.linear_1", &st.t_proj)?.silu()?;
+        let t = linear(w, "norm1.emb.timestep_embedder.linear_2", &t)?;
+        let table = w.get("norm1.emb.class_embedder.embedding_table.weight")?;
+        let c = table.index_select(&st.labels, 0)?;
+        Ok((t + c)?)
+    }
+
+    fn attention(&self, w: &dyn Weights, x: &Tensor) -> Result<Tensor> {
+        let (b, t, d) = x.dims3()?;
+        let (h, hd) = (self.cfg.num_attention_heads, self.cfg.attention_head_dim);
+        let heads = |name: &str| -> Result<Tensor> {
+            Ok(linear(w, name, x)?.reshape((b, t, h, hd))?.transpose(1, 2)?.contiguous()?)
+        };
+        let (q, k, v) = (heads("attn1.to_q")?, heads("attn1.to_k")?, heads("attn1.to_v")?);
+        let scores = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
+        linear(w, "attn1.to_out.0", &o)
+    }
+
+    /// One adaLN-Zero block.
+    pub fn block(&self, index: usize, w: &dyn Weights, st: &mut DitState) -> Result<()> {
+        let cond = self.conditioning(w, st)?;
+        let ada = linear(w, "norm1.linear", &cond.silu()?)?;
+        let m = ada.chunk(6, 1)?;
+        let (shift_msa, scale_msa, gate_msa) = (&m[0], &m[1], &m[2]);
+        let (shift_mlp, scale_mlp, gate_mlp) = (&m[3], &m[4], &m[5]);
+        if index == 0 {
+            st.cond0 = Some(cond);
+        }
+        let x = &st.x;
+        let h = modulate(&layer_norm(x, ADA_EPS)?, shift_msa, scale_msa)?;
+        let a = self.attention(w, &h)?;
+        let x = (x + a.broadcast_mul(&gate_msa.unsqueeze(1)?)?)?;
+        let h = modulate(&layer_norm(&x, self.cfg.norm_eps)?, shift_mlp, scale_mlp)?;
+        let h = linear(w, "ff.net.0.proj", &h)?;
+        let h = if self.cfg.activation_fn == "gelu" { h.gelu_erf()? } else { h.gelu()? };
+        let f = linear(w, "ff.net.2", &h)?;
+        st.x = (x + f.broadcast_mul(&gate_mlp.unsqueeze(1)?)?)?;
+        Ok(())
+    }
+
+    /// Final adaLN layer and unpatchify: [B, out_channels, H, W].
+    pub fn epilogue(&self, st: DitState) -> Result<Tensor> {
+        let cond = st
+            .cond0
+            .ok_or_else(|| Error::invalid("pipeline", "epilogue before block 0 ran"))?;
+        let ss = linear(self.resident.as_ref(), "proj_out_1", &cond.silu()?)?;
+        let m = ss.chunk(2, 1)?;
+        let x = modulate(&layer_norm(&st.x, ADA_EPS)?, &m[0], &m[1])?;
+        let x = linear(self.resident.as_ref(), "proj_out_2", &x)?;
+        let (b, _, _) = x.dims3()?;
+        let (p, c) = (self.cfg.patch(), self.cfg.out());
+        let (gh, gw) = st.grid;
+        let x = x.reshape((b, gh, gw, p, p, c))?.permute((0, 5, 1, 3, 2, 4))?;
+        Ok(x.reshape((b, c, gh * p, gw * p))?.to_dtype(DType::F32)?)
+    }
+}

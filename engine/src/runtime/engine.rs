@@ -1,0 +1,425 @@
+//! Runs requests on a DiT with its blocks streamed: one thread per dp rank, each with its
+//! own pipeline and device budget, all sharing one mapping of the checkpoint and moving
+//! in lockstep by block index. Requests are dealt to ranks round-robin; a rank without
+//! work still joins every pass so the collectives line up.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::{DType, Device, Tensor};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use rand_distr::{Distribution, StandardNormal};
+use serde::Serialize;
+
+use super::backend::Collective;
+use super::budget::DeviceBudget;
+use super::cpu::{CpuBackend, LocalGroup};
+use super::ddim::{Ddim, DdimConfig};
+use super::dit::Dit;
+use super::pipeline::{candle_dtype, Hook, Pipeline, PipelineOptions};
+use super::rss::RssSampler;
+use super::vae::VaeDecoder;
+use crate::checkpoint::{DitCheckpoint, Mapped};
+use crate::family::dit::DitConfig;
+use crate::layout::ModelLayout;
+use crate::{Error, Result, Strategy};
+
+/// A checkpoint opened, checked and mapped once for every rank.
+pub struct Model {
+    pub checkpoint: DitCheckpoint,
+    pub transformer: Mapped,
+    pub vae: Mapped,
+    pub scheduler: DdimConfig,
+}
+
+impl Model {
+    pub fn open(root: &Path) -> Result<Model> {
+        let checkpoint = DitCheckpoint::open(root)?;
+        let sched_path = checkpoint.folder.scheduler_config();
+        let scheduler = if sched_path.is_file() { DdimConfig::load(&sched_path)? } else { DdimConfig::dit() };
+        let transformer = Mapped::map(checkpoint.transformer.clone())?;
+        let vae = Mapped::map(checkpoint.vae.clone())?;
+        Ok(Model {
+            checkpoint,
+            transformer,
+            vae,
+            scheduler,
+        })
+    }
+
+    pub fn config(&self) -> &DitConfig {
+        &self.checkpoint.config
+    }
+
+    /// Pixels per latent per side.
+    pub fn upscale(&self) -> usize {
+        self.checkpoint.vae_config.upscale()
+    }
+
+    /// The block layout for `dp` ranks.
+    pub fn layout(&self, dp: usize) -> Result<ModelLayout> {
+        let cfg = self.config();
+        ModelLayout::new(&self.checkpoint.transformer, &cfg.block_specs(), cfg.num_layers, DitConfig::block_prefix, dp)
+    }
+
+    /// Loads named tensors from a mapping into f32 device tensors.
+    fn load(mapped: &Mapped, names: impl Iterator<Item = String>, device: &Device) -> Result<HashMap<String, Tensor>> {
+        let mut out = HashMap::new();
+        for name in names {
+            let (h, info) = mapped
+                .component
+                .get(&name)
+                .ok_or_else(|| Error::tensor(&mapped.component.dir, &name, "missing from the checkpoint"))?;
+            let bytes = mapped.bytes(&name).expect("indexed tensor");
+            let t = Tensor::from_raw_buffer(bytes, candle_dtype(info.dtype).map_err(|e| Error::tensor(&h.path, &name, e.to_string()))?, &info.shape, device)?;
+            out.insert(name, t.to_dtype(DType::F32)?);
+        }
+        Ok(out)
+    }
+}
+
+/// One image to generate.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub class_label: u32,
+    pub seed: u64,
+    pub steps: usize,
+    pub guidance: f32,
+    pub width: usize,
+    pub height: usize,
+    /// Start from these latents [1, C, h, w] instead of seeded noise.
+    pub init_latents: Option<Tensor>,
+}
+
+/// What a request produced.
+pub struct Output {
+    /// Final latents [1, C, h, w] before the VAE.
+    pub latents: Tensor,
+    /// The decoded image [3, H, W] in [-1, 1], when decoding was asked for.
+    pub image: Option<Tensor>,
+}
+
+/// How the engine runs.
+#[derive(Clone)]
+pub struct EngineOptions {
+    pub strategy: Strategy,
+    pub dp: usize,
+    pub slots: usize,
+    /// Device memory per rank, in bytes (the CPU backend enforces it like a GPU would).
+    pub device_memory: u64,
+    /// Longest any rank may wait on a transfer or a peer before failing.
+    pub timeout: Duration,
+    pub hook: Option<Hook>,
+    /// Decode latents into images with the VAE.
+    pub decode: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            strategy: Strategy::OffloadSharded,
+            dp: 1,
+            slots: 2,
+            device_memory: u64::MAX,
+            timeout: Duration::from_secs(120),
+            hook: None,
+            decode: true,
+        }
+    }
+}
+
+/// Figures of one run (the `--stats` JSON).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RunStats {
+    pub strategy: String,
+    pub dp: usize,
+    pub slots: usize,
+    pub wall_seconds: f64,
+    /// Mean wall time of a denoising step (one pass over the blocks with work in it).
+    pub step_seconds: f64,
+    /// Compute waiting for weights, worst rank.
+    pub stall_seconds: f64,
+    pub stall_fraction: f64,
+    pub bytes_copied: u64,
+    pub bytes_gathered: u64,
+    /// Largest accounted device bytes over ranks.
+    pub peak_device_bytes: u64,
+    /// Peak accounted device bytes per kind (slots, resident blocks, ...), worst rank.
+    pub peak_device_bytes_by_kind: BTreeMap<String, u64>,
+    pub peak_anon_rss_bytes: u64,
+    pub checkpoint_bytes: u64,
+    pub largest_padded_block_bytes: u64,
+    pub images: usize,
+}
+
+struct Active {
+    req: Request,
+    ddim: Ddim,
+    step: usize,
+    latents: Tensor,
+    index: usize,
+}
+
+struct RankResult {
+    outputs: Vec<(usize, Output)>,
+    stall: Duration,
+    step_time: Duration,
+    steps: usize,
+    bytes_copied: u64,
+    bytes_gathered: u64,
+    peak: u64,
+    peak_by_kind: BTreeMap<&'static str, u64>,
+}
+
+/// Seeded Gaussian latents [1, C, h, w].
+pub fn seeded_latents(seed: u64, c: usize, h: usize, w: usize, device: &Device) -> Result<Tensor> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let v: Vec<f32> = (0..c * h * w).map(|_| StandardNormal.sample(&mut rng)).collect();
+    Ok(Tensor::from_vec(v, (1, c, h, w), device)?)
+}
+
+impl Model {
+    /// Checks a request against the model before it takes a rank.
+    pub fn validate(&self, r: &Request) -> Result<()> {
+        let cfg = self.config();
+        let unit = self.upscale() * cfg.patch();
+        for (field, v) in [("width", r.width), ("height", r.height)] {
+            if v == 0 || v % unit != 0 {
+                return Err(Error::invalid(field, format!("{v}: must be a positive multiple of {unit}")));
+            }
+        }
+        if r.class_label as usize >= cfg.num_classes() {
+            return Err(Error::invalid("class_label", format!("{}: this model has classes 0..{}", r.class_label, cfg.num_classes() - 1)));
+        }
+        if !(r.guidance.is_finite() && r.guidance >= 0.0) {
+            return Err(Error::invalid("guidance", format!("{}: must be a finite number ≥ 0", r.guidance)));
+        }
+        Ddim::new(self.scheduler.clone(), r.steps)?;
+        if let Some(l) = &r.init_latents {
+            let want = [1, cfg.in_channels, r.height / self.upscale(), r.width / self.upscale()];
+            if l.dims() != want {
+                return Err(Error::invalid("init_latents", format!("shape {:?}, expected {want:?}", l.dims())));
+            }
+        }
+        Ok(())
+    }
+
+    fn start(&self, req: Request, index: usize) -> Result<Active> {
+        let (c, up) = (self.config().in_channels, self.upscale());
+        let latents = match &req.init_latents {
+            Some(l) => l.to_dtype(DType::F32)?,
+            None => seeded_latents(req.seed, c, req.height / up, req.width / up, &Device::Cpu)?,
+        };
+        Ok(Active {
+            ddim: Ddim::new(self.scheduler.clone(), req.steps)?,
+            req,
+            step: 0,
+            latents,
+            index,
+        })
+    }
+
+    /// One denoising step of `a` on pipeline `pipe` (all blocks), as DiTPipeline does it.
+    fn prepare_step(&self, dit: &Dit, a: &Active) -> Result<super::dit::DitState> {
+        let t = a.ddim.timesteps[a.step];
+        let cfg = a.req.guidance > 1.0;
+        let (input, labels) = if cfg {
+            (Tensor::cat(&[&a.latents, &a.latents], 0)?, vec![a.req.class_label, self.config().num_classes() as u32])
+        } else {
+            (a.latents.clone(), vec![a.req.class_label])
+        };
+        dit.prologue(&input, t as f32, &labels)
+    }
+
+    fn finish_step(&self, dit: &Dit, a: &mut Active, st: super::dit::DitState) -> Result<()> {
+        let c = self.config().in_channels;
+        let out = dit.epilogue(st)?;
+        let eps = out.narrow(1, 0, c)?;
+        let eps = if a.req.guidance > 1.0 {
+            let (cond, uncond) = (eps.narrow(0, 0, 1)?, eps.narrow(0, 1, 1)?);
+            (&uncond + ((cond - &uncond)? * a.req.guidance as f64)?)?
+        } else {
+            eps
+        };
+        let t = a.ddim.timesteps[a.step];
+        a.latents = a.ddim.step(&eps, t, &a.latents)?;
+        a.step += 1;
+        Ok(())
+    }
+
+    /// Generates `requests` with `opts`; outputs come back in request order.
+    pub fn run(&self, requests: Vec<Request>, opts: &EngineOptions) -> Result<(Vec<Output>, RunStats)> {
+        if opts.dp == 0 {
+            return Err(Error::invalid("dp", "must be at least 1"));
+        }
+        for r in &requests {
+            self.validate(r)?;
+        }
+        let rss = RssSampler::start();
+        let start = Instant::now();
+        let layout = Arc::new(self.layout(opts.dp)?);
+        let mut queues: Vec<VecDeque<(usize, Request)>> = vec![VecDeque::new(); opts.dp];
+        for (i, r) in requests.into_iter().enumerate() {
+            queues[i % opts.dp].push_back((i, r));
+        }
+        let passes = queues.iter().map(|q| q.iter().map(|(_, r)| r.steps).sum::<usize>()).max().unwrap_or(0);
+        let backend = Arc::new(CpuBackend::new(opts.timeout));
+        let group = LocalGroup::new(opts.dp, opts.timeout);
+        let results: Vec<Result<RankResult>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = group
+                .comms()
+                .into_iter()
+                .zip(queues)
+                .map(|(comm, queue)| {
+                    let (backend, layout, group) = (backend.clone(), layout.clone(), group.clone());
+                    let span = tracing::info_span!("rank", rank = comm.rank());
+                    std::thread::Builder::new()
+                        .name(format!("rank-{}", comm.rank()))
+                        .spawn_scoped(scope, move || {
+                            let _g = span.enter();
+                            let rank = comm.rank();
+                            let r = self.rank_main(backend, comm, layout, queue, passes, opts);
+                            if let Err(e) = &r {
+                                group.poison(format!("rank {rank} failed: {e}"));
+                            }
+                            r
+                        })
+                        .expect("spawn rank thread")
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+        });
+        // Report the root cause, not a peer's "abandoned" error.
+        let mut ranks = Vec::new();
+        let mut errors = Vec::new();
+        for r in results {
+            match r {
+                Ok(x) => ranks.push(x),
+                Err(e) => errors.push(e),
+            }
+        }
+        if !errors.is_empty() {
+            let root = errors.iter().position(|e| !e.to_string().contains("abandoned")).unwrap_or(0);
+            return Err(errors.swap_remove(root));
+        }
+        let wall = start.elapsed();
+        let mut outputs: Vec<(usize, Output)> = ranks.iter_mut().flat_map(|r| r.outputs.drain(..)).collect();
+        outputs.sort_by_key(|(i, _)| *i);
+        let steps: usize = ranks.iter().map(|r| r.steps).sum();
+        let step_time: Duration = ranks.iter().map(|r| r.step_time).sum();
+        let stall = ranks.iter().map(|r| r.stall).max().unwrap_or_default();
+        let mut by_kind = BTreeMap::new();
+        for r in &ranks {
+            for (k, v) in &r.peak_by_kind {
+                let e = by_kind.entry(k.to_string()).or_insert(0);
+                *e = (*e).max(*v);
+            }
+        }
+        let stats = RunStats {
+            strategy: opts.strategy.to_string(),
+            dp: opts.dp,
+            slots: opts.slots,
+            wall_seconds: wall.as_secs_f64(),
+            step_seconds: if steps > 0 { step_time.as_secs_f64() / steps as f64 } else { 0.0 },
+            stall_seconds: stall.as_secs_f64(),
+            stall_fraction: if passes > 0 && step_time > Duration::ZERO {
+                stall.as_secs_f64() / (step_time.as_secs_f64() / ranks.len() as f64).max(1e-9)
+            } else {
+                0.0
+            },
+            bytes_copied: ranks.iter().map(|r| r.bytes_copied).sum(),
+            bytes_gathered: ranks.iter().map(|r| r.bytes_gathered).sum(),
+            peak_device_bytes: ranks.iter().map(|r| r.peak).max().unwrap_or(0),
+            peak_device_bytes_by_kind: by_kind,
+            peak_anon_rss_bytes: rss.peak(),
+            checkpoint_bytes: self.checkpoint.transformer.tensor_bytes() + self.checkpoint.vae.tensor_bytes(),
+            largest_padded_block_bytes: layout.largest_padded_block(),
+            images: outputs.len(),
+        };
+        Ok((outputs.into_iter().map(|(_, o)| o).collect(), stats))
+    }
+
+    fn rank_main(
+        &self,
+        backend: Arc<CpuBackend>,
+        comm: super::cpu::LocalComm,
+        layout: Arc<ModelLayout>,
+        mut queue: VecDeque<(usize, Request)>,
+        passes: usize,
+        opts: &EngineOptions,
+    ) -> Result<RankResult> {
+        let rank = comm.rank();
+        let budget = DeviceBudget::new(rank, opts.device_memory);
+        let dev = Device::Cpu;
+        let cfg = self.config().clone();
+        let resident_names = cfg.resident_specs().into_iter().map(|s| s.name);
+        let resident = Model::load(&self.transformer, resident_names, &dev)?;
+        let resident_bytes = cfg.resident_specs().iter().map(|s| self.transformer.component.get(&s.name).map_or(0, |(_, t)| t.len)).sum();
+        let _resident_alloc = budget.charge("resident_outside_blocks", "patch embedding and final layer", resident_bytes)?;
+        let (vae, _vae_alloc) = if opts.decode {
+            let names = self.vae.component.index.keys().filter(|n| n.starts_with("decoder.") || n.starts_with("post_quant_conv.")).cloned().collect::<Vec<_>>();
+            let bytes = names.iter().map(|n| self.vae.component.get(n).map_or(0, |(_, t)| t.len)).sum();
+            let alloc = budget.charge("vae", "VAE decoder", bytes)?;
+            let w = Model::load(&self.vae, names.into_iter(), &dev)?;
+            (Some(VaeDecoder::load_from(&self.checkpoint.vae_config, &w, &self.vae.component.dir)?), Some(alloc))
+        } else {
+            (None, None)
+        };
+        let dit = Dit::new(cfg, Box::new(resident));
+        let mut pipe = Pipeline::new(
+            backend,
+            comm,
+            layout,
+            self.transformer.clone(),
+            &budget,
+            PipelineOptions {
+                strategy: opts.strategy,
+                slots: opts.slots,
+                hook: opts.hook.clone(),
+            },
+        )?;
+        let mut active: Option<Active> = None;
+        let mut outputs = Vec::new();
+        let (mut step_time, mut steps) = (Duration::ZERO, 0usize);
+        for pass in 0..passes {
+            if active.is_none() {
+                if let Some((i, r)) = queue.pop_front() {
+                    active = Some(self.start(r, i)?);
+                }
+            }
+            let t0 = Instant::now();
+            let mut state = active.as_ref().map(|a| self.prepare_step(&dit, a)).transpose()?;
+            pipe.pass(pass + 1 < passes, |i, w| match state.as_mut() {
+                Some(st) => dit.block(i, w, st),
+                None => Ok(()),
+            })?;
+            if let (Some(a), Some(st)) = (active.as_mut(), state) {
+                self.finish_step(&dit, a, st)?;
+                step_time += t0.elapsed();
+                steps += 1;
+                if a.step == a.ddim.timesteps.len() {
+                    let a = active.take().expect("active");
+                    let image = match &vae {
+                        Some(v) => Some(v.decode(&a.latents)?.squeeze(0)?),
+                        None => None,
+                    };
+                    outputs.push((a.index, Output { latents: a.latents, image }));
+                }
+            }
+        }
+        let s = pipe.stats().clone();
+        Ok(RankResult {
+            outputs,
+            stall: s.stall,
+            step_time,
+            steps,
+            bytes_copied: s.bytes_copied,
+            bytes_gathered: s.bytes_gathered,
+            peak: budget.peak(),
+            peak_by_kind: budget.peak_by_kind(),
+        })
+    }
+}

@@ -1,0 +1,60 @@
+//! The four ways weights can live and move (ARCHITECTURE.md has the table).
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// The whole model on every device; nothing moves per step.
+    Resident,
+    /// 1/dp of every block resident on each device; all-gather into a slot per block.
+    Sharded,
+    /// Weights on the host; each rank copies whole blocks into its slots.
+    Offload,
+    /// Weights on the host; each rank copies 1/dp of a block, then all-gather.
+    OffloadSharded,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 4] = [
+        Strategy::Resident,
+        Strategy::Sharded,
+        Strategy::Offload,
+        Strategy::OffloadSharded,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Resident => "resident",
+            Strategy::Sharded => "sharded",
+            Strategy::Offload => "offload",
+            Strategy::OffloadSharded => "offload-sharded",
+        }
+    }
+
+    /// Whether blocks stream through slots (everything but `resident`).
+    pub fn streams(self) -> bool {
+        self != Strategy::Resident
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Strategy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Strategy::ALL
+            .into_iter()
+            .find(|x| x.as_str() == s)
+            .ok_or_else(|| Error::invalid("strategy", format!("`{s}`: expected one of resident, sharded, offload, offload-sharded")))
+    }
+}

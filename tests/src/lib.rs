@@ -1,0 +1,11 @@
+//! End-to-end tests of layerwise against a real Kubernetes control plane on this machine.
+//!
+//! The cluster is the one `tests/cluster/up` starts: kube-apiserver, etcd, the controller
+//! manager and the scheduler built from source, with kwok playing the kubelet of fake
+//! accelerator nodes. [`cluster::client`] brings it up once per test process (or reuses the
+//! one `KUBECONFIG` names); [`shapes`] reads the fleet it was given; [`net`] checks the rule
+//! that everything the tests start talks only to loopback.
+
+pub mod cluster;
+pub mod net;
+pub mod shapes;
