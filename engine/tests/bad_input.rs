@@ -1,0 +1,199 @@
+//! Broken checkpoints of every kind: each must give an error that names the file and the
+//! tensor (or config field) at fault, and the CLI must exit non-zero without a panic.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use layerwise_engine::checkpoint::header::{encode_header, Header};
+use layerwise_engine::checkpoint::Profile;
+use layerwise_engine::runtime::engine::Model;
+use safetensors::Dtype;
+
+type Entry = (String, Dtype, Vec<usize>, Vec<u8>);
+
+fn weights(model: &Path) -> PathBuf {
+    model.join("transformer/diffusion_pytorch_model.safetensors")
+}
+
+fn read_entries(path: &Path) -> Vec<Entry> {
+    let h = Header::read(path).unwrap();
+    let bytes = fs::read(path).unwrap();
+    h.tensors
+        .iter()
+        .map(|t| (t.name.clone(), t.dtype, t.shape.clone(), bytes[t.offset as usize..(t.offset + t.len) as usize].to_vec()))
+        .collect()
+}
+
+fn write_entries(path: &Path, entries: &[Entry]) {
+    let specs: Vec<_> = entries.iter().map(|(n, d, s, _)| (n.clone(), *d, s.clone())).collect();
+    let (mut out, _) = encode_header(&specs).unwrap();
+    for (_, _, _, data) in entries {
+        out.extend_from_slice(data);
+    }
+    fs::write(path, out).unwrap();
+}
+
+/// Rewrites the raw header JSON of a safetensors file, keeping its data section.
+fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
+    let bytes = fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut json: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    edit(&mut json);
+    let mut text = serde_json::to_vec(&json).unwrap();
+    while text.len() < n {
+        text.push(b' ');
+    }
+    assert_eq!(text.len(), n, "edited header must keep its length");
+    let mut out = bytes.clone();
+    out[8..8 + n].copy_from_slice(&text);
+    fs::write(path, out).unwrap();
+}
+
+fn expect_error(model: &Path, needles: &[&str]) -> String {
+    let e = match Model::open(model) {
+        Ok(_) => panic!("{} opened despite the damage", model.display()),
+        Err(e) => e.to_string(),
+    };
+    for n in needles {
+        assert!(e.contains(n), "error `{e}` does not mention `{n}`");
+    }
+    // The header-only profile fails the same way.
+    assert!(Profile::read(model).is_err());
+    e
+}
+
+const Q: &str = "transformer_blocks.1.attn1.to_q.weight";
+
+#[test]
+fn truncated_file() {
+    let d = tempfile::tempdir().unwrap();
+    let m = common::tiny(d.path(), 3);
+    let f = fs::OpenOptions::new().write(true).open(weights(&m)).unwrap();
+    let len = f.metadata().unwrap().len();
+    f.set_len(len - 1000).unwrap();
+    expect_error(&m, &["diffusion_pytorch_model.safetensors", "truncated", "tensor `"]);
+    // A file too short to hold even its header length.
+    f.set_len(5).unwrap();
+    expect_error(&m, &["diffusion_pytorch_model.safetensors", "too short"]);
+}
+
+#[test]
+fn offsets_past_the_end() {
+    let d = tempfile::tempdir().unwrap();
+    let m = common::tiny(d.path(), 3);
+    edit_header(&weights(&m), |j| {
+        let o = j[Q]["data_offsets"].as_array().unwrap().clone();
+        let (s, e) = (o[0].as_u64().unwrap() + 10_000_000, o[1].as_u64().unwrap() + 10_000_000);
+        j[Q]["data_offsets"] = serde_json::json!([s, e]);
+    });
+    expect_error(&m, &["diffusion_pytorch_model.safetensors", Q, "past the end"]);
+}
+
+#[test]
+fn overlapping_tensors() {
+    let d = tempfile::tempdir().unwrap();
+    let m = common::tiny(d.path(), 3);
+    let k = "transformer_blocks.1.attn1.to_k.weight";
+    edit_header(&weights(&m), |j| {
+        j[k]["data_offsets"] = j[Q]["data_offsets"].clone();
+    });
+    expect_error(&m, &["diffusion_pytorch_model.safetensors", "overlap", "attn1.to_"]);
+}
+
+#[test]
+fn missing_extra_misshapen_and_mistyped_tensors() {
+    let d = tempfile::tempdir().unwrap();
+    let m = common::tiny(d.path(), 3);
+    let w = weights(&m);
+    let orig = read_entries(&w);
+
+    write_entries(&w, &orig.iter().filter(|e| e.0 != Q).cloned().collect::<Vec<_>>());
+    expect_error(&m, &[Q, "missing", "transformer"]);
+
+    let mut extra = orig.clone();
+    extra.push(("transformer_blocks.0.mystery.weight".into(), Dtype::F32, vec![4], vec![0; 16]));
+    write_entries(&w, &extra);
+    expect_error(&m, &["diffusion_pytorch_model.safetensors", "transformer_blocks.0.mystery.weight", "unexpected"]);
+
+    let mut wrong = orig.clone();
+    let e = wrong.iter_mut().find(|e| e.0 == Q).unwrap();
+    e.2 = vec![64, 32];
+    e.3.truncate(64 * 32 * 4);
+    write_entries(&w, &wrong);
+    expect_error(&m, &["diffusion_pytorch_model.safetensors", Q, "[64, 32]", "[64, 64]"]);
+
+    let mut typed = orig.clone();
+    typed.iter_mut().find(|e| e.0 == Q).unwrap().1 = Dtype::I32;
+    write_entries(&w, &typed);
+    expect_error(&m, &[Q, "I32"]);
+
+    write_entries(&w, &orig);
+    Model::open(&m).expect("restored checkpoint opens");
+}
+
+#[test]
+fn config_that_disagrees_with_the_weights() {
+    let d = tempfile::tempdir().unwrap();
+    let m = common::tiny(d.path(), 3);
+    let cfg_path = m.join("transformer/config.json");
+    let orig: serde_json::Value = serde_json::from_slice(&fs::read(&cfg_path).unwrap()).unwrap();
+    let write = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut c = orig.clone();
+        edit(&mut c);
+        fs::write(&cfg_path, serde_json::to_vec(&c).unwrap()).unwrap();
+    };
+    write(&|c| c["num_layers"] = 5.into());
+    expect_error(&m, &["config.json", "num_layers", "3 blocks"]);
+    write(&|c| c["num_attention_heads"] = 8.into());
+    expect_error(&m, &["diffusion_pytorch_model.safetensors", "tensor `", "disagrees with the config"]);
+    write(&|c| c["norm_type"] = "layer_norm".into());
+    expect_error(&m, &["config.json", "norm_type"]);
+    fs::write(&cfg_path, b"{ not json").unwrap();
+    expect_error(&m, &["config.json"]);
+}
+
+#[test]
+fn broken_shard_index() {
+    let d = tempfile::tempdir().unwrap();
+    let m = common::tiny_with(d.path(), 3, |o| o.max_shard_bytes = Some(150_000));
+    let idx = m.join("transformer/diffusion_pytorch_model.safetensors.index.json");
+    let text = fs::read_to_string(&idx).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let shard = v["weight_map"]["pos_embed.proj.weight"].as_str().unwrap().to_string();
+    assert!(shard.starts_with("diffusion_pytorch_model-00001-of-"), "{shard}");
+    v["weight_map"]["transformer_blocks.0.ghost.weight"] = shard.clone().into();
+    fs::write(&idx, serde_json::to_vec(&v).unwrap()).unwrap();
+    expect_error(&m, &["index.json", "transformer_blocks.0.ghost.weight", "not found"]);
+    fs::write(&idx, text).unwrap();
+    fs::remove_file(m.join("transformer").join(&shard)).unwrap();
+    expect_error(&m, &["index.json", &shard, "missing"]);
+}
+
+#[test]
+fn cli_exits_non_zero_without_panicking() {
+    let d = tempfile::tempdir().unwrap();
+    let m = common::tiny(d.path(), 2);
+    let f = fs::OpenOptions::new().write(true).open(weights(&m)).unwrap();
+    f.set_len(f.metadata().unwrap().len() - 10).unwrap();
+    let bin = env!("CARGO_BIN_EXE_layerwise");
+    for args in [
+        vec!["inspect", m.to_str().unwrap()],
+        vec!["generate", "--model", m.to_str().unwrap(), "--out", "/dev/null", "--steps", "1"],
+    ] {
+        let out = Command::new(bin).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains("truncated") && err.contains("diffusion_pytorch_model.safetensors"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let good = common::tiny(d.path(), 3);
+    let out = Command::new(bin)
+        .args(["generate", "--model", good.to_str().unwrap(), "--out", "/dev/null", "--steps", "1", "--size", "60"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("width") && err.contains("multiple of 16"), "{err}");
+}

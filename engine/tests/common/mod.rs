@@ -1,0 +1,40 @@
+//! Shared fixtures: tiny checkpoints made by the project's own `synth`.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use layerwise_engine::runtime::engine::Request;
+use layerwise_engine::runtime::synth::{synth, SynthOptions};
+
+/// A tiny DiT pipeline folder with `layers` blocks, written under `dir`.
+pub fn tiny(dir: &Path, layers: usize) -> PathBuf {
+    tiny_with(dir, layers, |_| {})
+}
+
+pub fn tiny_with(dir: &Path, layers: usize, edit: impl FnOnce(&mut SynthOptions)) -> PathBuf {
+    let out = dir.join(format!("tiny-{layers}"));
+    let mut o = SynthOptions::preset("tiny").unwrap();
+    o.dit.num_layers = layers;
+    o.seed = 7;
+    edit(&mut o);
+    synth(&out, &o).unwrap();
+    out
+}
+
+/// A request for the tiny model (64 × 64 px).
+pub fn request(seed: u64, steps: usize, guidance: f32) -> Request {
+    Request {
+        class_label: (seed % 1000) as u32,
+        seed,
+        steps,
+        guidance,
+        width: 64,
+        height: 64,
+        init_latents: None,
+    }
+}
+
+pub fn bits(t: &candle_core::Tensor) -> Vec<u32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|f| f.to_bits()).collect()
+}
