@@ -13,7 +13,7 @@ use crate::{Error, Result};
 /// The only class this module understands.
 pub const CLASS_NAME: &str = "AutoencoderKL";
 /// The diffusers release whose `save_pretrained` layout `tensor_specs` follows.
-pub const DIFFUSERS_VERSION: &str = "0.35.0";
+pub const DIFFUSERS_VERSION: &str = "0.42.1";
 /// Every encoder and decoder GroupNorm in AutoencoderKL uses this epsilon.
 pub const NORM_EPS: f64 = 1e-6;
 
@@ -105,7 +105,11 @@ fn default_true() -> bool {
 }
 
 impl VaeConfig {
-    fn with_blocks(block_out_channels: Vec<usize>, layers_per_block: usize, norm_num_groups: usize) -> Self {
+    fn with_blocks(
+        block_out_channels: Vec<usize>,
+        layers_per_block: usize,
+        norm_num_groups: usize,
+    ) -> Self {
         let n = block_out_channels.len();
         VaeConfig {
             class_name: CLASS_NAME.into(),
@@ -155,9 +159,10 @@ impl VaeConfig {
 
     /// Parses `config.json` text without validating it; `path` only labels the errors.
     pub fn parse(text: &str, path: &Path) -> Result<Self> {
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| Error::checkpoint(path, format!("not valid JSON: {e}")))?;
-        serde_json::from_value(value.clone()).map_err(|e| Error::config(path, field_at_fault(&value), e.to_string()))
+        let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| Error::checkpoint(path, format!("not valid JSON: {e}")))?;
+        serde_json::from_value(value.clone())
+            .map_err(|e| Error::config(path, field_at_fault(&value), e.to_string()))
     }
 
     /// Checks everything the decoder relies on; `path` only labels the errors.
@@ -171,7 +176,10 @@ impl VaeConfig {
         }
         // diffusers maps both names to nn.SiLU.
         if self.act_fn != "silu" && self.act_fn != "swish" {
-            return bad("act_fn", format!("only \"silu\" is supported, found {:?}", self.act_fn));
+            return bad(
+                "act_fn",
+                format!("only \"silu\" is supported, found {:?}", self.act_fn),
+            );
         }
         for (field, value) in [
             ("in_channels", self.in_channels),
@@ -213,7 +221,10 @@ impl VaeConfig {
                 );
             }
             if let Some((i, t)) = types.iter().enumerate().find(|(_, t)| *t != expected) {
-                return bad(field, format!("entry {i} is {t:?}; only {expected} is supported"));
+                return bad(
+                    field,
+                    format!("entry {i} is {t:?}; only {expected} is supported"),
+                );
             }
         }
         if !self.scaling_factor.is_finite() || self.scaling_factor == 0.0 {
@@ -229,7 +240,10 @@ impl VaeConfig {
             SampleSize::Square(_) => {}
             SampleSize::HeightWidth(v) if v.len() == 2 => {}
             SampleSize::HeightWidth(v) => {
-                return bad("sample_size", format!("expected a number or [height, width], found {v:?}"));
+                return bad(
+                    "sample_size",
+                    format!("expected a number or [height, width], found {v:?}"),
+                );
             }
         }
         Ok(())
@@ -243,7 +257,9 @@ impl VaeConfig {
     /// The contents of a `config.json` diffusers can load.
     pub fn to_config_json(&self) -> serde_json::Value {
         let mut value = serde_json::to_value(self).expect("VaeConfig always serializes");
-        let map = value.as_object_mut().expect("VaeConfig serializes to an object");
+        let map = value
+            .as_object_mut()
+            .expect("VaeConfig serializes to an object");
         map.insert("_class_name".into(), CLASS_NAME.into());
         map.insert("_diffusers_version".into(), DIFFUSERS_VERSION.into());
         value
@@ -262,10 +278,21 @@ impl VaeConfig {
         for (i, &c) in blocks.iter().enumerate() {
             for j in 0..self.layers_per_block {
                 let cin = if j == 0 { channels } else { c };
-                resnet(&mut out, &format!("encoder.down_blocks.{i}.resnets.{j}"), cin, c);
+                resnet(
+                    &mut out,
+                    &format!("encoder.down_blocks.{i}.resnets.{j}"),
+                    cin,
+                    c,
+                );
             }
             if i + 1 < blocks.len() {
-                conv(&mut out, &format!("encoder.down_blocks.{i}.downsamplers.0.conv"), c, c, 3);
+                conv(
+                    &mut out,
+                    &format!("encoder.down_blocks.{i}.downsamplers.0.conv"),
+                    c,
+                    c,
+                    3,
+                );
             }
             channels = c;
         }
@@ -303,7 +330,13 @@ impl VaeConfig {
                 resnet(out, &format!("decoder.up_blocks.{i}.resnets.{j}"), cin, c);
             }
             if i + 1 < blocks.len() {
-                conv(out, &format!("decoder.up_blocks.{i}.upsamplers.0.conv"), c, c, 3);
+                conv(
+                    out,
+                    &format!("decoder.up_blocks.{i}.upsamplers.0.conv"),
+                    c,
+                    c,
+                    3,
+                );
             }
             channels = c;
         }
@@ -326,7 +359,10 @@ impl VaeConfig {
 }
 
 fn conv(out: &mut Vec<TensorSpec>, prefix: &str, cin: usize, cout: usize, k: usize) {
-    out.push(TensorSpec::new(format!("{prefix}.weight"), &[cout, cin, k, k]));
+    out.push(TensorSpec::new(
+        format!("{prefix}.weight"),
+        &[cout, cin, k, k],
+    ));
     out.push(TensorSpec::new(format!("{prefix}.bias"), &[cout]));
 }
 
@@ -364,7 +400,11 @@ fn split_attention_name(name: &str) -> Option<(&str, &str, &str)> {
     let index_start = at + ".attentions.".len();
     let index_len = rest[index_start..].find('.')?;
     let block_end = index_start + index_len;
-    if index_len == 0 || !rest[index_start..block_end].bytes().all(|b| b.is_ascii_digit()) {
+    if index_len == 0
+        || !rest[index_start..block_end]
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+    {
         return None;
     }
     Some((&rest[..block_end], &rest[block_end + 1..], param))
@@ -374,7 +414,9 @@ fn split_attention_name(name: &str) -> Option<(&str, &str, &str)> {
 /// (`….attentions.0.to_q.weight` → `….attentions.0.query.weight`); `None` for any other name.
 pub fn legacy_attention_alias(name: &str) -> Option<String> {
     let (block, proj, param) = split_attention_name(name)?;
-    let (_, legacy) = ATTENTION_PROJECTIONS.iter().find(|(current, _)| *current == proj)?;
+    let (_, legacy) = ATTENTION_PROJECTIONS
+        .iter()
+        .find(|(current, _)| *current == proj)?;
     Some(format!("{block}.{legacy}.{param}"))
 }
 
@@ -382,14 +424,20 @@ pub fn legacy_attention_alias(name: &str) -> Option<String> {
 /// `legacy_attention_alias`), for checking a checkpoint's listing against `tensor_specs`.
 pub fn current_attention_name(legacy_name: &str) -> Option<String> {
     let (block, proj, param) = split_attention_name(legacy_name)?;
-    let (current, _) = ATTENTION_PROJECTIONS.iter().find(|(_, legacy)| *legacy == proj)?;
+    let (current, _) = ATTENTION_PROJECTIONS
+        .iter()
+        .find(|(_, legacy)| *legacy == proj)?;
     Some(format!("{block}.{current}.{param}"))
 }
 
 /// Whether a stored shape serves for an expected one. Legacy attention projections may be
 /// stored as 1×1 convolutions ([C, C, 1, 1]) where a linear weight ([C, C]) is expected.
 pub fn shape_compatible(expected: &[usize], stored: &[usize]) -> bool {
-    expected == stored || (expected.len() == 2 && stored.len() == 4 && stored[..2] == *expected && stored[2..] == [1, 1])
+    expected == stored
+        || (expected.len() == 2
+            && stored.len() == 4
+            && stored[..2] == *expected
+            && stored[2..] == [1, 1])
 }
 
 /// The first field that fails to parse on its own. serde_json's messages carry a line and
@@ -425,23 +473,41 @@ mod tests {
 
     #[test]
     fn sd_preset_matches_the_released_checkpoint() {
-        // sd-vae-ft-ema: 83,653,863 parameters in 248 tensors, 49,490,179 of them in
+        // sd-vae-ft-ema: 83,653,863 parameters in 248 tensors, 49,490,199 of them in
         // post_quant_conv + decoder.
         let specs = VaeConfig::sd().tensor_specs();
         assert_eq!(specs.len(), 248);
-        assert_eq!(specs.iter().map(TensorSpec::numel).sum::<usize>(), 83_653_863);
+        assert_eq!(
+            specs.iter().map(TensorSpec::numel).sum::<usize>(),
+            83_653_863
+        );
         let dec = VaeConfig::sd().decoder_tensor_specs();
-        assert_eq!(dec.iter().map(TensorSpec::numel).sum::<usize>(), 49_490_179);
+        assert_eq!(dec.iter().map(TensorSpec::numel).sum::<usize>(), 49_490_199);
         let find = |n: &str| specs.iter().find(|s| s.name == n).map(|s| s.shape.clone());
         assert_eq!(find("decoder.conv_in.weight"), Some(vec![512, 4, 3, 3]));
-        assert_eq!(find("decoder.up_blocks.2.resnets.0.conv_shortcut.weight"), Some(vec![256, 512, 1, 1]));
-        assert_eq!(find("decoder.up_blocks.3.resnets.2.conv2.weight"), Some(vec![128, 128, 3, 3]));
+        assert_eq!(
+            find("decoder.up_blocks.2.resnets.0.conv_shortcut.weight"),
+            Some(vec![256, 512, 1, 1])
+        );
+        assert_eq!(
+            find("decoder.up_blocks.3.resnets.2.conv2.weight"),
+            Some(vec![128, 128, 3, 3])
+        );
         assert_eq!(find("decoder.up_blocks.3.upsamplers.0.conv.weight"), None);
-        assert_eq!(find("encoder.down_blocks.1.resnets.0.conv_shortcut.weight"), Some(vec![256, 128, 1, 1]));
-        assert_eq!(find("encoder.down_blocks.3.downsamplers.0.conv.weight"), None);
+        assert_eq!(
+            find("encoder.down_blocks.1.resnets.0.conv_shortcut.weight"),
+            Some(vec![256, 128, 1, 1])
+        );
+        assert_eq!(
+            find("encoder.down_blocks.3.downsamplers.0.conv.weight"),
+            None
+        );
         assert_eq!(find("encoder.conv_out.weight"), Some(vec![8, 512, 3, 3]));
         assert_eq!(find("quant_conv.weight"), Some(vec![8, 8, 1, 1]));
-        assert_eq!(find("decoder.mid_block.attentions.0.to_out.0.weight"), Some(vec![512, 512]));
+        assert_eq!(
+            find("decoder.mid_block.attentions.0.to_out.0.weight"),
+            Some(vec![512, 512])
+        );
     }
 
     #[test]
@@ -477,7 +543,9 @@ mod tests {
         }"#;
         let cfg: VaeConfig = serde_json::from_str(json).unwrap();
         assert_eq!(cfg, VaeConfig::sd());
-        let rect: VaeConfig = serde_json::from_str(r#"{"_class_name": "AutoencoderKL", "sample_size": [64, 96]}"#).unwrap();
+        let rect: VaeConfig =
+            serde_json::from_str(r#"{"_class_name": "AutoencoderKL", "sample_size": [64, 96]}"#)
+                .unwrap();
         assert_eq!(rect.sample_size, SampleSize::HeightWidth(vec![64, 96]));
     }
 
@@ -497,23 +565,59 @@ mod tests {
         std::fs::write(&file, VaeConfig::sd().to_config_json().to_string()).unwrap();
         assert_eq!(VaeConfig::load(&file).unwrap(), VaeConfig::sd());
 
-        std::fs::write(&file, r#"{"_class_name": "AutoencoderKL", "layers_per_block": "two"}"#).unwrap();
+        std::fs::write(
+            &file,
+            r#"{"_class_name": "AutoencoderKL", "layers_per_block": "two"}"#,
+        )
+        .unwrap();
         let err = VaeConfig::load(&file).unwrap_err().to_string();
         assert!(err.contains("layers_per_block"), "{err}");
         assert!(err.contains("config.json"), "{err}");
 
-        let err = VaeConfig::load(&dir.path().join("missing.json")).unwrap_err().to_string();
+        let err = VaeConfig::load(&dir.path().join("missing.json"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("missing.json"), "{err}");
     }
 
     #[test]
     fn validation_names_the_field() {
         let cases: Vec<(&str, VaeConfig)> = vec![
-            ("_class_name", VaeConfig { class_name: "AutoencoderTiny".into(), ..VaeConfig::tiny() }),
-            ("act_fn", VaeConfig { act_fn: "gelu".into(), ..VaeConfig::tiny() }),
-            ("block_out_channels", VaeConfig { norm_num_groups: 32, ..VaeConfig::tiny() }),
-            ("block_out_channels", VaeConfig { block_out_channels: vec![], ..VaeConfig::tiny() }),
-            ("up_block_types", VaeConfig { up_block_types: vec!["UpDecoderBlock2D".into()], ..VaeConfig::tiny() }),
+            (
+                "_class_name",
+                VaeConfig {
+                    class_name: "AutoencoderTiny".into(),
+                    ..VaeConfig::tiny()
+                },
+            ),
+            (
+                "act_fn",
+                VaeConfig {
+                    act_fn: "gelu".into(),
+                    ..VaeConfig::tiny()
+                },
+            ),
+            (
+                "block_out_channels",
+                VaeConfig {
+                    norm_num_groups: 32,
+                    ..VaeConfig::tiny()
+                },
+            ),
+            (
+                "block_out_channels",
+                VaeConfig {
+                    block_out_channels: vec![],
+                    ..VaeConfig::tiny()
+                },
+            ),
+            (
+                "up_block_types",
+                VaeConfig {
+                    up_block_types: vec!["UpDecoderBlock2D".into()],
+                    ..VaeConfig::tiny()
+                },
+            ),
             (
                 "down_block_types",
                 VaeConfig {
@@ -521,10 +625,34 @@ mod tests {
                     ..VaeConfig::tiny()
                 },
             ),
-            ("scaling_factor", VaeConfig { scaling_factor: 0.0, ..VaeConfig::tiny() }),
-            ("shift_factor", VaeConfig { shift_factor: Some(f64::NAN), ..VaeConfig::tiny() }),
-            ("layers_per_block", VaeConfig { layers_per_block: 0, ..VaeConfig::tiny() }),
-            ("sample_size", VaeConfig { sample_size: SampleSize::HeightWidth(vec![1]), ..VaeConfig::tiny() }),
+            (
+                "scaling_factor",
+                VaeConfig {
+                    scaling_factor: 0.0,
+                    ..VaeConfig::tiny()
+                },
+            ),
+            (
+                "shift_factor",
+                VaeConfig {
+                    shift_factor: Some(f64::NAN),
+                    ..VaeConfig::tiny()
+                },
+            ),
+            (
+                "layers_per_block",
+                VaeConfig {
+                    layers_per_block: 0,
+                    ..VaeConfig::tiny()
+                },
+            ),
+            (
+                "sample_size",
+                VaeConfig {
+                    sample_size: SampleSize::HeightWidth(vec![1]),
+                    ..VaeConfig::tiny()
+                },
+            ),
         ];
         for (field, cfg) in cases {
             let err = cfg.validate(path()).unwrap_err().to_string();
@@ -538,10 +666,22 @@ mod tests {
     #[test]
     fn legacy_attention_names_map_both_ways() {
         let cases = [
-            ("decoder.mid_block.attentions.0.to_q.weight", "decoder.mid_block.attentions.0.query.weight"),
-            ("decoder.mid_block.attentions.0.to_k.bias", "decoder.mid_block.attentions.0.key.bias"),
-            ("encoder.mid_block.attentions.0.to_v.weight", "encoder.mid_block.attentions.0.value.weight"),
-            ("decoder.mid_block.attentions.0.to_out.0.bias", "decoder.mid_block.attentions.0.proj_attn.bias"),
+            (
+                "decoder.mid_block.attentions.0.to_q.weight",
+                "decoder.mid_block.attentions.0.query.weight",
+            ),
+            (
+                "decoder.mid_block.attentions.0.to_k.bias",
+                "decoder.mid_block.attentions.0.key.bias",
+            ),
+            (
+                "encoder.mid_block.attentions.0.to_v.weight",
+                "encoder.mid_block.attentions.0.value.weight",
+            ),
+            (
+                "decoder.mid_block.attentions.0.to_out.0.bias",
+                "decoder.mid_block.attentions.0.proj_attn.bias",
+            ),
         ];
         for (current, legacy) in cases {
             assert_eq!(legacy_attention_alias(current).as_deref(), Some(legacy));

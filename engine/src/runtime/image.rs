@@ -20,7 +20,8 @@ pub fn encode_png(image: &Tensor) -> Result<Vec<u8>> {
             ))
         }
     };
-    let too_big = |side: usize| Error::invalid("image", format!("side {side} is too large for a PNG"));
+    let too_big =
+        |side: usize| Error::invalid("image", format!("side {side} is too large for a PNG"));
     let png_width = u32::try_from(width).map_err(|_| too_big(width))?;
     let png_height = u32::try_from(height).map_err(|_| too_big(height))?;
 
@@ -34,7 +35,8 @@ pub fn encode_png(image: &Tensor) -> Result<Vec<u8>> {
     let pixels: Vec<u8> = values.iter().map(|&v| to_u8(v)).collect();
 
     let mut bytes = Vec::new();
-    let png_error = |e: png::EncodingError| Error::invalid("image", format!("PNG encoding failed: {e}"));
+    let png_error =
+        |e: png::EncodingError| Error::invalid("image", format!("PNG encoding failed: {e}"));
     let mut encoder = png::Encoder::new(&mut bytes, png_width, png_height);
     encoder.set_color(png::ColorType::Rgb);
     encoder.set_depth(png::BitDepth::Eight);
@@ -83,7 +85,9 @@ mod tests {
     fn png_round_trip_keeps_every_pixel() {
         let (h, w) = (5, 7);
         // Channel c, row y, column x gets a distinct value spread over [-1.2, 1.2].
-        let values: Vec<f32> = (0..3 * h * w).map(|i| (i as f32 / (3 * h * w - 1) as f32) * 2.4 - 1.2).collect();
+        let values: Vec<f32> = (0..3 * h * w)
+            .map(|i| (i as f32 / (3 * h * w - 1) as f32) * 2.4 - 1.2)
+            .collect();
         let image = Tensor::from_vec(values.clone(), (3, h, w), &Device::Cpu).unwrap();
         let (info, pixels) = decode(&encode_png(&image).unwrap());
         assert_eq!((info.width, info.height), (w as u32, h as u32));
@@ -108,7 +112,9 @@ mod tests {
         let path = dir.path().join("out.png");
         write_png(&path, &image).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), encode_png(&image).unwrap());
-        let err = write_png(&dir.path().join("no/such/dir.png"), &image).unwrap_err().to_string();
+        let err = write_png(&dir.path().join("no/such/dir.png"), &image)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("dir.png"), "{err}");
     }
 

@@ -135,9 +135,6 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         if opts.strategy.streams() && opts.slots < 2 {
             return Err(Error::invalid("slots", format!("{}: streaming needs at least 2 slots", opts.slots)));
         }
-        if opts.strategy == Strategy::Offload && dp > 1 {
-            // Allowed (no fast peer link): every rank copies whole blocks.
-        }
         let dtypes = layout.groups.iter().map(|d| candle_dtype(*d)).collect::<Result<Vec<_>>>()?;
         let mut allocs = Vec::new();
         let mut alloc = |kind: &'static str, what: String, dtype: DType, bytes: u64| -> Result<Tensor> {

@@ -28,7 +28,11 @@ impl Loader<'_> {
                     return Err(first);
                 };
                 self.weights.get(&legacy).map_err(|second| {
-                    Error::tensor(self.origin, name, format!("{first}; legacy name `{legacy}`: {second}"))
+                    Error::tensor(
+                        self.origin,
+                        name,
+                        format!("{first}; legacy name `{legacy}`: {second}"),
+                    )
                 })?
             }
         };
@@ -46,7 +50,9 @@ impl Loader<'_> {
     fn conv(&self, prefix: &str, cin: usize, cout: usize, k: usize) -> Result<Conv> {
         Ok(Conv {
             weight: self.get(&format!("{prefix}.weight"), &[cout, cin, k, k])?,
-            bias: self.get(&format!("{prefix}.bias"), &[cout])?.reshape((1, cout, 1, 1))?,
+            bias: self
+                .get(&format!("{prefix}.bias"), &[cout])?
+                .reshape((1, cout, 1, 1))?,
             padding: k / 2,
         })
     }
@@ -98,7 +104,8 @@ struct Conv {
 
 impl Conv {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.conv2d(&self.weight, self.padding, 1, 1, 1)?.broadcast_add(&self.bias)?)
+        Ok(x.conv2d(&self.weight, self.padding, 1, 1, 1)?
+            .broadcast_add(&self.bias)?)
     }
 }
 
@@ -138,7 +145,12 @@ impl Attention {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (b, c, h, w) = x.dims4()?;
         // [B, C, H, W] -> [B, HW, C]: one token per pixel.
-        let tokens = self.norm.forward(x)?.reshape((b, c, h * w))?.transpose(1, 2)?.contiguous()?;
+        let tokens = self
+            .norm
+            .forward(x)?
+            .reshape((b, c, h * w))?
+            .transpose(1, 2)?
+            .contiguous()?;
         let q = self.to_q.forward(&tokens)?;
         let k = self.to_k.forward(&tokens)?;
         let v = self.to_v.forward(&tokens)?;
@@ -263,10 +275,15 @@ impl VaeDecoder {
         if dims.len() != 4 || dims[1] != self.latent_channels || dims[2] == 0 || dims[3] == 0 {
             return Err(Error::invalid(
                 "latents",
-                format!("expected [batch, {}, height, width], found {dims:?}", self.latent_channels),
+                format!(
+                    "expected [batch, {}, height, width], found {dims:?}",
+                    self.latent_channels
+                ),
             ));
         }
-        let z = latents.to_dtype(DType::F32)?.affine(1.0 / self.scaling_factor, self.shift_factor)?;
+        let z = latents
+            .to_dtype(DType::F32)?
+            .affine(1.0 / self.scaling_factor, self.shift_factor)?;
         let z = match &self.post_quant_conv {
             Some(conv) => conv.forward(&z)?,
             None => z,
@@ -309,7 +326,10 @@ mod tests {
                 let (mean, std) = match spec.shape.len() {
                     1 if is_norm && spec.name.ends_with(".weight") => (1.0, 0.1),
                     1 => (0.0, 0.05),
-                    _ => (0.0, 1.0 / (spec.numel() as f64 / spec.shape[0] as f64).sqrt()),
+                    _ => (
+                        0.0,
+                        1.0 / (spec.numel() as f64 / spec.shape[0] as f64).sqrt(),
+                    ),
                 };
                 let normal = Normal::new(mean as f32, std as f32).unwrap();
                 let data: Vec<f32> = (0..spec.numel()).map(|_| normal.sample(&mut rng)).collect();
@@ -322,12 +342,23 @@ mod tests {
     fn latents(cfg: &VaeConfig, b: usize, h: usize, w: usize) -> Tensor {
         let mut rng = StdRng::seed_from_u64(7);
         let normal = Normal::new(0.0f32, 1.0).unwrap();
-        let data: Vec<f32> = (0..b * cfg.latent_channels * h * w).map(|_| normal.sample(&mut rng)).collect();
+        let data: Vec<f32> = (0..b * cfg.latent_channels * h * w)
+            .map(|_| normal.sample(&mut rng))
+            .collect();
         Tensor::from_vec(data, (b, cfg.latent_channels, h, w), &Device::Cpu).unwrap()
     }
 
     fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap()
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar()
+            .unwrap()
     }
 
     #[test]
@@ -343,7 +374,8 @@ mod tests {
         let values: Vec<f32> = a.flatten_all().unwrap().to_vec1().unwrap();
         assert!(values.iter().all(|v| v.is_finite()));
         // Seeded weights must give a non-trivial image, or the other tests prove nothing.
-        let spread = values.iter().cloned().fold(f32::MIN, f32::max) - values.iter().cloned().fold(f32::MAX, f32::min);
+        let spread = values.iter().cloned().fold(f32::MIN, f32::max)
+            - values.iter().cloned().fold(f32::MAX, f32::min);
         assert!(spread > 0.1, "spread {spread}");
     }
 
@@ -359,12 +391,26 @@ mod tests {
 
     #[test]
     fn scaling_and_shift_are_applied_before_decoding() {
-        let cfg = VaeConfig { shift_factor: Some(0.25), scaling_factor: 0.5, ..VaeConfig::tiny() };
+        let cfg = VaeConfig {
+            shift_factor: Some(0.25),
+            scaling_factor: 0.5,
+            ..VaeConfig::tiny()
+        };
         let w = random_weights(&cfg.decoder_tensor_specs(), 3);
         let shifted = VaeDecoder::load(&cfg, &w).unwrap();
-        let plain = VaeDecoder::load(&VaeConfig { shift_factor: None, scaling_factor: 1.0, ..cfg.clone() }, &w).unwrap();
+        let plain = VaeDecoder::load(
+            &VaeConfig {
+                shift_factor: None,
+                scaling_factor: 1.0,
+                ..cfg.clone()
+            },
+            &w,
+        )
+        .unwrap();
         let z = latents(&cfg, 1, 4, 4);
-        let expected = plain.decode(&((&z * 2.0).unwrap() + 0.25).unwrap()).unwrap();
+        let expected = plain
+            .decode(&((&z * 2.0).unwrap() + 0.25).unwrap())
+            .unwrap();
         assert!(max_abs_diff(&shifted.decode(&z).unwrap(), &expected) < 1e-5);
     }
 
@@ -383,7 +429,10 @@ mod tests {
             .collect();
         assert!(legacy.keys().any(|n| current_attention_name(n).is_some()));
         let z = latents(&cfg, 1, 8, 8);
-        let a = VaeDecoder::load(&cfg, &current).unwrap().decode(&z).unwrap();
+        let a = VaeDecoder::load(&cfg, &current)
+            .unwrap()
+            .decode(&z)
+            .unwrap();
         let b = VaeDecoder::load(&cfg, &legacy).unwrap().decode(&z).unwrap();
         assert_eq!(max_abs_diff(&a, &b), 0.0);
     }
@@ -393,8 +442,14 @@ mod tests {
         let cfg = VaeConfig::tiny();
         let mut w = random_weights(&cfg.decoder_tensor_specs(), 5);
         let name = "decoder.up_blocks.3.resnets.0.conv_shortcut.weight";
-        w.insert(name.into(), Tensor::zeros((8, 16, 3, 3), DType::F32, &Device::Cpu).unwrap());
-        let err = VaeDecoder::load(&cfg, &w).err().expect("bad shape must fail").to_string();
+        w.insert(
+            name.into(),
+            Tensor::zeros((8, 16, 3, 3), DType::F32, &Device::Cpu).unwrap(),
+        );
+        let err = VaeDecoder::load(&cfg, &w)
+            .err()
+            .expect("bad shape must fail")
+            .to_string();
         assert!(err.contains(name) && err.contains("[8, 16, 1, 1]"), "{err}");
     }
 
@@ -403,8 +458,14 @@ mod tests {
         let cfg = VaeConfig::tiny();
         let mut w = random_weights(&cfg.decoder_tensor_specs(), 6);
         w.remove("decoder.mid_block.attentions.0.to_k.bias");
-        let err = VaeDecoder::load(&cfg, &w).err().expect("missing tensor must fail").to_string();
-        assert!(err.contains("to_k.bias") && err.contains("key.bias"), "{err}");
+        let err = VaeDecoder::load(&cfg, &w)
+            .err()
+            .expect("missing tensor must fail")
+            .to_string();
+        assert!(
+            err.contains("to_k.bias") && err.contains("key.bias"),
+            "{err}"
+        );
     }
 
     #[test]
