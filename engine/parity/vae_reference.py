@@ -31,8 +31,8 @@ How the committed fixture was made
     ``engine/src/family/vae.rs`` (the Rust test checks that it is).
 
 A full-size check (about 330 MB of weights, a minute or two on a CPU):
-    python engine/parity/vae_reference.py --config sd --latent-size 32 --out /tmp/vae-sd
-    LAYERWISE_VAE_REFERENCE=/tmp/vae-sd cargo test -p layerwise-engine --test vae_parity -- --nocapture
+    python engine/parity/vae_reference.py --config sd --latent-size 32 --out target/vae-sd-reference
+    LAYERWISE_VAE_REFERENCE=$PWD/target/vae-sd-reference cargo test -p layerwise-engine --test vae_parity -- --nocapture
 
 Requirements: ``pip install torch diffusers safetensors numpy``.
 """
