@@ -46,6 +46,29 @@ pub enum Error {
     /// A rank, stream or collective that failed; carries the first cause.
     #[error("rank {rank}: {msg}")]
     Rank { rank: usize, msg: String },
+    /// A request body that is not the JSON object the API expects.
+    #[error("bad request: {msg}")]
+    BadRequest { msg: String },
+    /// A request body over the server's limit.
+    #[error("request body over the {limit}-byte limit")]
+    PayloadTooLarge { limit: usize },
+    /// A job id that the server does not know (never existed or already evicted).
+    #[error("no {what}")]
+    NotFound { what: String },
+    /// A job whose result is not there (yet, or ever): still queued or running, or cancelled.
+    #[error("{what}")]
+    Conflict { what: String },
+    /// The queue is at capacity; try again after `retry_after` seconds.
+    #[error("queue full: {queued} of {capacity} images queued, {need} more asked for")]
+    QueueFull {
+        queued: usize,
+        capacity: usize,
+        need: usize,
+        retry_after: u64,
+    },
+    /// The server cannot take work: starting, shutting down, or its ranks failed.
+    #[error("unavailable: {msg}")]
+    Unavailable { msg: String },
     #[cfg(feature = "runtime")]
     #[error("tensor math: {0}")]
     Candle(#[from] candle_core::Error),
@@ -78,6 +101,48 @@ impl Error {
             msg: msg.into(),
         }
     }
+    /// The HTTP status this error answers with: the one mapping from error to status.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Error::BadRequest { .. } => 400,
+            Error::NotFound { .. } => 404,
+            Error::Conflict { .. } => 409,
+            Error::PayloadTooLarge { .. } => 413,
+            Error::Invalid { .. } => 422,
+            Error::QueueFull { .. } => 429,
+            Error::Unavailable { .. } => 503,
+            _ => 500,
+        }
+    }
+
+    /// A short, stable label for metrics and the API's `error.type`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Error::BadRequest { .. } => "bad_request",
+            Error::NotFound { .. } => "not_found",
+            Error::Conflict { .. } => "conflict",
+            Error::PayloadTooLarge { .. } => "payload_too_large",
+            Error::Invalid { .. } => "invalid_request",
+            Error::QueueFull { .. } => "queue_full",
+            Error::Unavailable { .. } => "unavailable",
+            Error::Rank { .. } => "rank_failed",
+            Error::OutOfDeviceMemory { .. } => "out_of_device_memory",
+            _ => "internal",
+        }
+    }
+
+    /// The field at fault, when there is one.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Error::Invalid { field, .. } | Error::Config { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+
+    pub fn unavailable(msg: impl Into<String>) -> Self {
+        Error::Unavailable { msg: msg.into() }
+    }
+
     pub fn invalid(field: impl Into<String>, msg: impl Into<String>) -> Self {
         Error::Invalid {
             field: field.into(),

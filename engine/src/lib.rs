@@ -11,6 +11,8 @@ pub mod layout;
 pub mod strategy;
 #[cfg(feature = "runtime")]
 pub mod runtime;
+#[cfg(feature = "runtime")]
+pub mod server;
 
 pub use error::{Error, Result};
 pub use strategy::Strategy;

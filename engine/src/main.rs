@@ -1,5 +1,6 @@
 //! `layerwise`: make synthetic checkpoints, profile them, generate images with blocks
-//! streamed through a few device slots, and benchmark the strategies side by side.
+//! streamed through a few device slots, benchmark the strategies side by side, serve the
+//! HTTP API, draw pipeline traces and put load on a server.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,6 +15,9 @@ use layerwise_engine::checkpoint::Profile;
 use layerwise_engine::runtime::engine::{EngineOptions, Model, Request, RunStats};
 use layerwise_engine::runtime::image::write_png;
 use layerwise_engine::runtime::synth::{synth, SynthOptions};
+use layerwise_engine::runtime::trace::Trace;
+use layerwise_engine::server::loadgen::LoadgenArgs;
+use layerwise_engine::server::{serve, trace_svg, ServeArgs};
 use layerwise_engine::Strategy;
 
 #[derive(Parser)]
@@ -40,6 +44,19 @@ enum Cmd {
     Generate(GenerateArgs),
     /// Run the same request under each strategy and compare step time, stalls and memory.
     Bench(BenchArgs),
+    /// Serve the HTTP API (images, jobs, metrics) until SIGTERM.
+    Serve(ServeArgs),
+    /// Draw a pipeline trace (from `--trace`) as an SVG timeline, one lane per rank and stream.
+    TraceSvg {
+        /// The Chrome trace-event JSON file.
+        #[arg(env = "LAYERWISE_TRACE")]
+        trace: PathBuf,
+        /// Output SVG (default: the trace's name with .svg).
+        #[arg(long, env = "LAYERWISE_OUTPUT")]
+        out: Option<PathBuf>,
+    },
+    /// Put closed-loop load on a server and print outputs/s and latency percentiles.
+    Loadgen(LoadgenArgs),
 }
 
 #[derive(Args)]
@@ -132,6 +149,9 @@ struct GenerateArgs {
     /// Write run figures as JSON.
     #[arg(long, env = "LAYERWISE_STATS")]
     stats: Option<PathBuf>,
+    /// Record every copy, gather and compute span as a Chrome trace (Perfetto) here.
+    #[arg(long, env = "LAYERWISE_TRACE")]
+    trace: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -257,7 +277,13 @@ fn generate(a: GenerateArgs) -> Result<()> {
     let model = Model::open(&a.run.model)?;
     let init = a.init_latents.as_deref().map(|p| read_latents(p, a.run.n)).transpose()?;
     let requests = a.run.requests(&model, init)?;
-    let (outputs, stats) = model.run(requests, &a.run.options(strategy))?;
+    let mut opts = a.run.options(strategy);
+    opts.trace = a.trace.as_ref().map(|_| Trace::new(4_000_000));
+    let (outputs, stats) = model.run(requests, &opts)?;
+    if let (Some(t), Some(p)) = (&opts.trace, &a.trace) {
+        t.write(p)?;
+        println!("wrote trace {} ({} spans)", p.display(), t.len());
+    }
     for (i, o) in outputs.iter().enumerate() {
         let path = numbered(&a.out, i, outputs.len());
         write_png(&path, o.image.as_ref().context("image was not decoded")?)?;
@@ -388,6 +414,27 @@ fn main() -> Result<()> {
         Cmd::Inspect { dir, json } => inspect(&dir, json)?,
         Cmd::Generate(a) => generate(a)?,
         Cmd::Bench(a) => bench(a)?,
+        Cmd::Serve(a) => {
+            let code = serve(a)?;
+            if code != 0 {
+                std::process::exit(code);
+            }
+        }
+        Cmd::TraceSvg { trace, out } => {
+            let json = std::fs::read_to_string(&trace).with_context(|| format!("reading {}", trace.display()))?;
+            let out = out.unwrap_or_else(|| trace.with_extension("svg"));
+            std::fs::write(&out, trace_svg::render(&json)?).with_context(|| format!("writing {}", out.display()))?;
+            println!("wrote {}", out.display());
+        }
+        Cmd::Loadgen(a) => {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let r = rt.block_on(layerwise_engine::server::loadgen::run(&a))?;
+            println!(
+                "{} requests ({} ok, statuses {:?}) in {:.2}s: {:.3} outputs/s; latency p50 {:.3}s p90 {:.3}s p99 {:.3}s max {:.3}s",
+                r.requests, r.ok, r.status_counts, r.wall_seconds, r.outputs_per_second, r.latency_p50, r.latency_p90, r.latency_p99, r.latency_max
+            );
+            println!("{}", serde_json::to_string(&r)?);
+        }
     }
     Ok(())
 }

@@ -93,7 +93,10 @@ fn bring_up() -> Result<PathBuf> {
         return Ok(path.clone());
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/up");
-    eprintln!("e2e: no cluster answers; starting one with {}", script.display());
+    eprintln!(
+        "e2e: no cluster answers; starting one with {}",
+        script.display()
+    );
     let out = Command::new(&script)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())

@@ -33,7 +33,9 @@ impl Socket {
 pub fn is_loopback(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => v4.is_loopback(),
-        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
     }
 }
 
@@ -46,7 +48,10 @@ fn socket_inodes(pid: u32) -> Result<HashSet<u64>> {
             continue; // closed while we looked
         };
         let target = target.to_string_lossy();
-        if let Some(inode) = target.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')) {
+        if let Some(inode) = target
+            .strip_prefix("socket:[")
+            .and_then(|s| s.strip_suffix(']'))
+        {
             inodes.insert(inode.parse()?);
         }
     }
@@ -105,8 +110,14 @@ mod tests {
 
     #[test]
     fn parses_proc_net_addresses() {
-        assert_eq!(parse_addr("0100007F:1F90").unwrap(), "127.0.0.1:8080".parse().unwrap());
-        assert_eq!(parse_addr("00000000:0050").unwrap(), "0.0.0.0:80".parse().unwrap());
+        assert_eq!(
+            parse_addr("0100007F:1F90").unwrap(),
+            "127.0.0.1:8080".parse().unwrap()
+        );
+        assert_eq!(
+            parse_addr("00000000:0050").unwrap(),
+            "0.0.0.0:80".parse().unwrap()
+        );
         assert_eq!(
             parse_addr("00000000000000000000000001000000:0016").unwrap(),
             "[::1]:22".parse().unwrap()
@@ -138,7 +149,8 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let mine = sockets_of(std::process::id()).unwrap();
         assert!(
-            mine.iter().any(|s| s.local.port() == port && s.state == 0x0A),
+            mine.iter()
+                .any(|s| s.local.port() == port && s.state == 0x0A),
             "{mine:?}"
         );
     }

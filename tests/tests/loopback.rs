@@ -35,7 +35,10 @@ async fn cluster_processes_use_loopback_only() -> Result<()> {
         }
     }
     // etcd (client and peer), apiserver, controller manager, scheduler, kwok.
-    ensure!(listening >= 6, "only {listening} listening sockets found: wrong pids?");
+    ensure!(
+        listening >= 6,
+        "only {listening} listening sockets found: wrong pids?"
+    );
     Ok(())
 }
 
@@ -66,14 +69,21 @@ async fn node_pod_and_service_addresses_are_loopback() -> Result<()> {
     for pod in Api::<Pod>::all(client.clone()).list(&all).await? {
         let name = pod.metadata.name.unwrap_or_default();
         for ip in pod.status.and_then(|s| s.pod_ips).unwrap_or_default() {
-            ensure!(net::is_loopback(ip.ip.parse()?), "pod {name} has IP {}", ip.ip);
+            ensure!(
+                net::is_loopback(ip.ip.parse()?),
+                "pod {name} has IP {}",
+                ip.ip
+            );
         }
     }
     for svc in Api::<Service>::all(client).list(&all).await? {
         let name = svc.metadata.name.unwrap_or_default();
         for ip in svc.spec.and_then(|s| s.cluster_ips).unwrap_or_default() {
             if ip != "None" {
-                ensure!(net::is_loopback(ip.parse()?), "service {name} has ClusterIP {ip}");
+                ensure!(
+                    net::is_loopback(ip.parse()?),
+                    "service {name} has ClusterIP {ip}"
+                );
             }
         }
     }

@@ -11,7 +11,9 @@ use layerwise_e2e::{cluster, shapes};
 async fn nodes_are_listed_with_their_capacities() -> Result<()> {
     let client = cluster::client().await?;
     let nodes: Api<Node> = Api::all(client);
-    let listed = nodes.list(&ListParams::default().labels("type=kwok")).await?;
+    let listed = nodes
+        .list(&ListParams::default().labels("type=kwok"))
+        .await?;
     let shapes = shapes::load()?;
     let expected: u32 = shapes.iter().map(|s| s.count).sum();
     ensure!(
@@ -37,7 +39,11 @@ async fn nodes_are_listed_with_their_capacities() -> Result<()> {
                 get(&shape.resource),
                 shape.devices
             );
-            ensure!(get("cpu") == Some(shape.cpu.as_str()), "{name}: cpu {:?}", get("cpu"));
+            ensure!(
+                get("cpu") == Some(shape.cpu.as_str()),
+                "{name}: cpu {:?}",
+                get("cpu")
+            );
             ensure!(
                 get("memory") == Some(shape.memory.as_str()),
                 "{name}: memory {:?}",
@@ -50,7 +56,11 @@ async fn nodes_are_listed_with_their_capacities() -> Result<()> {
                 .any(|c| c.type_ == "Ready" && c.status == "True");
             ensure!(ready, "{name} is not Ready");
             if shape.resource.starts_with("nvidia.com/") {
-                let labels = node.metadata.labels.as_ref().context("node without labels")?;
+                let labels = node
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .context("node without labels")?;
                 let label = |key: &str| labels.get(key).map(String::as_str);
                 ensure!(
                     label("nvidia.com/gpu.memory")

@@ -76,7 +76,11 @@ async fn run(client: Client, ns: &str) -> Result<()> {
         Ok(if running.len() == REPLICAS {
             Ok(running)
         } else {
-            Err(format!("{} of {} pods Running", running.len(), list.items.len()))
+            Err(format!(
+                "{} of {} pods Running",
+                running.len(),
+                list.items.len()
+            ))
         })
     })
     .await?;
@@ -110,19 +114,31 @@ async fn run(client: Client, ns: &str) -> Result<()> {
         );
     }
 
-    let uid = applied.metadata.uid.clone().context("deployment without uid")?;
+    let uid = applied
+        .metadata
+        .uid
+        .clone()
+        .context("deployment without uid")?;
     deployments
         .delete("gpu-smoke", &DeleteParams::foreground())
         .await?;
     tokio::time::timeout(
         WAIT,
-        await_condition(deployments.clone(), "gpu-smoke", conditions::is_deleted(&uid)),
+        await_condition(
+            deployments.clone(),
+            "gpu-smoke",
+            conditions::is_deleted(&uid),
+        ),
     )
     .await
     .context("timed out waiting for the deployment to be deleted")??;
     cluster::wait_until("gpu-smoke pods gone", WAIT, || async {
         let left = pods.list(&selector).await?.items.len();
-        Ok(if left == 0 { Ok(()) } else { Err(format!("{left} pods left")) })
+        Ok(if left == 0 {
+            Ok(())
+        } else {
+            Err(format!("{left} pods left"))
+        })
     })
     .await
 }

@@ -16,6 +16,7 @@ use crate::Result;
 /// Computed by the engine from the family's shapes (f32 activations), so the planner
 /// never guesses it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ActivationCost {
     /// Image pixels per transformer token: (VAE upscale × patch size)².
@@ -42,6 +43,7 @@ impl ActivationCost {
 
 /// What a checkpoint costs to hold and to run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Profile {
     pub family: String,

@@ -1,11 +1,12 @@
-//! Runs requests on a DiT with its blocks streamed: one thread per dp rank, each with its
-//! own pipeline and device budget, all sharing one mapping of the checkpoint and moving
-//! in lockstep by block index. Requests are dealt to ranks round-robin; a rank without
-//! work still joins every pass so the collectives line up.
+//! A DiT checkpoint mapped once for every rank, its requests, and one denoising step's
+//! math around the streamed blocks. `Model::run` generates a fixed list of requests by
+//! dealing them to the ranks round-robin and driving the one rank loop of [`super::rank`],
+//! the same loop the server drives from its scheduler.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
@@ -14,13 +15,12 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::Serialize;
 
-use super::backend::Collective;
-use super::budget::DeviceBudget;
-use super::cpu::{CpuBackend, LocalGroup};
 use super::ddim::{Ddim, DdimConfig};
 use super::dit::Dit;
-use super::pipeline::{candle_dtype, Hook, Pipeline, PipelineOptions};
+use super::pipeline::{candle_dtype, Hook};
+use super::rank::{Taken, Work, WorkKey, WorkSource};
 use super::rss::RssSampler;
+use super::trace::Trace;
 use super::vae::VaeDecoder;
 use crate::checkpoint::{DitCheckpoint, Mapped};
 use crate::family::dit::DitConfig;
@@ -65,8 +65,22 @@ impl Model {
         ModelLayout::new(&self.checkpoint.transformer, &cfg.block_specs(), cfg.num_layers, DitConfig::block_prefix, dp)
     }
 
+    /// Names and bytes of the VAE decoder's weights.
+    pub fn vae_decoder_weights(&self) -> (Vec<String>, u64) {
+        let names = self.vae.component.index.keys().filter(|n| n.starts_with("decoder.") || n.starts_with("post_quant_conv.")).cloned().collect::<Vec<_>>();
+        let bytes = names.iter().map(|n| self.vae.component.get(n).map_or(0, |(_, t)| t.len)).sum();
+        (names, bytes)
+    }
+
+    /// Loads the VAE decoder onto `device` (accounting is the caller's).
+    pub fn vae_decoder(&self, device: &Device) -> Result<VaeDecoder> {
+        let (names, _) = self.vae_decoder_weights();
+        let w = Model::load(&self.vae, names.into_iter(), device)?;
+        VaeDecoder::load_from(&self.checkpoint.vae_config, &w, &self.vae.component.dir)
+    }
+
     /// Loads named tensors from a mapping into f32 device tensors.
-    fn load(mapped: &Mapped, names: impl Iterator<Item = String>, device: &Device) -> Result<HashMap<String, Tensor>> {
+    pub(crate) fn load(mapped: &Mapped, names: impl Iterator<Item = String>, device: &Device) -> Result<HashMap<String, Tensor>> {
         let mut out = HashMap::new();
         for name in names {
             let (h, info) = mapped
@@ -115,6 +129,8 @@ pub struct EngineOptions {
     pub hook: Option<Hook>,
     /// Decode latents into images with the VAE.
     pub decode: bool,
+    /// Record copy, gather and compute spans here.
+    pub trace: Option<Arc<Trace>>,
 }
 
 impl Default for EngineOptions {
@@ -127,6 +143,7 @@ impl Default for EngineOptions {
             timeout: Duration::from_secs(120),
             hook: None,
             decode: true,
+            trace: None,
         }
     }
 }
@@ -155,23 +172,21 @@ pub struct RunStats {
     pub images: usize,
 }
 
-struct Active {
-    req: Request,
-    ddim: Ddim,
-    step: usize,
-    latents: Tensor,
-    index: usize,
+/// A request a rank is stepping.
+pub(crate) struct Active {
+    pub req: Request,
+    pub ddim: Ddim,
+    /// Steps done.
+    pub step: usize,
+    pub latents: Tensor,
+    pub key: WorkKey,
+    pub cancel: Option<Arc<AtomicBool>>,
 }
 
-struct RankResult {
-    outputs: Vec<(usize, Output)>,
-    stall: Duration,
-    step_time: Duration,
-    steps: usize,
-    bytes_copied: u64,
-    bytes_gathered: u64,
-    peak: u64,
-    peak_by_kind: BTreeMap<&'static str, u64>,
+impl Active {
+    pub fn total(&self) -> usize {
+        self.ddim.timesteps.len()
+    }
 }
 
 /// Seeded Gaussian latents [1, C, h, w].
@@ -207,7 +222,9 @@ impl Model {
         Ok(())
     }
 
-    fn start(&self, req: Request, index: usize) -> Result<Active> {
+    /// Turns a request taken from a source into a rank's running state.
+    pub(crate) fn start(&self, work: Work) -> Result<Active> {
+        let Work { key, req, cancel } = work;
         let (c, up) = (self.config().in_channels, self.upscale());
         let latents = match &req.init_latents {
             Some(l) => l.to_dtype(DType::F32)?,
@@ -218,12 +235,13 @@ impl Model {
             req,
             step: 0,
             latents,
-            index,
+            key,
+            cancel,
         })
     }
 
     /// One denoising step of `a` on pipeline `pipe` (all blocks), as DiTPipeline does it.
-    fn prepare_step(&self, dit: &Dit, a: &Active) -> Result<super::dit::DitState> {
+    pub(crate) fn prepare_step(&self, dit: &Dit, a: &Active) -> Result<super::dit::DitState> {
         let t = a.ddim.timesteps[a.step];
         let cfg = a.req.guidance > 1.0;
         let (input, labels) = if cfg {
@@ -234,7 +252,7 @@ impl Model {
         dit.prologue(&input, t as f32, &labels)
     }
 
-    fn finish_step(&self, dit: &Dit, a: &mut Active, st: super::dit::DitState) -> Result<()> {
+    pub(crate) fn finish_step(&self, dit: &Dit, a: &mut Active, st: super::dit::DitState) -> Result<()> {
         let c = self.config().in_channels;
         let out = dit.epilogue(st)?;
         let eps = out.narrow(1, 0, c)?;
@@ -260,53 +278,21 @@ impl Model {
         }
         let rss = RssSampler::start();
         let start = Instant::now();
-        let layout = Arc::new(self.layout(opts.dp)?);
         let mut queues: Vec<VecDeque<(usize, Request)>> = vec![VecDeque::new(); opts.dp];
         for (i, r) in requests.into_iter().enumerate() {
             queues[i % opts.dp].push_back((i, r));
         }
-        let passes = queues.iter().map(|q| q.iter().map(|(_, r)| r.steps).sum::<usize>()).max().unwrap_or(0);
-        let backend = Arc::new(CpuBackend::new(opts.timeout));
-        let group = LocalGroup::new(opts.dp, opts.timeout);
-        let results: Vec<Result<RankResult>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = group
-                .comms()
-                .into_iter()
-                .zip(queues)
-                .map(|(comm, queue)| {
-                    let (backend, layout, group) = (backend.clone(), layout.clone(), group.clone());
-                    let span = tracing::info_span!("rank", rank = comm.rank());
-                    std::thread::Builder::new()
-                        .name(format!("rank-{}", comm.rank()))
-                        .spawn_scoped(scope, move || {
-                            let _g = span.enter();
-                            let rank = comm.rank();
-                            let r = self.rank_main(backend, comm, layout, queue, passes, opts);
-                            if let Err(e) = &r {
-                                group.poison(format!("rank {rank} failed: {e}"));
-                            }
-                            r
-                        })
-                        .expect("spawn rank thread")
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
-        });
-        // Report the root cause, not a peer's "abandoned" error.
-        let mut ranks = Vec::new();
-        let mut errors = Vec::new();
-        for r in results {
-            match r {
-                Ok(x) => ranks.push(x),
-                Err(e) => errors.push(e),
-            }
-        }
-        if !errors.is_empty() {
-            let root = errors.iter().position(|e| !e.to_string().contains("abandoned")).unwrap_or(0);
-            return Err(errors.swap_remove(root));
+        let source = FixedSource {
+            queues: queues.into_iter().map(Mutex::new).collect(),
+            outputs: Mutex::new(Vec::new()),
+            error: Mutex::new(None),
+        };
+        let ranks = self.drive(opts, &source)?;
+        if let Some(e) = source.error.into_inner().expect("source lock") {
+            return Err(e);
         }
         let wall = start.elapsed();
-        let mut outputs: Vec<(usize, Output)> = ranks.iter_mut().flat_map(|r| r.outputs.drain(..)).collect();
+        let mut outputs = source.outputs.into_inner().expect("source lock");
         outputs.sort_by_key(|(i, _)| *i);
         let steps: usize = ranks.iter().map(|r| r.steps).sum();
         let step_time: Duration = ranks.iter().map(|r| r.step_time).sum();
@@ -325,7 +311,7 @@ impl Model {
             wall_seconds: wall.as_secs_f64(),
             step_seconds: if steps > 0 { step_time.as_secs_f64() / steps as f64 } else { 0.0 },
             stall_seconds: stall.as_secs_f64(),
-            stall_fraction: if passes > 0 && step_time > Duration::ZERO {
+            stall_fraction: if steps > 0 && step_time > Duration::ZERO {
                 stall.as_secs_f64() / (step_time.as_secs_f64() / ranks.len() as f64).max(1e-9)
             } else {
                 0.0
@@ -336,90 +322,46 @@ impl Model {
             peak_device_bytes_by_kind: by_kind,
             peak_anon_rss_bytes: rss.peak(),
             checkpoint_bytes: self.checkpoint.transformer.tensor_bytes() + self.checkpoint.vae.tensor_bytes(),
-            largest_padded_block_bytes: layout.largest_padded_block(),
+            largest_padded_block_bytes: self.layout(opts.dp)?.largest_padded_block(),
             images: outputs.len(),
         };
         Ok((outputs.into_iter().map(|(_, o)| o).collect(), stats))
     }
+}
 
-    fn rank_main(
-        &self,
-        backend: Arc<CpuBackend>,
-        comm: super::cpu::LocalComm,
-        layout: Arc<ModelLayout>,
-        mut queue: VecDeque<(usize, Request)>,
-        passes: usize,
-        opts: &EngineOptions,
-    ) -> Result<RankResult> {
-        let rank = comm.rank();
-        let budget = DeviceBudget::new(rank, opts.device_memory);
-        let dev = Device::Cpu;
-        let cfg = self.config().clone();
-        let resident_names = cfg.resident_specs().into_iter().map(|s| s.name);
-        let resident = Model::load(&self.transformer, resident_names, &dev)?;
-        let resident_bytes = cfg.resident_specs().iter().map(|s| self.transformer.component.get(&s.name).map_or(0, |(_, t)| t.len)).sum();
-        let _resident_alloc = budget.charge("resident_outside_blocks", "patch embedding and final layer", resident_bytes)?;
-        let (vae, _vae_alloc) = if opts.decode {
-            let names = self.vae.component.index.keys().filter(|n| n.starts_with("decoder.") || n.starts_with("post_quant_conv.")).cloned().collect::<Vec<_>>();
-            let bytes = names.iter().map(|n| self.vae.component.get(n).map_or(0, |(_, t)| t.len)).sum();
-            let alloc = budget.charge("vae", "VAE decoder", bytes)?;
-            let w = Model::load(&self.vae, names.into_iter(), &dev)?;
-            (Some(VaeDecoder::load_from(&self.checkpoint.vae_config, &w, &self.vae.component.dir)?), Some(alloc))
-        } else {
-            (None, None)
-        };
-        let dit = Dit::new(cfg, Box::new(resident));
-        let mut pipe = Pipeline::new(
-            backend,
-            comm,
-            layout,
-            self.transformer.clone(),
-            &budget,
-            PipelineOptions {
-                strategy: opts.strategy,
-                slots: opts.slots,
-                hook: opts.hook.clone(),
-            },
-        )?;
-        let mut active: Option<Active> = None;
-        let mut outputs = Vec::new();
-        let (mut step_time, mut steps) = (Duration::ZERO, 0usize);
-        for pass in 0..passes {
-            if active.is_none() {
-                if let Some((i, r)) = queue.pop_front() {
-                    active = Some(self.start(r, i)?);
-                }
-            }
-            let t0 = Instant::now();
-            let mut state = active.as_ref().map(|a| self.prepare_step(&dit, a)).transpose()?;
-            pipe.pass(pass + 1 < passes, |i, w| match state.as_mut() {
-                Some(st) => dit.block(i, w, st),
-                None => Ok(()),
-            })?;
-            if let (Some(a), Some(st)) = (active.as_mut(), state) {
-                self.finish_step(&dit, a, st)?;
-                step_time += t0.elapsed();
-                steps += 1;
-                if a.step == a.ddim.timesteps.len() {
-                    let a = active.take().expect("active");
-                    let image = match &vae {
-                        Some(v) => Some(v.decode(&a.latents)?.squeeze(0)?),
-                        None => None,
-                    };
-                    outputs.push((a.index, Output { latents: a.latents, image }));
-                }
+/// `run`'s source: requests dealt round-robin up front, outputs collected by index.
+struct FixedSource {
+    queues: Vec<Mutex<VecDeque<(usize, Request)>>>,
+    outputs: Mutex<Vec<(usize, Output)>>,
+    error: Mutex<Option<Error>>,
+}
+
+impl WorkSource for FixedSource {
+    fn take(&self, rank: usize) -> Result<Taken> {
+        let mut q = self.queues[rank].lock().expect("source lock");
+        let work = q.pop_front().map(|(i, req)| Work {
+            key: WorkKey { id: i as u64, index: 0 },
+            req,
+            cancel: None,
+        });
+        Ok(Taken {
+            work,
+            generation: 0,
+            closed: q.is_empty(),
+        })
+    }
+    fn pending(&self, rank: usize) -> bool {
+        !self.queues[rank].lock().expect("source lock").is_empty()
+    }
+    fn wait(&self, _rank: usize, _generation: u64) -> Result<()> {
+        Ok(())
+    }
+    fn finished(&self, _rank: usize, key: WorkKey, out: Result<Output>) {
+        match out {
+            Ok(o) => self.outputs.lock().expect("source lock").push((key.id as usize, o)),
+            Err(e) => {
+                self.error.lock().expect("source lock").get_or_insert(e);
             }
         }
-        let s = pipe.stats().clone();
-        Ok(RankResult {
-            outputs,
-            stall: s.stall,
-            step_time,
-            steps,
-            bytes_copied: s.bytes_copied,
-            bytes_gathered: s.bytes_gathered,
-            peak: budget.peak(),
-            peak_by_kind: budget.peak_by_kind(),
-        })
     }
 }

@@ -4,6 +4,7 @@
 //! it has recorded its `free` event. One implementation for every backend.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use safetensors::Dtype;
 
 use super::backend::{Backend, Collective, GatherSource};
 use super::budget::{Allocation, DeviceBudget};
+use super::trace::{Lane, Trace};
 use super::weights::Weights;
 use crate::checkpoint::Mapped;
 use crate::layout::{BlockLayout, ModelLayout, Piece};
@@ -93,6 +95,8 @@ pub struct PipelineOptions {
     /// K, the number of device slots (≥ 2 for streaming strategies).
     pub slots: usize,
     pub hook: Option<Hook>,
+    /// Records copy and gather spans from inside the streams' work.
+    pub trace: Option<Arc<Trace>>,
 }
 
 /// One rank's weights and the machinery that moves them.
@@ -262,6 +266,7 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 let h = h.clone();
                 be.host_fn(copy, Box::new(move || h(Stage::Copy)));
             }
+            let span = self.span_begin(copy, Lane::Copy, block);
             for (g, grp) in b.groups.iter().enumerate() {
                 let runs = match self.opts.strategy {
                     Strategy::OffloadSharded => grp.shard_pieces(rank),
@@ -270,6 +275,7 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 self.stats.bytes_copied += runs.iter().map(|p| p.len).sum::<u64>();
                 be.copy_to_device(copy, &slot.buffers[g], &self.mapped, runs);
             }
+            self.span_end(copy, span, Lane::Copy, block);
             let done = if self.gather.is_some() { &slot.loaded } else { &slot.ready };
             be.record(copy, done);
         }
@@ -279,6 +285,7 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 let h = h.clone();
                 be.host_fn(gather, Box::new(move || h(Stage::Gather)));
             }
+            let span = self.span_begin(gather, Lane::Gather, block);
             for (g, grp) in b.groups.iter().enumerate() {
                 let src = if self.opts.strategy == Strategy::Sharded {
                     let cap = self.layout.group_capacity[g] / dp as u64;
@@ -292,8 +299,28 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 self.stats.bytes_gathered += grp.shard * (dp as u64 - 1);
                 self.comm.all_gather(gather, &slot.buffers[g], grp.shard, src);
             }
+            self.span_end(gather, span, Lane::Gather, block);
             be.record(gather, &slot.ready);
         }
+    }
+
+    /// Enqueues a host function that stamps when `stream` reaches this point.
+    fn span_begin(&self, stream: &B::Stream, _lane: Lane, _block: usize) -> Option<Arc<AtomicU64>> {
+        let t = self.opts.trace.as_ref()?;
+        let (t, cell) = (t.clone(), Arc::new(AtomicU64::new(0)));
+        let c = cell.clone();
+        self.backend.host_fn(stream, Box::new(move || c.store(t.now_us().to_bits(), Ordering::Relaxed)));
+        Some(cell)
+    }
+
+    /// Enqueues the host function that closes the span `span_begin` opened.
+    fn span_end(&self, stream: &B::Stream, cell: Option<Arc<AtomicU64>>, lane: Lane, block: usize) {
+        let (Some(t), Some(cell)) = (self.opts.trace.clone(), cell) else {
+            return;
+        };
+        let rank = self.comm.rank();
+        self.backend
+            .host_fn(stream, Box::new(move || t.record(rank, lane, block, f64::from_bits(cell.load(Ordering::Relaxed)))));
     }
 
     /// Runs one pass over every block in order, calling `f(block, weights)` for each.

@@ -4,7 +4,7 @@
 //! under `tests/` holds it to that). The VAE is small next to the transformer, so it stays
 //! resident and is loaded once through `Weights`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::{DType, Module, Tensor};
 use candle_nn::{GroupNorm, Linear};
@@ -209,7 +209,7 @@ impl VaeDecoder {
 
     /// As `load`, with `origin` (the checkpoint's path) labelling errors.
     pub fn load_from(cfg: &VaeConfig, w: &dyn Weights, origin: &Path) -> Result<Self> {
-        let config_path = PathBuf::from(origin).join("config.json");
+        let config_path = origin.join("config.json");
         cfg.validate(&config_path)?;
         let l = Loader { weights: w, origin };
         let g = cfg.norm_num_groups;
@@ -266,6 +266,16 @@ impl VaeDecoder {
         self.upscale
     }
 
+    /// Channels `decode` expects.
+    pub fn latent_channels(&self) -> usize {
+        self.latent_channels
+    }
+
+    /// Channels `decode` returns (3 for RGB).
+    pub fn out_channels(&self) -> usize {
+        self.out_channels
+    }
+
     /// Decodes the sampler's latents [B, latent_channels, h, w] into images
     /// [B, out_channels, h·upscale, w·upscale], roughly in [-1, 1] and not clamped. The
     /// latents are in the sampler's space; this undoes `scaling_factor` (and adds
@@ -297,9 +307,7 @@ impl VaeDecoder {
         for block in &self.up_blocks {
             x = block.forward(&x)?;
         }
-        let x = self.conv_out.forward(&self.norm_out.forward(&x)?.silu()?)?;
-        debug_assert_eq!(x.dim(1)?, self.out_channels);
-        Ok(x)
+        self.conv_out.forward(&self.norm_out.forward(&x)?.silu()?)
     }
 }
 

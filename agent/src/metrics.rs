@@ -1,0 +1,116 @@
+//! The agent's Prometheus metrics, registered once into the registry `/metrics` serves.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+type FGauge = Gauge<f64, AtomicU64>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    pub model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeviceLabels {
+    pub device: String,
+    pub product: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub bytes_warmed: Family<ModelLabels, Counter>,
+    pub warm_throughput: Family<ModelLabels, FGauge>,
+    pub resident_bytes: Family<ModelLabels, Gauge>,
+    pub model_bytes: Family<ModelLabels, Gauge>,
+    pub errors: Family<KindLabels, Counter>,
+    pub host_available_bytes: Gauge,
+    pub device_free_bytes: Family<DeviceLabels, Gauge>,
+    pub pods_cgroup_usage_bytes: Gauge,
+    pub prewarm_cgroup_usage_bytes: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut m = Metrics {
+            registry: Registry::with_prefix("layerwise_agent"),
+            bytes_warmed: Family::default(),
+            warm_throughput: Family::default(),
+            resident_bytes: Family::default(),
+            model_bytes: Family::default(),
+            errors: Family::default(),
+            host_available_bytes: Gauge::default(),
+            device_free_bytes: Family::default(),
+            pods_cgroup_usage_bytes: Gauge::default(),
+            prewarm_cgroup_usage_bytes: Gauge::default(),
+        };
+        let r = &mut m.registry;
+        r.register("warmed_bytes", "Bytes read into the page cache by prewarm", m.bytes_warmed.clone());
+        r.register("warm_throughput_bytes_per_second", "Throughput of the model's last prewarm", m.warm_throughput.clone());
+        r.register("resident_bytes", "Bytes of the model's files in the page cache (mincore)", m.resident_bytes.clone());
+        r.register("model_bytes", "Bytes of the model's files", m.model_bytes.clone());
+        r.register("errors", "Errors by kind", m.errors.clone());
+        r.register("host_memory_available_bytes", "MemAvailable of the node", m.host_available_bytes.clone());
+        r.register("accelerator_memory_free_bytes", "Free memory per accelerator", m.device_free_bytes.clone());
+        r.register("pods_cgroup_usage_bytes", "Memory usage of the pods' cgroup", m.pods_cgroup_usage_bytes.clone());
+        r.register("prewarm_cgroup_usage_bytes", "Memory usage (page cache) of the prewarm cgroup", m.prewarm_cgroup_usage_bytes.clone());
+        m
+    }
+
+    pub fn model(id: &str) -> ModelLabels {
+        ModelLabels { model: id.to_string() }
+    }
+
+    /// Counts an error under its metric label.
+    pub fn error(&self, e: &crate::Error) {
+        self.errors.get_or_create(&KindLabels { kind: e.metric_label().into() }).inc();
+    }
+
+    /// Forgets a model's series (it left the spec).
+    pub fn remove_model(&self, id: &str) {
+        let l = Self::model(id);
+        self.bytes_warmed.remove(&l);
+        self.warm_throughput.remove(&l);
+        self.resident_bytes.remove(&l);
+        self.model_bytes.remove(&l);
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_model_series_and_forgets_them() {
+        let m = Metrics::new();
+        m.bytes_warmed.get_or_create(&Metrics::model("ns/a")).inc_by(42);
+        m.error(&crate::Error::Worker("x".into()));
+        let text = m.encode();
+        assert!(text.contains("layerwise_agent_warmed_bytes_total{model=\"ns/a\"} 42"), "{text}");
+        assert!(text.contains("layerwise_agent_errors_total{kind=\"worker\"} 1"), "{text}");
+        m.remove_model("ns/a");
+        assert!(!m.encode().contains("ns/a"));
+    }
+}

@@ -1,0 +1,210 @@
+//! One requested model's life on the node: resolve its folder, profile the checkpoint from
+//! its headers, warm its files, and judge the result. The task here reports through a
+//! channel to the node loop ([`crate::node`]), which owns every model's status.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crds::{ModelLocation, ModelState, Profile};
+use tokio::sync::mpsc;
+
+use crate::cgroup::PrewarmCgroup;
+use crate::pagecache::{self, Identity, Residency};
+use crate::prewarm::{self, Options, Outcome};
+use crate::worker::{self, Job};
+use crate::{Error, Result};
+
+/// Residency at or above this fraction of the files counts as warm (the kernel may drop a
+/// few pages of a large model at any time).
+pub const WARM_FRACTION: f64 = 0.99;
+
+/// How the node prepares models.
+pub struct Settings {
+    /// Prefix for host paths (where the node's root is mounted in the agent's container).
+    pub model_root: Option<PathBuf>,
+    /// The binary that runs prewarm jobs (this one).
+    pub worker_exe: PathBuf,
+    pub options: Options,
+    pub cgroup: Option<Arc<PrewarmCgroup>>,
+    /// The page-cache budget, when one is set.
+    pub budget: Option<u64>,
+}
+
+/// What a model task tells the node loop. `task` is the task's number, so reports from a
+/// task that has since been replaced are ignored.
+#[derive(Debug)]
+pub enum Update {
+    State { id: String, task: u64, state: ModelState },
+    Profiled { id: String, task: u64, profile: Box<Profile>, files: Vec<(PathBuf, Identity)>, residency: Residency },
+    Progress { id: String, task: u64, bytes: u64 },
+    Warmed { id: String, task: u64, outcome: Outcome, residency: Residency },
+    Failed { id: String, task: u64, error: Error },
+}
+
+/// The folder of a model request on this node.
+pub fn resolve(id: &str, location: &ModelLocation, model_root: Option<&Path>) -> Result<PathBuf> {
+    let Some(host) = &location.host_path else {
+        return Err(Error::Model {
+            id: id.into(),
+            msg: format!(
+                "location {}: the agent reads host paths only; mount the volume at a hostPath",
+                location.describe()
+            ),
+        });
+    };
+    let p = Path::new(host);
+    if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
+        return Err(Error::Model {
+            id: id.into(),
+            msg: format!("hostPath `{host}` must be absolute without `..`"),
+        });
+    }
+    Ok(match model_root {
+        Some(root) => root.join(p.strip_prefix("/").unwrap_or(p)),
+        None => p.to_path_buf(),
+    })
+}
+
+/// The state and message a model gets after a warm: warm only when its files are resident;
+/// otherwise it stays `Warming` with a message saying why it is not warm (a budget too small
+/// for the model, a floor that stopped it, pages evicted since).
+pub fn verdict(residency: Residency, budget: Option<u64>, stopped: Option<&str>) -> (ModelState, Option<String>) {
+    if let Some(b) = budget.filter(|b| residency.total > *b) {
+        return (
+            ModelState::Warming,
+            Some(format!(
+                "prewarm budget too small: the model's files are {} bytes but the page-cache budget is {b} bytes; {} bytes ({:.0}%) resident. Raise the agent's cache budget",
+                residency.total,
+                residency.resident,
+                residency.percent()
+            )),
+        );
+    }
+    if let Some(why) = stopped {
+        return (
+            ModelState::Warming,
+            Some(format!("warming stopped: {why}; {} of {} bytes resident", residency.resident, residency.total)),
+        );
+    }
+    if residency.resident as f64 >= residency.total as f64 * WARM_FRACTION {
+        (ModelState::Warm, None)
+    } else {
+        (
+            ModelState::Warming,
+            Some(format!(
+                "only {:.0}% resident after warming ({} of {} bytes): pages were evicted, the node is short of memory",
+                residency.percent(),
+                residency.resident,
+                residency.total
+            )),
+        )
+    }
+}
+
+/// Files whose identity differs from when they were warmed (or that are gone).
+pub fn changed(files: &[(PathBuf, Identity)]) -> Vec<PathBuf> {
+    files
+        .iter()
+        .filter(|(p, id)| Identity::of(p).ok().as_ref() != Some(id))
+        .map(|(p, _)| p.clone())
+        .collect()
+}
+
+/// Profiles the model at `dir` from its headers, then warms its files, reporting to `tx`.
+/// A broken checkpoint ends as `Failed` with the reader's message (file and tensor).
+pub async fn prepare(id: String, task: u64, dir: PathBuf, settings: Arc<Settings>, tx: mpsc::Sender<Update>) {
+    let send = |u: Update| {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(u).await;
+        }
+    };
+    send(Update::State { id: id.clone(), task, state: ModelState::Profiling }).await;
+    let d = dir.clone();
+    let profiled = tokio::task::spawn_blocking(move || -> Result<_> {
+        let profile = Profile::read(&d)?;
+        let files = prewarm::files_under(&d)?;
+        let ids = files.iter().map(|p| Ok((p.clone(), Identity::of(p)?))).collect::<Result<Vec<_>>>()?;
+        let residency = pagecache::residency_of(&files)?;
+        Ok((profile, ids, residency))
+    })
+    .await
+    .expect("profile task panicked");
+    let (profile, files, residency) = match profiled {
+        Ok(x) => x,
+        Err(error) => return send(Update::Failed { id, task, error }).await,
+    };
+    let paths: Vec<PathBuf> = files.iter().map(|(p, _)| p.clone()).collect();
+    send(Update::Profiled { id: id.clone(), task, profile: Box::new(profile), files, residency }).await;
+    warm(id, task, paths, settings, tx).await
+}
+
+/// Warms `paths` (in the worker process, in the prewarm cgroup) and reports the result.
+pub async fn warm(id: String, task: u64, paths: Vec<PathBuf>, settings: Arc<Settings>, tx: mpsc::Sender<Update>) {
+    let _ = tx.send(Update::State { id: id.clone(), task, state: ModelState::Warming }).await;
+    let job = Job {
+        files: paths.clone(),
+        options: settings.options.clone(),
+    };
+    let progress_tx = tx.clone();
+    let pid = id.clone();
+    let result = worker::run(&settings.worker_exe, settings.cgroup.as_deref(), &job, move |bytes| {
+        // Progress is advisory: drop it rather than wait when the loop is busy.
+        let _ = progress_tx.try_send(Update::Progress { id: pid.clone(), task, bytes });
+    })
+    .await;
+    let update = match result {
+        Ok(outcome) => {
+            match tokio::task::spawn_blocking(move || pagecache::residency_of(&paths)).await.expect("residency task panicked") {
+                Ok(residency) => Update::Warmed { id, task, outcome, residency },
+                Err(error) => Update::Failed { id, task, error },
+            }
+        }
+        Err(error) => Update::Failed { id, task, error },
+    };
+    let _ = tx.send(update).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(p: &str) -> ModelLocation {
+        ModelLocation {
+            host_path: Some(p.into()),
+            persistent_volume_claim: None,
+        }
+    }
+
+    #[test]
+    fn resolves_host_paths_under_the_root() {
+        assert_eq!(resolve("a/b", &at("/models/x"), None).unwrap(), PathBuf::from("/models/x"));
+        assert_eq!(resolve("a/b", &at("/models/x"), Some(Path::new("/host"))).unwrap(), PathBuf::from("/host/models/x"));
+        let e = resolve("a/b", &at("/models/../etc"), None).unwrap_err().to_string();
+        assert!(e.contains("a/b") && e.contains(".."), "{e}");
+        let pvc = ModelLocation {
+            host_path: None,
+            persistent_volume_claim: Some(crds::PvcSource {
+                claim_name: "weights".into(),
+                sub_path: None,
+            }),
+        };
+        assert!(resolve("a/b", &pvc, None).unwrap_err().to_string().contains("pvc:weights"));
+    }
+
+    #[test]
+    fn verdicts() {
+        let r = |resident, total| Residency { resident, total };
+        assert_eq!(verdict(r(100, 100), Some(200), None), (ModelState::Warm, None));
+        assert_eq!(verdict(r(100, 100), None, None).0, ModelState::Warm);
+        let (s, m) = verdict(r(50, 100), Some(60), None);
+        assert_eq!(s, ModelState::Warming);
+        assert!(m.unwrap().contains("budget too small"));
+        let (s, m) = verdict(r(10, 100), None, Some("node MemAvailable fell below the floor"));
+        assert_eq!(s, ModelState::Warming);
+        assert!(m.unwrap().contains("floor"));
+        let (s, m) = verdict(r(50, 100), None, None);
+        assert_eq!(s, ModelState::Warming);
+        assert!(m.unwrap().contains("50%"));
+    }
+}

@@ -1,0 +1,57 @@
+//! Types both kinds share: where a model's files are, and the strategy names.
+
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+
+/// Where a model's pipeline folder is on the nodes. Exactly one of `hostPath` and
+/// `persistentVolumeClaim` is set.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.hostPath) != has(self.persistentVolumeClaim)").message("set exactly one of hostPath and persistentVolumeClaim"))]
+pub struct ModelLocation {
+    /// Absolute path of the pipeline folder on every node that may run the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.startsWith('/')").message("hostPath must be an absolute path (start with /)"))]
+    #[schemars(length(max = 1024))]
+    pub host_path: Option<String>,
+    /// A PersistentVolumeClaim (in the deployment's namespace) holding the pipeline folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_volume_claim: Option<PvcSource>,
+}
+
+/// A PersistentVolumeClaim and the folder inside it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PvcSource {
+    #[schemars(length(min = 1, max = 253))]
+    pub claim_name: String,
+    /// Folder inside the volume, relative (no leading `/`, no `..`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("!self.startsWith('/') && !self.matches('(^|/)[.][.](/|$)')").message("subPath must be relative and must not contain '..'"))]
+    #[schemars(length(max = 1024))]
+    pub sub_path: Option<String>,
+}
+
+impl ModelLocation {
+    /// A short human form: the host path, or `pvc:<claim>/<subPath>`.
+    pub fn describe(&self) -> String {
+        match (&self.host_path, &self.persistent_volume_claim) {
+            (Some(p), _) => p.clone(),
+            (None, Some(pvc)) => format!("pvc:{}/{}", pvc.claim_name, pvc.sub_path.as_deref().unwrap_or("")),
+            (None, None) => "<none>".into(),
+        }
+    }
+}
+
+/// How the engine holds the weights (see ARCHITECTURE.md's strategy table); `auto` lets the
+/// planner choose.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    #[default]
+    Auto,
+    Resident,
+    Sharded,
+    Offload,
+    OffloadSharded,
+}

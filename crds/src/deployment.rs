@@ -1,0 +1,347 @@
+//! `DiffusionDeployment`: one model served by a set of engine pods, sized by the operator.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::KubeSchema;
+use kube::CustomResource;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{ModelLocation, Strategy};
+
+/// A diffusion model served on the cluster. The operator profiles the checkpoint on candidate
+/// nodes, plans strategy, dp, slots and memory from the profile, the nodes' accelerators and
+/// the workload bounds, and runs the engine as a Deployment plus a Service.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "layerwise.dev",
+    version = "v1alpha1",
+    kind = "DiffusionDeployment",
+    namespaced,
+    status = "DiffusionDeploymentStatus",
+    shortname = "dd",
+    category = "layerwise",
+    doc = "A diffusion model served on the cluster, sized and run by the layerwise operator",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Strategy", type_ = "string", json_path = ".status.plan.strategy", description = "Planned strategy"),
+    printcolumn(name = "DP", type_ = "integer", json_path = ".status.plan.dp", description = "Ranks (accelerators) per pod"),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.replicas", description = "Engine pods wanted"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas", description = "Engine pods ready"),
+    printcolumn(name = "Queue", type_ = "integer", json_path = ".status.queueDepth", description = "Requests queued or running"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.dp) || !has(self.strategy) || self.strategy != 'sharded' || self.dp >= 2").message("strategy sharded needs dp of at least 2 (use resident for one device)"))]
+#[x_kube(validation = Rule::new("!has(self.dp) || !has(self.strategy) || self.strategy != 'offload-sharded' || self.dp >= 2").message("strategy offload-sharded needs dp of at least 2 (use offload for one device)"))]
+#[x_kube(validation = Rule::new("!has(self.autoscaling) || !has(self.replicas) || self.autoscaling.mode != 'external' || (self.replicas >= self.autoscaling.minReplicas && self.replicas <= self.autoscaling.maxReplicas)").message("in external autoscaling mode replicas must lie within [minReplicas, maxReplicas]"))]
+pub struct DiffusionDeploymentSpec {
+    /// The model: its family and where its files are on the nodes.
+    pub model: ModelSpec,
+    /// The largest request the deployment must serve; the planner sizes activations for it.
+    #[serde(default)]
+    pub workload: Workload,
+    /// `auto` (the planner chooses) or one of resident, sharded, offload, offload-sharded.
+    #[serde(default)]
+    pub strategy: Strategy,
+    /// Fixed ranks (accelerators) per pod; the planner chooses when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("dp must be at least 1"))]
+    #[schemars(range(max = 64))]
+    pub dp: Option<u32>,
+    /// Fixed device slots per rank (K); the planner grows K beyond 2 when memory allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 16").message("slots must be between 1 and 16"))]
+    pub slots: Option<u32>,
+    /// Which accelerators, and on which nodes.
+    #[serde(default)]
+    pub accelerator: Accelerator,
+    /// Engine pods when autoscaling is off, or (mode `external`) what HPA/KEDA sets through
+    /// the `/scale` subresource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("replicas must not be negative"))]
+    pub replicas: Option<i32>,
+    /// Queue-based scaling; off when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<Autoscaling>,
+    /// The engine container and extra pod settings.
+    #[serde(default)]
+    pub engine: EngineSpec,
+}
+
+/// The model to serve.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSpec {
+    /// Model family the engine knows (for example `dit`).
+    #[schemars(length(min = 1, max = 63))]
+    pub family: String,
+    /// Where the pipeline folder is on the nodes. Immutable: a new model location is a new
+    /// DiffusionDeployment.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("model location is immutable; create a new DiffusionDeployment for another model"))]
+    pub location: ModelLocation,
+}
+
+/// Bounds on a single request; requests beyond them are refused by the engine, and the
+/// planner reserves activation memory for a request at these bounds.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Workload {
+    #[serde(default = "default_side")]
+    #[x_kube(validation = Rule::new("self >= 8 && self <= 16384").message("maxWidth must be between 8 and 16384"))]
+    pub max_width: u64,
+    #[serde(default = "default_side")]
+    #[x_kube(validation = Rule::new("self >= 8 && self <= 16384").message("maxHeight must be between 8 and 16384"))]
+    pub max_height: u64,
+    /// Frames per request (1 for images).
+    #[serde(default = "one")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1024").message("maxFrames must be between 1 and 1024"))]
+    pub max_frames: u64,
+    #[serde(default = "default_steps")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("maxSteps must be between 1 and 1000"))]
+    pub max_steps: u64,
+    /// Images per request.
+    #[serde(default = "one")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 64").message("maxBatch must be between 1 and 64"))]
+    pub max_batch: u64,
+    /// Whether requests may use classifier-free guidance (doubles the transformer's batch).
+    #[serde(default = "yes")]
+    pub guidance: bool,
+}
+
+fn default_side() -> u64 {
+    1024
+}
+fn one() -> u64 {
+    1
+}
+fn default_steps() -> u64 {
+    50
+}
+fn yes() -> bool {
+    true
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Workload { max_width: 1024, max_height: 1024, max_frames: 1, max_steps: 50, max_batch: 1, guidance: true }
+    }
+}
+
+/// The accelerator to run on and the nodes to consider.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Accelerator {
+    /// Extended resource name of the device; `nvidia.com/gpu` when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub resource_name: Option<String>,
+    /// Only nodes with these labels are candidates.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations for the engine pods (accelerator nodes are often tainted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+}
+
+impl Accelerator {
+    /// The default accelerator resource.
+    pub const DEFAULT_RESOURCE: &'static str = "nvidia.com/gpu";
+
+    pub fn resource(&self) -> &str {
+        self.resource_name.as_deref().unwrap_or(Self::DEFAULT_RESOURCE)
+    }
+}
+
+/// Queue-based scaling of the engine pods.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("minReplicas must not exceed maxReplicas"))]
+pub struct Autoscaling {
+    #[serde(default = "one_i32")]
+    #[x_kube(validation = Rule::new("self >= 0").message("minReplicas must not be negative"))]
+    pub min_replicas: i32,
+    #[x_kube(validation = Rule::new("self >= 1").message("maxReplicas must be at least 1"))]
+    pub max_replicas: i32,
+    /// Requests (queued + running) one replica should carry; desired replicas =
+    /// ceil(load / target).
+    #[serde(default = "four")]
+    #[x_kube(validation = Rule::new("self >= 1").message("targetQueuePerReplica must be at least 1"))]
+    pub target_queue_per_replica: u32,
+    /// How long load must stay low before replicas are removed.
+    #[serde(default = "five_minutes")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 86400").message("scaleDownDelaySeconds must be between 0 and 86400"))]
+    pub scale_down_delay_seconds: u32,
+    /// `builtin`: the operator scales from the engines' queue depth. `external`: HPA or KEDA
+    /// drives `spec.replicas` through the `/scale` subresource.
+    #[serde(default)]
+    pub mode: AutoscalingMode,
+}
+
+fn one_i32() -> i32 {
+    1
+}
+fn four() -> u32 {
+    4
+}
+fn five_minutes() -> u32 {
+    300
+}
+
+/// Who decides the replica count.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum AutoscalingMode {
+    #[default]
+    Builtin,
+    External,
+}
+
+/// The engine container and extra pod settings.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineSpec {
+    /// Engine image; the operator's default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["Always", "IfNotPresent", "Never"]))]
+    pub image_pull_policy: Option<String>,
+    /// Extra arguments appended to the planned ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_args: Vec<String>,
+    /// Extra environment variables.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Resources beside the accelerators and memory the plan sets (for example cpu).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// Extra device memory per rank to keep free for the runtime (bytes); the operator's
+    /// default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_overhead_bytes: Option<u64>,
+}
+
+/// What the operator has observed and decided.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DiffusionDeploymentStatus {
+    /// The spec generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// ModelProfiled, Planned, CacheWarm, Available, Progressing, Degraded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The plan in force (kept when a later spec is infeasible, since its pods still run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Plan>,
+    /// Engine pods wanted.
+    #[serde(default)]
+    pub replicas: i32,
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Requests queued or running over all engine pods, at the last scrape.
+    #[serde(default)]
+    pub queue_depth: u64,
+    /// Label selector of the engine pods (for the `/scale` subresource).
+    #[serde(default)]
+    pub selector: String,
+    /// When load first fell below the current replica count (builtin autoscaling); the
+    /// scale-down happens once it has stayed there for the delay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_down_pending_since: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<Time>,
+}
+
+/// A strategy the planner chose (never `auto`).
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlannedStrategy {
+    Resident,
+    Sharded,
+    Offload,
+    OffloadSharded,
+}
+
+impl PlannedStrategy {
+    pub const ALL: [PlannedStrategy; 4] =
+        [PlannedStrategy::Resident, PlannedStrategy::Sharded, PlannedStrategy::OffloadSharded, PlannedStrategy::Offload];
+
+    /// The name the engine's `--strategy` flag takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlannedStrategy::Resident => "resident",
+            PlannedStrategy::Sharded => "sharded",
+            PlannedStrategy::Offload => "offload",
+            PlannedStrategy::OffloadSharded => "offload-sharded",
+        }
+    }
+
+    /// Whether blocks stream through K slots (all but resident).
+    pub fn uses_slots(self) -> bool {
+        self != PlannedStrategy::Resident
+    }
+}
+
+/// How a replica runs, and why.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    pub strategy: PlannedStrategy,
+    /// Ranks (accelerators) per pod.
+    pub dp: u32,
+    /// Device slots per rank (K); 0 for resident.
+    pub slots: u32,
+    /// Whether the ranks of a pod all-gather over a fast peer link.
+    pub fast_peer_link: bool,
+    /// Peak device bytes one rank needs.
+    pub device_bytes_per_rank: u64,
+    /// Host bytes one pod needs (its memory request): one copy of the model plus pinned
+    /// buffers and runtime.
+    pub host_bytes_per_pod: u64,
+    /// What `deviceBytesPerRank` is made of.
+    pub device_breakdown: MemoryBreakdown,
+    /// Nodes the plan fits on (pods are restricted to them).
+    pub nodes: Vec<String>,
+    /// Why this plan, in words.
+    pub reasons: Vec<String>,
+    /// Alternatives considered and why they lost, in words.
+    pub rejected: Vec<String>,
+}
+
+/// Device bytes of one rank by purpose.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryBreakdown {
+    /// Block weights kept on the device (whole blocks for resident, 1/dp of every block for
+    /// sharded, none for the offload strategies).
+    pub block_weights: u64,
+    /// K slots of one full (padded) block each.
+    pub slots: u64,
+    /// Weights outside the blocks plus the VAE, always resident.
+    pub resident_weights: u64,
+    /// Activations of the largest allowed request.
+    pub activations: u64,
+    /// Runtime overhead per device.
+    pub overhead: u64,
+}
+
+impl MemoryBreakdown {
+    pub fn total(&self) -> u64 {
+        self.block_weights + self.slots + self.resident_weights + self.activations + self.overhead
+    }
+}

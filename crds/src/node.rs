@@ -1,0 +1,144 @@
+//! `DiffusionNode`: one per node, named after it. The operator writes the spec (which models
+//! to prepare); the node agent writes the status (what the node has, and each model's
+//! profile and page-cache state).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::KubeSchema;
+use kube::CustomResource;
+use layerwise_engine::checkpoint::Profile;
+use serde::{Deserialize, Serialize};
+
+use crate::common::ModelLocation;
+
+/// The models a node should prepare. Each entry is owned (server-side apply) by the
+/// DiffusionDeployment that asked for it, so requests from many deployments merge.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "layerwise.dev",
+    version = "v1alpha1",
+    kind = "DiffusionNode",
+    status = "DiffusionNodeStatus",
+    shortname = "dn",
+    category = "layerwise",
+    doc = "A node's accelerators, memory and prepared models, reported by the layerwise node agent",
+    printcolumn(name = "Accelerators", type_ = "string", json_path = ".status.accelerators[0].product"),
+    printcolumn(name = "Count", type_ = "integer", json_path = ".status.accelerators[0].count"),
+    printcolumn(name = "Models", type_ = "integer", json_path = ".status.modelCount"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DiffusionNodeSpec {
+    /// Models to profile and warm into the page cache, one entry per requesting deployment.
+    #[serde(default)]
+    #[schemars(length(max = 256))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"]))]
+    pub models: Vec<ModelRequest>,
+}
+
+/// One model a node is asked to prepare.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelRequest {
+    /// Who asked: `<namespace>/<DiffusionDeployment name>`.
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?$')").message("id must be <namespace>/<name>"))]
+    #[schemars(length(max = 317))]
+    pub id: String,
+    /// Model family (for example `dit`).
+    #[schemars(length(max = 63))]
+    pub family: String,
+    /// Where the model's files are on this node.
+    pub location: ModelLocation,
+}
+
+/// What the node has, written only by its agent.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DiffusionNodeStatus {
+    /// Accelerator kinds on the node.
+    #[serde(default)]
+    pub accelerators: Vec<AcceleratorInventory>,
+    /// Physical host memory.
+    #[serde(default)]
+    pub host_memory_bytes: u64,
+    /// The memory limit of the cgroup pods run under, when the node has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_memory_limit_bytes: Option<u64>,
+    /// Per requested model: profile, residency, state.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"]))]
+    pub models: Vec<NodeModelStatus>,
+    /// Number of entries in `models` (a printer column).
+    #[serde(default)]
+    pub model_count: u32,
+    /// When the agent last wrote this status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<Time>,
+}
+
+impl DiffusionNodeStatus {
+    /// Host bytes pods may use: the smaller of physical memory and the cgroup limit.
+    pub fn usable_host_bytes(&self) -> u64 {
+        self.cgroup_memory_limit_bytes.map_or(self.host_memory_bytes, |l| l.min(self.host_memory_bytes))
+    }
+
+    /// The status of the model requested as `id`, if the agent has reported it.
+    pub fn model(&self, id: &str) -> Option<&NodeModelStatus> {
+        self.models.iter().find(|m| m.id == id)
+    }
+}
+
+/// One kind of accelerator on a node.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AcceleratorInventory {
+    /// Extended resource name, e.g. `nvidia.com/gpu`.
+    pub resource_name: String,
+    /// Product name, e.g. `NVIDIA-H200`.
+    pub product: String,
+    pub count: u32,
+    /// Memory of each device.
+    pub memory_bytes: u64,
+    /// Whether the devices reach each other over a fast peer link (NVLink and the like);
+    /// without one the planner prefers `offload` to the all-gathering strategies.
+    #[serde(default)]
+    pub fast_peer_link: bool,
+}
+
+/// The state of one requested model on a node.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeModelStatus {
+    /// The request's id (`<namespace>/<name>`).
+    pub id: String,
+    #[serde(default)]
+    pub state: ModelState,
+    /// The checkpoint profile read from the headers, once profiled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Profile>,
+    /// Bytes of the model's files in the page cache.
+    #[serde(default)]
+    pub resident_bytes: u64,
+    /// Bytes of the model's files.
+    #[serde(default)]
+    pub total_bytes: u64,
+    /// What went wrong, naming the file or field at fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profiled_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmed_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<Time>,
+}
+
+/// Where a node is with a model.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ModelState {
+    #[default]
+    Pending,
+    Profiling,
+    Warming,
+    Warm,
+    Failed,
+}

@@ -1,0 +1,151 @@
+//! The server's Prometheus metrics, registered once into the registry `/metrics` serves.
+//! The operator's autoscaler scrapes `layerwise_queue_depth` and
+//! `layerwise_running_requests` from here; both count images (the unit ranks work in).
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::runtime::pipeline::PipelineStats;
+use crate::runtime::rank::PassReport;
+
+type Labels = Vec<(String, String)>;
+type FCounter = Counter<f64, AtomicU64>;
+type FGauge = Gauge<f64, AtomicU64>;
+
+fn rank_label(rank: usize) -> Labels {
+    vec![("rank".into(), rank.to_string())]
+}
+
+/// Every metric the server exports.
+pub struct Metrics {
+    registry: Registry,
+    started: Instant,
+    pub queue_depth: Gauge,
+    pub running: Gauge,
+    pub ready: Gauge,
+    finished: Family<Labels, Counter>,
+    rejected: Family<Labels, Counter>,
+    pub request_seconds: Histogram,
+    pub step_seconds: Histogram,
+    stall_seconds: Family<Labels, FCounter>,
+    bytes_copied: Family<Labels, Counter>,
+    bytes_gathered: Family<Labels, Counter>,
+    device_bytes: Family<Labels, Gauge>,
+    busy_seconds: Family<Labels, FCounter>,
+    busy_fraction: Family<Labels, FGauge>,
+    /// Per rank: pipeline counters at the last report, to export deltas.
+    last: Mutex<Vec<(PipelineStats, f64)>>,
+}
+
+impl Metrics {
+    pub fn new(dp: usize) -> Metrics {
+        let mut registry = Registry::with_prefix("layerwise");
+        let m = Metrics {
+            registry: Registry::default(),
+            started: Instant::now(),
+            queue_depth: Gauge::default(),
+            running: Gauge::default(),
+            ready: Gauge::default(),
+            finished: Family::default(),
+            rejected: Family::default(),
+            request_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
+            step_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            stall_seconds: Family::default(),
+            bytes_copied: Family::default(),
+            bytes_gathered: Family::default(),
+            device_bytes: Family::default(),
+            busy_seconds: Family::default(),
+            busy_fraction: Family::default(),
+            last: Mutex::new(vec![(PipelineStats::default(), 0.0); dp]),
+        };
+        registry.register("queue_depth", "Images waiting in the queue", m.queue_depth.clone());
+        registry.register("running_requests", "Images being generated on a rank or decoded", m.running.clone());
+        registry.register("ready", "1 when every rank can serve", m.ready.clone());
+        registry.register("requests_finished", "Requests finished, by outcome", m.finished.clone());
+        registry.register("requests_rejected", "Requests refused before queueing, by reason", m.rejected.clone());
+        registry.register("request_duration_seconds", "End-to-end request latency (submit to last image)", m.request_seconds.clone());
+        registry.register("step_duration_seconds", "Wall time of one denoising step on a rank", m.step_seconds.clone());
+        registry.register("stall_seconds", "Compute waiting for weights", m.stall_seconds.clone());
+        registry.register("bytes_copied", "Host-to-device weight bytes copied", m.bytes_copied.clone());
+        registry.register("bytes_gathered", "Weight bytes received by all-gather", m.bytes_gathered.clone());
+        registry.register("device_bytes", "Accounted device bytes per rank", m.device_bytes.clone());
+        registry.register("rank_busy_seconds", "Time a rank spent computing a request", m.busy_seconds.clone());
+        registry.register("rank_busy_fraction", "Busy seconds over seconds since start, per rank", m.busy_fraction.clone());
+        Metrics { registry, ..m }
+    }
+
+    pub fn finished(&self, outcome: &str) {
+        self.finished.get_or_create(&vec![("outcome".into(), outcome.into())]).inc();
+    }
+
+    pub fn rejected(&self, reason: &str) {
+        self.rejected.get_or_create(&vec![("reason".into(), reason.into())]).inc();
+    }
+
+    /// Folds one rank's pass into the counters (rank threads call this).
+    pub fn pass(&self, rank: usize, r: &PassReport) {
+        let l = rank_label(rank);
+        let mut last = self.last.lock().expect("metrics lock");
+        let (prev, busy_total) = &mut last[rank];
+        self.stall_seconds.get_or_create(&l).inc_by(r.pipeline.stall.saturating_sub(prev.stall).as_secs_f64());
+        self.bytes_copied.get_or_create(&l).inc_by(r.pipeline.bytes_copied - prev.bytes_copied);
+        self.bytes_gathered.get_or_create(&l).inc_by(r.pipeline.bytes_gathered - prev.bytes_gathered);
+        *prev = r.pipeline.clone();
+        self.device_bytes.get_or_create(&l).set(r.device_bytes as i64);
+        if r.busy {
+            *busy_total += r.elapsed.as_secs_f64();
+            self.busy_seconds.get_or_create(&l).inc_by(r.elapsed.as_secs_f64());
+        }
+        let up = self.started.elapsed().as_secs_f64().max(1e-9);
+        self.busy_fraction.get_or_create(&l).set(*busy_total / up);
+    }
+
+    pub fn step(&self, took: Duration) {
+        self.step_seconds.observe(took.as_secs_f64());
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_the_autoscaler_gauges_and_rank_counters() {
+        let m = Metrics::new(2);
+        m.queue_depth.set(3);
+        m.finished("succeeded");
+        let stats = PipelineStats {
+            bytes_copied: 100,
+            ..PipelineStats::default()
+        };
+        let r = PassReport {
+            busy: true,
+            elapsed: Duration::from_millis(5),
+            pipeline: &stats,
+            device_bytes: 42,
+        };
+        m.pass(1, &r);
+        m.pass(1, &r);
+        let text = m.render();
+        assert!(text.contains("layerwise_queue_depth 3"), "{text}");
+        assert!(text.contains("layerwise_running_requests 0"), "{text}");
+        assert!(text.contains("layerwise_requests_finished_total{outcome=\"succeeded\"} 1"), "{text}");
+        assert!(text.contains("layerwise_bytes_copied_total{rank=\"1\"} 100"), "deltas, not sums: {text}");
+        assert!(text.contains("layerwise_device_bytes{rank=\"1\"} 42"), "{text}");
+    }
+}

@@ -1,0 +1,53 @@
+//! The operator's one error type, and its mapping to metric labels and condition reasons.
+
+use kube::runtime::finalizer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API call failed while {action}: {source}")]
+    Kube {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<finalizer::Error<Error>>),
+    #[error("serializing {what}: {source}")]
+    Serialize {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("object has no {0}")]
+    MissingObjectKey(&'static str),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The label of the `error` dimension in logs and metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube { .. } => "kube",
+            Error::Finalizer(_) => "finalizer",
+            Error::Serialize { .. } => "serialize",
+            Error::MissingObjectKey(_) => "missing_key",
+        }
+    }
+
+    /// The condition / event reason a person sees for this error.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube { .. } => "KubernetesApiError",
+            Error::Finalizer(_) => "FinalizerError",
+            Error::Serialize { .. } => "InternalError",
+            Error::MissingObjectKey(_) => "InvalidObject",
+        }
+    }
+}
+
+/// Wraps a kube error with what the operator was doing.
+pub(crate) fn kube(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Kube { action, source }
+}

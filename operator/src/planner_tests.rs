@@ -1,0 +1,312 @@
+use std::collections::BTreeMap;
+
+use crds::ActivationCost;
+use crds::Strategy as Mode;
+use proptest::prelude::*;
+use proptest::strategy::Strategy;
+
+use super::*;
+
+const GB: u64 = 1 << 30;
+
+/// A profile of `blocks` bf16 blocks of `block` bytes, `outside` bytes outside them, a VAE
+/// of `vae` bytes and a DiT-like activation cost.
+fn profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile {
+    let transformer = blocks as u64 * block + outside;
+    Profile {
+        family: "dit".into(),
+        total_bytes: transformer + vae,
+        transformer_bytes: transformer,
+        vae_bytes: vae,
+        files: 2,
+        blocks,
+        block_bytes: vec![block; blocks],
+        largest_block_bytes: block,
+        max_block_bytes_by_dtype: BTreeMap::from([("BF16".to_string(), block)]),
+        outside_block_bytes: outside,
+        bytes_by_dtype: BTreeMap::from([("BF16".to_string(), transformer + vae)]),
+        native_width: 1024,
+        native_height: 1024,
+        activation: ActivationCost {
+            pixels_per_token: 256,
+            bytes_per_token: 4 * 10 * 3072,
+            bytes_per_token_pair: 4 * 2 * 24,
+            vae_bytes_per_pixel: 4 * 5 * 128,
+        },
+    }
+}
+
+fn node(name: &str, devices: u32, device_gib: u64, host_gib: u64, fast: bool) -> NodeShape {
+    NodeShape {
+        name: name.into(),
+        devices,
+        device_bytes: device_gib * GB,
+        host_bytes: host_gib * GB,
+        fast_peer_link: fast,
+        warm: false,
+    }
+}
+
+fn a100(name: &str) -> NodeShape {
+    node(name, 8, 80, 1000, true)
+}
+
+fn auto() -> Overrides {
+    Overrides::default()
+}
+
+fn wl() -> Workload {
+    Workload::default()
+}
+
+/// A 12B-ish model: 57 blocks of 400 MiB, 1 GiB outside, 160 MiB VAE (~23.5 GiB).
+fn medium() -> Profile {
+    profile(57, 400 << 20, GB, 160 << 20)
+}
+
+/// About 100 GiB of blocks: too big for one 80 GiB device.
+fn large() -> Profile {
+    profile(100, GB, 2 * GB, 320 << 20)
+}
+
+/// About 1 TiB of blocks: too big even sharded eight ways over 80 GiB devices.
+fn huge() -> Profile {
+    profile(128, 8 * GB, 4 * GB, 320 << 20)
+}
+
+#[test]
+fn resident_when_the_model_fits_one_device() {
+    let p = plan(&medium(), &[a100("a")], &wl(), &auto(), &Limits::default()).unwrap();
+    assert_eq!((p.strategy, p.dp, p.slots), (PlannedStrategy::Resident, 1, 0));
+    assert_eq!(p.device_breakdown.block_weights, 57 * (400 << 20));
+    assert_eq!(p.device_bytes_per_rank, p.device_breakdown.total());
+    assert!(p.rejected.iter().any(|r| r.starts_with("sharded")), "{:?}", p.rejected);
+}
+
+#[test]
+fn sharded_with_the_fewest_ranks_that_fit() {
+    let p = plan(&large(), &[a100("a")], &wl(), &auto(), &Limits::default()).unwrap();
+    assert_eq!((p.strategy, p.dp), (PlannedStrategy::Sharded, 2));
+    assert!(p.rejected[0].starts_with("resident: device memory per rank short by"), "{:?}", p.rejected);
+    // 1/2 of every block plus K full slots.
+    assert_eq!(p.device_breakdown.block_weights, 100 * GB / 2);
+    assert_eq!(p.device_breakdown.slots, u64::from(p.slots) * GB);
+}
+
+#[test]
+fn offload_sharded_when_shards_do_not_fit() {
+    let p = plan(&huge(), &[a100("a")], &wl(), &auto(), &Limits::default()).unwrap();
+    assert_eq!((p.strategy, p.dp), (PlannedStrategy::OffloadSharded, 8));
+    assert_eq!(p.device_breakdown.block_weights, 0);
+    assert!(p.fast_peer_link);
+}
+
+#[test]
+fn offload_without_a_fast_peer_link_or_with_one_device() {
+    let slow = node("pcie", 8, 80, 1500, false);
+    let p = plan(&huge(), &[slow], &wl(), &auto(), &Limits::default()).unwrap();
+    assert_eq!((p.strategy, p.dp), (PlannedStrategy::Offload, 1));
+    let single = node("one", 1, 80, 1500, true);
+    let p = plan(&huge(), &[single], &wl(), &auto(), &Limits::default()).unwrap();
+    assert_eq!((p.strategy, p.dp), (PlannedStrategy::Offload, 1));
+}
+
+#[test]
+fn slots_grow_to_the_cap_when_memory_allows_and_not_beyond() {
+    let p = plan(&huge(), &[a100("a")], &wl(), &auto(), &Limits::default()).unwrap();
+    assert_eq!(p.slots, 4, "{:?}", p.reasons);
+    // A device with room for exactly 3 slots gets 3.
+    let limits = Limits::default();
+    let act = activation_bytes(&huge(), &wl()).unwrap();
+    let three = need(&huge(), act, PlannedStrategy::OffloadSharded, 8, 3, &limits).device.total();
+    let mut n = a100("tight");
+    n.device_bytes = three + GB / 2;
+    let p = plan(&huge(), &[n], &wl(), &auto(), &limits).unwrap();
+    assert_eq!((p.strategy, p.slots), (PlannedStrategy::OffloadSharded, 3));
+    assert_eq!(p.device_bytes_per_rank, three);
+}
+
+#[test]
+fn fixed_settings_are_honoured() {
+    let o = Overrides { strategy: Mode::OffloadSharded, dp: Some(4), slots: Some(2) };
+    let p = plan(&medium(), &[a100("a")], &wl(), &o, &Limits::default()).unwrap();
+    assert_eq!((p.strategy, p.dp, p.slots), (PlannedStrategy::OffloadSharded, 4, 2));
+    let o = Overrides { strategy: Mode::Auto, dp: Some(4), slots: None };
+    let p = plan(&large(), &[a100("a")], &wl(), &o, &Limits::default()).unwrap();
+    assert_eq!((p.strategy, p.dp), (PlannedStrategy::Sharded, 4));
+}
+
+#[test]
+fn the_best_plan_is_kept_to_the_nodes_it_fits() {
+    // 100 GiB: resident on a 141 GiB H200, only sharded on an 80 GiB A100.
+    let h200 = node("h200", 4, 140, 1500, true);
+    let p = plan(&large(), &[a100("a1"), h200, a100("a2")], &wl(), &auto(), &Limits::default()).unwrap();
+    assert_eq!(p.strategy, PlannedStrategy::Resident);
+    assert_eq!(p.nodes, vec!["h200".to_string()]);
+}
+
+#[test]
+fn refuses_short_device_memory_with_the_shortfall() {
+    // 16k x 16k with guidance: activations far beyond 80 GiB.
+    let w = Workload { max_width: 16384, max_height: 16384, ..wl() };
+    let err = plan(&medium(), &[a100("a")], &w, &auto(), &Limits::default()).unwrap_err();
+    assert_eq!(err.shortage, Shortage::DeviceMemory);
+    assert_eq!(err.node.as_deref(), Some("a"));
+    assert_eq!(err.available, 80 * GB);
+    let act = activation_bytes(&medium(), &w).unwrap();
+    let cheapest = need(&medium(), act, PlannedStrategy::Offload, 1, 2, &Limits::default()).device.total();
+    assert_eq!(err.needed, cheapest);
+    assert_eq!(err.shortfall(), cheapest - 80 * GB);
+    assert!(err.to_string().contains("device memory per rank short by"), "{err}");
+}
+
+#[test]
+fn refuses_short_host_memory() {
+    let n = node("small-host", 8, 80, 16, true);
+    let err = plan(&large(), &[n], &wl(), &auto(), &Limits::default()).unwrap_err();
+    assert_eq!(err.shortage, Shortage::HostMemory);
+    assert!(err.needed > large().total_bytes);
+    assert_eq!(err.available, 16 * GB);
+    assert!(err.to_string().contains("host memory per pod short by"), "{err}");
+}
+
+#[test]
+fn refuses_too_few_accelerators() {
+    let o = Overrides { dp: Some(16), ..auto() };
+    let err = plan(&medium(), &[a100("a")], &wl(), &o, &Limits::default()).unwrap_err();
+    assert_eq!((err.shortage, err.needed, err.available), (Shortage::Accelerators, 16, 8));
+}
+
+#[test]
+fn refuses_no_nodes_and_contradictory_settings() {
+    let err = plan(&medium(), &[], &wl(), &auto(), &Limits::default()).unwrap_err();
+    assert_eq!(err.shortage, Shortage::NoNodes);
+    let o = Overrides { strategy: Mode::Sharded, dp: Some(1), slots: None };
+    let err = plan(&medium(), &[a100("a")], &wl(), &o, &Limits::default()).unwrap_err();
+    assert_eq!(err.shortage, Shortage::Spec);
+}
+
+#[test]
+fn refuses_activations_that_would_overflow() {
+    let w = Workload { max_width: 16384, max_height: 16384, max_frames: 1024, max_batch: 64, ..wl() };
+    let err = plan(&medium(), &[a100("a")], &w, &auto(), &Limits::default()).unwrap_err();
+    assert_eq!(err.shortage, Shortage::DeviceMemory);
+}
+
+fn arb_profile() -> impl Strategy<Value = Profile> {
+    (1usize..200, 1u64..(16 * GB), 0u64..(8 * GB), 0u64..GB).prop_map(|(b, s, o, v)| profile(b, s, o, v))
+}
+
+fn arb_workload() -> impl Strategy<Value = Workload> {
+    (8u64..4096, 8u64..4096, 1u64..4, 1u64..4, any::<bool>()).prop_map(|(w, h, f, b, g)| Workload {
+        max_width: w,
+        max_height: h,
+        max_frames: f,
+        max_steps: 50,
+        max_batch: b,
+        guidance: g,
+    })
+}
+
+fn arb_node() -> impl Strategy<Value = NodeShape> {
+    (1u32..=8, 1u64..200, 1u64..2000, any::<bool>()).prop_map(|(d, m, h, f)| NodeShape {
+        name: format!("n{d}-{m}-{h}"),
+        devices: d,
+        device_bytes: m * GB,
+        host_bytes: h * GB,
+        fast_peer_link: f,
+        warm: false,
+    })
+}
+
+fn arb_overrides() -> impl Strategy<Value = Overrides> {
+    let s = prop_oneof![
+        Just(Mode::Auto),
+        Just(Mode::Resident),
+        Just(Mode::Sharded),
+        Just(Mode::Offload),
+        Just(Mode::OffloadSharded)
+    ];
+    (s, proptest::option::of(1u32..=8), proptest::option::of(1u32..=6))
+        .prop_map(|(strategy, dp, slots)| Overrides { strategy, dp, slots })
+}
+
+fn arb_planned() -> impl Strategy<Value = PlannedStrategy> {
+    prop_oneof![
+        Just(PlannedStrategy::Resident),
+        Just(PlannedStrategy::Sharded),
+        Just(PlannedStrategy::Offload),
+        Just(PlannedStrategy::OffloadSharded)
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Whatever the inputs, a plan fits every node it names, in accelerators, device memory
+    /// and host memory, and its figures are the honest sum of its parts.
+    #[test]
+    fn no_plan_exceeds_a_nodes_memory(
+        p in arb_profile(),
+        nodes in proptest::collection::vec(arb_node(), 1..5),
+        w in arb_workload(),
+        o in arb_overrides(),
+    ) {
+        let limits = Limits::default();
+        if let Ok(plan) = plan(&p, &nodes, &w, &o, &limits) {
+            prop_assert!(!plan.nodes.is_empty());
+            prop_assert_eq!(plan.device_bytes_per_rank, plan.device_breakdown.total());
+            let act = activation_bytes(&p, &w).unwrap();
+            prop_assert_eq!(plan.device_breakdown.activations, act);
+            let expected = need(&p, act, plan.strategy, plan.dp, plan.slots, &limits);
+            prop_assert_eq!(&plan.device_breakdown, &expected.device);
+            prop_assert!(plan.host_bytes_per_pod >= p.total_bytes, "host counts one copy of the model");
+            for name in &plan.nodes {
+                let n = nodes.iter().find(|n| &n.name == name).unwrap();
+                prop_assert!(plan.dp <= n.devices);
+                prop_assert!(plan.device_bytes_per_rank <= n.device_bytes);
+                prop_assert!(plan.host_bytes_per_pod <= n.host_bytes);
+            }
+        }
+    }
+
+    /// A node built to hold a given (strategy, dp, K) exactly is never refused, whether the
+    /// spec fixes that option or leaves everything to the planner.
+    #[test]
+    fn a_feasible_request_is_never_refused(
+        p in arb_profile(),
+        w in arb_workload(),
+        s in arb_planned(),
+        dp in 1u32..=8,
+        k in 2u32..=4,
+        spare_devices in 0u32..4,
+        fast in any::<bool>(),
+    ) {
+        let dp = if matches!(s, PlannedStrategy::Sharded | PlannedStrategy::OffloadSharded) { dp.max(2) } else { dp };
+        let limits = Limits::default();
+        let act = activation_bytes(&p, &w).unwrap();
+        let n = need(&p, act, s, dp, if s.uses_slots() { k } else { 0 }, &limits);
+        let node = NodeShape {
+            name: "fits".into(),
+            devices: dp + spare_devices,
+            device_bytes: n.device.total(),
+            host_bytes: n.host_per_pod,
+            fast_peer_link: fast,
+            warm: false,
+        };
+        let fixed = Overrides {
+            strategy: match s {
+                PlannedStrategy::Resident => Mode::Resident,
+                PlannedStrategy::Sharded => Mode::Sharded,
+                PlannedStrategy::Offload => Mode::Offload,
+                PlannedStrategy::OffloadSharded => Mode::OffloadSharded,
+            },
+            dp: Some(dp),
+            slots: s.uses_slots().then_some(k),
+        };
+        let got = plan(&p, std::slice::from_ref(&node), &w, &fixed, &limits);
+        prop_assert!(got.is_ok(), "fixed {:?} refused: {}", fixed, got.unwrap_err());
+        let got = plan(&p, std::slice::from_ref(&node), &w, &Overrides::default(), &limits);
+        prop_assert!(got.is_ok(), "auto refused although {:?} dp={} K={} fits: {}", s, dp, k, got.unwrap_err());
+    }
+}

@@ -1,0 +1,267 @@
+//! The engine Deployment and Service a DiffusionDeployment runs as, built from its spec and
+//! plan. Pure: the controller applies what these return.
+
+use std::collections::BTreeMap;
+
+use crds::{DiffusionDeployment, Plan, PlannedStrategy};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction,
+    HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
+    PreferredSchedulingTerm, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service,
+    ServicePort, ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+
+/// The port the engine serves HTTP (requests, `/metrics`, probes) on.
+pub const ENGINE_PORT: i32 = 8080;
+/// Where the model volume is mounted in the engine container.
+pub const MODEL_MOUNT: &str = "/model";
+/// The pod template annotation that records the plan (so a new plan rolls the pods).
+pub const PLAN_ANNOTATION: &str = "layerwise.dev/plan";
+const HOSTNAME: &str = "kubernetes.io/hostname";
+
+/// Labels that select a deployment's engine pods.
+pub fn selector_labels(dd: &DiffusionDeployment) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), "layerwise-engine".to_string()),
+        ("app.kubernetes.io/instance".to_string(), dd.name_any()),
+    ])
+}
+
+/// The selector as a string, for the `/scale` subresource and list calls.
+pub fn selector_string(dd: &DiffusionDeployment) -> String {
+    selector_labels(dd).iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
+fn labels(dd: &DiffusionDeployment) -> BTreeMap<String, String> {
+    let mut l = selector_labels(dd);
+    l.insert("app.kubernetes.io/managed-by".into(), "layerwise-operator".into());
+    l
+}
+
+/// A one-line summary of the plan, recorded on the pod template.
+pub fn plan_summary(plan: &Plan) -> String {
+    format!("{} dp={} slots={}", plan.strategy.as_str(), plan.dp, plan.slots)
+}
+
+fn env(name: &str, value: impl ToString) -> EnvVar {
+    EnvVar { name: name.into(), value: Some(value.to_string()), ..Default::default() }
+}
+
+fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction { path: Some(path.into()), port: IntOrString::String("http".into()), ..Default::default() }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        timeout_seconds: Some(5),
+        ..Default::default()
+    }
+}
+
+/// The engine Deployment for `dd` under `plan`, with `replicas` pods, preferring `warm` nodes.
+pub fn deployment(dd: &DiffusionDeployment, plan: &Plan, replicas: i32, default_image: &str, warm: &[String]) -> Deployment {
+    let spec = &dd.spec;
+    let engine = &spec.engine;
+    let resource = spec.accelerator.resource().to_string();
+
+    let mut args = vec![
+        "serve".to_string(),
+        "--model".into(),
+        MODEL_MOUNT.into(),
+        "--strategy".into(),
+        plan.strategy.as_str().into(),
+        "--dp".into(),
+        plan.dp.to_string(),
+    ];
+    if plan.strategy != PlannedStrategy::Resident {
+        args.extend(["--slots".into(), plan.slots.to_string()]);
+    }
+    args.extend(["--listen".into(), format!("0.0.0.0:{ENGINE_PORT}")]);
+    args.extend(engine.extra_args.iter().cloned());
+
+    let w = &spec.workload;
+    let mut envs = vec![
+        env("LAYERWISE_FAMILY", &spec.model.family),
+        env("LAYERWISE_MAX_WIDTH", w.max_width),
+        env("LAYERWISE_MAX_HEIGHT", w.max_height),
+        env("LAYERWISE_MAX_FRAMES", w.max_frames),
+        env("LAYERWISE_MAX_STEPS", w.max_steps),
+        env("LAYERWISE_MAX_BATCH", w.max_batch),
+        env("LAYERWISE_GUIDANCE_ALLOWED", w.guidance),
+        env("LAYERWISE_DEVICE_MEMORY_MIB", plan.device_bytes_per_rank.div_ceil(1 << 20)),
+    ];
+    envs.extend(engine.env.iter().cloned());
+
+    // The plan's accelerators and memory win over anything the spec says for them.
+    let mut res = engine.resources.clone().unwrap_or_default();
+    let memory = Quantity(plan.host_bytes_per_pod.to_string());
+    let accel = Quantity(plan.dp.to_string());
+    let requests = res.requests.get_or_insert_with(BTreeMap::new);
+    requests.entry("cpu".into()).or_insert_with(|| Quantity("1".into()));
+    requests.insert("memory".into(), memory.clone());
+    requests.insert(resource.clone(), accel.clone());
+    let limits = res.limits.get_or_insert_with(BTreeMap::new);
+    limits.insert("memory".into(), memory);
+    limits.insert(resource, accel);
+    let res = ResourceRequirements { ..res };
+
+    let (model_volume, sub_path) = match (&spec.model.location.host_path, &spec.model.location.persistent_volume_claim) {
+        (Some(path), _) => (
+            Volume {
+                name: "model".into(),
+                host_path: Some(HostPathVolumeSource { path: path.clone(), type_: Some("Directory".into()) }),
+                ..Default::default()
+            },
+            None,
+        ),
+        (None, pvc) => {
+            let pvc = pvc.clone().unwrap_or_default();
+            (
+                Volume {
+                    name: "model".into(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource { claim_name: pvc.claim_name, read_only: Some(true) }),
+                    ..Default::default()
+                },
+                pvc.sub_path,
+            )
+        }
+    };
+
+    let mut affinity = NodeAffinity {
+        required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm {
+                match_expressions: Some(vec![NodeSelectorRequirement {
+                    key: HOSTNAME.into(),
+                    operator: "In".into(),
+                    values: Some(plan.nodes.clone()),
+                }]),
+                ..Default::default()
+            }],
+        }),
+        ..Default::default()
+    };
+    if !warm.is_empty() {
+        affinity.preferred_during_scheduling_ignored_during_execution = Some(vec![PreferredSchedulingTerm {
+            weight: 100,
+            preference: NodeSelectorTerm {
+                match_expressions: Some(vec![NodeSelectorRequirement {
+                    key: HOSTNAME.into(),
+                    operator: "In".into(),
+                    values: Some(warm.to_vec()),
+                }]),
+                ..Default::default()
+            },
+        }]);
+    }
+
+    let mut pod_labels = engine.pod_labels.clone();
+    pod_labels.extend(labels(dd));
+    let mut pod_annotations = engine.pod_annotations.clone();
+    pod_annotations.insert(PLAN_ANNOTATION.into(), plan_summary(plan));
+
+    let container = Container {
+        name: "engine".into(),
+        image: Some(engine.image.clone().unwrap_or_else(|| default_image.to_string())),
+        image_pull_policy: engine.image_pull_policy.clone(),
+        command: Some(vec!["layerwise".into()]),
+        args: Some(args),
+        env: Some(envs),
+        ports: Some(vec![ContainerPort { name: Some("http".into()), container_port: ENGINE_PORT, ..Default::default() }]),
+        resources: Some(res),
+        volume_mounts: Some(vec![
+            VolumeMount { name: "model".into(), mount_path: MODEL_MOUNT.into(), read_only: Some(true), sub_path, ..Default::default() },
+            VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
+        ]),
+        readiness_probe: Some(http_probe("/readyz", 5, 3)),
+        liveness_probe: Some(http_probe("/healthz", 10, 3)),
+        // Mapping and (for resident/sharded) uploading a large model takes a while.
+        startup_probe: Some(http_probe("/healthz", 5, 360)),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+
+    Deployment {
+        metadata: ObjectMeta {
+            name: Some(dd.name_any()),
+            namespace: dd.namespace(),
+            labels: Some(labels(dd)),
+            owner_references: dd.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector { match_labels: Some(selector_labels(dd)), ..Default::default() },
+            // Accelerators are scarce: replace pods one at a time without surging.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(0)),
+                    max_unavailable: Some(IntOrString::Int(1)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(pod_labels), annotations: Some(pod_annotations), ..Default::default() }),
+                spec: Some(PodSpec {
+                    containers: vec![container],
+                    volumes: Some(vec![
+                        model_volume,
+                        Volume { name: "tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() },
+                    ]),
+                    affinity: Some(Affinity { node_affinity: Some(affinity), ..Default::default() }),
+                    node_selector: (!spec.accelerator.node_selector.is_empty()).then(|| spec.accelerator.node_selector.clone()),
+                    tolerations: (!spec.accelerator.tolerations.is_empty()).then(|| spec.accelerator.tolerations.clone()),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
+                        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
+                        ..Default::default()
+                    }),
+                    service_account_name: engine.service_account_name.clone(),
+                    automount_service_account_token: Some(false),
+                    priority_class_name: engine.priority_class_name.clone(),
+                    termination_grace_period_seconds: Some(60),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The ClusterIP Service in front of the engine pods.
+pub fn service(dd: &DiffusionDeployment) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(dd.name_any()),
+            namespace: dd.namespace(),
+            labels: Some(labels(dd)),
+            owner_references: dd.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            selector: Some(selector_labels(dd)),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: ENGINE_PORT,
+                target_port: Some(IntOrString::String("http".into())),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}

@@ -1,0 +1,571 @@
+//! The operator against the real control plane (tests/cluster): the chart's CRDs and RBAC
+//! installed, DiffusionNode profiles written by the test as the agent would, the controller
+//! run in-process as the chart's service account, and kwok playing the GPU nodes' kubelets.
+//!
+//! Every test works in its own namespace, runs a controller that watches only it, and removes
+//! what it made; all traffic goes to the loopback apiserver.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context as _, Result};
+use crds::{ActivationCost, DiffusionDeployment, DiffusionNode, Profile};
+use futures::future::BoxFuture;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace, Pod, Service};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config, ResourceExt};
+use layerwise_e2e::cluster::{self, wait_until};
+use layerwise_operator::autoscaler::{LoadSource, PodLoad};
+use layerwise_operator::planner::Limits;
+use layerwise_operator::{run, Settings};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+const WAIT: Duration = Duration::from_secs(90);
+const GIB: u64 = 1 << 30;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The folder with the test cluster's kubectl and helm.
+fn bin_dir() -> Result<PathBuf> {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    if let Some(b) = BIN.get() {
+        return Ok(b.clone());
+    }
+    let out = Command::new(repo().join("tests/tools/build")).stderr(Stdio::inherit()).output()?;
+    ensure!(out.status.success(), "tests/tools/build failed");
+    let line = String::from_utf8(out.stdout)?.lines().last().context("tests/tools/build printed nothing")?.trim().to_string();
+    Ok(BIN.get_or_init(|| PathBuf::from(line)).clone())
+}
+
+fn kubeconfig() -> PathBuf {
+    std::env::var_os("KUBECONFIG")
+        .filter(|p| !p.is_empty() && Path::new(p).is_file())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cluster::cluster_dir().join("kubeconfig"))
+}
+
+/// Runs one of the cluster's tools (kubectl, helm) with `stdin`, returning its output.
+fn tool(name: &str, args: &[&str], stdin: Option<&str>) -> Result<Output> {
+    use std::io::Write;
+    let mut child = Command::new(bin_dir()?.join(name))
+        .args(args)
+        .env("KUBECONFIG", kubeconfig())
+        .env("HELM_CACHE_HOME", std::env::temp_dir().join("layerwise-helm/cache"))
+        .env("HELM_CONFIG_HOME", std::env::temp_dir().join("layerwise-helm/config"))
+        .env("HELM_DATA_HOME", std::env::temp_dir().join("layerwise-helm/data"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {name}"))?;
+    if let Some(text) = stdin {
+        child.stdin.take().unwrap().write_all(text.as_bytes())?;
+    }
+    drop(child.stdin.take());
+    Ok(child.wait_with_output()?)
+}
+
+fn ok(out: Output, what: &str) -> Result<String> {
+    ensure!(out.status.success(), "{what} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Installs the chart's CRDs (once per process; they stay, like any cluster's CRDs) and waits
+/// until they are served.
+async fn install_crds(client: &Client) -> Result<()> {
+    static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    DONE.get_or_try_init(|| async {
+        let dir = repo().join("charts/layerwise/crds");
+        ok(tool("kubectl", &["apply", "--server-side", "--force-conflicts", "-f", dir.to_str().unwrap()], None)?, "kubectl apply crds")?;
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for name in ["diffusiondeployments.layerwise.dev", "diffusionnodes.layerwise.dev"] {
+            wait_until(&format!("CRD {name} established"), WAIT, || async {
+                let crd = crds.get(name).await?;
+                let established = crd.status.and_then(|s| s.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Established" && c.status == "True");
+                Ok(if established { Ok(()) } else { Err("not established".into()) })
+            })
+            .await?;
+        }
+        Ok::<_, anyhow::Error>(())
+    })
+    .await?;
+    Ok(())
+}
+
+/// One test's world: a namespace, the chart (without CRDs) installed as release `release`,
+/// and a controller running as the chart's operator service account.
+struct World {
+    client: Client,
+    ns: String,
+    release: String,
+    controller: JoinHandle<()>,
+    agent: JoinHandle<()>,
+}
+
+impl World {
+    async fn new(test: &str, load: Arc<dyn LoadSource>, profile: Profile) -> Result<World> {
+        let client = cluster::client().await?;
+        install_crds(&client).await?;
+        let ns = cluster::unique_namespace(test);
+        let release = format!("lw-{}", &ns[ns.len() - 8..]);
+        let nss: Api<Namespace> = Api::all(client.clone());
+        nss.create(&PostParams::default(), &serde_json::from_value(json!({ "metadata": { "name": ns } }))?).await?;
+        let chart = repo().join("charts/layerwise");
+        ok(
+            tool(
+                "helm",
+                &["install", &release, chart.to_str().unwrap(), "--namespace", &ns, "--skip-crds", "--set", &format!("operator.watchNamespace={ns}")],
+                None,
+            )?,
+            "helm install",
+        )?;
+        // The controller runs here, but with exactly the chart's RBAC.
+        let sa = format!("system:serviceaccount:{ns}:{release}-layerwise-operator");
+        let operator_client = impersonating(&sa).await?;
+        let settings = Settings {
+            engine_image: "layerwise:test".into(),
+            limits: Limits::default(),
+            resync: Duration::from_secs(1),
+            namespace: Some(ns.clone()),
+        };
+        let controller = tokio::spawn(run(operator_client, settings, load, futures::future::pending()));
+        let agent = tokio::spawn(fake_agent(client.clone(), ns.clone(), profile));
+        Ok(World { client, ns, release, controller, agent })
+    }
+
+    async fn teardown(self) -> Result<()> {
+        self.controller.abort();
+        self.agent.abort();
+        // Drop what the fake agent reported for this namespace's models.
+        let dns: Api<DiffusionNode> = Api::all(self.client.clone());
+        for dn in dns.list(&ListParams::default()).await?.items {
+            let patch = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": dn.name_any() } });
+            dns.patch_status(&dn.name_any(), &PatchParams::apply(&agent_manager(&self.ns)).force(), &Patch::Apply(&patch)).await?;
+        }
+        ok(tool("helm", &["uninstall", &self.release, "--namespace", &self.ns, "--wait", "--timeout", "60s"], None)?, "helm uninstall")?;
+        let nss: Api<Namespace> = Api::all(self.client.clone());
+        nss.delete(&self.ns, &DeleteParams::default()).await?;
+        Ok(())
+    }
+}
+
+async fn impersonating(user: &str) -> Result<Client> {
+    let kc = Kubeconfig::read_from(kubeconfig())?;
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    config.auth_info.impersonate = Some(user.to_string());
+    config.auth_info.impersonate_groups = Some(vec!["system:serviceaccounts".into(), "system:authenticated".into()]);
+    Ok(Client::try_from(config)?)
+}
+
+fn agent_manager(ns: &str) -> String {
+    format!("e2e-agent-{ns}")
+}
+
+fn parse_memory(q: &str) -> u64 {
+    let (num, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
+    let n: u64 = num.parse().unwrap_or(0);
+    n * match unit {
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => 1,
+    }
+}
+
+/// Plays the node agent for this namespace's models: makes sure every fake node has a
+/// DiffusionNode reporting its shape, and answers each prepare request from `ns` with
+/// `profile`, warm on the H200 node and warming elsewhere.
+async fn fake_agent(client: Client, ns: String, profile: Profile) {
+    let dns: Api<DiffusionNode> = Api::all(client.clone());
+    let shapes = layerwise_e2e::shapes::load().expect("shapes file");
+    loop {
+        for shape in &shapes {
+            for node in shape.node_names() {
+                let existing = match dns.get_opt(&node).await {
+                    Ok(e) => e,
+                    Err(_) => continue,
+                };
+                if existing.is_none() {
+                    let obj = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": node }, "spec": { "models": [] } });
+                    let _ = dns.patch(&node, &PatchParams::apply("e2e-agent"), &Patch::Apply(&obj)).await;
+                }
+                let requested: Vec<String> = existing
+                    .map(|d| d.spec.models.iter().filter(|m| m.id.starts_with(&format!("{ns}/"))).map(|m| m.id.clone()).collect())
+                    .unwrap_or_default();
+                let models: Vec<serde_json::Value> = requested
+                    .iter()
+                    .map(|id| {
+                        let warm = shape.prefix == "h200";
+                        json!({
+                            "id": id,
+                            "state": if warm { "Warm" } else { "Warming" },
+                            "profile": profile,
+                            "residentBytes": if warm { profile.total_bytes } else { 0 },
+                            "totalBytes": profile.total_bytes,
+                        })
+                    })
+                    .collect();
+                let status = json!({
+                    "accelerators": [{
+                        "resourceName": shape.resource,
+                        "product": shape.product,
+                        "count": shape.devices,
+                        "memoryBytes": shape.device_memory_mib << 20,
+                        "fastPeerLink": true,
+                    }],
+                    "hostMemoryBytes": parse_memory(&shape.memory),
+                    "models": models,
+                });
+                let patch = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": node }, "status": status });
+                let _ = dns.patch_status(&node, &PatchParams::apply(&agent_manager(&ns)).force(), &Patch::Apply(&patch)).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A checkpoint profile with `blocks` blocks of `block` bytes (bf16) and DiT-like activations.
+fn profile(blocks: usize, block: u64) -> Profile {
+    let outside = 2 * GIB;
+    let vae = 320 << 20;
+    let transformer = blocks as u64 * block + outside;
+    Profile {
+        family: "dit".into(),
+        total_bytes: transformer + vae,
+        transformer_bytes: transformer,
+        vae_bytes: vae,
+        files: 3,
+        blocks,
+        block_bytes: vec![block; blocks],
+        largest_block_bytes: block,
+        max_block_bytes_by_dtype: BTreeMap::from([("BF16".to_string(), block)]),
+        outside_block_bytes: outside,
+        bytes_by_dtype: BTreeMap::from([("BF16".to_string(), transformer + vae)]),
+        native_width: 1024,
+        native_height: 1024,
+        activation: ActivationCost {
+            pixels_per_token: 256,
+            bytes_per_token: 4 * 10 * 3072,
+            bytes_per_token_pair: 4 * 2 * 24,
+            vae_bytes_per_pixel: 4 * 5 * 128,
+        },
+    }
+}
+
+fn deployment_manifest(name: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut dd = json!({
+        "apiVersion": "layerwise.dev/v1alpha1",
+        "kind": "DiffusionDeployment",
+        "metadata": { "name": name },
+        "spec": {
+            "model": { "family": "dit", "location": { "hostPath": "/models/test-dit" } },
+            "workload": { "maxWidth": 1024, "maxHeight": 1024, "maxSteps": 50, "guidance": true },
+        }
+    });
+    merge(&mut dd["spec"], extra);
+    dd
+}
+
+fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+    match (a, b) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+async fn status_of(api: &Api<DiffusionDeployment>, name: &str) -> Result<crds::DiffusionDeploymentStatus> {
+    Ok(api.get(name).await?.status.unwrap_or_default())
+}
+
+fn condition(s: &crds::DiffusionDeploymentStatus, type_: &str) -> Option<(String, String, String)> {
+    s.conditions.iter().find(|c| c.type_ == type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// Pods of the deployment that are Running, with their nodes.
+async fn running_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<(String, String)>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={name}"));
+    Ok(pods
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .map(|p| (p.name_any(), p.spec.and_then(|s| s.node_name).unwrap_or_default()))
+        .collect())
+}
+
+async fn event_reasons(client: &Client, ns: &str) -> Result<Vec<String>> {
+    let evs: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    let mut reasons: Vec<String> = evs.list(&ListParams::default()).await?.items.into_iter().filter_map(|e| e.reason).collect();
+    let core: Api<CoreEvent> = Api::namespaced(client.clone(), ns);
+    reasons.extend(core.list(&ListParams::default()).await?.items.into_iter().filter_map(|e| e.reason));
+    Ok(reasons)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_runs_replans_and_cleans_up() -> Result<()> {
+    // ~102 GiB: resident on the 140 GiB H200, only sharded on the 80 GiB A100s.
+    let world = World::new("operator", Arc::new(Fixed(AtomicU64::new(0))), profile(100, GIB)).await?;
+    let result = lifecycle(&world).await;
+    let torn = world.teardown().await;
+    result.and(torn)
+}
+
+async fn lifecycle(w: &World) -> Result<()> {
+    let t0 = Instant::now();
+    let (client, ns) = (&w.client, w.ns.as_str());
+    let api: Api<DiffusionDeployment> = Api::namespaced(client.clone(), ns);
+    let dd = deployment_manifest("big", json!({ "replicas": 1 }));
+    api.create(&PostParams::default(), &serde_json::from_value(dd)?).await?;
+
+    let status = wait_until("plan recorded and Available", WAIT, || async {
+        let s = status_of(&api, "big").await?;
+        let avail = condition(&s, "Available");
+        Ok(match (&s.plan, &avail) {
+            (Some(_), Some((st, ..))) if st == "True" => Ok(s),
+            _ => Err(format!("plan {:?}, Available {avail:?}, Planned {:?}", s.plan.as_ref().map(|p| p.strategy), condition(&s, "Planned"))),
+        })
+    })
+    .await?;
+    eprintln!("plan + Available after {:?}", t0.elapsed());
+    let plan = status.plan.clone().unwrap();
+    assert_eq!(plan.strategy, crds::PlannedStrategy::Resident, "{plan:?}");
+    assert_eq!(plan.nodes, vec!["h200-0".to_string()]);
+    assert!(plan.rejected.iter().any(|r| r.starts_with("sharded")), "{:?}", plan.rejected);
+    for c in ["ModelProfiled", "Planned", "CacheWarm", "Available"] {
+        assert_eq!(condition(&status, c).map(|c| c.0), Some("True".into()), "{c}: {:?}", status.conditions);
+    }
+
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let d = deploys.get("big").await?;
+    let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let c = &pod.containers[0];
+    let args = c.args.clone().unwrap().join(" ");
+    assert!(args.contains("--strategy resident --dp 1"), "{args}");
+    assert_eq!(c.resources.as_ref().unwrap().limits.as_ref().unwrap()["nvidia.com/gpu"].0, "1");
+    assert_eq!(c.security_context.as_ref().unwrap().read_only_root_filesystem, Some(true));
+    assert_eq!(c.volume_mounts.as_ref().unwrap()[0].read_only, Some(true));
+    assert_eq!(d.metadata.owner_references.as_ref().unwrap()[0].name, "big");
+
+    let pods = wait_until("an engine pod Running", WAIT, || async {
+        let pods = running_pods(client, ns, "big").await?;
+        Ok(if pods.len() == 1 { Ok(pods) } else { Err(format!("{pods:?}")) })
+    })
+    .await?;
+    assert_eq!(pods[0].1, "h200-0", "scheduled onto the node the plan fits");
+
+    let table = ok(tool("kubectl", &["get", "diffusiondeployments", "-n", ns], None)?, "kubectl get")?;
+    eprintln!("{table}");
+    let header: Vec<&str> = table.lines().next().unwrap_or("").split_whitespace().collect();
+    assert_eq!(header, ["NAME", "STRATEGY", "DP", "REPLICAS", "READY", "QUEUE", "AGE"]);
+    let row: Vec<&str> = table.lines().nth(1).unwrap_or("").split_whitespace().collect();
+    assert_eq!(&row[..5], ["big", "resident", "1", "1", "1"]);
+
+    // Bigger images: activations no longer fit beside the whole model; the plan streams
+    // from the host over the H200's four devices, and the pods roll.
+    let t1 = Instant::now();
+    api.patch("big", &PatchParams::default(), &Patch::Merge(json!({ "spec": { "workload": { "maxWidth": 2048, "maxHeight": 2048 } } }))).await?;
+    let replanned = wait_until("re-plan after a spec change", WAIT, || async {
+        let s = status_of(&api, "big").await?;
+        Ok(match &s.plan {
+            Some(p) if p.strategy != crds::PlannedStrategy::Resident => Ok(p.clone()),
+            p => Err(format!("{:?}", p.as_ref().map(|p| (p.strategy, p.dp)))),
+        })
+    })
+    .await?;
+    assert_eq!((replanned.strategy, replanned.dp), (crds::PlannedStrategy::OffloadSharded, 4), "{replanned:?}");
+    wait_until("rolled pod Running with 4 accelerators", WAIT, || async {
+        let d = deploys.get("big").await?;
+        let args = d.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap().join(" ");
+        let pods = running_pods(client, ns, "big").await?;
+        Ok(if args.contains("--strategy offload-sharded --dp 4") && pods.len() == 1 { Ok(()) } else { Err(format!("{args}; {pods:?}")) })
+    })
+    .await?;
+    eprintln!("re-planned and rolled after {:?}", t1.elapsed());
+
+    // An infeasible spec is reported; what runs stays.
+    api.patch("big", &PatchParams::default(), &Patch::Merge(json!({ "spec": { "workload": { "maxWidth": 8192, "maxHeight": 8192 } } }))).await?;
+    let refused = wait_until("infeasible spec reported", WAIT, || async {
+        let s = status_of(&api, "big").await?;
+        Ok(match condition(&s, "Planned") {
+            Some((st, reason, msg)) if st == "False" => Ok((reason, msg)),
+            other => Err(format!("{other:?}")),
+        })
+    })
+    .await?;
+    assert_eq!(refused.0, "InsufficientDeviceMemory", "{refused:?}");
+    assert!(refused.1.contains("short by"), "{}", refused.1);
+    let d = deploys.get("big").await?;
+    assert!(d.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap().join(" ").contains("offload-sharded"));
+    assert_eq!(running_pods(client, ns, "big").await?.len(), 1, "nothing running is torn down");
+
+    let reasons = event_reasons(client, ns).await?;
+    for r in ["PrepareRequested", "ModelProfiled", "Planned", "Created", "Available", "Rolling", "InsufficientDeviceMemory"] {
+        assert!(reasons.iter().any(|x| x == r), "no {r} event in {reasons:?}");
+    }
+
+    // Deleting the resource removes everything it created.
+    let t2 = Instant::now();
+    api.delete("big", &DeleteParams::default()).await?;
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    let dns: Api<DiffusionNode> = Api::all(client.clone());
+    let id = format!("{ns}/big");
+    wait_until("everything the deployment made is gone", WAIT, || async {
+        let left = (
+            api.get_opt("big").await?.is_some(),
+            deploys.get_opt("big").await?.is_some(),
+            services.get_opt("big").await?.is_some(),
+            running_pods(client, ns, "big").await?.len(),
+            dns.list(&ListParams::default()).await?.items.iter().filter(|d| d.spec.models.iter().any(|m| m.id == id)).count(),
+        );
+        Ok(if left == (false, false, false, 0, 0) { Ok(()) } else { Err(format!("(resource, deployment, service, pods, prepare requests) = {left:?}")) })
+    })
+    .await?;
+    eprintln!("cleaned up after {:?}", t2.elapsed());
+    Ok(())
+}
+
+/// Every engine pod reports the same queue.
+struct Fixed(AtomicU64);
+
+impl LoadSource for Fixed {
+    fn load<'a>(&'a self, _pod: &'a Pod) -> BoxFuture<'a, Result<PodLoad, String>> {
+        let queued = self.0.load(Ordering::SeqCst);
+        Box::pin(async move { Ok(PodLoad { queued, running: 0 }) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn autoscaler_grows_at_once_and_shrinks_after_the_delay() -> Result<()> {
+    let load = Arc::new(Fixed(AtomicU64::new(0)));
+    // ~25 GiB: resident anywhere.
+    let world = World::new("autoscale", load.clone(), profile(57, 400 << 20)).await?;
+    let result = autoscale(&world, &load).await;
+    let torn = world.teardown().await;
+    result.and(torn)
+}
+
+async fn autoscale(w: &World, load: &Fixed) -> Result<()> {
+    let (client, ns) = (&w.client, w.ns.as_str());
+    let api: Api<DiffusionDeployment> = Api::namespaced(client.clone(), ns);
+    let auto = json!({ "autoscaling": { "minReplicas": 1, "maxReplicas": 3, "targetQueuePerReplica": 2, "scaleDownDelaySeconds": 4 } });
+    api.create(&PostParams::default(), &serde_json::from_value(deployment_manifest("small", auto))?).await?;
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let replicas = |want: i32| {
+        let deploys = deploys.clone();
+        move || {
+            let deploys = deploys.clone();
+            async move {
+                let r = deploys.get_opt("small").await?.and_then(|d| d.spec?.replicas);
+                Ok(if r == Some(want) { Ok(()) } else { Err(format!("replicas {r:?}")) })
+            }
+        }
+    };
+    wait_until("Deployment at 1 replica", WAIT, replicas(1)).await?;
+    wait_until("one pod Running", WAIT, || async {
+        let n = running_pods(client, ns, "small").await?.len();
+        Ok(if n == 1 { Ok(()) } else { Err(format!("{n} running")) })
+    })
+    .await?;
+
+    // 5 queued on the one pod: ceil(5 / 2) = 3.
+    let t = Instant::now();
+    load.0.store(5, Ordering::SeqCst);
+    wait_until("scale up to 3", Duration::from_secs(30), replicas(3)).await?;
+    eprintln!("scaled up after {:?}", t.elapsed());
+    let s = status_of(&api, "small").await?;
+    assert!(s.queue_depth >= 5, "queue depth {}", s.queue_depth);
+
+    let t = Instant::now();
+    load.0.store(0, Ordering::SeqCst);
+    wait_until("scale down to 1", Duration::from_secs(60), replicas(1)).await?;
+    let took = t.elapsed();
+    eprintln!("scaled down after {took:?}");
+    assert!(took >= Duration::from_secs(4), "scaled down after {took:?}, before the 4 s delay");
+    let reasons = event_reasons(client, ns).await?;
+    assert!(reasons.iter().filter(|r| *r == "Scaled").count() >= 1, "{reasons:?}");
+    api.delete("small", &DeleteParams::default()).await?;
+    wait_until("deployment gone", WAIT, || async {
+        Ok(if api.get_opt("small").await?.is_none() { Ok(()) } else { Err("still there".into()) })
+    })
+    .await?;
+    Ok(())
+}
+
+/// Applies `manifest` with kubectl, returning its exit status and output.
+fn kubectl_apply(ns: &str, manifest: &str, dry_run: bool) -> Result<(bool, String)> {
+    let mut args = vec!["apply", "--server-side", "-n", ns, "-f", "-"];
+    if dry_run {
+        args.push("--dry-run=server");
+    }
+    let out = tool("kubectl", &args, Some(manifest))?;
+    Ok((out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))))
+}
+
+#[tokio::test]
+async fn invalid_specs_are_rejected_with_the_cel_message_and_examples_are_valid() -> Result<()> {
+    let client = cluster::client().await?;
+    install_crds(&client).await?;
+    let ns = cluster::unique_namespace("cel");
+    let nss: Api<Namespace> = Api::all(client.clone());
+    nss.create(&PostParams::default(), &serde_json::from_value(json!({ "metadata": { "name": ns } }))?).await?;
+    let result = cel(&ns);
+    nss.delete(&ns, &DeleteParams::default()).await?;
+    result
+}
+
+fn cel(ns: &str) -> Result<()> {
+    let cases = [
+        (json!({ "autoscaling": { "minReplicas": 3, "maxReplicas": 2 } }), "minReplicas must not exceed maxReplicas"),
+        (json!({ "model": { "location": { "hostPath": "models/x" } } }), "hostPath must be an absolute path"),
+        (json!({ "model": { "location": { "persistentVolumeClaim": { "claimName": "c" } } } }), "set exactly one of hostPath and persistentVolumeClaim"),
+        (json!({ "dp": 0 }), "dp must be at least 1"),
+        (json!({ "strategy": "sharded", "dp": 1 }), "strategy sharded needs dp of at least 2"),
+        (json!({ "strategy": "fastest" }), "Unsupported value: \"fastest\""),
+    ];
+    for (extra, message) in cases {
+        let manifest = serde_json::to_string(&deployment_manifest("bad", extra.clone()))?;
+        let (success, out) = kubectl_apply(ns, &manifest, false)?;
+        ensure!(!success, "{extra} was accepted: {out}");
+        ensure!(out.contains(message), "{extra}: expected {message:?} in {out}");
+    }
+    // The model location is immutable.
+    let good = serde_json::to_string(&deployment_manifest("imm", json!({})))?;
+    let (success, out) = kubectl_apply(ns, &good, false)?;
+    ensure!(success, "valid spec refused: {out}");
+    let moved = serde_json::to_string(&deployment_manifest("imm", json!({ "model": { "location": { "hostPath": "/models/other" } } })))?;
+    let (success, out) = kubectl_apply(ns, &moved, false)?;
+    ensure!(!success && out.contains("model location is immutable"), "{out}");
+
+    // Every example is valid against the CRDs.
+    let mut n = 0;
+    for entry in std::fs::read_dir(repo().join("crds/examples"))? {
+        let path = entry?.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let (success, out) = kubectl_apply(ns, &std::fs::read_to_string(&path)?, true)?;
+        ensure!(success, "{} is not valid: {out}", path.display());
+        n += 1;
+    }
+    if n < 4 {
+        bail!("expected an example per strategy, found {n}");
+    }
+    Ok(())
+}
