@@ -35,9 +35,31 @@ use kube::CustomResourceExt;
 /// Every CRD of the API with the file name (under `crds/`) it is committed as.
 pub fn all() -> Vec<(&'static str, k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition)> {
     vec![
-        ("diffusiondeployments.yaml", DiffusionDeployment::crd()),
-        ("diffusionnodes.yaml", DiffusionNode::crd()),
+        ("diffusiondeployments.yaml", without_unsigned_formats(DiffusionDeployment::crd())),
+        ("diffusionnodes.yaml", without_unsigned_formats(DiffusionNode::crd())),
     ]
+}
+
+/// Drops the `uint*` formats schemars writes for unsigned integers: Kubernetes knows only
+/// int32/int64 and warns on every apply otherwise (the `minimum: 0` stays).
+fn without_unsigned_formats(
+    crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if m.get("format").and_then(|f| f.as_str()).is_some_and(|f| f.starts_with("uint")) {
+                    m.remove("format");
+                }
+                m.values_mut().for_each(walk);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let mut v = serde_json::to_value(&crd).expect("a CRD serializes");
+    walk(&mut v);
+    serde_json::from_value(v).expect("a CRD deserializes")
 }
 
 /// The YAML text `crdgen` writes for `crd`: a header saying it is generated, then the CRD.

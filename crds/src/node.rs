@@ -30,7 +30,7 @@ use crate::common::ModelLocation;
 pub struct DiffusionNodeSpec {
     /// Models to profile and warm into the page cache, one entry per requesting deployment.
     #[serde(default)]
-    #[schemars(length(max = 256))]
+    #[schemars(length(max = 128))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"]))]
     pub models: Vec<ModelRequest>,
 }
@@ -40,7 +40,6 @@ pub struct DiffusionNodeSpec {
 #[serde(rename_all = "camelCase")]
 pub struct ModelRequest {
     /// Who asked: `<namespace>/<DiffusionDeployment name>`.
-    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?$')").message("id must be <namespace>/<name>"))]
     #[schemars(length(max = 317))]
     pub id: String,
     /// Model family (for example `dit`).

@@ -433,14 +433,15 @@ pub fn plan(
     })
 }
 
-/// The refusal for a set of misses: the memory miss with the smallest shortfall (the request
-/// closest to fitting), else the accelerator miss closest to fitting.
+/// The refusal for a set of misses: from the option that got furthest (host memory is
+/// checked after accelerators and device memory passed), the one closest to fitting.
 fn refusal(misses: Vec<Miss>) -> Refusal {
-    let pick = misses
-        .iter()
-        .filter(|m| matches!(m.shortage, Shortage::DeviceMemory | Shortage::HostMemory))
-        .min_by_key(|m| m.needed.saturating_sub(m.available))
-        .or_else(|| misses.iter().min_by_key(|m| m.needed.saturating_sub(m.available)));
+    let stage = |s: Shortage| match s {
+        Shortage::HostMemory => 0,
+        Shortage::DeviceMemory => 1,
+        _ => 2,
+    };
+    let pick = misses.iter().min_by_key(|m| (stage(m.shortage), m.needed.saturating_sub(m.available)));
     match pick {
         Some(m) => Refusal {
             shortage: m.shortage,

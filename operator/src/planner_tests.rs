@@ -69,9 +69,9 @@ fn large() -> Profile {
     profile(100, GB, 2 * GB, 320 << 20)
 }
 
-/// About 1 TiB of blocks: too big even sharded eight ways over 80 GiB devices.
+/// About 768 GiB of blocks: too big even sharded eight ways over 80 GiB devices.
 fn huge() -> Profile {
-    profile(128, 8 * GB, 4 * GB, 320 << 20)
+    profile(96, 8 * GB, 4 * GB, 320 << 20)
 }
 
 #[test]

@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod budget;
 pub mod cpu;
+pub mod cuda;
 pub mod ddim;
 pub mod dit;
 pub mod engine;

@@ -124,21 +124,31 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     Ok(code)
 }
 
+/// A started engine: the scheduler's handle and the engine thread's outcome.
+pub struct Engine {
+    pub scheduler: Scheduler,
+    pub done: tokio::sync::oneshot::Receiver<Result<()>>,
+}
+
+/// Starts the scheduler task (on the current tokio runtime), the decode thread and the
+/// engine thread with its ranks. The server and the in-process tests both start here.
+pub fn start(model: Arc<Model>, opts: EngineOptions, max_queue: usize, keep_finished: usize) -> Result<Engine> {
+    let (decode_tx, decode_rx) = std::sync::mpsc::sync_channel::<(WorkKey, Tensor)>(max_queue + opts.dp + 8);
+    let (scheduler, source) = scheduler::start(opts.dp, max_queue, keep_finished, decode_tx);
+    spawn_decoder(model.clone(), scheduler.clone(), decode_rx, tokio::runtime::Handle::current());
+    let (engine_tx, done) = tokio::sync::oneshot::channel::<Result<()>>();
+    std::thread::Builder::new()
+        .name("engine".into())
+        .spawn(move || {
+            let r = model.drive(&opts, &source).map(drop);
+            let _ = engine_tx.send(r);
+        })
+        .map_err(|e| Error::invalid("engine", format!("cannot start the engine thread: {e}")))?;
+    Ok(Engine { scheduler, done })
+}
+
 async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<ExitCode> {
-    let (decode_tx, decode_rx) = std::sync::mpsc::sync_channel::<(WorkKey, Tensor)>(a.max_queue + a.dp + 8);
-    let (sched, source) = scheduler::start(a.dp, a.max_queue, a.keep_finished, decode_tx);
-    spawn_decoder(model.clone(), sched.clone(), decode_rx, tokio::runtime::Handle::current());
-    let (engine_tx, mut engine_rx) = tokio::sync::oneshot::channel::<Result<()>>();
-    {
-        let (model, opts) = (model.clone(), opts.clone());
-        std::thread::Builder::new()
-            .name("engine".into())
-            .spawn(move || {
-                let r = model.drive(&opts, &source).map(drop);
-                let _ = engine_tx.send(r);
-            })
-            .map_err(|e| Error::invalid("engine", format!("cannot start the engine thread: {e}")))?;
-    }
+    let Engine { scheduler: sched, done: mut engine_rx } = start(model.clone(), opts.clone(), a.max_queue, a.keep_finished)?;
     let watchdog = tokio::spawn(watchdog(sched.clone(), opts.timeout));
     let state = AppState {
         scheduler: sched.clone(),

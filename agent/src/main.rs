@@ -1,0 +1,268 @@
+//! `layerwise-agent`: the node agent (`run`), a one-shot `prewarm` for people debugging a
+//! node by hand, and the hidden `prewarm-worker` the agent runs prewarm jobs in.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use layerwise_agent::cgroup::PrewarmCgroup;
+use layerwise_agent::http::{self, AppState};
+use layerwise_agent::metrics::Metrics;
+use layerwise_agent::models::{self, Settings};
+use layerwise_agent::node::{self, Context};
+use layerwise_agent::pagecache::{self, Residency};
+use layerwise_agent::prewarm::{self, Options};
+use layerwise_agent::units::parse_bytes;
+use layerwise_agent::{meminfo, worker};
+use tracing::{info, warn};
+
+#[derive(Parser)]
+#[command(name = "layerwise-agent", version, about = "layerwise node agent: inventory, checkpoint profiles, page-cache prewarm")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the agent for this node: report inventory, profile and warm requested models.
+    Run(RunArgs),
+    /// Warm files or folders into the page cache once, showing residency before and after.
+    Prewarm(PrewarmArgs),
+    /// Runs one prewarm job read from stdin (the agent starts this; not for people).
+    #[command(name = "prewarm-worker", hide = true)]
+    PrewarmWorker,
+}
+
+#[derive(Args, Clone)]
+struct WarmArgs {
+    /// Parallel reader threads.
+    #[arg(long, env = "LAYERWISE_AGENT_THREADS", default_value_t = 4)]
+    threads: usize,
+    /// Bandwidth cap (bytes/s, e.g. `500MB`); unset reads as fast as the disk allows.
+    #[arg(long, env = "LAYERWISE_AGENT_RATE", value_parser = parse_bytes)]
+    rate: Option<u64>,
+    /// Stop warming when the node's MemAvailable falls below this (e.g. `4Gi`; 0: never).
+    #[arg(long, env = "LAYERWISE_AGENT_MEMORY_FLOOR", value_parser = parse_bytes, default_value = "1Gi")]
+    memory_floor: u64,
+    /// Bytes each reader takes at a time.
+    #[arg(long, env = "LAYERWISE_AGENT_CHUNK", value_parser = parse_bytes, default_value = "8Mi")]
+    chunk: u64,
+    /// The cgroup the readers run in, created if missing (relative to the cgroup root, e.g.
+    /// `kubepods/layerwise-prewarm`); its memory limit is the cache budget. Unset: no cgroup.
+    #[arg(long, env = "LAYERWISE_AGENT_PREWARM_CGROUP")]
+    prewarm_cgroup: Option<String>,
+    /// The page-cache budget (e.g. `200Gi`): the prewarm cgroup's memory limit, and the size
+    /// above which a model is reported as too big to keep warm. Default: half the host memory.
+    #[arg(long, env = "LAYERWISE_AGENT_CACHE_BUDGET", value_parser = parse_bytes)]
+    cache_budget: Option<u64>,
+}
+
+impl WarmArgs {
+    fn options(&self) -> Options {
+        Options {
+            threads: self.threads.max(1),
+            chunk_bytes: self.chunk.max(1 << 16),
+            rate_bytes_per_s: self.rate,
+            floor_bytes: self.memory_floor,
+            ..Options::default()
+        }
+    }
+
+    fn budget(&self) -> Result<u64> {
+        Ok(match self.cache_budget {
+            Some(b) => b,
+            None => meminfo::read()?.total / 2,
+        })
+    }
+
+    /// The prewarm cgroup, when one is asked for. Not being able to make it is an error the
+    /// caller decides about.
+    fn cgroup(&self) -> Result<Option<PrewarmCgroup>> {
+        let Some(path) = &self.prewarm_cgroup else { return Ok(None) };
+        Ok(Some(PrewarmCgroup::create(path, self.budget()?)?))
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// This node's name (the downward API's spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// Address of /metrics and /healthz.
+    #[arg(long, env = "LAYERWISE_AGENT_LISTEN", default_value = "127.0.0.1:9464")]
+    listen: SocketAddr,
+    /// The cgroup engine pods run in (relative to the cgroup root, e.g. `kubepods` or
+    /// `kubepods.slice`); its memory limit is reported.
+    #[arg(long, env = "LAYERWISE_AGENT_PODS_CGROUP")]
+    pods_cgroup: Option<String>,
+    /// Prefix of model host paths inside the agent's container (where the host's model
+    /// folders are mounted read-only); unset: host paths are used as they are.
+    #[arg(long, env = "LAYERWISE_AGENT_MODEL_ROOT")]
+    model_root: Option<PathBuf>,
+    /// Seconds between inventory and residency refreshes.
+    #[arg(long, env = "LAYERWISE_AGENT_REINVENTORY_SECONDS", default_value_t = 30)]
+    reinventory_seconds: u64,
+    #[command(flatten)]
+    warm: WarmArgs,
+}
+
+#[derive(Args)]
+struct PrewarmArgs {
+    /// Files or folders to warm.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    #[command(flatten)]
+    warm: WarmArgs,
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("LAYERWISE_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().cmd {
+        Cmd::PrewarmWorker => Ok(worker::serve_stdio()?),
+        Cmd::Prewarm(a) => prewarm_once(a),
+        Cmd::Run(a) => tokio::runtime::Runtime::new()?.block_on(run(a)),
+    }
+}
+
+async fn run(a: RunArgs) -> Result<()> {
+    let cgroup = match a.warm.cgroup() {
+        Ok(c) => c.map(Arc::new),
+        Err(e) => {
+            warn!(error = %e, "no prewarm cgroup: warming is bounded by the memory floor only");
+            None
+        }
+    };
+    let budget = match &cgroup {
+        Some(c) => Some(c.budget()?),
+        None => a.warm.cache_budget,
+    };
+    if let Some(c) = &cgroup {
+        info!(cgroup = c.path(), budget, "prewarm cgroup ready");
+    }
+    let settings = Arc::new(Settings {
+        model_root: a.model_root,
+        worker_exe: std::env::current_exe().context("locating the agent binary")?,
+        options: a.warm.options(),
+        cgroup,
+        budget,
+    });
+    let metrics = Arc::new(Metrics::new());
+    let state = Arc::new(AppState::new(metrics.clone()));
+    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("listening on {}", a.listen))?;
+    info!(addr = %listener.local_addr()?, node = %a.node_name, "serving /metrics and /healthz");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut http_stop = stop_rx.clone();
+    let app = http::app(state.clone());
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = http_stop.changed().await;
+            })
+            .await
+    });
+    let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+    let ctx = Context {
+        client,
+        node: a.node_name,
+        settings,
+        metrics,
+        http: state,
+        pods_cgroup: a.pods_cgroup,
+        reinventory: Duration::from_secs(a.reinventory_seconds.max(1)),
+    };
+    let result = node::run(ctx, shutdown()).await;
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    info!("stopped");
+    Ok(result?)
+}
+
+async fn shutdown() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    info!("signal received");
+}
+
+fn report(label: &str, r: Residency) {
+    println!(
+        "{label}: {} of {} bytes resident ({:.1}%)",
+        r.resident,
+        r.total,
+        r.percent()
+    );
+}
+
+fn prewarm_once(a: PrewarmArgs) -> Result<()> {
+    let mut files = Vec::new();
+    for p in &a.paths {
+        files.extend(prewarm::files_under(p)?);
+    }
+    if files.is_empty() {
+        bail!("no files under {:?}", a.paths);
+    }
+    let before = pagecache::residency_of(&files)?;
+    report("before", before);
+    let bar = ProgressBar::new(before.total);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+            .expect("valid template"),
+    );
+    let opts = a.warm.options();
+    let cgroup = a.warm.cgroup()?;
+    let budget = match &cgroup {
+        Some(c) => Some(c.budget()?),
+        None => a.warm.cache_budget,
+    };
+    let outcome = match &cgroup {
+        // In the cgroup: run the job in a worker placed there, as the agent does.
+        Some(cg) => {
+            let job = worker::Job { files: files.clone(), options: opts };
+            let exe = std::env::current_exe()?;
+            let b = bar.clone();
+            tokio::runtime::Runtime::new()?.block_on(worker::run(&exe, Some(cg), &job, move |n| b.set_position(n)))?
+        }
+        None => {
+            let read = AtomicU64::new(0);
+            prewarm::run(&files, &opts, &AtomicBool::new(false), &|n| {
+                bar.set_position(read.fetch_add(n, Ordering::Relaxed) + n);
+            })?
+        }
+    };
+    bar.finish_and_clear();
+    let after = pagecache::residency_of(&files)?;
+    println!(
+        "read {} bytes in {:.2}s ({:.0} MB/s)",
+        outcome.bytes_read,
+        outcome.seconds,
+        outcome.throughput() / 1e6
+    );
+    report("after", after);
+    if let Some(cg) = &cgroup {
+        let m = cg.memory()?;
+        println!(
+            "prewarm cgroup {}: limit {} bytes, usage {} bytes, peak {} bytes",
+            cg.path(),
+            m.limit.unwrap_or(0),
+            m.usage,
+            m.peak
+        );
+    }
+    let (state, why) = models::verdict(after, budget, outcome.stopped.as_deref());
+    println!("state: {state:?}");
+    if let Some(why) = why {
+        println!("{why}");
+    }
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! The CUDA backend (cargo feature `cuda`): the pipeline's three kinds of work on three
+//! CUDA streams per rank (candle's compute stream, a copy stream, a gather stream),
+//! ordered only by events; slots allocated once as candle tensors and written in place;
+//! weights read from the mapped checkpoint through registered or pinned host memory; the
+//! dp ranks' shards all-gathered with NCCL. One process drives dp GPUs, one thread each.
+//!
+//! [`plan`] holds the decisions (device choice, `--slots auto`, pinned extents) and is
+//! compiled and tested without the feature. [`resolve`] answers "CPU or GPU?" in every
+//! build: a binary without the feature says so, and one with it probes for the driver
+//! library before touching CUDA, so it runs, and says there is no GPU, on machines
+//! without one.
+
+pub mod plan;
+
+#[cfg(feature = "cuda")]
+mod backend;
+#[cfg(feature = "cuda")]
+mod comm;
+#[cfg(feature = "cuda")]
+mod host;
+#[cfg(feature = "cuda")]
+mod probe;
+
+#[cfg(feature = "cuda")]
+pub use backend::{CudaBackend, CudaEvent, CudaStream};
+#[cfg(feature = "cuda")]
+pub use comm::{NcclComm, NcclGroup};
+#[cfg(feature = "cuda")]
+pub use host::{HostMemory, HostMode, HostPath};
+#[cfg(feature = "cuda")]
+pub use probe::{probe, Probe};
+
+pub use plan::{DeviceChoice, SlotsChoice};
+
+use crate::{Error, Result};
+
+/// Where the ranks will compute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    Cpu { why: String },
+    Cuda { devices: usize },
+}
+
+/// Resolves `--device` for `dp` ranks. `cuda` fails with the reason when there is no
+/// usable GPU (or fewer than dp); `auto` falls back to the CPU and says why.
+pub fn resolve(choice: DeviceChoice, dp: usize) -> Result<Resolved> {
+    if choice == DeviceChoice::Cpu {
+        return Ok(Resolved::Cpu {
+            why: "asked for".into(),
+        });
+    }
+    let found = detect(dp);
+    match (choice, found) {
+        (_, Ok(devices)) => Ok(Resolved::Cuda { devices }),
+        (DeviceChoice::Auto, Err(why)) => Ok(Resolved::Cpu { why }),
+        (_, Err(why)) => Err(Error::invalid("device", format!("cuda: {why}"))),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn detect(dp: usize) -> std::result::Result<usize, String> {
+    match probe() {
+        Probe::Absent(why) => Err(why),
+        Probe::Present { devices, .. } if devices < dp => Err(format!(
+            "dp={dp} needs {dp} GPUs, this machine has {devices}"
+        )),
+        Probe::Present { devices, .. } => Ok(devices),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn detect(_dp: usize) -> std::result::Result<usize, String> {
+    Err("this binary was built without the `cuda` feature".into())
+}
+
+#[cfg(feature = "cuda")]
+mod setup {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use candle_core::cuda_backend::cudarc::driver::CudaContext;
+
+    use super::host::cuda;
+    use super::plan::{budget_capacity, choose_slots, DeviceNeeds, SlotsChoice};
+    use super::{CudaBackend, HostMemory, HostMode, NcclComm, NcclGroup};
+    use crate::checkpoint::Mapped;
+    use crate::layout::ModelLayout;
+    use crate::{Result, Strategy};
+
+    /// One rank's GPU, ready for a pipeline.
+    pub struct CudaRank {
+        pub backend: Arc<CudaBackend>,
+        pub comm: NcclComm,
+        /// Capacity for this rank's `DeviceBudget`: free memory at start less the
+        /// activation reserve, capped by `--device-memory-mib`.
+        pub capacity: u64,
+    }
+
+    /// The GPUs of one process.
+    pub struct CudaRanks {
+        pub ranks: Vec<CudaRank>,
+        pub group: Arc<NcclGroup>,
+        pub host: Arc<HostMemory>,
+        /// K after `--slots auto` (the smallest over ranks).
+        pub slots: usize,
+    }
+
+    /// What [`setup`] needs to know.
+    pub struct CudaOptions {
+        pub strategy: Strategy,
+        pub slots: SlotsChoice,
+        /// `--device-memory-mib` in bytes, if given.
+        pub device_memory: Option<u64>,
+        pub host: HostMode,
+        pub timeout: Duration,
+        /// Device bytes outside the blocks that each rank keeps (prologue, epilogue, VAE).
+        pub outside_blocks: u64,
+    }
+
+    /// Opens GPUs 0..dp, their NCCL group and the host path, and sizes K, failing before
+    /// any request when the plan does not fit a device.
+    pub fn setup(mapped: &Mapped, layout: &ModelLayout, o: &CudaOptions) -> Result<CudaRanks> {
+        let dp = layout.dp;
+        // The first rank's context chooses and prepares the host path for every rank.
+        let first = CudaContext::new(0).map_err(|e| cuda("open GPU 0", e))?;
+        let host = Arc::new(HostMemory::setup(
+            &first, mapped, layout, o.strategy, o.host,
+        )?);
+        tracing::info!(path = %host.path, reason = %host.reason, pinned_bytes = host.pinned_bytes(0), "host memory for weights");
+        let mut backends = Vec::with_capacity(dp);
+        for rank in 0..dp {
+            backends.push(Arc::new(CudaBackend::new(
+                rank,
+                rank,
+                host.clone(),
+                o.timeout,
+            )?));
+        }
+        let needs = DeviceNeeds::of(layout, o.strategy, o.outside_blocks);
+        let mut capacities = Vec::with_capacity(dp);
+        let mut slots = usize::MAX;
+        for b in &backends {
+            let (free, total) = b.mem_info()?;
+            let cap = budget_capacity(free, total, o.device_memory);
+            let k =
+                choose_slots(o.slots, o.strategy, needs, cap).map_err(|e| crate::Error::Rank {
+                    rank: b.rank(),
+                    msg: e.to_string(),
+                })?;
+            tracing::info!(
+                rank = b.rank(),
+                free,
+                total,
+                capacity = cap,
+                slots = k,
+                "device memory"
+            );
+            slots = slots.min(k);
+            capacities.push(cap);
+        }
+        let contexts: Vec<_> = backends.iter().map(|b| b.context().clone()).collect();
+        let (group, comms) = NcclGroup::init(&contexts)?;
+        let ranks = backends
+            .into_iter()
+            .zip(comms)
+            .zip(capacities)
+            .map(|((backend, comm), capacity)| CudaRank {
+                backend,
+                comm,
+                capacity,
+            })
+            .collect();
+        Ok(CudaRanks {
+            ranks,
+            group,
+            host,
+            slots,
+        })
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub use setup::{setup, CudaOptions, CudaRank, CudaRanks};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_is_always_available() {
+        assert!(matches!(
+            resolve(DeviceChoice::Cpu, 4).unwrap(),
+            Resolved::Cpu { .. }
+        ));
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn without_the_feature_cuda_is_refused_and_auto_falls_back() {
+        let e = resolve(DeviceChoice::Cuda, 1).unwrap_err().to_string();
+        assert!(e.contains("without the `cuda` feature"), "{e}");
+        let Resolved::Cpu { why } = resolve(DeviceChoice::Auto, 1).unwrap() else {
+            panic!("auto chose cuda")
+        };
+        assert!(why.contains("`cuda` feature"), "{why}");
+    }
+}

@@ -1,0 +1,292 @@
+//! The CUDA backend's decisions, kept free of CUDA so the default build tests them: which
+//! bytes of the checkpoint a rank ever copies (the extent of its pinned copy), how many
+//! slots fit in the free device memory (`--slots auto`), and which device to run on.
+
+use std::str::FromStr;
+
+use crate::layout::{ModelLayout, Piece};
+use crate::{Error, Result, Strategy};
+
+/// `--device`: where the ranks compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    /// Threads stand in for streams; always available.
+    Cpu,
+    /// NVIDIA GPUs; an error when none is present or the binary lacks the `cuda` feature.
+    Cuda,
+    /// CUDA when a GPU is present, else CPU.
+    #[default]
+    Auto,
+}
+
+impl FromStr for DeviceChoice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" | "gpu" => Ok(DeviceChoice::Cuda),
+            "auto" => Ok(DeviceChoice::Auto),
+            other => Err(Error::invalid(
+                "device",
+                format!("`{other}`: expected cpu, cuda or auto"),
+            )),
+        }
+    }
+}
+
+/// `--slots`: a fixed K or as many as the free device memory allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotsChoice {
+    Fixed(usize),
+    Auto,
+}
+
+impl FromStr for SlotsChoice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        if s == "auto" {
+            return Ok(SlotsChoice::Auto);
+        }
+        s.parse()
+            .map(SlotsChoice::Fixed)
+            .map_err(|_| Error::invalid("slots", format!("`{s}`: expected a number ≥ 2 or `auto`")))
+    }
+}
+
+/// Most slots `--slots auto` takes: past a few blocks of lookahead, more slots only hold
+/// memory that activations could use.
+pub const MAX_AUTO_SLOTS: usize = 8;
+
+/// Device memory a rank must leave free for activations, candle's scratch, cuBLAS and
+/// NCCL: the larger of 2 GiB and 1/16 of the device.
+pub fn activation_reserve(total: u64) -> u64 {
+    (2u64 << 30).max(total / 16)
+}
+
+/// One rank's fixed device memory and the size of one slot, as the pipeline charges them.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceNeeds {
+    /// Everything but the slots: resident prologue/epilogue, VAE, shard store or
+    /// resident blocks.
+    pub fixed: u64,
+    /// Bytes of one slot (all dtype groups).
+    pub slot: u64,
+}
+
+impl DeviceNeeds {
+    /// What `strategy` keeps on a device besides the slots, plus the slot size.
+    pub fn of(layout: &ModelLayout, strategy: Strategy, outside_blocks: u64) -> DeviceNeeds {
+        let slot: u64 = layout.group_capacity.iter().sum();
+        let blocks = layout.blocks.len() as u64;
+        let fixed = outside_blocks
+            + match strategy {
+                Strategy::Resident => layout.blocks.iter().map(|b| b.padded_bytes()).sum(),
+                Strategy::Sharded => layout
+                    .group_capacity
+                    .iter()
+                    .map(|c| c / layout.dp as u64 * blocks)
+                    .sum(),
+                Strategy::Offload | Strategy::OffloadSharded => 0,
+            };
+        DeviceNeeds { fixed, slot }
+    }
+}
+
+/// K for a rank: the number asked for, or (auto) as many slots as fit in `capacity`
+/// after the fixed bytes, at most [`MAX_AUTO_SLOTS`]. Fails, naming the numbers, when
+/// the plan does not fit, so the engine refuses to start instead of failing a request.
+pub fn choose_slots(
+    choice: SlotsChoice,
+    strategy: Strategy,
+    needs: DeviceNeeds,
+    capacity: u64,
+) -> Result<usize> {
+    let streams = strategy.streams();
+    let k = match choice {
+        SlotsChoice::Fixed(k) => k,
+        SlotsChoice::Auto if !streams => 0,
+        SlotsChoice::Auto => {
+            let room = capacity.saturating_sub(needs.fixed);
+            (room / needs.slot.max(1)).min(MAX_AUTO_SLOTS as u64) as usize
+        }
+    };
+    if streams && k < 2 {
+        let need = needs.fixed + 2 * needs.slot;
+        return Err(Error::invalid(
+            "slots",
+            format!(
+                "{strategy} needs at least 2 slots: {} fixed + 2 × {} per slot = {need} bytes, but the device has {capacity} bytes for weights",
+                needs.fixed, needs.slot
+            ),
+        ));
+    }
+    let need = needs.fixed + if streams { k as u64 * needs.slot } else { 0 };
+    if need > capacity {
+        return Err(Error::invalid(
+            "slots",
+            format!(
+                "{strategy} with {k} slots needs {need} bytes of device memory ({} fixed + {k} × {}), but the device has {capacity} bytes for weights",
+                needs.fixed, needs.slot
+            ),
+        ));
+    }
+    Ok(k)
+}
+
+/// The capacity a rank's [`super::super::budget::DeviceBudget`] gets: the free memory at start
+/// less the activation reserve, never more than a `--device-memory-mib` cap.
+pub fn budget_capacity(free: u64, total: u64, cap: Option<u64>) -> u64 {
+    let real = free.saturating_sub(activation_reserve(total));
+    cap.map_or(real, |c| c.min(real))
+}
+
+/// Which of the checkpoint's bytes one rank copies to its device in steady state, merged
+/// into sorted, disjoint runs per file, with where each run lands in a pinned copy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extents {
+    /// (file, start, len, offset in the pinned copy), sorted by (file, start).
+    runs: Vec<(usize, u64, u64, u64)>,
+    total: u64,
+}
+
+impl Extents {
+    /// The runs `strategy` makes rank `rank` copy from the host every step: whole blocks
+    /// (offload) or the rank's shard of each block (offload-sharded). Resident and
+    /// sharded copy only once, at start, so they get no pinned copy.
+    pub fn for_rank(layout: &ModelLayout, strategy: Strategy, rank: usize) -> Extents {
+        let mut pieces: Vec<Piece> = Vec::new();
+        for b in &layout.blocks {
+            for g in &b.groups {
+                match strategy {
+                    Strategy::Offload => pieces.extend(g.pieces.iter().cloned()),
+                    Strategy::OffloadSharded => pieces.extend(g.shard_pieces(rank)),
+                    Strategy::Resident | Strategy::Sharded => {}
+                }
+            }
+        }
+        Extents::merge(pieces.iter().map(|p| (p.file, p.src, p.len)))
+    }
+
+    /// Merges (file, start, len) runs; overlapping and touching runs become one.
+    pub fn merge(runs: impl Iterator<Item = (usize, u64, u64)>) -> Extents {
+        let mut v: Vec<(usize, u64, u64)> = runs.filter(|r| r.2 > 0).collect();
+        v.sort_unstable();
+        let mut merged: Vec<(usize, u64, u64)> = Vec::with_capacity(v.len());
+        for (f, s, l) in v {
+            match merged.last_mut() {
+                Some((lf, ls, ll)) if *lf == f && s <= *ls + *ll => *ll = (*ll).max(s + l - *ls),
+                _ => merged.push((f, s, l)),
+            }
+        }
+        let mut total = 0;
+        let runs = merged
+            .into_iter()
+            .map(|(f, s, l)| {
+                let off = total;
+                total += l;
+                (f, s, l, off)
+            })
+            .collect();
+        Extents { runs, total }
+    }
+
+    /// Bytes of the pinned copy.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// (file, start, len, offset) of every run.
+    pub fn runs(&self) -> &[(usize, u64, u64, u64)] {
+        &self.runs
+    }
+
+    /// Where bytes `[src, src + len)` of `file` sit in the pinned copy, if wholly inside.
+    pub fn locate(&self, file: usize, src: u64, len: u64) -> Option<u64> {
+        let i = self
+            .runs
+            .partition_point(|&(f, s, _, _)| (f, s) <= (file, src));
+        let &(f, s, l, off) = self.runs.get(i.checked_sub(1)?)?;
+        (f == file && src + len <= s + l).then(|| off + (src - s))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extents_merge_and_locate() {
+        let e = Extents::merge(
+            [
+                (0, 100, 50),
+                (1, 0, 10),
+                (0, 150, 10),
+                (0, 120, 5),
+                (0, 300, 4),
+            ]
+            .into_iter(),
+        );
+        assert_eq!(
+            e.runs(),
+            &[(0, 100, 60, 0), (0, 300, 4, 60), (1, 0, 10, 64)]
+        );
+        assert_eq!(e.total(), 74);
+        assert_eq!(e.locate(0, 100, 60), Some(0));
+        assert_eq!(e.locate(0, 155, 5), Some(55));
+        assert_eq!(e.locate(0, 155, 6), None, "runs past the extent's end");
+        assert_eq!(e.locate(0, 301, 3), Some(61));
+        assert_eq!(e.locate(1, 5, 5), Some(69));
+        assert_eq!(e.locate(0, 90, 4), None);
+        assert_eq!(e.locate(2, 0, 1), None);
+    }
+
+    #[test]
+    fn auto_slots_fill_free_memory_up_to_the_cap() {
+        let needs = DeviceNeeds {
+            fixed: 1000,
+            slot: 100,
+        };
+        let k = |cap| choose_slots(SlotsChoice::Auto, Strategy::Offload, needs, cap);
+        assert_eq!(k(1250).unwrap(), 2);
+        assert_eq!(k(1599).unwrap(), 5);
+        assert_eq!(k(1_000_000).unwrap(), MAX_AUTO_SLOTS);
+        let e = k(1199).unwrap_err().to_string();
+        assert!(e.contains("at least 2 slots") && e.contains("1199"), "{e}");
+        assert_eq!(
+            choose_slots(SlotsChoice::Auto, Strategy::Resident, needs, 1000).unwrap(),
+            0
+        );
+        let e = choose_slots(SlotsChoice::Fixed(4), Strategy::Offload, needs, 1300)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("4 slots needs 1400 bytes"), "{e}");
+        assert_eq!(
+            choose_slots(SlotsChoice::Fixed(3), Strategy::Sharded, needs, 1300).unwrap(),
+            3
+        );
+    }
+
+    #[test]
+    fn budget_leaves_the_activation_reserve() {
+        let gib = 1u64 << 30;
+        assert_eq!(budget_capacity(100 * gib, 128 * gib, None), 92 * gib);
+        assert_eq!(
+            budget_capacity(100 * gib, 128 * gib, Some(10 * gib)),
+            10 * gib
+        );
+        assert_eq!(budget_capacity(gib, 8 * gib, None), 0);
+    }
+
+    #[test]
+    fn choices_parse() {
+        assert_eq!("auto".parse::<SlotsChoice>().unwrap(), SlotsChoice::Auto);
+        assert_eq!("3".parse::<SlotsChoice>().unwrap(), SlotsChoice::Fixed(3));
+        assert!("x".parse::<SlotsChoice>().is_err());
+        assert_eq!("cuda".parse::<DeviceChoice>().unwrap(), DeviceChoice::Cuda);
+        assert!("tpu"
+            .parse::<DeviceChoice>()
+            .unwrap_err()
+            .to_string()
+            .contains("cpu, cuda or auto"));
+    }
+}

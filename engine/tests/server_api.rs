@@ -1,0 +1,318 @@
+//! The HTTP API driven in-process (`oneshot` on the router) over a real engine on a tiny
+//! model: every status code, cancellation of queued and running jobs, and mixed step
+//! counts in flight at once giving the same PNGs as the same requests run alone.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request as HttpRequest, StatusCode};
+use axum::Router;
+use base64::Engine as _;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use layerwise_engine::runtime::engine::{EngineOptions, Model, Request};
+use layerwise_engine::runtime::image::encode_png;
+use layerwise_engine::runtime::pipeline::{Hook, Stage};
+use layerwise_engine::server::api::{app, AppState, Bounds};
+use layerwise_engine::server::scheduler::Scheduler;
+use layerwise_engine::server::{self, ApiError};
+use layerwise_engine::Strategy;
+
+fn bounds() -> Bounds {
+    Bounds {
+        max_size: 128,
+        max_steps: 2000,
+        max_n: 3,
+        body_limit: 4096,
+    }
+}
+
+/// Slows every copy a little so long jobs stay running long enough to be cancelled.
+fn slow_copies() -> Hook {
+    Arc::new(|s: Stage| {
+        if s == Stage::Copy {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })
+}
+
+async fn start(model: Arc<Model>, dp: usize, max_queue: usize, hook: Option<Hook>) -> (Router, Scheduler) {
+    let opts = EngineOptions {
+        strategy: Strategy::OffloadSharded,
+        dp,
+        slots: 2,
+        decode: false,
+        timeout: Duration::from_secs(60),
+        hook,
+        ..EngineOptions::default()
+    };
+    let e = server::start(model.clone(), opts, max_queue, 64).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while e.scheduler.shared.ready().is_err() {
+        assert!(Instant::now() < deadline, "engine never became ready");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let state = AppState {
+        scheduler: e.scheduler.clone(),
+        model,
+        bounds: bounds(),
+    };
+    (app(state), e.scheduler)
+}
+
+async fn call(app: &Router, method: &str, uri: &str, body: Option<Vec<u8>>) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+    let req = HttpRequest::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(body.map(Body::from).unwrap_or_else(Body::empty))
+        .unwrap();
+    let r = app.clone().oneshot(req).await.unwrap();
+    let (parts, body) = r.into_parts();
+    (parts.status, parts.headers, body.collect().await.unwrap().to_bytes().to_vec())
+}
+
+async fn post(app: &Router, uri: &str, v: Value) -> (StatusCode, axum::http::HeaderMap, Value) {
+    let (s, h, b) = call(app, "POST", uri, Some(v.to_string().into_bytes())).await;
+    (s, h, serde_json::from_slice(&b).unwrap_or(Value::Null))
+}
+
+async fn status(app: &Router, id: &str) -> Value {
+    let (s, _, b) = call(app, "GET", &format!("/v1/jobs/{id}"), None).await;
+    assert_eq!(s, StatusCode::OK);
+    serde_json::from_slice(&b).unwrap()
+}
+
+async fn wait_state(app: &Router, id: &str, want: &[&str]) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let st = status(app, id).await;
+        if want.contains(&st["state"].as_str().unwrap()) {
+            return st;
+        }
+        assert!(Instant::now() < deadline, "job {id} stuck in {st}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn assert_field(v: &Value, field: &str) {
+    assert_eq!(v["error"]["field"], field, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains(field), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_ready_is_503() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Arc::new(Model::open(&common::tiny(dir.path(), 2)).unwrap());
+    // A scheduler whose ranks never report ready.
+    let (tx, _rx) = std::sync::mpsc::sync_channel(1);
+    let (sched, _source) = layerwise_engine::server::scheduler::start(2, 4, 4, tx);
+    let app = app(AppState {
+        scheduler: sched,
+        model,
+        bounds: bounds(),
+    });
+    let (s, _, _) = call(&app, "GET", "/readyz", None).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    let (s, _, v) = post(&app, "/v1/images/generations", json!({ "class_label": 1 })).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(v["error"]["message"].as_str().unwrap().contains("0 of 2 ranks ready"), "{v}");
+    let (s, _, _) = call(&app, "GET", "/healthz", None).await;
+    assert_eq!(s, StatusCode::OK, "alive while starting");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_status_code_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Arc::new(Model::open(&common::tiny(dir.path(), 2)).unwrap());
+    let (app, _) = start(model.clone(), 1, 2, Some(slow_copies())).await;
+
+    for path in ["/healthz", "/readyz"] {
+        assert_eq!(call(&app, "GET", path, None).await.0, StatusCode::OK, "{path}");
+    }
+    let (s, _, b) = call(&app, "GET", "/openapi.json", None).await;
+    assert_eq!(s, StatusCode::OK);
+    let doc: Value = serde_json::from_slice(&b).unwrap();
+    for p in ["/v1/images/generations", "/v1/jobs", "/v1/jobs/{id}", "/v1/jobs/{id}/result"] {
+        assert!(doc["paths"].get(p).is_some(), "{p} missing from the OpenAPI document");
+    }
+
+    // 400: not JSON / not an object.
+    let (s, _, b) = call(&app, "POST", "/v1/images/generations", Some(b"{nope".to_vec())).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(post(&app, "/v1/jobs", json!([1, 2])).await.0, StatusCode::BAD_REQUEST);
+    // 422, naming the field.
+    for (body, field) in [
+        (json!({ "class_label": 1, "prompt": "a cat" }), "prompt"),
+        (json!({}), "class_label"),
+        (json!({ "class_label": 5000 }), "class_label"),
+        (json!({ "class_label": 1, "steps": 5000 }), "steps"),
+        (json!({ "class_label": 1, "steps": "ten" }), "steps"),
+        (json!({ "class_label": 1, "n": 4 }), "n"),
+        (json!({ "class_label": 1, "size": "256x256" }), "size"),
+        (json!({ "class_label": 1, "size": "60x64" }), "size"),
+        (json!({ "class_label": 1, "size": "big" }), "size"),
+        (json!({ "class_label": 1, "guidance": -1.0 }), "guidance"),
+        (json!({ "class_label": 1, "response_format": "gif" }), "response_format"),
+        (json!({ "class_label": 1, "colour": "red" }), "colour"),
+    ] {
+        let (s, _, v) = post(&app, "/v1/images/generations", body.clone()).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body} -> {v}");
+        assert_field(&v, field);
+    }
+    let (s, _, v) = post(&app, "/v1/images/generations", json!({ "class_label": 1, "prompt": "x" })).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(v["error"]["message"].as_str().unwrap().contains("class-conditional"), "{v}");
+    // 413.
+    let big = json!({ "class_label": 1, "pad": "x".repeat(5000) });
+    assert_eq!(post(&app, "/v1/jobs", big).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+    // 404.
+    assert_eq!(call(&app, "GET", "/v1/jobs/ffff", None).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(call(&app, "GET", "/v1/jobs/not-an-id/result", None).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(call(&app, "DELETE", "/v1/jobs/ffff", None).await.0, StatusCode::NOT_FOUND);
+
+    // 200, both formats; the url points at the job's PNG.
+    let (s, _, v) = post(&app, "/v1/images/generations", json!({ "class_label": 3, "steps": 2, "n": 2, "seed": 9 })).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let png = base64::engine::general_purpose::STANDARD.decode(v["data"][1]["b64_json"].as_str().unwrap()).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+    let (s, _, v) = post(&app, "/v1/images/generations", json!({ "class_label": 3, "steps": 2, "n": 2, "seed": 9, "response_format": "url" })).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, h, body) = call(&app, "GET", v["data"][1]["url"].as_str().unwrap(), None).await;
+    assert_eq!((s, h["content-type"].to_str().unwrap()), (StatusCode::OK, "image/png"));
+    assert_eq!(body, png, "same request and seed, same PNG");
+
+    // 202 + queue: a long job runs, the queue (2 images) fills, the next is 429.
+    let (s, h, long) = post(&app, "/v1/jobs", json!({ "class_label": 1, "steps": 1000 })).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{long}");
+    let long_id = long["id"].as_str().unwrap().to_string();
+    assert_eq!(h["location"].to_str().unwrap(), format!("/v1/jobs/{long_id}"));
+    let running = wait_state(&app, &long_id, &["running"]).await;
+    assert!(running["steps_total"] == 1000, "{running}");
+    let (s, _, queued) = post(&app, "/v1/jobs", json!({ "class_label": 2, "steps": 2, "n": 2 })).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let queued_id = queued["id"].as_str().unwrap().to_string();
+    assert_eq!(status(&app, &queued_id).await["queue_position"], 0);
+    let (s, h, v) = post(&app, "/v1/jobs", json!({ "class_label": 2, "steps": 2 })).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert!(h["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
+    // 409: no result yet.
+    assert_eq!(call(&app, "GET", &format!("/v1/jobs/{queued_id}/result"), None).await.0, StatusCode::CONFLICT);
+    // Cancel the queued job, then the running one.
+    let (s, _, b) = call(&app, "DELETE", &format!("/v1/jobs/{queued_id}"), None).await;
+    assert_eq!(s, StatusCode::OK);
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!((v["state"].as_str(), &v["queue_position"]), (Some("cancelled"), &Value::Null));
+    let before = status(&app, &long_id).await["steps_done"].as_u64().unwrap();
+    let (s, _, _) = call(&app, "DELETE", &format!("/v1/jobs/{long_id}"), None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(wait_state(&app, &long_id, &["cancelled"]).await["state"], "cancelled");
+    assert!(before < 1000);
+    assert_eq!(call(&app, "GET", &format!("/v1/jobs/{long_id}/result"), None).await.0, StatusCode::CONFLICT);
+    // The rank is free again at its next step boundary: a new request completes.
+    let (s, _, v) = post(&app, "/v1/images/generations", json!({ "class_label": 4, "steps": 2 })).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+
+    let (_, _, m) = call(&app, "GET", "/metrics", None).await;
+    let m = String::from_utf8(m).unwrap();
+    for name in [
+        "layerwise_queue_depth 0",
+        "layerwise_running_requests 0",
+        "layerwise_requests_finished_total{outcome=\"cancelled\"} 2",
+        "layerwise_requests_rejected_total{reason=\"queue_full\"} 1",
+        "layerwise_request_duration_seconds_bucket",
+        "layerwise_step_duration_seconds_count",
+        "layerwise_stall_seconds_total{rank=\"0\"}",
+        "layerwise_bytes_copied_total{rank=\"0\"}",
+        "layerwise_bytes_gathered_total{rank=\"0\"}",
+        "layerwise_device_bytes{rank=\"0\"}",
+        "layerwise_rank_busy_fraction{rank=\"0\"}",
+    ] {
+        assert!(m.contains(name), "{name} missing from\n{m}");
+    }
+}
+
+fn expected_png(model: &Model, r: &Request) -> Vec<u8> {
+    let opts = EngineOptions {
+        strategy: Strategy::Resident,
+        dp: 1,
+        decode: true,
+        ..EngineOptions::default()
+    };
+    let (out, _) = model.run(vec![r.clone()], &opts).unwrap();
+    encode_png(out[0].image.as_ref().unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_steps_in_flight_match_each_request_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Arc::new(Model::open(&common::tiny(dir.path(), 3)).unwrap());
+    let (app, sched) = start(model.clone(), 2, 16, None).await;
+    // Different step counts, guidance and sizes, all submitted at once: ranks pick up the
+    // next job as soon as theirs finishes, mid-way through the other rank's job.
+    let specs = [(1u64, 7usize, 4.0f32, 64usize, 64usize), (2, 2, 1.0, 96, 64), (3, 5, 1.5, 64, 96), (4, 1, 0.0, 64, 64), (5, 3, 4.0, 64, 64)];
+    let mut ids = Vec::new();
+    for (seed, steps, guidance, w, h) in specs {
+        let body = json!({ "class_label": seed, "seed": seed, "steps": steps, "guidance": guidance, "size": format!("{w}x{h}") });
+        let (s, _, v) = post(&app, "/v1/jobs", body).await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+        ids.push(v["id"].as_str().unwrap().to_string());
+    }
+    for (id, (seed, steps, guidance, w, h)) in ids.iter().zip(specs) {
+        let st = wait_state(&app, id, &["succeeded", "failed"]).await;
+        assert_eq!(st["state"], "succeeded", "{st}");
+        assert_eq!(st["steps_done"], steps);
+        let (s, _, png) = call(&app, "GET", &format!("/v1/jobs/{id}/result"), None).await;
+        assert_eq!(s, StatusCode::OK);
+        let r = Request {
+            class_label: seed as u32,
+            seed,
+            steps,
+            guidance,
+            width: w,
+            height: h,
+            init_latents: None,
+        };
+        assert!(png == expected_png(&model, &r), "job {id} (seed {seed}, {steps} steps) differs from the same request run alone");
+    }
+    let m = sched.shared.metrics.render();
+    for r in 0..2 {
+        let line = m.lines().find(|l| l.starts_with(&format!("layerwise_rank_busy_seconds_total{{rank=\"{r}\"}}"))).unwrap();
+        let busy: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(busy > 0.0, "rank {r} never computed: {line}");
+    }
+    assert_eq!(sched.shared.stale.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
+#[test]
+fn errors_map_to_one_status_each() {
+    use layerwise_engine::Error;
+    let cases: Vec<(Error, u16)> = vec![
+        (Error::BadRequest { msg: "x".into() }, 400),
+        (Error::NotFound { what: "job".into() }, 404),
+        (Error::Conflict { what: "x".into() }, 409),
+        (Error::PayloadTooLarge { limit: 1 }, 413),
+        (Error::invalid("steps", "too many"), 422),
+        (
+            Error::QueueFull {
+                queued: 1,
+                capacity: 1,
+                need: 1,
+                retry_after: 2,
+            },
+            429,
+        ),
+        (Error::unavailable("starting"), 503),
+        (Error::Rank { rank: 1, msg: "boom".into() }, 500),
+    ];
+    for (e, code) in cases {
+        assert_eq!(e.http_status(), code, "{e}");
+        let r = axum::response::IntoResponse::into_response(ApiError::from(e));
+        assert_eq!(r.status().as_u16(), code);
+    }
+}
