@@ -16,7 +16,10 @@ use layerwise_agent::prewarm::{self, Options};
 use layerwise_agent::units::parse_bytes;
 
 fn make_file(path: &Path, bytes: u64) {
-    if std::fs::metadata(path).map(|m| m.len() == bytes).unwrap_or(false) {
+    if std::fs::metadata(path)
+        .map(|m| m.len() == bytes)
+        .unwrap_or(false)
+    {
         return;
     }
     let mut f = File::create(path).unwrap();
@@ -41,7 +44,11 @@ fn make_file(path: &Path, bytes: u64) {
 fn cold(path: &Path) {
     pagecache::evict(path).unwrap();
     let r = pagecache::residency(path).unwrap();
-    assert!(r.resident < r.total / 50, "could not evict {}: {r:?}", path.display());
+    assert!(
+        r.resident < r.total / 50,
+        "could not evict {}: {r:?}",
+        path.display()
+    );
 }
 
 /// `dd if=path of=/dev/null bs=1M`, returning bytes/s.
@@ -63,7 +70,13 @@ fn sequential(path: &Path) -> f64 {
 
 fn warm(path: &Path, opts: &Options) -> (f64, f64) {
     cold(path);
-    let out = prewarm::run(&[path.to_path_buf()], opts, &AtomicBool::new(false), &|_| {}).unwrap();
+    let out = prewarm::run(
+        &[path.to_path_buf()],
+        opts,
+        &AtomicBool::new(false),
+        &|_| {},
+    )
+    .unwrap();
     let r = pagecache::residency(path).unwrap();
     (out.throughput(), r.percent())
 }
@@ -74,12 +87,24 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let dir = std::env::var_os("LAYERWISE_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-    let bytes = std::env::var("LAYERWISE_BENCH_BYTES").ok().map(|s| parse_bytes(&s).unwrap()).unwrap_or(1 << 30);
-    let rounds: usize = std::env::var("LAYERWISE_BENCH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    let dir = std::env::var_os("LAYERWISE_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let bytes = std::env::var("LAYERWISE_BENCH_BYTES")
+        .ok()
+        .map(|s| parse_bytes(&s).unwrap())
+        .unwrap_or(1 << 30);
+    let rounds: usize = std::env::var("LAYERWISE_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
     let path = dir.join(format!("layerwise-prewarm-bench-{bytes}.bin"));
     make_file(&path, bytes);
-    println!("file {} ({} MB), {rounds} rounds, median", path.display(), bytes / 1_000_000);
+    println!(
+        "file {} ({} MB), {rounds} rounds, median",
+        path.display(),
+        bytes / 1_000_000
+    );
 
     let configs: Vec<(String, Options)> = [1usize, 2, 4, 8]
         .iter()
@@ -106,7 +131,11 @@ fn main() {
     for ((name, _), r) in configs.iter().zip(results) {
         let tp = median(r.iter().map(|x| x.0).collect());
         let res = r.iter().map(|x| x.1).fold(f64::MAX, f64::min);
-        println!("{name:<26} {:>8.0} MB/s  {:>5.1}% of sequential, residency after >= {res:.1}%", tp / 1e6, tp * 100.0 / seq);
+        println!(
+            "{name:<26} {:>8.0} MB/s  {:>5.1}% of sequential, residency after >= {res:.1}%",
+            tp / 1e6,
+            tp * 100.0 / seq
+        );
     }
 
     // The cap: 300 MB at 100 MB/s should take about 3 s (less the one-chunk burst).
@@ -119,7 +148,13 @@ fn main() {
             rate_bytes_per_s: Some(rate),
             ..Options::default()
         };
-        let out = prewarm::run(&[cap_path.clone()], &opts, &AtomicBool::new(false), &|_| {}).unwrap();
+        let out = prewarm::run(
+            std::slice::from_ref(&cap_path),
+            &opts,
+            &AtomicBool::new(false),
+            &|_| {},
+        )
+        .unwrap();
         let expect = (cap_bytes - opts.chunk_bytes) as f64 / rate as f64;
         println!(
             "cap {:>4} MB/s on {} MB: {:.2}s (expected ~{expect:.2}s), {:.1} MB/s effective",

@@ -63,7 +63,10 @@ mod tests {
         for _ in 0..300 {
             t += b.reserve(1_000_000, t);
         }
-        assert!((t - (300e6 - (8u64 << 20) as f64) / 100e6).abs() < 1e-6, "{t}");
+        assert!(
+            (t - (300e6 - (8u64 << 20) as f64) / 100e6).abs() < 1e-6,
+            "{t}"
+        );
     }
 
     #[test]

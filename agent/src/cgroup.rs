@@ -45,7 +45,11 @@ fn rel(path: &str) -> &str {
 }
 
 fn load(path: &str) -> Cgroup {
-    Cgroup::load_with_specified_controllers(cgroups_rs::hierarchies::auto(), rel(path), vec!["memory".to_string()])
+    Cgroup::load_with_specified_controllers(
+        cgroups_rs::hierarchies::auto(),
+        rel(path),
+        vec!["memory".to_string()],
+    )
 }
 
 fn limit_of(v: i64) -> Option<u64> {
@@ -53,9 +57,12 @@ fn limit_of(v: i64) -> Option<u64> {
 }
 
 fn memory_of(cg: &Cgroup, path: &str) -> Result<CgroupMemory> {
-    let mem: &MemController = cg
-        .controller_of()
-        .ok_or_else(|| Error::cgroup(path, "no memory controller (is it enabled for this cgroup?)"))?;
+    let mem: &MemController = cg.controller_of().ok_or_else(|| {
+        Error::cgroup(
+            path,
+            "no memory controller (is it enabled for this cgroup?)",
+        )
+    })?;
     if cg.v2() {
         // memory_stat() panics on v2 when memory.max and friends are absent (the root).
         let set = mem.get_mem().map_err(|e| Error::cgroup(path, e))?;
@@ -89,8 +96,10 @@ pub fn memory(path: &str) -> Result<CgroupMemory> {
 
 /// This process's own memory cgroup path (from `/proc/self/cgroup`), relative to the root.
 pub fn own_path() -> Result<String> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| Error::io("/proc/self/cgroup", e))?;
-    own_path_in(&text, is_v2()).ok_or_else(|| Error::cgroup("/proc/self/cgroup", "no memory cgroup line"))
+    let text = std::fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| Error::io("/proc/self/cgroup", e))?;
+    own_path_in(&text, is_v2())
+        .ok_or_else(|| Error::cgroup("/proc/self/cgroup", "no memory cgroup line"))
 }
 
 /// The memory cgroup in the text of a `/proc/<pid>/cgroup` file.
@@ -98,7 +107,11 @@ pub fn own_path_in(text: &str, v2: bool) -> Option<String> {
     text.lines().find_map(|l| {
         let mut parts = l.splitn(3, ':');
         let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        let ours = if v2 { controllers.is_empty() } else { controllers.split(',').any(|c| c == "memory") };
+        let ours = if v2 {
+            controllers.is_empty()
+        } else {
+            controllers.split(',').any(|c| c == "memory")
+        };
         ours.then(|| rel(path).to_string())
     })
 }
@@ -122,7 +135,10 @@ impl PrewarmCgroup {
         .map_err(|e| Error::cgroup(path, format!("creating: {e}")))?;
         // cgroups-rs only warns when v1 mkdir fails.
         if !cg.exists() {
-            return Err(Error::cgroup(path, "could not be created (is the cgroup file system writable?)"));
+            return Err(Error::cgroup(
+                path,
+                "could not be created (is the cgroup file system writable?)",
+            ));
         }
         let mem: &MemController = cg
             .controller_of()
@@ -136,7 +152,12 @@ impl PrewarmCgroup {
         } else {
             mem.set_limit(limit)
         }
-        .map_err(|e| Error::cgroup(path, format!("setting the memory limit to {budget} bytes: {e}")))?;
+        .map_err(|e| {
+            Error::cgroup(
+                path,
+                format!("setting the memory limit to {budget} bytes: {e}"),
+            )
+        })?;
         if !cg.v2() {
             // Only v1 can reset the peak; on v2 memory.peak is the cgroup's lifetime high.
             let _ = mem.reset_max_usage();
@@ -170,7 +191,9 @@ impl PrewarmCgroup {
 
     /// Removes the cgroup (it must hold no process). Its cache charges move to the parent.
     pub fn delete(self) -> Result<()> {
-        self.cg.delete().map_err(|e| Error::cgroup(&self.path, format!("removing: {e}")))
+        self.cg
+            .delete()
+            .map_err(|e| Error::cgroup(&self.path, format!("removing: {e}")))
     }
 }
 
@@ -183,7 +206,10 @@ mod tests {
         let v1 = "9:name=systemd:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n";
         assert_eq!(own_path_in(v1, false).as_deref(), Some("process_api/abc"));
         let v2 = "0::/kubepods.slice/pod1.slice\n";
-        assert_eq!(own_path_in(v2, true).as_deref(), Some("kubepods.slice/pod1.slice"));
+        assert_eq!(
+            own_path_in(v2, true).as_deref(),
+            Some("kubepods.slice/pod1.slice")
+        );
         assert_eq!(own_path_in("1:cpu:/\n", false), None);
     }
 

@@ -37,7 +37,10 @@ impl AppState {
 }
 
 fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 pub fn app(state: Arc<AppState>) -> Router {
@@ -49,7 +52,10 @@ pub fn app(state: Arc<AppState>) -> Router {
 
 async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         s.metrics.encode(),
     )
 }
@@ -57,7 +63,10 @@ async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
 async fn healthz(State(s): State<Arc<AppState>>) -> impl IntoResponse {
     let age = now().saturating_sub(s.last_tick.load(Ordering::Relaxed));
     if age > STALE_AFTER.as_secs() {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("node loop last ticked {age}s ago\n"))
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("node loop last ticked {age}s ago\n"),
+        )
     } else {
         (StatusCode::OK, "ok\n".to_string())
     }

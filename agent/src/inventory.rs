@@ -70,13 +70,15 @@ impl Inventory {
 pub fn group(devices: &[Device]) -> Vec<AcceleratorInventory> {
     let mut by: BTreeMap<&str, AcceleratorInventory> = BTreeMap::new();
     for d in devices {
-        let e = by.entry(&d.product).or_insert_with(|| AcceleratorInventory {
-            resource_name: NVIDIA_RESOURCE.into(),
-            product: d.product.clone(),
-            count: 0,
-            memory_bytes: u64::MAX,
-            fast_peer_link: true,
-        });
+        let e = by
+            .entry(&d.product)
+            .or_insert_with(|| AcceleratorInventory {
+                resource_name: NVIDIA_RESOURCE.into(),
+                product: d.product.clone(),
+                count: 0,
+                memory_bytes: u64::MAX,
+                fast_peer_link: true,
+            });
         e.count += 1;
         e.memory_bytes = e.memory_bytes.min(d.memory_total);
         e.fast_peer_link &= d.fast_peer_link;
@@ -96,13 +98,22 @@ pub fn product_label(name: &str) -> String {
 
 fn nvml_devices() -> Result<Vec<Device>, String> {
     let nvml = nvml_wrapper::Nvml::init().map_err(|e| format!("NVML unavailable: {e}"))?;
-    let count = nvml.device_count().map_err(|e| format!("NVML device count: {e}"))?;
+    let count = nvml
+        .device_count()
+        .map_err(|e| format!("NVML device count: {e}"))?;
     let mut out = Vec::new();
     for index in 0..count {
-        let dev = nvml.device_by_index(index).map_err(|e| format!("NVML device {index}: {e}"))?;
-        let name = dev.name().map_err(|e| format!("NVML device {index} name: {e}"))?;
-        let mem = dev.memory_info().map_err(|e| format!("NVML device {index} memory: {e}"))?;
-        let fast_peer_link = (0..NVLINK_LINKS).any(|l| dev.link_wrapper_for(l).is_active().unwrap_or(false));
+        let dev = nvml
+            .device_by_index(index)
+            .map_err(|e| format!("NVML device {index}: {e}"))?;
+        let name = dev
+            .name()
+            .map_err(|e| format!("NVML device {index} name: {e}"))?;
+        let mem = dev
+            .memory_info()
+            .map_err(|e| format!("NVML device {index} memory: {e}"))?;
+        let fast_peer_link =
+            (0..NVLINK_LINKS).any(|l| dev.link_wrapper_for(l).is_active().unwrap_or(false));
         out.push(Device {
             index,
             product: product_label(&name),
@@ -130,15 +141,30 @@ mod tests {
 
     #[test]
     fn groups_by_product_with_smallest_memory() {
-        let g = group(&[dev(0, "NVIDIA-H200", 100, true), dev(1, "NVIDIA-H200", 90, true), dev(2, "NVIDIA-L4", 24, false)]);
+        let g = group(&[
+            dev(0, "NVIDIA-H200", 100, true),
+            dev(1, "NVIDIA-H200", 90, true),
+            dev(2, "NVIDIA-L4", 24, false),
+        ]);
         assert_eq!(g.len(), 2);
-        assert_eq!((g[0].product.as_str(), g[0].count, g[0].memory_bytes, g[0].fast_peer_link), ("NVIDIA-H200", 2, 90, true));
+        assert_eq!(
+            (
+                g[0].product.as_str(),
+                g[0].count,
+                g[0].memory_bytes,
+                g[0].fast_peer_link
+            ),
+            ("NVIDIA-H200", 2, 90, true)
+        );
         assert_eq!((g[1].count, g[1].fast_peer_link), (1, false));
     }
 
     #[test]
     fn product_names_use_dashes() {
-        assert_eq!(product_label("NVIDIA A100-SXM4-80GB"), "NVIDIA-A100-SXM4-80GB");
+        assert_eq!(
+            product_label("NVIDIA A100-SXM4-80GB"),
+            "NVIDIA-A100-SXM4-80GB"
+        );
     }
 
     #[test]

@@ -22,7 +22,11 @@ use layerwise_agent::{meminfo, worker};
 use tracing::{info, warn};
 
 #[derive(Parser)]
-#[command(name = "layerwise-agent", version, about = "layerwise node agent: inventory, checkpoint profiles, page-cache prewarm")]
+#[command(
+    name = "layerwise-agent",
+    version,
+    about = "layerwise node agent: inventory, checkpoint profiles, page-cache prewarm"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -84,7 +88,9 @@ impl WarmArgs {
     /// The prewarm cgroup, when one is asked for. Not being able to make it is an error the
     /// caller decides about.
     fn cgroup(&self) -> Result<Option<PrewarmCgroup>> {
-        let Some(path) = &self.prewarm_cgroup else { return Ok(None) };
+        let Some(path) = &self.prewarm_cgroup else {
+            return Ok(None);
+        };
         Ok(Some(PrewarmCgroup::create(path, self.budget()?)?))
     }
 }
@@ -106,7 +112,11 @@ struct RunArgs {
     #[arg(long, env = "LAYERWISE_AGENT_MODEL_ROOT")]
     model_root: Option<PathBuf>,
     /// Seconds between inventory and residency refreshes.
-    #[arg(long, env = "LAYERWISE_AGENT_REINVENTORY_SECONDS", default_value_t = 30)]
+    #[arg(
+        long,
+        env = "LAYERWISE_AGENT_REINVENTORY_SECONDS",
+        default_value_t = 30
+    )]
     reinventory_seconds: u64,
     #[command(flatten)]
     warm: WarmArgs,
@@ -123,7 +133,10 @@ struct PrewarmArgs {
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("LAYERWISE_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LAYERWISE_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().cmd {
@@ -157,7 +170,9 @@ async fn run(a: RunArgs) -> Result<()> {
     });
     let metrics = Arc::new(Metrics::new());
     let state = Arc::new(AppState::new(metrics.clone()));
-    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("listening on {}", a.listen))?;
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .with_context(|| format!("listening on {}", a.listen))?;
     info!(addr = %listener.local_addr()?, node = %a.node_name, "serving /metrics and /healthz");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut http_stop = stop_rx.clone();
@@ -169,7 +184,9 @@ async fn run(a: RunArgs) -> Result<()> {
             })
             .await
     });
-    let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API")?;
     let ctx = Context {
         client,
         node: a.node_name,
@@ -187,7 +204,8 @@ async fn run(a: RunArgs) -> Result<()> {
 }
 
 async fn shutdown() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("installing the SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing the SIGTERM handler");
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
@@ -216,8 +234,10 @@ fn prewarm_once(a: PrewarmArgs) -> Result<()> {
     report("before", before);
     let bar = ProgressBar::new(before.total);
     bar.set_style(
-        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
-            .expect("valid template"),
+        ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template"),
     );
     let opts = a.warm.options();
     let cgroup = a.warm.cgroup()?;
@@ -228,10 +248,18 @@ fn prewarm_once(a: PrewarmArgs) -> Result<()> {
     let outcome = match &cgroup {
         // In the cgroup: run the job in a worker placed there, as the agent does.
         Some(cg) => {
-            let job = worker::Job { files: files.clone(), options: opts };
+            let job = worker::Job {
+                files: files.clone(),
+                options: opts,
+            };
             let exe = std::env::current_exe()?;
             let b = bar.clone();
-            tokio::runtime::Runtime::new()?.block_on(worker::run(&exe, Some(cg), &job, move |n| b.set_position(n)))?
+            tokio::runtime::Runtime::new()?.block_on(worker::run(
+                &exe,
+                Some(cg),
+                &job,
+                move |n| b.set_position(n),
+            ))?
         }
         None => {
             let read = AtomicU64::new(0);

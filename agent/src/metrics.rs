@@ -60,25 +60,63 @@ impl Metrics {
             prewarm_cgroup_usage_bytes: Gauge::default(),
         };
         let r = &mut m.registry;
-        r.register("warmed_bytes", "Bytes read into the page cache by prewarm", m.bytes_warmed.clone());
-        r.register("warm_throughput_bytes_per_second", "Throughput of the model's last prewarm", m.warm_throughput.clone());
-        r.register("resident_bytes", "Bytes of the model's files in the page cache (mincore)", m.resident_bytes.clone());
-        r.register("model_bytes", "Bytes of the model's files", m.model_bytes.clone());
+        r.register(
+            "warmed_bytes",
+            "Bytes read into the page cache by prewarm",
+            m.bytes_warmed.clone(),
+        );
+        r.register(
+            "warm_throughput_bytes_per_second",
+            "Throughput of the model's last prewarm",
+            m.warm_throughput.clone(),
+        );
+        r.register(
+            "resident_bytes",
+            "Bytes of the model's files in the page cache (mincore)",
+            m.resident_bytes.clone(),
+        );
+        r.register(
+            "model_bytes",
+            "Bytes of the model's files",
+            m.model_bytes.clone(),
+        );
         r.register("errors", "Errors by kind", m.errors.clone());
-        r.register("host_memory_available_bytes", "MemAvailable of the node", m.host_available_bytes.clone());
-        r.register("accelerator_memory_free_bytes", "Free memory per accelerator", m.device_free_bytes.clone());
-        r.register("pods_cgroup_usage_bytes", "Memory usage of the pods' cgroup", m.pods_cgroup_usage_bytes.clone());
-        r.register("prewarm_cgroup_usage_bytes", "Memory usage (page cache) of the prewarm cgroup", m.prewarm_cgroup_usage_bytes.clone());
+        r.register(
+            "host_memory_available_bytes",
+            "MemAvailable of the node",
+            m.host_available_bytes.clone(),
+        );
+        r.register(
+            "accelerator_memory_free_bytes",
+            "Free memory per accelerator",
+            m.device_free_bytes.clone(),
+        );
+        r.register(
+            "pods_cgroup_usage_bytes",
+            "Memory usage of the pods' cgroup",
+            m.pods_cgroup_usage_bytes.clone(),
+        );
+        r.register(
+            "prewarm_cgroup_usage_bytes",
+            "Memory usage (page cache) of the prewarm cgroup",
+            m.prewarm_cgroup_usage_bytes.clone(),
+        );
         m
     }
 
     pub fn model(id: &str) -> ModelLabels {
-        ModelLabels { model: id.to_string() }
+        ModelLabels {
+            model: id.to_string(),
+        }
     }
 
     /// Counts an error under its metric label.
     pub fn error(&self, e: &crate::Error) {
-        self.errors.get_or_create(&KindLabels { kind: e.metric_label().into() }).inc();
+        self.errors
+            .get_or_create(&KindLabels {
+                kind: e.metric_label().into(),
+            })
+            .inc();
     }
 
     /// Forgets a model's series (it left the spec).
@@ -105,11 +143,19 @@ mod tests {
     #[test]
     fn encodes_model_series_and_forgets_them() {
         let m = Metrics::new();
-        m.bytes_warmed.get_or_create(&Metrics::model("ns/a")).inc_by(42);
+        m.bytes_warmed
+            .get_or_create(&Metrics::model("ns/a"))
+            .inc_by(42);
         m.error(&crate::Error::Worker("x".into()));
         let text = m.encode();
-        assert!(text.contains("layerwise_agent_warmed_bytes_total{model=\"ns/a\"} 42"), "{text}");
-        assert!(text.contains("layerwise_agent_errors_total{kind=\"worker\"} 1"), "{text}");
+        assert!(
+            text.contains("layerwise_agent_warmed_bytes_total{model=\"ns/a\"} 42"),
+            "{text}"
+        );
+        assert!(
+            text.contains("layerwise_agent_errors_total{kind=\"worker\"} 1"),
+            "{text}"
+        );
         m.remove_model("ns/a");
         assert!(!m.encode().contains("ns/a"));
     }

@@ -34,11 +34,34 @@ pub struct Settings {
 /// task that has since been replaced are ignored.
 #[derive(Debug)]
 pub enum Update {
-    State { id: String, task: u64, state: ModelState },
-    Profiled { id: String, task: u64, profile: Box<Profile>, files: Vec<(PathBuf, Identity)>, residency: Residency },
-    Progress { id: String, task: u64, bytes: u64 },
-    Warmed { id: String, task: u64, outcome: Outcome, residency: Residency },
-    Failed { id: String, task: u64, error: Error },
+    State {
+        id: String,
+        task: u64,
+        state: ModelState,
+    },
+    Profiled {
+        id: String,
+        task: u64,
+        profile: Box<Profile>,
+        files: Vec<(PathBuf, Identity)>,
+        residency: Residency,
+    },
+    Progress {
+        id: String,
+        task: u64,
+        bytes: u64,
+    },
+    Warmed {
+        id: String,
+        task: u64,
+        outcome: Outcome,
+        residency: Residency,
+    },
+    Failed {
+        id: String,
+        task: u64,
+        error: Error,
+    },
 }
 
 /// The folder of a model request on this node.
@@ -68,7 +91,11 @@ pub fn resolve(id: &str, location: &ModelLocation, model_root: Option<&Path>) ->
 /// The state and message a model gets after a warm: warm only when its files are resident;
 /// otherwise it stays `Warming` with a message saying why it is not warm (a budget too small
 /// for the model, a floor that stopped it, pages evicted since).
-pub fn verdict(residency: Residency, budget: Option<u64>, stopped: Option<&str>) -> (ModelState, Option<String>) {
+pub fn verdict(
+    residency: Residency,
+    budget: Option<u64>,
+    stopped: Option<&str>,
+) -> (ModelState, Option<String>) {
     if let Some(b) = budget.filter(|b| residency.total > *b) {
         return (
             ModelState::Warming,
@@ -83,7 +110,10 @@ pub fn verdict(residency: Residency, budget: Option<u64>, stopped: Option<&str>)
     if let Some(why) = stopped {
         return (
             ModelState::Warming,
-            Some(format!("warming stopped: {why}; {} of {} bytes resident", residency.resident, residency.total)),
+            Some(format!(
+                "warming stopped: {why}; {} of {} bytes resident",
+                residency.resident, residency.total
+            )),
         );
     }
     if residency.resident as f64 >= residency.total as f64 * WARM_FRACTION {
@@ -112,19 +142,33 @@ pub fn changed(files: &[(PathBuf, Identity)]) -> Vec<PathBuf> {
 
 /// Profiles the model at `dir` from its headers, then warms its files, reporting to `tx`.
 /// A broken checkpoint ends as `Failed` with the reader's message (file and tensor).
-pub async fn prepare(id: String, task: u64, dir: PathBuf, settings: Arc<Settings>, tx: mpsc::Sender<Update>) {
+pub async fn prepare(
+    id: String,
+    task: u64,
+    dir: PathBuf,
+    settings: Arc<Settings>,
+    tx: mpsc::Sender<Update>,
+) {
     let send = |u: Update| {
         let tx = tx.clone();
         async move {
             let _ = tx.send(u).await;
         }
     };
-    send(Update::State { id: id.clone(), task, state: ModelState::Profiling }).await;
+    send(Update::State {
+        id: id.clone(),
+        task,
+        state: ModelState::Profiling,
+    })
+    .await;
     let d = dir.clone();
     let profiled = tokio::task::spawn_blocking(move || -> Result<_> {
         let profile = Profile::read(&d)?;
         let files = prewarm::files_under(&d)?;
-        let ids = files.iter().map(|p| Ok((p.clone(), Identity::of(p)?))).collect::<Result<Vec<_>>>()?;
+        let ids = files
+            .iter()
+            .map(|p| Ok((p.clone(), Identity::of(p)?)))
+            .collect::<Result<Vec<_>>>()?;
         let residency = pagecache::residency_of(&files)?;
         Ok((profile, ids, residency))
     })
@@ -135,28 +179,64 @@ pub async fn prepare(id: String, task: u64, dir: PathBuf, settings: Arc<Settings
         Err(error) => return send(Update::Failed { id, task, error }).await,
     };
     let paths: Vec<PathBuf> = files.iter().map(|(p, _)| p.clone()).collect();
-    send(Update::Profiled { id: id.clone(), task, profile: Box::new(profile), files, residency }).await;
+    send(Update::Profiled {
+        id: id.clone(),
+        task,
+        profile: Box::new(profile),
+        files,
+        residency,
+    })
+    .await;
     warm(id, task, paths, settings, tx).await
 }
 
 /// Warms `paths` (in the worker process, in the prewarm cgroup) and reports the result.
-pub async fn warm(id: String, task: u64, paths: Vec<PathBuf>, settings: Arc<Settings>, tx: mpsc::Sender<Update>) {
-    let _ = tx.send(Update::State { id: id.clone(), task, state: ModelState::Warming }).await;
+pub async fn warm(
+    id: String,
+    task: u64,
+    paths: Vec<PathBuf>,
+    settings: Arc<Settings>,
+    tx: mpsc::Sender<Update>,
+) {
+    let _ = tx
+        .send(Update::State {
+            id: id.clone(),
+            task,
+            state: ModelState::Warming,
+        })
+        .await;
     let job = Job {
         files: paths.clone(),
         options: settings.options.clone(),
     };
     let progress_tx = tx.clone();
     let pid = id.clone();
-    let result = worker::run(&settings.worker_exe, settings.cgroup.as_deref(), &job, move |bytes| {
-        // Progress is advisory: drop it rather than wait when the loop is busy.
-        let _ = progress_tx.try_send(Update::Progress { id: pid.clone(), task, bytes });
-    })
+    let result = worker::run(
+        &settings.worker_exe,
+        settings.cgroup.as_deref(),
+        &job,
+        move |bytes| {
+            // Progress is advisory: drop it rather than wait when the loop is busy.
+            let _ = progress_tx.try_send(Update::Progress {
+                id: pid.clone(),
+                task,
+                bytes,
+            });
+        },
+    )
     .await;
     let update = match result {
         Ok(outcome) => {
-            match tokio::task::spawn_blocking(move || pagecache::residency_of(&paths)).await.expect("residency task panicked") {
-                Ok(residency) => Update::Warmed { id, task, outcome, residency },
+            match tokio::task::spawn_blocking(move || pagecache::residency_of(&paths))
+                .await
+                .expect("residency task panicked")
+            {
+                Ok(residency) => Update::Warmed {
+                    id,
+                    task,
+                    outcome,
+                    residency,
+                },
                 Err(error) => Update::Failed { id, task, error },
             }
         }
@@ -178,9 +258,17 @@ mod tests {
 
     #[test]
     fn resolves_host_paths_under_the_root() {
-        assert_eq!(resolve("a/b", &at("/models/x"), None).unwrap(), PathBuf::from("/models/x"));
-        assert_eq!(resolve("a/b", &at("/models/x"), Some(Path::new("/host"))).unwrap(), PathBuf::from("/host/models/x"));
-        let e = resolve("a/b", &at("/models/../etc"), None).unwrap_err().to_string();
+        assert_eq!(
+            resolve("a/b", &at("/models/x"), None).unwrap(),
+            PathBuf::from("/models/x")
+        );
+        assert_eq!(
+            resolve("a/b", &at("/models/x"), Some(Path::new("/host"))).unwrap(),
+            PathBuf::from("/host/models/x")
+        );
+        let e = resolve("a/b", &at("/models/../etc"), None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("a/b") && e.contains(".."), "{e}");
         let pvc = ModelLocation {
             host_path: None,
@@ -189,18 +277,28 @@ mod tests {
                 sub_path: None,
             }),
         };
-        assert!(resolve("a/b", &pvc, None).unwrap_err().to_string().contains("pvc:weights"));
+        assert!(resolve("a/b", &pvc, None)
+            .unwrap_err()
+            .to_string()
+            .contains("pvc:weights"));
     }
 
     #[test]
     fn verdicts() {
         let r = |resident, total| Residency { resident, total };
-        assert_eq!(verdict(r(100, 100), Some(200), None), (ModelState::Warm, None));
+        assert_eq!(
+            verdict(r(100, 100), Some(200), None),
+            (ModelState::Warm, None)
+        );
         assert_eq!(verdict(r(100, 100), None, None).0, ModelState::Warm);
         let (s, m) = verdict(r(50, 100), Some(60), None);
         assert_eq!(s, ModelState::Warming);
         assert!(m.unwrap().contains("budget too small"));
-        let (s, m) = verdict(r(10, 100), None, Some("node MemAvailable fell below the floor"));
+        let (s, m) = verdict(
+            r(10, 100),
+            None,
+            Some("node MemAvailable fell below the floor"),
+        );
         assert_eq!(s, ModelState::Warming);
         assert!(m.unwrap().contains("floor"));
         let (s, m) = verdict(r(50, 100), None, None);

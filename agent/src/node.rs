@@ -12,7 +12,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crds::{DiffusionNode, DiffusionNodeSpec, DiffusionNodeStatus, ModelRequest, ModelState, NodeModelStatus};
+use crds::{
+    DiffusionNode, DiffusionNodeSpec, DiffusionNodeStatus, ModelRequest, ModelState,
+    NodeModelStatus,
+};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -118,7 +121,7 @@ pub async fn run(ctx: Context, shutdown: impl Future<Output = ()>) -> Result<()>
         dirty: true,
         ctx,
     };
-    l.ensure_exists().await?;
+    let mut exists = false;
     let cfg = watcher::Config::default().fields(&format!("metadata.name={}", l.ctx.node));
     let mut watch = std::pin::pin!(watcher(api, cfg).default_backoff().applied_objects());
     let mut shutdown = std::pin::pin!(shutdown);
@@ -152,7 +155,17 @@ pub async fn run(ctx: Context, shutdown: impl Future<Output = ()>) -> Result<()>
                     last_residency = Instant::now();
                     l.refresh(true).await;
                 }
-                if l.dirty {
+                if !exists {
+                    // Retried each tick: the CRD may not be served yet when the agent starts.
+                    match l.ensure_exists().await {
+                        Ok(()) => exists = true,
+                        Err(e) => {
+                            l.ctx.metrics.error(&e);
+                            warn!(error = %e, "creating this node's DiffusionNode");
+                        }
+                    }
+                }
+                if exists && l.dirty {
                     match l.write_status().await {
                         Ok(()) => l.dirty = false,
                         Err(e) => {
@@ -181,7 +194,9 @@ async fn read_inventory(ctx: &Context) -> Inventory {
             device: d.index.to_string(),
             product: d.product.clone(),
         };
-        m.device_free_bytes.get_or_create(&l).set(d.memory_free as i64);
+        m.device_free_bytes
+            .get_or_create(&l)
+            .set(d.memory_free as i64);
     }
     if let Some(c) = inv.pods_cgroup {
         m.pods_cgroup_usage_bytes.set(c.usage as i64);
@@ -198,12 +213,18 @@ async fn read_inventory(ctx: &Context) -> Inventory {
 }
 
 impl Loop {
-    /// Creates this node's `DiffusionNode` when it is missing (server-side apply of the bare
-    /// object: the agent claims no spec field, so the operator's requests are untouched).
+    /// Creates this node's `DiffusionNode` when it is missing. Server-side apply of an empty
+    /// `spec.models`: the schema requires `spec`, and owning the empty list (never its items)
+    /// keeps the object valid when the last requester withdraws, while the operator's
+    /// requests stay untouched.
     async fn ensure_exists(&self) -> Result<()> {
-        let obj = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": self.ctx.node } });
+        let obj = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": self.ctx.node }, "spec": { "models": [] } });
         let (pp, patch) = (PatchParams::apply(MANAGER), Patch::Apply(&obj));
-        timeout(self.api.patch(&self.ctx.node, &pp, &patch), &format!("creating DiffusionNode {}", self.ctx.node)).await?;
+        timeout(
+            self.api.patch(&self.ctx.node, &pp, &patch),
+            &format!("creating DiffusionNode {}", self.ctx.node),
+        )
+        .await?;
         Ok(())
     }
 
@@ -212,11 +233,21 @@ impl Loop {
         let st = status(&self.inventory, models, now());
         let patch = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "status": st });
         let (pp, patch) = (PatchParams::apply(MANAGER).force(), Patch::Apply(&patch));
-        match timeout(self.api.patch_status(&self.ctx.node, &pp, &patch), &format!("writing the status of DiffusionNode {}", self.ctx.node)).await {
-            Err(Error::Kube { source: kube::Error::Api(s), .. }) if s.code == 404 => {
+        match timeout(
+            self.api.patch_status(&self.ctx.node, &pp, &patch),
+            &format!("writing the status of DiffusionNode {}", self.ctx.node),
+        )
+        .await
+        {
+            Err(Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            }) if s.code == 404 => {
                 // Deleted under us: make it again, write on the next tick.
-                self.ensure_exists().await
-                    .and(Err(Error::Invalid { field: "DiffusionNode".into(), msg: format!("{} was missing; recreated", self.ctx.node) }))
+                self.ensure_exists().await.and(Err(Error::Invalid {
+                    field: "DiffusionNode".into(),
+                    msg: format!("{} was missing; recreated", self.ctx.node),
+                }))
             }
             r => r.map(|_| ()),
         }
@@ -224,8 +255,14 @@ impl Loop {
 
     /// Follows a new spec: starts new models, restarts moved ones, drops removed ones.
     fn reconcile(&mut self, requests: &[ModelRequest]) {
-        let wanted: BTreeMap<&str, &ModelRequest> = requests.iter().map(|r| (r.id.as_str(), r)).collect();
-        let gone: Vec<String> = self.entries.keys().filter(|id| !wanted.contains_key(id.as_str())).cloned().collect();
+        let wanted: BTreeMap<&str, &ModelRequest> =
+            requests.iter().map(|r| (r.id.as_str(), r)).collect();
+        let gone: Vec<String> = self
+            .entries
+            .keys()
+            .filter(|id| !wanted.contains_key(id.as_str()))
+            .cloned()
+            .collect();
         for id in gone {
             info!(model = %id, "removed from the spec; stopping");
             self.entries.remove(&id);
@@ -259,16 +296,30 @@ impl Loop {
             progress: 0,
         };
         let dir = if FAMILIES.contains(&entry.request.family.as_str()) {
-            models::resolve(&id, &entry.request.location, self.ctx.settings.model_root.as_deref())
+            models::resolve(
+                &id,
+                &entry.request.location,
+                self.ctx.settings.model_root.as_deref(),
+            )
         } else {
             Err(Error::Model {
                 id: id.clone(),
-                msg: format!("family `{}`: this agent profiles {}", entry.request.family, FAMILIES.join(", ")),
+                msg: format!(
+                    "family `{}`: this agent profiles {}",
+                    entry.request.family,
+                    FAMILIES.join(", ")
+                ),
             })
         };
         match dir {
             Ok(dir) => {
-                entry.handle = Some(tokio::spawn(models::prepare(id.clone(), task, dir, self.ctx.settings.clone(), self.tx.clone())));
+                entry.handle = Some(tokio::spawn(models::prepare(
+                    id.clone(),
+                    task,
+                    dir,
+                    self.ctx.settings.clone(),
+                    self.tx.clone(),
+                )));
             }
             Err(e) => fail(&mut entry.status, &e, &self.ctx.metrics),
         }
@@ -286,7 +337,9 @@ impl Loop {
             | Update::Failed { id, task, .. } => (id.clone(), *task),
         };
         let m = self.ctx.metrics.clone();
-        let Some(e) = self.entries.get_mut(&id).filter(|e| e.task == task) else { return };
+        let Some(e) = self.entries.get_mut(&id).filter(|e| e.task == task) else {
+            return;
+        };
         let labels = Metrics::model(&id);
         let st = &mut e.status;
         match u {
@@ -296,20 +349,33 @@ impl Loop {
                     e.progress = 0;
                 }
             }
-            Update::Profiled { profile, files, residency, .. } => {
+            Update::Profiled {
+                profile,
+                files,
+                residency,
+                ..
+            } => {
                 st.profile = Some(*profile);
                 st.profiled_at = Some(now());
                 set_residency(st, residency, &m);
                 e.files = files;
             }
             Update::Progress { bytes, .. } => {
-                m.bytes_warmed.get_or_create(&labels).inc_by(bytes.saturating_sub(e.progress));
+                m.bytes_warmed
+                    .get_or_create(&labels)
+                    .inc_by(bytes.saturating_sub(e.progress));
                 e.progress = e.progress.max(bytes);
                 return;
             }
-            Update::Warmed { outcome, residency, .. } => {
-                m.bytes_warmed.get_or_create(&labels).inc_by(outcome.bytes_read.saturating_sub(e.progress));
-                m.warm_throughput.get_or_create(&labels).set(outcome.throughput());
+            Update::Warmed {
+                outcome, residency, ..
+            } => {
+                m.bytes_warmed
+                    .get_or_create(&labels)
+                    .inc_by(outcome.bytes_read.saturating_sub(e.progress));
+                m.warm_throughput
+                    .get_or_create(&labels)
+                    .set(outcome.throughput());
                 if !outcome.changed.is_empty() {
                     for (p, id) in e.files.iter_mut() {
                         if let Ok(now) = Identity::of(p) {
@@ -319,7 +385,11 @@ impl Loop {
                 }
                 info!(model = %id, bytes = outcome.bytes_read, seconds = outcome.seconds, resident = residency.resident, total = residency.total, "warmed");
                 set_residency(st, residency, &m);
-                let (state, error) = models::verdict(residency, self.ctx.settings.budget, outcome.stopped.as_deref());
+                let (state, error) = models::verdict(
+                    residency,
+                    self.ctx.settings.budget,
+                    outcome.stopped.as_deref(),
+                );
                 st.state = state;
                 st.error = error;
                 if state == ModelState::Warm {
@@ -339,11 +409,13 @@ impl Loop {
     /// Re-measures residency (of models being warmed only, with `warming_only`), and warms
     /// again models whose files changed since they were warmed.
     async fn refresh(&mut self, warming_only: bool) {
-        let jobs: Vec<(String, Vec<(PathBuf, Identity)>, bool)> = self
+        let jobs: Vec<RefreshJob> = self
             .entries
             .iter()
             .filter(|(_, e)| !e.files.is_empty() && e.status.state != ModelState::Failed)
-            .filter(|(_, e)| !warming_only || e.status.state == ModelState::Warming && e.handle.is_some())
+            .filter(|(_, e)| {
+                !warming_only || e.status.state == ModelState::Warming && e.handle.is_some()
+            })
             .map(|(id, e)| (id.clone(), e.files.clone(), e.handle.is_none()))
             .collect();
         if jobs.is_empty() {
@@ -353,7 +425,11 @@ impl Loop {
             jobs.into_iter()
                 .map(|(id, files, idle)| {
                     let paths: Vec<PathBuf> = files.iter().map(|(p, _)| p.clone()).collect();
-                    let changed = if idle { models::changed(&files) } else { Vec::new() };
+                    let changed = if idle {
+                        models::changed(&files)
+                    } else {
+                        Vec::new()
+                    };
                     (id, pagecache::residency_of(&paths), changed)
                 })
                 .collect::<Vec<_>>()
@@ -363,7 +439,9 @@ impl Loop {
         let m = self.ctx.metrics.clone();
         let mut restart = Vec::new();
         for (id, residency, changed) in measured {
-            let Some(e) = self.entries.get_mut(&id) else { continue };
+            let Some(e) = self.entries.get_mut(&id) else {
+                continue;
+            };
             match residency {
                 Ok(r) => {
                     if r.resident != e.status.resident_bytes || r.total != e.status.total_bytes {
@@ -384,11 +462,18 @@ impl Loop {
     }
 }
 
+/// A model to re-measure: id, its files as warmed, and whether no task is working on it.
+type RefreshJob = (String, Vec<(PathBuf, Identity)>, bool);
+
 fn set_residency(st: &mut NodeModelStatus, r: Residency, m: &Metrics) {
     st.resident_bytes = r.resident;
     st.total_bytes = r.total;
-    m.resident_bytes.get_or_create(&Metrics::model(&st.id)).set(r.resident as i64);
-    m.model_bytes.get_or_create(&Metrics::model(&st.id)).set(r.total as i64);
+    m.resident_bytes
+        .get_or_create(&Metrics::model(&st.id))
+        .set(r.resident as i64);
+    m.model_bytes
+        .get_or_create(&Metrics::model(&st.id))
+        .set(r.total as i64);
 }
 
 fn fail(st: &mut NodeModelStatus, e: &Error, m: &Metrics) {
@@ -424,11 +509,21 @@ mod tests {
                 memory_free: 20 << 30,
                 fast_peer_link: false,
             }],
-            host: crate::meminfo::MemInfo { total: 64 << 30, available: 60 << 30 },
-            pods_cgroup: Some(crate::cgroup::CgroupMemory { limit: Some(32 << 30), usage: 1, peak: 1 }),
+            host: crate::meminfo::MemInfo {
+                total: 64 << 30,
+                available: 60 << 30,
+            },
+            pods_cgroup: Some(crate::cgroup::CgroupMemory {
+                limit: Some(32 << 30),
+                usage: 1,
+                peak: 1,
+            }),
             ..Default::default()
         };
-        let m = NodeModelStatus { id: "ns/a".into(), ..Default::default() };
+        let m = NodeModelStatus {
+            id: "ns/a".into(),
+            ..Default::default()
+        };
         let s = status(&inv, vec![m], now());
         assert_eq!(s.model_count, 1);
         assert_eq!(s.accelerators[0].count, 1);

@@ -58,7 +58,7 @@ impl Residency {
         percent(self.resident, self.total)
     }
 
-    pub fn add(self, o: Residency) -> Residency {
+    pub fn plus(self, o: Residency) -> Residency {
         Residency {
             resident: self.resident + o.resident,
             total: self.total + o.total,
@@ -78,12 +78,17 @@ pub fn residency(path: &Path) -> Result<Residency> {
         resident += window_residency(&file, off, n, page).map_err(|e| Error::io(path, e))?;
         off += n;
     }
-    Ok(Residency { resident, total: len })
+    Ok(Residency {
+        resident,
+        total: len,
+    })
 }
 
 /// Residency of a set of files, summed.
 pub fn residency_of(paths: &[PathBuf]) -> Result<Residency> {
-    paths.iter().try_fold(Residency::default(), |acc, p| Ok(acc.add(residency(p)?)))
+    paths
+        .iter()
+        .try_fold(Residency::default(), |acc, p| Ok(acc.plus(residency(p)?)))
 }
 
 fn window_residency(file: &File, off: u64, len: u64, page: u64) -> std::io::Result<u64> {
@@ -131,7 +136,8 @@ pub fn advise(file: &File, off: u64, len: u64, advice: Advice) -> std::io::Resul
         Advice::DontNeed => libc::POSIX_FADV_DONTNEED,
     };
     // SAFETY: posix_fadvise only reads its integer arguments; a bad fd is an error return.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), off as libc::off_t, len as libc::off_t, a) };
+    let rc =
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), off as libc::off_t, len as libc::off_t, a) };
     if rc == 0 {
         Ok(())
     } else {
@@ -207,7 +213,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("e");
         File::create(&path).unwrap();
-        assert_eq!(residency(&path).unwrap(), Residency { resident: 0, total: 0 });
+        assert_eq!(
+            residency(&path).unwrap(),
+            Residency {
+                resident: 0,
+                total: 0
+            }
+        );
         let a = Identity::of(&path).unwrap();
         std::fs::write(&path, b"x").unwrap();
         assert_ne!(a, Identity::of(&path).unwrap());

@@ -110,7 +110,12 @@ struct Round<'a> {
 
 /// Reads `files` into the page cache with `opts`, calling `progress` with bytes as they are
 /// read. `stop` set by another thread ends the run early (reported as stopped).
-pub fn run(files: &[PathBuf], opts: &Options, stop: &AtomicBool, progress: &(dyn Fn(u64) + Sync)) -> Result<Outcome> {
+pub fn run(
+    files: &[PathBuf],
+    opts: &Options,
+    stop: &AtomicBool,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Outcome> {
     let start = Instant::now();
     let mut outcome = Outcome::default();
     let origin = Instant::now();
@@ -121,7 +126,10 @@ pub fn run(files: &[PathBuf], opts: &Options, stop: &AtomicBool, progress: &(dyn
     let mut todo: Vec<PathBuf> = files.to_vec();
     let mut bucket = bucket;
     for _ in 0..MAX_ROUNDS {
-        let before = todo.iter().map(|p| Identity::of(p)).collect::<Result<Vec<_>>>()?;
+        let before = todo
+            .iter()
+            .map(|p| Identity::of(p))
+            .collect::<Result<Vec<_>>>()?;
         let (read, stopped, b) = round(&todo, opts, stop, progress, bucket, origin)?;
         bucket = b;
         outcome.bytes_read += read;
@@ -186,31 +194,49 @@ fn round(
     };
     let threads = opts.threads.clamp(1, r.chunks.len().max(1));
     let read = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads).map(|_| s.spawn(|| reader(&r, opts, stop, progress))).collect();
-        handles.into_iter().map(|h| h.join().expect("prewarm reader panicked")).collect::<Result<Vec<u64>>>()
+        let handles: Vec<_> = (0..threads)
+            .map(|_| s.spawn(|| reader(&r, opts, stop, progress)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("prewarm reader panicked"))
+            .collect::<Result<Vec<u64>>>()
     })?;
     let stopped = r.stopped.into_inner().unwrap();
     Ok((read.iter().sum(), stopped, r.bucket))
 }
 
-fn reader(r: &Round, opts: &Options, stop: &AtomicBool, progress: &(dyn Fn(u64) + Sync)) -> Result<u64> {
+fn reader(
+    r: &Round,
+    opts: &Options,
+    stop: &AtomicBool,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<u64> {
     let mut buf = vec![0u8; opts.buffer_bytes.max(4096)];
     let mut total = 0;
     loop {
         if stop.load(Ordering::Relaxed) {
-            r.stopped.lock().unwrap().get_or_insert_with(|| "cancelled".into());
+            r.stopped
+                .lock()
+                .unwrap()
+                .get_or_insert_with(|| "cancelled".into());
             return Ok(total);
         }
         if r.stopped.lock().unwrap().is_some() {
             return Ok(total);
         }
         let i = r.next.fetch_add(1, Ordering::Relaxed);
-        let Some(&(fi, off, len)) = r.chunks.get(i) else { return Ok(total) };
+        let Some(&(fi, off, len)) = r.chunks.get(i) else {
+            return Ok(total);
+        };
         if opts.floor_bytes > 0 {
             let avail = meminfo::read()?.available;
             if avail < opts.floor_bytes {
                 r.stopped.lock().unwrap().get_or_insert_with(|| {
-                    format!("node MemAvailable {avail} bytes fell below the prewarm floor of {} bytes", opts.floor_bytes)
+                    format!(
+                        "node MemAvailable {avail} bytes fell below the prewarm floor of {} bytes",
+                        opts.floor_bytes
+                    )
                 });
                 return Ok(total);
             }
@@ -227,7 +253,9 @@ fn reader(r: &Round, opts: &Options, stop: &AtomicBool, progress: &(dyn Fn(u64) 
         let mut done = 0;
         while done < len {
             let want = buf.len().min((len - done) as usize);
-            let n = file.read_at(&mut buf[..want], off + done).map_err(|e| Error::io(*path, e))?;
+            let n = file
+                .read_at(&mut buf[..want], off + done)
+                .map_err(|e| Error::io(*path, e))?;
             if n == 0 {
                 // Truncated under us: the identity check after the round reads it again.
                 break;
@@ -284,7 +312,13 @@ mod tests {
     fn stop_flag_and_floor_stop_with_a_reason() {
         let dir = tempfile::tempdir().unwrap();
         let a = write(dir.path(), "a", 1 << 20);
-        let out = run(&[a.clone()], &Options::default(), &AtomicBool::new(true), &|_| {}).unwrap();
+        let out = run(
+            std::slice::from_ref(&a),
+            &Options::default(),
+            &AtomicBool::new(true),
+            &|_| {},
+        )
+        .unwrap();
         assert_eq!(out.stopped.as_deref(), Some("cancelled"));
         assert_eq!(out.bytes_read, 0);
         let opts = Options {
@@ -297,9 +331,17 @@ mod tests {
 
     #[test]
     fn missing_file_names_the_file() {
-        let err = run(&[PathBuf::from("/nonexistent/x.safetensors")], &Options::default(), &AtomicBool::new(false), &|_| {})
-            .unwrap_err();
-        assert!(err.to_string().contains("/nonexistent/x.safetensors"), "{err}");
+        let err = run(
+            &[PathBuf::from("/nonexistent/x.safetensors")],
+            &Options::default(),
+            &AtomicBool::new(false),
+            &|_| {},
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("/nonexistent/x.safetensors"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -313,16 +355,24 @@ mod tests {
             chunk_bytes: 1 << 20,
             ..Options::default()
         };
-        let out = run(&[a.clone()], &opts, &AtomicBool::new(false), &|_| {
-            if !once.swap(true, Ordering::Relaxed) {
-                // Replace the file (new inode) after the first chunk.
-                let tmp = path.with_extension("tmp");
-                std::fs::write(&tmp, vec![2u8; 2 << 20]).unwrap();
-                std::fs::rename(&tmp, &path).unwrap();
-            }
-        })
+        let out = run(
+            std::slice::from_ref(&a),
+            &opts,
+            &AtomicBool::new(false),
+            &|_| {
+                if !once.swap(true, Ordering::Relaxed) {
+                    // Replace the file (new inode) after the first chunk.
+                    let tmp = path.with_extension("tmp");
+                    std::fs::write(&tmp, vec![2u8; 2 << 20]).unwrap();
+                    std::fs::rename(&tmp, &path).unwrap();
+                }
+            },
+        )
         .unwrap();
         assert_eq!(out.changed, vec![a]);
-        assert!(out.bytes_read >= (4 << 20) + (2 << 20) - (3 << 20), "{out:?}");
+        assert!(
+            out.bytes_read >= (4 << 20) + (2 << 20) - (3 << 20),
+            "{out:?}"
+        );
     }
 }

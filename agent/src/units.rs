@@ -4,9 +4,13 @@
 /// `M`, `G`, `T`, with or without `B`) suffix.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("`{s}`: expected a number of bytes like 512Mi or 100MB"))?;
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}`: expected a number of bytes like 512Mi or 100MB"))?;
     let mult: u64 = match unit.trim() {
         "" | "B" => 1,
         "Ki" | "KiB" => 1 << 10,

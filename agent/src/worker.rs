@@ -38,22 +38,36 @@ pub struct Job {
 #[serde(tag = "event", rename_all = "camelCase")]
 pub enum Event {
     /// Bytes read so far.
-    Progress { bytes: u64 },
-    Done { outcome: Outcome },
-    Failed { error: String },
+    Progress {
+        bytes: u64,
+    },
+    Done {
+        outcome: Outcome,
+    },
+    Failed {
+        error: String,
+    },
 }
 
 /// The child's side: reads one job from stdin, runs it, reports on stdout.
 pub fn serve_stdio() -> Result<()> {
     let mut line = String::new();
-    std::io::stdin().lock().read_line(&mut line).map_err(|e| Error::io("<stdin>", e))?;
-    let job: Job = serde_json::from_str(&line).map_err(|e| Error::Worker(format!("bad job: {e}")))?;
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .map_err(|e| Error::io("<stdin>", e))?;
+    let job: Job =
+        serde_json::from_str(&line).map_err(|e| Error::Worker(format!("bad job: {e}")))?;
     let read = AtomicU64::new(0);
     let finished = AtomicBool::new(false);
     let emit = |e: &Event| {
         let mut out = std::io::stdout().lock();
         // The parent is gone when stdout is closed; the job is then moot.
-        let _ = writeln!(out, "{}", serde_json::to_string(e).expect("events serialize"));
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string(e).expect("events serialize")
+        );
         let _ = out.flush();
     };
     let result = std::thread::scope(|s| {
@@ -73,14 +87,21 @@ pub fn serve_stdio() -> Result<()> {
     });
     match result {
         Ok(outcome) => emit(&Event::Done { outcome }),
-        Err(e) => emit(&Event::Failed { error: e.to_string() }),
+        Err(e) => emit(&Event::Failed {
+            error: e.to_string(),
+        }),
     }
     Ok(())
 }
 
 /// The parent's side: runs `job` in a child process of `exe` (placed in `cgroup` when
 /// given), calling `progress` with bytes read so far. Dropping the future kills the child.
-pub async fn run(exe: &Path, cgroup: Option<&PrewarmCgroup>, job: &Job, mut progress: impl FnMut(u64)) -> Result<Outcome> {
+pub async fn run(
+    exe: &Path,
+    cgroup: Option<&PrewarmCgroup>,
+    job: &Job,
+    mut progress: impl FnMut(u64),
+) -> Result<Outcome> {
     let mut child = tokio::process::Command::new(exe)
         .arg(SUBCOMMAND)
         .stdin(Stdio::piped())
@@ -89,12 +110,15 @@ pub async fn run(exe: &Path, cgroup: Option<&PrewarmCgroup>, job: &Job, mut prog
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| Error::Worker(format!("starting {}: {e}", exe.display())))?;
-    let pid = child.id().ok_or_else(|| Error::Worker("exited at once".into()))?;
+    let pid = child
+        .id()
+        .ok_or_else(|| Error::Worker("exited at once".into()))?;
     if let Some(cg) = cgroup {
         cg.add_process(pid)?;
     }
     let mut stdin = child.stdin.take().expect("piped stdin");
-    let text = serde_json::to_string(job).map_err(|e| Error::Worker(format!("encoding the job: {e}")))?;
+    let text =
+        serde_json::to_string(job).map_err(|e| Error::Worker(format!("encoding the job: {e}")))?;
     stdin
         .write_all(format!("{text}\n").as_bytes())
         .await
@@ -123,6 +147,8 @@ pub async fn run(exe: &Path, cgroup: Option<&PrewarmCgroup>, job: &Job, mut prog
             Ok(outcome)
         }
         Some(Event::Failed { error }) => Err(Error::Worker(error)),
-        _ => Err(Error::Worker(format!("process {pid} ended ({status}) without a result"))),
+        _ => Err(Error::Worker(format!(
+            "process {pid} ended ({status}) without a result"
+        ))),
     }
 }

@@ -25,9 +25,19 @@ fn write_synced(path: &Path, bytes: u64) -> Result<()> {
 }
 
 fn agent(args: &[&str]) -> Result<String> {
-    let out = Command::new(AGENT).args(args).output().context("running the agent")?;
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    ensure!(out.status.success(), "layerwise-agent {args:?} failed: {text}");
+    let out = Command::new(AGENT)
+        .args(args)
+        .output()
+        .context("running the agent")?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        out.status.success(),
+        "layerwise-agent {args:?} failed: {text}"
+    );
     Ok(text)
 }
 
@@ -38,10 +48,18 @@ fn evicted_file_is_warmed_from_near_zero_to_full_residency() -> Result<()> {
     write_synced(&path, 64 * MIB)?;
     pagecache::evict(&path)?;
     let before = pagecache::residency(&path)?;
-    ensure!(before.percent() < 5.0, "evicted file still {:.1}% resident", before.percent());
+    ensure!(
+        before.percent() < 5.0,
+        "evicted file still {:.1}% resident",
+        before.percent()
+    );
     let out = agent(&["prewarm", "--memory-floor", "0", path.to_str().unwrap()])?;
     let after = pagecache::residency(&path)?;
-    println!("residency {:.1}% -> {:.1}%\n{out}", before.percent(), after.percent());
+    println!(
+        "residency {:.1}% -> {:.1}%\n{out}",
+        before.percent(),
+        after.percent()
+    );
     ensure!(after.resident == after.total, "after prewarm: {after:?}");
     ensure!(out.contains("state: Warm"), "{out}");
     Ok(())
@@ -53,10 +71,16 @@ fn test_cgroup(budget: u64) -> Result<Result<(PrewarmCgroup, String), String>> {
         Ok(p) => p,
         Err(e) => return Ok(Err(format!("no memory cgroup: {e}"))),
     };
-    let path = format!("{}/layerwise-prewarm-test-{}", own.trim_end_matches('/'), std::process::id());
+    let path = format!(
+        "{}/layerwise-prewarm-test-{}",
+        own.trim_end_matches('/'),
+        std::process::id()
+    );
     match PrewarmCgroup::create(&path, budget) {
         Ok(cg) => Ok(Ok((cg, path))),
-        Err(e) => Ok(Err(format!("the cgroup file system is not writable here ({e})"))),
+        Err(e) => Ok(Err(format!(
+            "the cgroup file system is not writable here ({e})"
+        ))),
     }
 }
 
@@ -73,7 +97,9 @@ fn files_over_the_budget_stay_within_the_prewarm_cgroup_and_are_reported() -> Re
     // The agent reuses the cgroup (create is idempotent) and sets the same limit.
     let result = (|| -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let files: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("shard-{i}.safetensors"))).collect();
+        let files: Vec<PathBuf> = (0..3)
+            .map(|i| dir.path().join(format!("shard-{i}.safetensors")))
+            .collect();
         for f in &files {
             write_synced(f, 32 * MIB)?;
             pagecache::evict(f)?;
@@ -92,9 +118,19 @@ fn files_over_the_budget_stay_within_the_prewarm_cgroup_and_are_reported() -> Re
         let after = pagecache::residency_of(&files)?;
         println!("{out}cgroup {path}: {mem:?}; residency {after:?}");
         ensure!(mem.limit == Some(budget), "limit {:?}", mem.limit);
-        ensure!(mem.peak > 0 && mem.usage > 0, "nothing was charged to the prewarm cgroup: {mem:?}");
-        ensure!(mem.peak <= budget, "peak {} over the budget {budget}", mem.peak);
-        ensure!(after.resident <= budget + MIB, "more resident than the budget: {after:?}");
+        ensure!(
+            mem.peak > 0 && mem.usage > 0,
+            "nothing was charged to the prewarm cgroup: {mem:?}"
+        );
+        ensure!(
+            mem.peak <= budget,
+            "peak {} over the budget {budget}",
+            mem.peak
+        );
+        ensure!(
+            after.resident <= budget + MIB,
+            "more resident than the budget: {after:?}"
+        );
         ensure!(out.contains("budget too small"), "{out}");
         ensure!(!out.contains("state: Warm\n"), "{out}");
         Ok(())

@@ -21,7 +21,11 @@ use layerwise_engine::server::{serve, trace_svg, ServeArgs};
 use layerwise_engine::Strategy;
 
 #[derive(Parser)]
-#[command(name = "layerwise", version, about = "Serve diffusion transformers larger than one accelerator by streaming their blocks")]
+#[command(
+    name = "layerwise",
+    version,
+    about = "Serve diffusion transformers larger than one accelerator by streaming their blocks"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -159,7 +163,12 @@ struct BenchArgs {
     #[command(flatten)]
     run: RunArgs,
     /// Strategies to compare (comma-separated); `resident` is the reference.
-    #[arg(long, env = "LAYERWISE_STRATEGIES", default_value = "resident,sharded,offload,offload-sharded", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "LAYERWISE_STRATEGIES",
+        default_value = "resident,sharded,offload,offload-sharded",
+        value_delimiter = ','
+    )]
     strategies: Vec<String>,
     /// Rounds over all strategies; each strategy's best round is reported.
     #[arg(long, env = "LAYERWISE_ROUNDS", default_value_t = 2)]
@@ -167,7 +176,11 @@ struct BenchArgs {
 }
 
 fn parse_size(s: &str) -> Result<(usize, usize)> {
-    let parse = |x: &str| x.trim().parse::<usize>().with_context(|| format!("size `{s}`: expected N or WxH"));
+    let parse = |x: &str| {
+        x.trim()
+            .parse::<usize>()
+            .with_context(|| format!("size `{s}`: expected N or WxH"))
+    };
     Ok(match s.split_once(['x', 'X']) {
         Some((w, h)) => (parse(w)?, parse(h)?),
         None => (parse(s)?, parse(s)?),
@@ -188,7 +201,12 @@ impl RunArgs {
 
     fn requests(&self, model: &Model, init: Option<Tensor>) -> Result<Vec<Request>> {
         let native = model.config().sample_size * model.upscale();
-        let (width, height) = self.size.as_deref().map(parse_size).transpose()?.unwrap_or((native, native));
+        let (width, height) = self
+            .size
+            .as_deref()
+            .map(parse_size)
+            .transpose()?
+            .unwrap_or((native, native));
         (0..self.n)
             .map(|i| {
                 Ok(Request {
@@ -207,9 +225,17 @@ impl RunArgs {
 
 fn read_latents(path: &Path, n: usize) -> Result<Tensor> {
     let h = Header::read(path)?;
-    let info = h.tensors.iter().find(|t| t.name == "latents").with_context(|| format!("{}: no tensor `latents`", path.display()))?;
+    let info = h
+        .tensors
+        .iter()
+        .find(|t| t.name == "latents")
+        .with_context(|| format!("{}: no tensor `latents`", path.display()))?;
     if info.dtype != Dtype::F32 {
-        bail!("{}: tensor `latents` is {:?}, expected F32", path.display(), info.dtype);
+        bail!(
+            "{}: tensor `latents` is {:?}, expected F32",
+            path.display(),
+            info.dtype
+        );
     }
     let bytes = std::fs::read(path)?;
     let data = &bytes[info.offset as usize..(info.offset + info.len) as usize];
@@ -218,7 +244,11 @@ fn read_latents(path: &Path, n: usize) -> Result<Tensor> {
         t = t.unsqueeze(0)?;
     }
     if t.dim(0)? < n {
-        bail!("{}: tensor `latents` holds {} samples but {n} images were asked for", path.display(), t.dim(0)?);
+        bail!(
+            "{}: tensor `latents` holds {} samples but {n} images were asked for",
+            path.display(),
+            t.dim(0)?
+        );
     }
     Ok(t)
 }
@@ -237,8 +267,14 @@ fn numbered(path: &Path, i: usize, n: usize) -> PathBuf {
     if n == 1 {
         return path.to_path_buf();
     }
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let ext = path.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ext = path
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
     path.with_file_name(format!("{stem}-{i}{ext}"))
 }
 
@@ -256,9 +292,21 @@ fn inspect(dir: &Path, json: bool) -> Result<()> {
     }
     println!("model            {}", dir.display());
     println!("family           {}", p.family);
-    println!("total            {} ({} bytes) in {} files", gib(p.total_bytes), p.total_bytes, p.files);
-    println!("transformer      {}; vae {}", gib(p.transformer_bytes), gib(p.vae_bytes));
-    println!("blocks           {} (largest {} bytes)", p.blocks, p.largest_block_bytes);
+    println!(
+        "total            {} ({} bytes) in {} files",
+        gib(p.total_bytes),
+        p.total_bytes,
+        p.files
+    );
+    println!(
+        "transformer      {}; vae {}",
+        gib(p.transformer_bytes),
+        gib(p.vae_bytes)
+    );
+    println!(
+        "blocks           {} (largest {} bytes)",
+        p.blocks, p.largest_block_bytes
+    );
     println!("outside blocks   {} bytes", p.outside_block_bytes);
     for (d, b) in &p.bytes_by_dtype {
         println!("dtype {d:<10} {b} bytes");
@@ -267,15 +315,27 @@ fn inspect(dir: &Path, json: bool) -> Result<()> {
         println!("slot bytes dp={dp:<3} {}", p.slot_bytes(dp));
     }
     println!("native size      {}x{}", p.native_width, p.native_height);
-    println!("activations      {} at native size with guidance", gib(p.activation.bytes(p.native_width, p.native_height, 1, 1, true)));
-    println!("profiled in      {:.1} ms (headers only)", took.as_secs_f64() * 1e3);
+    println!(
+        "activations      {} at native size with guidance",
+        gib(p
+            .activation
+            .bytes(p.native_width, p.native_height, 1, 1, true))
+    );
+    println!(
+        "profiled in      {:.1} ms (headers only)",
+        took.as_secs_f64() * 1e3
+    );
     Ok(())
 }
 
 fn generate(a: GenerateArgs) -> Result<()> {
     let strategy: Strategy = a.strategy.parse()?;
     let model = Model::open(&a.run.model)?;
-    let init = a.init_latents.as_deref().map(|p| read_latents(p, a.run.n)).transpose()?;
+    let init = a
+        .init_latents
+        .as_deref()
+        .map(|p| read_latents(p, a.run.n))
+        .transpose()?;
     let requests = a.run.requests(&model, init)?;
     let mut opts = a.run.options(strategy);
     opts.trace = a.trace.as_ref().map(|_| Trace::new(4_000_000));
@@ -290,10 +350,17 @@ fn generate(a: GenerateArgs) -> Result<()> {
         println!("wrote {}", path.display());
     }
     if let Some(p) = &a.save_latents {
-        write_latents(p, &outputs.iter().map(|o| o.latents.clone()).collect::<Vec<_>>())?;
+        write_latents(
+            p,
+            &outputs
+                .iter()
+                .map(|o| o.latents.clone())
+                .collect::<Vec<_>>(),
+        )?;
     }
     if let Some(p) = &a.stats {
-        std::fs::write(p, serde_json::to_string_pretty(&stats)? + "\n").with_context(|| format!("writing {}", p.display()))?;
+        std::fs::write(p, serde_json::to_string_pretty(&stats)? + "\n")
+            .with_context(|| format!("writing {}", p.display()))?;
     }
     print_stats(&stats);
     Ok(())
@@ -317,7 +384,11 @@ fn print_stats(s: &RunStats) {
 }
 
 fn bench(a: BenchArgs) -> Result<()> {
-    let strategies = a.strategies.iter().map(|s| s.parse::<Strategy>()).collect::<Result<Vec<_>, _>>()?;
+    let strategies = a
+        .strategies
+        .iter()
+        .map(|s| s.parse::<Strategy>())
+        .collect::<Result<Vec<_>, _>>()?;
     let model = Model::open(&a.run.model)?;
     // Bring the checkpoint into the page cache first so no strategy pays the disk.
     let mut sum = 0u64;
@@ -334,13 +405,19 @@ fn bench(a: BenchArgs) -> Result<()> {
             opts.decode = false;
             let (out, stats) = model.run(requests.clone(), &opts)?;
             eprintln!("round {round}: {s}: {:.3}s/step", stats.step_seconds);
-            if best[i].as_ref().is_none_or(|(b, _)| stats.step_seconds < b.step_seconds) {
+            if best[i]
+                .as_ref()
+                .is_none_or(|(b, _)| stats.step_seconds < b.step_seconds)
+            {
                 best[i] = Some((stats, out.into_iter().map(|o| o.latents).collect()));
             }
         }
     }
     let best: Vec<(RunStats, Vec<Tensor>)> = best.into_iter().map(|b| b.expect("ran")).collect();
-    let reference = best.iter().position(|(s, _)| s.strategy == "resident").unwrap_or(0);
+    let reference = best
+        .iter()
+        .position(|(s, _)| s.strategy == "resident")
+        .unwrap_or(0);
     let ref_step = best[reference].0.step_seconds;
     let ref_latents = &best[reference].1;
     println!(
@@ -353,13 +430,22 @@ fn bench(a: BenchArgs) -> Result<()> {
         a.run.steps,
         a.rounds
     );
-    println!("{:<16} {:>10} {:>12} {:>8} {:>14} {:>14} {:>10}", "strategy", "s/step", "vs resident", "stall", "peak device", "anon RSS", "identical");
+    println!(
+        "{:<16} {:>10} {:>12} {:>8} {:>14} {:>14} {:>10}",
+        "strategy", "s/step", "vs resident", "stall", "peak device", "anon RSS", "identical"
+    );
     let mut all_same = true;
     for (s, lat) in &best {
         let same = lat.len() == ref_latents.len()
             && lat.iter().zip(ref_latents).all(|(x, y)| {
-                x.flatten_all().and_then(|x| x.to_vec1::<f32>()).ok().map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
-                    == y.flatten_all().and_then(|y| y.to_vec1::<f32>()).ok().map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
+                x.flatten_all()
+                    .and_then(|x| x.to_vec1::<f32>())
+                    .ok()
+                    .map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
+                    == y.flatten_all()
+                        .and_then(|y| y.to_vec1::<f32>())
+                        .ok()
+                        .map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
             });
         all_same &= same;
         println!(
@@ -381,7 +467,10 @@ fn bench(a: BenchArgs) -> Result<()> {
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("LAYERWISE_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LAYERWISE_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().cmd {
@@ -409,7 +498,13 @@ fn main() -> Result<()> {
                 other => bail!("--dtype `{other}`: expected f32, f16 or bf16"),
             };
             let r = synth(&a.out, &o)?;
-            println!("wrote {} ({} bytes in {} files) in {:.2}s", a.out.display(), r.bytes, r.files, r.seconds);
+            println!(
+                "wrote {} ({} bytes in {} files) in {:.2}s",
+                a.out.display(),
+                r.bytes,
+                r.files,
+                r.seconds
+            );
         }
         Cmd::Inspect { dir, json } => inspect(&dir, json)?,
         Cmd::Generate(a) => generate(a)?,
@@ -421,13 +516,17 @@ fn main() -> Result<()> {
             }
         }
         Cmd::TraceSvg { trace, out } => {
-            let json = std::fs::read_to_string(&trace).with_context(|| format!("reading {}", trace.display()))?;
+            let json = std::fs::read_to_string(&trace)
+                .with_context(|| format!("reading {}", trace.display()))?;
             let out = out.unwrap_or_else(|| trace.with_extension("svg"));
-            std::fs::write(&out, trace_svg::render(&json)?).with_context(|| format!("writing {}", out.display()))?;
+            std::fs::write(&out, trace_svg::render(&json)?)
+                .with_context(|| format!("writing {}", out.display()))?;
             println!("wrote {}", out.display());
         }
         Cmd::Loadgen(a) => {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
             let r = rt.block_on(layerwise_engine::server::loadgen::run(&a))?;
             println!(
                 "{} requests ({} ok, statuses {:?}) in {:.2}s: {:.3} outputs/s; latency p50 {:.3}s p90 {:.3}s p99 {:.3}s max {:.3}s",

@@ -41,7 +41,12 @@ fn slow_copies() -> Hook {
     })
 }
 
-async fn start(model: Arc<Model>, dp: usize, max_queue: usize, hook: Option<Hook>) -> (Router, Scheduler) {
+async fn start(
+    model: Arc<Model>,
+    dp: usize,
+    max_queue: usize,
+    hook: Option<Hook>,
+) -> (Router, Scheduler) {
     let opts = EngineOptions {
         strategy: Strategy::OffloadSharded,
         dp,
@@ -65,7 +70,12 @@ async fn start(model: Arc<Model>, dp: usize, max_queue: usize, hook: Option<Hook
     (app(state), e.scheduler)
 }
 
-async fn call(app: &Router, method: &str, uri: &str, body: Option<Vec<u8>>) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+async fn call(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    body: Option<Vec<u8>>,
+) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
     let req = HttpRequest::builder()
         .method(method)
         .uri(uri)
@@ -74,7 +84,11 @@ async fn call(app: &Router, method: &str, uri: &str, body: Option<Vec<u8>>) -> (
         .unwrap();
     let r = app.clone().oneshot(req).await.unwrap();
     let (parts, body) = r.into_parts();
-    (parts.status, parts.headers, body.collect().await.unwrap().to_bytes().to_vec())
+    (
+        parts.status,
+        parts.headers,
+        body.collect().await.unwrap().to_bytes().to_vec(),
+    )
 }
 
 async fn post(app: &Router, uri: &str, v: Value) -> (StatusCode, axum::http::HeaderMap, Value) {
@@ -102,7 +116,10 @@ async fn wait_state(app: &Router, id: &str, want: &[&str]) -> Value {
 
 fn assert_field(v: &Value, field: &str) {
     assert_eq!(v["error"]["field"], field, "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains(field), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains(field),
+        "{v}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,7 +138,13 @@ async fn not_ready_is_503() {
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
     let (s, _, v) = post(&app, "/v1/images/generations", json!({ "class_label": 1 })).await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(v["error"]["message"].as_str().unwrap().contains("0 of 2 ranks ready"), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("0 of 2 ranks ready"),
+        "{v}"
+    );
     let (s, _, _) = call(&app, "GET", "/healthz", None).await;
     assert_eq!(s, StatusCode::OK, "alive while starting");
 }
@@ -133,19 +156,45 @@ async fn every_status_code_in_process() {
     let (app, _) = start(model.clone(), 1, 2, Some(slow_copies())).await;
 
     for path in ["/healthz", "/readyz"] {
-        assert_eq!(call(&app, "GET", path, None).await.0, StatusCode::OK, "{path}");
+        assert_eq!(
+            call(&app, "GET", path, None).await.0,
+            StatusCode::OK,
+            "{path}"
+        );
     }
     let (s, _, b) = call(&app, "GET", "/openapi.json", None).await;
     assert_eq!(s, StatusCode::OK);
     let doc: Value = serde_json::from_slice(&b).unwrap();
-    for p in ["/v1/images/generations", "/v1/jobs", "/v1/jobs/{id}", "/v1/jobs/{id}/result"] {
-        assert!(doc["paths"].get(p).is_some(), "{p} missing from the OpenAPI document");
+    for p in [
+        "/v1/images/generations",
+        "/v1/jobs",
+        "/v1/jobs/{id}",
+        "/v1/jobs/{id}/result",
+    ] {
+        assert!(
+            doc["paths"].get(p).is_some(),
+            "{p} missing from the OpenAPI document"
+        );
     }
 
     // 400: not JSON / not an object.
-    let (s, _, b) = call(&app, "POST", "/v1/images/generations", Some(b"{nope".to_vec())).await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&b));
-    assert_eq!(post(&app, "/v1/jobs", json!([1, 2])).await.0, StatusCode::BAD_REQUEST);
+    let (s, _, b) = call(
+        &app,
+        "POST",
+        "/v1/images/generations",
+        Some(b"{nope".to_vec()),
+    )
+    .await;
+    assert_eq!(
+        s,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        String::from_utf8_lossy(&b)
+    );
+    assert_eq!(
+        post(&app, "/v1/jobs", json!([1, 2])).await.0,
+        StatusCode::BAD_REQUEST
+    );
     // 422, naming the field.
     for (body, field) in [
         (json!({ "class_label": 1, "prompt": "a cat" }), "prompt"),
@@ -158,43 +207,92 @@ async fn every_status_code_in_process() {
         (json!({ "class_label": 1, "size": "60x64" }), "size"),
         (json!({ "class_label": 1, "size": "big" }), "size"),
         (json!({ "class_label": 1, "guidance": -1.0 }), "guidance"),
-        (json!({ "class_label": 1, "response_format": "gif" }), "response_format"),
+        (
+            json!({ "class_label": 1, "response_format": "gif" }),
+            "response_format",
+        ),
         (json!({ "class_label": 1, "colour": "red" }), "colour"),
     ] {
         let (s, _, v) = post(&app, "/v1/images/generations", body.clone()).await;
         assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body} -> {v}");
         assert_field(&v, field);
     }
-    let (s, _, v) = post(&app, "/v1/images/generations", json!({ "class_label": 1, "prompt": "x" })).await;
+    let (s, _, v) = post(
+        &app,
+        "/v1/images/generations",
+        json!({ "class_label": 1, "prompt": "x" }),
+    )
+    .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(v["error"]["message"].as_str().unwrap().contains("class-conditional"), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("class-conditional"),
+        "{v}"
+    );
     // 413.
     let big = json!({ "class_label": 1, "pad": "x".repeat(5000) });
-    assert_eq!(post(&app, "/v1/jobs", big).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        post(&app, "/v1/jobs", big).await.0,
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
     // 404.
-    assert_eq!(call(&app, "GET", "/v1/jobs/ffff", None).await.0, StatusCode::NOT_FOUND);
-    assert_eq!(call(&app, "GET", "/v1/jobs/not-an-id/result", None).await.0, StatusCode::NOT_FOUND);
-    assert_eq!(call(&app, "DELETE", "/v1/jobs/ffff", None).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        call(&app, "GET", "/v1/jobs/ffff", None).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        call(&app, "GET", "/v1/jobs/not-an-id/result", None).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        call(&app, "DELETE", "/v1/jobs/ffff", None).await.0,
+        StatusCode::NOT_FOUND
+    );
 
     // 200, both formats; the url points at the job's PNG.
-    let (s, _, v) = post(&app, "/v1/images/generations", json!({ "class_label": 3, "steps": 2, "n": 2, "seed": 9 })).await;
+    let (s, _, v) = post(
+        &app,
+        "/v1/images/generations",
+        json!({ "class_label": 3, "steps": 2, "n": 2, "seed": 9 }),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    let png = base64::engine::general_purpose::STANDARD.decode(v["data"][1]["b64_json"].as_str().unwrap()).unwrap();
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(v["data"][1]["b64_json"].as_str().unwrap())
+        .unwrap();
     assert_eq!(&png[1..4], b"PNG");
-    let (s, _, v) = post(&app, "/v1/images/generations", json!({ "class_label": 3, "steps": 2, "n": 2, "seed": 9, "response_format": "url" })).await;
+    let (s, _, v) = post(
+        &app,
+        "/v1/images/generations",
+        json!({ "class_label": 3, "steps": 2, "n": 2, "seed": 9, "response_format": "url" }),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let (s, h, body) = call(&app, "GET", v["data"][1]["url"].as_str().unwrap(), None).await;
-    assert_eq!((s, h["content-type"].to_str().unwrap()), (StatusCode::OK, "image/png"));
+    assert_eq!(
+        (s, h["content-type"].to_str().unwrap()),
+        (StatusCode::OK, "image/png")
+    );
     assert_eq!(body, png, "same request and seed, same PNG");
 
     // 202 + queue: a long job runs, the queue (2 images) fills, the next is 429.
     let (s, h, long) = post(&app, "/v1/jobs", json!({ "class_label": 1, "steps": 1000 })).await;
     assert_eq!(s, StatusCode::ACCEPTED, "{long}");
     let long_id = long["id"].as_str().unwrap().to_string();
-    assert_eq!(h["location"].to_str().unwrap(), format!("/v1/jobs/{long_id}"));
+    assert_eq!(
+        h["location"].to_str().unwrap(),
+        format!("/v1/jobs/{long_id}")
+    );
     let running = wait_state(&app, &long_id, &["running"]).await;
     assert!(running["steps_total"] == 1000, "{running}");
-    let (s, _, queued) = post(&app, "/v1/jobs", json!({ "class_label": 2, "steps": 2, "n": 2 })).await;
+    let (s, _, queued) = post(
+        &app,
+        "/v1/jobs",
+        json!({ "class_label": 2, "steps": 2, "n": 2 }),
+    )
+    .await;
     assert_eq!(s, StatusCode::ACCEPTED);
     let queued_id = queued["id"].as_str().unwrap().to_string();
     assert_eq!(status(&app, &queued_id).await["queue_position"], 0);
@@ -202,20 +300,41 @@ async fn every_status_code_in_process() {
     assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{v}");
     assert!(h["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
     // 409: no result yet.
-    assert_eq!(call(&app, "GET", &format!("/v1/jobs/{queued_id}/result"), None).await.0, StatusCode::CONFLICT);
+    assert_eq!(
+        call(&app, "GET", &format!("/v1/jobs/{queued_id}/result"), None)
+            .await
+            .0,
+        StatusCode::CONFLICT
+    );
     // Cancel the queued job, then the running one.
     let (s, _, b) = call(&app, "DELETE", &format!("/v1/jobs/{queued_id}"), None).await;
     assert_eq!(s, StatusCode::OK);
     let v: Value = serde_json::from_slice(&b).unwrap();
-    assert_eq!((v["state"].as_str(), &v["queue_position"]), (Some("cancelled"), &Value::Null));
+    assert_eq!(
+        (v["state"].as_str(), &v["queue_position"]),
+        (Some("cancelled"), &Value::Null)
+    );
     let before = status(&app, &long_id).await["steps_done"].as_u64().unwrap();
     let (s, _, _) = call(&app, "DELETE", &format!("/v1/jobs/{long_id}"), None).await;
     assert_eq!(s, StatusCode::OK);
-    assert_eq!(wait_state(&app, &long_id, &["cancelled"]).await["state"], "cancelled");
+    assert_eq!(
+        wait_state(&app, &long_id, &["cancelled"]).await["state"],
+        "cancelled"
+    );
     assert!(before < 1000);
-    assert_eq!(call(&app, "GET", &format!("/v1/jobs/{long_id}/result"), None).await.0, StatusCode::CONFLICT);
+    assert_eq!(
+        call(&app, "GET", &format!("/v1/jobs/{long_id}/result"), None)
+            .await
+            .0,
+        StatusCode::CONFLICT
+    );
     // The rank is free again at its next step boundary: a new request completes.
-    let (s, _, v) = post(&app, "/v1/images/generations", json!({ "class_label": 4, "steps": 2 })).await;
+    let (s, _, v) = post(
+        &app,
+        "/v1/images/generations",
+        json!({ "class_label": 4, "steps": 2 }),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK, "{v}");
 
     let (_, _, m) = call(&app, "GET", "/metrics", None).await;
@@ -255,7 +374,13 @@ async fn mixed_steps_in_flight_match_each_request_alone() {
     let (app, sched) = start(model.clone(), 2, 16, None).await;
     // Different step counts, guidance and sizes, all submitted at once: ranks pick up the
     // next job as soon as theirs finishes, mid-way through the other rank's job.
-    let specs = [(1u64, 7usize, 4.0f32, 64usize, 64usize), (2, 2, 1.0, 96, 64), (3, 5, 1.5, 64, 96), (4, 1, 0.0, 64, 64), (5, 3, 4.0, 64, 64)];
+    let specs = [
+        (1u64, 7usize, 4.0f32, 64usize, 64usize),
+        (2, 2, 1.0, 96, 64),
+        (3, 5, 1.5, 64, 96),
+        (4, 1, 0.0, 64, 64),
+        (5, 3, 4.0, 64, 64),
+    ];
     let mut ids = Vec::new();
     for (seed, steps, guidance, w, h) in specs {
         let body = json!({ "class_label": seed, "seed": seed, "steps": steps, "guidance": guidance, "size": format!("{w}x{h}") });
@@ -278,15 +403,31 @@ async fn mixed_steps_in_flight_match_each_request_alone() {
             height: h,
             init_latents: None,
         };
-        assert!(png == expected_png(&model, &r), "job {id} (seed {seed}, {steps} steps) differs from the same request run alone");
+        assert!(
+            png == expected_png(&model, &r),
+            "job {id} (seed {seed}, {steps} steps) differs from the same request run alone"
+        );
     }
     let m = sched.shared.metrics.render();
     for r in 0..2 {
-        let line = m.lines().find(|l| l.starts_with(&format!("layerwise_rank_busy_seconds_total{{rank=\"{r}\"}}"))).unwrap();
+        let line = m
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "layerwise_rank_busy_seconds_total{{rank=\"{r}\"}}"
+                ))
+            })
+            .unwrap();
         let busy: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
         assert!(busy > 0.0, "rank {r} never computed: {line}");
     }
-    assert_eq!(sched.shared.stale.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(
+        sched
+            .shared
+            .stale
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
 }
 
 #[test]
@@ -308,7 +449,13 @@ fn errors_map_to_one_status_each() {
             429,
         ),
         (Error::unavailable("starting"), 503),
-        (Error::Rank { rank: 1, msg: "boom".into() }, 500),
+        (
+            Error::Rank {
+                rank: 1,
+                msg: "boom".into(),
+            },
+            500,
+        ),
     ];
     for (e, code) in cases {
         assert_eq!(e.http_status(), code, "{e}");

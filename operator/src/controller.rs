@@ -364,7 +364,8 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
             status.queue_depth = load;
             let current = running.unwrap_or_else(|| spec.replicas.unwrap_or(a.min_replicas));
             let step = autoscaler::step(current, load, &bounds, old.scale_down_pending_since.as_ref().map(|t| t.0), now);
-            status.scale_down_pending_since = step.pending_since.map(Time);
+            // Status keeps whole seconds: round up so the stored wait never shortens the delay.
+            status.scale_down_pending_since = step.pending_since.map(|t| Time(ceil_second(t)));
             if running.is_some() && step.replicas != current {
                 let note = format!(
                     "scaled from {current} to {} replicas: {load} requests queued or running, target {} per replica",
@@ -431,6 +432,15 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     }
     write_status(ctx, dd, &status).await?;
     Ok(Action::requeue(ctx.settings.resync))
+}
+
+/// `t` rounded up to a whole second (what a `Time` in status keeps).
+fn ceil_second(t: Timestamp) -> Timestamp {
+    if t.subsec_nanosecond() == 0 {
+        t
+    } else {
+        Timestamp::from_second(t.as_second() + 1).unwrap_or(t)
+    }
 }
 
 /// Sum of queued and running requests over the deployment's running engine pods. A pod that

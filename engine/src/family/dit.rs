@@ -124,39 +124,66 @@ impl DitConfig {
     /// Rejects configurations this family implementation does not compute.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |field: &str, msg: String| Err(Error::config(path, field, msg));
-        if !matches!(self.class_name.as_str(), "DiTTransformer2DModel" | "Transformer2DModel") {
-            return bad("_class_name", format!("`{}` is not a DiT transformer", self.class_name));
+        if !matches!(
+            self.class_name.as_str(),
+            "DiTTransformer2DModel" | "Transformer2DModel"
+        ) {
+            return bad(
+                "_class_name",
+                format!("`{}` is not a DiT transformer", self.class_name),
+            );
         }
         if self.norm_type != "ada_norm_zero" {
-            return bad("norm_type", format!("`{}`: DiT uses ada_norm_zero", self.norm_type));
+            return bad(
+                "norm_type",
+                format!("`{}`: DiT uses ada_norm_zero", self.norm_type),
+            );
         }
         if !matches!(self.activation_fn.as_str(), "gelu-approximate" | "gelu") {
-            return bad("activation_fn", format!("`{}` is not supported", self.activation_fn));
+            return bad(
+                "activation_fn",
+                format!("`{}` is not supported", self.activation_fn),
+            );
         }
         if self.norm_elementwise_affine {
-            return bad("norm_elementwise_affine", "DiT blocks have no affine norm parameters".into());
+            return bad(
+                "norm_elementwise_affine",
+                "DiT blocks have no affine norm parameters".into(),
+            );
         }
         if self.num_embeds_ada_norm.unwrap_or(0) == 0 {
-            return bad("num_embeds_ada_norm", "a class-conditional DiT needs the number of classes".into());
+            return bad(
+                "num_embeds_ada_norm",
+                "a class-conditional DiT needs the number of classes".into(),
+            );
         }
         let p = self.patch();
         if p == 0 {
             return bad("patch_size", "must be at least 1".into());
         }
         if self.num_layers == 0 || self.num_attention_heads == 0 || self.attention_head_dim == 0 {
-            return bad("num_layers", "layers, heads and head width must all be at least 1".into());
+            return bad(
+                "num_layers",
+                "layers, heads and head width must all be at least 1".into(),
+            );
         }
         if self.sample_size % p != 0 {
-            return bad("sample_size", format!("{} is not a multiple of patch_size {p}", self.sample_size));
+            return bad(
+                "sample_size",
+                format!("{} is not a multiple of patch_size {p}", self.sample_size),
+            );
         }
         let out = self.out();
         if out != self.in_channels && out != 2 * self.in_channels {
             return bad(
                 "out_channels",
-                format!("{out}: must equal in_channels ({}) or twice it (learned sigma)", self.in_channels),
+                format!(
+                    "{out}: must equal in_channels ({}) or twice it (learned sigma)",
+                    self.in_channels
+                ),
             );
         }
-        if !(self.norm_eps > 0.0) {
+        if self.norm_eps.is_nan() || self.norm_eps <= 0.0 {
             return bad("norm_eps", "must be positive".into());
         }
         Ok(())
@@ -208,12 +235,18 @@ impl DitConfig {
     pub fn block_specs(&self) -> Vec<TensorSpec> {
         let d = self.hidden();
         let mut v = vec![
-            TensorSpec::new("norm1.emb.timestep_embedder.linear_1.weight", &[d, TIMESTEP_CHANNELS]),
+            TensorSpec::new(
+                "norm1.emb.timestep_embedder.linear_1.weight",
+                &[d, TIMESTEP_CHANNELS],
+            ),
             TensorSpec::new("norm1.emb.timestep_embedder.linear_1.bias", &[d]),
             TensorSpec::new("norm1.emb.timestep_embedder.linear_2.weight", &[d, d]),
             TensorSpec::new("norm1.emb.timestep_embedder.linear_2.bias", &[d]),
             // One extra row: the "null" class used for classifier-free guidance.
-            TensorSpec::new("norm1.emb.class_embedder.embedding_table.weight", &[self.num_classes() + 1, d]),
+            TensorSpec::new(
+                "norm1.emb.class_embedder.embedding_table.weight",
+                &[self.num_classes() + 1, d],
+            ),
             TensorSpec::new("norm1.linear.weight", &[6 * d, d]),
             TensorSpec::new("norm1.linear.bias", &[6 * d]),
         ];
@@ -240,7 +273,11 @@ impl DitConfig {
         let block = self.block_specs();
         for i in 0..self.num_layers {
             let pre = Self::block_prefix(i);
-            v.extend(block.iter().map(|s| TensorSpec::new(format!("{pre}{}", s.name), &s.shape)));
+            v.extend(
+                block
+                    .iter()
+                    .map(|s| TensorSpec::new(format!("{pre}{}", s.name), &s.shape)),
+            );
         }
         v
     }
@@ -264,13 +301,20 @@ mod tests {
     #[test]
     fn xl_has_the_published_parameter_count() {
         // DiT-XL/2 has 675M parameters; diffusers' layout repeats the embedder per block.
-        let n: usize = DitConfig::xl().all_specs().iter().map(TensorSpec::numel).sum();
+        let n: usize = DitConfig::xl()
+            .all_specs()
+            .iter()
+            .map(TensorSpec::numel)
+            .sum();
         assert!(n > 670_000_000 && n < 700_000_000 * 2, "{n}");
     }
 
     #[test]
     fn block_of_parses_indices() {
-        assert_eq!(DitConfig::block_of("transformer_blocks.12.attn1.to_q.weight"), Some(12));
+        assert_eq!(
+            DitConfig::block_of("transformer_blocks.12.attn1.to_q.weight"),
+            Some(12)
+        );
         assert_eq!(DitConfig::block_of("proj_out_1.weight"), None);
         assert_eq!(DitConfig::block_of("transformer_blocks.x.y"), None);
     }

@@ -39,7 +39,11 @@ impl Model {
     pub fn open(root: &Path) -> Result<Model> {
         let checkpoint = DitCheckpoint::open(root)?;
         let sched_path = checkpoint.folder.scheduler_config();
-        let scheduler = if sched_path.is_file() { DdimConfig::load(&sched_path)? } else { DdimConfig::dit() };
+        let scheduler = if sched_path.is_file() {
+            DdimConfig::load(&sched_path)?
+        } else {
+            DdimConfig::dit()
+        };
         let transformer = Mapped::map(checkpoint.transformer.clone())?;
         let vae = Mapped::map(checkpoint.vae.clone())?;
         Ok(Model {
@@ -62,13 +66,29 @@ impl Model {
     /// The block layout for `dp` ranks.
     pub fn layout(&self, dp: usize) -> Result<ModelLayout> {
         let cfg = self.config();
-        ModelLayout::new(&self.checkpoint.transformer, &cfg.block_specs(), cfg.num_layers, DitConfig::block_prefix, dp)
+        ModelLayout::new(
+            &self.checkpoint.transformer,
+            &cfg.block_specs(),
+            cfg.num_layers,
+            DitConfig::block_prefix,
+            dp,
+        )
     }
 
     /// Names and bytes of the VAE decoder's weights.
     pub fn vae_decoder_weights(&self) -> (Vec<String>, u64) {
-        let names = self.vae.component.index.keys().filter(|n| n.starts_with("decoder.") || n.starts_with("post_quant_conv.")).cloned().collect::<Vec<_>>();
-        let bytes = names.iter().map(|n| self.vae.component.get(n).map_or(0, |(_, t)| t.len)).sum();
+        let names = self
+            .vae
+            .component
+            .index
+            .keys()
+            .filter(|n| n.starts_with("decoder.") || n.starts_with("post_quant_conv."))
+            .cloned()
+            .collect::<Vec<_>>();
+        let bytes = names
+            .iter()
+            .map(|n| self.vae.component.get(n).map_or(0, |(_, t)| t.len))
+            .sum();
         (names, bytes)
     }
 
@@ -80,15 +100,24 @@ impl Model {
     }
 
     /// Loads named tensors from a mapping into f32 device tensors.
-    pub(crate) fn load(mapped: &Mapped, names: impl Iterator<Item = String>, device: &Device) -> Result<HashMap<String, Tensor>> {
+    pub(crate) fn load(
+        mapped: &Mapped,
+        names: impl Iterator<Item = String>,
+        device: &Device,
+    ) -> Result<HashMap<String, Tensor>> {
         let mut out = HashMap::new();
         for name in names {
-            let (h, info) = mapped
-                .component
-                .get(&name)
-                .ok_or_else(|| Error::tensor(&mapped.component.dir, &name, "missing from the checkpoint"))?;
+            let (h, info) = mapped.component.get(&name).ok_or_else(|| {
+                Error::tensor(&mapped.component.dir, &name, "missing from the checkpoint")
+            })?;
             let bytes = mapped.bytes(&name).expect("indexed tensor");
-            let t = Tensor::from_raw_buffer(bytes, candle_dtype(info.dtype).map_err(|e| Error::tensor(&h.path, &name, e.to_string()))?, &info.shape, device)?;
+            let t = Tensor::from_raw_buffer(
+                bytes,
+                candle_dtype(info.dtype)
+                    .map_err(|e| Error::tensor(&h.path, &name, e.to_string()))?,
+                &info.shape,
+                device,
+            )?;
             out.insert(name, t.to_dtype(DType::F32)?);
         }
         Ok(out)
@@ -192,7 +221,9 @@ impl Active {
 /// Seeded Gaussian latents [1, C, h, w].
 pub fn seeded_latents(seed: u64, c: usize, h: usize, w: usize, device: &Device) -> Result<Tensor> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let v: Vec<f32> = (0..c * h * w).map(|_| StandardNormal.sample(&mut rng)).collect();
+    let v: Vec<f32> = (0..c * h * w)
+        .map(|_| StandardNormal.sample(&mut rng))
+        .collect();
     Ok(Tensor::from_vec(v, (1, c, h, w), device)?)
 }
 
@@ -203,20 +234,41 @@ impl Model {
         let unit = self.upscale() * cfg.patch();
         for (field, v) in [("width", r.width), ("height", r.height)] {
             if v == 0 || v % unit != 0 {
-                return Err(Error::invalid(field, format!("{v}: must be a positive multiple of {unit}")));
+                return Err(Error::invalid(
+                    field,
+                    format!("{v}: must be a positive multiple of {unit}"),
+                ));
             }
         }
         if r.class_label as usize >= cfg.num_classes() {
-            return Err(Error::invalid("class_label", format!("{}: this model has classes 0..{}", r.class_label, cfg.num_classes() - 1)));
+            return Err(Error::invalid(
+                "class_label",
+                format!(
+                    "{}: this model has classes 0..{}",
+                    r.class_label,
+                    cfg.num_classes() - 1
+                ),
+            ));
         }
         if !(r.guidance.is_finite() && r.guidance >= 0.0) {
-            return Err(Error::invalid("guidance", format!("{}: must be a finite number ≥ 0", r.guidance)));
+            return Err(Error::invalid(
+                "guidance",
+                format!("{}: must be a finite number ≥ 0", r.guidance),
+            ));
         }
         Ddim::new(self.scheduler.clone(), r.steps)?;
         if let Some(l) = &r.init_latents {
-            let want = [1, cfg.in_channels, r.height / self.upscale(), r.width / self.upscale()];
+            let want = [
+                1,
+                cfg.in_channels,
+                r.height / self.upscale(),
+                r.width / self.upscale(),
+            ];
             if l.dims() != want {
-                return Err(Error::invalid("init_latents", format!("shape {:?}, expected {want:?}", l.dims())));
+                return Err(Error::invalid(
+                    "init_latents",
+                    format!("shape {:?}, expected {want:?}", l.dims()),
+                ));
             }
         }
         Ok(())
@@ -245,14 +297,22 @@ impl Model {
         let t = a.ddim.timesteps[a.step];
         let cfg = a.req.guidance > 1.0;
         let (input, labels) = if cfg {
-            (Tensor::cat(&[&a.latents, &a.latents], 0)?, vec![a.req.class_label, self.config().num_classes() as u32])
+            (
+                Tensor::cat(&[&a.latents, &a.latents], 0)?,
+                vec![a.req.class_label, self.config().num_classes() as u32],
+            )
         } else {
             (a.latents.clone(), vec![a.req.class_label])
         };
         dit.prologue(&input, t as f32, &labels)
     }
 
-    pub(crate) fn finish_step(&self, dit: &Dit, a: &mut Active, st: super::dit::DitState) -> Result<()> {
+    pub(crate) fn finish_step(
+        &self,
+        dit: &Dit,
+        a: &mut Active,
+        st: super::dit::DitState,
+    ) -> Result<()> {
         let c = self.config().in_channels;
         let out = dit.epilogue(st)?;
         let eps = out.narrow(1, 0, c)?;
@@ -269,7 +329,11 @@ impl Model {
     }
 
     /// Generates `requests` with `opts`; outputs come back in request order.
-    pub fn run(&self, requests: Vec<Request>, opts: &EngineOptions) -> Result<(Vec<Output>, RunStats)> {
+    pub fn run(
+        &self,
+        requests: Vec<Request>,
+        opts: &EngineOptions,
+    ) -> Result<(Vec<Output>, RunStats)> {
         if opts.dp == 0 {
             return Err(Error::invalid("dp", "must be at least 1"));
         }
@@ -309,7 +373,11 @@ impl Model {
             dp: opts.dp,
             slots: opts.slots,
             wall_seconds: wall.as_secs_f64(),
-            step_seconds: if steps > 0 { step_time.as_secs_f64() / steps as f64 } else { 0.0 },
+            step_seconds: if steps > 0 {
+                step_time.as_secs_f64() / steps as f64
+            } else {
+                0.0
+            },
             stall_seconds: stall.as_secs_f64(),
             stall_fraction: if steps > 0 && step_time > Duration::ZERO {
                 stall.as_secs_f64() / (step_time.as_secs_f64() / ranks.len() as f64).max(1e-9)
@@ -321,7 +389,8 @@ impl Model {
             peak_device_bytes: ranks.iter().map(|r| r.peak).max().unwrap_or(0),
             peak_device_bytes_by_kind: by_kind,
             peak_anon_rss_bytes: rss.peak(),
-            checkpoint_bytes: self.checkpoint.transformer.tensor_bytes() + self.checkpoint.vae.tensor_bytes(),
+            checkpoint_bytes: self.checkpoint.transformer.tensor_bytes()
+                + self.checkpoint.vae.tensor_bytes(),
             largest_padded_block_bytes: self.layout(opts.dp)?.largest_padded_block(),
             images: outputs.len(),
         };
@@ -340,7 +409,10 @@ impl WorkSource for FixedSource {
     fn take(&self, rank: usize) -> Result<Taken> {
         let mut q = self.queues[rank].lock().expect("source lock");
         let work = q.pop_front().map(|(i, req)| Work {
-            key: WorkKey { id: i as u64, index: 0 },
+            key: WorkKey {
+                id: i as u64,
+                index: 0,
+            },
             req,
             cancel: None,
         });
@@ -358,7 +430,11 @@ impl WorkSource for FixedSource {
     }
     fn finished(&self, _rank: usize, key: WorkKey, out: Result<Output>) {
         match out {
-            Ok(o) => self.outputs.lock().expect("source lock").push((key.id as usize, o)),
+            Ok(o) => self
+                .outputs
+                .lock()
+                .expect("source lock")
+                .push((key.id as usize, o)),
             Err(e) => {
                 self.error.lock().expect("source lock").get_or_insert(e);
             }

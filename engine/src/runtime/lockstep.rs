@@ -93,7 +93,10 @@ impl Coordinator {
         let mut s = self.state.lock().expect("coordinator lock");
         let fail = |s: &State| Error::Rank {
             rank,
-            msg: format!("pass coordinator abandoned: {}", s.poisoned.as_deref().unwrap_or("")),
+            msg: format!(
+                "pass coordinator abandoned: {}",
+                s.poisoned.as_deref().unwrap_or("")
+            ),
         };
         if s.poisoned.is_some() {
             return Err(fail(&s));
@@ -101,7 +104,11 @@ impl Coordinator {
         let round = s.round;
         s.arrived[rank] = Some(flags);
         if s.arrived.iter().all(Option::is_some) {
-            let all: Vec<Flags> = s.arrived.iter_mut().map(|f| f.take().expect("arrived")).collect();
+            let all: Vec<Flags> = s
+                .arrived
+                .iter_mut()
+                .map(|f| f.take().expect("arrived"))
+                .collect();
             let d = Decision::combine(&all);
             s.last = Some(d);
             s.round += 1;
@@ -118,8 +125,12 @@ impl Coordinator {
             }
             let left = self.timeout.saturating_sub(start.elapsed());
             if left.is_zero() {
-                let missing: Vec<usize> = (0..self.size).filter(|&q| s.arrived[q].is_none()).collect();
-                let why = format!("rank {rank} waited {:?} at a pass boundary (ranks not arrived: {missing:?})", self.timeout);
+                let missing: Vec<usize> =
+                    (0..self.size).filter(|&q| s.arrived[q].is_none()).collect();
+                let why = format!(
+                    "rank {rank} waited {:?} at a pass boundary (ranks not arrived: {missing:?})",
+                    self.timeout
+                );
                 s.poisoned = Some(why.clone());
                 self.cv.notify_all();
                 return Err(Error::Rank { rank, msg: why });
@@ -149,9 +160,15 @@ mod tests {
         assert!(d.run && !d.next_pass && !d.exit);
         assert_eq!(d.generation, 3);
         let d = Decision::combine(&[f(false, true, false, 1), f(true, false, false, 1)]);
-        assert!(d.next_pass, "one rank expecting more work prefetches for all");
+        assert!(
+            d.next_pass,
+            "one rank expecting more work prefetches for all"
+        );
         let d = Decision::combine(&[f(false, true, false, 1), f(false, false, true, 1)]);
-        assert!(!d.run && !d.next_pass && !d.exit, "no prefetch when no pass runs");
+        assert!(
+            !d.run && !d.next_pass && !d.exit,
+            "no prefetch when no pass runs"
+        );
         assert!(Decision::combine(&[f(false, false, true, 0), f(false, false, true, 0)]).exit);
     }
 
@@ -161,12 +178,18 @@ mod tests {
         let hs: Vec<_> = (0..3)
             .map(|r| {
                 let c = c.clone();
-                std::thread::spawn(move || (0..50).map(|i| c.sync(r, f(r == i % 3, r == 1, r == 2, r as u64)).unwrap()).collect::<Vec<_>>())
+                std::thread::spawn(move || {
+                    (0..50)
+                        .map(|i| c.sync(r, f(r == i % 3, r == 1, r == 2, r as u64)).unwrap())
+                        .collect::<Vec<_>>()
+                })
             })
             .collect();
         let out: Vec<Vec<Decision>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
         assert!(out.iter().all(|o| o == &out[0]));
-        assert!(out[0].iter().all(|d| d.run && d.next_pass && d.generation == 0));
+        assert!(out[0]
+            .iter()
+            .all(|d| d.run && d.next_pass && d.generation == 0));
     }
 
     #[test]
@@ -174,6 +197,9 @@ mod tests {
         let c = Coordinator::new(2, Duration::from_millis(50));
         let e = c.sync(0, f(true, false, false, 0)).unwrap_err().to_string();
         assert!(e.contains("ranks not arrived: [1]"), "{e}");
-        assert!(c.sync(1, f(true, false, false, 0)).is_err(), "poisoned for the rest");
+        assert!(
+            c.sync(1, f(true, false, false, 0)).is_err(),
+            "poisoned for the rest"
+        );
     }
 }

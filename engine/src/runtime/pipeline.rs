@@ -45,7 +45,12 @@ pub fn candle_dtype(d: Dtype) -> Result<DType> {
         Dtype::F32 => DType::F32,
         Dtype::F16 => DType::F16,
         Dtype::BF16 => DType::BF16,
-        other => return Err(Error::invalid("dtype", format!("{other:?} weights are not supported"))),
+        other => {
+            return Err(Error::invalid(
+                "dtype",
+                format!("{other:?} weights are not supported"),
+            ))
+        }
     })
 }
 
@@ -61,7 +66,9 @@ impl BlockWeights {
             let buf = &buffers[t.group];
             let esz = buf.dtype().size_in_bytes() as u64;
             let numel: usize = t.shape.iter().product();
-            let v = buf.narrow(0, (t.offset / esz) as usize, numel)?.reshape(t.shape.as_slice())?;
+            let v = buf
+                .narrow(0, (t.offset / esz) as usize, numel)?
+                .reshape(t.shape.as_slice())?;
             tensors.insert(t.name.clone(), v);
         }
         Ok(BlockWeights { tensors })
@@ -70,10 +77,9 @@ impl BlockWeights {
 
 impl Weights for BlockWeights {
     fn get(&self, name: &str) -> Result<Tensor> {
-        let t = self
-            .tensors
-            .get(name)
-            .ok_or_else(|| Error::invalid("block weights", format!("no tensor `{name}` in this block")))?;
+        let t = self.tensors.get(name).ok_or_else(|| {
+            Error::invalid("block weights", format!("no tensor `{name}` in this block"))
+        })?;
         Ok(t.to_dtype(DType::F32)?)
     }
 }
@@ -134,17 +140,31 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
     ) -> Result<Self> {
         let (rank, dp) = (comm.rank(), comm.size());
         if layout.dp != dp {
-            return Err(Error::invalid("dp", format!("layout is for dp={} but the group has {dp} ranks", layout.dp)));
+            return Err(Error::invalid(
+                "dp",
+                format!(
+                    "layout is for dp={} but the group has {dp} ranks",
+                    layout.dp
+                ),
+            ));
         }
         if opts.strategy.streams() && opts.slots < 2 {
-            return Err(Error::invalid("slots", format!("{}: streaming needs at least 2 slots", opts.slots)));
+            return Err(Error::invalid(
+                "slots",
+                format!("{}: streaming needs at least 2 slots", opts.slots),
+            ));
         }
-        let dtypes = layout.groups.iter().map(|d| candle_dtype(*d)).collect::<Result<Vec<_>>>()?;
+        let dtypes = layout
+            .groups
+            .iter()
+            .map(|d| candle_dtype(*d))
+            .collect::<Result<Vec<_>>>()?;
         let mut allocs = Vec::new();
-        let mut alloc = |kind: &'static str, what: String, dtype: DType, bytes: u64| -> Result<Tensor> {
-            allocs.push(budget.charge(kind, &what, bytes)?);
-            backend.alloc(dtype, bytes)
-        };
+        let mut alloc =
+            |kind: &'static str, what: String, dtype: DType, bytes: u64| -> Result<Tensor> {
+                allocs.push(budget.charge(kind, &what, bytes)?);
+                backend.alloc(dtype, bytes)
+            };
         let mut slots = Vec::new();
         let mut store = Vec::new();
         let mut resident = Vec::new();
@@ -155,7 +175,14 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                         .groups
                         .iter()
                         .enumerate()
-                        .map(|(g, grp)| alloc("resident_blocks", format!("block {} weights", b.index), dtypes[g], grp.padded))
+                        .map(|(g, grp)| {
+                            alloc(
+                                "resident_blocks",
+                                format!("block {} weights", b.index),
+                                dtypes[g],
+                                grp.padded,
+                            )
+                        })
                         .collect::<Result<Vec<_>>>()?;
                     resident.push(bufs);
                 }
@@ -178,18 +205,24 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 if opts.strategy == Strategy::Sharded {
                     for (g, &cap) in layout.group_capacity.iter().enumerate() {
                         let bytes = cap / dp as u64 * layout.blocks.len() as u64;
-                        store.push(alloc("resident_shards", format!("shard store ({:?})", layout.groups[g]), dtypes[g], bytes)?);
+                        store.push(alloc(
+                            "resident_shards",
+                            format!("shard store ({:?})", layout.groups[g]),
+                            dtypes[g],
+                            bytes,
+                        )?);
                     }
                 }
             }
         }
-        drop(alloc);
         let copy = match opts.strategy {
             Strategy::Sharded => None,
             _ => Some(backend.new_stream(&format!("copy-r{rank}"))?),
         };
         let gather = match opts.strategy {
-            Strategy::Sharded | Strategy::OffloadSharded => Some(backend.new_stream(&format!("gather-r{rank}"))?),
+            Strategy::Sharded | Strategy::OffloadSharded => {
+                Some(backend.new_stream(&format!("gather-r{rank}"))?)
+            }
             _ => None,
         };
         let mut p = Pipeline {
@@ -228,15 +261,23 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 } else {
                     // Rank r's shard of block b lands at b × (capacity / dp) in the store.
                     let cap = self.layout.group_capacity[g] / self.layout.dp as u64;
-                    let shift = |p: Piece| Piece { dst: p.dst - rank as u64 * grp.shard + b.index as u64 * cap, ..p };
-                    (&self.store[g], grp.shard_pieces(rank).into_iter().map(shift).collect())
+                    let shift = |p: Piece| Piece {
+                        dst: p.dst - rank as u64 * grp.shard + b.index as u64 * cap,
+                        ..p
+                    };
+                    (
+                        &self.store[g],
+                        grp.shard_pieces(rank).into_iter().map(shift).collect(),
+                    )
                 };
                 self.backend.copy_to_device(stream, dst, &self.mapped, runs);
             }
         }
         let done = self.backend.new_event();
         self.backend.record(stream, &done);
-        self.backend.compute_wait(&done).map_err(|e| self.rank_error(e))?;
+        self.backend
+            .compute_wait(&done)
+            .map_err(|e| self.rank_error(e))?;
         Ok(())
     }
 
@@ -276,11 +317,22 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 be.copy_to_device(copy, &slot.buffers[g], &self.mapped, runs);
             }
             self.span_end(copy, span, Lane::Copy, block);
-            let done = if self.gather.is_some() { &slot.loaded } else { &slot.ready };
+            let done = if self.gather.is_some() {
+                &slot.loaded
+            } else {
+                &slot.ready
+            };
             be.record(copy, done);
         }
         if let Some(gather) = &self.gather {
-            be.wait(gather, if self.copy.is_some() { &slot.loaded } else { &slot.free });
+            be.wait(
+                gather,
+                if self.copy.is_some() {
+                    &slot.loaded
+                } else {
+                    &slot.free
+                },
+            );
             if let Some(h) = &self.opts.hook {
                 let h = h.clone();
                 be.host_fn(gather, Box::new(move || h(Stage::Gather)));
@@ -297,7 +349,8 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                     GatherSource::InPlace
                 };
                 self.stats.bytes_gathered += grp.shard * (dp as u64 - 1);
-                self.comm.all_gather(gather, &slot.buffers[g], grp.shard, src);
+                self.comm
+                    .all_gather(gather, &slot.buffers[g], grp.shard, src);
             }
             self.span_end(gather, span, Lane::Gather, block);
             be.record(gather, &slot.ready);
@@ -309,7 +362,10 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         let t = self.opts.trace.as_ref()?;
         let (t, cell) = (t.clone(), Arc::new(AtomicU64::new(0)));
         let c = cell.clone();
-        self.backend.host_fn(stream, Box::new(move || c.store(t.now_us().to_bits(), Ordering::Relaxed)));
+        self.backend.host_fn(
+            stream,
+            Box::new(move || c.store(t.now_us().to_bits(), Ordering::Relaxed)),
+        );
         Some(cell)
     }
 
@@ -319,15 +375,28 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
             return;
         };
         let rank = self.comm.rank();
-        self.backend
-            .host_fn(stream, Box::new(move || t.record(rank, lane, block, f64::from_bits(cell.load(Ordering::Relaxed)))));
+        self.backend.host_fn(
+            stream,
+            Box::new(move || {
+                t.record(
+                    rank,
+                    lane,
+                    block,
+                    f64::from_bits(cell.load(Ordering::Relaxed)),
+                )
+            }),
+        );
     }
 
     /// Runs one pass over every block in order, calling `f(block, weights)` for each.
     /// `next_pass` says whether another pass follows, so its first blocks can be
     /// prefetched while this pass's last blocks compute. Every rank of the group must
     /// make the same sequence of calls (lockstep by block index).
-    pub fn pass(&mut self, next_pass: bool, mut f: impl FnMut(usize, &dyn Weights) -> Result<()>) -> Result<()> {
+    pub fn pass(
+        &mut self,
+        next_pass: bool,
+        mut f: impl FnMut(usize, &dyn Weights) -> Result<()>,
+    ) -> Result<()> {
         let l = self.layout.blocks.len();
         if self.opts.strategy == Strategy::Resident {
             for i in 0..l {

@@ -74,7 +74,8 @@ pub trait WorkSource: Sync {
     /// `rank` has its pipeline and can serve.
     fn ready(&self, _rank: usize) {}
     /// `key` has finished step `step` of `total`.
-    fn step_done(&self, _rank: usize, _key: WorkKey, _step: usize, _total: usize, _took: Duration) {}
+    fn step_done(&self, _rank: usize, _key: WorkKey, _step: usize, _total: usize, _took: Duration) {
+    }
     /// `rank` has finished a pass.
     fn pass_done(&self, _rank: usize, _report: &PassReport) {}
     /// `key` is done: its output, or why not (a failure of its own, or cancellation).
@@ -110,7 +111,8 @@ impl Model {
                 .comms()
                 .into_iter()
                 .map(|comm| {
-                    let (backend, layout, group, coord) = (backend.clone(), layout.clone(), group.clone(), &coord);
+                    let (backend, layout, group, coord) =
+                        (backend.clone(), layout.clone(), group.clone(), &coord);
                     let span = tracing::info_span!("rank", rank = comm.rank());
                     std::thread::Builder::new()
                         .name(format!("rank-{}", comm.rank()))
@@ -129,7 +131,10 @@ impl Model {
                         .expect("spawn rank thread")
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank thread panicked"))
+                .collect()
         });
         let mut ranks = Vec::new();
         let mut errors = Vec::new();
@@ -140,7 +145,10 @@ impl Model {
             }
         }
         if !errors.is_empty() {
-            let root = errors.iter().position(|e| !e.to_string().contains("abandoned")).unwrap_or(0);
+            let root = errors
+                .iter()
+                .position(|e| !e.to_string().contains("abandoned"))
+                .unwrap_or(0);
             return Err(errors.swap_remove(root));
         }
         Ok(ranks)
@@ -161,8 +169,21 @@ impl Model {
         let cfg = self.config().clone();
         let resident_names = cfg.resident_specs().into_iter().map(|s| s.name);
         let resident = Model::load(&self.transformer, resident_names, &dev)?;
-        let resident_bytes = cfg.resident_specs().iter().map(|s| self.transformer.component.get(&s.name).map_or(0, |(_, t)| t.len)).sum();
-        let _resident_alloc = budget.charge("resident_outside_blocks", "patch embedding and final layer", resident_bytes)?;
+        let resident_bytes = cfg
+            .resident_specs()
+            .iter()
+            .map(|s| {
+                self.transformer
+                    .component
+                    .get(&s.name)
+                    .map_or(0, |(_, t)| t.len)
+            })
+            .sum();
+        let _resident_alloc = budget.charge(
+            "resident_outside_blocks",
+            "patch embedding and final layer",
+            resident_bytes,
+        )?;
         let (vae, _vae_alloc) = if opts.decode {
             let (_, bytes) = self.vae_decoder_weights();
             let alloc = budget.charge("vae", "VAE decoder", bytes)?;
@@ -189,8 +210,16 @@ impl Model {
         let (mut step_time, mut steps) = (Duration::ZERO, 0usize);
         loop {
             // Step boundary: drop cancelled work, then take new work if free.
-            if let Some(a) = active.take_if(|a| a.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed))) {
-                source.finished(rank, a.key, Err(Error::Conflict { what: format!("request {} was cancelled", a.key.id) }));
+            if let Some(a) =
+                active.take_if(|a| a.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)))
+            {
+                source.finished(
+                    rank,
+                    a.key,
+                    Err(Error::Conflict {
+                        what: format!("request {} was cancelled", a.key.id),
+                    }),
+                );
             }
             let (mut generation, mut closed) = (u64::MAX, false);
             while active.is_none() {
@@ -203,7 +232,8 @@ impl Model {
                     Err(e) => source.finished(rank, key, Err(e)),
                 }
             }
-            let more = active.as_ref().is_some_and(|a| a.step + 1 < a.total()) || source.pending(rank);
+            let more =
+                active.as_ref().is_some_and(|a| a.step + 1 < a.total()) || source.pending(rank);
             let d = coord.sync(
                 rank,
                 Flags {
@@ -224,7 +254,11 @@ impl Model {
             // A request's own failure ends that request, never the pass: the rank keeps
             // joining the collectives so its peers are not disturbed.
             let mut failure: Option<Error> = None;
-            let mut state = match active.as_ref().map(|a| self.prepare_step(&dit, a)).transpose() {
+            let mut state = match active
+                .as_ref()
+                .map(|a| self.prepare_step(&dit, a))
+                .transpose()
+            {
                 Ok(s) => s,
                 Err(e) => {
                     failure = Some(e);
@@ -261,10 +295,20 @@ impl Model {
                         source.step_done(rank, a.key, a.step, a.total(), took);
                         if a.step == a.total() {
                             let image = match &vae {
-                                Some(v) => v.decode(&a.latents).and_then(|i| Ok(i.squeeze(0)?)).map(Some),
+                                Some(v) => v
+                                    .decode(&a.latents)
+                                    .and_then(|i| Ok(i.squeeze(0)?))
+                                    .map(Some),
                                 None => Ok(None),
                             };
-                            source.finished(rank, a.key, image.map(|image| Output { latents: a.latents, image }));
+                            source.finished(
+                                rank,
+                                a.key,
+                                image.map(|image| Output {
+                                    latents: a.latents,
+                                    image,
+                                }),
+                            );
                         } else {
                             active = Some(a);
                         }

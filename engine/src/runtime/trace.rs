@@ -161,9 +161,13 @@ impl Trace {
     pub fn write(&self, path: &Path) -> Result<()> {
         let dropped = self.dropped.load(Ordering::Relaxed);
         if dropped > 0 {
-            tracing::warn!(dropped, "trace capacity reached; later spans were not recorded");
+            tracing::warn!(
+                dropped,
+                "trace capacity reached; later spans were not recorded"
+            );
         }
-        let json = serde_json::to_vec(&self.to_file()).map_err(|e| Error::invalid("trace", e.to_string()))?;
+        let json = serde_json::to_vec(&self.to_file())
+            .map_err(|e| Error::invalid("trace", e.to_string()))?;
         std::fs::write(path, json).map_err(|e| Error::io(path, e))
     }
 }
@@ -184,7 +188,10 @@ mod tests {
         assert_eq!(x.len(), 2, "capacity bounds the spans");
         assert_eq!(x[0].tid, 3 + 1);
         assert_eq!(x[0].name, "gather b3");
-        assert!(f.trace_events.iter().any(|e| e.ph == "M" && e.args["name"] == "rank 1 gather"));
+        assert!(f
+            .trace_events
+            .iter()
+            .any(|e| e.ph == "M" && e.args["name"] == "rank 1 gather"));
         let back: TraceFile = serde_json::from_str(&serde_json::to_string(&f).unwrap()).unwrap();
         assert_eq!(back.trace_events.len(), f.trace_events.len());
     }

@@ -62,8 +62,19 @@ pub fn app(state: AppState) -> Router {
 }
 
 async fn healthz(State(s): State<AppState>) -> Response {
-    match s.scheduler.shared.failed.lock().expect("shared lock").as_ref() {
-        Some(f) => (StatusCode::INTERNAL_SERVER_ERROR, format!("engine failed: {f}\n")).into_response(),
+    match s
+        .scheduler
+        .shared
+        .failed
+        .lock()
+        .expect("shared lock")
+        .as_ref()
+    {
+        Some(f) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("engine failed: {f}\n"),
+        )
+            .into_response(),
         None => "ok\n".into_response(),
     }
 }
@@ -75,11 +86,22 @@ async fn readyz(State(s): State<AppState>) -> Result<&'static str, ApiError> {
 
 async fn metrics(State(s): State<AppState>) -> Response {
     let body = s.scheduler.shared.metrics.render();
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
 }
 
 async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], include_str!("openapi.json")).into_response()
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        include_str!("openapi.json"),
+    )
+        .into_response()
 }
 
 fn body(b: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
@@ -99,20 +121,42 @@ fn field<'a>(o: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
 fn uint(o: &Map<String, Value>, name: &str, default: u64) -> Result<u64, Error> {
     match field(o, name) {
         None => Ok(default),
-        Some(v) => v.as_u64().ok_or_else(|| Error::invalid(name, format!("{v}: expected a non-negative integer"))),
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| Error::invalid(name, format!("{v}: expected a non-negative integer"))),
     }
 }
 
 /// Parses and checks a generation request: field by field, then against the server's
 /// bounds, then against the model. Returns one `Request` per image.
-pub fn parse(bytes: &[u8], model: &Model, b: &Bounds) -> Result<(Vec<Request>, ResponseFormat), Error> {
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| Error::BadRequest { msg: format!("body is not JSON: {e}") })?;
+pub fn parse(
+    bytes: &[u8],
+    model: &Model,
+    b: &Bounds,
+) -> Result<(Vec<Request>, ResponseFormat), Error> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| Error::BadRequest {
+        msg: format!("body is not JSON: {e}"),
+    })?;
     let Value::Object(o) = v else {
-        return Err(Error::BadRequest { msg: "body must be a JSON object".into() });
+        return Err(Error::BadRequest {
+            msg: "body must be a JSON object".into(),
+        });
     };
-    const KNOWN: [&str; 8] = ["class_label", "prompt", "n", "size", "steps", "guidance", "seed", "response_format"];
+    const KNOWN: [&str; 8] = [
+        "class_label",
+        "prompt",
+        "n",
+        "size",
+        "steps",
+        "guidance",
+        "seed",
+        "response_format",
+    ];
     if let Some(k) = o.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-        return Err(Error::invalid(k.as_str(), format!("unknown field; expected one of {}", KNOWN.join(", "))));
+        return Err(Error::invalid(
+            k.as_str(),
+            format!("unknown field; expected one of {}", KNOWN.join(", ")),
+        ));
     }
     let classes = model.config().num_classes();
     if field(&o, "prompt").is_some() {
@@ -122,36 +166,77 @@ pub fn parse(bytes: &[u8], model: &Model, b: &Bounds) -> Result<(Vec<Request>, R
         ));
     }
     let class_label = match field(&o, "class_label") {
-        None => return Err(Error::invalid("class_label", format!("required: the class to draw (0..{})", classes - 1))),
-        Some(v) => v.as_u64().filter(|&c| c <= u32::MAX as u64).ok_or_else(|| Error::invalid("class_label", format!("{v}: expected a non-negative integer")))? as u32,
+        None => {
+            return Err(Error::invalid(
+                "class_label",
+                format!("required: the class to draw (0..{})", classes - 1),
+            ))
+        }
+        Some(v) => v
+            .as_u64()
+            .filter(|&c| c <= u32::MAX as u64)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "class_label",
+                    format!("{v}: expected a non-negative integer"),
+                )
+            })? as u32,
     };
     let n = uint(&o, "n", 1)? as usize;
     if n == 0 || n > b.max_n {
-        return Err(Error::invalid("n", format!("{n}: this server generates 1..={} images per request", b.max_n)));
+        return Err(Error::invalid(
+            "n",
+            format!(
+                "{n}: this server generates 1..={} images per request",
+                b.max_n
+            ),
+        ));
     }
     let native = model.config().sample_size * model.upscale();
     let (width, height) = match field(&o, "size") {
         None => (native, native),
         Some(Value::String(s)) => parse_size(s)?,
-        Some(v) => return Err(Error::invalid("size", format!("{v}: expected a string \"WxH\""))),
+        Some(v) => {
+            return Err(Error::invalid(
+                "size",
+                format!("{v}: expected a string \"WxH\""),
+            ))
+        }
     };
     if width > b.max_size || height > b.max_size {
-        return Err(Error::invalid("size", format!("{width}x{height}: this server allows at most {0}x{0}", b.max_size)));
+        return Err(Error::invalid(
+            "size",
+            format!(
+                "{width}x{height}: this server allows at most {0}x{0}",
+                b.max_size
+            ),
+        ));
     }
     let steps = uint(&o, "steps", 25.min(b.max_steps) as u64)? as usize;
     if steps == 0 || steps > b.max_steps {
-        return Err(Error::invalid("steps", format!("{steps}: this server allows 1..={} steps", b.max_steps)));
+        return Err(Error::invalid(
+            "steps",
+            format!("{steps}: this server allows 1..={} steps", b.max_steps),
+        ));
     }
     let guidance = match field(&o, "guidance") {
         None => 4.0,
-        Some(v) => v.as_f64().ok_or_else(|| Error::invalid("guidance", format!("{v}: expected a number")))? as f32,
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| Error::invalid("guidance", format!("{v}: expected a number")))?
+            as f32,
     };
     let seed = uint(&o, "seed", 0)?;
     let format = match field(&o, "response_format") {
         None => ResponseFormat::B64Json,
         Some(Value::String(s)) if s == "b64_json" => ResponseFormat::B64Json,
         Some(Value::String(s)) if s == "url" => ResponseFormat::Url,
-        Some(v) => return Err(Error::invalid("response_format", format!("{v}: expected \"b64_json\" or \"url\""))),
+        Some(v) => {
+            return Err(Error::invalid(
+                "response_format",
+                format!("{v}: expected \"b64_json\" or \"url\""),
+            ))
+        }
     };
     let requests: Vec<Request> = (0..n)
         .map(|i| Request {
@@ -166,7 +251,9 @@ pub fn parse(bytes: &[u8], model: &Model, b: &Bounds) -> Result<(Vec<Request>, R
         .collect();
     for r in &requests {
         model.validate(r).map_err(|e| match e {
-            Error::Invalid { field, msg } if field == "width" || field == "height" => Error::invalid("size", format!("{field} {msg}")),
+            Error::Invalid { field, msg } if field == "width" || field == "height" => {
+                Error::invalid("size", format!("{field} {msg}"))
+            }
             other => other,
         })?;
     }
@@ -176,7 +263,10 @@ pub fn parse(bytes: &[u8], model: &Model, b: &Bounds) -> Result<(Vec<Request>, R
 fn parse_size(s: &str) -> Result<(usize, usize), Error> {
     let bad = || Error::invalid("size", format!("`{s}`: expected \"WxH\", e.g. \"256x256\""));
     let (w, h) = s.split_once(['x', 'X']).ok_or_else(bad)?;
-    Ok((w.trim().parse().map_err(|_| bad())?, h.trim().parse().map_err(|_| bad())?))
+    Ok((
+        w.trim().parse().map_err(|_| bad())?,
+        h.trim().parse().map_err(|_| bad())?,
+    ))
 }
 
 /// Cancels a synchronous request's job when its client goes away before it finishes.
@@ -194,14 +284,19 @@ impl Drop for CancelOnDrop {
 }
 
 fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn result_url(id: u64, index: usize) -> String {
     format!("/v1/jobs/{}/result?index={index}", format_id(id))
 }
 
-async fn generate(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn generate(
+    State(s): State<AppState>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     s.scheduler.shared.ready()?;
     let bytes = body(b, s.bounds.body_limit)?;
     let (requests, format) = parse(&bytes, &s.model, &s.bounds)?;
@@ -229,24 +324,43 @@ async fn generate(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -
             }
         }
     }
-    Ok(Json(json!({ "created": now_unix(), "id": format_id(id), "data": data, "timings": status })).into_response())
+    Ok(
+        Json(
+            json!({ "created": now_unix(), "id": format_id(id), "data": data, "timings": status }),
+        )
+        .into_response(),
+    )
 }
 
-async fn submit_job(State(s): State<AppState>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn submit_job(
+    State(s): State<AppState>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     s.scheduler.shared.ready()?;
     let bytes = body(b, s.bounds.body_limit)?;
     let (requests, _) = parse(&bytes, &s.model, &s.bounds)?;
     let id = s.scheduler.submit(requests).await?;
     let status = s.scheduler.status(id).await?;
     let location = format!("/v1/jobs/{}", format_id(id));
-    Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(status)).into_response())
+    Ok((
+        StatusCode::ACCEPTED,
+        [(header::LOCATION, location)],
+        Json(status),
+    )
+        .into_response())
 }
 
-async fn job_status(State(s): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn job_status(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     Ok(Json(s.scheduler.status(parse_id(&id)?).await?).into_response())
 }
 
-async fn cancel_job(State(s): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn cancel_job(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     Ok(Json(s.scheduler.cancel(parse_id(&id)?).await?).into_response())
 }
 
@@ -255,19 +369,34 @@ struct ResultQuery {
     index: Option<usize>,
 }
 
-async fn job_result(State(s): State<AppState>, Path(id): Path<String>, Query(q): Query<ResultQuery>) -> Result<Response, ApiError> {
-    let png = s.scheduler.result(parse_id(&id)?, q.index.unwrap_or(0)).await?;
-    Ok(([(header::CONTENT_TYPE, "image/png")], Body::from(png.as_slice().to_vec())).into_response())
+async fn job_result(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<ResultQuery>,
+) -> Result<Response, ApiError> {
+    let png = s
+        .scheduler
+        .result(parse_id(&id)?, q.index.unwrap_or(0))
+        .await?;
+    Ok((
+        [(header::CONTENT_TYPE, "image/png")],
+        Body::from(png.as_slice().to_vec()),
+    )
+        .into_response())
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let e = &*self.0;
-        let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = Json(json!({ "error": { "type": e.label(), "message": e.to_string(), "field": e.field() } }));
+        let status =
+            StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = Json(
+            json!({ "error": { "type": e.label(), "message": e.to_string(), "field": e.field() } }),
+        );
         let mut r = (status, body).into_response();
         if let Error::QueueFull { retry_after, .. } = e {
-            r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(*retry_after));
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(*retry_after));
         }
         r
     }

@@ -21,17 +21,34 @@ pub struct HttpResponse {
 
 impl HttpResponse {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
     pub fn json(&self) -> Result<serde_json::Value> {
-        serde_json::from_slice(&self.body).map_err(|e| Error::invalid("response", format!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body))))
+        serde_json::from_slice(&self.body).map_err(|e| {
+            Error::invalid(
+                "response",
+                format!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)),
+            )
+        })
     }
 }
 
 /// One HTTP/1.1 exchange (`Connection: close`) with a loopback server, within `timeout`.
-pub async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&[u8]>, timeout: Duration) -> Result<HttpResponse> {
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<HttpResponse> {
     if !addr.ip().is_loopback() {
-        return Err(Error::invalid("url", format!("{addr}: only loopback addresses are allowed")));
+        return Err(Error::invalid(
+            "url",
+            format!("{addr}: only loopback addresses are allowed"),
+        ));
     }
     let io = |e: std::io::Error| Error::invalid("http", format!("{method} {path} to {addr}: {e}"));
     let exchange = async {
@@ -44,44 +61,87 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&[u8]
         s.read_to_end(&mut buf).await.map_err(io)?;
         parse_response(&buf)
     };
-    tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| Error::invalid("http", format!("{method} {path} to {addr}: no answer within {timeout:?}")))?
+    tokio::time::timeout(timeout, exchange).await.map_err(|_| {
+        Error::invalid(
+            "http",
+            format!("{method} {path} to {addr}: no answer within {timeout:?}"),
+        )
+    })?
 }
 
 fn parse_response(buf: &[u8]) -> Result<HttpResponse> {
     let bad = |what: &str| Error::invalid("http", format!("malformed response: {what}"));
-    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| bad("no end of headers"))?;
+    let end = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| bad("no end of headers"))?;
     let head = std::str::from_utf8(&buf[..end]).map_err(|_| bad("headers are not UTF-8"))?;
     let mut lines = head.split("\r\n");
-    let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|c| c.parse().ok()).ok_or_else(|| bad("status line"))?;
-    let headers: Vec<(String, String)> = lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| bad("status line"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
     let mut body = buf[end + 4..].to_vec();
-    let chunked = headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
     if chunked {
         let mut out = Vec::new();
         let mut rest = &body[..];
         loop {
-            let nl = rest.windows(2).position(|w| w == b"\r\n").ok_or_else(|| bad("chunk size"))?;
-            let size = usize::from_str_radix(std::str::from_utf8(&rest[..nl]).map_err(|_| bad("chunk size"))?.trim(), 16).map_err(|_| bad("chunk size"))?;
+            let nl = rest
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .ok_or_else(|| bad("chunk size"))?;
+            let size = usize::from_str_radix(
+                std::str::from_utf8(&rest[..nl])
+                    .map_err(|_| bad("chunk size"))?
+                    .trim(),
+                16,
+            )
+            .map_err(|_| bad("chunk size"))?;
             if size == 0 {
                 break;
             }
-            let data = rest.get(nl + 2..nl + 2 + size).ok_or_else(|| bad("short chunk"))?;
+            let data = rest
+                .get(nl + 2..nl + 2 + size)
+                .ok_or_else(|| bad("short chunk"))?;
             out.extend_from_slice(data);
             rest = rest.get(nl + 4 + size..).unwrap_or_default();
         }
         body = out;
     }
-    Ok(HttpResponse { status, headers, body })
+    Ok(HttpResponse {
+        status,
+        headers,
+        body,
+    })
 }
 
 /// Resolves an `http://host:port` URL to a loopback socket address.
 pub async fn loopback(url: &str) -> Result<SocketAddr> {
-    let rest = url.strip_prefix("http://").ok_or_else(|| Error::invalid("url", format!("`{url}`: expected http://HOST:PORT")))?;
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| Error::invalid("url", format!("`{url}`: expected http://HOST:PORT")))?;
     let hostport = rest.split('/').next().unwrap_or_default();
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(hostport).await.map_err(|e| Error::invalid("url", format!("`{url}`: {e}")))?.collect();
-    addrs.into_iter().find(|a| a.ip().is_loopback()).ok_or_else(|| Error::invalid("url", format!("`{url}`: not a loopback address; loadgen only talks to this machine")))
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(hostport)
+        .await
+        .map_err(|e| Error::invalid("url", format!("`{url}`: {e}")))?
+        .collect();
+    addrs
+        .into_iter()
+        .find(|a| a.ip().is_loopback())
+        .ok_or_else(|| {
+            Error::invalid(
+                "url",
+                format!("`{url}`: not a loopback address; loadgen only talks to this machine"),
+            )
+        })
 }
 
 /// `layerwise loadgen` options.
@@ -163,10 +223,17 @@ pub async fn run(a: &LoadgenArgs) -> Result<LoadReport> {
     }
     let mut results = Vec::new();
     for t in tasks {
-        results.extend(t.await.map_err(|e| Error::invalid("loadgen", e.to_string()))?);
+        results.extend(
+            t.await
+                .map_err(|e| Error::invalid("loadgen", e.to_string()))?,
+        );
     }
     let wall = start.elapsed().as_secs_f64();
-    let mut lat: Vec<f64> = results.iter().filter(|(s, _)| *s == 200).map(|(_, l)| *l).collect();
+    let mut lat: Vec<f64> = results
+        .iter()
+        .filter(|(s, _)| *s == 200)
+        .map(|(_, l)| *l)
+        .collect();
     lat.sort_by(|x, y| x.total_cmp(y));
     let mut status_counts = std::collections::BTreeMap::new();
     for (s, _) in &results {
@@ -192,8 +259,14 @@ mod tests {
 
     #[test]
     fn parses_plain_and_chunked_responses() {
-        let r = parse_response(b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 3\r\ncontent-length: 2\r\n\r\n{}").unwrap();
-        assert_eq!((r.status, r.header("Retry-After"), r.body.as_slice()), (429, Some("3"), &b"{}"[..]));
+        let r = parse_response(
+            b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 3\r\ncontent-length: 2\r\n\r\n{}",
+        )
+        .unwrap();
+        assert_eq!(
+            (r.status, r.header("Retry-After"), r.body.as_slice()),
+            (429, Some("3"), &b"{}"[..])
+        );
         let r = parse_response(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").unwrap();
         assert_eq!(r.body, b"abcde");
         assert_eq!(percentile(&[1.0, 2.0, 3.0], 0.5), 2.0);
@@ -201,7 +274,15 @@ mod tests {
 
     #[tokio::test]
     async fn refuses_other_hosts() {
-        let e = http("10.0.0.1:80".parse().unwrap(), "GET", "/", None, Duration::from_secs(1)).await.unwrap_err();
+        let e = http(
+            "10.0.0.1:80".parse().unwrap(),
+            "GET",
+            "/",
+            None,
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap_err();
         assert!(e.to_string().contains("loopback"), "{e}");
     }
 }

@@ -66,28 +66,80 @@ impl Metrics {
             busy_fraction: Family::default(),
             last: Mutex::new(vec![(PipelineStats::default(), 0.0); dp]),
         };
-        registry.register("queue_depth", "Images waiting in the queue", m.queue_depth.clone());
-        registry.register("running_requests", "Images being generated on a rank or decoded", m.running.clone());
+        registry.register(
+            "queue_depth",
+            "Images waiting in the queue",
+            m.queue_depth.clone(),
+        );
+        registry.register(
+            "running_requests",
+            "Images being generated on a rank or decoded",
+            m.running.clone(),
+        );
         registry.register("ready", "1 when every rank can serve", m.ready.clone());
-        registry.register("requests_finished", "Requests finished, by outcome", m.finished.clone());
-        registry.register("requests_rejected", "Requests refused before queueing, by reason", m.rejected.clone());
-        registry.register("request_duration_seconds", "End-to-end request latency (submit to last image)", m.request_seconds.clone());
-        registry.register("step_duration_seconds", "Wall time of one denoising step on a rank", m.step_seconds.clone());
-        registry.register("stall_seconds", "Compute waiting for weights", m.stall_seconds.clone());
-        registry.register("bytes_copied", "Host-to-device weight bytes copied", m.bytes_copied.clone());
-        registry.register("bytes_gathered", "Weight bytes received by all-gather", m.bytes_gathered.clone());
-        registry.register("device_bytes", "Accounted device bytes per rank", m.device_bytes.clone());
-        registry.register("rank_busy_seconds", "Time a rank spent computing a request", m.busy_seconds.clone());
-        registry.register("rank_busy_fraction", "Busy seconds over seconds since start, per rank", m.busy_fraction.clone());
+        registry.register(
+            "requests_finished",
+            "Requests finished, by outcome",
+            m.finished.clone(),
+        );
+        registry.register(
+            "requests_rejected",
+            "Requests refused before queueing, by reason",
+            m.rejected.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "End-to-end request latency (submit to last image)",
+            m.request_seconds.clone(),
+        );
+        registry.register(
+            "step_duration_seconds",
+            "Wall time of one denoising step on a rank",
+            m.step_seconds.clone(),
+        );
+        registry.register(
+            "stall_seconds",
+            "Compute waiting for weights",
+            m.stall_seconds.clone(),
+        );
+        registry.register(
+            "bytes_copied",
+            "Host-to-device weight bytes copied",
+            m.bytes_copied.clone(),
+        );
+        registry.register(
+            "bytes_gathered",
+            "Weight bytes received by all-gather",
+            m.bytes_gathered.clone(),
+        );
+        registry.register(
+            "device_bytes",
+            "Accounted device bytes per rank",
+            m.device_bytes.clone(),
+        );
+        registry.register(
+            "rank_busy_seconds",
+            "Time a rank spent computing a request",
+            m.busy_seconds.clone(),
+        );
+        registry.register(
+            "rank_busy_fraction",
+            "Busy seconds over seconds since start, per rank",
+            m.busy_fraction.clone(),
+        );
         Metrics { registry, ..m }
     }
 
     pub fn finished(&self, outcome: &str) {
-        self.finished.get_or_create(&vec![("outcome".into(), outcome.into())]).inc();
+        self.finished
+            .get_or_create(&vec![("outcome".into(), outcome.into())])
+            .inc();
     }
 
     pub fn rejected(&self, reason: &str) {
-        self.rejected.get_or_create(&vec![("reason".into(), reason.into())]).inc();
+        self.rejected
+            .get_or_create(&vec![("reason".into(), reason.into())])
+            .inc();
     }
 
     /// Folds one rank's pass into the counters (rank threads call this).
@@ -95,14 +147,24 @@ impl Metrics {
         let l = rank_label(rank);
         let mut last = self.last.lock().expect("metrics lock");
         let (prev, busy_total) = &mut last[rank];
-        self.stall_seconds.get_or_create(&l).inc_by(r.pipeline.stall.saturating_sub(prev.stall).as_secs_f64());
-        self.bytes_copied.get_or_create(&l).inc_by(r.pipeline.bytes_copied - prev.bytes_copied);
-        self.bytes_gathered.get_or_create(&l).inc_by(r.pipeline.bytes_gathered - prev.bytes_gathered);
+        self.stall_seconds
+            .get_or_create(&l)
+            .inc_by(r.pipeline.stall.saturating_sub(prev.stall).as_secs_f64());
+        self.bytes_copied
+            .get_or_create(&l)
+            .inc_by(r.pipeline.bytes_copied - prev.bytes_copied);
+        self.bytes_gathered
+            .get_or_create(&l)
+            .inc_by(r.pipeline.bytes_gathered - prev.bytes_gathered);
         *prev = r.pipeline.clone();
-        self.device_bytes.get_or_create(&l).set(r.device_bytes as i64);
+        self.device_bytes
+            .get_or_create(&l)
+            .set(r.device_bytes as i64);
         if r.busy {
             *busy_total += r.elapsed.as_secs_f64();
-            self.busy_seconds.get_or_create(&l).inc_by(r.elapsed.as_secs_f64());
+            self.busy_seconds
+                .get_or_create(&l)
+                .inc_by(r.elapsed.as_secs_f64());
         }
         let up = self.started.elapsed().as_secs_f64().max(1e-9);
         self.busy_fraction.get_or_create(&l).set(*busy_total / up);
@@ -144,8 +206,17 @@ mod tests {
         let text = m.render();
         assert!(text.contains("layerwise_queue_depth 3"), "{text}");
         assert!(text.contains("layerwise_running_requests 0"), "{text}");
-        assert!(text.contains("layerwise_requests_finished_total{outcome=\"succeeded\"} 1"), "{text}");
-        assert!(text.contains("layerwise_bytes_copied_total{rank=\"1\"} 100"), "deltas, not sums: {text}");
-        assert!(text.contains("layerwise_device_bytes{rank=\"1\"} 42"), "{text}");
+        assert!(
+            text.contains("layerwise_requests_finished_total{outcome=\"succeeded\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("layerwise_bytes_copied_total{rank=\"1\"} 100"),
+            "deltas, not sums: {text}"
+        );
+        assert!(
+            text.contains("layerwise_device_bytes{rank=\"1\"} 42"),
+            "{text}"
+        );
     }
 }

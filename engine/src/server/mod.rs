@@ -93,7 +93,10 @@ pub type ExitCode = i32;
 
 /// Runs the server until SIGTERM/SIGINT (exit 0) or an engine failure (exit 1).
 pub fn serve(a: ServeArgs) -> Result<ExitCode> {
-    let strategy: Strategy = a.strategy.parse().map_err(|e| Error::invalid("strategy", format!("{e}")))?;
+    let strategy: Strategy = a
+        .strategy
+        .parse()
+        .map_err(|e| Error::invalid("strategy", format!("{e}")))?;
     if a.max_queue == 0 {
         return Err(Error::invalid("max-queue", "must be at least 1"));
     }
@@ -132,10 +135,21 @@ pub struct Engine {
 
 /// Starts the scheduler task (on the current tokio runtime), the decode thread and the
 /// engine thread with its ranks. The server and the in-process tests both start here.
-pub fn start(model: Arc<Model>, opts: EngineOptions, max_queue: usize, keep_finished: usize) -> Result<Engine> {
-    let (decode_tx, decode_rx) = std::sync::mpsc::sync_channel::<(WorkKey, Tensor)>(max_queue + opts.dp + 8);
+pub fn start(
+    model: Arc<Model>,
+    opts: EngineOptions,
+    max_queue: usize,
+    keep_finished: usize,
+) -> Result<Engine> {
+    let (decode_tx, decode_rx) =
+        std::sync::mpsc::sync_channel::<(WorkKey, Tensor)>(max_queue + opts.dp + 8);
     let (scheduler, source) = scheduler::start(opts.dp, max_queue, keep_finished, decode_tx);
-    spawn_decoder(model.clone(), scheduler.clone(), decode_rx, tokio::runtime::Handle::current());
+    spawn_decoder(
+        model.clone(),
+        scheduler.clone(),
+        decode_rx,
+        tokio::runtime::Handle::current(),
+    );
     let (engine_tx, done) = tokio::sync::oneshot::channel::<Result<()>>();
     std::thread::Builder::new()
         .name("engine".into())
@@ -148,7 +162,10 @@ pub fn start(model: Arc<Model>, opts: EngineOptions, max_queue: usize, keep_fini
 }
 
 async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<ExitCode> {
-    let Engine { scheduler: sched, done: mut engine_rx } = start(model.clone(), opts.clone(), a.max_queue, a.keep_finished)?;
+    let Engine {
+        scheduler: sched,
+        done: mut engine_rx,
+    } = start(model.clone(), opts.clone(), a.max_queue, a.keep_finished)?;
     let watchdog = tokio::spawn(watchdog(sched.clone(), opts.timeout));
     let state = AppState {
         scheduler: sched.clone(),
@@ -160,8 +177,12 @@ async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<Exi
             body_limit: a.body_limit,
         },
     };
-    let listener = tokio::net::TcpListener::bind(a.listen).await.map_err(|e| Error::invalid("listen", format!("{}: {e}", a.listen)))?;
-    let addr = listener.local_addr().map_err(|e| Error::invalid("listen", e.to_string()))?;
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .map_err(|e| Error::invalid("listen", format!("{}: {e}", a.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::invalid("listen", e.to_string()))?;
     println!("listening on http://{addr}");
     tracing::info!(%addr, dp = a.dp, strategy = %opts.strategy, "serving");
 
@@ -170,7 +191,8 @@ async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<Exi
     let grace = Duration::from_secs(a.grace_seconds);
     let sched2 = sched.clone();
     let controller = tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
         let failed = tokio::select! {
             _ = term.recv() => false,
             _ = tokio::signal::ctrl_c() => false,
@@ -202,14 +224,22 @@ async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<Exi
         })
         .await
         .map_err(|e| Error::invalid("listen", e.to_string()))?;
-    let (failed, engine) = controller.await.map_err(|e| Error::invalid("shutdown", e.to_string()))?;
+    let (failed, engine) = controller
+        .await
+        .map_err(|e| Error::invalid("shutdown", e.to_string()))?;
     watchdog.abort();
     let engine_failed = matches!(engine, Some(Ok(Err(_))));
     if let Some(Ok(Err(e))) = &engine {
         tracing::error!(error = %e, "engine failed");
     }
     if failed || engine_failed || sched.shared.failed.lock().expect("shared lock").is_some() {
-        let why = sched.shared.failed.lock().expect("shared lock").clone().unwrap_or_default();
+        let why = sched
+            .shared
+            .failed
+            .lock()
+            .expect("shared lock")
+            .clone()
+            .unwrap_or_default();
         eprintln!("layerwise: engine failed: {why}");
         return Ok(1);
     }
@@ -225,14 +255,22 @@ async fn watchdog(s: Scheduler, timeout: Duration) {
         tick.tick().await;
         let sh = &s.shared;
         if sh.metrics.running.get() > 0 && sh.since_progress() > timeout {
-            let msg = format!("no rank finished a pass for {:?} while requests were running", sh.since_progress());
+            let msg = format!(
+                "no rank finished a pass for {:?} while requests were running",
+                sh.since_progress()
+            );
             s.send(Msg::Fatal { msg }).await;
             return;
         }
     }
 }
 
-fn spawn_decoder(model: Arc<Model>, sched: Scheduler, rx: std::sync::mpsc::Receiver<(WorkKey, Tensor)>, rt: tokio::runtime::Handle) {
+fn spawn_decoder(
+    model: Arc<Model>,
+    sched: Scheduler,
+    rx: std::sync::mpsc::Receiver<(WorkKey, Tensor)>,
+    rt: tokio::runtime::Handle,
+) {
     std::thread::Builder::new()
         .name("decode".into())
         .spawn(move || {
@@ -246,7 +284,10 @@ fn spawn_decoder(model: Arc<Model>, sched: Scheduler, rx: std::sync::mpsc::Recei
                 }
             };
             for (key, latents) in rx {
-                let png = vae.decode(&latents).and_then(|i| Ok(i.squeeze(0)?)).and_then(|i| encode_png(&i));
+                let png = vae
+                    .decode(&latents)
+                    .and_then(|i| Ok(i.squeeze(0)?))
+                    .and_then(|i| encode_png(&i));
                 rt.block_on(sched.send(Msg::Decoded { key, png }));
             }
         })

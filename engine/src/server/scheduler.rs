@@ -32,7 +32,10 @@ pub enum JobState {
 
 impl JobState {
     pub fn terminal(self) -> bool {
-        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
     }
 }
 
@@ -57,7 +60,12 @@ pub fn format_id(id: u64) -> String {
 }
 
 pub fn parse_id(s: &str) -> Result<u64, ApiError> {
-    u64::from_str_radix(s, 16).map_err(|_| Error::NotFound { what: format!("job `{s}`") }.into())
+    u64::from_str_radix(s, 16).map_err(|_| {
+        Error::NotFound {
+            what: format!("job `{s}`"),
+        }
+        .into()
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,18 +95,55 @@ type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
 
 /// What the HTTP side and the ranks tell the scheduler task.
 pub enum Msg {
-    Submit { requests: Vec<Request>, reply: Reply<u64> },
-    Status { id: u64, reply: Reply<JobStatus> },
-    Result { id: u64, index: usize, reply: Reply<Arc<Vec<u8>>> },
-    Wait { id: u64, reply: oneshot::Sender<()> },
-    Cancel { id: u64, reply: Reply<JobStatus> },
-    Take { rank: usize, reply: oneshot::Sender<Taken> },
-    WaitWork { generation: u64, reply: oneshot::Sender<()> },
-    Ready { rank: usize },
-    Step { rank: usize, key: WorkKey, step: usize },
-    Finished { rank: usize, key: WorkKey, out: Result<Output> },
-    Decoded { key: WorkKey, png: Result<Vec<u8>> },
-    Fatal { msg: String },
+    Submit {
+        requests: Vec<Request>,
+        reply: Reply<u64>,
+    },
+    Status {
+        id: u64,
+        reply: Reply<JobStatus>,
+    },
+    Result {
+        id: u64,
+        index: usize,
+        reply: Reply<Arc<Vec<u8>>>,
+    },
+    Wait {
+        id: u64,
+        reply: oneshot::Sender<()>,
+    },
+    Cancel {
+        id: u64,
+        reply: Reply<JobStatus>,
+    },
+    Take {
+        rank: usize,
+        reply: oneshot::Sender<Taken>,
+    },
+    WaitWork {
+        generation: u64,
+        reply: oneshot::Sender<()>,
+    },
+    Ready {
+        rank: usize,
+    },
+    Step {
+        rank: usize,
+        key: WorkKey,
+        step: usize,
+    },
+    Finished {
+        rank: usize,
+        key: WorkKey,
+        out: Result<Output>,
+    },
+    Decoded {
+        key: WorkKey,
+        png: Result<Vec<u8>>,
+    },
+    Fatal {
+        msg: String,
+    },
     /// Stop taking work; fail what is queued.
     Close,
     /// The grace period is over: fail what still runs.
@@ -124,12 +169,15 @@ pub struct Shared {
 
 impl Shared {
     fn touch(&self) {
-        self.progress_ms.store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.progress_ms
+            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Time since a rank last finished a pass or took work.
     pub fn since_progress(&self) -> Duration {
-        self.started.elapsed().saturating_sub(Duration::from_millis(self.progress_ms.load(Ordering::Relaxed)))
+        self.started.elapsed().saturating_sub(Duration::from_millis(
+            self.progress_ms.load(Ordering::Relaxed),
+        ))
     }
 
     pub fn ready(&self) -> Result<(), ApiError> {
@@ -141,7 +189,9 @@ impl Shared {
         }
         let r = self.ready_ranks.load(Ordering::SeqCst);
         if r < self.dp {
-            return Err(Error::unavailable(format!("starting: {r} of {} ranks ready", self.dp)).into());
+            return Err(
+                Error::unavailable(format!("starting: {r} of {} ranks ready", self.dp)).into(),
+            );
         }
         Ok(())
     }
@@ -250,7 +300,12 @@ impl WorkSource for RankSource {
 
 /// Starts the scheduler task on the current tokio runtime. `decode` receives finished
 /// latents; whoever decodes them answers with [`Msg::Decoded`].
-pub fn start(dp: usize, max_queue: usize, keep_finished: usize, decode: std::sync::mpsc::SyncSender<(WorkKey, Tensor)>) -> (Scheduler, RankSource) {
+pub fn start(
+    dp: usize,
+    max_queue: usize,
+    keep_finished: usize,
+    decode: std::sync::mpsc::SyncSender<(WorkKey, Tensor)>,
+) -> (Scheduler, RankSource) {
     let (tx, rx) = mpsc::channel(1024);
     let shared = Arc::new(Shared {
         metrics: Metrics::new(dp),
@@ -369,9 +424,20 @@ impl Actor {
             Msg::Fatal { msg } => self.fatal(msg),
             Msg::Close => self.close(),
             Msg::Abort => {
-                let live: Vec<u64> = self.jobs.iter().filter(|(_, j)| !j.state.terminal()).map(|(id, _)| *id).collect();
+                let live: Vec<u64> = self
+                    .jobs
+                    .iter()
+                    .filter(|(_, j)| !j.state.terminal())
+                    .map(|(id, _)| *id)
+                    .collect();
                 for id in live {
-                    self.end(id, JobState::Failed, Some(Error::unavailable("shut down before the request finished (grace period over)")));
+                    self.end(
+                        id,
+                        JobState::Failed,
+                        Some(Error::unavailable(
+                            "shut down before the request finished (grace period over)",
+                        )),
+                    );
                 }
             }
         }
@@ -426,10 +492,13 @@ impl Actor {
                 waiters: Vec::new(),
             },
         );
-        self.queue.extend((0..n as u32).map(|index| WorkKey { id, index }));
+        self.queue
+            .extend((0..n as u32).map(|index| WorkKey { id, index }));
         self.generation += 1;
         let g = self.generation;
-        let (wake, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.work_waiters).into_iter().partition(|(seen, _)| *seen < g);
+        let (wake, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.work_waiters)
+            .into_iter()
+            .partition(|(seen, _)| *seen < g);
         self.work_waiters = keep;
         for (_, w) in wake {
             let _ = w.send(());
@@ -440,7 +509,10 @@ impl Actor {
     fn take(&mut self, rank: usize) -> Option<Work> {
         let key = self.queue.pop_front()?;
         self.shared.touch();
-        let j = self.jobs.get_mut(&key.id).expect("queued images belong to live jobs");
+        let j = self
+            .jobs
+            .get_mut(&key.id)
+            .expect("queued images belong to live jobs");
         j.images[key.index as usize] = Image::Running(rank);
         j.state = JobState::Running;
         j.started.get_or_insert_with(Instant::now);
@@ -464,9 +536,21 @@ impl Actor {
             Ok(o) if live => {
                 *slot = Image::Decoding;
                 if self.decode.try_send((key, o.latents)).is_err() {
-                    *self.jobs.get_mut(&key.id).expect("live").images.get_mut(key.index as usize).expect("image") = Image::Dropped;
+                    *self
+                        .jobs
+                        .get_mut(&key.id)
+                        .expect("live")
+                        .images
+                        .get_mut(key.index as usize)
+                        .expect("image") = Image::Dropped;
                     self.running -= 1;
-                    self.end(key.id, JobState::Failed, Some(Error::unavailable("the decoder is not keeping up or has stopped")));
+                    self.end(
+                        key.id,
+                        JobState::Failed,
+                        Some(Error::unavailable(
+                            "the decoder is not keeping up or has stopped",
+                        )),
+                    );
                 }
             }
             Ok(_) => {
@@ -496,8 +580,13 @@ impl Actor {
                 j.images[i] = Image::Done;
                 j.pngs[i] = Some(Arc::new(bytes));
                 if j.images.iter().all(|s| *s == Image::Done) {
-                    let per_image = j.started.map_or(0.0, |s| s.elapsed().as_secs_f64()) / j.images.len() as f64;
-                    self.image_seconds = if self.image_seconds == 0.0 { per_image } else { 0.8 * self.image_seconds + 0.2 * per_image };
+                    let per_image = j.started.map_or(0.0, |s| s.elapsed().as_secs_f64())
+                        / j.images.len() as f64;
+                    self.image_seconds = if self.image_seconds == 0.0 {
+                        per_image
+                    } else {
+                        0.8 * self.image_seconds + 0.2 * per_image
+                    };
                     self.end(key.id, JobState::Succeeded, None);
                 }
             }
@@ -512,7 +601,9 @@ impl Actor {
 
     /// Moves job `id` to a terminal state: stops its other images, answers its waiters.
     fn end(&mut self, id: u64, state: JobState, error: Option<Error>) {
-        let Some(j) = self.jobs.get_mut(&id) else { return };
+        let Some(j) = self.jobs.get_mut(&id) else {
+            return;
+        };
         if j.state.terminal() {
             return;
         }
@@ -523,7 +614,12 @@ impl Actor {
         for (i, img) in j.images.iter_mut().enumerate() {
             if *img == Image::Queued {
                 *img = Image::Dropped;
-                self.queue.retain(|k| *k != WorkKey { id, index: i as u32 });
+                self.queue.retain(|k| {
+                    *k != WorkKey {
+                        id,
+                        index: i as u32,
+                    }
+                });
             }
         }
         if state != JobState::Succeeded {
@@ -551,7 +647,13 @@ impl Actor {
         self.shared.closing.store(true, Ordering::SeqCst);
         let queued: Vec<u64> = self.queue.iter().map(|k| k.id).collect();
         for id in queued {
-            self.end(id, JobState::Failed, Some(Error::unavailable("shutting down; the request was still queued")));
+            self.end(
+                id,
+                JobState::Failed,
+                Some(Error::unavailable(
+                    "shutting down; the request was still queued",
+                )),
+            );
         }
         for (_, w) in self.work_waiters.drain(..) {
             let _ = w.send(());
@@ -560,20 +662,44 @@ impl Actor {
 
     fn fatal(&mut self, msg: String) {
         tracing::error!(%msg, "engine failed; failing every request in flight");
-        self.shared.failed.lock().expect("shared lock").get_or_insert(msg.clone());
+        self.shared
+            .failed
+            .lock()
+            .expect("shared lock")
+            .get_or_insert(msg.clone());
         self.shared.metrics.ready.set(0);
         self.shared.fatal.notify_one();
-        let live: Vec<u64> = self.jobs.iter().filter(|(_, j)| !j.state.terminal()).map(|(id, _)| *id).collect();
+        let live: Vec<u64> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| !j.state.terminal())
+            .map(|(id, _)| *id)
+            .collect();
         for id in live {
-            self.end(id, JobState::Failed, Some(Error::unavailable(format!("the engine failed; the server will restart: {msg}"))));
+            self.end(
+                id,
+                JobState::Failed,
+                Some(Error::unavailable(format!(
+                    "the engine failed; the server will restart: {msg}"
+                ))),
+            );
         }
         self.close();
     }
 
     fn status(&self, id: u64) -> Result<JobStatus, ApiError> {
-        let j = self.jobs.get(&id).ok_or_else(|| Error::NotFound { what: format!("job `{}`", format_id(id)) })?;
+        let j = self.jobs.get(&id).ok_or_else(|| Error::NotFound {
+            what: format!("job `{}`", format_id(id)),
+        })?;
         let first_queued = j.images.iter().position(|i| *i == Image::Queued);
-        let queue_position = first_queued.and_then(|i| self.queue.iter().position(|k| *k == WorkKey { id, index: i as u32 }));
+        let queue_position = first_queued.and_then(|i| {
+            self.queue.iter().position(|k| {
+                *k == WorkKey {
+                    id,
+                    index: i as u32,
+                }
+            })
+        });
         let now = Instant::now();
         let end = j.finished.unwrap_or(now);
         Ok(JobStatus {
@@ -583,23 +709,46 @@ impl Actor {
             n: j.images.len(),
             steps_done: j.steps.iter().sum(),
             steps_total: j.requests.iter().map(|r| r.steps).sum(),
-            queued_seconds: j.started.unwrap_or(end).duration_since(j.created).as_secs_f64(),
+            queued_seconds: j
+                .started
+                .unwrap_or(end)
+                .duration_since(j.created)
+                .as_secs_f64(),
             running_seconds: j.started.map(|s| end.duration_since(s).as_secs_f64()),
-            total_seconds: j.finished.map(|f| f.duration_since(j.created).as_secs_f64()),
+            total_seconds: j
+                .finished
+                .map(|f| f.duration_since(j.created).as_secs_f64()),
             error: j.error.as_ref().map(|e| e.to_string()),
         })
     }
 
     fn result(&self, id: u64, index: usize) -> Result<Arc<Vec<u8>>, ApiError> {
-        let j = self.jobs.get(&id).ok_or_else(|| Error::NotFound { what: format!("job `{}`", format_id(id)) })?;
+        let j = self.jobs.get(&id).ok_or_else(|| Error::NotFound {
+            what: format!("job `{}`", format_id(id)),
+        })?;
         if index >= j.images.len() {
-            return Err(Error::invalid("index", format!("{index}: the job has {} image(s)", j.images.len())).into());
+            return Err(Error::invalid(
+                "index",
+                format!("{index}: the job has {} image(s)", j.images.len()),
+            )
+            .into());
         }
         match j.state {
-            JobState::Succeeded => Ok(j.pngs[index].clone().expect("succeeded jobs hold every image")),
-            JobState::Failed => Err(ApiError(j.error.clone().expect("failed jobs carry their error"))),
+            JobState::Succeeded => Ok(j.pngs[index]
+                .clone()
+                .expect("succeeded jobs hold every image")),
+            JobState::Failed => Err(ApiError(
+                j.error.clone().expect("failed jobs carry their error"),
+            )),
             s => Err(Error::Conflict {
-                what: format!("job `{}` is {}; no result", format_id(id), serde_json::to_value(s).expect("state").as_str().unwrap_or("")),
+                what: format!(
+                    "job `{}` is {}; no result",
+                    format_id(id),
+                    serde_json::to_value(s)
+                        .expect("state")
+                        .as_str()
+                        .unwrap_or("")
+                ),
             }
             .into()),
         }

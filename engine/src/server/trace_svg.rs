@@ -23,33 +23,55 @@ fn color(cat: &str) -> &'static str {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// Renders the complete (`ph: "X"`) events of `json`, one lane per thread id.
 pub fn render(json: &str) -> Result<String> {
-    let f: TraceFile = serde_json::from_str(json).map_err(|e| Error::invalid("trace", format!("not a trace-event file: {e}")))?;
+    let f: TraceFile = serde_json::from_str(json)
+        .map_err(|e| Error::invalid("trace", format!("not a trace-event file: {e}")))?;
     let mut names: BTreeMap<(u32, u32), String> = BTreeMap::new();
-    for e in f.trace_events.iter().filter(|e| e.ph == "M" && e.name == "thread_name") {
+    for e in f
+        .trace_events
+        .iter()
+        .filter(|e| e.ph == "M" && e.name == "thread_name")
+    {
         if let Some(n) = e.args.get("name").and_then(|n| n.as_str()) {
             names.insert((e.pid, e.tid), n.to_string());
         }
     }
     let spans: Vec<_> = f.trace_events.iter().filter(|e| e.ph == "X").collect();
     if spans.is_empty() {
-        return Err(Error::invalid("trace", "no complete (\"X\") events to draw"));
+        return Err(Error::invalid(
+            "trace",
+            "no complete (\"X\") events to draw",
+        ));
     }
     for s in &spans {
-        names.entry((s.pid, s.tid)).or_insert_with(|| format!("pid {} tid {}", s.pid, s.tid));
+        names
+            .entry((s.pid, s.tid))
+            .or_insert_with(|| format!("pid {} tid {}", s.pid, s.tid));
     }
-    let lanes: Vec<(u32, u32)> = names.keys().copied().filter(|k| spans.iter().any(|s| (s.pid, s.tid) == *k)).collect();
+    let lanes: Vec<(u32, u32)> = names
+        .keys()
+        .copied()
+        .filter(|k| spans.iter().any(|s| (s.pid, s.tid) == *k))
+        .collect();
     let t0 = spans.iter().map(|s| s.ts).fold(f64::INFINITY, f64::min);
-    let t1 = spans.iter().map(|s| s.ts + s.dur.unwrap_or(0.0)).fold(f64::NEG_INFINITY, f64::max);
+    let t1 = spans
+        .iter()
+        .map(|s| s.ts + s.dur.unwrap_or(0.0))
+        .fold(f64::NEG_INFINITY, f64::max);
     let span_us = (t1 - t0).max(1.0);
     let x = |t: f64| LEFT + (t - t0) / span_us * (WIDTH - LEFT - 10.0);
     let height = TOP + LANE * lanes.len() as f64 + 30.0;
     let mut out = String::new();
-    let _ = writeln!(out, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="11">"#);
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="11">"#
+    );
     let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = writeln!(
         out,
@@ -63,11 +85,22 @@ pub fn render(json: &str) -> Result<String> {
     for (i, k) in lanes.iter().enumerate() {
         let y = TOP + LANE * i as f64;
         let fill = if i % 2 == 0 { "#f4f4f4" } else { "#ffffff" };
-        let _ = writeln!(out, r#"<rect x="0" y="{y}" width="{WIDTH}" height="{LANE}" fill="{fill}"/>"#);
-        let _ = writeln!(out, r#"<text x="6" y="{}">{}</text>"#, y + 15.0, escape(&names[k]));
+        let _ = writeln!(
+            out,
+            r#"<rect x="0" y="{y}" width="{WIDTH}" height="{LANE}" fill="{fill}"/>"#
+        );
+        let _ = writeln!(
+            out,
+            r#"<text x="6" y="{}">{}</text>"#,
+            y + 15.0,
+            escape(&names[k])
+        );
     }
     for s in &spans {
-        let i = lanes.iter().position(|k| *k == (s.pid, s.tid)).expect("lane");
+        let i = lanes
+            .iter()
+            .position(|k| *k == (s.pid, s.tid))
+            .expect("lane");
         let y = TOP + LANE * i as f64 + 3.0;
         let (a, b) = (x(s.ts), x(s.ts + s.dur.unwrap_or(0.0)));
         let _ = writeln!(
@@ -83,7 +116,12 @@ pub fn render(json: &str) -> Result<String> {
     let axis = TOP + LANE * lanes.len() as f64 + 14.0;
     for t in 0..=10 {
         let tu = t0 + span_us * t as f64 / 10.0;
-        let _ = writeln!(out, r#"<text x="{:.1}" y="{axis}" text-anchor="middle">{:.1} ms</text>"#, x(tu), (tu - t0) / 1e3);
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{axis}" text-anchor="middle">{:.1} ms</text>"#,
+            x(tu),
+            (tu - t0) / 1e3
+        );
     }
     out.push_str("</svg>\n");
     Ok(out)

@@ -1,0 +1,281 @@
+//! The agent against the real control plane: the real binary, started for the fake node
+//! `a100-0` with no GPU library on the machine, fills its `DiffusionNode` status
+//! (inventory, profile, residency) for a model folder made here, and follows the spec as
+//! models are added and removed.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use crds::{DiffusionNode, ModelState, NodeModelStatus};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use layerwise_e2e::cluster::{self, wait_until};
+use layerwise_engine::runtime::synth::{synth, SynthOptions};
+use serde_json::json;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_layerwise-agent");
+const NODE: &str = "a100-0";
+/// The field manager this test writes the spec with (the operator's role).
+const REQUESTER: &str = "layerwise-agent-e2e";
+const WAIT: Duration = Duration::from_secs(90);
+
+fn kubeconfig() -> PathBuf {
+    std::env::var_os("KUBECONFIG")
+        .filter(|p| !p.is_empty() && Path::new(p).is_file())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cluster::cluster_dir().join("kubeconfig"))
+}
+
+async fn install_crd(client: &Client) -> Result<()> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds/diffusionnodes.yaml");
+    let crd: CustomResourceDefinition = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().context("CRD without a name")?;
+    api.patch(
+        &name,
+        &PatchParams::apply(REQUESTER).force(),
+        &Patch::Apply(&crd),
+    )
+    .await?;
+    wait_until(&format!("CRD {name} established"), WAIT, || async {
+        let crd = api.get(&name).await?;
+        let ok = crd
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        Ok(if ok {
+            Ok(())
+        } else {
+            Err("not established".to_string())
+        })
+    })
+    .await
+}
+
+/// Sets this test's model requests on the node (server-side apply as REQUESTER).
+async fn request(api: &Api<DiffusionNode>, models: &[(&str, &Path)]) -> Result<()> {
+    let models: Vec<_> = models
+        .iter()
+        .map(|(id, dir)| json!({ "id": id, "family": "dit", "location": { "hostPath": dir } }))
+        .collect();
+    let obj = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": NODE }, "spec": { "models": models } });
+    api.patch(
+        NODE,
+        &PatchParams::apply(REQUESTER).force(),
+        &Patch::Apply(&obj),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn model(api: &Api<DiffusionNode>, id: &str) -> Result<Option<NodeModelStatus>> {
+    Ok(api
+        .get(NODE)
+        .await?
+        .status
+        .and_then(|s| s.model(id).cloned()))
+}
+
+fn http_get(port: u16, path: &str) -> Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn agent_reports_inventory_profiles_and_residency_and_follows_the_spec() -> Result<()> {
+    let client = cluster::client().await?;
+    install_crd(&client).await?;
+    let api: Api<DiffusionNode> = Api::all(client.clone());
+    let existed = api.get_opt(NODE).await?.is_some();
+
+    let dir = tempfile::tempdir()?;
+    let good = dir.path().join("tiny");
+    synth(&good, &SynthOptions::preset("tiny")?)?;
+    // A copy whose transformer weights are not safetensors: profiling must fail naming it.
+    let broken = dir.path().join("broken");
+    synth(&broken, &SynthOptions::preset("tiny")?)?;
+    let bad_file = broken.join("transformer/diffusion_pytorch_model.safetensors");
+    std::fs::write(&bad_file, b"\xff\xff\xff\xff\xff\xff\xff\x7fnot a header")?;
+    for f in layerwise_agent::prewarm::files_under(&good)? {
+        layerwise_agent::pagecache::evict(&f)?;
+    }
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut child = Agent(
+        Command::new(AGENT)
+            .args([
+                "run",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--reinventory-seconds",
+                "2",
+                "--memory-floor",
+                "0",
+                "--cache-budget",
+                "1Gi",
+            ])
+            .env("NODE_NAME", NODE)
+            .env("KUBECONFIG", kubeconfig())
+            .env("LAYERWISE_LOG", "info")
+            .stdin(Stdio::null())
+            .spawn()?,
+    );
+
+    let result = async {
+        // The agent creates the object if missing and reports the inventory.
+        let host_total = layerwise_agent::meminfo::read()?.total;
+        let st = wait_until("inventory reported", WAIT, || async {
+            let st = api
+                .get_opt(NODE)
+                .await?
+                .and_then(|d| d.status)
+                .unwrap_or_default();
+            Ok(if st.host_memory_bytes == host_total {
+                Ok(st)
+            } else {
+                Err(format!("{st:?}"))
+            })
+        })
+        .await?;
+        ensure!(
+            st.accelerators.is_empty(),
+            "no GPU library here, yet {:?}",
+            st.accelerators
+        );
+
+        // Add a model: profiled, then warm with residency measured.
+        request(&api, &[("agent-e2e/tiny", &good)]).await?;
+        let m = wait_until("tiny profiled and warm", WAIT, || async {
+            Ok(match model(&api, "agent-e2e/tiny").await? {
+                Some(m) if m.state == ModelState::Warm => Ok(m),
+                other => Err(format!("{other:?}")),
+            })
+        })
+        .await?;
+        let profile = m.profile.as_ref().context("warm without a profile")?;
+        ensure!(
+            profile.family == "dit" && profile.blocks > 0 && profile.total_bytes > 0,
+            "{profile:?}"
+        );
+        ensure!(
+            profile.activation.bytes_per_token > 0,
+            "activation cost missing: {profile:?}"
+        );
+        ensure!(
+            m.total_bytes >= profile.total_bytes && m.resident_bytes == m.total_bytes,
+            "{m:?}"
+        );
+        ensure!(
+            m.profiled_at.is_some() && m.warmed_at.is_some() && m.error.is_none(),
+            "{m:?}"
+        );
+
+        // A broken checkpoint is a failed model naming the file, not a crash.
+        request(
+            &api,
+            &[("agent-e2e/tiny", &good), ("agent-e2e/broken", &broken)],
+        )
+        .await?;
+        let b = wait_until("broken model failed", WAIT, || async {
+            Ok(match model(&api, "agent-e2e/broken").await? {
+                Some(m) if m.state == ModelState::Failed => Ok(m),
+                other => Err(format!("{other:?}")),
+            })
+        })
+        .await?;
+        let err = b.error.unwrap_or_default();
+        ensure!(
+            err.contains("diffusion_pytorch_model.safetensors"),
+            "error does not name the file: {err}"
+        );
+
+        let metrics = http_get(port, "/metrics")?;
+        ensure!(
+            metrics.contains("layerwise_agent_warmed_bytes_total{model=\"agent-e2e/tiny\"}"),
+            "{metrics}"
+        );
+        ensure!(
+            metrics.contains("layerwise_agent_resident_bytes{model=\"agent-e2e/tiny\"}"),
+            "{metrics}"
+        );
+        ensure!(
+            http_get(port, "/healthz")?.starts_with("HTTP/1.0 200")
+                || http_get(port, "/healthz")?.starts_with("HTTP/1.1 200"),
+            "healthz"
+        );
+
+        // Remove the good model: it leaves the status; the other stays.
+        request(&api, &[("agent-e2e/broken", &broken)]).await?;
+        wait_until("tiny gone from the status", WAIT, || async {
+            let st = api.get(NODE).await?.status.unwrap_or_default();
+            let ids: Vec<String> = st.models.iter().map(|m| m.id.clone()).collect();
+            Ok(
+                if st.model("agent-e2e/tiny").is_none() && st.model("agent-e2e/broken").is_some() {
+                    Ok(())
+                } else {
+                    Err(format!("{ids:?}"))
+                },
+            )
+        })
+        .await?;
+
+        // SIGTERM: a clean, prompt exit.
+        // SAFETY: kill(2) with our own child's pid and a valid signal number.
+        let rc = unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGTERM) };
+        ensure!(rc == 0, "kill failed");
+        let status = wait_until("agent exits after SIGTERM", Duration::from_secs(20), || {
+            let s = child.0.try_wait();
+            async move {
+                Ok(match s? {
+                    Some(s) => Ok(s),
+                    None => Err("still running".to_string()),
+                })
+            }
+        })
+        .await?;
+        ensure!(status.success(), "agent exited with {status}");
+        Ok(())
+    }
+    .await;
+
+    // Leave the node as it was: delete the object this test made, or withdraw this test's
+    // requests and the agent's status from one that was there.
+    if existed {
+        if let Err(e) = request(&api, &[]).await {
+            eprintln!("withdrawing this test's requests from {NODE}: {e}");
+        }
+        let clear = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "status": {} });
+        let _ = api
+            .patch_status(
+                NODE,
+                &PatchParams::apply("layerwise-agent").force(),
+                &Patch::Apply(&clear),
+            )
+            .await;
+    } else {
+        let _ = api.delete(NODE, &Default::default()).await;
+    }
+    result
+}

@@ -1,0 +1,352 @@
+//! The real `layerwise serve` process over HTTP on 127.0.0.1: a burst of 10× the queue
+//! capacity (429s for the excess, memory back to idle after), SIGTERM with work in flight,
+//! a rank that fails, loadgen against it, and `--trace` + `trace-svg`.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use layerwise_engine::server::loadgen::{http, HttpResponse};
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_layerwise");
+const T: Duration = Duration::from_secs(120);
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(model: &Path, args: &[&str]) -> Server {
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .arg("--model")
+        .arg(model)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let line = rx.recv_timeout(T).expect("server printed its address");
+    let addr = line
+        .strip_prefix("listening on http://")
+        .expect(&line)
+        .parse()
+        .unwrap();
+    Server { child, addr }
+}
+
+impl Server {
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> HttpResponse {
+        let b = body.map(|b| b.to_string().into_bytes());
+        http(self.addr, method, path, b.as_deref(), T)
+            .await
+            .unwrap()
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + T;
+        while self.call("GET", "/readyz", None).await.status != 200 {
+            assert!(Instant::now() < deadline, "never ready");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn gauge(&self, name: &str) -> f64 {
+        let m = String::from_utf8(self.call("GET", "/metrics", None).await.body).unwrap();
+        m.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} not in\n{m}"))
+            .parse()
+            .unwrap()
+    }
+
+    async fn wait_gauges(&self, queue: f64, running: f64) {
+        let deadline = Instant::now() + T;
+        while self.gauge("layerwise_queue_depth").await != queue
+            || self.gauge("layerwise_running_requests").await != running
+        {
+            assert!(
+                Instant::now() < deadline,
+                "queue/running never reached {queue}/{running}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn rss_anon(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        s.lines()
+            .find_map(|l| l.strip_prefix("RssAnon:"))
+            .unwrap()
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    }
+
+    fn exit_status(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "server did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1 << 20) as f64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_ten_times_the_queue_gets_429s_and_memory_returns_to_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::tiny(dir.path(), 2);
+    let s = spawn(
+        &model,
+        &["--dp", "1", "--max-queue", "4", "--strategy", "offload"],
+    );
+    s.wait_ready().await;
+    // Warm up so lazily allocated buffers are part of the idle level.
+    for seed in 0..3 {
+        let r = s
+            .call(
+                "POST",
+                "/v1/images/generations",
+                Some(json!({ "class_label": 1, "seed": seed, "steps": 40 })),
+            )
+            .await;
+        assert_eq!(r.status, 200);
+    }
+    s.wait_gauges(0.0, 0.0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let idle = s.rss_anon();
+    let burst = 40;
+    let tasks: Vec<_> = (0..burst)
+        .map(|i| {
+            let addr = s.addr;
+            tokio::spawn(async move {
+                let body = json!({ "class_label": i, "seed": i, "steps": 40, "response_format": "b64_json" }).to_string();
+                http(addr, "POST", "/v1/images/generations", Some(body.as_bytes()), T).await.unwrap()
+            })
+        })
+        .collect();
+    let mut peak = idle;
+    let mut codes = std::collections::BTreeMap::new();
+    for t in tasks {
+        peak = peak.max(s.rss_anon());
+        let r = t.await.unwrap();
+        if r.status == 429 {
+            assert!(r.header("retry-after").unwrap().parse::<u64>().unwrap() >= 1);
+        }
+        *codes.entry(r.status).or_insert(0) += 1;
+    }
+    s.wait_gauges(0.0, 0.0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = s.rss_anon();
+    eprintln!("burst of {burst} with queue 4: {codes:?}; RssAnon idle {:.1} MiB, peak {:.1} MiB, after {:.1} MiB", mib(idle), mib(peak), mib(after));
+    let (ok, busy) = (
+        codes.get(&200).copied().unwrap_or(0),
+        codes.get(&429).copied().unwrap_or(0),
+    );
+    assert_eq!(ok + busy, burst, "only 200 and 429: {codes:?}");
+    assert!(busy >= burst / 2, "the excess is refused: {codes:?}");
+    assert!(ok >= 5, "the queue's worth completes: {codes:?}");
+    assert!(
+        after <= idle + (16 << 20),
+        "RssAnon {:.1} MiB after the burst vs {:.1} MiB idle",
+        mib(after),
+        mib(idle)
+    );
+
+    // loadgen against the same server.
+    let out = Command::new(BIN)
+        .args([
+            "loadgen",
+            "--url",
+            &format!("http://{}", s.addr),
+            "--concurrency",
+            "2",
+            "--requests",
+            "4",
+            "--steps",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("outputs/s") && text.contains("4 ok"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_running_work_fails_queued_with_503_and_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::tiny(dir.path(), 8);
+    let mut s = spawn(
+        &model,
+        &["--dp", "1", "--max-queue", "8", "--grace-seconds", "60"],
+    );
+    s.wait_ready().await;
+    let addr = s.addr;
+    let send = |steps: usize, seed: u64| {
+        tokio::spawn(async move {
+            let body = json!({ "class_label": 1, "seed": seed, "steps": steps, "size": "128x128" })
+                .to_string();
+            http(
+                addr,
+                "POST",
+                "/v1/images/generations",
+                Some(body.as_bytes()),
+                T,
+            )
+            .await
+            .unwrap()
+        })
+    };
+    // About 3 s of work on 2 cores: long enough to still run when SIGTERM lands.
+    let running = send(250, 1);
+    s.wait_gauges(0.0, 1.0).await;
+    let queued = [send(5, 2), send(5, 3)];
+    s.wait_gauges(2.0, 1.0).await;
+    // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
+    assert_eq!(unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) }, 0);
+    for q in queued {
+        let r = q.await.unwrap();
+        assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+        assert!(r.json().unwrap()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"));
+    }
+    let r = running.await.unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let status = s.exit_status(T);
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
+#[test]
+fn a_rank_that_fails_fails_the_pod_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::tiny(dir.path(), 2);
+    let out = Command::new(BIN)
+        .arg("serve")
+        .arg("--model")
+        .arg(&model)
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--dp",
+            "2",
+            "--device-memory-mib",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("device memory exhausted on rank"), "{err}");
+}
+
+#[test]
+fn a_two_rank_trace_shows_copy_gather_and_compute_overlapping() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::tiny(dir.path(), 4);
+    let trace = dir.path().join("trace.json");
+    let out = Command::new(BIN)
+        .arg("generate")
+        .arg("--model")
+        .arg(&model)
+        .args([
+            "--dp",
+            "2",
+            "--n",
+            "2",
+            "--steps",
+            "2",
+            "--strategy",
+            "offload-sharded",
+            "--out",
+        ])
+        .arg(dir.path().join("x.png"))
+        .arg("--trace")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let spans: Vec<(u64, String, f64, f64)> = t["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .map(|e| {
+            (
+                e["args"]["rank"].as_u64().unwrap(),
+                e["cat"].as_str().unwrap().to_string(),
+                e["ts"].as_f64().unwrap(),
+                e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    for rank in 0..2 {
+        for cat in ["copy", "gather", "compute"] {
+            // 4 blocks × 2 steps, every one copied, gathered and computed.
+            assert_eq!(
+                spans.iter().filter(|s| s.0 == rank && s.1 == cat).count(),
+                8,
+                "rank {rank} {cat}"
+            );
+        }
+    }
+    let overlaps = |a: &str, b: &str| {
+        spans.iter().any(|x| {
+            x.1 == a
+                && spans
+                    .iter()
+                    .any(|y| y.1 == b && y.0 == x.0 && x.2 < y.3 && y.2 < x.3)
+        })
+    };
+    assert!(
+        overlaps("compute", "copy") || overlaps("compute", "gather"),
+        "transfers overlap compute"
+    );
+    let out = Command::new(BIN)
+        .arg("trace-svg")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let svg = std::fs::read_to_string(trace.with_extension("svg")).unwrap();
+    assert!(svg.contains("rank 1 gather") && svg.contains("rank 0 compute"));
+}
