@@ -195,16 +195,32 @@ async fn nodes(dd: &DiffusionDeployment, ctx: &Context) -> Result<(Vec<(Diffusio
     Ok((candidates, others))
 }
 
-/// Adds this deployment's prepare request to `node` (or, with `request` None, removes it).
-async fn set_request(ctx: &Context, id: &str, node: &str, request: Option<&crds::ModelRequest>) -> Result<()> {
+/// Adds this deployment's prepare request to `node` (server-side apply under the
+/// deployment's own field manager, so requests of many deployments merge).
+async fn request(ctx: &Context, id: &str, node: &str, request: &crds::ModelRequest) -> Result<()> {
     let api: Api<DiffusionNode> = Api::all(ctx.client.clone());
-    let patch = match request {
-        Some(r) => json!({ "apiVersion": API_VERSION, "kind": "DiffusionNode", "metadata": { "name": node }, "spec": { "models": [r] } }),
-        None => json!({ "apiVersion": API_VERSION, "kind": "DiffusionNode", "metadata": { "name": node } }),
-    };
+    let patch = json!({ "apiVersion": API_VERSION, "kind": "DiffusionNode", "metadata": { "name": node }, "spec": { "models": [request] } });
     api.patch(node, &PatchParams::apply(&request_manager(id)).force(), &Patch::Apply(&patch))
         .await
-        .map_err(kube(format!("updating prepare request {id} on DiffusionNode {node}")))?;
+        .map_err(kube(format!("adding prepare request {id} to DiffusionNode {node}")))?;
+    Ok(())
+}
+
+/// Removes this deployment's prepare request from `dn`. A JSON patch that first tests the
+/// entry's id, so a concurrent change fails it (and the next reconcile retries) instead of
+/// removing someone else's entry; unlike withdrawing by apply, it leaves an empty list
+/// rather than dropping the required spec when ours was the last request.
+async fn withdraw(ctx: &Context, id: &str, dn: &DiffusionNode) -> Result<()> {
+    let Some(i) = dn.spec.models.iter().position(|m| m.id == id) else { return Ok(()) };
+    let api: Api<DiffusionNode> = Api::all(ctx.client.clone());
+    let ops = json!([
+        { "op": "test", "path": format!("/spec/models/{i}/id"), "value": id },
+        { "op": "remove", "path": format!("/spec/models/{i}") },
+    ]);
+    let patch: json_patch::Patch = serde_json::from_value(ops).map_err(|source| Error::Serialize { what: "withdraw patch", source })?;
+    api.patch(&dn.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+        .map_err(kube(format!("withdrawing prepare request {id} from DiffusionNode {}", dn.name_any())))?;
     Ok(())
 }
 
@@ -225,7 +241,7 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     let mut asked = Vec::new();
     for (dn, _) in &candidates {
         if !dn.spec.models.iter().any(|m| m == &request) {
-            set_request(ctx, &id, &dn.name_any(), Some(&request)).await?;
+            request(ctx, &id, &dn.name_any(), &request).await?;
             asked.push(dn.name_any());
         }
     }
@@ -234,7 +250,7 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
         publish(ctx, dd, EventType::Normal, "PrepareRequested", "Prepare", note).await;
     }
     for dn in others.iter().filter(|dn| dn.spec.models.iter().any(|m| m.id == id)) {
-        set_request(ctx, &id, &dn.name_any(), None).await?;
+        withdraw(ctx, &id, dn).await?;
         let note = format!("withdrew the prepare request from {} (no longer a candidate)", dn.name_any());
         publish(ctx, dd, EventType::Normal, "PrepareWithdrawn", "Prepare", note).await;
     }
@@ -475,7 +491,7 @@ async fn cleanup(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
         .map_err(kube("listing DiffusionNodes"))?;
     let mut withdrawn = Vec::new();
     for dn in all.items.iter().filter(|dn| dn.spec.models.iter().any(|m| m.id == id)) {
-        set_request(ctx, &id, &dn.name_any(), None).await?;
+        withdraw(ctx, &id, dn).await?;
         withdrawn.push(dn.name_any());
     }
     if !withdrawn.is_empty() {

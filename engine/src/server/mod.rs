@@ -101,7 +101,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         return Err(Error::invalid("max-queue", "must be at least 1"));
     }
     let model = Arc::new(Model::open(&a.model)?);
-    let trace = a.trace.as_ref().map(|_| Trace::new(4_000_000));
+    let trace = a.trace.as_ref().map(|_| Trace::new(1_000_000));
     let opts = EngineOptions {
         strategy,
         dp: a.dp,
