@@ -37,7 +37,11 @@ impl ModelLocation {
     pub fn describe(&self) -> String {
         match (&self.host_path, &self.persistent_volume_claim) {
             (Some(p), _) => p.clone(),
-            (None, Some(pvc)) => format!("pvc:{}/{}", pvc.claim_name, pvc.sub_path.as_deref().unwrap_or("")),
+            (None, Some(pvc)) => format!(
+                "pvc:{}/{}",
+                pvc.claim_name,
+                pvc.sub_path.as_deref().unwrap_or("")
+            ),
             (None, None) => "<none>".into(),
         }
     }
@@ -45,7 +49,9 @@ impl ModelLocation {
 
 /// How the engine holds the weights (see ARCHITECTURE.md's strategy table); `auto` lets the
 /// planner choose.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, Hash,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Strategy {
     #[default]

@@ -1,11 +1,15 @@
 //! `DiffusionDeployment`: one model served by a set of engine pods, sized by the operator.
 
+// Several printer columns repeat `type_ = "integer"`, which clippy mistakes for a
+// duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::KubeSchema;
 use kube::CustomResource;
+use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{ModelLocation, Strategy};
@@ -28,12 +32,41 @@ use crate::common::{ModelLocation, Strategy};
         status_replicas_path = ".status.replicas",
         label_selector_path = ".status.selector"
     ),
-    printcolumn(name = "Strategy", type_ = "string", json_path = ".status.plan.strategy", description = "Planned strategy"),
-    printcolumn(name = "DP", type_ = "integer", json_path = ".status.plan.dp", description = "Ranks (accelerators) per pod"),
-    printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.replicas", description = "Engine pods wanted"),
-    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas", description = "Engine pods ready"),
-    printcolumn(name = "Queue", type_ = "integer", json_path = ".status.queueDepth", description = "Requests queued or running"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Strategy",
+        type_ = "string",
+        json_path = ".status.plan.strategy",
+        description = "Planned strategy"
+    ),
+    printcolumn(
+        name = "DP",
+        type_ = "integer",
+        json_path = ".status.plan.dp",
+        description = "Ranks (accelerators) per pod"
+    ),
+    printcolumn(
+        name = "Replicas",
+        type_ = "integer",
+        json_path = ".status.replicas",
+        description = "Engine pods wanted"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "integer",
+        json_path = ".status.readyReplicas",
+        description = "Engine pods ready"
+    ),
+    printcolumn(
+        name = "Queue",
+        type_ = "integer",
+        json_path = ".status.queueDepth",
+        description = "Requests queued or running"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.dp) || !has(self.strategy) || self.strategy != 'sharded' || self.dp >= 2").message("strategy sharded needs dp of at least 2 (use resident for one device)"))]
@@ -128,7 +161,14 @@ fn yes() -> bool {
 
 impl Default for Workload {
     fn default() -> Self {
-        Workload { max_width: 1024, max_height: 1024, max_frames: 1, max_steps: 50, max_batch: 1, guidance: true }
+        Workload {
+            max_width: 1024,
+            max_height: 1024,
+            max_frames: 1,
+            max_steps: 50,
+            max_batch: 1,
+            guidance: true,
+        }
     }
 }
 
@@ -153,7 +193,9 @@ impl Accelerator {
     pub const DEFAULT_RESOURCE: &'static str = "nvidia.com/gpu";
 
     pub fn resource(&self) -> &str {
-        self.resource_name.as_deref().unwrap_or(Self::DEFAULT_RESOURCE)
+        self.resource_name
+            .as_deref()
+            .unwrap_or(Self::DEFAULT_RESOURCE)
     }
 }
 
@@ -193,7 +235,9 @@ fn five_minutes() -> u32 {
 }
 
 /// Who decides the replica count.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum AutoscalingMode {
     #[default]
@@ -278,8 +322,12 @@ pub enum PlannedStrategy {
 }
 
 impl PlannedStrategy {
-    pub const ALL: [PlannedStrategy; 4] =
-        [PlannedStrategy::Resident, PlannedStrategy::Sharded, PlannedStrategy::OffloadSharded, PlannedStrategy::Offload];
+    pub const ALL: [PlannedStrategy; 4] = [
+        PlannedStrategy::Resident,
+        PlannedStrategy::Sharded,
+        PlannedStrategy::OffloadSharded,
+        PlannedStrategy::Offload,
+    ];
 
     /// The name the engine's `--strategy` flag takes.
     pub fn as_str(self) -> &'static str {

@@ -33,10 +33,19 @@ pub const VERSION: &str = "v1alpha1";
 use kube::CustomResourceExt;
 
 /// Every CRD of the API with the file name (under `crds/`) it is committed as.
-pub fn all() -> Vec<(&'static str, k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition)> {
+pub fn all() -> Vec<(
+    &'static str,
+    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+)> {
     vec![
-        ("diffusiondeployments.yaml", without_unsigned_formats(DiffusionDeployment::crd())),
-        ("diffusionnodes.yaml", without_unsigned_formats(DiffusionNode::crd())),
+        (
+            "diffusiondeployments.yaml",
+            without_unsigned_formats(DiffusionDeployment::crd()),
+        ),
+        (
+            "diffusionnodes.yaml",
+            without_unsigned_formats(DiffusionNode::crd()),
+        ),
     ]
 }
 
@@ -48,7 +57,10 @@ fn without_unsigned_formats(
     fn walk(v: &mut serde_json::Value) {
         match v {
             serde_json::Value::Object(m) => {
-                if m.get("format").and_then(|f| f.as_str()).is_some_and(|f| f.starts_with("uint")) {
+                if m.get("format")
+                    .and_then(|f| f.as_str())
+                    .is_some_and(|f| f.starts_with("uint"))
+                {
                     m.remove("format");
                 }
                 m.values_mut().for_each(walk);

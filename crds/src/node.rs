@@ -2,9 +2,13 @@
 //! to prepare); the node agent writes the status (what the node has, and each model's
 //! profile and page-cache state).
 
+// Several printer columns repeat `type_ = "integer"`, which clippy mistakes for a
+// duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::KubeSchema;
 use kube::CustomResource;
+use kube::KubeSchema;
 use layerwise_engine::checkpoint::Profile;
 use serde::{Deserialize, Serialize};
 
@@ -21,10 +25,22 @@ use crate::common::ModelLocation;
     shortname = "dn",
     category = "layerwise",
     doc = "A node's accelerators, memory and prepared models, reported by the layerwise node agent",
-    printcolumn(name = "Accelerators", type_ = "string", json_path = ".status.accelerators[0].product"),
-    printcolumn(name = "Count", type_ = "integer", json_path = ".status.accelerators[0].count"),
+    printcolumn(
+        name = "Accelerators",
+        type_ = "string",
+        json_path = ".status.accelerators[0].product"
+    ),
+    printcolumn(
+        name = "Count",
+        type_ = "integer",
+        json_path = ".status.accelerators[0].count"
+    ),
     printcolumn(name = "Models", type_ = "integer", json_path = ".status.modelCount"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DiffusionNodeSpec {
@@ -77,7 +93,8 @@ pub struct DiffusionNodeStatus {
 impl DiffusionNodeStatus {
     /// Host bytes pods may use: the smaller of physical memory and the cgroup limit.
     pub fn usable_host_bytes(&self) -> u64 {
-        self.cgroup_memory_limit_bytes.map_or(self.host_memory_bytes, |l| l.min(self.host_memory_bytes))
+        self.cgroup_memory_limit_bytes
+            .map_or(self.host_memory_bytes, |l| l.min(self.host_memory_bytes))
     }
 
     /// The status of the model requested as `id`, if the agent has reported it.
@@ -132,7 +149,9 @@ pub struct NodeModelStatus {
 }
 
 /// Where a node is with a model.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
 pub enum ModelState {
     #[default]
     Pending,

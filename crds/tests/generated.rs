@@ -29,9 +29,21 @@ fn the_deployment_kind_has_scale_status_and_printer_columns() {
     assert!(sub.status.is_some());
     let scale = sub.scale.as_ref().unwrap();
     assert_eq!(scale.spec_replicas_path, ".spec.replicas");
-    assert_eq!(scale.label_selector_path.as_deref(), Some(".status.selector"));
-    let cols: Vec<&str> = v.additional_printer_columns.as_ref().unwrap().iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(cols, ["Strategy", "DP", "Replicas", "Ready", "Queue", "Age"]);
+    assert_eq!(
+        scale.label_selector_path.as_deref(),
+        Some(".status.selector")
+    );
+    let cols: Vec<&str> = v
+        .additional_printer_columns
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(
+        cols,
+        ["Strategy", "DP", "Replicas", "Ready", "Queue", "Age"]
+    );
     assert_eq!(crd.spec.scope, "Namespaced");
     assert_eq!(crds::DiffusionNode::crd().spec.scope, "Cluster");
 }
@@ -39,7 +51,12 @@ fn the_deployment_kind_has_scale_status_and_printer_columns() {
 #[test]
 fn the_node_status_embeds_the_engine_profile() {
     let yaml = crds::to_yaml(&<crds::DiffusionNode as kube::CustomResourceExt>::crd()).unwrap();
-    for field in ["maxBlockBytesByDtype", "outsideBlockBytes", "bytesPerTokenPair", "vaeBytesPerPixel"] {
+    for field in [
+        "maxBlockBytesByDtype",
+        "outsideBlockBytes",
+        "bytesPerTokenPair",
+        "vaeBytesPerPixel",
+    ] {
         assert!(yaml.contains(field), "DiffusionNode schema lacks {field}");
     }
 }

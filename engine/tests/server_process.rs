@@ -175,7 +175,7 @@ async fn a_burst_of_ten_times_the_queue_gets_429s_and_memory_returns_to_idle() {
     );
     assert_eq!(ok + busy, burst, "only 200 and 429: {codes:?}");
     assert!(busy >= burst / 2, "the excess is refused: {codes:?}");
-    assert!(ok >= 5, "the queue's worth completes: {codes:?}");
+    assert!(ok >= 4, "at least the queue's worth completes: {codes:?}");
     assert!(
         after <= idle + (16 << 20),
         "RssAnon {:.1} MiB after the burst vs {:.1} MiB idle",

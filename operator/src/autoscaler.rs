@@ -36,18 +36,33 @@ pub struct Step {
 
 /// Scales up at once; scales down only once the load has wanted fewer replicas for the whole
 /// delay, then to what the load wants now.
-pub fn step(current: i32, load: u64, b: &Bounds, pending_since: Option<Timestamp>, now: Timestamp) -> Step {
+pub fn step(
+    current: i32,
+    load: u64,
+    b: &Bounds,
+    pending_since: Option<Timestamp>,
+    now: Timestamp,
+) -> Step {
     let want = desired(load, b);
     let current = current.clamp(b.min.max(0), b.max.max(b.min.max(0)));
     if want >= current {
-        return Step { replicas: want, pending_since: None };
+        return Step {
+            replicas: want,
+            pending_since: None,
+        };
     }
     let since = pending_since.unwrap_or(now);
     let waited = now.duration_since(since).unsigned_abs();
     if waited >= b.delay {
-        Step { replicas: want, pending_since: None }
+        Step {
+            replicas: want,
+            pending_since: None,
+        }
     } else {
-        Step { replicas: current, pending_since: Some(since) }
+        Step {
+            replicas: current,
+            pending_since: Some(since),
+        }
     }
 }
 
@@ -74,15 +89,23 @@ pub trait LoadSource: Send + Sync {
 pub fn parse_metrics(text: &str) -> PodLoad {
     let mut load = PodLoad::default();
     for line in text.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
-        let Some((name, value)) = line.rsplit_once(' ').map(|(n, v)| (n.trim(), v)) else { continue };
+        let Some((name, value)) = line.rsplit_once(' ').map(|(n, v)| (n.trim(), v)) else {
+            continue;
+        };
         // A sample line may carry a timestamp after the value.
         let (name, value) = match name.rsplit_once(' ') {
             Some((n, v)) if v.parse::<f64>().is_ok() && !n.is_empty() => (n.trim(), v),
             _ => (name, value),
         };
         let metric = name.split('{').next().unwrap_or(name);
-        let Ok(v) = value.parse::<f64>() else { continue };
-        let v = if v.is_finite() && v > 0.0 { v.round() as u64 } else { 0 };
+        let Ok(v) = value.parse::<f64>() else {
+            continue;
+        };
+        let v = if v.is_finite() && v > 0.0 {
+            v.round() as u64
+        } else {
+            0
+        };
         match metric {
             "layerwise_queue_depth" => load.queued += v,
             "layerwise_running_requests" => load.running += v,
@@ -103,22 +126,40 @@ impl LoadSource for HttpLoad {
     fn load<'a>(&'a self, pod: &'a Pod) -> BoxFuture<'a, Result<PodLoad, String>> {
         Box::pin(async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).ok_or("pod has no IP yet")?;
+            let ip = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.clone())
+                .ok_or("pod has no IP yet")?;
             let addr = format!("{ip}:{}", self.port);
             let fetch = async {
-                let mut s = tokio::net::TcpStream::connect(&addr).await.map_err(|e| format!("connecting to {addr}: {e}"))?;
+                let mut s = tokio::net::TcpStream::connect(&addr)
+                    .await
+                    .map_err(|e| format!("connecting to {addr}: {e}"))?;
                 let req = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-                s.write_all(req.as_bytes()).await.map_err(|e| format!("writing to {addr}: {e}"))?;
+                s.write_all(req.as_bytes())
+                    .await
+                    .map_err(|e| format!("writing to {addr}: {e}"))?;
                 let mut body = Vec::new();
-                s.take(4 << 20).read_to_end(&mut body).await.map_err(|e| format!("reading from {addr}: {e}"))?;
+                s.take(4 << 20)
+                    .read_to_end(&mut body)
+                    .await
+                    .map_err(|e| format!("reading from {addr}: {e}"))?;
                 let text = String::from_utf8_lossy(&body);
-                let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("{addr}: malformed HTTP response"))?;
+                let (head, body) = text
+                    .split_once("\r\n\r\n")
+                    .ok_or_else(|| format!("{addr}: malformed HTTP response"))?;
                 if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-                    return Err(format!("{addr}/metrics answered {}", head.lines().next().unwrap_or("")));
+                    return Err(format!(
+                        "{addr}/metrics answered {}",
+                        head.lines().next().unwrap_or("")
+                    ));
                 }
                 Ok(parse_metrics(body))
             };
-            tokio::time::timeout(self.timeout, fetch).await.map_err(|_| format!("{addr}/metrics timed out"))?
+            tokio::time::timeout(self.timeout, fetch)
+                .await
+                .map_err(|_| format!("{addr}/metrics timed out"))?
         })
     }
 }
@@ -128,7 +169,12 @@ mod tests {
     use super::*;
 
     fn b(min: i32, max: i32, target: u32, delay_s: u64) -> Bounds {
-        Bounds { min, max, target, delay: Duration::from_secs(delay_s) }
+        Bounds {
+            min,
+            max,
+            target,
+            delay: Duration::from_secs(delay_s),
+        }
     }
 
     #[test]
@@ -148,30 +194,67 @@ mod tests {
         let bounds = b(1, 8, 2, 60);
         let t0 = Timestamp::from_second(1_000_000).unwrap();
         let up = step(1, 9, &bounds, None, t0);
-        assert_eq!(up, Step { replicas: 5, pending_since: None });
+        assert_eq!(
+            up,
+            Step {
+                replicas: 5,
+                pending_since: None
+            }
+        );
         // Load drops: nothing changes yet, the wait starts.
         let s1 = step(5, 1, &bounds, None, t0);
-        assert_eq!(s1, Step { replicas: 5, pending_since: Some(t0) });
+        assert_eq!(
+            s1,
+            Step {
+                replicas: 5,
+                pending_since: Some(t0)
+            }
+        );
         let t1 = t0 + Duration::from_secs(59);
         assert_eq!(step(5, 1, &bounds, s1.pending_since, t1).replicas, 5);
         let t2 = t0 + Duration::from_secs(60);
-        assert_eq!(step(5, 1, &bounds, s1.pending_since, t2), Step { replicas: 1, pending_since: None });
+        assert_eq!(
+            step(5, 1, &bounds, s1.pending_since, t2),
+            Step {
+                replicas: 1,
+                pending_since: None
+            }
+        );
         // A load spike while waiting cancels the wait.
-        assert_eq!(step(5, 10, &bounds, s1.pending_since, t1), Step { replicas: 5, pending_since: None });
+        assert_eq!(
+            step(5, 10, &bounds, s1.pending_since, t1),
+            Step {
+                replicas: 5,
+                pending_since: None
+            }
+        );
     }
 
     #[test]
     fn out_of_bounds_current_is_brought_into_bounds() {
-        assert_eq!(step(20, 100, &b(1, 4, 1, 60), None, Timestamp::UNIX_EPOCH).replicas, 4);
-        assert_eq!(step(0, 0, &b(2, 4, 1, 60), None, Timestamp::UNIX_EPOCH).replicas, 2);
+        assert_eq!(
+            step(20, 100, &b(1, 4, 1, 60), None, Timestamp::UNIX_EPOCH).replicas,
+            4
+        );
+        assert_eq!(
+            step(0, 0, &b(2, 4, 1, 60), None, Timestamp::UNIX_EPOCH).replicas,
+            2
+        );
     }
 
     #[test]
     fn parses_prometheus_text() {
-        let text = "# HELP layerwise_queue_depth Requests waiting\n# TYPE layerwise_queue_depth gauge\n\
+        let text =
+            "# HELP layerwise_queue_depth Requests waiting\n# TYPE layerwise_queue_depth gauge\n\
             layerwise_queue_depth 3\nlayerwise_running_requests{rank=\"0\"} 1\n\
             layerwise_running_requests{rank=\"1\"} 1 1700000000000\nother_metric 9\n";
-        assert_eq!(parse_metrics(text), PodLoad { queued: 3, running: 2 });
+        assert_eq!(
+            parse_metrics(text),
+            PodLoad {
+                queued: 3,
+                running: 2
+            }
+        );
         assert_eq!(parse_metrics("garbage\n"), PodLoad::default());
     }
 }

@@ -12,7 +12,15 @@ pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
 
 /// Sets condition `type_` in `conds` (adding it when missing).
-pub fn set(conds: &mut Vec<Condition>, type_: &str, status: bool, reason: &str, message: impl Into<String>, generation: Option<i64>, now: Timestamp) {
+pub fn set(
+    conds: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
     let status = if status { "True" } else { "False" }.to_string();
     let message = message.into();
     match conds.iter_mut().find(|c| c.type_ == type_) {
@@ -52,8 +60,19 @@ mod tests {
         let mut c = Vec::new();
         set(&mut c, PLANNED, true, "Planned", "a", Some(1), t0);
         set(&mut c, PLANNED, true, "Planned", "b", Some(2), t1);
-        assert_eq!((c.len(), c[0].last_transition_time.0, c[0].message.as_str()), (1, t0, "b"));
-        set(&mut c, PLANNED, false, "InsufficientDeviceMemory", "c", Some(3), t1);
+        assert_eq!(
+            (c.len(), c[0].last_transition_time.0, c[0].message.as_str()),
+            (1, t0, "b")
+        );
+        set(
+            &mut c,
+            PLANNED,
+            false,
+            "InsufficientDeviceMemory",
+            "c",
+            Some(3),
+            t1,
+        );
         assert_eq!(c[0].last_transition_time.0, t1);
         assert!(!is_true(&c, PLANNED));
     }

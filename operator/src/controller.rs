@@ -8,7 +8,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crds::{AutoscalingMode, DiffusionDeployment, DiffusionDeploymentStatus, DiffusionNode, ModelState};
+use crds::{
+    AutoscalingMode, DiffusionDeployment, DiffusionDeploymentStatus, DiffusionNode, ModelState,
+};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
@@ -61,26 +63,47 @@ pub struct Context {
 }
 
 /// Runs the controller until `shutdown` resolves.
-pub async fn run(client: Client, settings: Settings, load: Arc<dyn LoadSource>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    load: Arc<dyn LoadSource>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
     let (dds, deploys): (Api<DiffusionDeployment>, Api<Deployment>) = match &settings.namespace {
-        Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client.clone(), ns)),
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
     let reporter = Reporter {
         controller: MANAGER.into(),
         instance: std::env::var("POD_NAME").ok(),
     };
-    let ctx = Arc::new(Context { recorder: Recorder::new(client.clone(), reporter), client: client.clone(), settings, load });
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client: client.clone(),
+        settings,
+        load,
+    });
     Controller::new(dds, watcher::Config::default())
         .owns(deploys, watcher::Config::default())
         // A node's profile or warmth changing is news for the deployments that asked it.
-        .watches(Api::<DiffusionNode>::all(client), watcher::Config::default(), |dn| {
-            dn.spec
-                .models
-                .iter()
-                .filter_map(|m| m.id.split_once('/').map(|(ns, name)| ObjectRef::<DiffusionDeployment>::new(name).within(ns)))
-                .collect::<Vec<_>>()
-        })
+        .watches(
+            Api::<DiffusionNode>::all(client),
+            watcher::Config::default(),
+            |dn| {
+                dn.spec
+                    .models
+                    .iter()
+                    .filter_map(|m| {
+                        m.id.split_once('/').map(|(ns, name)| {
+                            ObjectRef::<DiffusionDeployment>::new(name).within(ns)
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            },
+        )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
@@ -105,12 +128,16 @@ pub fn request_manager(id: &str) -> String {
         return full;
     }
     // FNV-1a: stable across Rust versions, unlike the std hasher.
-    let hash = id.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100000001b3));
+    let hash = id.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    });
     format!("{MANAGER}/{hash:016x}")
 }
 
 pub async fn reconcile(dd: Arc<DiffusionDeployment>, ctx: Arc<Context>) -> Result<Action> {
-    let ns = dd.namespace().ok_or(Error::MissingObjectKey("metadata.namespace"))?;
+    let ns = dd
+        .namespace()
+        .ok_or(Error::MissingObjectKey("metadata.namespace"))?;
     let api: Api<DiffusionDeployment> = Api::namespaced(ctx.client.clone(), &ns);
     finalizer(&api, FINALIZER, dd, |event| async {
         match event {
@@ -127,9 +154,22 @@ pub fn error_policy(dd: Arc<DiffusionDeployment>, err: &Error, _ctx: Arc<Context
     Action::requeue(Duration::from_secs(5))
 }
 
-async fn publish(ctx: &Context, dd: &DiffusionDeployment, type_: EventType, reason: &str, action: &str, note: String) {
+async fn publish(
+    ctx: &Context,
+    dd: &DiffusionDeployment,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
     info!(deployment = %dd.name_any(), reason, "{note}");
-    let ev = Event { type_, reason: reason.into(), note: Some(truncate(note, 1000)), action: action.into(), secondary: None };
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(truncate(note, 1000)),
+        action: action.into(),
+        secondary: None,
+    };
     if let Err(err) = ctx.recorder.publish(&ev, &dd.object_ref(&())).await {
         warn!(deployment = %dd.name_any(), error = %err, "publishing event {reason}");
     }
@@ -148,25 +188,47 @@ fn truncate(mut s: String, max: usize) -> String {
 
 /// The reason condition `type_` had in `status` before this reconcile.
 fn previous<'a>(status: &'a DiffusionDeploymentStatus, type_: &str) -> Option<(&'a str, &'a str)> {
-    status.conditions.iter().find(|c| c.type_ == type_).map(|c| (c.reason.as_str(), c.message.as_str()))
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.reason.as_str(), c.message.as_str()))
 }
 
-async fn write_status(ctx: &Context, dd: &DiffusionDeployment, status: &DiffusionDeploymentStatus) -> Result<()> {
-    let api: Api<DiffusionDeployment> = Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
-    let patch = json!({ "apiVersion": API_VERSION, "kind": "DiffusionDeployment", "status": status });
-    api.patch_status(&dd.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch))
-        .await
-        .map_err(kube(format!("writing status of {}", model_id(dd))))?;
+async fn write_status(
+    ctx: &Context,
+    dd: &DiffusionDeployment,
+    status: &DiffusionDeploymentStatus,
+) -> Result<()> {
+    let api: Api<DiffusionDeployment> =
+        Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
+    let patch =
+        json!({ "apiVersion": API_VERSION, "kind": "DiffusionDeployment", "status": status });
+    api.patch_status(
+        &dd.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(kube(format!("writing status of {}", model_id(dd))))?;
     Ok(())
 }
 
 /// Candidate nodes: DiffusionNodes named after Nodes that match the selector and offer the
 /// accelerator, with the accelerators each Node has allocatable; then every other
 /// DiffusionNode (to withdraw stale requests from).
-async fn nodes(dd: &DiffusionDeployment, ctx: &Context) -> Result<(Vec<(DiffusionNode, u32)>, Vec<DiffusionNode>)> {
+async fn nodes(
+    dd: &DiffusionDeployment,
+    ctx: &Context,
+) -> Result<(Vec<(DiffusionNode, u32)>, Vec<DiffusionNode>)> {
     let acc = &dd.spec.accelerator;
     let resource = acc.resource();
-    let selector = acc.node_selector.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+    let selector = acc
+        .node_selector
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
     let nodes = Api::<Node>::all(ctx.client.clone())
         .list(&ListParams::default().labels(&selector))
         .await
@@ -197,12 +259,23 @@ async fn nodes(dd: &DiffusionDeployment, ctx: &Context) -> Result<(Vec<(Diffusio
 
 /// Adds this deployment's prepare request to `node` (server-side apply under the
 /// deployment's own field manager, so requests of many deployments merge).
-async fn request(ctx: &Context, id: &str, node: &str, request: &crds::ModelRequest) -> Result<()> {
+async fn add_request(
+    ctx: &Context,
+    id: &str,
+    node: &str,
+    request: &crds::ModelRequest,
+) -> Result<()> {
     let api: Api<DiffusionNode> = Api::all(ctx.client.clone());
     let patch = json!({ "apiVersion": API_VERSION, "kind": "DiffusionNode", "metadata": { "name": node }, "spec": { "models": [request] } });
-    api.patch(node, &PatchParams::apply(&request_manager(id)).force(), &Patch::Apply(&patch))
-        .await
-        .map_err(kube(format!("adding prepare request {id} to DiffusionNode {node}")))?;
+    api.patch(
+        node,
+        &PatchParams::apply(&request_manager(id)).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(kube(format!(
+        "adding prepare request {id} to DiffusionNode {node}"
+    )))?;
     Ok(())
 }
 
@@ -211,16 +284,29 @@ async fn request(ctx: &Context, id: &str, node: &str, request: &crds::ModelReque
 /// removing someone else's entry; unlike withdrawing by apply, it leaves an empty list
 /// rather than dropping the required spec when ours was the last request.
 async fn withdraw(ctx: &Context, id: &str, dn: &DiffusionNode) -> Result<()> {
-    let Some(i) = dn.spec.models.iter().position(|m| m.id == id) else { return Ok(()) };
+    let Some(i) = dn.spec.models.iter().position(|m| m.id == id) else {
+        return Ok(());
+    };
     let api: Api<DiffusionNode> = Api::all(ctx.client.clone());
     let ops = json!([
         { "op": "test", "path": format!("/spec/models/{i}/id"), "value": id },
         { "op": "remove", "path": format!("/spec/models/{i}") },
     ]);
-    let patch: json_patch::Patch = serde_json::from_value(ops).map_err(|source| Error::Serialize { what: "withdraw patch", source })?;
-    api.patch(&dn.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await
-        .map_err(kube(format!("withdrawing prepare request {id} from DiffusionNode {}", dn.name_any())))?;
+    let patch: json_patch::Patch =
+        serde_json::from_value(ops).map_err(|source| Error::Serialize {
+            what: "withdraw patch",
+            source,
+        })?;
+    api.patch(
+        &dn.name_any(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(patch),
+    )
+    .await
+    .map_err(kube(format!(
+        "withdrawing prepare request {id} from DiffusionNode {}",
+        dn.name_any()
+    )))?;
     Ok(())
 }
 
@@ -237,32 +323,86 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
 
     // 1. Ask candidate nodes to prepare the model; withdraw from nodes no longer candidates.
     let (candidates, others) = nodes(dd, ctx).await?;
-    let request = crds::ModelRequest { id: id.clone(), family: spec.model.family.clone(), location: spec.model.location.clone() };
+    let request = crds::ModelRequest {
+        id: id.clone(),
+        family: spec.model.family.clone(),
+        location: spec.model.location.clone(),
+    };
     let mut asked = Vec::new();
     for (dn, _) in &candidates {
         if !dn.spec.models.iter().any(|m| m == &request) {
-            request(ctx, &id, &dn.name_any(), &request).await?;
+            add_request(ctx, &id, &dn.name_any(), &request).await?;
             asked.push(dn.name_any());
         }
     }
     if !asked.is_empty() {
-        let note = format!("asked {} to profile and warm {}", asked.join(", "), spec.model.location.describe());
-        publish(ctx, dd, EventType::Normal, "PrepareRequested", "Prepare", note).await;
+        let note = format!(
+            "asked {} to profile and warm {}",
+            asked.join(", "),
+            spec.model.location.describe()
+        );
+        publish(
+            ctx,
+            dd,
+            EventType::Normal,
+            "PrepareRequested",
+            "Prepare",
+            note,
+        )
+        .await;
     }
-    for dn in others.iter().filter(|dn| dn.spec.models.iter().any(|m| m.id == id)) {
+    for dn in others
+        .iter()
+        .filter(|dn| dn.spec.models.iter().any(|m| m.id == id))
+    {
         withdraw(ctx, &id, dn).await?;
-        let note = format!("withdrew the prepare request from {} (no longer a candidate)", dn.name_any());
-        publish(ctx, dd, EventType::Normal, "PrepareWithdrawn", "Prepare", note).await;
+        let note = format!(
+            "withdrew the prepare request from {} (no longer a candidate)",
+            dn.name_any()
+        );
+        publish(
+            ctx,
+            dd,
+            EventType::Normal,
+            "PrepareWithdrawn",
+            "Prepare",
+            note,
+        )
+        .await;
     }
     if candidates.is_empty() {
         let msg = format!(
             "no node with a DiffusionNode matches the node selector and offers {resource}; check accelerator.nodeSelector and that the layerwise agent runs on the accelerator nodes"
         );
         if previous(&old, cond::DEGRADED) != Some(("NoCandidateNodes", msg.as_str())) {
-            publish(ctx, dd, EventType::Warning, "NoCandidateNodes", "Plan", msg.clone()).await;
+            publish(
+                ctx,
+                dd,
+                EventType::Warning,
+                "NoCandidateNodes",
+                "Plan",
+                msg.clone(),
+            )
+            .await;
         }
-        set(&mut status.conditions, cond::MODEL_PROFILED, false, "NoCandidateNodes", &msg, gen, now);
-        set(&mut status.conditions, cond::DEGRADED, true, "NoCandidateNodes", &msg, gen, now);
+        set(
+            &mut status.conditions,
+            cond::MODEL_PROFILED,
+            false,
+            "NoCandidateNodes",
+            &msg,
+            gen,
+            now,
+        );
+        set(
+            &mut status.conditions,
+            cond::DEGRADED,
+            true,
+            "NoCandidateNodes",
+            &msg,
+            gen,
+            now,
+        );
         write_status(ctx, dd, &status).await?;
         return Ok(Action::requeue(Duration::from_secs(30)));
     }
@@ -271,26 +411,65 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     let mut profiled = Vec::new();
     let mut failed = Vec::new();
     for (dn, count) in &candidates {
-        let Some(m) = dn.status.as_ref().and_then(|s| s.model(&id)) else { continue };
+        let Some(m) = dn.status.as_ref().and_then(|s| s.model(&id)) else {
+            continue;
+        };
         match (&m.state, &m.profile) {
-            (ModelState::Failed, _) => failed.push(format!("{}: {}", dn.name_any(), m.error.as_deref().unwrap_or("failed"))),
+            (ModelState::Failed, _) => failed.push(format!(
+                "{}: {}",
+                dn.name_any(),
+                m.error.as_deref().unwrap_or("failed")
+            )),
             (_, Some(p)) => profiled.push((dn, *count, m, p)),
             _ => {}
         }
     }
     if profiled.is_empty() {
         let (reason, msg) = if !failed.is_empty() && failed.len() == candidates.len() {
-            ("ProfileFailed", format!("every candidate node failed to profile the model: {}", failed.join("; ")))
+            (
+                "ProfileFailed",
+                format!(
+                    "every candidate node failed to profile the model: {}",
+                    failed.join("; ")
+                ),
+            )
         } else {
-            ("WaitingForProfile", format!("waiting for {} candidate node(s) to profile {}", candidates.len(), spec.model.location.describe()))
+            (
+                "WaitingForProfile",
+                format!(
+                    "waiting for {} candidate node(s) to profile {}",
+                    candidates.len(),
+                    spec.model.location.describe()
+                ),
+            )
         };
-        if reason == "ProfileFailed" && previous(&old, cond::MODEL_PROFILED) != Some((reason, msg.as_str())) {
+        if reason == "ProfileFailed"
+            && previous(&old, cond::MODEL_PROFILED) != Some((reason, msg.as_str()))
+        {
             publish(ctx, dd, EventType::Warning, reason, "Profile", msg.clone()).await;
         }
-        set(&mut status.conditions, cond::MODEL_PROFILED, false, reason, &msg, gen, now);
-        set(&mut status.conditions, cond::DEGRADED, reason == "ProfileFailed", reason, &msg, gen, now);
+        set(
+            &mut status.conditions,
+            cond::MODEL_PROFILED,
+            false,
+            reason,
+            &msg,
+            gen,
+            now,
+        );
+        set(
+            &mut status.conditions,
+            cond::DEGRADED,
+            reason == "ProfileFailed",
+            reason,
+            &msg,
+            gen,
+            now,
+        );
         write_status(ctx, dd, &status).await?;
-        return Ok(Action::requeue(ctx.settings.resync.min(Duration::from_secs(5))));
+        return Ok(Action::requeue(
+            ctx.settings.resync.min(Duration::from_secs(5)),
+        ));
     }
     let names: Vec<String> = profiled.iter().map(|(dn, ..)| dn.name_any()).collect();
     let profile = profiled[0].3.clone();
@@ -301,16 +480,35 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
         names.join(", ")
     );
     if !cond::is_true(&old.conditions, cond::MODEL_PROFILED) {
-        publish(ctx, dd, EventType::Normal, "ModelProfiled", "Profile", msg.clone()).await;
+        publish(
+            ctx,
+            dd,
+            EventType::Normal,
+            "ModelProfiled",
+            "Profile",
+            msg.clone(),
+        )
+        .await;
     }
-    set(&mut status.conditions, cond::MODEL_PROFILED, true, "Profiled", msg, gen, now);
+    set(
+        &mut status.conditions,
+        cond::MODEL_PROFILED,
+        true,
+        "Profiled",
+        msg,
+        gen,
+        now,
+    );
 
     // 3. Plan.
     let shapes: Vec<NodeShape> = profiled
         .iter()
         .filter_map(|(dn, count, m, _)| {
             let st = dn.status.as_ref()?;
-            let acc = st.accelerators.iter().find(|a| a.resource_name == resource)?;
+            let acc = st
+                .accelerators
+                .iter()
+                .find(|a| a.resource_name == resource)?;
             Some(NodeShape {
                 name: dn.name_any(),
                 devices: acc.count.min(*count),
@@ -325,7 +523,11 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     if let Some(o) = spec.engine.device_overhead_bytes {
         limits.device_overhead = o;
     }
-    let overrides = Overrides { strategy: spec.strategy, dp: spec.dp, slots: spec.slots };
+    let overrides = Overrides {
+        strategy: spec.strategy,
+        dp: spec.dp,
+        slots: spec.slots,
+    };
     let w = &spec.workload;
     let plan = match planner::plan(&profile, &shapes, w, &overrides, &limits) {
         Ok(plan) => plan,
@@ -337,13 +539,33 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
                 w.max_height,
                 w.max_frames,
                 w.max_batch,
-                if status.plan.is_some() { "; the previous plan keeps running" } else { "" }
+                if status.plan.is_some() {
+                    "; the previous plan keeps running"
+                } else {
+                    ""
+                }
             );
             if previous(&old, cond::PLANNED) != Some((reason, msg.as_str())) {
                 publish(ctx, dd, EventType::Warning, reason, "Plan", msg.clone()).await;
             }
-            set(&mut status.conditions, cond::PLANNED, false, reason, &msg, gen, now);
-            set(&mut status.conditions, cond::DEGRADED, true, reason, &msg, gen, now);
+            set(
+                &mut status.conditions,
+                cond::PLANNED,
+                false,
+                reason,
+                &msg,
+                gen,
+                now,
+            );
+            set(
+                &mut status.conditions,
+                cond::DEGRADED,
+                true,
+                reason,
+                &msg,
+                gen,
+                now,
+            );
             write_status(ctx, dd, &status).await?;
             return Ok(Action::requeue(Duration::from_secs(60)));
         }
@@ -356,19 +578,37 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
         plan.nodes.join(", ")
     );
     if old.plan.as_ref() != Some(&plan) {
-        let note = format!("{summary}. {}", plan.reasons.get(1).cloned().unwrap_or_default());
+        let note = format!(
+            "{summary}. {}",
+            plan.reasons.get(1).cloned().unwrap_or_default()
+        );
         publish(ctx, dd, EventType::Normal, "Planned", "Plan", note).await;
     }
-    set(&mut status.conditions, cond::PLANNED, true, "Planned", &summary, gen, now);
+    set(
+        &mut status.conditions,
+        cond::PLANNED,
+        true,
+        "Planned",
+        &summary,
+        gen,
+        now,
+    );
     status.plan = Some(plan.clone());
 
     // 4. Replicas.
-    let deploys: Api<Deployment> = Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
-    let existing = deploys.get_opt(&dd.name_any()).await.map_err(kube(format!("reading Deployment of {id}")))?;
+    let deploys: Api<Deployment> =
+        Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
+    let existing = deploys
+        .get_opt(&dd.name_any())
+        .await
+        .map_err(kube(format!("reading Deployment of {id}")))?;
     let running = existing.as_ref().and_then(|d| d.spec.as_ref()?.replicas);
     let replicas = match &spec.autoscaling {
         None => spec.replicas.unwrap_or(1),
-        Some(a) if a.mode == AutoscalingMode::External => spec.replicas.unwrap_or(a.min_replicas).clamp(a.min_replicas, a.max_replicas),
+        Some(a) if a.mode == AutoscalingMode::External => spec
+            .replicas
+            .unwrap_or(a.min_replicas)
+            .clamp(a.min_replicas, a.max_replicas),
         Some(a) => {
             let bounds = Bounds {
                 min: a.min_replicas,
@@ -379,7 +619,13 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
             let load = scrape(dd, ctx).await?;
             status.queue_depth = load;
             let current = running.unwrap_or_else(|| spec.replicas.unwrap_or(a.min_replicas));
-            let step = autoscaler::step(current, load, &bounds, old.scale_down_pending_since.as_ref().map(|t| t.0), now);
+            let step = autoscaler::step(
+                current,
+                load,
+                &bounds,
+                old.scale_down_pending_since.as_ref().map(|t| t.0),
+                now,
+            );
             // Status keeps whole seconds: round up so the stored wait never shortens the delay.
             status.scale_down_pending_since = step.pending_since.map(|t| Time(ceil_second(t)));
             if running.is_some() && step.replicas != current {
@@ -394,35 +640,62 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     };
     if running.is_some() && running != Some(replicas) {
         status.last_scale_time = Some(Time(now));
-        if spec.autoscaling.as_ref().is_none_or(|a| a.mode == AutoscalingMode::External) {
-            let note = format!("scaled from {} to {replicas} replicas (spec)", running.unwrap_or_default());
+        if spec
+            .autoscaling
+            .as_ref()
+            .is_none_or(|a| a.mode == AutoscalingMode::External)
+        {
+            let note = format!(
+                "scaled from {} to {replicas} replicas (spec)",
+                running.unwrap_or_default()
+            );
             publish(ctx, dd, EventType::Normal, "Scaled", "Scale", note).await;
         }
     }
 
     // 5. The engine Deployment and Service.
-    let warm: Vec<String> = shapes.iter().filter(|s| s.warm && plan.nodes.contains(&s.name)).map(|s| s.name.clone()).collect();
+    let warm: Vec<String> = shapes
+        .iter()
+        .filter(|s| s.warm && plan.nodes.contains(&s.name))
+        .map(|s| s.name.clone())
+        .collect();
     let desired = resources::deployment(dd, &plan, replicas, &ctx.settings.engine_image, &warm);
     let pp = PatchParams::apply(MANAGER).force();
     let applied = deploys
         .patch(&dd.name_any(), &pp, &Patch::Apply(&desired))
         .await
         .map_err(kube(format!("applying Deployment of {id}")))?;
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
+    let services: Api<Service> =
+        Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
     services
         .patch(&dd.name_any(), &pp, &Patch::Apply(&resources::service(dd)))
         .await
         .map_err(kube(format!("applying Service of {id}")))?;
     let old_plan = existing.as_ref().and_then(|d| {
-        d.spec.as_ref()?.template.metadata.as_ref()?.annotations.as_ref()?.get(PLAN_ANNOTATION).cloned()
+        d.spec
+            .as_ref()?
+            .template
+            .metadata
+            .as_ref()?
+            .annotations
+            .as_ref()?
+            .get(PLAN_ANNOTATION)
+            .cloned()
     });
     match old_plan {
         None => {
-            let note = format!("created Deployment and Service {} with {replicas} replica(s): {}", dd.name_any(), resources::plan_summary(&plan));
+            let note = format!(
+                "created Deployment and Service {} with {replicas} replica(s): {}",
+                dd.name_any(),
+                resources::plan_summary(&plan)
+            );
             publish(ctx, dd, EventType::Normal, "Created", "Deploy", note).await;
         }
         Some(p) if p != resources::plan_summary(&plan) => {
-            let note = format!("plan changed from {p} to {}: rolling the engine pods", resources::plan_summary(&plan));
+            let note = format!(
+                "plan changed from {p} to {}: rolling the engine pods",
+                resources::plan_summary(&plan)
+            );
             publish(ctx, dd, EventType::Normal, "Rolling", "Deploy", note).await;
         }
         Some(_) => {}
@@ -436,13 +709,59 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     status.ready_replicas = ready;
     let available = ready >= 1 || replicas == 0;
     let pods_msg = format!("{ready} of {replicas} engine pods ready");
-    set(&mut status.conditions, cond::AVAILABLE, available, if available { "EnginesReady" } else { "NoEngineReady" }, &pods_msg, gen, now);
-    let rolling = updated < replicas || ready < replicas || ds.observed_generation < applied.metadata.generation;
-    set(&mut status.conditions, cond::PROGRESSING, rolling, if rolling { "RollingOut" } else { "RolloutComplete" }, &pods_msg, gen, now);
-    let warm_msg = format!("model warm in the page cache of {} of {} planned nodes", warm.len(), plan.nodes.len());
+    set(
+        &mut status.conditions,
+        cond::AVAILABLE,
+        available,
+        if available {
+            "EnginesReady"
+        } else {
+            "NoEngineReady"
+        },
+        &pods_msg,
+        gen,
+        now,
+    );
+    let rolling = updated < replicas
+        || ready < replicas
+        || ds.observed_generation < applied.metadata.generation;
+    set(
+        &mut status.conditions,
+        cond::PROGRESSING,
+        rolling,
+        if rolling {
+            "RollingOut"
+        } else {
+            "RolloutComplete"
+        },
+        &pods_msg,
+        gen,
+        now,
+    );
+    let warm_msg = format!(
+        "model warm in the page cache of {} of {} planned nodes",
+        warm.len(),
+        plan.nodes.len()
+    );
     let all_warm = warm.len() == plan.nodes.len();
-    set(&mut status.conditions, cond::CACHE_WARM, all_warm, if all_warm { "Warm" } else { "Warming" }, warm_msg, gen, now);
-    set(&mut status.conditions, cond::DEGRADED, false, "AsPlanned", "running as planned", gen, now);
+    set(
+        &mut status.conditions,
+        cond::CACHE_WARM,
+        all_warm,
+        if all_warm { "Warm" } else { "Warming" },
+        warm_msg,
+        gen,
+        now,
+    );
+    set(
+        &mut status.conditions,
+        cond::DEGRADED,
+        false,
+        "AsPlanned",
+        "running as planned",
+        gen,
+        now,
+    );
     if available && !cond::is_true(&old.conditions, cond::AVAILABLE) {
         publish(ctx, dd, EventType::Normal, "Available", "Deploy", pods_msg).await;
     }
@@ -470,7 +789,10 @@ async fn scrape(dd: &DiffusionDeployment, ctx: &Context) -> Result<u64> {
     let running: Vec<&Pod> = list
         .items
         .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none() && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
         .collect();
     let loads = futures::future::join_all(running.iter().map(|p| ctx.load.load(p))).await;
     let mut total = 0;
@@ -490,13 +812,28 @@ async fn cleanup(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
         .await
         .map_err(kube("listing DiffusionNodes"))?;
     let mut withdrawn = Vec::new();
-    for dn in all.items.iter().filter(|dn| dn.spec.models.iter().any(|m| m.id == id)) {
+    for dn in all
+        .items
+        .iter()
+        .filter(|dn| dn.spec.models.iter().any(|m| m.id == id))
+    {
         withdraw(ctx, &id, dn).await?;
         withdrawn.push(dn.name_any());
     }
     if !withdrawn.is_empty() {
-        let note = format!("withdrew the prepare requests from {}", withdrawn.join(", "));
-        publish(ctx, dd, EventType::Normal, "PrepareWithdrawn", "Cleanup", note).await;
+        let note = format!(
+            "withdrew the prepare requests from {}",
+            withdrawn.join(", ")
+        );
+        publish(
+            ctx,
+            dd,
+            EventType::Normal,
+            "PrepareWithdrawn",
+            "Cleanup",
+            note,
+        )
+        .await;
     }
     Ok(Action::await_change())
 }

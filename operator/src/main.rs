@@ -14,7 +14,11 @@ use layerwise_operator::{resources, run, Settings};
 #[command(version)]
 struct Args {
     /// Engine image for deployments that name none.
-    #[arg(long, env = "LAYERWISE_ENGINE_IMAGE", default_value = "layerwise:latest")]
+    #[arg(
+        long,
+        env = "LAYERWISE_ENGINE_IMAGE",
+        default_value = "layerwise:latest"
+    )]
     engine_image: String,
     /// Device memory per rank kept for the runtime (MiB).
     #[arg(long, env = "LAYERWISE_DEVICE_OVERHEAD_MIB", default_value_t = 1024)]
@@ -39,7 +43,10 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("LAYERWISE_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LAYERWISE_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
         .init();
     let args = Args::parse();
     let client = kube::Client::try_default().await?;
@@ -54,14 +61,18 @@ async fn main() -> Result<()> {
         resync: Duration::from_secs(args.resync_seconds.max(1)),
         namespace: args.namespace,
     };
-    let load = Arc::new(HttpLoad { port: resources::ENGINE_PORT as u16, timeout: Duration::from_millis(args.scrape_timeout_ms) });
+    let load = Arc::new(HttpLoad {
+        port: resources::ENGINE_PORT as u16,
+        timeout: Duration::from_millis(args.scrape_timeout_ms),
+    });
     run(client, settings, load, shutdown()).await;
     Ok(())
 }
 
 /// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C.
 async fn shutdown() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("installing the SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing the SIGTERM handler");
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

@@ -55,7 +55,13 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { device_overhead: 1 << 30, host_overhead: 2 << 30, min_slots: 2, max_slots: 4, max_dp: 8 }
+        Limits {
+            device_overhead: 1 << 30,
+            host_overhead: 2 << 30,
+            min_slots: 2,
+            max_slots: 4,
+            max_dp: 8,
+        }
     }
 }
 
@@ -108,7 +114,11 @@ impl Refusal {
 
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let on = self.node.as_deref().map(|n| format!(" on node {n}")).unwrap_or_default();
+        let on = self
+            .node
+            .as_deref()
+            .map(|n| format!(" on node {n}"))
+            .unwrap_or_default();
         match self.shortage {
             Shortage::NoNodes => write!(f, "no candidate node: {}", self.option),
             Shortage::Spec => write!(f, "invalid settings: {}", self.option),
@@ -123,7 +133,11 @@ impl fmt::Display for Refusal {
             Shortage::DeviceMemory | Shortage::HostMemory => write!(
                 f,
                 "{} short by {} bytes ({:.2} GiB){on}: {} needs {} bytes, the node has {} bytes",
-                if self.shortage == Shortage::DeviceMemory { "device memory per rank" } else { "host memory per pod" },
+                if self.shortage == Shortage::DeviceMemory {
+                    "device memory per rank"
+                } else {
+                    "host memory per pod"
+                },
                 self.shortfall(),
                 self.shortfall() as f64 / GIB,
                 self.option,
@@ -149,17 +163,30 @@ pub fn activation_bytes(profile: &Profile, w: &Workload) -> Option<u64> {
     let pixels = w.max_width as u128 * w.max_height as u128 * w.max_frames.max(1) as u128;
     let tokens = pixels.div_ceil(a.pixels_per_token.max(1) as u128);
     let samples = w.max_batch as u128 * if w.guidance { 2 } else { 1 };
-    let transformer =
-        samples * (a.bytes_per_token as u128 * tokens + a.bytes_per_token_pair as u128 * tokens * tokens);
+    let transformer = samples
+        * (a.bytes_per_token as u128 * tokens + a.bytes_per_token_pair as u128 * tokens * tokens);
     let vae = a.vae_bytes_per_pixel as u128 * pixels;
     if transformer.max(vae) > (u64::MAX / 4) as u128 {
         return None;
     }
-    Some(a.bytes(w.max_width, w.max_height, w.max_frames, w.max_batch, w.guidance))
+    Some(a.bytes(
+        w.max_width,
+        w.max_height,
+        w.max_frames,
+        w.max_batch,
+        w.guidance,
+    ))
 }
 
 /// Device bytes per rank and host bytes per pod for one option.
-pub fn need(profile: &Profile, activations: u64, strategy: PlannedStrategy, dp: u32, k: u32, limits: &Limits) -> Need {
+pub fn need(
+    profile: &Profile,
+    activations: u64,
+    strategy: PlannedStrategy,
+    dp: u32,
+    k: u32,
+    limits: &Limits,
+) -> Need {
     let dp64 = u64::from(dp.max(1));
     let k64 = u64::from(k);
     let blocks = profile.blocks as u64;
@@ -169,12 +196,20 @@ pub fn need(profile: &Profile, activations: u64, strategy: PlannedStrategy, dp: 
         // Every rank keeps its 1/dp of every (padded) block, and gathers into K full slots.
         PlannedStrategy::Sharded => {
             let slot = profile.slot_bytes(dp64);
-            (blocks.saturating_mul(slot.div_ceil(dp64)), k64.saturating_mul(slot), 0)
+            (
+                blocks.saturating_mul(slot.div_ceil(dp64)),
+                k64.saturating_mul(slot),
+                0,
+            )
         }
         // Every rank copies whole blocks from pinned staging into its K slots.
         PlannedStrategy::Offload => {
             let slot = profile.slot_bytes(1);
-            (0, k64.saturating_mul(slot), dp64.saturating_mul(k64).saturating_mul(slot))
+            (
+                0,
+                k64.saturating_mul(slot),
+                dp64.saturating_mul(k64).saturating_mul(slot),
+            )
         }
         // Every rank copies its 1/dp into a slot, then all-gathers the rest.
         PlannedStrategy::OffloadSharded => {
@@ -185,18 +220,32 @@ pub fn need(profile: &Profile, activations: u64, strategy: PlannedStrategy, dp: 
     let device = MemoryBreakdown {
         block_weights,
         slots,
-        resident_weights: profile.outside_block_bytes.saturating_add(profile.vae_bytes),
+        resident_weights: profile
+            .outside_block_bytes
+            .saturating_add(profile.vae_bytes),
         activations,
         overhead: limits.device_overhead,
     };
-    let host_per_pod = profile.total_bytes.saturating_add(pinned).saturating_add(limits.host_overhead);
-    Need { device, host_per_pod }
+    let host_per_pod = profile
+        .total_bytes
+        .saturating_add(pinned)
+        .saturating_add(limits.host_overhead);
+    Need {
+        device,
+        host_per_pod,
+    }
 }
 
 fn device_total(b: &MemoryBreakdown) -> u64 {
-    [b.block_weights, b.slots, b.resident_weights, b.activations, b.overhead]
-        .into_iter()
-        .fold(0u64, u64::saturating_add)
+    [
+        b.block_weights,
+        b.slots,
+        b.resident_weights,
+        b.activations,
+        b.overhead,
+    ]
+    .into_iter()
+    .fold(0u64, u64::saturating_add)
 }
 
 /// One (strategy, dp, K) the planner may choose.
@@ -210,7 +259,13 @@ struct Option_ {
 impl fmt::Display for Option_ {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.strategy.uses_slots() {
-            write!(f, "{} with dp={} and {} slots", self.strategy.as_str(), self.dp, self.k)
+            write!(
+                f,
+                "{} with dp={} and {} slots",
+                self.strategy.as_str(),
+                self.dp,
+                self.k
+            )
         } else {
             write!(f, "{} with dp={}", self.strategy.as_str(), self.dp)
         }
@@ -222,7 +277,10 @@ impl fmt::Display for Option_ {
 const PREFERENCE: [PlannedStrategy; 4] = PlannedStrategy::ALL;
 
 fn rank(s: PlannedStrategy) -> usize {
-    PREFERENCE.iter().position(|p| *p == s).unwrap_or(PREFERENCE.len())
+    PREFERENCE
+        .iter()
+        .position(|p| *p == s)
+        .unwrap_or(PREFERENCE.len())
 }
 
 /// The (strategy, dp) pairs to try on `node`, best first; each is then tried with K from the
@@ -241,7 +299,10 @@ fn candidates(node: &NodeShape, o: &Overrides, limits: &Limits) -> Vec<(PlannedS
         let auto = o.strategy == Strategy::Auto;
         match (s, o.dp) {
             (_, Some(dp)) => {
-                let gathers = matches!(s, PlannedStrategy::Sharded | PlannedStrategy::OffloadSharded);
+                let gathers = matches!(
+                    s,
+                    PlannedStrategy::Sharded | PlannedStrategy::OffloadSharded
+                );
                 // In auto mode offload-sharded needs a fast peer link; without it (or with
                 // one rank) every rank copies whole blocks instead.
                 if gathers && dp < 2 {
@@ -282,10 +343,26 @@ struct Miss {
 }
 
 /// Checks `opt` against `node`: Ok with its need, or the first resource that falls short.
-fn check(profile: &Profile, act: u64, node: &NodeShape, opt: Option_, limits: &Limits) -> Result<Need, Miss> {
-    let miss = |shortage, needed, available| Miss { shortage, node: node.name.clone(), needed, available, option: opt };
+fn check(
+    profile: &Profile,
+    act: u64,
+    node: &NodeShape,
+    opt: Option_,
+    limits: &Limits,
+) -> Result<Need, Miss> {
+    let miss = |shortage, needed, available| Miss {
+        shortage,
+        node: node.name.clone(),
+        needed,
+        available,
+        option: opt,
+    };
     if opt.dp > node.devices {
-        return Err(miss(Shortage::Accelerators, u64::from(opt.dp), u64::from(node.devices)));
+        return Err(miss(
+            Shortage::Accelerators,
+            u64::from(opt.dp),
+            u64::from(node.devices),
+        ));
     }
     let n = need(profile, act, opt.strategy, opt.dp, opt.k, limits);
     let dev = device_total(&n.device);
@@ -306,7 +383,13 @@ pub fn plan(
     overrides: &Overrides,
     limits: &Limits,
 ) -> Result<Plan, Refusal> {
-    let spec_refusal = |why: String| Refusal { shortage: Shortage::Spec, node: None, needed: 0, available: 0, option: why };
+    let spec_refusal = |why: String| Refusal {
+        shortage: Shortage::Spec,
+        node: None,
+        needed: 0,
+        available: 0,
+        option: why,
+    };
     if nodes.is_empty() {
         return Err(Refusal {
             shortage: Shortage::NoNodes,
@@ -316,9 +399,14 @@ pub fn plan(
             option: "no node matches the node selector, offers the accelerator and has reported a profile".into(),
         });
     }
-    if let (Some(dp), Strategy::Sharded | Strategy::OffloadSharded) = (overrides.dp, overrides.strategy) {
+    if let (Some(dp), Strategy::Sharded | Strategy::OffloadSharded) =
+        (overrides.dp, overrides.strategy)
+    {
         if dp < 2 {
-            return Err(spec_refusal(format!("strategy {:?} needs dp >= 2, got {dp}", overrides.strategy)));
+            return Err(spec_refusal(format!(
+                "strategy {:?} needs dp >= 2, got {dp}",
+                overrides.strategy
+            )));
         }
     }
     if overrides.dp == Some(0) || overrides.slots == Some(0) {
@@ -338,7 +426,9 @@ pub fn plan(
     };
     let ks: Vec<u32> = match overrides.slots {
         Some(k) => vec![k],
-        None => (limits.min_slots.max(1)..=limits.max_slots.max(limits.min_slots.max(1))).rev().collect(),
+        None => (limits.min_slots.max(1)..=limits.max_slots.max(limits.min_slots.max(1)))
+            .rev()
+            .collect(),
     };
 
     // Best option per node, and every miss on the way.
@@ -353,7 +443,10 @@ pub fn plan(
                     Ok(n) => {
                         let better = match &best {
                             None => true,
-                            Some((b, _)) => (rank(opt.strategy), opt.dp, u32::MAX - opt.k) < (rank(b.strategy), b.dp, u32::MAX - b.k),
+                            Some((b, _)) => {
+                                (rank(opt.strategy), opt.dp, u32::MAX - opt.k)
+                                    < (rank(b.strategy), b.dp, u32::MAX - b.k)
+                            }
                         };
                         if better {
                             best = Some((opt, n));
@@ -370,8 +463,10 @@ pub fn plan(
     };
 
     let dev = device_total(&n.device);
-    let fitting: Vec<&NodeShape> =
-        nodes.iter().filter(|node| check(profile, act, node, chosen, limits).is_ok()).collect();
+    let fitting: Vec<&NodeShape> = nodes
+        .iter()
+        .filter(|node| check(profile, act, node, chosen, limits).is_ok())
+        .collect();
     let fast = fitting.iter().all(|n| n.fast_peer_link);
     let mut reasons = vec![format!(
         "{chosen}: {:.2} GiB per rank (block weights {:.2}, slots {:.2}, resident {:.2}, activations {:.2}, overhead {:.2}) and {:.2} GiB host per pod",
@@ -384,20 +479,38 @@ pub fn plan(
         n.host_per_pod as f64 / GIB
     )];
     reasons.push(match chosen.strategy {
-        PlannedStrategy::Resident => "the whole model and activations fit one device: nothing moves per step".into(),
-        PlannedStrategy::Sharded => format!("1/{} of the blocks plus slots fit each device; the fewest ranks that fit", chosen.dp),
-        PlannedStrategy::OffloadSharded => format!("weights stream from the host, each of {} ranks copies 1/{} of a block and all-gathers", chosen.dp, chosen.dp),
-        PlannedStrategy::Offload => "weights stream from the host, each rank copies whole blocks".into(),
+        PlannedStrategy::Resident => {
+            "the whole model and activations fit one device: nothing moves per step".into()
+        }
+        PlannedStrategy::Sharded => format!(
+            "1/{} of the blocks plus slots fit each device; the fewest ranks that fit",
+            chosen.dp
+        ),
+        PlannedStrategy::OffloadSharded => format!(
+            "weights stream from the host, each of {} ranks copies 1/{} of a block and all-gathers",
+            chosen.dp, chosen.dp
+        ),
+        PlannedStrategy::Offload => {
+            "weights stream from the host, each rank copies whole blocks".into()
+        }
     });
     if chosen.strategy.uses_slots() && overrides.slots.is_none() {
         reasons.push(if chosen.k > limits.min_slots {
-            format!("device memory allows {} slots (cap {}), so more blocks are in flight", chosen.k, limits.max_slots)
+            format!(
+                "device memory allows {} slots (cap {}), so more blocks are in flight",
+                chosen.k, limits.max_slots
+            )
         } else {
             format!("{} slots: more do not fit", chosen.k)
         });
     }
     let fit_names: Vec<String> = fitting.iter().map(|n| n.name.clone()).collect();
-    reasons.push(format!("fits {} of {} candidate nodes: {}", fit_names.len(), nodes.len(), fit_names.join(", ")));
+    reasons.push(format!(
+        "fits {} of {} candidate nodes: {}",
+        fit_names.len(),
+        nodes.len(),
+        fit_names.join(", ")
+    ));
     if overrides.strategy != Strategy::Auto || overrides.dp.is_some() || overrides.slots.is_some() {
         reasons.push("strategy, dp or slots fixed by the spec".into());
     }
@@ -409,13 +522,23 @@ pub fn plan(
             continue;
         }
         if rank(s) < rank(chosen.strategy) {
-            let closest = misses.iter().filter(|m| m.option.strategy == s).min_by_key(|m| m.needed.saturating_sub(m.available));
+            let closest = misses
+                .iter()
+                .filter(|m| m.option.strategy == s)
+                .min_by_key(|m| m.needed.saturating_sub(m.available));
             match closest {
                 Some(m) => rejected.push(format!("{}: {}", s.as_str(), refusal(vec![m.clone()]))),
-                None => rejected.push(format!("{}: not applicable to these nodes or settings", s.as_str())),
+                None => rejected.push(format!(
+                    "{}: not applicable to these nodes or settings",
+                    s.as_str()
+                )),
             }
         } else {
-            rejected.push(format!("{}: moves more data per step than {}", s.as_str(), chosen.strategy.as_str()));
+            rejected.push(format!(
+                "{}: moves more data per step than {}",
+                s.as_str(),
+                chosen.strategy.as_str()
+            ));
         }
     }
 
@@ -441,7 +564,9 @@ fn refusal(misses: Vec<Miss>) -> Refusal {
         Shortage::DeviceMemory => 1,
         _ => 2,
     };
-    let pick = misses.iter().min_by_key(|m| (stage(m.shortage), m.needed.saturating_sub(m.available)));
+    let pick = misses
+        .iter()
+        .min_by_key(|m| (stage(m.shortage), m.needed.saturating_sub(m.available)));
     match pick {
         Some(m) => Refusal {
             shortage: m.shortage,

@@ -77,17 +77,28 @@ fn huge() -> Profile {
 #[test]
 fn resident_when_the_model_fits_one_device() {
     let p = plan(&medium(), &[a100("a")], &wl(), &auto(), &Limits::default()).unwrap();
-    assert_eq!((p.strategy, p.dp, p.slots), (PlannedStrategy::Resident, 1, 0));
+    assert_eq!(
+        (p.strategy, p.dp, p.slots),
+        (PlannedStrategy::Resident, 1, 0)
+    );
     assert_eq!(p.device_breakdown.block_weights, 57 * (400 << 20));
     assert_eq!(p.device_bytes_per_rank, p.device_breakdown.total());
-    assert!(p.rejected.iter().any(|r| r.starts_with("sharded")), "{:?}", p.rejected);
+    assert!(
+        p.rejected.iter().any(|r| r.starts_with("sharded")),
+        "{:?}",
+        p.rejected
+    );
 }
 
 #[test]
 fn sharded_with_the_fewest_ranks_that_fit() {
     let p = plan(&large(), &[a100("a")], &wl(), &auto(), &Limits::default()).unwrap();
     assert_eq!((p.strategy, p.dp), (PlannedStrategy::Sharded, 2));
-    assert!(p.rejected[0].starts_with("resident: device memory per rank short by"), "{:?}", p.rejected);
+    assert!(
+        p.rejected[0].starts_with("resident: device memory per rank short by"),
+        "{:?}",
+        p.rejected
+    );
     // 1/2 of every block plus K full slots.
     assert_eq!(p.device_breakdown.block_weights, 100 * GB / 2);
     assert_eq!(p.device_breakdown.slots, u64::from(p.slots) * GB);
@@ -118,7 +129,9 @@ fn slots_grow_to_the_cap_when_memory_allows_and_not_beyond() {
     // A device with room for exactly 3 slots gets 3.
     let limits = Limits::default();
     let act = activation_bytes(&huge(), &wl()).unwrap();
-    let three = need(&huge(), act, PlannedStrategy::OffloadSharded, 8, 3, &limits).device.total();
+    let three = need(&huge(), act, PlannedStrategy::OffloadSharded, 8, 3, &limits)
+        .device
+        .total();
     let mut n = a100("tight");
     n.device_bytes = three + GB / 2;
     let p = plan(&huge(), &[n], &wl(), &auto(), &limits).unwrap();
@@ -128,10 +141,21 @@ fn slots_grow_to_the_cap_when_memory_allows_and_not_beyond() {
 
 #[test]
 fn fixed_settings_are_honoured() {
-    let o = Overrides { strategy: Mode::OffloadSharded, dp: Some(4), slots: Some(2) };
+    let o = Overrides {
+        strategy: Mode::OffloadSharded,
+        dp: Some(4),
+        slots: Some(2),
+    };
     let p = plan(&medium(), &[a100("a")], &wl(), &o, &Limits::default()).unwrap();
-    assert_eq!((p.strategy, p.dp, p.slots), (PlannedStrategy::OffloadSharded, 4, 2));
-    let o = Overrides { strategy: Mode::Auto, dp: Some(4), slots: None };
+    assert_eq!(
+        (p.strategy, p.dp, p.slots),
+        (PlannedStrategy::OffloadSharded, 4, 2)
+    );
+    let o = Overrides {
+        strategy: Mode::Auto,
+        dp: Some(4),
+        slots: None,
+    };
     let p = plan(&large(), &[a100("a")], &wl(), &o, &Limits::default()).unwrap();
     assert_eq!((p.strategy, p.dp), (PlannedStrategy::Sharded, 4));
 }
@@ -140,7 +164,14 @@ fn fixed_settings_are_honoured() {
 fn the_best_plan_is_kept_to_the_nodes_it_fits() {
     // 100 GiB: resident on a 141 GiB H200, only sharded on an 80 GiB A100.
     let h200 = node("h200", 4, 140, 1500, true);
-    let p = plan(&large(), &[a100("a1"), h200, a100("a2")], &wl(), &auto(), &Limits::default()).unwrap();
+    let p = plan(
+        &large(),
+        &[a100("a1"), h200, a100("a2")],
+        &wl(),
+        &auto(),
+        &Limits::default(),
+    )
+    .unwrap();
     assert_eq!(p.strategy, PlannedStrategy::Resident);
     assert_eq!(p.nodes, vec!["h200".to_string()]);
 }
@@ -148,16 +179,32 @@ fn the_best_plan_is_kept_to_the_nodes_it_fits() {
 #[test]
 fn refuses_short_device_memory_with_the_shortfall() {
     // 16k x 16k with guidance: activations far beyond 80 GiB.
-    let w = Workload { max_width: 16384, max_height: 16384, ..wl() };
+    let w = Workload {
+        max_width: 16384,
+        max_height: 16384,
+        ..wl()
+    };
     let err = plan(&medium(), &[a100("a")], &w, &auto(), &Limits::default()).unwrap_err();
     assert_eq!(err.shortage, Shortage::DeviceMemory);
     assert_eq!(err.node.as_deref(), Some("a"));
     assert_eq!(err.available, 80 * GB);
     let act = activation_bytes(&medium(), &w).unwrap();
-    let cheapest = need(&medium(), act, PlannedStrategy::Offload, 1, 2, &Limits::default()).device.total();
+    let cheapest = need(
+        &medium(),
+        act,
+        PlannedStrategy::Offload,
+        1,
+        2,
+        &Limits::default(),
+    )
+    .device
+    .total();
     assert_eq!(err.needed, cheapest);
     assert_eq!(err.shortfall(), cheapest - 80 * GB);
-    assert!(err.to_string().contains("device memory per rank short by"), "{err}");
+    assert!(
+        err.to_string().contains("device memory per rank short by"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -167,34 +214,54 @@ fn refuses_short_host_memory() {
     assert_eq!(err.shortage, Shortage::HostMemory);
     assert!(err.needed > large().total_bytes);
     assert_eq!(err.available, 16 * GB);
-    assert!(err.to_string().contains("host memory per pod short by"), "{err}");
+    assert!(
+        err.to_string().contains("host memory per pod short by"),
+        "{err}"
+    );
 }
 
 #[test]
 fn refuses_too_few_accelerators() {
-    let o = Overrides { dp: Some(16), ..auto() };
+    let o = Overrides {
+        dp: Some(16),
+        ..auto()
+    };
     let err = plan(&medium(), &[a100("a")], &wl(), &o, &Limits::default()).unwrap_err();
-    assert_eq!((err.shortage, err.needed, err.available), (Shortage::Accelerators, 16, 8));
+    assert_eq!(
+        (err.shortage, err.needed, err.available),
+        (Shortage::Accelerators, 16, 8)
+    );
 }
 
 #[test]
 fn refuses_no_nodes_and_contradictory_settings() {
     let err = plan(&medium(), &[], &wl(), &auto(), &Limits::default()).unwrap_err();
     assert_eq!(err.shortage, Shortage::NoNodes);
-    let o = Overrides { strategy: Mode::Sharded, dp: Some(1), slots: None };
+    let o = Overrides {
+        strategy: Mode::Sharded,
+        dp: Some(1),
+        slots: None,
+    };
     let err = plan(&medium(), &[a100("a")], &wl(), &o, &Limits::default()).unwrap_err();
     assert_eq!(err.shortage, Shortage::Spec);
 }
 
 #[test]
 fn refuses_activations_that_would_overflow() {
-    let w = Workload { max_width: 16384, max_height: 16384, max_frames: 1024, max_batch: 64, ..wl() };
+    let w = Workload {
+        max_width: 16384,
+        max_height: 16384,
+        max_frames: 1024,
+        max_batch: 64,
+        ..wl()
+    };
     let err = plan(&medium(), &[a100("a")], &w, &auto(), &Limits::default()).unwrap_err();
     assert_eq!(err.shortage, Shortage::DeviceMemory);
 }
 
 fn arb_profile() -> impl Strategy<Value = Profile> {
-    (1usize..200, 1u64..(16 * GB), 0u64..(8 * GB), 0u64..GB).prop_map(|(b, s, o, v)| profile(b, s, o, v))
+    (1usize..200, 1u64..(16 * GB), 0u64..(8 * GB), 0u64..GB)
+        .prop_map(|(b, s, o, v)| profile(b, s, o, v))
 }
 
 fn arb_workload() -> impl Strategy<Value = Workload> {
@@ -227,8 +294,16 @@ fn arb_overrides() -> impl Strategy<Value = Overrides> {
         Just(Mode::Offload),
         Just(Mode::OffloadSharded)
     ];
-    (s, proptest::option::of(1u32..=8), proptest::option::of(1u32..=6))
-        .prop_map(|(strategy, dp, slots)| Overrides { strategy, dp, slots })
+    (
+        s,
+        proptest::option::of(1u32..=8),
+        proptest::option::of(1u32..=6),
+    )
+        .prop_map(|(strategy, dp, slots)| Overrides {
+            strategy,
+            dp,
+            slots,
+        })
 }
 
 fn arb_planned() -> impl Strategy<Value = PlannedStrategy> {

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 use crds::{DiffusionDeployment, Plan, PlannedStrategy};
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction,
     HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
@@ -28,34 +30,57 @@ const HOSTNAME: &str = "kubernetes.io/hostname";
 /// Labels that select a deployment's engine pods.
 pub fn selector_labels(dd: &DiffusionDeployment) -> BTreeMap<String, String> {
     BTreeMap::from([
-        ("app.kubernetes.io/name".to_string(), "layerwise-engine".to_string()),
+        (
+            "app.kubernetes.io/name".to_string(),
+            "layerwise-engine".to_string(),
+        ),
         ("app.kubernetes.io/instance".to_string(), dd.name_any()),
     ])
 }
 
 /// The selector as a string, for the `/scale` subresource and list calls.
 pub fn selector_string(dd: &DiffusionDeployment) -> String {
-    selector_labels(dd).iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+    selector_labels(dd)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn labels(dd: &DiffusionDeployment) -> BTreeMap<String, String> {
     let mut l = selector_labels(dd);
-    l.insert("app.kubernetes.io/managed-by".into(), "layerwise-operator".into());
+    l.insert(
+        "app.kubernetes.io/managed-by".into(),
+        "layerwise-operator".into(),
+    );
     l
 }
 
 /// A one-line summary of the plan, recorded on the pod template.
 pub fn plan_summary(plan: &Plan) -> String {
-    format!("{} dp={} slots={}", plan.strategy.as_str(), plan.dp, plan.slots)
+    format!(
+        "{} dp={} slots={}",
+        plan.strategy.as_str(),
+        plan.dp,
+        plan.slots
+    )
 }
 
 fn env(name: &str, value: impl ToString) -> EnvVar {
-    EnvVar { name: name.into(), value: Some(value.to_string()), ..Default::default() }
+    EnvVar {
+        name: name.into(),
+        value: Some(value.to_string()),
+        ..Default::default()
+    }
 }
 
 fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
     Probe {
-        http_get: Some(HTTPGetAction { path: Some(path.into()), port: IntOrString::String("http".into()), ..Default::default() }),
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("http".into()),
+            ..Default::default()
+        }),
         period_seconds: Some(period),
         failure_threshold: Some(failures),
         timeout_seconds: Some(5),
@@ -64,7 +89,13 @@ fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
 }
 
 /// The engine Deployment for `dd` under `plan`, with `replicas` pods, preferring `warm` nodes.
-pub fn deployment(dd: &DiffusionDeployment, plan: &Plan, replicas: i32, default_image: &str, warm: &[String]) -> Deployment {
+pub fn deployment(
+    dd: &DiffusionDeployment,
+    plan: &Plan,
+    replicas: i32,
+    default_image: &str,
+    warm: &[String],
+) -> Deployment {
     let spec = &dd.spec;
     let engine = &spec.engine;
     let resource = spec.accelerator.resource().to_string();
@@ -93,7 +124,10 @@ pub fn deployment(dd: &DiffusionDeployment, plan: &Plan, replicas: i32, default_
         env("LAYERWISE_MAX_STEPS", w.max_steps),
         env("LAYERWISE_MAX_BATCH", w.max_batch),
         env("LAYERWISE_GUIDANCE_ALLOWED", w.guidance),
-        env("LAYERWISE_DEVICE_MEMORY_MIB", plan.device_bytes_per_rank.div_ceil(1 << 20)),
+        env(
+            "LAYERWISE_DEVICE_MEMORY_MIB",
+            plan.device_bytes_per_rank.div_ceil(1 << 20),
+        ),
     ];
     envs.extend(engine.env.iter().cloned());
 
@@ -102,7 +136,9 @@ pub fn deployment(dd: &DiffusionDeployment, plan: &Plan, replicas: i32, default_
     let memory = Quantity(plan.host_bytes_per_pod.to_string());
     let accel = Quantity(plan.dp.to_string());
     let requests = res.requests.get_or_insert_with(BTreeMap::new);
-    requests.entry("cpu".into()).or_insert_with(|| Quantity("1".into()));
+    requests
+        .entry("cpu".into())
+        .or_insert_with(|| Quantity("1".into()));
     requests.insert("memory".into(), memory.clone());
     requests.insert(resource.clone(), accel.clone());
     let limits = res.limits.get_or_insert_with(BTreeMap::new);
@@ -110,11 +146,17 @@ pub fn deployment(dd: &DiffusionDeployment, plan: &Plan, replicas: i32, default_
     limits.insert(resource, accel);
     let res = ResourceRequirements { ..res };
 
-    let (model_volume, sub_path) = match (&spec.model.location.host_path, &spec.model.location.persistent_volume_claim) {
+    let (model_volume, sub_path) = match (
+        &spec.model.location.host_path,
+        &spec.model.location.persistent_volume_claim,
+    ) {
         (Some(path), _) => (
             Volume {
                 name: "model".into(),
-                host_path: Some(HostPathVolumeSource { path: path.clone(), type_: Some("Directory".into()) }),
+                host_path: Some(HostPathVolumeSource {
+                    path: path.clone(),
+                    type_: Some("Directory".into()),
+                }),
                 ..Default::default()
             },
             None,
@@ -124,7 +166,10 @@ pub fn deployment(dd: &DiffusionDeployment, plan: &Plan, replicas: i32, default_
             (
                 Volume {
                     name: "model".into(),
-                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource { claim_name: pvc.claim_name, read_only: Some(true) }),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: pvc.claim_name,
+                        read_only: Some(true),
+                    }),
                     ..Default::default()
                 },
                 pvc.sub_path,
@@ -146,17 +191,18 @@ pub fn deployment(dd: &DiffusionDeployment, plan: &Plan, replicas: i32, default_
         ..Default::default()
     };
     if !warm.is_empty() {
-        affinity.preferred_during_scheduling_ignored_during_execution = Some(vec![PreferredSchedulingTerm {
-            weight: 100,
-            preference: NodeSelectorTerm {
-                match_expressions: Some(vec![NodeSelectorRequirement {
-                    key: HOSTNAME.into(),
-                    operator: "In".into(),
-                    values: Some(warm.to_vec()),
-                }]),
-                ..Default::default()
-            },
-        }]);
+        affinity.preferred_during_scheduling_ignored_during_execution =
+            Some(vec![PreferredSchedulingTerm {
+                weight: 100,
+                preference: NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: HOSTNAME.into(),
+                        operator: "In".into(),
+                        values: Some(warm.to_vec()),
+                    }]),
+                    ..Default::default()
+                },
+            }]);
     }
 
     let mut pod_labels = engine.pod_labels.clone();
@@ -166,16 +212,35 @@ pub fn deployment(dd: &DiffusionDeployment, plan: &Plan, replicas: i32, default_
 
     let container = Container {
         name: "engine".into(),
-        image: Some(engine.image.clone().unwrap_or_else(|| default_image.to_string())),
+        image: Some(
+            engine
+                .image
+                .clone()
+                .unwrap_or_else(|| default_image.to_string()),
+        ),
         image_pull_policy: engine.image_pull_policy.clone(),
         command: Some(vec!["layerwise".into()]),
         args: Some(args),
         env: Some(envs),
-        ports: Some(vec![ContainerPort { name: Some("http".into()), container_port: ENGINE_PORT, ..Default::default() }]),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: ENGINE_PORT,
+            ..Default::default()
+        }]),
         resources: Some(res),
         volume_mounts: Some(vec![
-            VolumeMount { name: "model".into(), mount_path: MODEL_MOUNT.into(), read_only: Some(true), sub_path, ..Default::default() },
-            VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
+            VolumeMount {
+                name: "model".into(),
+                mount_path: MODEL_MOUNT.into(),
+                read_only: Some(true),
+                sub_path,
+                ..Default::default()
+            },
+            VolumeMount {
+                name: "tmp".into(),
+                mount_path: "/tmp".into(),
+                ..Default::default()
+            },
         ]),
         readiness_probe: Some(http_probe("/readyz", 5, 3)),
         liveness_probe: Some(http_probe("/healthz", 10, 3)),
@@ -186,7 +251,10 @@ pub fn deployment(dd: &DiffusionDeployment, plan: &Plan, replicas: i32, default_
             privileged: Some(false),
             read_only_root_filesystem: Some(true),
             run_as_non_root: Some(true),
-            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         ..Default::default()
@@ -202,7 +270,10 @@ pub fn deployment(dd: &DiffusionDeployment, plan: &Plan, replicas: i32, default_
         },
         spec: Some(DeploymentSpec {
             replicas: Some(replicas),
-            selector: LabelSelector { match_labels: Some(selector_labels(dd)), ..Default::default() },
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(dd)),
+                ..Default::default()
+            },
             // Accelerators are scarce: replace pods one at a time without surging.
             strategy: Some(DeploymentStrategy {
                 type_: Some("RollingUpdate".into()),
@@ -212,21 +283,37 @@ pub fn deployment(dd: &DiffusionDeployment, plan: &Plan, replicas: i32, default_
                 }),
             }),
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(pod_labels), annotations: Some(pod_annotations), ..Default::default() }),
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(pod_annotations),
+                    ..Default::default()
+                }),
                 spec: Some(PodSpec {
                     containers: vec![container],
                     volumes: Some(vec![
                         model_volume,
-                        Volume { name: "tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() },
+                        Volume {
+                            name: "tmp".into(),
+                            empty_dir: Some(EmptyDirVolumeSource::default()),
+                            ..Default::default()
+                        },
                     ]),
-                    affinity: Some(Affinity { node_affinity: Some(affinity), ..Default::default() }),
-                    node_selector: (!spec.accelerator.node_selector.is_empty()).then(|| spec.accelerator.node_selector.clone()),
-                    tolerations: (!spec.accelerator.tolerations.is_empty()).then(|| spec.accelerator.tolerations.clone()),
+                    affinity: Some(Affinity {
+                        node_affinity: Some(affinity),
+                        ..Default::default()
+                    }),
+                    node_selector: (!spec.accelerator.node_selector.is_empty())
+                        .then(|| spec.accelerator.node_selector.clone()),
+                    tolerations: (!spec.accelerator.tolerations.is_empty())
+                        .then(|| spec.accelerator.tolerations.clone()),
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
                         run_as_user: Some(65532),
                         run_as_group: Some(65532),
-                        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            ..Default::default()
+                        }),
                         ..Default::default()
                     }),
                     service_account_name: engine.service_account_name.clone(),

@@ -32,7 +32,10 @@ const WAIT: Duration = Duration::from_secs(90);
 const GIB: u64 = 1 << 30;
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// The folder with the test cluster's kubectl and helm.
@@ -41,9 +44,16 @@ fn bin_dir() -> Result<PathBuf> {
     if let Some(b) = BIN.get() {
         return Ok(b.clone());
     }
-    let out = Command::new(repo().join("tests/tools/build")).stderr(Stdio::inherit()).output()?;
+    let out = Command::new(repo().join("tests/tools/build"))
+        .stderr(Stdio::inherit())
+        .output()?;
     ensure!(out.status.success(), "tests/tools/build failed");
-    let line = String::from_utf8(out.stdout)?.lines().last().context("tests/tools/build printed nothing")?.trim().to_string();
+    let line = String::from_utf8(out.stdout)?
+        .lines()
+        .last()
+        .context("tests/tools/build printed nothing")?
+        .trim()
+        .to_string();
     Ok(BIN.get_or_init(|| PathBuf::from(line)).clone())
 }
 
@@ -60,9 +70,18 @@ fn tool(name: &str, args: &[&str], stdin: Option<&str>) -> Result<Output> {
     let mut child = Command::new(bin_dir()?.join(name))
         .args(args)
         .env("KUBECONFIG", kubeconfig())
-        .env("HELM_CACHE_HOME", std::env::temp_dir().join("layerwise-helm/cache"))
-        .env("HELM_CONFIG_HOME", std::env::temp_dir().join("layerwise-helm/config"))
-        .env("HELM_DATA_HOME", std::env::temp_dir().join("layerwise-helm/data"))
+        .env(
+            "HELM_CACHE_HOME",
+            std::env::temp_dir().join("layerwise-helm/cache"),
+        )
+        .env(
+            "HELM_CONFIG_HOME",
+            std::env::temp_dir().join("layerwise-helm/config"),
+        )
+        .env(
+            "HELM_DATA_HOME",
+            std::env::temp_dir().join("layerwise-helm/data"),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -76,7 +95,12 @@ fn tool(name: &str, args: &[&str], stdin: Option<&str>) -> Result<Output> {
 }
 
 fn ok(out: Output, what: &str) -> Result<String> {
-    ensure!(out.status.success(), "{what} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    ensure!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
@@ -86,13 +110,38 @@ async fn install_crds(client: &Client) -> Result<()> {
     static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     DONE.get_or_try_init(|| async {
         let dir = repo().join("charts/layerwise/crds");
-        ok(tool("kubectl", &["apply", "--server-side", "--force-conflicts", "-f", dir.to_str().unwrap()], None)?, "kubectl apply crds")?;
+        ok(
+            tool(
+                "kubectl",
+                &[
+                    "apply",
+                    "--server-side",
+                    "--force-conflicts",
+                    "-f",
+                    dir.to_str().unwrap(),
+                ],
+                None,
+            )?,
+            "kubectl apply crds",
+        )?;
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for name in ["diffusiondeployments.layerwise.dev", "diffusionnodes.layerwise.dev"] {
+        for name in [
+            "diffusiondeployments.layerwise.dev",
+            "diffusionnodes.layerwise.dev",
+        ] {
             wait_until(&format!("CRD {name} established"), WAIT, || async {
                 let crd = crds.get(name).await?;
-                let established = crd.status.and_then(|s| s.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Established" && c.status == "True");
-                Ok(if established { Ok(()) } else { Err("not established".into()) })
+                let established = crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                Ok(if established {
+                    Ok(())
+                } else {
+                    Err("not established".into())
+                })
             })
             .await?;
         }
@@ -119,12 +168,25 @@ impl World {
         let ns = cluster::unique_namespace(test);
         let release = format!("lw-{}", &ns[ns.len() - 8..]);
         let nss: Api<Namespace> = Api::all(client.clone());
-        nss.create(&PostParams::default(), &serde_json::from_value(json!({ "metadata": { "name": ns } }))?).await?;
+        nss.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": ns } }))?,
+        )
+        .await?;
         let chart = repo().join("charts/layerwise");
         ok(
             tool(
                 "helm",
-                &["install", &release, chart.to_str().unwrap(), "--namespace", &ns, "--skip-crds", "--set", &format!("operator.watchNamespace={ns}")],
+                &[
+                    "install",
+                    &release,
+                    chart.to_str().unwrap(),
+                    "--namespace",
+                    &ns,
+                    "--skip-crds",
+                    "--set",
+                    &format!("operator.watchNamespace={ns}"),
+                ],
                 None,
             )?,
             "helm install",
@@ -138,9 +200,20 @@ impl World {
             resync: Duration::from_secs(1),
             namespace: Some(ns.clone()),
         };
-        let controller = tokio::spawn(run(operator_client, settings, load, futures::future::pending()));
+        let controller = tokio::spawn(run(
+            operator_client,
+            settings,
+            load,
+            futures::future::pending(),
+        ));
         let agent = tokio::spawn(fake_agent(client.clone(), ns.clone(), profile));
-        Ok(World { client, ns, release, controller, agent })
+        Ok(World {
+            client,
+            ns,
+            release,
+            controller,
+            agent,
+        })
     }
 
     /// Removes everything the test made, best effort: every step runs and the first error
@@ -150,31 +223,76 @@ impl World {
         // Delete the deployments while the controller still runs, so its finalizer withdraws
         // the prepare requests; then force any stragglers.
         let dds: Api<DiffusionDeployment> = Api::namespaced(self.client.clone(), &self.ns);
-        if let Err(e) = dds.delete_collection(&DeleteParams::default(), &ListParams::default()).await {
+        if let Err(e) = dds
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+        {
             errors.push(e.into());
         }
         let gone = wait_until("DiffusionDeployments finalized", WAIT, || async {
             let left = dds.list(&ListParams::default()).await?.items.len();
-            Ok(if left == 0 { Ok(()) } else { Err(format!("{left} left")) })
+            Ok(if left == 0 {
+                Ok(())
+            } else {
+                Err(format!("{left} left"))
+            })
         })
         .await;
         if let Err(e) = gone {
             errors.push(e);
-            for dd in dds.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default() {
-                let _ = dds.patch(&dd.name_any(), &PatchParams::default(), &Patch::Merge(json!({ "metadata": { "finalizers": null } }))).await;
+            for dd in dds
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+            {
+                let _ = dds
+                    .patch(
+                        &dd.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+                    )
+                    .await;
             }
         }
         self.controller.abort();
         self.agent.abort();
         // Drop what the fake agent reported for this namespace's models.
         let dns: Api<DiffusionNode> = Api::all(self.client.clone());
-        for dn in dns.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default() {
+        for dn in dns
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
             let patch = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": dn.name_any() } });
-            if let Err(e) = dns.patch_status(&dn.name_any(), &PatchParams::apply(&agent_manager(&self.ns)).force(), &Patch::Apply(&patch)).await {
-                errors.push(anyhow::Error::from(e).context(format!("clearing the fake agent's status on {}", dn.name_any())));
+            if let Err(e) = dns
+                .patch_status(
+                    &dn.name_any(),
+                    &PatchParams::apply(&agent_manager(&self.ns)).force(),
+                    &Patch::Apply(&patch),
+                )
+                .await
+            {
+                errors.push(anyhow::Error::from(e).context(format!(
+                    "clearing the fake agent's status on {}",
+                    dn.name_any()
+                )));
             }
         }
-        match tool("helm", &["uninstall", &self.release, "--namespace", &self.ns, "--wait", "--timeout", "60s"], None) {
+        match tool(
+            "helm",
+            &[
+                "uninstall",
+                &self.release,
+                "--namespace",
+                &self.ns,
+                "--wait",
+                "--timeout",
+                "60s",
+            ],
+            None,
+        ) {
             Ok(out) => {
                 if let Err(e) = ok(out, "helm uninstall") {
                     errors.push(e);
@@ -197,7 +315,10 @@ async fn impersonating(user: &str) -> Result<Client> {
     let kc = Kubeconfig::read_from(kubeconfig())?;
     let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
     config.auth_info.impersonate = Some(user.to_string());
-    config.auth_info.impersonate_groups = Some(vec!["system:serviceaccounts".into(), "system:authenticated".into()]);
+    config.auth_info.impersonate_groups = Some(vec![
+        "system:serviceaccounts".into(),
+        "system:authenticated".into(),
+    ]);
     Ok(Client::try_from(config)?)
 }
 
@@ -232,10 +353,19 @@ async fn fake_agent(client: Client, ns: String, profile: Profile) {
                 };
                 if existing.is_none() {
                     let obj = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": node }, "spec": { "models": [] } });
-                    let _ = dns.patch(&node, &PatchParams::apply("e2e-agent"), &Patch::Apply(&obj)).await;
+                    let _ = dns
+                        .patch(&node, &PatchParams::apply("e2e-agent"), &Patch::Apply(&obj))
+                        .await;
                 }
                 let requested: Vec<String> = existing
-                    .map(|d| d.spec.models.iter().filter(|m| m.id.starts_with(&format!("{ns}/"))).map(|m| m.id.clone()).collect())
+                    .map(|d| {
+                        d.spec
+                            .models
+                            .iter()
+                            .filter(|m| m.id.starts_with(&format!("{ns}/")))
+                            .map(|m| m.id.clone())
+                            .collect()
+                    })
                     .unwrap_or_default();
                 let models: Vec<serde_json::Value> = requested
                     .iter()
@@ -262,7 +392,13 @@ async fn fake_agent(client: Client, ns: String, profile: Profile) {
                     "models": models,
                 });
                 let patch = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": node }, "status": status });
-                let _ = dns.patch_status(&node, &PatchParams::apply(&agent_manager(&ns)).force(), &Patch::Apply(&patch)).await;
+                let _ = dns
+                    .patch_status(
+                        &node,
+                        &PatchParams::apply(&agent_manager(&ns)).force(),
+                        &Patch::Apply(&patch),
+                    )
+                    .await;
             }
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -322,12 +458,18 @@ fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
     }
 }
 
-async fn status_of(api: &Api<DiffusionDeployment>, name: &str) -> Result<crds::DiffusionDeploymentStatus> {
+async fn status_of(
+    api: &Api<DiffusionDeployment>,
+    name: &str,
+) -> Result<crds::DiffusionDeploymentStatus> {
     Ok(api.get(name).await?.status.unwrap_or_default())
 }
 
 fn condition(s: &crds::DiffusionDeploymentStatus, type_: &str) -> Option<(String, String, String)> {
-    s.conditions.iter().find(|c| c.type_ == type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    s.conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
 /// Pods of the deployment that are Running, with their nodes.
@@ -339,23 +481,48 @@ async fn running_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<(Stri
         .await?
         .items
         .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none() && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .map(|p| (p.name_any(), p.spec.and_then(|s| s.node_name).unwrap_or_default()))
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+        .map(|p| {
+            (
+                p.name_any(),
+                p.spec.and_then(|s| s.node_name).unwrap_or_default(),
+            )
+        })
         .collect())
 }
 
 async fn event_reasons(client: &Client, ns: &str) -> Result<Vec<String>> {
     let evs: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
-    let mut reasons: Vec<String> = evs.list(&ListParams::default()).await?.items.into_iter().filter_map(|e| e.reason).collect();
+    let mut reasons: Vec<String> = evs
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
     let core: Api<CoreEvent> = Api::namespaced(client.clone(), ns);
-    reasons.extend(core.list(&ListParams::default()).await?.items.into_iter().filter_map(|e| e.reason));
+    reasons.extend(
+        core.list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|e| e.reason),
+    );
     Ok(reasons)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plans_runs_replans_and_cleans_up() -> Result<()> {
     // ~102 GiB: resident on the 140 GiB H200, only sharded on the 80 GiB A100s.
-    let world = World::new("operator", Arc::new(Fixed(AtomicU64::new(0))), profile(100, GIB)).await?;
+    let world = World::new(
+        "operator",
+        Arc::new(Fixed(AtomicU64::new(0))),
+        profile(100, GIB),
+    )
+    .await?;
     let result = lifecycle(&world).await;
     let torn = world.teardown().await;
     result.and(torn)
@@ -366,14 +533,19 @@ async fn lifecycle(w: &World) -> Result<()> {
     let (client, ns) = (&w.client, w.ns.as_str());
     let api: Api<DiffusionDeployment> = Api::namespaced(client.clone(), ns);
     let dd = deployment_manifest("big", json!({ "replicas": 1 }));
-    api.create(&PostParams::default(), &serde_json::from_value(dd)?).await?;
+    api.create(&PostParams::default(), &serde_json::from_value(dd)?)
+        .await?;
 
     let status = wait_until("plan recorded and Available", WAIT, || async {
         let s = status_of(&api, "big").await?;
         let avail = condition(&s, "Available");
         Ok(match (&s.plan, &avail) {
             (Some(_), Some((st, ..))) if st == "True" => Ok(s),
-            _ => Err(format!("plan {:?}, Available {avail:?}, Planned {:?}", s.plan.as_ref().map(|p| p.strategy), condition(&s, "Planned"))),
+            _ => Err(format!(
+                "plan {:?}, Available {avail:?}, Planned {:?}",
+                s.plan.as_ref().map(|p| p.strategy),
+                condition(&s, "Planned")
+            )),
         })
     })
     .await?;
@@ -381,9 +553,18 @@ async fn lifecycle(w: &World) -> Result<()> {
     let plan = status.plan.clone().unwrap();
     assert_eq!(plan.strategy, crds::PlannedStrategy::Resident, "{plan:?}");
     assert_eq!(plan.nodes, vec!["h200-0".to_string()]);
-    assert!(plan.rejected.iter().any(|r| r.starts_with("sharded")), "{:?}", plan.rejected);
+    assert!(
+        plan.rejected.iter().any(|r| r.starts_with("sharded")),
+        "{:?}",
+        plan.rejected
+    );
     for c in ["ModelProfiled", "Planned", "CacheWarm", "Available"] {
-        assert_eq!(condition(&status, c).map(|c| c.0), Some("True".into()), "{c}: {:?}", status.conditions);
+        assert_eq!(
+            condition(&status, c).map(|c| c.0),
+            Some("True".into()),
+            "{c}: {:?}",
+            status.conditions
+        );
     }
 
     let deploys: Api<Deployment> = Api::namespaced(client.clone(), ns);
@@ -392,29 +573,63 @@ async fn lifecycle(w: &World) -> Result<()> {
     let c = &pod.containers[0];
     let args = c.args.clone().unwrap().join(" ");
     assert!(args.contains("--strategy resident --dp 1"), "{args}");
-    assert_eq!(c.resources.as_ref().unwrap().limits.as_ref().unwrap()["nvidia.com/gpu"].0, "1");
-    assert_eq!(c.security_context.as_ref().unwrap().read_only_root_filesystem, Some(true));
+    assert_eq!(
+        c.resources.as_ref().unwrap().limits.as_ref().unwrap()["nvidia.com/gpu"].0,
+        "1"
+    );
+    assert_eq!(
+        c.security_context
+            .as_ref()
+            .unwrap()
+            .read_only_root_filesystem,
+        Some(true)
+    );
     assert_eq!(c.volume_mounts.as_ref().unwrap()[0].read_only, Some(true));
     assert_eq!(d.metadata.owner_references.as_ref().unwrap()[0].name, "big");
 
     let pods = wait_until("an engine pod Running", WAIT, || async {
         let pods = running_pods(client, ns, "big").await?;
-        Ok(if pods.len() == 1 { Ok(pods) } else { Err(format!("{pods:?}")) })
+        Ok(if pods.len() == 1 {
+            Ok(pods)
+        } else {
+            Err(format!("{pods:?}"))
+        })
     })
     .await?;
     assert_eq!(pods[0].1, "h200-0", "scheduled onto the node the plan fits");
 
-    let table = ok(tool("kubectl", &["get", "diffusiondeployments", "-n", ns], None)?, "kubectl get")?;
+    let table = ok(
+        tool("kubectl", &["get", "diffusiondeployments", "-n", ns], None)?,
+        "kubectl get",
+    )?;
     eprintln!("{table}");
-    let header: Vec<&str> = table.lines().next().unwrap_or("").split_whitespace().collect();
-    assert_eq!(header, ["NAME", "STRATEGY", "DP", "REPLICAS", "READY", "QUEUE", "AGE"]);
-    let row: Vec<&str> = table.lines().nth(1).unwrap_or("").split_whitespace().collect();
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["NAME", "STRATEGY", "DP", "REPLICAS", "READY", "QUEUE", "AGE"]
+    );
+    let row: Vec<&str> = table
+        .lines()
+        .nth(1)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
     assert_eq!(&row[..5], ["big", "resident", "1", "1", "1"]);
 
     // Bigger images: activations no longer fit beside the whole model; the fewest H200
     // devices whose shards and activations fit is three, and the pods roll.
     let t1 = Instant::now();
-    api.patch("big", &PatchParams::default(), &Patch::Merge(json!({ "spec": { "workload": { "maxWidth": 2048, "maxHeight": 2048 } } }))).await?;
+    api.patch(
+        "big",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "workload": { "maxWidth": 2048, "maxHeight": 2048 } } })),
+    )
+    .await?;
     let replanned = wait_until("re-plan after a spec change", WAIT, || async {
         let s = status_of(&api, "big").await?;
         Ok(match &s.plan {
@@ -423,18 +638,37 @@ async fn lifecycle(w: &World) -> Result<()> {
         })
     })
     .await?;
-    assert_eq!((replanned.strategy, replanned.dp), (crds::PlannedStrategy::Sharded, 3), "{replanned:?}");
+    assert_eq!(
+        (replanned.strategy, replanned.dp),
+        (crds::PlannedStrategy::Sharded, 3),
+        "{replanned:?}"
+    );
     wait_until("rolled pod Running with 3 accelerators", WAIT, || async {
         let d = deploys.get("big").await?;
-        let args = d.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap().join(" ");
+        let args = d.spec.unwrap().template.spec.unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap()
+            .join(" ");
         let pods = running_pods(client, ns, "big").await?;
-        Ok(if args.contains("--strategy sharded --dp 3") && pods.len() == 1 { Ok(()) } else { Err(format!("{args}; {pods:?}")) })
+        Ok(
+            if args.contains("--strategy sharded --dp 3") && pods.len() == 1 {
+                Ok(())
+            } else {
+                Err(format!("{args}; {pods:?}"))
+            },
+        )
     })
     .await?;
     eprintln!("re-planned and rolled after {:?}", t1.elapsed());
 
     // An infeasible spec is reported; what runs stays.
-    api.patch("big", &PatchParams::default(), &Patch::Merge(json!({ "spec": { "workload": { "maxWidth": 8192, "maxHeight": 8192 } } }))).await?;
+    api.patch(
+        "big",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "workload": { "maxWidth": 8192, "maxHeight": 8192 } } })),
+    )
+    .await?;
     let refused = wait_until("infeasible spec reported", WAIT, || async {
         let s = status_of(&api, "big").await?;
         Ok(match condition(&s, "Planned") {
@@ -446,12 +680,32 @@ async fn lifecycle(w: &World) -> Result<()> {
     assert_eq!(refused.0, "InsufficientDeviceMemory", "{refused:?}");
     assert!(refused.1.contains("short by"), "{}", refused.1);
     let d = deploys.get("big").await?;
-    assert!(d.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap().join(" ").contains("--strategy sharded --dp 3"));
-    assert_eq!(running_pods(client, ns, "big").await?.len(), 1, "nothing running is torn down");
+    assert!(d.spec.unwrap().template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap()
+        .join(" ")
+        .contains("--strategy sharded --dp 3"));
+    assert_eq!(
+        running_pods(client, ns, "big").await?.len(),
+        1,
+        "nothing running is torn down"
+    );
 
     let reasons = event_reasons(client, ns).await?;
-    for r in ["PrepareRequested", "ModelProfiled", "Planned", "Created", "Available", "Rolling", "InsufficientDeviceMemory"] {
-        assert!(reasons.iter().any(|x| x == r), "no {r} event in {reasons:?}");
+    for r in [
+        "PrepareRequested",
+        "ModelProfiled",
+        "Planned",
+        "Created",
+        "Available",
+        "Rolling",
+        "InsufficientDeviceMemory",
+    ] {
+        assert!(
+            reasons.iter().any(|x| x == r),
+            "no {r} event in {reasons:?}"
+        );
     }
 
     // Deleting the resource removes everything it created.
@@ -466,9 +720,20 @@ async fn lifecycle(w: &World) -> Result<()> {
             deploys.get_opt("big").await?.is_some(),
             services.get_opt("big").await?.is_some(),
             running_pods(client, ns, "big").await?.len(),
-            dns.list(&ListParams::default()).await?.items.iter().filter(|d| d.spec.models.iter().any(|m| m.id == id)).count(),
+            dns.list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|d| d.spec.models.iter().any(|m| m.id == id))
+                .count(),
         );
-        Ok(if left == (false, false, false, 0, 0) { Ok(()) } else { Err(format!("(resource, deployment, service, pods, prepare requests) = {left:?}")) })
+        Ok(if left == (false, false, false, 0, 0) {
+            Ok(())
+        } else {
+            Err(format!(
+                "(resource, deployment, service, pods, prepare requests) = {left:?}"
+            ))
+        })
     })
     .await?;
     eprintln!("cleaned up after {:?}", t2.elapsed());
@@ -503,22 +768,37 @@ async fn autoscale(w: &World, load: &Fixed) -> Result<()> {
         "autoscaling": { "minReplicas": 1, "maxReplicas": 3, "targetQueuePerReplica": 2, "scaleDownDelaySeconds": 4 },
         "accelerator": { "nodeSelector": { "node.kubernetes.io/instance-type": "a100" } },
     });
-    api.create(&PostParams::default(), &serde_json::from_value(deployment_manifest("small", auto))?).await?;
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(deployment_manifest("small", auto))?,
+    )
+    .await?;
     let deploys: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let replicas = |want: i32| {
         let deploys = deploys.clone();
         move || {
             let deploys = deploys.clone();
             async move {
-                let r = deploys.get_opt("small").await?.and_then(|d| d.spec?.replicas);
-                Ok(if r == Some(want) { Ok(()) } else { Err(format!("replicas {r:?}")) })
+                let r = deploys
+                    .get_opt("small")
+                    .await?
+                    .and_then(|d| d.spec?.replicas);
+                Ok(if r == Some(want) {
+                    Ok(())
+                } else {
+                    Err(format!("replicas {r:?}"))
+                })
             }
         }
     };
     wait_until("Deployment at 1 replica", WAIT, replicas(1)).await?;
     wait_until("one pod Running", WAIT, || async {
         let n = running_pods(client, ns, "small").await?.len();
-        Ok(if n == 1 { Ok(()) } else { Err(format!("{n} running")) })
+        Ok(if n == 1 {
+            Ok(())
+        } else {
+            Err(format!("{n} running"))
+        })
     })
     .await?;
 
@@ -535,12 +815,22 @@ async fn autoscale(w: &World, load: &Fixed) -> Result<()> {
     wait_until("scale down to 1", Duration::from_secs(60), replicas(1)).await?;
     let took = t.elapsed();
     eprintln!("scaled down after {took:?}");
-    assert!(took >= Duration::from_secs(4), "scaled down after {took:?}, before the 4 s delay");
+    assert!(
+        took >= Duration::from_secs(4),
+        "scaled down after {took:?}, before the 4 s delay"
+    );
     let reasons = event_reasons(client, ns).await?;
-    assert!(reasons.iter().filter(|r| *r == "Scaled").count() >= 1, "{reasons:?}");
+    assert!(
+        reasons.iter().filter(|r| *r == "Scaled").count() >= 1,
+        "{reasons:?}"
+    );
     api.delete("small", &DeleteParams::default()).await?;
     wait_until("deployment gone", WAIT, || async {
-        Ok(if api.get_opt("small").await?.is_none() { Ok(()) } else { Err("still there".into()) })
+        Ok(if api.get_opt("small").await?.is_none() {
+            Ok(())
+        } else {
+            Err("still there".into())
+        })
     })
     .await?;
     Ok(())
@@ -553,7 +843,14 @@ fn kubectl_apply(ns: &str, manifest: &str, dry_run: bool) -> Result<(bool, Strin
         args.push("--dry-run=server");
     }
     let out = tool("kubectl", &args, Some(manifest))?;
-    Ok((out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))))
+    Ok((
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    ))
 }
 
 #[tokio::test]
@@ -562,7 +859,11 @@ async fn invalid_specs_are_rejected_with_the_cel_message_and_examples_are_valid(
     install_crds(&client).await?;
     let ns = cluster::unique_namespace("cel");
     let nss: Api<Namespace> = Api::all(client.clone());
-    nss.create(&PostParams::default(), &serde_json::from_value(json!({ "metadata": { "name": ns } }))?).await?;
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({ "metadata": { "name": ns } }))?,
+    )
+    .await?;
     let result = cel(&ns);
     nss.delete(&ns, &DeleteParams::default()).await?;
     result
@@ -570,26 +871,50 @@ async fn invalid_specs_are_rejected_with_the_cel_message_and_examples_are_valid(
 
 fn cel(ns: &str) -> Result<()> {
     let cases = [
-        (json!({ "autoscaling": { "minReplicas": 3, "maxReplicas": 2 } }), "minReplicas must not exceed maxReplicas"),
-        (json!({ "model": { "location": { "hostPath": "models/x" } } }), "hostPath must be an absolute path"),
-        (json!({ "model": { "location": { "persistentVolumeClaim": { "claimName": "c" } } } }), "set exactly one of hostPath and persistentVolumeClaim"),
+        (
+            json!({ "autoscaling": { "minReplicas": 3, "maxReplicas": 2 } }),
+            "minReplicas must not exceed maxReplicas",
+        ),
+        (
+            json!({ "model": { "location": { "hostPath": "models/x" } } }),
+            "hostPath must be an absolute path",
+        ),
+        (
+            json!({ "model": { "location": { "persistentVolumeClaim": { "claimName": "c" } } } }),
+            "set exactly one of hostPath and persistentVolumeClaim",
+        ),
         (json!({ "dp": 0 }), "dp must be at least 1"),
-        (json!({ "strategy": "sharded", "dp": 1 }), "strategy sharded needs dp of at least 2"),
-        (json!({ "strategy": "fastest" }), "Unsupported value: \"fastest\""),
+        (
+            json!({ "strategy": "sharded", "dp": 1 }),
+            "strategy sharded needs dp of at least 2",
+        ),
+        (
+            json!({ "strategy": "fastest" }),
+            "Unsupported value: \"fastest\"",
+        ),
     ];
     for (extra, message) in cases {
         let manifest = serde_json::to_string(&deployment_manifest("bad", extra.clone()))?;
         let (success, out) = kubectl_apply(ns, &manifest, false)?;
         ensure!(!success, "{extra} was accepted: {out}");
-        ensure!(out.contains(message), "{extra}: expected {message:?} in {out}");
+        ensure!(
+            out.contains(message),
+            "{extra}: expected {message:?} in {out}"
+        );
     }
     // The model location is immutable.
     let good = serde_json::to_string(&deployment_manifest("imm", json!({})))?;
     let (success, out) = kubectl_apply(ns, &good, false)?;
     ensure!(success, "valid spec refused: {out}");
-    let moved = serde_json::to_string(&deployment_manifest("imm", json!({ "model": { "location": { "hostPath": "/models/other" } } })))?;
+    let moved = serde_json::to_string(&deployment_manifest(
+        "imm",
+        json!({ "model": { "location": { "hostPath": "/models/other" } } }),
+    ))?;
     let (success, out) = kubectl_apply(ns, &moved, false)?;
-    ensure!(!success && out.contains("model location is immutable"), "{out}");
+    ensure!(
+        !success && out.contains("model location is immutable"),
+        "{out}"
+    );
 
     // Every example is valid against the CRDs.
     let mut n = 0;

@@ -20,8 +20,10 @@ fn main() -> Result<()> {
                     stale.push(path.display().to_string());
                 }
             } else {
-                std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-                std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+                std::fs::write(&path, &text)
+                    .with_context(|| format!("writing {}", path.display()))?;
                 println!("wrote {}", path.display());
             }
         }

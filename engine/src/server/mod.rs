@@ -6,6 +6,7 @@
 //! decode thread that turns finished latents into PNGs so the VAE never holds the other
 //! ranks' collectives hostage.
 
+mod actor;
 pub mod api;
 pub mod loadgen;
 pub mod metrics;

@@ -1,0 +1,462 @@
+//! The scheduler task itself: the one owner of the queue and of every job's state. See
+//! [`super::scheduler`] for the messages it answers.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::Tensor;
+use tokio::sync::{mpsc, oneshot};
+
+use super::scheduler::{format_id, JobState, JobStatus, Msg, Shared};
+use super::ApiError;
+use crate::runtime::engine::{Output, Request};
+use crate::runtime::rank::{Taken, Work, WorkKey};
+use crate::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Image {
+    Queued,
+    Running(usize),
+    Decoding,
+    Done,
+    Dropped,
+}
+
+pub(super) struct Job {
+    requests: Vec<Request>,
+    images: Vec<Image>,
+    steps: Vec<usize>,
+    pngs: Vec<Option<Arc<Vec<u8>>>>,
+    state: JobState,
+    error: Option<Arc<Error>>,
+    cancel: Arc<AtomicBool>,
+    created: Instant,
+    started: Option<Instant>,
+    finished: Option<Instant>,
+    waiters: Vec<oneshot::Sender<()>>,
+}
+
+pub(super) struct Actor {
+    pub(super) shared: Arc<Shared>,
+    pub(super) decode: std::sync::mpsc::SyncSender<(WorkKey, Tensor)>,
+    pub(super) jobs: HashMap<u64, Job>,
+    pub(super) done_order: VecDeque<u64>,
+    pub(super) queue: VecDeque<WorkKey>,
+    pub(super) next_id: u64,
+    pub(super) generation: u64,
+    pub(super) work_waiters: Vec<(u64, oneshot::Sender<()>)>,
+    pub(super) closed: bool,
+    pub(super) max_queue: usize,
+    pub(super) keep_finished: usize,
+    /// Images on a rank or being decoded.
+    pub(super) running: usize,
+    /// Moving average of one image's wall time, for Retry-After.
+    pub(super) image_seconds: f64,
+}
+
+impl Actor {
+    pub(super) async fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
+        while let Some(m) = rx.recv().await {
+            self.handle(m);
+            self.shared.queued.store(self.queue.len(), Ordering::SeqCst);
+            self.shared.metrics.queue_depth.set(self.queue.len() as i64);
+            self.shared.metrics.running.set(self.running as i64);
+        }
+    }
+
+    fn handle(&mut self, m: Msg) {
+        match m {
+            Msg::Submit { requests, reply } => {
+                let _ = reply.send(self.submit(requests));
+            }
+            Msg::Status { id, reply } => {
+                let _ = reply.send(self.status(id));
+            }
+            Msg::Result { id, index, reply } => {
+                let _ = reply.send(self.result(id, index));
+            }
+            Msg::Wait { id, reply } => match self.jobs.get_mut(&id) {
+                Some(j) if !j.state.terminal() => j.waiters.push(reply),
+                _ => drop(reply.send(())),
+            },
+            Msg::Cancel { id, reply } => {
+                if let Some(j) = self.jobs.get(&id) {
+                    if !j.state.terminal() {
+                        self.end(id, JobState::Cancelled, None);
+                    }
+                }
+                let _ = reply.send(self.status(id));
+            }
+            Msg::Take { rank, reply } => {
+                let work = self.take(rank);
+                let _ = reply.send(Taken {
+                    work,
+                    generation: self.generation,
+                    closed: self.closed && self.queue.is_empty(),
+                });
+            }
+            Msg::WaitWork { generation, reply } => {
+                if generation < self.generation || self.closed {
+                    let _ = reply.send(());
+                } else {
+                    self.work_waiters.push((generation, reply));
+                }
+            }
+            Msg::Ready { rank } => {
+                let n = self.shared.ready_ranks.fetch_add(1, Ordering::SeqCst) + 1;
+                tracing::info!(rank, ready = n, "rank ready");
+                self.shared.metrics.ready.set((n >= self.shared.dp) as i64);
+            }
+            Msg::Step { rank, key, step } => match self.image(key) {
+                Some((j, Image::Running(r))) if r == rank => j.steps[key.index as usize] = step,
+                _ => self.stale(key, "step"),
+            },
+            Msg::Finished { rank, key, out } => self.finished(rank, key, out),
+            Msg::Decoded { key, png } => self.decoded(key, png),
+            Msg::Fatal { msg } => self.fatal(msg),
+            Msg::Close => self.close(),
+            Msg::Abort => {
+                let live: Vec<u64> = self
+                    .jobs
+                    .iter()
+                    .filter(|(_, j)| !j.state.terminal())
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in live {
+                    self.end(
+                        id,
+                        JobState::Failed,
+                        Some(Error::unavailable(
+                            "shut down before the request finished (grace period over)",
+                        )),
+                    );
+                }
+            }
+        }
+    }
+
+    fn stale(&self, key: WorkKey, what: &str) {
+        self.shared.stale.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(%key, what, "stale report dropped");
+    }
+
+    fn image(&mut self, key: WorkKey) -> Option<(&mut Job, Image)> {
+        let j = self.jobs.get_mut(&key.id)?;
+        let s = *j.images.get(key.index as usize)?;
+        Some((j, s))
+    }
+
+    fn submit(&mut self, requests: Vec<Request>) -> Result<u64, ApiError> {
+        if let Some(f) = self.shared.failed.lock().expect("shared lock").as_ref() {
+            return Err(Error::unavailable(format!("engine failed: {f}")).into());
+        }
+        if self.closed {
+            return Err(Error::unavailable("shutting down").into());
+        }
+        let need = requests.len();
+        if self.queue.len() + need > self.max_queue {
+            self.shared.metrics.rejected("queue_full");
+            let ahead = (self.queue.len() + self.running) as f64 / self.shared.dp as f64;
+            return Err(Error::QueueFull {
+                queued: self.queue.len(),
+                capacity: self.max_queue,
+                need,
+                retry_after: (ahead * self.image_seconds).ceil().max(1.0) as u64,
+            }
+            .into());
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let n = requests.len();
+        self.jobs.insert(
+            id,
+            Job {
+                requests,
+                images: vec![Image::Queued; n],
+                steps: vec![0; n],
+                pngs: vec![None; n],
+                state: JobState::Queued,
+                error: None,
+                cancel: Arc::new(AtomicBool::new(false)),
+                created: Instant::now(),
+                started: None,
+                finished: None,
+                waiters: Vec::new(),
+            },
+        );
+        self.queue
+            .extend((0..n as u32).map(|index| WorkKey { id, index }));
+        self.generation += 1;
+        let g = self.generation;
+        let (wake, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.work_waiters)
+            .into_iter()
+            .partition(|(seen, _)| *seen < g);
+        self.work_waiters = keep;
+        for (_, w) in wake {
+            let _ = w.send(());
+        }
+        Ok(id)
+    }
+
+    fn take(&mut self, rank: usize) -> Option<Work> {
+        let key = self.queue.pop_front()?;
+        self.shared.touch();
+        let j = self
+            .jobs
+            .get_mut(&key.id)
+            .expect("queued images belong to live jobs");
+        j.images[key.index as usize] = Image::Running(rank);
+        j.state = JobState::Running;
+        j.started.get_or_insert_with(Instant::now);
+        self.running += 1;
+        Some(Work {
+            key,
+            req: j.requests[key.index as usize].clone(),
+            cancel: Some(j.cancel.clone()),
+        })
+    }
+
+    fn finished(&mut self, rank: usize, key: WorkKey, out: Result<Output>) {
+        match self.image(key) {
+            Some((_, Image::Running(r))) if r == rank => {}
+            _ => return self.stale(key, "finished"),
+        }
+        let j = self.jobs.get_mut(&key.id).expect("checked above");
+        let live = !j.state.terminal();
+        let slot = &mut j.images[key.index as usize];
+        match out {
+            Ok(o) if live => {
+                *slot = Image::Decoding;
+                if self.decode.try_send((key, o.latents)).is_err() {
+                    *self
+                        .jobs
+                        .get_mut(&key.id)
+                        .expect("live")
+                        .images
+                        .get_mut(key.index as usize)
+                        .expect("image") = Image::Dropped;
+                    self.running -= 1;
+                    self.end(
+                        key.id,
+                        JobState::Failed,
+                        Some(Error::unavailable(
+                            "the decoder is not keeping up or has stopped",
+                        )),
+                    );
+                }
+            }
+            Ok(_) => {
+                *slot = Image::Dropped;
+                self.running -= 1;
+            }
+            Err(e) => {
+                *slot = Image::Dropped;
+                self.running -= 1;
+                if live {
+                    self.end(key.id, JobState::Failed, Some(e));
+                }
+            }
+        }
+        self.trim_when_idle();
+    }
+
+    fn decoded(&mut self, key: WorkKey, png: Result<Vec<u8>>) {
+        if !matches!(self.image(key), Some((_, Image::Decoding))) {
+            return self.stale(key, "decoded");
+        }
+        self.running -= 1;
+        let j = self.jobs.get_mut(&key.id).expect("checked above");
+        let i = key.index as usize;
+        match png {
+            Ok(bytes) if !j.state.terminal() => {
+                j.images[i] = Image::Done;
+                j.pngs[i] = Some(Arc::new(bytes));
+                if j.images.iter().all(|s| *s == Image::Done) {
+                    let per_image = j.started.map_or(0.0, |s| s.elapsed().as_secs_f64())
+                        / j.images.len() as f64;
+                    self.image_seconds = if self.image_seconds == 0.0 {
+                        per_image
+                    } else {
+                        0.8 * self.image_seconds + 0.2 * per_image
+                    };
+                    self.end(key.id, JobState::Succeeded, None);
+                }
+            }
+            Ok(_) => j.images[i] = Image::Dropped,
+            Err(e) => {
+                j.images[i] = Image::Dropped;
+                self.end(key.id, JobState::Failed, Some(e));
+            }
+        }
+        self.trim_when_idle();
+    }
+
+    /// Moves job `id` to a terminal state: stops its other images, answers its waiters.
+    fn end(&mut self, id: u64, state: JobState, error: Option<Error>) {
+        let Some(j) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        if j.state.terminal() {
+            return;
+        }
+        j.state = state;
+        j.error = error.map(Arc::new);
+        j.finished = Some(Instant::now());
+        j.cancel.store(true, Ordering::SeqCst);
+        for (i, img) in j.images.iter_mut().enumerate() {
+            if *img == Image::Queued {
+                *img = Image::Dropped;
+                self.queue.retain(|k| {
+                    *k != WorkKey {
+                        id,
+                        index: i as u32,
+                    }
+                });
+            }
+        }
+        if state != JobState::Succeeded {
+            j.pngs.iter_mut().for_each(|p| *p = None);
+        }
+        for w in j.waiters.drain(..) {
+            let _ = w.send(());
+        }
+        let m = &self.shared.metrics;
+        m.finished(match state {
+            JobState::Succeeded => "succeeded",
+            JobState::Cancelled => "cancelled",
+            _ => j.error.as_ref().map_or("failed", |e| e.label()),
+        });
+        m.request_seconds.observe(j.created.elapsed().as_secs_f64());
+        self.done_order.push_back(id);
+        while self.done_order.len() > self.keep_finished {
+            let old = self.done_order.pop_front().expect("non-empty");
+            self.jobs.remove(&old);
+        }
+    }
+
+    fn close(&mut self) {
+        self.closed = true;
+        self.shared.closing.store(true, Ordering::SeqCst);
+        let queued: Vec<u64> = self.queue.iter().map(|k| k.id).collect();
+        for id in queued {
+            self.end(
+                id,
+                JobState::Failed,
+                Some(Error::unavailable(
+                    "shutting down; the request was still queued",
+                )),
+            );
+        }
+        for (_, w) in self.work_waiters.drain(..) {
+            let _ = w.send(());
+        }
+    }
+
+    fn fatal(&mut self, msg: String) {
+        tracing::error!(%msg, "engine failed; failing every request in flight");
+        self.shared
+            .failed
+            .lock()
+            .expect("shared lock")
+            .get_or_insert(msg.clone());
+        self.shared.metrics.ready.set(0);
+        self.shared.fatal.notify_one();
+        let live: Vec<u64> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| !j.state.terminal())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in live {
+            self.end(
+                id,
+                JobState::Failed,
+                Some(Error::unavailable(format!(
+                    "the engine failed; the server will restart: {msg}"
+                ))),
+            );
+        }
+        self.close();
+    }
+
+    fn status(&self, id: u64) -> Result<JobStatus, ApiError> {
+        let j = self.jobs.get(&id).ok_or_else(|| Error::NotFound {
+            what: format!("job `{}`", format_id(id)),
+        })?;
+        let first_queued = j.images.iter().position(|i| *i == Image::Queued);
+        let queue_position = first_queued.and_then(|i| {
+            self.queue.iter().position(|k| {
+                *k == WorkKey {
+                    id,
+                    index: i as u32,
+                }
+            })
+        });
+        let now = Instant::now();
+        let end = j.finished.unwrap_or(now);
+        Ok(JobStatus {
+            id: format_id(id),
+            state: j.state,
+            queue_position,
+            n: j.images.len(),
+            steps_done: j.steps.iter().sum(),
+            steps_total: j.requests.iter().map(|r| r.steps).sum(),
+            queued_seconds: j
+                .started
+                .unwrap_or(end)
+                .duration_since(j.created)
+                .as_secs_f64(),
+            running_seconds: j.started.map(|s| end.duration_since(s).as_secs_f64()),
+            total_seconds: j
+                .finished
+                .map(|f| f.duration_since(j.created).as_secs_f64()),
+            error: j.error.as_ref().map(|e| e.to_string()),
+        })
+    }
+
+    fn result(&self, id: u64, index: usize) -> Result<Arc<Vec<u8>>, ApiError> {
+        let j = self.jobs.get(&id).ok_or_else(|| Error::NotFound {
+            what: format!("job `{}`", format_id(id)),
+        })?;
+        if index >= j.images.len() {
+            return Err(Error::invalid(
+                "index",
+                format!("{index}: the job has {} image(s)", j.images.len()),
+            )
+            .into());
+        }
+        match j.state {
+            JobState::Succeeded => Ok(j.pngs[index]
+                .clone()
+                .expect("succeeded jobs hold every image")),
+            JobState::Failed => Err(ApiError(
+                j.error.clone().expect("failed jobs carry their error"),
+            )),
+            s => Err(Error::Conflict {
+                what: format!(
+                    "job `{}` is {}; no result",
+                    format_id(id),
+                    serde_json::to_value(s)
+                        .expect("state")
+                        .as_str()
+                        .unwrap_or("")
+                ),
+            }
+            .into()),
+        }
+    }
+
+    /// Hands freed heap back to the OS once the server is idle, so memory returns to its
+    /// idle level after a burst (glibc keeps freed arenas otherwise).
+    fn trim_when_idle(&self) {
+        if self.running == 0 && self.queue.is_empty() {
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
+            // SAFETY: malloc_trim only releases free memory of the allocator's arenas.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
+    }
+}
