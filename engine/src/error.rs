@@ -87,14 +87,22 @@ impl Error {
             msg: msg.into(),
         }
     }
-    pub fn tensor(path: impl Into<PathBuf>, tensor: impl Into<String>, msg: impl Into<String>) -> Self {
+    pub fn tensor(
+        path: impl Into<PathBuf>,
+        tensor: impl Into<String>,
+        msg: impl Into<String>,
+    ) -> Self {
         Error::Tensor {
             path: path.into(),
             tensor: tensor.into(),
             msg: msg.into(),
         }
     }
-    pub fn config(path: impl Into<PathBuf>, field: impl Into<String>, msg: impl Into<String>) -> Self {
+    pub fn config(
+        path: impl Into<PathBuf>,
+        field: impl Into<String>,
+        msg: impl Into<String>,
+    ) -> Self {
         Error::Config {
             path: path.into(),
             field: field.into(),

@@ -130,12 +130,14 @@ impl ModelLayout {
             let mut by_dtype: BTreeMap<Dtype, Vec<(usize, u64, u64, usize)>> = BTreeMap::new();
             for (si, spec) in specs.iter().enumerate() {
                 let name = format!("{pre}{}", spec.name);
-                let &(file, ti) = component
-                    .index
-                    .get(&name)
-                    .ok_or_else(|| Error::tensor(&component.dir, &name, "missing from the checkpoint"))?;
+                let &(file, ti) = component.index.get(&name).ok_or_else(|| {
+                    Error::tensor(&component.dir, &name, "missing from the checkpoint")
+                })?;
                 let info = &component.files[file].tensors[ti];
-                by_dtype.entry(info.dtype).or_default().push((file, info.offset, info.len, si));
+                by_dtype
+                    .entry(info.dtype)
+                    .or_default()
+                    .push((file, info.offset, info.len, si));
                 if !dtypes.contains(&info.dtype) {
                     dtypes.push(info.dtype);
                 }
@@ -164,8 +166,17 @@ impl ModelLayout {
                         len,
                     });
                     match pieces.last_mut() {
-                        Some(p) if p.file == file && p.src + p.len == src && p.dst + p.len == at => p.len += len,
-                        _ => pieces.push(Piece { file, src, dst: at, len }),
+                        Some(p)
+                            if p.file == file && p.src + p.len == src && p.dst + p.len == at =>
+                        {
+                            p.len += len
+                        }
+                        _ => pieces.push(Piece {
+                            file,
+                            src,
+                            dst: at,
+                            len,
+                        }),
                     }
                     at += len;
                 }
@@ -179,7 +190,11 @@ impl ModelLayout {
                     pieces,
                 });
             }
-            blocks.push(BlockLayout { index: i, groups, tensors });
+            blocks.push(BlockLayout {
+                index: i,
+                groups,
+                tensors,
+            });
         }
         Ok(ModelLayout {
             dp,
@@ -196,7 +211,11 @@ impl ModelLayout {
 
     /// The largest padded block.
     pub fn largest_padded_block(&self) -> u64 {
-        self.blocks.iter().map(BlockLayout::padded_bytes).max().unwrap_or(0)
+        self.blocks
+            .iter()
+            .map(BlockLayout::padded_bytes)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -218,8 +237,18 @@ mod tests {
     #[test]
     fn shards_cover_every_byte_once() {
         let pieces = vec![
-            Piece { file: 0, src: 100, dst: 0, len: 1000 },
-            Piece { file: 1, src: 8, dst: 1000, len: 777 },
+            Piece {
+                file: 0,
+                src: 100,
+                dst: 0,
+                len: 1000,
+            },
+            Piece {
+                file: 1,
+                src: 8,
+                dst: 1000,
+                len: 777,
+            },
         ];
         for dp in 1..=5 {
             let g = group(pieces.clone(), 1777, dp);
@@ -227,9 +256,14 @@ mod tests {
             let mut covered = vec![0u8; g.padded as usize];
             for r in 0..dp {
                 for p in g.shard_pieces(r) {
-                    assert!(p.dst >= r as u64 * g.shard && p.dst + p.len <= (r as u64 + 1) * g.shard);
+                    assert!(
+                        p.dst >= r as u64 * g.shard && p.dst + p.len <= (r as u64 + 1) * g.shard
+                    );
                     // The source offset moves with the destination offset.
-                    let orig = pieces.iter().find(|o| o.dst <= p.dst && p.dst < o.dst + o.len).unwrap();
+                    let orig = pieces
+                        .iter()
+                        .find(|o| o.dst <= p.dst && p.dst < o.dst + o.len)
+                        .unwrap();
                     assert_eq!(p.src - orig.src, p.dst - orig.dst);
                     for b in p.dst..p.dst + p.len {
                         covered[b as usize] += 1;

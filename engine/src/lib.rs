@@ -8,11 +8,11 @@ pub mod checkpoint;
 pub mod error;
 pub mod family;
 pub mod layout;
-pub mod strategy;
 #[cfg(feature = "runtime")]
 pub mod runtime;
 #[cfg(feature = "runtime")]
 pub mod server;
+pub mod strategy;
 
 pub use error::{Error, Result};
 pub use strategy::Strategy;

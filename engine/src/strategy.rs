@@ -55,6 +55,11 @@ impl FromStr for Strategy {
         Strategy::ALL
             .into_iter()
             .find(|x| x.as_str() == s)
-            .ok_or_else(|| Error::invalid("strategy", format!("`{s}`: expected one of resident, sharded, offload, offload-sharded")))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "strategy",
+                    format!("`{s}`: expected one of resident, sharded, offload, offload-sharded"),
+                )
+            })
     }
 }

@@ -23,12 +23,22 @@ fn read_entries(path: &Path) -> Vec<Entry> {
     let bytes = fs::read(path).unwrap();
     h.tensors
         .iter()
-        .map(|t| (t.name.clone(), t.dtype, t.shape.clone(), bytes[t.offset as usize..(t.offset + t.len) as usize].to_vec()))
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.dtype,
+                t.shape.clone(),
+                bytes[t.offset as usize..(t.offset + t.len) as usize].to_vec(),
+            )
+        })
         .collect()
 }
 
 fn write_entries(path: &Path, entries: &[Entry]) {
-    let specs: Vec<_> = entries.iter().map(|(n, d, s, _)| (n.clone(), *d, s.clone())).collect();
+    let specs: Vec<_> = entries
+        .iter()
+        .map(|(n, d, s, _)| (n.clone(), *d, s.clone()))
+        .collect();
     let (mut out, _) = encode_header(&specs).unwrap();
     for (_, _, _, data) in entries {
         out.extend_from_slice(data);
@@ -40,7 +50,8 @@ fn write_entries(path: &Path, entries: &[Entry]) {
 fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
     let bytes = fs::read(path).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let mut json: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut json: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     edit(&mut json);
     let mut text = serde_json::to_vec(&json).unwrap();
     while text.len() < n {
@@ -71,10 +82,20 @@ const Q: &str = "transformer_blocks.1.attn1.to_q.weight";
 fn truncated_file() {
     let d = tempfile::tempdir().unwrap();
     let m = common::tiny(d.path(), 3);
-    let f = fs::OpenOptions::new().write(true).open(weights(&m)).unwrap();
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(weights(&m))
+        .unwrap();
     let len = f.metadata().unwrap().len();
     f.set_len(len - 1000).unwrap();
-    expect_error(&m, &["diffusion_pytorch_model.safetensors", "truncated", "tensor `"]);
+    expect_error(
+        &m,
+        &[
+            "diffusion_pytorch_model.safetensors",
+            "truncated",
+            "tensor `",
+        ],
+    );
     // A file too short to hold even its header length.
     f.set_len(5).unwrap();
     expect_error(&m, &["diffusion_pytorch_model.safetensors", "too short"]);
@@ -86,10 +107,16 @@ fn offsets_past_the_end() {
     let m = common::tiny(d.path(), 3);
     edit_header(&weights(&m), |j| {
         let o = j[Q]["data_offsets"].as_array().unwrap().clone();
-        let (s, e) = (o[0].as_u64().unwrap() + 10_000_000, o[1].as_u64().unwrap() + 10_000_000);
+        let (s, e) = (
+            o[0].as_u64().unwrap() + 10_000_000,
+            o[1].as_u64().unwrap() + 10_000_000,
+        );
         j[Q]["data_offsets"] = serde_json::json!([s, e]);
     });
-    expect_error(&m, &["diffusion_pytorch_model.safetensors", Q, "past the end"]);
+    expect_error(
+        &m,
+        &["diffusion_pytorch_model.safetensors", Q, "past the end"],
+    );
 }
 
 #[test]
@@ -100,7 +127,14 @@ fn overlapping_tensors() {
     edit_header(&weights(&m), |j| {
         j[k]["data_offsets"] = j[Q]["data_offsets"].clone();
     });
-    expect_error(&m, &["diffusion_pytorch_model.safetensors", "overlap", "attn1.to_"]);
+    expect_error(
+        &m,
+        &[
+            "diffusion_pytorch_model.safetensors",
+            "overlap",
+            "attn1.to_",
+        ],
+    );
 }
 
 #[test]
@@ -110,20 +144,47 @@ fn missing_extra_misshapen_and_mistyped_tensors() {
     let w = weights(&m);
     let orig = read_entries(&w);
 
-    write_entries(&w, &orig.iter().filter(|e| e.0 != Q).cloned().collect::<Vec<_>>());
+    write_entries(
+        &w,
+        &orig
+            .iter()
+            .filter(|e| e.0 != Q)
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
     expect_error(&m, &[Q, "missing", "transformer"]);
 
     let mut extra = orig.clone();
-    extra.push(("transformer_blocks.0.mystery.weight".into(), Dtype::F32, vec![4], vec![0; 16]));
+    extra.push((
+        "transformer_blocks.0.mystery.weight".into(),
+        Dtype::F32,
+        vec![4],
+        vec![0; 16],
+    ));
     write_entries(&w, &extra);
-    expect_error(&m, &["diffusion_pytorch_model.safetensors", "transformer_blocks.0.mystery.weight", "unexpected"]);
+    expect_error(
+        &m,
+        &[
+            "diffusion_pytorch_model.safetensors",
+            "transformer_blocks.0.mystery.weight",
+            "unexpected",
+        ],
+    );
 
     let mut wrong = orig.clone();
     let e = wrong.iter_mut().find(|e| e.0 == Q).unwrap();
     e.2 = vec![64, 32];
     e.3.truncate(64 * 32 * 4);
     write_entries(&w, &wrong);
-    expect_error(&m, &["diffusion_pytorch_model.safetensors", Q, "[64, 32]", "[64, 64]"]);
+    expect_error(
+        &m,
+        &[
+            "diffusion_pytorch_model.safetensors",
+            Q,
+            "[64, 32]",
+            "[64, 64]",
+        ],
+    );
 
     let mut typed = orig.clone();
     typed.iter_mut().find(|e| e.0 == Q).unwrap().1 = Dtype::I32;
@@ -148,7 +209,14 @@ fn config_that_disagrees_with_the_weights() {
     write(&|c| c["num_layers"] = 5.into());
     expect_error(&m, &["config.json", "num_layers", "3 blocks"]);
     write(&|c| c["num_attention_heads"] = 8.into());
-    expect_error(&m, &["diffusion_pytorch_model.safetensors", "tensor `", "disagrees with the config"]);
+    expect_error(
+        &m,
+        &[
+            "diffusion_pytorch_model.safetensors",
+            "tensor `",
+            "disagrees with the config",
+        ],
+    );
     write(&|c| c["norm_type"] = "layer_norm".into());
     expect_error(&m, &["config.json", "norm_type"]);
     fs::write(&cfg_path, b"{ not json").unwrap();
@@ -162,11 +230,24 @@ fn broken_shard_index() {
     let idx = m.join("transformer/diffusion_pytorch_model.safetensors.index.json");
     let text = fs::read_to_string(&idx).unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let shard = v["weight_map"]["pos_embed.proj.weight"].as_str().unwrap().to_string();
-    assert!(shard.starts_with("diffusion_pytorch_model-00001-of-"), "{shard}");
+    let shard = v["weight_map"]["pos_embed.proj.weight"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        shard.starts_with("diffusion_pytorch_model-00001-of-"),
+        "{shard}"
+    );
     v["weight_map"]["transformer_blocks.0.ghost.weight"] = shard.clone().into();
     fs::write(&idx, serde_json::to_vec(&v).unwrap()).unwrap();
-    expect_error(&m, &["index.json", "transformer_blocks.0.ghost.weight", "not found"]);
+    expect_error(
+        &m,
+        &[
+            "index.json",
+            "transformer_blocks.0.ghost.weight",
+            "not found",
+        ],
+    );
     fs::write(&idx, text).unwrap();
     fs::remove_file(m.join("transformer").join(&shard)).unwrap();
     expect_error(&m, &["index.json", &shard, "missing"]);
@@ -176,24 +257,51 @@ fn broken_shard_index() {
 fn cli_exits_non_zero_without_panicking() {
     let d = tempfile::tempdir().unwrap();
     let m = common::tiny(d.path(), 2);
-    let f = fs::OpenOptions::new().write(true).open(weights(&m)).unwrap();
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(weights(&m))
+        .unwrap();
     f.set_len(f.metadata().unwrap().len() - 10).unwrap();
     let bin = env!("CARGO_BIN_EXE_layerwise");
     for args in [
         vec!["inspect", m.to_str().unwrap()],
-        vec!["generate", "--model", m.to_str().unwrap(), "--out", "/dev/null", "--steps", "1"],
+        vec![
+            "generate",
+            "--model",
+            m.to_str().unwrap(),
+            "--out",
+            "/dev/null",
+            "--steps",
+            "1",
+        ],
     ] {
         let out = Command::new(bin).args(&args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?}");
-        assert!(err.contains("truncated") && err.contains("diffusion_pytorch_model.safetensors"), "{err}");
+        assert!(
+            err.contains("truncated") && err.contains("diffusion_pytorch_model.safetensors"),
+            "{err}"
+        );
         assert!(!err.contains("panicked"), "{err}");
     }
     let good = common::tiny(d.path(), 3);
     let out = Command::new(bin)
-        .args(["generate", "--model", good.to_str().unwrap(), "--out", "/dev/null", "--steps", "1", "--size", "60"])
+        .args([
+            "generate",
+            "--model",
+            good.to_str().unwrap(),
+            "--out",
+            "/dev/null",
+            "--steps",
+            "1",
+            "--size",
+            "60",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("width") && err.contains("multiple of 16"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("width") && err.contains("multiple of 16"),
+        "{err}"
+    );
 }

@@ -34,5 +34,10 @@ fn offload_sharded_keeps_anonymous_memory_far_below_the_checkpoint() {
     );
     assert!(s.checkpoint_bytes > 300 << 20);
     assert!(s.peak_anon_rss_bytes > 0, "RssAnon unreadable");
-    assert!(s.peak_anon_rss_bytes < s.checkpoint_bytes / 4, "{} vs {}", s.peak_anon_rss_bytes, s.checkpoint_bytes);
+    assert!(
+        s.peak_anon_rss_bytes < s.checkpoint_bytes / 4,
+        "{} vs {}",
+        s.peak_anon_rss_bytes,
+        s.checkpoint_bytes
+    );
 }

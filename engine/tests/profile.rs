@@ -10,7 +10,10 @@ use layerwise_engine::runtime::synth::{synth, SynthOptions};
 fn rchar() -> u64 {
     std::fs::read_to_string("/proc/self/io")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("rchar:").map(|v| v.trim().parse().unwrap())))
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("rchar:").map(|v| v.trim().parse().unwrap()))
+        })
         .unwrap_or(0)
 }
 
@@ -22,7 +25,10 @@ fn profile_of_a_tiny_checkpoint_adds_up() {
     assert_eq!(p.blocks, 6);
     assert_eq!(p.block_bytes.len(), 6);
     assert!(p.block_bytes.iter().all(|&b| b == p.largest_block_bytes));
-    assert_eq!(p.transformer_bytes, p.outside_block_bytes + 6 * p.largest_block_bytes);
+    assert_eq!(
+        p.transformer_bytes,
+        p.outside_block_bytes + 6 * p.largest_block_bytes
+    );
     assert_eq!(p.total_bytes, p.transformer_bytes + p.vae_bytes);
     assert_eq!(p.bytes_by_dtype.values().sum::<u64>(), p.total_bytes);
     assert_eq!(p.slot_bytes(1), p.largest_block_bytes.div_ceil(256) * 256);
@@ -45,7 +51,10 @@ fn profile_of_a_sparse_120_gb_checkpoint_reads_only_headers() {
     let p = Profile::read(&out).unwrap();
     let took = t.elapsed();
     let read = rchar() - before;
-    println!("profiled {} bytes in {} files: {:?}, {read} bytes read", p.total_bytes, p.files, took);
+    println!(
+        "profiled {} bytes in {} files: {:?}, {read} bytes read",
+        p.total_bytes, p.files, took
+    );
     assert!(p.total_bytes > 100_000_000_000, "{}", p.total_bytes);
     assert_eq!(p.blocks, 96);
     assert!(p.files > 10);

@@ -46,7 +46,9 @@ fn every_strategy_dp_and_k_gives_identical_latents() {
         common::request(3, 4, 1.5),
         common::request(4, 1, 0.0),
     ];
-    let (reference, _) = model.run(requests.clone(), &opts(Strategy::Resident, 1, 2)).unwrap();
+    let (reference, _) = model
+        .run(requests.clone(), &opts(Strategy::Resident, 1, 2))
+        .unwrap();
     let reference: Vec<Vec<u32>> = reference.iter().map(|o| common::bits(&o.latents)).collect();
     let mut runs = 0;
     for strategy in Strategy::ALL {
@@ -77,12 +79,21 @@ fn offload_sharded_moves_one_copy_per_rank_share() {
     let dir = tempfile::tempdir().unwrap();
     let model = Model::open(&common::tiny(dir.path(), 4)).unwrap();
     let reqs = vec![common::request(1, 2, 1.0), common::request(2, 2, 1.0)];
-    let (_, one) = model.run(reqs.clone(), &opts(Strategy::Offload, 2, 2)).unwrap();
-    let (_, shared) = model.run(reqs, &opts(Strategy::OffloadSharded, 2, 2)).unwrap();
+    let (_, one) = model
+        .run(reqs.clone(), &opts(Strategy::Offload, 2, 2))
+        .unwrap();
+    let (_, shared) = model
+        .run(reqs, &opts(Strategy::OffloadSharded, 2, 2))
+        .unwrap();
     // offload: every rank copies whole blocks; offload-sharded: each copies 1/dp and
     // gathers the rest, so host traffic halves.
     assert_eq!(one.bytes_gathered, 0);
-    assert!(shared.bytes_copied * 2 <= one.bytes_copied + 2 * 256 * 4 * 2 * 2, "{} vs {}", shared.bytes_copied, one.bytes_copied);
+    assert!(
+        shared.bytes_copied * 2 <= one.bytes_copied + 2 * 256 * 4 * 2 * 2,
+        "{} vs {}",
+        shared.bytes_copied,
+        one.bytes_copied
+    );
     assert_eq!(shared.bytes_copied, shared.bytes_gathered);
 }
 
@@ -92,13 +103,26 @@ fn device_weights_stay_within_k_slots_whatever_the_depth() {
     let mut peaks = Vec::new();
     for layers in [8, 32] {
         let model = Model::open(&common::tiny(dir.path(), layers)).unwrap();
-        for (strategy, dp, k) in [(Strategy::OffloadSharded, 2, 2), (Strategy::Offload, 1, 3), (Strategy::OffloadSharded, 3, 3)] {
-            let (_, s) = model.run(vec![common::request(5, 2, 4.0)], &opts(strategy, dp, k)).unwrap();
+        for (strategy, dp, k) in [
+            (Strategy::OffloadSharded, 2, 2),
+            (Strategy::Offload, 1, 3),
+            (Strategy::OffloadSharded, 3, 3),
+        ] {
+            let (_, s) = model
+                .run(vec![common::request(5, 2, 4.0)], &opts(strategy, dp, k))
+                .unwrap();
             let outside = s.peak_device_bytes_by_kind["resident_outside_blocks"];
-            let weights = s.peak_device_bytes - s.peak_device_bytes_by_kind.get("vae").copied().unwrap_or(0);
+            let weights =
+                s.peak_device_bytes - s.peak_device_bytes_by_kind.get("vae").copied().unwrap_or(0);
             let bound = k as u64 * s.largest_padded_block_bytes + outside;
-            assert!(weights <= bound, "{strategy} dp={dp} K={k} L={layers}: {weights} > {bound}");
-            assert_eq!(s.peak_device_bytes_by_kind["slots"], k as u64 * s.largest_padded_block_bytes);
+            assert!(
+                weights <= bound,
+                "{strategy} dp={dp} K={k} L={layers}: {weights} > {bound}"
+            );
+            assert_eq!(
+                s.peak_device_bytes_by_kind["slots"],
+                k as u64 * s.largest_padded_block_bytes
+            );
             peaks.push((strategy, dp, k, s.peak_device_bytes));
         }
     }
@@ -113,11 +137,30 @@ fn device_weights_stay_within_k_slots_whatever_the_depth() {
 fn resident_and_sharded_hold_what_they_promise() {
     let dir = tempfile::tempdir().unwrap();
     let model = Model::open(&common::tiny(dir.path(), 6)).unwrap();
-    let block: u64 = model.layout(2).unwrap().blocks.iter().map(|b| b.padded_bytes()).sum();
-    let (_, r) = model.run(vec![common::request(1, 1, 1.0)], &opts(Strategy::Resident, 2, 2)).unwrap();
+    let block: u64 = model
+        .layout(2)
+        .unwrap()
+        .blocks
+        .iter()
+        .map(|b| b.padded_bytes())
+        .sum();
+    let (_, r) = model
+        .run(
+            vec![common::request(1, 1, 1.0)],
+            &opts(Strategy::Resident, 2, 2),
+        )
+        .unwrap();
     assert_eq!(r.peak_device_bytes_by_kind["resident_blocks"], block);
-    let (_, s) = model.run(vec![common::request(1, 1, 1.0)], &opts(Strategy::Sharded, 2, 2)).unwrap();
-    assert_eq!(s.peak_device_bytes_by_kind["resident_shards"], model.layout(2).unwrap().group_capacity.iter().sum::<u64>() / 2 * 6);
+    let (_, s) = model
+        .run(
+            vec![common::request(1, 1, 1.0)],
+            &opts(Strategy::Sharded, 2, 2),
+        )
+        .unwrap();
+    assert_eq!(
+        s.peak_device_bytes_by_kind["resident_shards"],
+        model.layout(2).unwrap().group_capacity.iter().sum::<u64>() / 2 * 6
+    );
 }
 
 #[test]
@@ -126,26 +169,51 @@ fn a_budget_too_small_for_the_slots_is_a_clear_error() {
     let model = Model::open(&common::tiny(dir.path(), 4)).unwrap();
     let mut o = opts(Strategy::OffloadSharded, 2, 2);
     o.device_memory = 300_000;
-    let e = model.run(vec![common::request(1, 1, 1.0)], &o).err().unwrap().to_string();
-    assert!(e.contains("device memory exhausted") && e.contains("slot"), "{e}");
+    let e = model
+        .run(vec![common::request(1, 1, 1.0)], &o)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("device memory exhausted") && e.contains("slot"),
+        "{e}"
+    );
 }
 
 #[test]
 fn sharded_files_and_half_precision_load() {
     let dir = tempfile::tempdir().unwrap();
     let single = Model::open(&common::tiny(dir.path(), 4)).unwrap();
-    let split = common::tiny_with(&dir.path().join("split"), 4, |o| o.max_shard_bytes = Some(200_000));
-    assert!(split.join("transformer/diffusion_pytorch_model.safetensors.index.json").is_file());
+    let split = common::tiny_with(&dir.path().join("split"), 4, |o| {
+        o.max_shard_bytes = Some(200_000)
+    });
+    assert!(split
+        .join("transformer/diffusion_pytorch_model.safetensors.index.json")
+        .is_file());
     let split = Model::open(&split).unwrap();
     assert!(split.checkpoint.transformer.files.len() > 3);
     let reqs = vec![common::request(9, 2, 4.0)];
-    let a = single.run(reqs.clone(), &opts(Strategy::OffloadSharded, 2, 2)).unwrap().0;
-    let b = split.run(reqs.clone(), &opts(Strategy::OffloadSharded, 2, 2)).unwrap().0;
+    let a = single
+        .run(reqs.clone(), &opts(Strategy::OffloadSharded, 2, 2))
+        .unwrap()
+        .0;
+    let b = split
+        .run(reqs.clone(), &opts(Strategy::OffloadSharded, 2, 2))
+        .unwrap()
+        .0;
     assert_eq!(common::bits(&a[0].latents), common::bits(&b[0].latents));
-    let half = common::tiny_with(&dir.path().join("bf16"), 4, |o| o.dtype = safetensors::Dtype::BF16);
+    let half = common::tiny_with(&dir.path().join("bf16"), 4, |o| {
+        o.dtype = safetensors::Dtype::BF16
+    });
     let half = Model::open(&half).unwrap();
-    let r = half.run(reqs.clone(), &opts(Strategy::Resident, 1, 2)).unwrap().0;
-    let s = half.run(reqs, &opts(Strategy::OffloadSharded, 3, 2)).unwrap().0;
+    let r = half
+        .run(reqs.clone(), &opts(Strategy::Resident, 1, 2))
+        .unwrap()
+        .0;
+    let s = half
+        .run(reqs, &opts(Strategy::OffloadSharded, 3, 2))
+        .unwrap()
+        .0;
     assert_eq!(common::bits(&r[0].latents), common::bits(&s[0].latents));
 }
 

@@ -93,8 +93,8 @@ impl Header {
     /// Validates a header given its JSON bytes and the length of the file it came from.
     pub fn parse(path: &Path, json: &[u8], file_len: u64) -> Result<Header> {
         let bad = |msg: String| Error::checkpoint(path, msg);
-        let raw: HashMap<String, serde_json::Value> =
-            serde_json::from_slice(json).map_err(|e| bad(format!("header is not valid JSON: {e}")))?;
+        let raw: HashMap<String, serde_json::Value> = serde_json::from_slice(json)
+            .map_err(|e| bad(format!("header is not valid JSON: {e}")))?;
         let data_start = 8 + json.len() as u64;
         let data_len = file_len - data_start;
         let mut tensors = Vec::with_capacity(raw.len());
@@ -106,16 +106,26 @@ impl Header {
                 .map_err(|e| Error::tensor(path, &name, format!("malformed header entry: {e}")))?;
             let (start, end) = info.data_offsets;
             let Some(size) = dtype_size(info.dtype) else {
-                return Err(Error::tensor(path, &name, format!("dtype {:?} is not byte-addressable", info.dtype)));
+                return Err(Error::tensor(
+                    path,
+                    &name,
+                    format!("dtype {:?} is not byte-addressable", info.dtype),
+                ));
             };
             let numel = info
                 .shape
                 .iter()
                 .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
                 .and_then(|n| n.checked_mul(size as u64))
-                .ok_or_else(|| Error::tensor(path, &name, format!("shape {:?} overflows", info.shape)))?;
+                .ok_or_else(|| {
+                    Error::tensor(path, &name, format!("shape {:?} overflows", info.shape))
+                })?;
             if end < start {
-                return Err(Error::tensor(path, &name, format!("data_offsets [{start}, {end}] run backwards")));
+                return Err(Error::tensor(
+                    path,
+                    &name,
+                    format!("data_offsets [{start}, {end}] run backwards"),
+                ));
             }
             if end - start != numel {
                 return Err(Error::tensor(
@@ -146,7 +156,11 @@ impl Header {
                 len: end - start,
             });
         }
-        tensors.sort_by(|a, b| (a.offset, a.len).cmp(&(b.offset, b.len)).then_with(|| a.name.cmp(&b.name)));
+        tensors.sort_by(|a, b| {
+            (a.offset, a.len)
+                .cmp(&(b.offset, b.len))
+                .then_with(|| a.name.cmp(&b.name))
+        });
         for pair in tensors.windows(2) {
             let (a, b) = (&pair[0], &pair[1]);
             if b.offset < a.offset + a.len {

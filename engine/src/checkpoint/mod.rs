@@ -44,7 +44,10 @@ impl Component {
     /// Reads the headers of a component folder's safetensors weights.
     pub fn open(dir: &Path) -> Result<Component> {
         let (files, expected) = Self::weight_files(dir)?;
-        let headers = files.iter().map(|p| Header::read(p)).collect::<Result<Vec<_>>>()?;
+        let headers = files
+            .iter()
+            .map(|p| Header::read(p))
+            .collect::<Result<Vec<_>>>()?;
         let mut index = BTreeMap::new();
         for (fi, h) in headers.iter().enumerate() {
             for (ti, t) in h.tensors.iter().enumerate() {
@@ -64,14 +67,19 @@ impl Component {
                         return Err(Error::tensor(
                             &index_path,
                             name,
-                            format!("listed in the index (in {file}) but not found in any weight file"),
+                            format!(
+                                "listed in the index (in {file}) but not found in any weight file"
+                            ),
                         ))
                     }
                     Some(&(fi, _)) if !headers[fi].path.ends_with(file) => {
                         return Err(Error::tensor(
                             &index_path,
                             name,
-                            format!("index says {file} but it is in {}", headers[fi].path.display()),
+                            format!(
+                                "index says {file} but it is in {}",
+                                headers[fi].path.display()
+                            ),
                         ))
                     }
                     _ => {}
@@ -79,7 +87,11 @@ impl Component {
             }
             if let Some(name) = index.keys().find(|n| !map.contains_key(*n)) {
                 let (fi, _) = index[name];
-                return Err(Error::tensor(&headers[fi].path, name, "not listed in the shard index"));
+                return Err(Error::tensor(
+                    &headers[fi].path,
+                    name,
+                    "not listed in the shard index",
+                ));
             }
         }
         Ok(Component {
@@ -91,7 +103,9 @@ impl Component {
 
     /// The weight files of a folder, and the shard index's map when there is one.
     #[allow(clippy::type_complexity)]
-    fn weight_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<(PathBuf, BTreeMap<String, String>)>)> {
+    fn weight_files(
+        dir: &Path,
+    ) -> Result<(Vec<PathBuf>, Option<(PathBuf, BTreeMap<String, String>)>)> {
         for stem in WEIGHT_NAMES {
             let single = dir.join(format!("{stem}.safetensors"));
             if single.is_file() {
@@ -100,19 +114,26 @@ impl Component {
             let index_path = dir.join(format!("{stem}.safetensors.index.json"));
             if index_path.is_file() {
                 let text = std::fs::read(&index_path).map_err(|e| Error::io(&index_path, e))?;
-                let idx: ShardIndex = serde_json::from_slice(&text)
-                    .map_err(|e| Error::checkpoint(&index_path, format!("not a shard index: {e}")))?;
+                let idx: ShardIndex = serde_json::from_slice(&text).map_err(|e| {
+                    Error::checkpoint(&index_path, format!("not a shard index: {e}"))
+                })?;
                 let mut files: Vec<String> = idx.weight_map.values().cloned().collect();
                 files.sort();
                 files.dedup();
                 let mut paths = Vec::with_capacity(files.len());
                 for f in files {
                     if f.contains('/') || f.contains("..") {
-                        return Err(Error::checkpoint(&index_path, format!("shard `{f}` is not a file name in this folder")));
+                        return Err(Error::checkpoint(
+                            &index_path,
+                            format!("shard `{f}` is not a file name in this folder"),
+                        ));
                     }
                     let p = dir.join(&f);
                     if !p.is_file() {
-                        return Err(Error::checkpoint(&index_path, format!("shard file `{f}` is missing")));
+                        return Err(Error::checkpoint(
+                            &index_path,
+                            format!("shard file `{f}` is missing"),
+                        ));
                     }
                     paths.push(p);
                 }
@@ -135,7 +156,8 @@ impl Component {
 
     /// The file a tensor is in (for error messages).
     pub fn path_of(&self, name: &str) -> PathBuf {
-        self.get(name).map_or_else(|| self.dir.clone(), |(h, _)| h.path.clone())
+        self.get(name)
+            .map_or_else(|| self.dir.clone(), |(h, _)| h.path.clone())
     }
 
     pub fn tensor_bytes(&self) -> u64 {
@@ -160,7 +182,10 @@ impl Mapped {
             // mounted read-only, and the header check above ruled out short files at open.
             let m = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&h.path, e))?;
             if (m.len() as u64) < h.file_len {
-                return Err(Error::checkpoint(&h.path, "file shrank after its header was read"));
+                return Err(Error::checkpoint(
+                    &h.path,
+                    "file shrank after its header was read",
+                ));
             }
             maps.push(m);
         }
@@ -201,17 +226,26 @@ impl ModelFolder {
     pub fn new(root: &Path) -> Result<ModelFolder> {
         let index = root.join("model_index.json");
         if !index.is_file() {
-            return Err(Error::checkpoint(root, "no model_index.json: not a diffusers model folder"));
+            return Err(Error::checkpoint(
+                root,
+                "no model_index.json: not a diffusers model folder",
+            ));
         }
         let text = std::fs::read(&index).map_err(|e| Error::io(&index, e))?;
-        let v: serde_json::Value =
-            serde_json::from_slice(&text).map_err(|e| Error::checkpoint(&index, format!("not valid JSON: {e}")))?;
+        let v: serde_json::Value = serde_json::from_slice(&text)
+            .map_err(|e| Error::checkpoint(&index, format!("not valid JSON: {e}")))?;
         for part in ["transformer", "vae"] {
             if v.get(part).is_none() {
-                return Err(Error::config(&index, part, "missing; this pipeline needs a transformer and a vae"));
+                return Err(Error::config(
+                    &index,
+                    part,
+                    "missing; this pipeline needs a transformer and a vae",
+                ));
             }
         }
-        Ok(ModelFolder { root: root.to_path_buf() })
+        Ok(ModelFolder {
+            root: root.to_path_buf(),
+        })
     }
     pub fn transformer(&self) -> PathBuf {
         self.root.join("transformer")
@@ -229,6 +263,10 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     serde_json::from_slice(&text).map_err(|e| {
         let field = e.to_string();
-        Error::config(path, field.split('`').nth(1).unwrap_or("(document)"), e.to_string())
+        Error::config(
+            path,
+            field.split('`').nth(1).unwrap_or("(document)"),
+            e.to_string(),
+        )
     })
 }

@@ -54,12 +54,20 @@ impl DitCheckpoint {
 /// A config whose depth disagrees with the weights gets one clear message, rather than
 /// a missing-tensor error for the first absent block.
 fn check_block_count(c: &Component, cfg: &DitConfig) -> Result<()> {
-    let found = c.index.keys().filter_map(|n| DitConfig::block_of(n)).max().map_or(0, |m| m + 1);
+    let found = c
+        .index
+        .keys()
+        .filter_map(|n| DitConfig::block_of(n))
+        .max()
+        .map_or(0, |m| m + 1);
     if found != cfg.num_layers {
         return Err(Error::config(
             c.dir.join("config.json"),
             "num_layers",
-            format!("says {} but the weights hold {found} blocks", cfg.num_layers),
+            format!(
+                "says {} but the weights hold {found} blocks",
+                cfg.num_layers
+            ),
         ));
     }
     Ok(())
@@ -67,7 +75,11 @@ fn check_block_count(c: &Component, cfg: &DitConfig) -> Result<()> {
 
 /// Checks that `c` holds exactly `specs` (names, shapes, float dtypes). `alias` maps an
 /// expected name to an older spelling that is accepted in its place.
-pub fn check_tensors(c: &Component, specs: &[TensorSpec], alias: impl Fn(&str) -> Option<String>) -> Result<()> {
+pub fn check_tensors(
+    c: &Component,
+    specs: &[TensorSpec],
+    alias: impl Fn(&str) -> Option<String>,
+) -> Result<()> {
     let mut seen = BTreeSet::new();
     for spec in specs {
         let found = c
@@ -75,7 +87,11 @@ pub fn check_tensors(c: &Component, specs: &[TensorSpec], alias: impl Fn(&str) -
             .map(|x| (spec.name.clone(), x))
             .or_else(|| alias(&spec.name).and_then(|a| c.get(&a).map(|x| (a, x))));
         let Some((name, (h, info))) = found else {
-            return Err(Error::tensor(c.path_of(&spec.name), &spec.name, format!("missing (expected shape {:?})", spec.shape)));
+            return Err(Error::tensor(
+                c.path_of(&spec.name),
+                &spec.name,
+                format!("missing (expected shape {:?})", spec.shape),
+            ));
         };
         // Legacy 1×1-conv spellings of linear weights carry trailing unit dimensions.
         let squeezed: Vec<usize> = if name != spec.name {
@@ -91,16 +107,30 @@ pub fn check_tensors(c: &Component, specs: &[TensorSpec], alias: impl Fn(&str) -
             return Err(Error::tensor(
                 &h.path,
                 &name,
-                format!("shape {:?} disagrees with the config, which implies {:?}", info.shape, spec.shape),
+                format!(
+                    "shape {:?} disagrees with the config, which implies {:?}",
+                    info.shape, spec.shape
+                ),
             ));
         }
         if !WEIGHT_DTYPES.contains(&info.dtype) {
-            return Err(Error::tensor(&h.path, &name, format!("dtype {:?} is not a float weight dtype (F32, F16, BF16)", info.dtype)));
+            return Err(Error::tensor(
+                &h.path,
+                &name,
+                format!(
+                    "dtype {:?} is not a float weight dtype (F32, F16, BF16)",
+                    info.dtype
+                ),
+            ));
         }
         seen.insert(name);
     }
     if let Some(extra) = c.index.keys().find(|n| !seen.contains(*n)) {
-        return Err(Error::tensor(c.path_of(extra), extra, "unexpected tensor: the config implies no such weight"));
+        return Err(Error::tensor(
+            c.path_of(extra),
+            extra,
+            "unexpected tensor: the config implies no such weight",
+        ));
     }
     Ok(())
 }

@@ -35,7 +35,8 @@ impl ActivationCost {
     pub fn bytes(&self, width: u64, height: u64, frames: u64, batch: u64, guidance: bool) -> u64 {
         let tokens = (width * height * frames.max(1)).div_ceil(self.pixels_per_token.max(1));
         let samples = batch * if guidance { 2 } else { 1 };
-        let transformer = samples * (self.bytes_per_token * tokens + self.bytes_per_token_pair * tokens * tokens);
+        let transformer =
+            samples * (self.bytes_per_token * tokens + self.bytes_per_token_pair * tokens * tokens);
         let vae = self.vae_bytes_per_pixel * width * height * frames.max(1);
         transformer.max(vae)
     }
@@ -140,6 +141,9 @@ impl Profile {
     /// Bytes of one device slot when blocks are split `dp` ways (padding included).
     pub fn slot_bytes(&self, dp: u64) -> u64 {
         let unit = dp.max(1) * ALIGN;
-        self.max_block_bytes_by_dtype.values().map(|b| b.div_ceil(unit) * unit).sum()
+        self.max_block_bytes_by_dtype
+            .values()
+            .map(|b| b.div_ceil(unit) * unit)
+            .sum()
     }
 }

@@ -49,7 +49,12 @@ impl DeviceBudget {
     }
 
     /// Charges `bytes` of `kind` (weights in slots, resident weights, ...) named `what`.
-    pub fn charge(self: &Arc<Self>, kind: &'static str, what: &str, bytes: u64) -> Result<Allocation> {
+    pub fn charge(
+        self: &Arc<Self>,
+        kind: &'static str,
+        what: &str,
+        bytes: u64,
+    ) -> Result<Allocation> {
         let mut s = self.state.lock().expect("budget lock");
         if s.used + bytes > self.capacity {
             return Err(Error::OutOfDeviceMemory {

@@ -71,7 +71,10 @@ impl InplaceOp1 for CopyIn {
         for p in &self.runs {
             let (d, n) = (p.dst as usize, p.len as usize);
             let Some(out) = dst.get_mut(d..d + n) else {
-                candle_core::bail!("copy of {n} bytes at {d} overruns a {}-byte buffer", dst.len());
+                candle_core::bail!(
+                    "copy of {n} bytes at {d} overruns a {}-byte buffer",
+                    dst.len()
+                );
             };
             out.copy_from_slice(self.src.range(p.file, p.src, p.len));
         }
@@ -87,7 +90,8 @@ impl Backend for CpuBackend {
         &self.device
     }
     fn new_stream(&self, name: &str) -> Result<CpuStream> {
-        CpuStream::new(name, self.timeout).map_err(|e| Error::invalid("stream", format!("cannot start thread {name}: {e}")))
+        CpuStream::new(name, self.timeout)
+            .map_err(|e| Error::invalid("stream", format!("cannot start thread {name}: {e}")))
     }
     fn new_event(&self) -> Event {
         Event::new()
@@ -111,8 +115,17 @@ impl Backend for CpuBackend {
         Ok(Tensor::zeros(n, dtype, &self.device)?)
     }
     fn copy_to_device(&self, stream: &CpuStream, dst: &Tensor, src: &Mapped, runs: Vec<Piece>) {
-        let (dst, op) = (dst.clone(), CopyIn { src: src.clone(), runs });
-        stream.enqueue(Box::new(move || dst.inplace_op1(&op).map_err(|e| format!("host-to-device copy: {e}"))));
+        let (dst, op) = (
+            dst.clone(),
+            CopyIn {
+                src: src.clone(),
+                runs,
+            },
+        );
+        stream.enqueue(Box::new(move || {
+            dst.inplace_op1(&op)
+                .map_err(|e| format!("host-to-device copy: {e}"))
+        }));
     }
     fn host_fn(&self, stream: &CpuStream, f: Box<dyn FnOnce() + Send>) {
         stream.enqueue(Box::new(move || {
@@ -172,7 +185,13 @@ impl LocalGroup {
         self.cv.notify_all();
     }
 
-    fn wait_until<'a>(&'a self, mut s: std::sync::MutexGuard<'a, Round>, rank: usize, what: &str, done: impl Fn(&Round) -> bool) -> Result<std::sync::MutexGuard<'a, Round>, String> {
+    fn wait_until<'a>(
+        &'a self,
+        mut s: std::sync::MutexGuard<'a, Round>,
+        rank: usize,
+        what: &str,
+        done: impl Fn(&Round) -> bool,
+    ) -> Result<std::sync::MutexGuard<'a, Round>, String> {
         let start = Instant::now();
         loop {
             if let Some(p) = &s.poisoned {
@@ -183,8 +202,12 @@ impl LocalGroup {
             }
             let left = self.timeout.saturating_sub(start.elapsed());
             if left.is_zero() {
-                let missing: Vec<usize> = (0..self.size).filter(|&q| s.addrs[q].is_none()).collect();
-                let why = format!("rank {rank} waited {:?} for {what} (ranks not arrived: {missing:?})", self.timeout);
+                let missing: Vec<usize> =
+                    (0..self.size).filter(|&q| s.addrs[q].is_none()).collect();
+                let why = format!(
+                    "rank {rank} waited {:?} for {what} (ranks not arrived: {missing:?})",
+                    self.timeout
+                );
                 s.poisoned = Some(why.clone());
                 self.cv.notify_all();
                 return Err(why);
@@ -196,9 +219,17 @@ impl LocalGroup {
     /// Publishes `addr` for call `seq`, runs `copy` with every rank's address once all
     /// have published, and returns once every rank has finished copying (so no shard is
     /// overwritten while a peer still reads it).
-    fn exchange(&self, rank: usize, seq: u64, addr: usize, copy: impl FnOnce(&[usize])) -> Result<(), String> {
+    fn exchange(
+        &self,
+        rank: usize,
+        seq: u64,
+        addr: usize,
+        copy: impl FnOnce(&[usize]),
+    ) -> Result<(), String> {
         let s = self.state.lock().expect("group lock");
-        let mut s = self.wait_until(s, rank, "the previous all-gather to drain", |r| r.seq == seq)?;
+        let mut s = self.wait_until(s, rank, "the previous all-gather to drain", |r| {
+            r.seq == seq
+        })?;
         s.addrs[rank] = Some(addr);
         s.published += 1;
         self.cv.notify_all();
@@ -216,7 +247,8 @@ impl LocalGroup {
             self.cv.notify_all();
             return Ok(());
         }
-        self.wait_until(s, rank, "peers to finish reading", |r| r.seq != seq).map(drop)
+        self.wait_until(s, rank, "peers to finish reading", |r| r.seq != seq)
+            .map(drop)
     }
 }
 
@@ -248,7 +280,10 @@ impl GatherOp {
         let (size, shard, rank) = (self.group.size, self.shard, self.rank);
         let dst = bytes_mut(storage)?;
         if dst.len() < size * shard {
-            return Err(format!("all-gather of {size}×{shard} bytes into a {}-byte slot", dst.len()));
+            return Err(format!(
+                "all-gather of {size}×{shard} bytes into a {}-byte slot",
+                dst.len()
+            ));
         }
         // From here on the slot is touched only through `base`: each region is written
         // by exactly one party (its owner's copy here, or the copy stage before), and
@@ -265,7 +300,9 @@ impl GatherOp {
                 };
                 let b = bytes_of(cpu)?;
                 let (o, n) = (*offset as usize, shard);
-                b.get(o..o + n).ok_or_else(|| format!("shard at {o}+{n} past a {}-byte store", b.len()))?.as_ptr()
+                b.get(o..o + n)
+                    .ok_or_else(|| format!("shard at {o}+{n} past a {}-byte store", b.len()))?
+                    .as_ptr()
             }
         };
         self.group.exchange(rank, self.seq, own as usize, |addrs| {
@@ -278,7 +315,9 @@ impl GatherOp {
                 // exchange (the owner is blocked inside `exchange` holding them); the
                 // destination region q is inside our slot (checked) and written by no
                 // one else during the exchange.
-                unsafe { std::ptr::copy_nonoverlapping(a as *const u8, base.add(q * shard), shard) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping(a as *const u8, base.add(q * shard), shard)
+                };
             }
         })
     }
@@ -339,25 +378,45 @@ mod tests {
                         let s = be.new_stream("gather").unwrap();
                         // In place: rank r wrote its shard (values r+1) into region r.
                         let mut v = vec![0f32; 64 * dp];
-                        v[r * 64..(r + 1) * 64].iter_mut().for_each(|x| *x = r as f32 + 1.0);
+                        v[r * 64..(r + 1) * 64]
+                            .iter_mut()
+                            .for_each(|x| *x = r as f32 + 1.0);
                         let slot = Tensor::from_vec(v, 64 * dp, &Device::Cpu).unwrap();
                         comm.all_gather(&s, &slot, 256, GatherSource::InPlace);
                         // From a store: shard at byte offset 256 holds values 10(r+1).
-                        let store = Tensor::from_vec(vec![10.0 * (r as f32 + 1.0); 128], 128, &Device::Cpu).unwrap();
+                        let store =
+                            Tensor::from_vec(vec![10.0 * (r as f32 + 1.0); 128], 128, &Device::Cpu)
+                                .unwrap();
                         let slot2 = be.alloc(DType::F32, 256 * dp as u64).unwrap();
-                        comm.all_gather(&s, &slot2, 256, GatherSource::Buffer { tensor: store, offset: 256 });
+                        comm.all_gather(
+                            &s,
+                            &slot2,
+                            256,
+                            GatherSource::Buffer {
+                                tensor: store,
+                                offset: 256,
+                            },
+                        );
                         let done = be.new_event();
                         be.record(&s, &done);
                         be.compute_wait(&done).unwrap();
-                        (slot.to_vec1::<f32>().unwrap(), slot2.to_vec1::<f32>().unwrap())
+                        (
+                            slot.to_vec1::<f32>().unwrap(),
+                            slot2.to_vec1::<f32>().unwrap(),
+                        )
                     })
                 })
                 .collect();
             for h in handles {
                 let (a, b) = h.join().unwrap();
                 for q in 0..dp {
-                    assert!(a[q * 64..(q + 1) * 64].iter().all(|&x| x == q as f32 + 1.0), "dp={dp}");
-                    assert!(b[q * 64..(q + 1) * 64].iter().all(|&x| x == 10.0 * (q as f32 + 1.0)));
+                    assert!(
+                        a[q * 64..(q + 1) * 64].iter().all(|&x| x == q as f32 + 1.0),
+                        "dp={dp}"
+                    );
+                    assert!(b[q * 64..(q + 1) * 64]
+                        .iter()
+                        .all(|&x| x == 10.0 * (q as f32 + 1.0)));
                 }
             }
         }

@@ -79,17 +79,38 @@ impl DdimConfig {
     pub fn load(path: &Path) -> Result<Self> {
         let c: DdimConfig = crate::checkpoint::read_json(path)?;
         let bad = |f: &str, m: String| Err(Error::config(path, f, m));
-        if !matches!(c.beta_schedule.as_str(), "linear" | "scaled_linear" | "squaredcos_cap_v2") {
-            return bad("beta_schedule", format!("`{}` is not supported", c.beta_schedule));
+        if !matches!(
+            c.beta_schedule.as_str(),
+            "linear" | "scaled_linear" | "squaredcos_cap_v2"
+        ) {
+            return bad(
+                "beta_schedule",
+                format!("`{}` is not supported", c.beta_schedule),
+            );
         }
-        if !matches!(c.prediction_type.as_str(), "epsilon" | "v_prediction" | "sample") {
-            return bad("prediction_type", format!("`{}` is not supported", c.prediction_type));
+        if !matches!(
+            c.prediction_type.as_str(),
+            "epsilon" | "v_prediction" | "sample"
+        ) {
+            return bad(
+                "prediction_type",
+                format!("`{}` is not supported", c.prediction_type),
+            );
         }
-        if !matches!(c.timestep_spacing.as_str(), "leading" | "trailing" | "linspace") {
-            return bad("timestep_spacing", format!("`{}` is not supported", c.timestep_spacing));
+        if !matches!(
+            c.timestep_spacing.as_str(),
+            "leading" | "trailing" | "linspace"
+        ) {
+            return bad(
+                "timestep_spacing",
+                format!("`{}` is not supported", c.timestep_spacing),
+            );
         }
         if c.thresholding {
-            return bad("thresholding", "dynamic thresholding is not supported".into());
+            return bad(
+                "thresholding",
+                "dynamic thresholding is not supported".into(),
+            );
         }
         if c.num_train_timesteps == 0 {
             return bad("num_train_timesteps", "must be positive".into());
@@ -129,16 +150,27 @@ impl Ddim {
     pub fn new(cfg: DdimConfig, steps: usize) -> Result<Self> {
         let n = cfg.num_train_timesteps;
         if steps == 0 || steps > n {
-            return Err(Error::invalid("steps", format!("{steps}: must be between 1 and {n}")));
+            return Err(Error::invalid(
+                "steps",
+                format!("{steps}: must be between 1 and {n}"),
+            ));
         }
         let betas: Vec<f32> = match cfg.beta_schedule.as_str() {
             "linear" => linspace(cfg.beta_start as f32, cfg.beta_end as f32, n),
-            "scaled_linear" => linspace((cfg.beta_start as f32).sqrt(), (cfg.beta_end as f32).sqrt(), n)
-                .into_iter()
-                .map(|b| b * b)
-                .collect(),
+            "scaled_linear" => linspace(
+                (cfg.beta_start as f32).sqrt(),
+                (cfg.beta_end as f32).sqrt(),
+                n,
+            )
+            .into_iter()
+            .map(|b| b * b)
+            .collect(),
             _ => {
-                let abar = |t: f64| ((t + 0.008) / 1.008 * std::f64::consts::PI / 2.0).cos().powi(2);
+                let abar = |t: f64| {
+                    ((t + 0.008) / 1.008 * std::f64::consts::PI / 2.0)
+                        .cos()
+                        .powi(2)
+                };
                 (0..n)
                     .map(|i| {
                         let (t1, t2) = (i as f64 / n as f64, (i + 1) as f64 / n as f64);
@@ -155,11 +187,18 @@ impl Ddim {
                 acc
             })
             .collect();
-        let final_alpha_cumprod = if cfg.set_alpha_to_one { 1.0 } else { alphas_cumprod[0] };
+        let final_alpha_cumprod = if cfg.set_alpha_to_one {
+            1.0
+        } else {
+            alphas_cumprod[0]
+        };
         let timesteps: Vec<usize> = match cfg.timestep_spacing.as_str() {
             "leading" => {
                 let ratio = n / steps;
-                (0..steps).rev().map(|i| i * ratio + cfg.steps_offset).collect()
+                (0..steps)
+                    .rev()
+                    .map(|i| i * ratio + cfg.steps_offset)
+                    .collect()
             }
             "trailing" => {
                 let ratio = n as f64 / steps as f64;
@@ -173,11 +212,17 @@ impl Ddim {
             }
             _ => {
                 let ls = linspace64(0.0, (n - 1) as f64, steps);
-                ls.into_iter().rev().map(|x| round_half_even(x) as usize).collect()
+                ls.into_iter()
+                    .rev()
+                    .map(|x| round_half_even(x) as usize)
+                    .collect()
             }
         };
         if let Some(&t) = timesteps.iter().find(|&&t| t >= n) {
-            return Err(Error::invalid("steps", format!("timestep {t} past the schedule (steps_offset too large?)")));
+            return Err(Error::invalid(
+                "steps",
+                format!("timestep {t} past the schedule (steps_offset too large?)"),
+            ));
         }
         Ok(Ddim {
             cfg,
@@ -192,11 +237,18 @@ impl Ddim {
         let n = self.cfg.num_train_timesteps;
         let prev = timestep as i64 - (n / self.timesteps.len()) as i64;
         let a_t = self.alphas_cumprod[timestep];
-        let a_prev = if prev >= 0 { self.alphas_cumprod[prev as usize] } else { self.final_alpha_cumprod };
+        let a_prev = if prev >= 0 {
+            self.alphas_cumprod[prev as usize]
+        } else {
+            self.final_alpha_cumprod
+        };
         let b_t = 1.0 - a_t;
         let (sa, sb) = (a_t.sqrt() as f64, b_t.sqrt() as f64);
         let (x0, eps) = match self.cfg.prediction_type.as_str() {
-            "epsilon" => (((sample - (model_output * sb)?)? / sa)?, model_output.clone()),
+            "epsilon" => (
+                ((sample - (model_output * sb)?)? / sa)?,
+                model_output.clone(),
+            ),
             "sample" => {
                 let x0 = model_output.clone();
                 let eps = ((sample - (&x0 * sa)?)? / sb)?;
@@ -226,7 +278,13 @@ fn linspace(a: f32, b: f32, n: usize) -> Vec<f32> {
     let step = (b - a) / (n - 1) as f32;
     let half = n / 2;
     (0..n)
-        .map(|i| if i < half { a + step * i as f32 } else { b - step * (n - 1 - i) as f32 })
+        .map(|i| {
+            if i < half {
+                a + step * i as f32
+            } else {
+                b - step * (n - 1 - i) as f32
+            }
+        })
         .collect()
 }
 
@@ -234,7 +292,9 @@ fn linspace64(a: f64, b: f64, n: usize) -> Vec<f64> {
     if n == 1 {
         return vec![a];
     }
-    (0..n).map(|i| a + (b - a) * i as f64 / (n - 1) as f64).collect()
+    (0..n)
+        .map(|i| a + (b - a) * i as f64 / (n - 1) as f64)
+        .collect()
 }
 
 /// numpy's round: halves go to the even neighbour.
@@ -254,7 +314,10 @@ mod tests {
     #[test]
     fn leading_timesteps_match_diffusers() {
         let d = Ddim::new(DdimConfig::dit(), 10).unwrap();
-        assert_eq!(d.timesteps, vec![900, 800, 700, 600, 500, 400, 300, 200, 100, 0]);
+        assert_eq!(
+            d.timesteps,
+            vec![900, 800, 700, 600, 500, 400, 300, 200, 100, 0]
+        );
         let mut c = DdimConfig::dit();
         c.timestep_spacing = "trailing".into();
         assert_eq!(Ddim::new(c, 4).unwrap().timesteps, vec![999, 749, 499, 249]);
@@ -268,7 +331,11 @@ mod tests {
         // Reference values from torch.cumprod(1 - torch.linspace(1e-4, 0.02, 1000), 0).
         let d = Ddim::new(DdimConfig::dit(), 10).unwrap();
         assert!((d.alphas_cumprod[0] - 0.9999).abs() < 1e-7);
-        assert!((d.alphas_cumprod[999] - 4.0358e-5).abs() < 1e-7, "{}", d.alphas_cumprod[999]);
+        assert!(
+            (d.alphas_cumprod[999] - 4.0358e-5).abs() < 1e-7,
+            "{}",
+            d.alphas_cumprod[999]
+        );
     }
 
     #[test]

@@ -30,7 +30,8 @@ fn layer_norm(x: &Tensor, eps: f64) -> Result<Tensor> {
 /// `x * (1 + scale) + shift` with per-sample `scale`, `shift` of shape [B, D].
 fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
     let scale = (scale.unsqueeze(1)? + 1.0)?;
-    Ok(x.broadcast_mul(&scale)?.broadcast_add(&shift.unsqueeze(1)?)?)
+    Ok(x.broadcast_mul(&scale)?
+        .broadcast_add(&shift.unsqueeze(1)?)?)
 }
 
 /// diffusers' `get_timestep_embedding` with flip_sin_to_cos=True, downscale_freq_shift=1.
@@ -50,14 +51,22 @@ pub fn timestep_embedding(t: &[f32], device: &Device) -> Result<Tensor> {
 
 fn sincos_1d(dim: usize, pos: f64, out: &mut Vec<f64>) {
     let half = dim / 2;
-    let omega: Vec<f64> = (0..half).map(|i| 1.0 / 10000f64.powf(i as f64 / (dim as f64 / 2.0))).collect();
+    let omega: Vec<f64> = (0..half)
+        .map(|i| 1.0 / 10000f64.powf(i as f64 / (dim as f64 / 2.0)))
+        .collect();
     out.extend(omega.iter().map(|o| (pos * o).sin()));
     out.extend(omega.iter().map(|o| (pos * o).cos()));
 }
 
 /// diffusers' 2-D sin-cos position embedding for an `h × w` patch grid: the first half
 /// of the channels encodes the column, the second the row, scaled to `base` patches.
-pub fn pos_embedding(dim: usize, h: usize, w: usize, base: usize, device: &Device) -> Result<Tensor> {
+pub fn pos_embedding(
+    dim: usize,
+    h: usize,
+    w: usize,
+    base: usize,
+    device: &Device,
+) -> Result<Tensor> {
     let mut v = Vec::with_capacity(h * w * dim);
     for row in 0..h {
         for col in 0..w {
@@ -108,11 +117,15 @@ impl Dit {
         let dev = latents.device();
         let wt = self.resident.get("pos_embed.proj.weight")?;
         let bias = self.resident.get("pos_embed.proj.bias")?;
-        let x = latents.conv2d(&wt, 0, p, 1, 1)?.broadcast_add(&bias.reshape((1, (), 1, 1))?)?;
+        let x = latents
+            .conv2d(&wt, 0, p, 1, 1)?
+            .broadcast_add(&bias.reshape((1, (), 1, 1))?)?;
         let (gh, gw) = (h / p, w / p);
         let x = x.flatten_from(2)?.transpose(1, 2)?;
         let base = self.cfg.sample_size / p;
-        let x = x.broadcast_add(&pos_embedding(self.cfg.hidden(), gh, gw, base, dev)?)?.contiguous()?;
+        let x = x
+            .broadcast_add(&pos_embedding(self.cfg.hidden(), gh, gw, base, dev)?)?
+            .contiguous()?;
         Ok(DitState {
             x,
             t_proj: timestep_embedding(&vec![t; b], dev)?,
@@ -135,9 +148,16 @@ impl Dit {
         let (b, t, d) = x.dims3()?;
         let (h, hd) = (self.cfg.num_attention_heads, self.cfg.attention_head_dim);
         let heads = |name: &str| -> Result<Tensor> {
-            Ok(linear(w, name, x)?.reshape((b, t, h, hd))?.transpose(1, 2)?.contiguous()?)
+            Ok(linear(w, name, x)?
+                .reshape((b, t, h, hd))?
+                .transpose(1, 2)?
+                .contiguous()?)
         };
-        let (q, k, v) = (heads("attn1.to_q")?, heads("attn1.to_k")?, heads("attn1.to_v")?);
+        let (q, k, v) = (
+            heads("attn1.to_q")?,
+            heads("attn1.to_k")?,
+            heads("attn1.to_v")?,
+        );
         let scores = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
@@ -160,7 +180,11 @@ impl Dit {
         let x = (x + a.broadcast_mul(&gate_msa.unsqueeze(1)?)?)?;
         let h = modulate(&layer_norm(&x, self.cfg.norm_eps)?, shift_mlp, scale_mlp)?;
         let h = linear(w, "ff.net.0.proj", &h)?;
-        let h = if self.cfg.activation_fn == "gelu" { h.gelu_erf()? } else { h.gelu()? };
+        let h = if self.cfg.activation_fn == "gelu" {
+            h.gelu_erf()?
+        } else {
+            h.gelu()?
+        };
         let f = linear(w, "ff.net.2", &h)?;
         st.x = (x + f.broadcast_mul(&gate_mlp.unsqueeze(1)?)?)?;
         Ok(())
@@ -178,7 +202,9 @@ impl Dit {
         let (b, _, _) = x.dims3()?;
         let (p, c) = (self.cfg.patch(), self.cfg.out());
         let (gh, gw) = st.grid;
-        let x = x.reshape((b, gh, gw, p, p, c))?.permute((0, 5, 1, 3, 2, 4))?;
+        let x = x
+            .reshape((b, gh, gw, p, p, c))?
+            .permute((0, 5, 1, 3, 2, 4))?;
         Ok(x.reshape((b, c, gh * p, gw * p))?.to_dtype(DType::F32)?)
     }
 }

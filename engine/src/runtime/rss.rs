@@ -43,7 +43,9 @@ impl RssSampler {
     }
 
     pub fn peak(&self) -> u64 {
-        self.peak.fetch_max(anon_rss(), Ordering::Relaxed).max(anon_rss())
+        self.peak
+            .fetch_max(anon_rss(), Ordering::Relaxed)
+            .max(anon_rss())
     }
 }
 

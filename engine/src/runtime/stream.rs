@@ -69,7 +69,9 @@ impl Event {
             }
             let left = timeout.saturating_sub(start.elapsed());
             if left.is_zero() {
-                return Err(format!("no progress for {timeout:?} (stalled stream or rank)"));
+                return Err(format!(
+                    "no progress for {timeout:?} (stalled stream or rank)"
+                ));
             }
             s = self.0 .1.wait_timeout(s, left).expect("event lock").0;
         }
@@ -107,29 +109,31 @@ impl CpuStream {
         let name = name.into();
         let (tx, rx) = channel::<Cmd>();
         let span = tracing::Span::current();
-        let thread = std::thread::Builder::new().name(name.clone()).spawn(move || {
-            let _g = span.enter();
-            let mut poisoned: Option<String> = None;
-            for cmd in rx {
-                match cmd {
-                    Cmd::Run(work) => {
-                        if poisoned.is_none() {
-                            if let Err(e) = work() {
-                                poisoned = Some(e);
+        let thread = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                let _g = span.enter();
+                let mut poisoned: Option<String> = None;
+                for cmd in rx {
+                    match cmd {
+                        Cmd::Run(work) => {
+                            if poisoned.is_none() {
+                                if let Err(e) = work() {
+                                    poisoned = Some(e);
+                                }
                             }
                         }
-                    }
-                    Cmd::Record(ev, g) => ev.complete(g, poisoned.clone()),
-                    Cmd::Wait(ev, g) => {
-                        if poisoned.is_none() {
-                            if let Err(e) = ev.wait_for(g, timeout) {
-                                poisoned = Some(e);
+                        Cmd::Record(ev, g) => ev.complete(g, poisoned.clone()),
+                        Cmd::Wait(ev, g) => {
+                            if poisoned.is_none() {
+                                if let Err(e) = ev.wait_for(g, timeout) {
+                                    poisoned = Some(e);
+                                }
                             }
                         }
                     }
                 }
-            }
-        })?;
+            })?;
         Ok(CpuStream {
             name,
             tx: Some(tx),

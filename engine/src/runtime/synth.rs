@@ -37,7 +37,12 @@ impl SynthOptions {
         let (dit, vae) = match name {
             "tiny" => (DitConfig::tiny(), VaeConfig::tiny()),
             "xl" => (DitConfig::xl(), VaeConfig::sd()),
-            other => return Err(Error::invalid("preset", format!("`{other}`: expected tiny or xl"))),
+            other => {
+                return Err(Error::invalid(
+                    "preset",
+                    format!("`{other}`: expected tiny or xl"),
+                ))
+            }
         };
         Ok(SynthOptions {
             dit,
@@ -67,7 +72,9 @@ fn splitmix(state: &mut u64) -> u64 {
 }
 
 fn name_hash(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// (centre, half-width) of the uniform init for a tensor: unit-variance-preserving for
@@ -96,15 +103,26 @@ fn fill(out: &mut [u8], name: &str, shape: &[usize], dtype: Dtype, seed: u64) {
         centre + half * (2.0 * u - 1.0)
     };
     match dtype {
-        Dtype::F32 => out.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&next().to_le_bytes())),
-        Dtype::F16 => out.chunks_exact_mut(2).for_each(|c| c.copy_from_slice(&half::f16::from_f32(next()).to_le_bytes())),
-        Dtype::BF16 => out.chunks_exact_mut(2).for_each(|c| c.copy_from_slice(&half::bf16::from_f32(next()).to_le_bytes())),
+        Dtype::F32 => out
+            .chunks_exact_mut(4)
+            .for_each(|c| c.copy_from_slice(&next().to_le_bytes())),
+        Dtype::F16 => out
+            .chunks_exact_mut(2)
+            .for_each(|c| c.copy_from_slice(&half::f16::from_f32(next()).to_le_bytes())),
+        Dtype::BF16 => out
+            .chunks_exact_mut(2)
+            .for_each(|c| c.copy_from_slice(&half::bf16::from_f32(next()).to_le_bytes())),
         _ => unreachable!("synth writes float dtypes only"),
     }
 }
 
 /// Writes one safetensors file holding `tensors`; returns its size.
-fn write_file(path: &Path, tensors: &[(String, Dtype, Vec<usize>)], seed: u64, sparse: bool) -> Result<u64> {
+fn write_file(
+    path: &Path,
+    tensors: &[(String, Dtype, Vec<usize>)],
+    seed: u64,
+    sparse: bool,
+) -> Result<u64> {
     let (header, offsets) = encode_header(tensors)?;
     let data: u64 = tensors
         .iter()
@@ -130,21 +148,31 @@ fn write_file(path: &Path, tensors: &[(String, Dtype, Vec<usize>)], seed: u64, s
         let mut parts = Vec::with_capacity(tensors.len());
         let mut at = 0u64;
         for ((name, dtype, shape), &off) in tensors.iter().zip(&offsets) {
-            let len = shape.iter().product::<usize>() as u64 * dtype_size(*dtype).unwrap_or(1) as u64;
+            let len =
+                shape.iter().product::<usize>() as u64 * dtype_size(*dtype).unwrap_or(1) as u64;
             debug_assert_eq!(off, at);
             let (head, tail) = rest.split_at_mut(len as usize);
             parts.push((head, name, shape, *dtype));
             rest = tail;
             at += len;
         }
-        parts.into_par_iter().for_each(|(buf, name, shape, dtype)| fill(buf, name, shape, dtype, seed));
+        parts
+            .into_par_iter()
+            .for_each(|(buf, name, shape, dtype)| fill(buf, name, shape, dtype, seed));
     }
     map.flush().map_err(|e| Error::io(path, e))?;
     Ok(total)
 }
 
 /// Writes a component's weights, split into shards when they exceed `max_shard`.
-fn write_component(dir: &Path, specs: &[TensorSpec], dtype: Dtype, max_shard: Option<u64>, seed: u64, sparse: bool) -> Result<(u64, usize)> {
+fn write_component(
+    dir: &Path,
+    specs: &[TensorSpec],
+    dtype: Dtype,
+    max_shard: Option<u64>,
+    seed: u64,
+    sparse: bool,
+) -> Result<(u64, usize)> {
     let esz = dtype_size(dtype).expect("float dtype") as u64;
     let mut shards: Vec<Vec<(String, Dtype, Vec<usize>)>> = vec![Vec::new()];
     let mut size = 0u64;
@@ -157,11 +185,19 @@ fn write_component(dir: &Path, specs: &[TensorSpec], dtype: Dtype, max_shard: Op
             }
         }
         size += len;
-        shards.last_mut().expect("one shard").push((s.name.clone(), dtype, s.shape.clone()));
+        shards
+            .last_mut()
+            .expect("one shard")
+            .push((s.name.clone(), dtype, s.shape.clone()));
     }
     let stem = "diffusion_pytorch_model";
     if shards.len() == 1 {
-        let bytes = write_file(&dir.join(format!("{stem}.safetensors")), &shards[0], seed, sparse)?;
+        let bytes = write_file(
+            &dir.join(format!("{stem}.safetensors")),
+            &shards[0],
+            seed,
+            sparse,
+        )?;
         return Ok((bytes, 1));
     }
     let n = shards.len();
@@ -196,8 +232,13 @@ pub fn synth(out: &Path, opts: &SynthOptions) -> Result<SynthReport> {
     let start = Instant::now();
     opts.dit.validate(Path::new("synth options"))?;
     opts.vae.validate(Path::new("synth options"))?;
-    if dtype_size(opts.dtype).is_none() || !crate::checkpoint::model::WEIGHT_DTYPES.contains(&opts.dtype) {
-        return Err(Error::invalid("dtype", format!("{:?}: expected F32, F16 or BF16", opts.dtype)));
+    if dtype_size(opts.dtype).is_none()
+        || !crate::checkpoint::model::WEIGHT_DTYPES.contains(&opts.dtype)
+    {
+        return Err(Error::invalid(
+            "dtype",
+            format!("{:?}: expected F32, F16 or BF16", opts.dtype),
+        ));
     }
     mkdir(out)?;
     write_json(
@@ -212,12 +253,29 @@ pub fn synth(out: &Path, opts: &SynthOptions) -> Result<SynthReport> {
     )?;
     let tdir = mkdir(&out.join("transformer"))?;
     write_json(&tdir.join("config.json"), &opts.dit.to_json())?;
-    let (tb, tf) = write_component(&tdir, &opts.dit.all_specs(), opts.dtype, opts.max_shard_bytes, opts.seed, opts.sparse)?;
+    let (tb, tf) = write_component(
+        &tdir,
+        &opts.dit.all_specs(),
+        opts.dtype,
+        opts.max_shard_bytes,
+        opts.seed,
+        opts.sparse,
+    )?;
     let vdir = mkdir(&out.join("vae"))?;
     write_json(&vdir.join("config.json"), &opts.vae.to_config_json())?;
-    let (vb, vf) = write_component(&vdir, &opts.vae.tensor_specs(), Dtype::F32, None, opts.seed.wrapping_add(1), opts.sparse)?;
+    let (vb, vf) = write_component(
+        &vdir,
+        &opts.vae.tensor_specs(),
+        Dtype::F32,
+        None,
+        opts.seed.wrapping_add(1),
+        opts.sparse,
+    )?;
     let sdir = mkdir(&out.join("scheduler"))?;
-    write_json(&sdir.join("scheduler_config.json"), &DdimConfig::dit().to_json())?;
+    write_json(
+        &sdir.join("scheduler_config.json"),
+        &DdimConfig::dit().to_json(),
+    )?;
     Ok(SynthReport {
         bytes: tb + vb,
         files: tf + vf,

@@ -117,23 +117,9 @@ impl Actor {
             Msg::Decoded { key, png } => self.decoded(key, png),
             Msg::Fatal { msg } => self.fatal(msg),
             Msg::Close => self.close(),
-            Msg::Abort => {
-                let live: Vec<u64> = self
-                    .jobs
-                    .iter()
-                    .filter(|(_, j)| !j.state.terminal())
-                    .map(|(id, _)| *id)
-                    .collect();
-                for id in live {
-                    self.end(
-                        id,
-                        JobState::Failed,
-                        Some(Error::unavailable(
-                            "shut down before the request finished (grace period over)",
-                        )),
-                    );
-                }
-            }
+            Msg::Abort => self.fail_live(|| {
+                Error::unavailable("shut down before the request finished (grace period over)")
+            }),
         }
     }
 
@@ -363,6 +349,14 @@ impl Actor {
             .get_or_insert(msg.clone());
         self.shared.metrics.ready.set(0);
         self.shared.fatal.notify_one();
+        self.fail_live(|| {
+            Error::unavailable(format!("the engine failed; the server will restart: {msg}"))
+        });
+        self.close();
+    }
+
+    /// Fails every job that has not ended yet with the error `why` makes.
+    fn fail_live(&mut self, why: impl Fn() -> Error) {
         let live: Vec<u64> = self
             .jobs
             .iter()
@@ -370,15 +364,8 @@ impl Actor {
             .map(|(id, _)| *id)
             .collect();
         for id in live {
-            self.end(
-                id,
-                JobState::Failed,
-                Some(Error::unavailable(format!(
-                    "the engine failed; the server will restart: {msg}"
-                ))),
-            );
+            self.end(id, JobState::Failed, Some(why()));
         }
-        self.close();
     }
 
     fn status(&self, id: u64) -> Result<JobStatus, ApiError> {

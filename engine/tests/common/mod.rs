@@ -36,5 +36,11 @@ pub fn request(seed: u64, steps: usize, guidance: f32) -> Request {
 }
 
 pub fn bits(t: &candle_core::Tensor) -> Vec<u32> {
-    t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|f| f.to_bits()).collect()
+    t.flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|f| f.to_bits())
+        .collect()
 }
