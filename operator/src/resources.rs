@@ -116,14 +116,12 @@ pub fn deployment(
     args.extend(engine.extra_args.iter().cloned());
 
     let w = &spec.workload;
+    // The engine's request bounds (`layerwise serve --help`): it bounds both sides by one
+    // size, so the larger of the workload's width and height.
     let mut envs = vec![
-        env("LAYERWISE_FAMILY", &spec.model.family),
-        env("LAYERWISE_MAX_WIDTH", w.max_width),
-        env("LAYERWISE_MAX_HEIGHT", w.max_height),
-        env("LAYERWISE_MAX_FRAMES", w.max_frames),
+        env("LAYERWISE_MAX_SIZE", w.max_width.max(w.max_height)),
         env("LAYERWISE_MAX_STEPS", w.max_steps),
-        env("LAYERWISE_MAX_BATCH", w.max_batch),
-        env("LAYERWISE_GUIDANCE_ALLOWED", w.guidance),
+        env("LAYERWISE_MAX_N", w.max_batch),
         env(
             "LAYERWISE_DEVICE_MEMORY_MIB",
             plan.device_bytes_per_rank.div_ceil(1 << 20),
