@@ -90,6 +90,18 @@ impl Event {
     }
 }
 
+/// Transfer streams stand in for a GPU's copy engines, which take nothing from compute.
+/// On a CPU they do take cycles, so they run at a lower scheduling priority than the rank
+/// threads: they fill the cores' idle moments (single-threaded ops, gemm tails) instead of
+/// preempting the math. They still make progress, and compute waits on them when it must.
+fn lower_priority() {
+    // SAFETY: setpriority on this thread's own id takes no pointers; failure (e.g. a
+    // sandbox that forbids it) only leaves the default priority.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
+    }
+}
+
 enum Cmd {
     Run(Work),
     Record(Event, u64),
@@ -113,6 +125,7 @@ impl CpuStream {
             .name(name.clone())
             .spawn(move || {
                 let _g = span.enter();
+                lower_priority();
                 let mut poisoned: Option<String> = None;
                 for cmd in rx {
                     match cmd {
