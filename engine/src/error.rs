@@ -43,6 +43,9 @@ pub enum Error {
         free: u64,
         capacity: u64,
     },
+    /// A stream, transfer or collective that failed or made no progress.
+    #[error("weight transfer failed: {0}")]
+    Transfer(String),
     /// A rank, stream or collective that failed; carries the first cause.
     #[error("rank {rank}: {msg}")]
     Rank { rank: usize, msg: String },
@@ -134,6 +137,7 @@ impl Error {
             Error::QueueFull { .. } => "queue_full",
             Error::Unavailable { .. } => "unavailable",
             Error::Rank { .. } => "rank_failed",
+            Error::Transfer(_) => "transfer_failed",
             Error::OutOfDeviceMemory { .. } => "out_of_device_memory",
             _ => "internal",
         }

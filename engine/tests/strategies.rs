@@ -230,3 +230,41 @@ fn images_decode_to_the_requested_size() {
     assert_eq!(out[0].image.as_ref().unwrap().dims(), &[3, 64, 96]);
     assert_eq!(out[0].latents.dims(), &[1, 4, 8, 12]);
 }
+
+#[test]
+fn a_stalled_transfer_fails_the_run_with_a_clear_error_instead_of_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Model::open(&common::tiny(dir.path(), 4)).unwrap();
+    for strategy in [
+        Strategy::OffloadSharded,
+        Strategy::Sharded,
+        Strategy::Offload,
+    ] {
+        let calls = Arc::new(AtomicU64::new(0));
+        let c = calls.clone();
+        let mut o = opts(strategy, 2, 2);
+        o.timeout = Duration::from_millis(300);
+        // The seventh transfer of the run never finishes in time: a wedged copy engine.
+        o.hook = Some(Arc::new(move |_| {
+            if c.fetch_add(1, Ordering::SeqCst) == 6 {
+                std::thread::sleep(Duration::from_secs(2));
+            }
+        }));
+        let start = std::time::Instant::now();
+        let err = model
+            .run(
+                vec![common::request(1, 3, 4.0), common::request(2, 3, 4.0)],
+                &o,
+            )
+            .err()
+            .unwrap_or_else(|| panic!("{strategy}: a stalled transfer went unnoticed"))
+            .to_string();
+        println!("{strategy}: {err}");
+        assert!(err.contains("rank"), "{strategy}: {err}");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{strategy}: took {:?}",
+            start.elapsed()
+        );
+    }
+}

@@ -103,9 +103,7 @@ impl Backend for CpuBackend {
         stream.wait(event)
     }
     fn compute_wait(&self, event: &Event) -> Result<Duration> {
-        event
-            .synchronize(self.timeout)
-            .map_err(|msg| Error::invalid("pipeline", msg))
+        event.synchronize(self.timeout).map_err(Error::Transfer)
     }
     fn compute_record(&self, event: &Event) {
         event.record_now()
