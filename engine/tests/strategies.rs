@@ -62,6 +62,11 @@ fn every_strategy_dp_and_k_gives_identical_latents() {
                     let (out, stats) = model.run(requests.clone(), &o).unwrap();
                     let got: Vec<Vec<u32>> = out.iter().map(|o| common::bits(&o.latents)).collect();
                     assert_eq!(got, reference, "{strategy} dp={dp} K={k} slowed={slow}");
+                    assert!(
+                        (0.0..=1.0).contains(&stats.stall_fraction),
+                        "stall fraction {}",
+                        stats.stall_fraction
+                    );
                     // sharded at dp = 1 holds the whole model in its shard store: nothing crosses.
                     if strategy.streams() && !(strategy == Strategy::Sharded && dp == 1) {
                         assert!(stats.bytes_copied + stats.bytes_gathered > 0);

@@ -379,11 +379,12 @@ impl Model {
                 0.0
             },
             stall_seconds: stall.as_secs_f64(),
-            stall_fraction: if steps > 0 && step_time > Duration::ZERO {
-                stall.as_secs_f64() / (step_time.as_secs_f64() / ranks.len() as f64).max(1e-9)
-            } else {
-                0.0
-            },
+            // The worst rank's share of its own step time spent waiting for weights.
+            stall_fraction: ranks
+                .iter()
+                .filter(|r| r.step_time > Duration::ZERO)
+                .map(|r| r.stall.as_secs_f64() / r.step_time.as_secs_f64())
+                .fold(0.0, f64::max),
             bytes_copied: ranks.iter().map(|r| r.bytes_copied).sum(),
             bytes_gathered: ranks.iter().map(|r| r.bytes_gathered).sum(),
             peak_device_bytes: ranks.iter().map(|r| r.peak).max().unwrap_or(0),

@@ -86,6 +86,7 @@ pub trait WorkSource: Sync {
 
 /// What one rank did, for `RunStats`.
 pub struct RankResult {
+    /// Compute waiting for weights, in passes where this rank had work.
     pub stall: Duration,
     pub step_time: Duration,
     pub steps: usize,
@@ -208,6 +209,9 @@ impl Model {
         source.ready(rank);
         let mut active: Option<Active> = None;
         let (mut step_time, mut steps) = (Duration::ZERO, 0usize);
+        // Compute waiting for weights, counted only in passes with work to compute: an
+        // idle rank also waits on its gathers, but nothing of its own is held up.
+        let mut stall = Duration::ZERO;
         loop {
             // Step boundary: drop cancelled work, then take new work if free.
             if let Some(a) =
@@ -266,6 +270,7 @@ impl Model {
                 }
             };
             let trace = opts.trace.as_deref();
+            let stall_before = pipe.stats().stall;
             pipe.pass(d.next_pass, |i, w| {
                 if let Some(st) = state.as_mut() {
                     let start = trace.map(|t| t.now_us());
@@ -280,6 +285,9 @@ impl Model {
                 Ok(())
             })?;
             let busy = active.is_some();
+            if busy {
+                stall += pipe.stats().stall - stall_before;
+            }
             if let Some(mut a) = active.take() {
                 let r = match (failure, state) {
                     (Some(e), _) => Err(e),
@@ -327,7 +335,7 @@ impl Model {
         }
         let s = pipe.stats().clone();
         Ok(RankResult {
-            stall: s.stall,
+            stall,
             step_time,
             steps,
             bytes_copied: s.bytes_copied,
