@@ -12,6 +12,7 @@ use safetensors::Dtype;
 
 use layerwise_engine::checkpoint::header::{encode_header, Header};
 use layerwise_engine::checkpoint::Profile;
+use layerwise_engine::runtime::cuda::DeviceChoice;
 use layerwise_engine::runtime::engine::{EngineOptions, Model, Request, RunStats};
 use layerwise_engine::runtime::image::write_png;
 use layerwise_engine::runtime::synth::{synth, SynthOptions};
@@ -114,6 +115,10 @@ struct RunArgs {
     /// Seconds any rank may wait on a transfer or a peer before failing.
     #[arg(long, env = "LAYERWISE_TIMEOUT_SECONDS", default_value_t = 120)]
     timeout_seconds: u64,
+    /// Where ranks compute: `cpu`, `cuda` (GPUs 0..dp; needs a build with the `cuda`
+    /// feature) or `auto` (CUDA when usable, else the CPU, saying why).
+    #[arg(long, env = "LAYERWISE_DEVICE", default_value = "auto")]
+    device: DeviceChoice,
     /// ImageNet class to draw (0..999 for DiT-XL/2).
     #[arg(long, env = "LAYERWISE_CLASS_LABEL", default_value_t = 207)]
     class_label: u32,
@@ -195,6 +200,7 @@ impl RunArgs {
             slots: self.slots,
             device_memory: self.device_memory_mib.map_or(u64::MAX, |m| m << 20),
             timeout: Duration::from_secs(self.timeout_seconds),
+            device: self.device,
             ..EngineOptions::default()
         }
     }

@@ -15,6 +15,7 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::Serialize;
 
+use super::cuda::DeviceChoice;
 use super::ddim::{Ddim, DdimConfig};
 use super::dit::Dit;
 use super::pipeline::{candle_dtype, Hook};
@@ -73,6 +74,20 @@ impl Model {
             DitConfig::block_prefix,
             dp,
         )
+    }
+
+    /// Bytes of the transformer's tensors outside the blocks (resident on every device).
+    pub fn outside_block_bytes(&self) -> u64 {
+        self.config()
+            .resident_specs()
+            .iter()
+            .map(|s| {
+                self.transformer
+                    .component
+                    .get(&s.name)
+                    .map_or(0, |(_, t)| t.len)
+            })
+            .sum()
     }
 
     /// Names and bytes of the VAE decoder's weights.
@@ -160,6 +175,9 @@ pub struct EngineOptions {
     pub decode: bool,
     /// Record copy, gather and compute spans here.
     pub trace: Option<Arc<Trace>>,
+    /// Where the ranks compute: the CPU backend, CUDA GPUs (the `cuda` feature), or
+    /// whichever is there.
+    pub device: DeviceChoice,
 }
 
 impl Default for EngineOptions {
@@ -173,6 +191,7 @@ impl Default for EngineOptions {
             hook: None,
             decode: true,
             trace: None,
+            device: DeviceChoice::Cpu,
         }
     }
 }

@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use candle_core::Device;
 
-use super::backend::Collective;
+use super::backend::{Backend, Collective};
 use super::budget::DeviceBudget;
-use super::cpu::{CpuBackend, LocalComm, LocalGroup};
+use super::cpu::{CpuBackend, LocalGroup};
+use super::cuda::{self, Resolved};
 use super::dit::Dit;
 use super::engine::{Active, EngineOptions, Model, Output, Request};
 use super::lockstep::{Coordinator, Flags};
@@ -96,6 +97,14 @@ pub struct RankResult {
     pub peak_by_kind: BTreeMap<&'static str, u64>,
 }
 
+/// Where one rank computes: its backend, its communicator, its device memory and K.
+struct Placement<B: Backend, C: Collective<B>> {
+    backend: Arc<B>,
+    comm: C,
+    capacity: u64,
+    slots: usize,
+}
+
 impl Model {
     /// Runs `opts.dp` rank threads on `source` until it closes and every rank is idle.
     /// Returns the root cause when a rank fails (not a peer's "abandoned" error).
@@ -104,26 +113,91 @@ impl Model {
             return Err(Error::invalid("dp", "must be at least 1"));
         }
         let layout = Arc::new(self.layout(opts.dp)?);
-        let backend = Arc::new(CpuBackend::new(opts.timeout));
-        let group = LocalGroup::new(opts.dp, opts.timeout);
+        match cuda::resolve(opts.device, opts.dp)? {
+            Resolved::Cpu { why } => {
+                tracing::info!(%why, "computing on the CPU");
+                let backend = Arc::new(CpuBackend::new(opts.timeout));
+                let group = LocalGroup::new(opts.dp, opts.timeout);
+                let ranks = group
+                    .comms()
+                    .into_iter()
+                    .map(|comm| (backend.clone(), comm, opts.device_memory))
+                    .collect();
+                self.spawn_ranks(ranks, opts.slots, layout, source, opts, &|why| {
+                    group.poison(why)
+                })
+            }
+            #[cfg(feature = "cuda")]
+            Resolved::Cuda { devices } => {
+                tracing::info!(devices, "computing on CUDA GPUs");
+                let outside = self.outside_block_bytes()
+                    + if opts.decode {
+                        self.vae_decoder_weights().1
+                    } else {
+                        0
+                    };
+                let r = cuda::setup(
+                    &self.transformer,
+                    &layout,
+                    &cuda::CudaOptions {
+                        strategy: opts.strategy,
+                        slots: cuda::SlotsChoice::Fixed(opts.slots),
+                        device_memory: (opts.device_memory != u64::MAX)
+                            .then_some(opts.device_memory),
+                        host: cuda::HostMode::Auto,
+                        timeout: opts.timeout,
+                        outside_blocks: outside,
+                    },
+                )?;
+                let ranks = r
+                    .ranks
+                    .into_iter()
+                    .map(|x| (x.backend, x.comm, x.capacity))
+                    .collect();
+                let group = r.group;
+                self.spawn_ranks(ranks, r.slots, layout, source, opts, &|why| {
+                    group.poison(why)
+                })
+            }
+            #[cfg(not(feature = "cuda"))]
+            Resolved::Cuda { .. } => unreachable!("resolve never picks CUDA without the feature"),
+        }
+    }
+
+    /// Runs one thread per rank on its backend and communicator (with the device budget
+    /// capacity each has), and gathers their results. `poison` fails the collective
+    /// group when a rank fails, so its peers stop instead of waiting.
+    fn spawn_ranks<B: Backend, C: Collective<B>>(
+        &self,
+        ranks: Vec<(Arc<B>, C, u64)>,
+        slots: usize,
+        layout: Arc<ModelLayout>,
+        source: &dyn WorkSource,
+        opts: &EngineOptions,
+        poison: &(dyn Fn(String) + Sync),
+    ) -> Result<Vec<RankResult>> {
         let coord = Coordinator::new(opts.dp, opts.timeout);
         let results: Vec<Result<RankResult>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = group
-                .comms()
+            let handles: Vec<_> = ranks
                 .into_iter()
-                .map(|comm| {
-                    let (backend, layout, group, coord) =
-                        (backend.clone(), layout.clone(), group.clone(), &coord);
+                .map(|(backend, comm, capacity)| {
+                    let (layout, coord) = (layout.clone(), &coord);
                     let span = tracing::info_span!("rank", rank = comm.rank());
                     std::thread::Builder::new()
                         .name(format!("rank-{}", comm.rank()))
                         .spawn_scoped(scope, move || {
                             let _g = span.enter();
                             let rank = comm.rank();
-                            let r = self.rank_loop(backend, comm, layout, coord, source, opts);
+                            let place = Placement {
+                                backend,
+                                comm,
+                                capacity,
+                                slots,
+                            };
+                            let r = self.rank_loop(place, layout, coord, source, opts);
                             if let Err(e) = &r {
                                 tracing::error!(rank, error = %e, "rank failed");
-                                group.poison(format!("rank {rank} failed: {e}"));
+                                poison(format!("rank {rank} failed: {e}"));
                                 coord.poison(format!("rank {rank} failed: {e}"));
                                 source.failed(rank, e);
                             }
@@ -155,31 +229,27 @@ impl Model {
         Ok(ranks)
     }
 
-    fn rank_loop(
+    fn rank_loop<B: Backend, C: Collective<B>>(
         &self,
-        backend: Arc<CpuBackend>,
-        comm: LocalComm,
+        place: Placement<B, C>,
         layout: Arc<ModelLayout>,
         coord: &Coordinator,
         source: &dyn WorkSource,
         opts: &EngineOptions,
     ) -> Result<RankResult> {
+        let Placement {
+            backend,
+            comm,
+            capacity,
+            slots,
+        } = place;
         let rank = comm.rank();
-        let budget = DeviceBudget::new(rank, opts.device_memory);
-        let dev = Device::Cpu;
+        let budget = DeviceBudget::new(rank, capacity);
+        let dev = backend.device().clone();
         let cfg = self.config().clone();
         let resident_names = cfg.resident_specs().into_iter().map(|s| s.name);
         let resident = Model::load(&self.transformer, resident_names, &dev)?;
-        let resident_bytes = cfg
-            .resident_specs()
-            .iter()
-            .map(|s| {
-                self.transformer
-                    .component
-                    .get(&s.name)
-                    .map_or(0, |(_, t)| t.len)
-            })
-            .sum();
+        let resident_bytes = self.outside_block_bytes();
         let _resident_alloc = budget.charge(
             "resident_outside_blocks",
             "patch embedding and final layer",
@@ -201,7 +271,7 @@ impl Model {
             &budget,
             PipelineOptions {
                 strategy: opts.strategy,
-                slots: opts.slots,
+                slots,
                 hook: opts.hook.clone(),
                 trace: opts.trace.clone(),
             },
@@ -231,7 +301,12 @@ impl Model {
                 (generation, closed) = (t.generation, t.closed);
                 let Some(work) = t.work else { break };
                 let key = work.key;
-                match self.start(work) {
+                // Noise is drawn on the host, so every device starts from the same bits.
+                let started = self.start(work).and_then(|mut a| {
+                    a.latents = a.latents.to_device(&dev)?;
+                    Ok(a)
+                });
+                match started {
                     Ok(a) => active = Some(a),
                     Err(e) => source.finished(rank, key, Err(e)),
                 }
@@ -305,18 +380,17 @@ impl Model {
                             let image = match &vae {
                                 Some(v) => v
                                     .decode(&a.latents)
-                                    .and_then(|i| Ok(i.squeeze(0)?))
+                                    .and_then(|i| Ok(i.squeeze(0)?.to_device(&Device::Cpu)?))
                                     .map(Some),
                                 None => Ok(None),
                             };
-                            source.finished(
-                                rank,
-                                a.key,
-                                image.map(|image| Output {
-                                    latents: a.latents,
+                            let out = image.and_then(|image| {
+                                Ok(Output {
+                                    latents: a.latents.to_device(&Device::Cpu)?,
                                     image,
-                                }),
-                            );
+                                })
+                            });
+                            source.finished(rank, a.key, out);
                         } else {
                             active = Some(a);
                         }

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use clap::Args;
 
+use crate::runtime::cuda::DeviceChoice;
 use crate::runtime::engine::{EngineOptions, Model};
 use crate::runtime::image::encode_png;
 use crate::runtime::rank::WorkKey;
@@ -81,6 +82,10 @@ pub struct ServeArgs {
     /// Seconds any rank may wait on a transfer, a peer or a step before the pod fails.
     #[arg(long, env = "LAYERWISE_TIMEOUT_SECONDS", default_value_t = 120)]
     pub timeout_seconds: u64,
+    /// Where ranks compute: `cpu`, `cuda` (GPUs 0..dp; needs a build with the `cuda`
+    /// feature) or `auto` (CUDA when usable, else the CPU, saying why).
+    #[arg(long, env = "LAYERWISE_DEVICE", default_value = "auto")]
+    pub device: DeviceChoice,
     /// Finished jobs whose results are kept for `GET /v1/jobs/{id}/result`.
     #[arg(long, env = "LAYERWISE_KEEP_FINISHED", default_value_t = 256)]
     pub keep_finished: usize,
@@ -112,6 +117,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         hook: None,
         decode: false,
         trace: trace.clone(),
+        device: a.device,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
