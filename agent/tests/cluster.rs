@@ -183,8 +183,12 @@ async fn agent_reports_inventory_profiles_and_residency_and_follows_the_spec() -
             profile.activation.bytes_per_token > 0,
             "activation cost missing: {profile:?}"
         );
+        // Warm means at least WARM_FRACTION resident: the kernel (proactive reclaim, other
+        // tests) may drop a page or two between the read and the mincore that reports it.
         ensure!(
-            m.total_bytes >= profile.total_bytes && m.resident_bytes == m.total_bytes,
+            m.total_bytes >= profile.total_bytes
+                && m.resident_bytes as f64
+                    >= m.total_bytes as f64 * layerwise_agent::models::WARM_FRACTION,
             "{m:?}"
         );
         ensure!(
