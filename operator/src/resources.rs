@@ -259,13 +259,7 @@ pub fn deployment(
     };
 
     Deployment {
-        metadata: ObjectMeta {
-            name: Some(dd.name_any()),
-            namespace: dd.namespace(),
-            labels: Some(labels(dd)),
-            owner_references: dd.controller_owner_ref(&()).map(|o| vec![o]),
-            ..Default::default()
-        },
+        metadata: owned_meta(dd),
         spec: Some(DeploymentSpec {
             replicas: Some(replicas),
             selector: LabelSelector {
@@ -327,16 +321,22 @@ pub fn deployment(
     }
 }
 
+/// Metadata of an object the DiffusionDeployment owns: same name and namespace, its
+/// labels, and a controller owner reference so deleting it collects the object.
+fn owned_meta(dd: &DiffusionDeployment) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(dd.name_any()),
+        namespace: dd.namespace(),
+        labels: Some(labels(dd)),
+        owner_references: dd.controller_owner_ref(&()).map(|o| vec![o]),
+        ..Default::default()
+    }
+}
+
 /// The ClusterIP Service in front of the engine pods.
 pub fn service(dd: &DiffusionDeployment) -> Service {
     Service {
-        metadata: ObjectMeta {
-            name: Some(dd.name_any()),
-            namespace: dd.namespace(),
-            labels: Some(labels(dd)),
-            owner_references: dd.controller_owner_ref(&()).map(|o| vec![o]),
-            ..Default::default()
-        },
+        metadata: owned_meta(dd),
         spec: Some(ServiceSpec {
             selector: Some(selector_labels(dd)),
             ports: Some(vec![ServicePort {
