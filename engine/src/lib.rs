@@ -5,8 +5,12 @@
 //! model families' metadata, which is all the node agent needs.
 
 pub mod checkpoint;
+#[cfg(feature = "runtime")]
+pub mod cli;
 pub mod error;
 pub mod family;
+#[cfg(feature = "runtime")]
+pub mod launch;
 pub mod layout;
 #[cfg(feature = "runtime")]
 pub mod runtime;

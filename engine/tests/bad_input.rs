@@ -1,5 +1,6 @@
 //! Broken checkpoints of every kind: each must give an error that names the file and the
-//! tensor (or config field) at fault, and the CLI must exit non-zero without a panic.
+//! tensor (or config field) at fault, and the CLI must exit non-zero without a panic. Bad
+//! `--slots` and `--host-memory` values are named the same way.
 
 mod common;
 
@@ -9,7 +10,10 @@ use std::process::Command;
 
 use layerwise_engine::checkpoint::header::{encode_header, Header};
 use layerwise_engine::checkpoint::Profile;
-use layerwise_engine::runtime::engine::Model;
+use layerwise_engine::runtime::cuda::plan::DeviceNeeds;
+use layerwise_engine::runtime::cuda::SlotsChoice;
+use layerwise_engine::runtime::engine::{EngineOptions, Model};
+use layerwise_engine::Strategy;
 use safetensors::Dtype;
 
 type Entry = (String, Dtype, Vec<usize>, Vec<u8>);
@@ -304,4 +308,85 @@ fn cli_exits_non_zero_without_panicking() {
         !out.status.success() && err.contains("width") && err.contains("multiple of 16"),
         "{err}"
     );
+}
+
+#[test]
+fn slots_auto_on_the_cpu_fills_the_budget_or_names_the_missing_flag() {
+    let d = tempfile::tempdir().unwrap();
+    let model = Model::open(&common::tiny(d.path(), 3)).unwrap();
+    let strategy = Strategy::OffloadSharded;
+    let outside = model.outside_block_bytes() + model.vae_decoder_weights().1;
+    let needs = DeviceNeeds::of(&model.layout(1).unwrap(), strategy, outside);
+    let opts = |device_memory| EngineOptions {
+        strategy,
+        slots: SlotsChoice::Auto,
+        device_memory,
+        ..EngineOptions::default()
+    };
+    let run = |device_memory| model.run(vec![common::request(3, 1, 1.0)], &opts(device_memory));
+    let budget = needs.fixed + 3 * needs.slot + needs.slot / 2;
+    let (_, stats) = run(budget).unwrap();
+    assert_eq!(stats.slots, 3);
+    assert!(stats.peak_device_bytes <= budget);
+    let e = run(u64::MAX).err().unwrap().to_string();
+    assert!(
+        e.contains("--slots auto") && e.contains("--device-memory-mib"),
+        "{e}"
+    );
+    let e = run(needs.fixed + needs.slot).err().unwrap().to_string();
+    assert!(e.contains("at least 2 slots"), "{e}");
+}
+
+#[test]
+fn cli_names_bad_slots_and_host_memory() {
+    let d = tempfile::tempdir().unwrap();
+    let m = common::tiny(d.path(), 2);
+    let bin = env!("CARGO_BIN_EXE_layerwise");
+    let stats = d.path().join("stats.json");
+    let generate = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            m.to_str().unwrap(),
+            "--out",
+            "/dev/null",
+            "--steps",
+            "1",
+            "--device",
+            "cpu",
+            "--stats",
+            stats.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let out = Command::new(bin).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!err.contains("panicked"), "{err}");
+        (out.status.code(), err)
+    };
+    for (flag, value) in [
+        ("--slots", "many"),
+        ("--slots", "2.5"),
+        ("--host-memory", "pinned"),
+    ] {
+        let (code, err) = generate(&[flag, value]);
+        assert_eq!(code, Some(2), "{flag} {value}: {err}");
+        assert!(err.contains(flag) && err.contains(value), "{err}");
+    }
+    let (code, err) = generate(&["--slots", "auto"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("--slots auto") && err.contains("--device-memory-mib"),
+        "{err}"
+    );
+    let (code, err) = generate(&["--host-memory", "pin"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("--host-memory pin") && err.contains("CPU"),
+        "{err}"
+    );
+    let (code, err) = generate(&["--slots", "auto", "--device-memory-mib", "256"]);
+    assert_eq!(code, Some(0), "{err}");
+    let s: serde_json::Value = serde_json::from_slice(&fs::read(&stats).unwrap()).unwrap();
+    let k = s["slots"].as_u64().unwrap();
+    assert!((2..=8).contains(&k), "--slots auto chose {k}");
 }

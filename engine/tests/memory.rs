@@ -4,6 +4,7 @@
 
 mod common;
 
+use layerwise_engine::runtime::cuda::SlotsChoice;
 use layerwise_engine::runtime::engine::{EngineOptions, Model};
 use layerwise_engine::Strategy;
 
@@ -19,7 +20,7 @@ fn offload_sharded_keeps_anonymous_memory_far_below_the_checkpoint() {
     let opts = EngineOptions {
         strategy: Strategy::OffloadSharded,
         dp: 2,
-        slots: 2,
+        slots: SlotsChoice::Fixed(2),
         decode: false,
         ..EngineOptions::default()
     };

@@ -15,6 +15,7 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
+use layerwise_engine::runtime::cuda::SlotsChoice;
 use layerwise_engine::runtime::engine::{EngineOptions, Model, Request};
 use layerwise_engine::runtime::image::encode_png;
 use layerwise_engine::runtime::pipeline::{Hook, Stage};
@@ -50,7 +51,7 @@ async fn start(
     let opts = EngineOptions {
         strategy: Strategy::OffloadSharded,
         dp,
-        slots: 2,
+        slots: SlotsChoice::Fixed(2),
         decode: false,
         timeout: Duration::from_secs(60),
         hook,

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use layerwise_engine::runtime::cuda::SlotsChoice;
 use layerwise_engine::runtime::engine::{EngineOptions, Model};
 use layerwise_engine::runtime::pipeline::Stage;
 use layerwise_engine::Strategy;
@@ -16,7 +17,7 @@ fn opts(strategy: Strategy, dp: usize, slots: usize) -> EngineOptions {
     EngineOptions {
         strategy,
         dp,
-        slots,
+        slots: SlotsChoice::Fixed(slots),
         decode: false,
         timeout: Duration::from_secs(60),
         ..EngineOptions::default()

@@ -15,7 +15,7 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::Serialize;
 
-use super::cuda::DeviceChoice;
+use super::cuda::{DeviceChoice, HostMode, SlotsChoice};
 use super::ddim::{Ddim, DdimConfig};
 use super::dit::Dit;
 use super::pipeline::{candle_dtype, Hook};
@@ -165,9 +165,12 @@ pub struct Output {
 pub struct EngineOptions {
     pub strategy: Strategy,
     pub dp: usize,
-    pub slots: usize,
+    /// K, or `auto`: as many as the device memory holds (on the CPU, `device_memory`).
+    pub slots: SlotsChoice,
     /// Device memory per rank, in bytes (the CPU backend enforces it like a GPU would).
     pub device_memory: u64,
+    /// How weights reach a GPU from the mapped checkpoint; the CPU takes only `auto`.
+    pub host: HostMode,
     /// Longest any rank may wait on a transfer or a peer before failing.
     pub timeout: Duration,
     pub hook: Option<Hook>,
@@ -185,8 +188,9 @@ impl Default for EngineOptions {
         EngineOptions {
             strategy: Strategy::OffloadSharded,
             dp: 1,
-            slots: 2,
+            slots: SlotsChoice::default(),
             device_memory: u64::MAX,
+            host: HostMode::Auto,
             timeout: Duration::from_secs(120),
             hook: None,
             decode: true,
@@ -201,6 +205,7 @@ impl Default for EngineOptions {
 pub struct RunStats {
     pub strategy: String,
     pub dp: usize,
+    /// K the ranks ran with (what `--slots auto` chose).
     pub slots: usize,
     pub wall_seconds: f64,
     /// Mean wall time of a denoising step (one pass over the blocks with work in it).
@@ -390,7 +395,7 @@ impl Model {
         let stats = RunStats {
             strategy: opts.strategy.to_string(),
             dp: opts.dp,
-            slots: opts.slots,
+            slots: ranks.first().map_or(0, |r| r.slots),
             wall_seconds: wall.as_secs_f64(),
             step_seconds: if steps > 0 {
                 step_time.as_secs_f64() / steps as f64

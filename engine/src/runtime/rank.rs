@@ -87,6 +87,8 @@ pub trait WorkSource: Sync {
 
 /// What one rank did, for `RunStats`.
 pub struct RankResult {
+    /// K this rank ran with.
+    pub slots: usize,
     /// Compute waiting for weights, in passes where this rank had work.
     pub stall: Duration,
     pub step_time: Duration,
@@ -113,9 +115,28 @@ impl Model {
             return Err(Error::invalid("dp", "must be at least 1"));
         }
         let layout = Arc::new(self.layout(opts.dp)?);
+        // Device bytes outside the slots that every rank keeps: prologue, epilogue, VAE.
+        let outside = self.outside_block_bytes()
+            + if opts.decode {
+                self.vae_decoder_weights().1
+            } else {
+                0
+            };
         match cuda::resolve(opts.device, opts.dp)? {
             Resolved::Cpu { why } => {
                 tracing::info!(%why, "computing on the CPU");
+                if opts.host != cuda::HostMode::Auto {
+                    return Err(Error::invalid(
+                        "host-memory",
+                        format!(
+                            "`--host-memory {}` applies to CUDA devices, but the ranks compute on the CPU ({why}), which reads weights from the mapped checkpoint; use auto",
+                            opts.host
+                        ),
+                    ));
+                }
+                let budget = (opts.device_memory != u64::MAX).then_some(opts.device_memory);
+                let needs = cuda::plan::DeviceNeeds::of(&layout, opts.strategy, outside);
+                let slots = cuda::plan::cpu_slots(opts.slots, opts.strategy, needs, budget)?;
                 let backend = Arc::new(CpuBackend::new(opts.timeout));
                 let group = LocalGroup::new(opts.dp, opts.timeout);
                 let ranks = group
@@ -123,28 +144,20 @@ impl Model {
                     .into_iter()
                     .map(|comm| (backend.clone(), comm, opts.device_memory))
                     .collect();
-                self.spawn_ranks(ranks, opts.slots, layout, source, opts, &|why| {
-                    group.poison(why)
-                })
+                self.spawn_ranks(ranks, slots, layout, source, opts, &|why| group.poison(why))
             }
             #[cfg(feature = "cuda")]
             Resolved::Cuda { devices } => {
                 tracing::info!(devices, "computing on CUDA GPUs");
-                let outside = self.outside_block_bytes()
-                    + if opts.decode {
-                        self.vae_decoder_weights().1
-                    } else {
-                        0
-                    };
                 let r = cuda::setup(
                     &self.transformer,
                     &layout,
                     &cuda::CudaOptions {
                         strategy: opts.strategy,
-                        slots: cuda::SlotsChoice::Fixed(opts.slots),
+                        slots: opts.slots,
                         device_memory: (opts.device_memory != u64::MAX)
                             .then_some(opts.device_memory),
-                        host: cuda::HostMode::Auto,
+                        host: opts.host,
                         timeout: opts.timeout,
                         outside_blocks: outside,
                     },
@@ -409,6 +422,7 @@ impl Model {
         }
         let s = pipe.stats().clone();
         Ok(RankResult {
+            slots,
             stall,
             step_time,
             steps,

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use clap::Args;
 
-use crate::runtime::cuda::DeviceChoice;
+use crate::runtime::cuda::{DeviceChoice, HostMode, SlotsChoice};
 use crate::runtime::engine::{EngineOptions, Model};
 use crate::runtime::image::encode_png;
 use crate::runtime::rank::WorkKey;
@@ -52,12 +52,18 @@ pub struct ServeArgs {
     /// Data-parallel ranks (threads of this process, one device each).
     #[arg(long, env = "LAYERWISE_DP", default_value_t = 1)]
     pub dp: usize,
-    /// Device slots per rank (K ≥ 2).
-    #[arg(long, env = "LAYERWISE_SLOTS", default_value_t = 2)]
-    pub slots: usize,
+    /// Device slots per rank: K ≥ 2, or `auto` (as many as fit: on a GPU in its free
+    /// memory, on the CPU in `--device-memory-mib`, which auto then needs).
+    #[arg(long, env = "LAYERWISE_SLOTS", default_value = "2")]
+    pub slots: SlotsChoice,
     /// Device memory per rank in MiB (the CPU backend enforces it as a GPU would).
     #[arg(long, env = "LAYERWISE_DEVICE_MEMORY_MIB")]
     pub device_memory_mib: Option<u64>,
+    /// How weights reach a GPU: `auto` (read-only registration of the mapped checkpoint
+    /// where the device supports it, else one pinned copy), `register`, `pin` or
+    /// `pageable`. The CPU backend reads the mapping directly and takes only `auto`.
+    #[arg(long, env = "LAYERWISE_HOST_MEMORY", default_value = "auto")]
+    pub host_memory: HostMode,
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).
     #[arg(long, env = "LAYERWISE_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -113,6 +119,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         dp: a.dp,
         slots: a.slots,
         device_memory: a.device_memory_mib.map_or(u64::MAX, |m| m << 20),
+        host: a.host_memory,
         timeout: Duration::from_secs(a.timeout_seconds),
         hook: None,
         decode: false,

@@ -12,43 +12,14 @@
 //! copies are the last resort for bytes outside the streamed set (one-time loads).
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaContext};
 
-use super::plan::Extents;
+use super::plan::{Extents, HostMode};
 use crate::checkpoint::Mapped;
 use crate::layout::ModelLayout;
 use crate::{Error, Result, Strategy};
-
-/// What the operator asked for (`LAYERWISE_HOST_MEMORY`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HostMode {
-    #[default]
-    Auto,
-    Register,
-    Pin,
-    Pageable,
-}
-
-impl FromStr for HostMode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
-            "auto" => HostMode::Auto,
-            "register" => HostMode::Register,
-            "pin" => HostMode::Pin,
-            "pageable" => HostMode::Pageable,
-            other => {
-                return Err(Error::invalid(
-                    "host memory",
-                    format!("`{other}`: expected auto, register, pin or pageable"),
-                ))
-            }
-        })
-    }
-}
 
 /// What was used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,7 +143,7 @@ impl HostMemory {
                 }
                 Err(why) if mode == HostMode::Register => {
                     return Err(Error::invalid(
-                        "host memory",
+                        "host-memory",
                         format!("cannot register the checkpoint: {why}"),
                     ))
                 }

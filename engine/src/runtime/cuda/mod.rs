@@ -4,12 +4,13 @@
 //! weights read from the mapped checkpoint through registered or pinned host memory; the
 //! dp ranks' shards all-gathered with NCCL. One process drives dp GPUs, one thread each.
 //!
-//! [`plan`] holds the decisions (device choice, `--slots auto`, pinned extents) and is
-//! compiled and tested without the feature. [`resolve`] answers "CPU or GPU?" in every
-//! build: a binary without the feature says so, and one with it probes for the driver
-//! library before touching CUDA, so it runs, and says there is no GPU, on machines
-//! without one.
+//! [`plan`] holds the decisions (device choice, `--slots auto`, `--host-memory`, pinned
+//! extents) and is compiled and tested without the feature. [`resolve`] answers "CPU or
+//! GPU?" in every build: a build with the feature probes for the driver library before
+//! touching CUDA; the `layerwise` executable, which links no CUDA (see `crate::launch`),
+//! reports why the CUDA library beside it could not run, or that there is none.
 
+pub mod dl;
 pub mod plan;
 
 #[cfg(feature = "cuda")]
@@ -26,11 +27,13 @@ pub use backend::{CudaBackend, CudaEvent, CudaStream};
 #[cfg(feature = "cuda")]
 pub use comm::{NcclComm, NcclGroup};
 #[cfg(feature = "cuda")]
-pub use host::{HostMemory, HostMode, HostPath};
+pub use host::{HostMemory, HostPath};
 #[cfg(feature = "cuda")]
 pub use probe::{probe, Probe};
 
-pub use plan::{DeviceChoice, SlotsChoice};
+pub use plan::{DeviceChoice, HostMode, SlotsChoice};
+
+use std::sync::{Once, OnceLock};
 
 use crate::{Error, Result};
 
@@ -41,36 +44,79 @@ pub enum Resolved {
     Cuda { devices: usize },
 }
 
+/// Why there is no GPU, and whether one could have been used: a build with a CUDA
+/// backend that finds no device says so louder than a CPU-only build.
+struct Unusable {
+    why: String,
+    has_backend: bool,
+}
+
+/// Why this process has no CUDA although its build ships a backend for it: set by the
+/// executable's launcher when the CUDA library beside it cannot run here (no driver, a
+/// library that does not load). Read by [`resolve`] in builds without the feature.
+static UNUSABLE: OnceLock<String> = OnceLock::new();
+
+/// Records, once and before any run, why the CUDA backend this build ships cannot run.
+pub fn set_unusable(why: String) {
+    let _ = UNUSABLE.set(why);
+}
+
 /// Resolves `--device` for `dp` ranks. `cuda` fails with the reason when there is no
-/// usable GPU (or fewer than dp); `auto` falls back to the CPU and says why.
+/// usable GPU (or fewer than dp); `auto` falls back to the CPU and says why (a warning,
+/// once per process, when the build has a CUDA backend that cannot run here).
 pub fn resolve(choice: DeviceChoice, dp: usize) -> Result<Resolved> {
     if choice == DeviceChoice::Cpu {
         return Ok(Resolved::Cpu {
             why: "asked for".into(),
         });
     }
-    let found = detect(dp);
-    match (choice, found) {
+    match (choice, detect(dp)) {
         (_, Ok(devices)) => Ok(Resolved::Cuda { devices }),
-        (DeviceChoice::Auto, Err(why)) => Ok(Resolved::Cpu { why }),
-        (_, Err(why)) => Err(Error::invalid("device", format!("cuda: {why}"))),
+        (DeviceChoice::Auto, Err(u)) => {
+            if u.has_backend {
+                static WARNED: Once = Once::new();
+                WARNED.call_once(|| {
+                    tracing::warn!(
+                        "--device auto: no usable GPU, computing on the CPU: {}",
+                        u.why
+                    )
+                });
+            }
+            Ok(Resolved::Cpu { why: u.why })
+        }
+        (_, Err(u)) => Err(Error::invalid("device", format!("cuda: {}", u.why))),
     }
 }
 
 #[cfg(feature = "cuda")]
-fn detect(dp: usize) -> std::result::Result<usize, String> {
+fn detect(dp: usize) -> std::result::Result<usize, Unusable> {
+    let unusable = |why| Unusable {
+        why,
+        has_backend: true,
+    };
     match probe() {
-        Probe::Absent(why) => Err(why),
-        Probe::Present { devices, .. } if devices < dp => Err(format!(
+        Probe::Absent(why) => Err(unusable(why)),
+        Probe::Present { devices, .. } if devices < dp => Err(unusable(format!(
             "dp={dp} needs {dp} GPUs, this machine has {devices}"
-        )),
+        ))),
         Probe::Present { devices, .. } => Ok(devices),
     }
 }
 
 #[cfg(not(feature = "cuda"))]
-fn detect(_dp: usize) -> std::result::Result<usize, String> {
-    Err("this binary was built without the `cuda` feature".into())
+fn detect(_dp: usize) -> std::result::Result<usize, Unusable> {
+    Err(match UNUSABLE.get() {
+        Some(why) => Unusable {
+            why: why.clone(),
+            has_backend: true,
+        },
+        None => Unusable {
+            why: "this build has no CUDA backend: built without the `cuda` feature, and no \
+                  liblayerwise_cuda.so beside the executable"
+                .into(),
+            has_backend: false,
+        },
+    })
 }
 
 #[cfg(feature = "cuda")]

@@ -1,7 +1,9 @@
 //! The CUDA backend's decisions, kept free of CUDA so the default build tests them: which
 //! bytes of the checkpoint a rank ever copies (the extent of its pinned copy), how many
-//! slots fit in the free device memory (`--slots auto`), and which device to run on.
+//! slots fit in the free device memory (`--slots auto`), which device to run on and how
+//! weights reach it (`--host-memory`).
 
+use std::fmt;
 use std::str::FromStr;
 
 use crate::layout::{ModelLayout, Piece};
@@ -34,11 +36,17 @@ impl FromStr for DeviceChoice {
     }
 }
 
-/// `--slots`: a fixed K or as many as the free device memory allows.
+/// `--slots`: a fixed K or as many as the device memory allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotsChoice {
     Fixed(usize),
     Auto,
+}
+
+impl Default for SlotsChoice {
+    fn default() -> Self {
+        SlotsChoice::Fixed(2)
+    }
 }
 
 impl FromStr for SlotsChoice {
@@ -50,6 +58,59 @@ impl FromStr for SlotsChoice {
         s.parse()
             .map(SlotsChoice::Fixed)
             .map_err(|_| Error::invalid("slots", format!("`{s}`: expected a number ≥ 2 or `auto`")))
+    }
+}
+
+impl fmt::Display for SlotsChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SlotsChoice::Fixed(k) => write!(f, "{k}"),
+            SlotsChoice::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+/// `--host-memory`: how weights reach a GPU from the mapped checkpoint (see
+/// `cuda::host`). The CPU backend reads the mapping directly, so it takes only `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HostMode {
+    /// Registration where the device supports it, else one pinned copy; says which.
+    #[default]
+    Auto,
+    /// Register the mapping read-only, or fail.
+    Register,
+    /// One pinned copy of the bytes each rank streams.
+    Pin,
+    /// Plain pageable copies (slow; for comparison).
+    Pageable,
+}
+
+impl FromStr for HostMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "auto" => HostMode::Auto,
+            "register" => HostMode::Register,
+            "pin" => HostMode::Pin,
+            "pageable" => HostMode::Pageable,
+            other => {
+                return Err(Error::invalid(
+                    "host-memory",
+                    format!("`{other}`: expected auto, register, pin or pageable"),
+                ))
+            }
+        })
+    }
+}
+
+impl fmt::Display for HostMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HostMode::Auto => "auto",
+            HostMode::Register => "register",
+            HostMode::Pin => "pin",
+            HostMode::Pageable => "pageable",
+        })
     }
 }
 
@@ -131,6 +192,28 @@ pub fn choose_slots(
         ));
     }
     Ok(k)
+}
+
+/// K on the CPU backend, whose device memory is the `--device-memory-mib` budget (None:
+/// unlimited). `auto` fills that budget like [`choose_slots`] fills a GPU; without a
+/// budget there is nothing to size from, which is an error for a streaming strategy
+/// rather than a guess. A fixed K is checked by the pipeline's own accounting.
+pub fn cpu_slots(
+    choice: SlotsChoice,
+    strategy: Strategy,
+    needs: DeviceNeeds,
+    budget: Option<u64>,
+) -> Result<usize> {
+    match (choice, budget) {
+        (SlotsChoice::Fixed(k), _) => Ok(k),
+        (SlotsChoice::Auto, Some(cap)) => choose_slots(choice, strategy, needs, cap),
+        (SlotsChoice::Auto, None) if !strategy.streams() => Ok(0),
+        (SlotsChoice::Auto, None) => Err(Error::invalid(
+            "slots",
+            "`--slots auto` sizes K from device memory, and the CPU backend has none to \
+             size from: give --device-memory-mib, or a number of slots",
+        )),
+    }
 }
 
 /// The capacity a rank's [`super::super::budget::DeviceBudget`] gets: the free memory at start
@@ -278,10 +361,46 @@ mod tests {
     }
 
     #[test]
+    fn cpu_slots_size_from_the_budget_or_refuse() {
+        let needs = DeviceNeeds {
+            fixed: 1000,
+            slot: 100,
+        };
+        let k = |choice, budget| cpu_slots(choice, Strategy::OffloadSharded, needs, budget);
+        assert_eq!(k(SlotsChoice::Auto, Some(1350)).unwrap(), 3);
+        assert_eq!(k(SlotsChoice::Auto, Some(1 << 40)).unwrap(), MAX_AUTO_SLOTS);
+        assert_eq!(k(SlotsChoice::Fixed(5), None).unwrap(), 5);
+        let e = k(SlotsChoice::Auto, None).unwrap_err().to_string();
+        assert!(
+            e.contains("--slots auto") && e.contains("--device-memory-mib"),
+            "{e}"
+        );
+        let e = k(SlotsChoice::Auto, Some(1100)).unwrap_err().to_string();
+        assert!(e.contains("at least 2 slots") && e.contains("1100"), "{e}");
+        assert_eq!(
+            cpu_slots(SlotsChoice::Auto, Strategy::Resident, needs, None).unwrap(),
+            0
+        );
+    }
+
+    #[test]
     fn choices_parse() {
         assert_eq!("auto".parse::<SlotsChoice>().unwrap(), SlotsChoice::Auto);
         assert_eq!("3".parse::<SlotsChoice>().unwrap(), SlotsChoice::Fixed(3));
-        assert!("x".parse::<SlotsChoice>().is_err());
+        for bad in ["x", "-1", "2.5", ""] {
+            let e = bad.parse::<SlotsChoice>().unwrap_err().to_string();
+            assert!(e.contains("slots") && e.contains("`auto`"), "{e}");
+        }
+        assert_eq!(SlotsChoice::Auto.to_string(), "auto");
+        assert_eq!(SlotsChoice::Fixed(4).to_string(), "4");
+        for mode in ["auto", "register", "pin", "pageable"] {
+            assert_eq!(mode.parse::<HostMode>().unwrap().to_string(), mode);
+        }
+        let e = "pinned".parse::<HostMode>().unwrap_err().to_string();
+        assert!(
+            e.contains("host-memory") && e.contains("auto, register, pin or pageable"),
+            "{e}"
+        );
         assert_eq!("cuda".parse::<DeviceChoice>().unwrap(), DeviceChoice::Cuda);
         assert!("tpu"
             .parse::<DeviceChoice>()

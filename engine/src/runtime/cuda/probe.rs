@@ -1,13 +1,12 @@
-//! Is there a GPU? Asked before anything touches CUDA: the driver library is opened with
-//! `dlopen` first, so a machine without it gets a sentence instead of cudarc's panic, and
-//! `cuInit` failing (no device node, a stub library, a driver too old) is an answer too.
-
-use std::ffi::CStr;
+//! Is there a GPU? Asked before anything touches CUDA. Code built with the feature needs
+//! the driver library loaded to run at all, which the executable checks before it loads
+//! the CUDA library (see `crate::launch`); the `dlopen` here finds it so, and a failure
+//! still reads as a sentence. `cuInit` failing (no device node, a driver too old) and a
+//! driver that sees no device are the usual answers on a machine without a GPU.
 
 use candle_core::cuda_backend::cudarc::driver::result;
 
-/// The driver's shared library, as the NVIDIA container runtime injects it.
-const LIBCUDA: &CStr = c"libcuda.so.1";
+use super::dl;
 
 /// What the probe found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,23 +21,8 @@ pub enum Probe {
 
 /// Looks for the driver library, initialises it and counts devices.
 pub fn probe() -> Probe {
-    // SAFETY: dlopen with a valid NUL-terminated name; the handle is deliberately never
-    // closed (the driver stays loaded for the life of the process, as CUDA expects).
-    let handle = unsafe { libc::dlopen(LIBCUDA.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-    if handle.is_null() {
-        // SAFETY: dlerror returns a thread-local NUL-terminated string or null.
-        let why = unsafe {
-            let e = libc::dlerror();
-            if e.is_null() {
-                "not found".to_string()
-            } else {
-                CStr::from_ptr(e).to_string_lossy().into_owned()
-            }
-        };
-        return Probe::Absent(format!(
-            "no NVIDIA driver: cannot load {}: {why}",
-            LIBCUDA.to_string_lossy()
-        ));
+    if let Err(why) = dl::open_driver(true) {
+        return Probe::Absent(why);
     }
     if let Err(e) = result::init() {
         return Probe::Absent(format!(

@@ -1,0 +1,335 @@
+//! What the `layerwise` subcommands do, past parsing.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{Device, Tensor};
+use safetensors::Dtype;
+
+use super::{BenchArgs, GenerateArgs, RunArgs};
+use crate::checkpoint::header::{encode_header, Header};
+use crate::checkpoint::Profile;
+use crate::runtime::engine::{EngineOptions, Model, Request, RunStats};
+use crate::runtime::image::write_png;
+use crate::runtime::trace::Trace;
+use crate::server::loadgen::LoadgenArgs;
+use crate::server::trace_svg as svg;
+use crate::Strategy;
+
+fn parse_size(s: &str) -> Result<(usize, usize)> {
+    let parse = |x: &str| {
+        x.trim()
+            .parse::<usize>()
+            .with_context(|| format!("size `{s}`: expected N or WxH"))
+    };
+    Ok(match s.split_once(['x', 'X']) {
+        Some((w, h)) => (parse(w)?, parse(h)?),
+        None => (parse(s)?, parse(s)?),
+    })
+}
+
+impl RunArgs {
+    pub(super) fn options(&self, strategy: Strategy) -> EngineOptions {
+        EngineOptions {
+            strategy,
+            dp: self.dp,
+            slots: self.slots,
+            device_memory: self.device_memory_mib.map_or(u64::MAX, |m| m << 20),
+            host: self.host_memory,
+            timeout: Duration::from_secs(self.timeout_seconds),
+            device: self.device,
+            ..EngineOptions::default()
+        }
+    }
+
+    fn requests(&self, model: &Model, init: Option<Tensor>) -> Result<Vec<Request>> {
+        let native = model.config().sample_size * model.upscale();
+        let (width, height) = self
+            .size
+            .as_deref()
+            .map(parse_size)
+            .transpose()?
+            .unwrap_or((native, native));
+        (0..self.n)
+            .map(|i| {
+                Ok(Request {
+                    class_label: self.class_label,
+                    seed: self.seed + i as u64,
+                    steps: self.steps,
+                    guidance: self.guidance,
+                    width,
+                    height,
+                    init_latents: init.as_ref().map(|t| t.narrow(0, i, 1)).transpose()?,
+                })
+            })
+            .collect()
+    }
+}
+
+fn read_latents(path: &Path, n: usize) -> Result<Tensor> {
+    let h = Header::read(path)?;
+    let info = h
+        .tensors
+        .iter()
+        .find(|t| t.name == "latents")
+        .with_context(|| format!("{}: no tensor `latents`", path.display()))?;
+    if info.dtype != Dtype::F32 {
+        bail!(
+            "{}: tensor `latents` is {:?}, expected F32",
+            path.display(),
+            info.dtype
+        );
+    }
+    let bytes = std::fs::read(path)?;
+    let data = &bytes[info.offset as usize..(info.offset + info.len) as usize];
+    let mut t = Tensor::from_raw_buffer(data, candle_core::DType::F32, &info.shape, &Device::Cpu)?;
+    if t.rank() == 3 {
+        t = t.unsqueeze(0)?;
+    }
+    if t.dim(0)? < n {
+        bail!(
+            "{}: tensor `latents` holds {} samples but {n} images were asked for",
+            path.display(),
+            t.dim(0)?
+        );
+    }
+    Ok(t)
+}
+
+fn write_latents(path: &Path, latents: &[Tensor]) -> Result<()> {
+    let t = Tensor::cat(latents, 0)?.contiguous()?;
+    let (header, _) = encode_header(&[("latents".to_string(), Dtype::F32, t.dims().to_vec())])?;
+    let mut out = header;
+    for v in t.flatten_all()?.to_vec1::<f32>()? {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+}
+
+fn numbered(path: &Path, i: usize, n: usize) -> PathBuf {
+    if n == 1 {
+        return path.to_path_buf();
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ext = path
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    path.with_file_name(format!("{stem}-{i}{ext}"))
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.3} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+pub(super) fn inspect(dir: &Path, json: bool) -> Result<()> {
+    let t = std::time::Instant::now();
+    let p = Profile::read(dir)?;
+    let took = t.elapsed();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&p)?);
+        return Ok(());
+    }
+    println!("model            {}", dir.display());
+    println!("family           {}", p.family);
+    println!(
+        "total            {} ({} bytes) in {} files",
+        gib(p.total_bytes),
+        p.total_bytes,
+        p.files
+    );
+    println!(
+        "transformer      {}; vae {}",
+        gib(p.transformer_bytes),
+        gib(p.vae_bytes)
+    );
+    println!(
+        "blocks           {} (largest {} bytes)",
+        p.blocks, p.largest_block_bytes
+    );
+    println!("outside blocks   {} bytes", p.outside_block_bytes);
+    for (d, b) in &p.bytes_by_dtype {
+        println!("dtype {d:<10} {b} bytes");
+    }
+    for dp in [1u64, 2, 4, 8] {
+        println!("slot bytes dp={dp:<3} {}", p.slot_bytes(dp));
+    }
+    println!("native size      {}x{}", p.native_width, p.native_height);
+    println!(
+        "activations      {} at native size with guidance",
+        gib(p
+            .activation
+            .bytes(p.native_width, p.native_height, 1, 1, true))
+    );
+    println!(
+        "profiled in      {:.1} ms (headers only)",
+        took.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+pub(super) fn generate(a: GenerateArgs) -> Result<()> {
+    let strategy: Strategy = a.strategy.parse()?;
+    let model = Model::open(&a.run.model)?;
+    let init = a
+        .init_latents
+        .as_deref()
+        .map(|p| read_latents(p, a.run.n))
+        .transpose()?;
+    let requests = a.run.requests(&model, init)?;
+    let mut opts = a.run.options(strategy);
+    opts.trace = a.trace.as_ref().map(|_| Trace::new(4_000_000));
+    let (outputs, stats) = model.run(requests, &opts)?;
+    if let (Some(t), Some(p)) = (&opts.trace, &a.trace) {
+        t.write(p)?;
+        println!("wrote trace {} ({} spans)", p.display(), t.len());
+    }
+    for (i, o) in outputs.iter().enumerate() {
+        let path = numbered(&a.out, i, outputs.len());
+        write_png(&path, o.image.as_ref().context("image was not decoded")?)?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(p) = &a.save_latents {
+        write_latents(
+            p,
+            &outputs
+                .iter()
+                .map(|o| o.latents.clone())
+                .collect::<Vec<_>>(),
+        )?;
+    }
+    if let Some(p) = &a.stats {
+        std::fs::write(p, serde_json::to_string_pretty(&stats)? + "\n")
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    print_stats(&stats);
+    Ok(())
+}
+
+fn print_stats(s: &RunStats) {
+    println!(
+        "{} dp={} K={}: {:.2}s wall, {:.3}s/step, stall {:.1}%, copied {}, gathered {}, peak device {}, peak anon RSS {} (checkpoint {})",
+        s.strategy,
+        s.dp,
+        s.slots,
+        s.wall_seconds,
+        s.step_seconds,
+        100.0 * s.stall_fraction,
+        gib(s.bytes_copied),
+        gib(s.bytes_gathered),
+        gib(s.peak_device_bytes),
+        gib(s.peak_anon_rss_bytes),
+        gib(s.checkpoint_bytes),
+    );
+}
+
+pub(super) fn bench(a: BenchArgs) -> Result<()> {
+    let strategies = a
+        .strategies
+        .iter()
+        .map(|s| s.parse::<Strategy>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let model = Model::open(&a.run.model)?;
+    // Bring the checkpoint into the page cache first so no strategy pays the disk; read
+    // through one small buffer, so the warm-up holds no copy of the model.
+    let mut buf = vec![0u8; 8 << 20];
+    for h in &model.checkpoint.transformer.files {
+        let mut f = std::fs::File::open(&h.path)
+            .with_context(|| format!("reading {}", h.path.display()))?;
+        while std::io::Read::read(&mut f, &mut buf)? > 0 {}
+    }
+    let requests = a.run.requests(&model, None)?;
+    let mut best: Vec<Option<(RunStats, Vec<Tensor>)>> = vec![None; strategies.len()];
+    for round in 0..a.rounds.max(1) {
+        for (i, s) in strategies.iter().enumerate() {
+            let mut opts = a.run.options(*s);
+            opts.decode = false;
+            let (out, stats) = model.run(requests.clone(), &opts)?;
+            eprintln!("round {round}: {s}: {:.3}s/step", stats.step_seconds);
+            if best[i]
+                .as_ref()
+                .is_none_or(|(b, _)| stats.step_seconds < b.step_seconds)
+            {
+                best[i] = Some((stats, out.into_iter().map(|o| o.latents).collect()));
+            }
+        }
+    }
+    let best: Vec<(RunStats, Vec<Tensor>)> = best.into_iter().map(|b| b.expect("ran")).collect();
+    let reference = best
+        .iter()
+        .position(|(s, _)| s.strategy == "resident")
+        .unwrap_or(0);
+    let ref_step = best[reference].0.step_seconds;
+    let ref_latents = &best[reference].1;
+    println!(
+        "model {} ({}), dp={}, --slots {}, {} image(s) of {} steps, best of {} rounds",
+        a.run.model.display(),
+        gib(best[0].0.checkpoint_bytes),
+        a.run.dp,
+        a.run.slots,
+        a.run.n,
+        a.run.steps,
+        a.rounds
+    );
+    println!(
+        "{:<16} {:>3} {:>10} {:>12} {:>8} {:>14} {:>14} {:>10}",
+        "strategy", "K", "s/step", "vs resident", "stall", "peak device", "anon RSS", "identical"
+    );
+    let mut all_same = true;
+    for (s, lat) in &best {
+        let same = lat.len() == ref_latents.len()
+            && lat.iter().zip(ref_latents).all(|(x, y)| {
+                x.flatten_all()
+                    .and_then(|x| x.to_vec1::<f32>())
+                    .ok()
+                    .map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
+                    == y.flatten_all()
+                        .and_then(|y| y.to_vec1::<f32>())
+                        .ok()
+                        .map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
+            });
+        all_same &= same;
+        println!(
+            "{:<16} {:>3} {:>10.3} {:>11.3}x {:>7.1}% {:>14} {:>14} {:>10}",
+            s.strategy,
+            s.slots,
+            s.step_seconds,
+            s.step_seconds / ref_step,
+            100.0 * s.stall_fraction,
+            gib(s.peak_device_bytes),
+            gib(s.peak_anon_rss_bytes),
+            if same { "yes" } else { "NO" }
+        );
+    }
+    if !all_same {
+        bail!("strategies produced different latents");
+    }
+    Ok(())
+}
+
+pub(super) fn trace_svg(trace: &Path, out: Option<PathBuf>) -> Result<()> {
+    let json =
+        std::fs::read_to_string(trace).with_context(|| format!("reading {}", trace.display()))?;
+    let out = out.unwrap_or_else(|| trace.with_extension("svg"));
+    std::fs::write(&out, svg::render(&json)?)
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
+
+pub(super) fn loadgen(a: &LoadgenArgs) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let r = rt.block_on(crate::server::loadgen::run(a))?;
+    println!(
+        "{} requests ({} ok, statuses {:?}) in {:.2}s: {:.3} outputs/s; latency p50 {:.3}s p90 {:.3}s p99 {:.3}s max {:.3}s",
+        r.requests, r.ok, r.status_counts, r.wall_seconds, r.outputs_per_second, r.latency_p50, r.latency_p90, r.latency_p99, r.latency_max
+    );
+    println!("{}", serde_json::to_string(&r)?);
+    Ok(())
+}

@@ -1,0 +1,389 @@
+//! The `layerwise` command line: make synthetic checkpoints, profile them, generate images
+//! with blocks streamed through a few device slots, benchmark the strategies side by side,
+//! serve the HTTP API, draw pipeline traces and put load on a server.
+//!
+//! It lives in the library so that two binaries run the same commands: the `layerwise`
+//! executable, which links no CUDA, and the CUDA library it hands device commands to
+//! when a GPU driver is present (see [`crate::launch`]).
+
+mod commands;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::{Args, Parser, Subcommand};
+use safetensors::Dtype;
+
+use crate::runtime::cuda::{DeviceChoice, HostMode, SlotsChoice};
+use crate::runtime::synth::{synth, SynthOptions};
+use crate::server::loadgen::LoadgenArgs;
+use crate::server::{serve, ServeArgs};
+
+#[derive(Parser)]
+#[command(
+    name = "layerwise",
+    version,
+    about = "Serve diffusion transformers larger than one accelerator by streaming their blocks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Write a complete DiT + VAE pipeline folder (diffusers layout) with seeded weights.
+    Synth(SynthArgs),
+    /// Print a checkpoint's profile, read from headers only.
+    Inspect {
+        /// The diffusers pipeline folder.
+        #[arg(env = "LAYERWISE_MODEL")]
+        dir: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long, env = "LAYERWISE_JSON")]
+        json: bool,
+    },
+    /// Generate images.
+    Generate(GenerateArgs),
+    /// Run the same request under each strategy and compare step time, stalls and memory.
+    Bench(BenchArgs),
+    /// Serve the HTTP API (images, jobs, metrics) until SIGTERM.
+    Serve(ServeArgs),
+    /// Draw a pipeline trace (from `--trace`) as an SVG timeline, one lane per rank and stream.
+    TraceSvg {
+        /// The Chrome trace-event JSON file.
+        #[arg(env = "LAYERWISE_TRACE")]
+        trace: PathBuf,
+        /// Output SVG (default: the trace's name with .svg).
+        #[arg(long, env = "LAYERWISE_OUTPUT")]
+        out: Option<PathBuf>,
+    },
+    /// Put closed-loop load on a server and print outputs/s and latency percentiles.
+    Loadgen(LoadgenArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct SynthArgs {
+    /// `tiny` (runs end to end in about a second) or `xl` (DiT-XL/2 shapes, ~3 GB).
+    #[arg(long, env = "LAYERWISE_PRESET", default_value = "tiny")]
+    preset: String,
+    /// Output folder.
+    #[arg(long, env = "LAYERWISE_OUT")]
+    out: PathBuf,
+    /// Override the number of transformer blocks.
+    #[arg(long, env = "LAYERWISE_LAYERS")]
+    layers: Option<usize>,
+    /// Override the number of attention heads.
+    #[arg(long, env = "LAYERWISE_HEADS")]
+    heads: Option<usize>,
+    /// Override the width of one attention head (hidden size = heads × head dim).
+    #[arg(long, env = "LAYERWISE_HEAD_DIM")]
+    head_dim: Option<usize>,
+    /// Override the latent sample size the model is trained at.
+    #[arg(long, env = "LAYERWISE_SAMPLE_SIZE")]
+    sample_size: Option<usize>,
+    /// Weight seed.
+    #[arg(long, env = "LAYERWISE_SEED", default_value_t = 0)]
+    seed: u64,
+    /// Transformer weight dtype: f32, f16 or bf16.
+    #[arg(long, env = "LAYERWISE_DTYPE", default_value = "f32")]
+    dtype: String,
+    /// Split the transformer into safetensors shards of at most this many MiB.
+    #[arg(long, env = "LAYERWISE_MAX_SHARD_MIB")]
+    max_shard_mib: Option<u64>,
+    /// Write real headers over sparse files (weights read as zeros): 100+ GB without the disk.
+    #[arg(long, env = "LAYERWISE_SPARSE")]
+    sparse: bool,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct RunArgs {
+    /// The diffusers pipeline folder.
+    #[arg(long, env = "LAYERWISE_MODEL")]
+    model: PathBuf,
+    /// Data-parallel ranks (threads of this process, one device each).
+    #[arg(long, env = "LAYERWISE_DP", default_value_t = 1)]
+    dp: usize,
+    /// Device slots per rank: K ≥ 2, or `auto` (as many as fit: on a GPU in its free
+    /// memory, on the CPU in `--device-memory-mib`, which auto then needs).
+    #[arg(long, env = "LAYERWISE_SLOTS", default_value = "2")]
+    slots: SlotsChoice,
+    /// Device memory per rank in MiB (the CPU backend enforces it as a GPU would).
+    #[arg(long, env = "LAYERWISE_DEVICE_MEMORY_MIB")]
+    device_memory_mib: Option<u64>,
+    /// How weights reach a GPU: `auto` (read-only registration of the mapped checkpoint
+    /// where the device supports it, else one pinned copy), `register`, `pin` or
+    /// `pageable`. The CPU backend reads the mapping directly and takes only `auto`.
+    #[arg(long, env = "LAYERWISE_HOST_MEMORY", default_value = "auto")]
+    host_memory: HostMode,
+    /// Seconds any rank may wait on a transfer or a peer before failing.
+    #[arg(long, env = "LAYERWISE_TIMEOUT_SECONDS", default_value_t = 120)]
+    timeout_seconds: u64,
+    /// Where ranks compute: `cpu`, `cuda` (GPUs 0..dp; needs a build with the `cuda`
+    /// feature) or `auto` (CUDA when usable, else the CPU, saying why).
+    #[arg(long, env = "LAYERWISE_DEVICE", default_value = "auto")]
+    device: DeviceChoice,
+    /// ImageNet class to draw (0..999 for DiT-XL/2).
+    #[arg(long, env = "LAYERWISE_CLASS_LABEL", default_value_t = 207)]
+    class_label: u32,
+    /// Noise seed of the first image (image i uses seed + i).
+    #[arg(long, env = "LAYERWISE_SEED", default_value_t = 0)]
+    seed: u64,
+    /// Denoising steps.
+    #[arg(long, env = "LAYERWISE_STEPS", default_value_t = 25)]
+    steps: usize,
+    /// Classifier-free guidance scale (≤ 1 disables guidance).
+    #[arg(long, env = "LAYERWISE_GUIDANCE", default_value_t = 4.0)]
+    guidance: f32,
+    /// Image size in pixels: `N` or `WxH` (default: the model's native size).
+    #[arg(long, env = "LAYERWISE_SIZE")]
+    size: Option<String>,
+    /// Number of images (dealt to the ranks round-robin).
+    #[arg(long, short = 'n', env = "LAYERWISE_N", default_value_t = 1)]
+    n: usize,
+}
+
+#[derive(Args)]
+pub(crate) struct GenerateArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// resident, sharded, offload or offload-sharded.
+    #[arg(long, env = "LAYERWISE_STRATEGY", default_value = "offload-sharded")]
+    strategy: String,
+    /// Output PNG (with n > 1, `-<i>` is added before the extension).
+    #[arg(long, env = "LAYERWISE_OUTPUT")]
+    out: PathBuf,
+    /// Start from these latents (safetensors, tensor `latents`, [n, C, h, w]).
+    #[arg(long, env = "LAYERWISE_INIT_LATENTS")]
+    init_latents: Option<PathBuf>,
+    /// Write the final latents before the VAE (safetensors, tensor `latents`).
+    #[arg(long, env = "LAYERWISE_SAVE_LATENTS")]
+    save_latents: Option<PathBuf>,
+    /// Write run figures as JSON.
+    #[arg(long, env = "LAYERWISE_STATS")]
+    stats: Option<PathBuf>,
+    /// Record every copy, gather and compute span as a Chrome trace (Perfetto) here.
+    #[arg(long, env = "LAYERWISE_TRACE")]
+    trace: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub(crate) struct BenchArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Strategies to compare (comma-separated); `resident` is the reference.
+    #[arg(
+        long,
+        env = "LAYERWISE_STRATEGIES",
+        default_value = "resident,sharded,offload,offload-sharded",
+        value_delimiter = ','
+    )]
+    strategies: Vec<String>,
+    /// Rounds over all strategies; each strategy's best round is reported.
+    #[arg(long, env = "LAYERWISE_ROUNDS", default_value_t = 2)]
+    rounds: usize,
+}
+
+/// Whether the command `args` asks for may compute on a GPU: `generate`, `bench` and
+/// `serve` unless `--device cpu`. The launcher loads the CUDA library only for these, so
+/// `--help`, `synth` or `inspect` never pay for loading it. Arguments that do not parse
+/// answer no, and the in-process CLI reports them.
+pub fn may_use_gpu(args: &[OsString]) -> bool {
+    let device = match Cli::try_parse_from(args) {
+        Ok(Cli {
+            cmd: Cmd::Generate(a),
+        }) => a.run.device,
+        Ok(Cli { cmd: Cmd::Bench(a) }) => a.run.device,
+        Ok(Cli { cmd: Cmd::Serve(a) }) => a.device,
+        _ => return false,
+    };
+    device != DeviceChoice::Cpu
+}
+
+/// Runs the command line `args` (the program name first) and returns the exit code:
+/// 0, 1 with `Error: ...` on stderr when the command failed, 2 for bad usage.
+pub fn main(args: Vec<OsString>) -> i32 {
+    // The executable and the CUDA library each hold their own subscriber; whichever runs
+    // the command sets it up once.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LAYERWISE_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    match run(cli.cmd) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            1
+        }
+    }
+}
+
+fn run(cmd: Cmd) -> Result<i32> {
+    match cmd {
+        Cmd::Synth(a) => synth_cmd(a)?,
+        Cmd::Inspect { dir, json } => commands::inspect(&dir, json)?,
+        Cmd::Generate(a) => commands::generate(a)?,
+        Cmd::Bench(a) => commands::bench(a)?,
+        Cmd::Serve(a) => return Ok(serve(a)?),
+        Cmd::TraceSvg { trace, out } => commands::trace_svg(&trace, out)?,
+        Cmd::Loadgen(a) => commands::loadgen(&a)?,
+    }
+    Ok(0)
+}
+
+fn synth_cmd(a: SynthArgs) -> Result<()> {
+    let mut o = SynthOptions::preset(&a.preset)?;
+    if let Some(v) = a.layers {
+        o.dit.num_layers = v;
+    }
+    if let Some(v) = a.heads {
+        o.dit.num_attention_heads = v;
+    }
+    if let Some(v) = a.head_dim {
+        o.dit.attention_head_dim = v;
+    }
+    if let Some(v) = a.sample_size {
+        o.dit.sample_size = v;
+    }
+    o.seed = a.seed;
+    o.sparse = a.sparse;
+    o.max_shard_bytes = a.max_shard_mib.map(|m| m << 20);
+    o.dtype = match a.dtype.to_ascii_lowercase().as_str() {
+        "f32" => Dtype::F32,
+        "f16" => Dtype::F16,
+        "bf16" => Dtype::BF16,
+        other => bail!("--dtype `{other}`: expected f32, f16 or bf16"),
+    };
+    let r = synth(&a.out, &o)?;
+    println!(
+        "wrote {} ({} bytes in {} files) in {:.2}s",
+        a.out.display(),
+        r.bytes,
+        r.files,
+        r.seconds
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Vec<OsString> {
+        v.iter().map(OsString::from).collect()
+    }
+
+    fn parse(v: &[&str]) -> std::result::Result<Cli, String> {
+        Cli::try_parse_from(args(v)).map_err(|e| e.to_string())
+    }
+
+    fn run_args(v: &[&str]) -> RunArgs {
+        let mut all = vec!["layerwise", "generate", "--model", "m", "--out", "o.png"];
+        all.extend_from_slice(v);
+        match parse(&all).unwrap() {
+            Cli {
+                cmd: Cmd::Generate(a),
+            } => a.run,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn slots_and_host_memory_parse() {
+        let a = run_args(&[]);
+        assert_eq!(
+            (a.slots, a.host_memory),
+            (SlotsChoice::Fixed(2), HostMode::Auto)
+        );
+        let a = run_args(&["--slots", "auto", "--host-memory", "pin"]);
+        assert_eq!((a.slots, a.host_memory), (SlotsChoice::Auto, HostMode::Pin));
+        let a = run_args(&["--slots", "5", "--host-memory", "register"]);
+        assert_eq!(
+            (a.slots, a.host_memory),
+            (SlotsChoice::Fixed(5), HostMode::Register)
+        );
+        let o = a.options(crate::Strategy::Offload);
+        assert_eq!(
+            (o.slots, o.host),
+            (SlotsChoice::Fixed(5), HostMode::Register)
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let base = ["layerwise", "generate", "--model", "m", "--out", "o.png"];
+        for (flag, value, expect) in [
+            ("--slots", "many", "expected a number ≥ 2 or `auto`"),
+            ("--slots", "2.5", "expected a number ≥ 2 or `auto`"),
+            (
+                "--host-memory",
+                "pinned",
+                "expected auto, register, pin or pageable",
+            ),
+            ("--device", "tpu", "expected cpu, cuda or auto"),
+        ] {
+            let mut v = base.to_vec();
+            v.extend_from_slice(&[flag, value]);
+            let e = parse(&v)
+                .err()
+                .unwrap_or_else(|| panic!("{flag} {value} parsed"));
+            assert!(
+                e.contains(flag) && e.contains(value) && e.contains(expect),
+                "{e}"
+            );
+        }
+        let e = parse(&["layerwise", "serve", "--model", "m", "--slots", "x"])
+            .err()
+            .unwrap();
+        assert!(e.contains("--slots") && e.contains("`auto`"), "{e}");
+        let e = parse(&["layerwise", "serve", "--model", "m", "--host-memory", "x"])
+            .err()
+            .unwrap();
+        assert!(e.contains("--host-memory"), "{e}");
+    }
+
+    #[test]
+    fn only_device_commands_may_use_a_gpu() {
+        let yes = |v: &[&str]| may_use_gpu(&args(v));
+        assert!(yes(&[
+            "layerwise",
+            "generate",
+            "--model",
+            "m",
+            "--out",
+            "o.png"
+        ]));
+        assert!(yes(&[
+            "layerwise",
+            "bench",
+            "--model",
+            "m",
+            "--device",
+            "cuda"
+        ]));
+        assert!(yes(&["layerwise", "serve", "--model", "m"]));
+        assert!(!yes(&[
+            "layerwise",
+            "serve",
+            "--model",
+            "m",
+            "--device",
+            "cpu"
+        ]));
+        assert!(!yes(&["layerwise", "synth", "--out", "d"]));
+        assert!(!yes(&["layerwise", "inspect", "d"]));
+        assert!(!yes(&["layerwise", "--help"]));
+        assert!(!yes(&["layerwise", "generate", "--slots", "x"]));
+    }
+}
