@@ -1,5 +1,7 @@
 //! What the node has: accelerators (NVML, loaded at run time), host memory, and the pods'
-//! cgroup limit. A node without the NVML library reports no accelerators and keeps working.
+//! cgroup limit. Where NVML cannot be used (no driver library in the agent's container), the
+//! accelerators come from the Node's GPU Feature Discovery labels instead; a node with
+//! neither reports no accelerators and keeps working.
 
 use std::collections::BTreeMap;
 
@@ -31,6 +33,8 @@ pub struct Inventory {
     pub devices: Vec<Device>,
     /// Why there are no devices, when NVML could not be used.
     pub accelerator_note: Option<String>,
+    /// Accelerators read from the Node's labels, used when NVML found no devices.
+    pub labelled: Vec<AcceleratorInventory>,
     pub host: MemInfo,
     /// The pods' cgroup, when a path was given and it could be read.
     pub pods_cgroup: Option<CgroupMemory>,
@@ -53,16 +57,69 @@ impl Inventory {
         Inventory {
             devices,
             accelerator_note,
+            labelled: Vec::new(),
             host,
             pods_cgroup,
             pods_cgroup_note,
         }
     }
 
-    /// Accelerators as the `DiffusionNode` status lists them.
+    /// Accelerators as the `DiffusionNode` status lists them: NVML's devices, else what the
+    /// Node's labels say.
     pub fn accelerators(&self) -> Vec<AcceleratorInventory> {
+        if self.devices.is_empty() {
+            return self.labelled.clone();
+        }
         group(&self.devices)
     }
+}
+
+/// GPU Feature Discovery's labels: product (dashes for spaces), device count and per-device
+/// memory in MiB.
+pub const GFD_PRODUCT: &str = "nvidia.com/gpu.product";
+pub const GFD_COUNT: &str = "nvidia.com/gpu.count";
+pub const GFD_MEMORY_MIB: &str = "nvidia.com/gpu.memory";
+
+/// The accelerators a Node's GPU Feature Discovery labels describe, with the device count
+/// taken from the labels or else from the node's allocatable `nvidia.com/gpu`. The labels say
+/// nothing about NVLink, so `fast_peer_link` is false: the planner then keeps `auto` off the
+/// strategies that need a fast peer link, and an explicit strategy still works.
+///
+/// `Ok(None)` when the node carries no GPU labels; `Err` names a label that is there but
+/// unreadable.
+pub fn from_gfd_labels(
+    labels: &BTreeMap<String, String>,
+    allocatable_gpus: Option<u32>,
+) -> Result<Option<AcceleratorInventory>, String> {
+    let Some(memory) = labels.get(GFD_MEMORY_MIB) else {
+        return Ok(None);
+    };
+    let mib: u64 = memory
+        .trim()
+        .parse()
+        .map_err(|_| format!("node label {GFD_MEMORY_MIB}={memory:?} is not a number of MiB"))?;
+    let count = match labels.get(GFD_COUNT) {
+        Some(c) => c
+            .trim()
+            .parse::<u32>()
+            .map_err(|_| format!("node label {GFD_COUNT}={c:?} is not a device count"))?,
+        None => allocatable_gpus.ok_or_else(|| {
+            format!("node has {GFD_MEMORY_MIB} but neither {GFD_COUNT} nor allocatable {NVIDIA_RESOURCE}")
+        })?,
+    };
+    if count == 0 || mib == 0 {
+        return Ok(None);
+    }
+    Ok(Some(AcceleratorInventory {
+        resource_name: NVIDIA_RESOURCE.into(),
+        product: labels
+            .get(GFD_PRODUCT)
+            .cloned()
+            .unwrap_or_else(|| "unknown".into()),
+        count,
+        memory_bytes: mib << 20,
+        fast_peer_link: false,
+    }))
 }
 
 /// Groups devices by product: count, and the smallest memory of the group (a plan must fit
@@ -157,6 +214,57 @@ mod tests {
             ("NVIDIA-H200", 2, 90, true)
         );
         assert_eq!((g[1].count, g[1].fast_peer_link), (1, false));
+    }
+
+    #[test]
+    fn gfd_labels_describe_the_devices() {
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let a100 = labels(&[
+            (GFD_PRODUCT, "NVIDIA-A100-SXM4-80GB"),
+            (GFD_COUNT, "8"),
+            (GFD_MEMORY_MIB, "81920"),
+        ]);
+        let acc = from_gfd_labels(&a100, Some(4)).unwrap().unwrap();
+        assert_eq!(
+            (
+                acc.resource_name.as_str(),
+                acc.product.as_str(),
+                acc.count,
+                acc.memory_bytes,
+                acc.fast_peer_link
+            ),
+            (NVIDIA_RESOURCE, "NVIDIA-A100-SXM4-80GB", 8, 80 << 30, false)
+        );
+        // No count label: the allocatable count.
+        let no_count = labels(&[(GFD_MEMORY_MIB, "143771")]);
+        let acc = from_gfd_labels(&no_count, Some(4)).unwrap().unwrap();
+        assert_eq!((acc.count, acc.product.as_str()), (4, "unknown"));
+        // No GPU labels at all: nothing, and no error.
+        assert_eq!(
+            from_gfd_labels(&labels(&[("accelerator", "huawei-Ascend910B")]), None),
+            Ok(None)
+        );
+        // Unreadable labels are named.
+        let err = from_gfd_labels(&labels(&[(GFD_MEMORY_MIB, "80GB")]), Some(8)).unwrap_err();
+        assert!(
+            err.contains(GFD_MEMORY_MIB) && err.contains("80GB"),
+            "{err}"
+        );
+        let err = from_gfd_labels(&no_count, None).unwrap_err();
+        assert!(err.contains(GFD_COUNT), "{err}");
+        // The inventory uses the labels only when NVML found nothing.
+        let mut inv = Inventory {
+            labelled: vec![from_gfd_labels(&a100, None).unwrap().unwrap()],
+            ..Inventory::default()
+        };
+        assert_eq!(inv.accelerators()[0].count, 8);
+        inv.devices = vec![dev(0, "NVIDIA-L4", 24, false)];
+        assert_eq!(inv.accelerators()[0].product, "NVIDIA-L4");
     }
 
     #[test]

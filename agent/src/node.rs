@@ -13,22 +13,23 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crds::{
-    DiffusionNode, DiffusionNodeSpec, DiffusionNodeStatus, ModelRequest, ModelState,
-    NodeModelStatus,
+    AcceleratorInventory, DiffusionNode, DiffusionNodeSpec, DiffusionNodeStatus, ModelRequest,
+    ModelState, NodeModelStatus,
 };
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::http::AppState;
-use crate::inventory::Inventory;
+use crate::inventory::{self, Inventory};
 use crate::metrics::Metrics;
 use crate::models::{self, Settings, Update};
 use crate::pagecache::{self, Identity, Residency};
@@ -184,9 +185,19 @@ pub async fn run(ctx: Context, shutdown: impl Future<Output = ()>) -> Result<()>
 
 async fn read_inventory(ctx: &Context) -> Inventory {
     let path = ctx.pods_cgroup.clone();
-    let inv = tokio::task::spawn_blocking(move || Inventory::read(path.as_deref()))
+    let mut inv = tokio::task::spawn_blocking(move || Inventory::read(path.as_deref()))
         .await
         .expect("inventory task panicked");
+    if inv.devices.is_empty() {
+        match node_labels(ctx).await {
+            Ok(Some(acc)) => inv.labelled = vec![acc],
+            Ok(None) => {}
+            Err(e) => {
+                ctx.metrics.error(&e);
+                warn!(error = %e, "reading accelerators from the Node's labels");
+            }
+        }
+    }
     let m = &ctx.metrics;
     m.host_available_bytes.set(inv.host.available as i64);
     for d in &inv.devices {
@@ -210,6 +221,23 @@ async fn read_inventory(ctx: &Context) -> Inventory {
         }
     }
     inv
+}
+
+/// The accelerators this node's GPU Feature Discovery labels describe (see
+/// [`inventory::from_gfd_labels`]).
+async fn node_labels(ctx: &Context) -> Result<Option<AcceleratorInventory>> {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let node = timeout(api.get(&ctx.node), &format!("reading Node {}", ctx.node)).await?;
+    let allocatable = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get(inventory::NVIDIA_RESOURCE))
+        .and_then(|q| q.0.parse().ok());
+    inventory::from_gfd_labels(node.labels(), allocatable).map_err(|msg| Error::Invalid {
+        field: format!("Node {}", ctx.node),
+        msg,
+    })
 }
 
 impl Loop {

@@ -159,10 +159,23 @@ async fn agent_reports_inventory_profiles_and_residency_and_follows_the_spec() -
             })
         })
         .await?;
+        // No GPU library here: the accelerators come from the fake node's GPU Feature
+        // Discovery labels (tests/cluster/shapes: 8 x A100 80 GB).
+        let acc: Vec<_> = st
+            .accelerators
+            .iter()
+            .map(|a| {
+                (
+                    a.resource_name.as_str(),
+                    a.product.as_str(),
+                    a.count,
+                    a.memory_bytes,
+                )
+            })
+            .collect();
         ensure!(
-            st.accelerators.is_empty(),
-            "no GPU library here, yet {:?}",
-            st.accelerators
+            acc == [("nvidia.com/gpu", "NVIDIA-A100-SXM4-80GB", 8, 81920 << 20)],
+            "accelerators from the Node's labels: {acc:?}"
         );
 
         // Add a model: profiled, then warm with residency measured.

@@ -9,10 +9,11 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction,
-    HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
-    PreferredSchedulingTerm, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service,
-    ServicePort, ServiceSpec, Volume, VolumeMount,
+    HostPathVolumeSource, Lifecycle, LifecycleHandler, NodeAffinity, NodeSelector,
+    NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaimVolumeSource,
+    PodSecurityContext, PodSpec, PodTemplateSpec, PreferredSchedulingTerm, Probe,
+    ResourceRequirements, SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec,
+    SleepAction, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -23,6 +24,10 @@ use kube::{Resource, ResourceExt};
 pub const ENGINE_PORT: i32 = 8080;
 /// Where the model volume is mounted in the engine container.
 pub const MODEL_MOUNT: &str = "/model";
+/// Seconds a deleted engine pod keeps serving before it is sent SIGTERM: load balancers and
+/// Service endpoints take a moment to stop sending it requests, and the engine stops
+/// accepting on SIGTERM. Queued and running work then gets the engine's grace period.
+pub const DRAIN_DELAY_SECONDS: i64 = 5;
 /// The pod template annotation that records the plan (so a new plan rolls the pods).
 pub const PLAN_ANNOTATION: &str = "layerwise.dev/plan";
 const HOSTNAME: &str = "kubernetes.io/hostname";
@@ -244,6 +249,15 @@ pub fn deployment(
         liveness_probe: Some(http_probe("/healthz", 10, 3)),
         // Mapping and (for resident/sharded) uploading a large model takes a while.
         startup_probe: Some(http_probe("/healthz", 5, 360)),
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                sleep: Some(SleepAction {
+                    seconds: DRAIN_DELAY_SECONDS,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             privileged: Some(false),

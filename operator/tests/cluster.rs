@@ -6,22 +6,19 @@
 //! what it made; all traffic goes to the loopback apiserver.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context as _, Result};
+use anyhow::{bail, ensure, Result};
 use crds::{ActivationCost, DiffusionDeployment, DiffusionNode, Profile};
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace, Pod, Service};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use layerwise_e2e::cluster::{self, wait_until};
+use layerwise_e2e::tools::{impersonating, install_crds, ok, repo, tool};
 use layerwise_operator::autoscaler::{LoadSource, PodLoad};
 use layerwise_operator::planner::Limits;
 use layerwise_operator::{run, Settings};
@@ -30,126 +27,6 @@ use tokio::task::JoinHandle;
 
 const WAIT: Duration = Duration::from_secs(90);
 const GIB: u64 = 1 << 30;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// The folder with the test cluster's kubectl and helm.
-fn bin_dir() -> Result<PathBuf> {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    if let Some(b) = BIN.get() {
-        return Ok(b.clone());
-    }
-    let out = Command::new(repo().join("tests/tools/build"))
-        .stderr(Stdio::inherit())
-        .output()?;
-    ensure!(out.status.success(), "tests/tools/build failed");
-    let line = String::from_utf8(out.stdout)?
-        .lines()
-        .last()
-        .context("tests/tools/build printed nothing")?
-        .trim()
-        .to_string();
-    Ok(BIN.get_or_init(|| PathBuf::from(line)).clone())
-}
-
-fn kubeconfig() -> PathBuf {
-    std::env::var_os("KUBECONFIG")
-        .filter(|p| !p.is_empty() && Path::new(p).is_file())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| cluster::cluster_dir().join("kubeconfig"))
-}
-
-/// Runs one of the cluster's tools (kubectl, helm) with `stdin`, returning its output.
-fn tool(name: &str, args: &[&str], stdin: Option<&str>) -> Result<Output> {
-    use std::io::Write;
-    let mut child = Command::new(bin_dir()?.join(name))
-        .args(args)
-        .env("KUBECONFIG", kubeconfig())
-        .env(
-            "HELM_CACHE_HOME",
-            std::env::temp_dir().join("layerwise-helm/cache"),
-        )
-        .env(
-            "HELM_CONFIG_HOME",
-            std::env::temp_dir().join("layerwise-helm/config"),
-        )
-        .env(
-            "HELM_DATA_HOME",
-            std::env::temp_dir().join("layerwise-helm/data"),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {name}"))?;
-    if let Some(text) = stdin {
-        child.stdin.take().unwrap().write_all(text.as_bytes())?;
-    }
-    drop(child.stdin.take());
-    Ok(child.wait_with_output()?)
-}
-
-fn ok(out: Output, what: &str) -> Result<String> {
-    ensure!(
-        out.status.success(),
-        "{what} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Installs the chart's CRDs (once per process; they stay, like any cluster's CRDs) and waits
-/// until they are served.
-async fn install_crds(client: &Client) -> Result<()> {
-    static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    DONE.get_or_try_init(|| async {
-        let dir = repo().join("charts/layerwise/crds");
-        ok(
-            tool(
-                "kubectl",
-                &[
-                    "apply",
-                    "--server-side",
-                    "--force-conflicts",
-                    "-f",
-                    dir.to_str().unwrap(),
-                ],
-                None,
-            )?,
-            "kubectl apply crds",
-        )?;
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for name in [
-            "diffusiondeployments.layerwise.dev",
-            "diffusionnodes.layerwise.dev",
-        ] {
-            wait_until(&format!("CRD {name} established"), WAIT, || async {
-                let crd = crds.get(name).await?;
-                let established = crd
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                Ok(if established {
-                    Ok(())
-                } else {
-                    Err("not established".into())
-                })
-            })
-            .await?;
-        }
-        Ok::<_, anyhow::Error>(())
-    })
-    .await?;
-    Ok(())
-}
 
 /// One test's world: a namespace, the chart (without CRDs) installed as release `release`,
 /// and a controller running as the chart's operator service account.
@@ -164,7 +41,7 @@ struct World {
 impl World {
     async fn new(test: &str, load: Arc<dyn LoadSource>, profile: Profile) -> Result<World> {
         let client = cluster::client().await?;
-        install_crds(&client).await?;
+        install_crds(&client, WAIT).await?;
         let ns = cluster::unique_namespace(test);
         let release = format!("lw-{}", &ns[ns.len() - 8..]);
         let nss: Api<Namespace> = Api::all(client.clone());
@@ -309,17 +186,6 @@ impl World {
         }
         errors.into_iter().next().map_or(Ok(()), Err)
     }
-}
-
-async fn impersonating(user: &str) -> Result<Client> {
-    let kc = Kubeconfig::read_from(kubeconfig())?;
-    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
-    config.auth_info.impersonate = Some(user.to_string());
-    config.auth_info.impersonate_groups = Some(vec![
-        "system:serviceaccounts".into(),
-        "system:authenticated".into(),
-    ]);
-    Ok(Client::try_from(config)?)
 }
 
 fn agent_manager(ns: &str) -> String {
@@ -856,7 +722,7 @@ fn kubectl_apply(ns: &str, manifest: &str, dry_run: bool) -> Result<(bool, Strin
 #[tokio::test]
 async fn invalid_specs_are_rejected_with_the_cel_message_and_examples_are_valid() -> Result<()> {
     let client = cluster::client().await?;
-    install_crds(&client).await?;
+    install_crds(&client, WAIT).await?;
     let ns = cluster::unique_namespace("cel");
     let nss: Api<Namespace> = Api::all(client.clone());
     nss.create(

@@ -8,4 +8,6 @@
 
 pub mod cluster;
 pub mod net;
+pub mod runner;
 pub mod shapes;
+pub mod tools;

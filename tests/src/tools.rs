@@ -1,0 +1,214 @@
+//! The cluster's command-line tools (kubectl, helm) and the workspace's own binaries, for
+//! tests that drive the cluster the way a person would.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+
+use crate::cluster::{self, wait_until};
+
+/// The repository's root folder.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// The folder with the test cluster's kubectl and helm (built by `tests/tools/build`, which
+/// is a no-op when they are cached).
+pub fn bin_dir() -> Result<PathBuf> {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    if let Some(b) = BIN.get() {
+        return Ok(b.clone());
+    }
+    let out = Command::new(repo().join("tests/tools/build"))
+        .stderr(Stdio::inherit())
+        .output()?;
+    ensure!(out.status.success(), "tests/tools/build failed");
+    let line = String::from_utf8(out.stdout)?
+        .lines()
+        .last()
+        .context("tests/tools/build printed nothing")?
+        .trim()
+        .to_string();
+    Ok(BIN.get_or_init(|| PathBuf::from(line)).clone())
+}
+
+/// The kubeconfig of the test cluster: `KUBECONFIG` when it names a file, else the one
+/// `tests/cluster/up` writes.
+pub fn kubeconfig() -> PathBuf {
+    std::env::var_os("KUBECONFIG")
+        .filter(|p| !p.is_empty() && Path::new(p).is_file())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cluster::cluster_dir().join("kubeconfig"))
+}
+
+/// Runs one of the cluster's tools (kubectl, helm) with `stdin`, returning its output.
+pub fn tool(name: &str, args: &[&str], stdin: Option<&str>) -> Result<Output> {
+    let helm = std::env::temp_dir().join("layerwise-helm");
+    let mut child = Command::new(bin_dir()?.join(name))
+        .args(args)
+        .env("KUBECONFIG", kubeconfig())
+        .env("HELM_CACHE_HOME", helm.join("cache"))
+        .env("HELM_CONFIG_HOME", helm.join("config"))
+        .env("HELM_DATA_HOME", helm.join("data"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {name}"))?;
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("stdin is piped")
+            .write_all(text.as_bytes())?;
+    }
+    drop(child.stdin.take());
+    Ok(child.wait_with_output()?)
+}
+
+/// The stdout of a tool run that must have succeeded; its output otherwise.
+pub fn ok(out: Output, what: &str) -> Result<String> {
+    ensure!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Installs the chart's CRDs (once per process; they stay, like any cluster's CRDs) and waits
+/// until they are served.
+pub async fn install_crds(client: &Client, wait: Duration) -> Result<()> {
+    static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    DONE.get_or_try_init(|| async {
+        let dir = repo().join("charts/layerwise/crds");
+        let dir = dir.to_str().context("repository path is not UTF-8")?;
+        let args = ["apply", "--server-side", "--force-conflicts", "-f", dir];
+        ok(tool("kubectl", &args, None)?, "kubectl apply crds")?;
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for name in [
+            "diffusiondeployments.layerwise.dev",
+            "diffusionnodes.layerwise.dev",
+        ] {
+            wait_until(&format!("CRD {name} established"), wait, || async {
+                let crd = crds.get(name).await?;
+                let established = crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                Ok(if established {
+                    Ok(())
+                } else {
+                    Err("not established".into())
+                })
+            })
+            .await?;
+        }
+        Ok::<_, anyhow::Error>(())
+    })
+    .await?;
+    Ok(())
+}
+
+/// The groups every service account is in, for impersonating one.
+const SERVICE_ACCOUNT_GROUPS: [&str; 2] = ["system:serviceaccounts", "system:authenticated"];
+
+/// The test cluster's admin kubeconfig changed to impersonate `user` (with the service
+/// accounts' groups): what a pod running as that service account is allowed, and no more.
+pub fn impersonating_kubeconfig(user: &str) -> Result<Kubeconfig> {
+    let mut kc = Kubeconfig::read_from(kubeconfig())?;
+    for named in &mut kc.auth_infos {
+        if let Some(auth) = named.auth_info.as_mut() {
+            auth.impersonate = Some(user.to_string());
+            auth.impersonate_groups = Some(SERVICE_ACCOUNT_GROUPS.map(String::from).to_vec());
+        }
+    }
+    Ok(kc)
+}
+
+/// A client that impersonates `user` (see [`impersonating_kubeconfig`]).
+pub async fn impersonating(user: &str) -> Result<Client> {
+    let kc = impersonating_kubeconfig(user)?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+/// A binary of this workspace (`layerwise`, `layerwise-operator`, `layerwise-agent`), built
+/// first with the profile the tests were built with, so it is never stale.
+pub fn workspace_bin(name: &str) -> Result<PathBuf> {
+    ensure!(
+        WORKSPACE_BINS.contains(&name),
+        "{name} is not one of the workspace's binaries"
+    );
+    build_workspace_bins()?;
+    let path = profile_dir()?.join(name);
+    ensure!(path.is_file(), "{} was not built", path.display());
+    Ok(path)
+}
+
+/// The binaries the e2e tests run.
+const WORKSPACE_BINS: [&str; 3] = ["layerwise", "layerwise-operator", "layerwise-agent"];
+
+/// The target folder of the profile this test binary was built with (`target/debug` for
+/// `target/debug/deps/<test>`).
+fn profile_dir() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    exe.parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .with_context(|| format!("{} is not in a target folder", exe.display()))
+}
+
+/// `cargo build` of the binaries, once per process. It selects what `cargo test --workspace`
+/// builds (every package's bins and tests), so features resolve the same way and this is a
+/// no-op right after that; run alone, it rebuilds what changed.
+fn build_workspace_bins() -> Result<()> {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = profile_dir().map_err(|e| e.to_string())?;
+            // `cargo test` picks the profile by the same rule: none given is dev (and test
+            // for the test targets), `--release` is release.
+            let profile: &[&str] = match dir.file_name().and_then(|n| n.to_str()) {
+                Some("debug") => &[],
+                Some("release") => &["--release"],
+                _ => return Err(format!("{}: not a debug or release folder", dir.display())),
+            };
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            cmd.current_dir(repo())
+                .args(["build", "--locked", "--workspace", "--bins", "--tests"])
+                .args(profile)
+                .env(
+                    "CARGO_TARGET_DIR",
+                    dir.parent().expect("profile dir has a parent"),
+                );
+            let out = cmd
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| format!("running cargo build: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "cargo build of the workspace binaries failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ))
+            }
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
+}

@@ -1,0 +1,839 @@
+//! The whole system end to end, as a platform team would run it, on the local control plane:
+//! the chart installed with `helm`, a DiffusionDeployment applied with `kubectl`, and every
+//! pod the cluster schedules onto the fake GPU nodes run as a real process by the node runner
+//! (`layerwise_e2e::runner`): the chart's operator and its agent DaemonSet (one agent per GPU
+//! node, each with its own model folder made by `layerwise synth`), and a `layerwise serve`
+//! per engine pod, bound to the pod's loopback IP.
+//!
+//! The scenario: the agents profile and warm the model, the operator plans and creates the
+//! engine Deployment, the engines turn Ready and `Available` turns true; requests go to each
+//! engine pod's address; a load above one replica's target queue grows the replicas, and
+//! they shrink after the delay once it stops; a strategy change rolls the pods with requests
+//! flowing and none failing; deleting the resource removes every object, prepare request
+//! and engine process. The last line of its output is the summary `e2e: available_after=…`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use base64::Engine as _;
+use crds::{DiffusionDeployment, DiffusionNode, ModelState};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use layerwise_e2e::cluster::{self, wait_until};
+use layerwise_e2e::runner::{self, NodeRunner};
+use layerwise_e2e::tools::{self, ok, tool};
+use layerwise_engine::server::loadgen::http;
+use serde_json::json;
+
+/// How long any one step may take (cold processes on two shared cores).
+const WAIT: Duration = Duration::from_secs(120);
+const NAME: &str = "tiny";
+/// The model's host path on every GPU node (under each fake node's root folder).
+const MODEL_PATH: &str = "/models/tiny";
+const MIN_REPLICAS: i32 = 2;
+const MAX_REPLICAS: i32 = 4;
+const TARGET_QUEUE: u32 = 2;
+const SCALE_DOWN_DELAY_S: u64 = 5;
+/// Clients kept busy during the load phase: MAX_REPLICAS × TARGET_QUEUE, so the autoscaler
+/// wants the maximum.
+const LOAD_CLIENTS: usize = (MAX_REPLICAS as usize) * (TARGET_QUEUE as usize);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn apply_prewarm_plan_serve_autoscale_roll_and_clean_up() -> Result<()> {
+    let client = cluster::client().await?;
+    tools::install_crds(&client, WAIT).await?;
+    let ns = cluster::unique_namespace("e2e");
+    let release = format!("lw-{}", &ns[ns.len() - 8..]);
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": ns } }))?,
+        )
+        .await?;
+    let work = tempfile::Builder::new()
+        .prefix("layerwise-e2e-")
+        .tempdir()?;
+
+    // Every fake node gets a root folder; the GPU nodes get the model, each its own copy.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut node_roots = BTreeMap::new();
+    let mut gpu_nodes = Vec::new();
+    for n in nodes
+        .list(&ListParams::default().labels("type=kwok"))
+        .await?
+    {
+        let root = work.path().join("nodes").join(n.name_any());
+        // What every Linux node has that the chart's agent mounts.
+        std::fs::create_dir_all(root.join("sys/fs/cgroup"))?;
+        if n.labels().get("nvidia.com/gpu.present").map(String::as_str) == Some("true") {
+            synth(&root.join(MODEL_PATH.trim_start_matches('/')))?;
+            gpu_nodes.push(n.name_any());
+        }
+        node_roots.insert(n.name_any(), root);
+    }
+    ensure!(!gpu_nodes.is_empty(), "the test cluster has no GPU nodes");
+    let binaries = ["layerwise", "layerwise-operator", "layerwise-agent"]
+        .into_iter()
+        .map(|b| Ok((b.to_string(), tools::workspace_bin(b)?)))
+        .collect::<Result<BTreeMap<_, _>>>()?;
+    let runner = NodeRunner::start(
+        client.clone(),
+        runner::Config {
+            namespace: ns.clone(),
+            node_roots,
+            binaries,
+            work: work.path().join("pods"),
+        },
+    )?;
+
+    let world = World {
+        client: client.clone(),
+        ns: ns.clone(),
+        release: release.clone(),
+        work: work.path().to_path_buf(),
+        gpu_nodes,
+    };
+    let result = world.scenario(&runner).await;
+    let teardown = world.teardown(runner).await;
+    if result.is_err() {
+        // Keep the processes' logs for a look.
+        let kept = work.keep();
+        eprintln!("e2e: logs of every process are in {}", kept.display());
+    }
+    let summary = result?;
+    teardown?;
+    summary.print()?;
+    Ok(())
+}
+
+/// `layerwise synth --preset tiny` into `dir`.
+fn synth(dir: &Path) -> Result<()> {
+    let out = std::process::Command::new(tools::workspace_bin("layerwise")?)
+        .args(["synth", "--preset", "tiny", "--out"])
+        .arg(dir)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "layerwise synth failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+struct World {
+    client: Client,
+    ns: String,
+    release: String,
+    work: PathBuf,
+    gpu_nodes: Vec<String>,
+}
+
+struct Summary {
+    available_after: Duration,
+    scale_up: Duration,
+    scale_down: Duration,
+    requests: u64,
+    failed: u64,
+    retried: u64,
+}
+
+impl Summary {
+    /// The summary line, on stderr for people and in `$LAYERWISE_E2E_SUMMARY` (when set) for
+    /// the test command to print last.
+    fn print(&self) -> Result<()> {
+        let line = format!(
+            "e2e: available_after={:.1} scale_up={:.1} scale_down={:.1} requests={} failed={}",
+            self.available_after.as_secs_f64(),
+            self.scale_up.as_secs_f64(),
+            self.scale_down.as_secs_f64(),
+            self.requests,
+            self.failed
+        );
+        eprintln!(
+            "e2e: {} requests retried on another engine (connection refused or 503 while a pod stopped)",
+            self.retried
+        );
+        eprintln!("{line}");
+        if let Some(path) = std::env::var_os("LAYERWISE_E2E_SUMMARY") {
+            std::fs::write(&path, format!("{line}\n"))
+                .with_context(|| format!("writing {}", Path::new(&path).display()))?;
+        }
+        Ok(())
+    }
+}
+
+impl World {
+    fn dd_yaml(&self, strategy: &str) -> String {
+        format!(
+            r#"apiVersion: layerwise.dev/v1alpha1
+kind: DiffusionDeployment
+metadata:
+  name: {NAME}
+  namespace: {ns}
+spec:
+  model:
+    family: dit
+    location:
+      hostPath: {MODEL_PATH}
+  workload:
+    maxWidth: 128
+    maxHeight: 128
+    maxSteps: 50
+    maxBatch: 1
+    guidance: true
+  strategy: {strategy}
+  dp: 2
+  slots: 2
+  autoscaling:
+    mode: builtin
+    minReplicas: {MIN_REPLICAS}
+    maxReplicas: {MAX_REPLICAS}
+    targetQueuePerReplica: {TARGET_QUEUE}
+    scaleDownDelaySeconds: {SCALE_DOWN_DELAY_S}
+  engine:
+    image: layerwise:e2e
+    podAnnotations:
+      {annotation}: {value}
+"#,
+            ns = self.ns,
+            annotation = runner::ANNOTATION,
+            value = runner::ANNOTATION_VALUE,
+        )
+    }
+
+    fn kubectl_apply(&self, yaml: &str) -> Result<()> {
+        ok(
+            tool("kubectl", &["apply", "-f", "-"], Some(yaml))?,
+            "kubectl apply",
+        )?;
+        Ok(())
+    }
+
+    async fn scenario(&self, runner: &NodeRunner) -> Result<Summary> {
+        let dds: Api<DiffusionDeployment> = Api::namespaced(self.client.clone(), &self.ns);
+        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), &self.ns);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+
+        // 1. The chart, as a user installs it (CRDs are already there), with the pods handed
+        //    to the node runner and a short resync so the test is quick.
+        let values = self.work.join("values.yaml");
+        std::fs::write(
+            &values,
+            format!(
+                "operator:\n  watchNamespace: {ns}\n  resyncSeconds: 1\n  podAnnotations:\n    {a}: {v}\n\
+                 agent:\n  reinventorySeconds: 2\n  prewarm:\n    memoryFloor: \"0\"\n  podAnnotations:\n    {a}: {v}\n",
+                ns = self.ns,
+                a = runner::ANNOTATION,
+                v = runner::ANNOTATION_VALUE
+            ),
+        )?;
+        let chart = tools::repo().join("charts/layerwise");
+        ok(
+            tool(
+                "helm",
+                &[
+                    "install",
+                    &self.release,
+                    path_str(&chart)?,
+                    "--namespace",
+                    &self.ns,
+                    "--skip-crds",
+                    "-f",
+                    path_str(&values)?,
+                ],
+                None,
+            )?,
+            "helm install",
+        )?;
+        // The operator and one agent per GPU node run and are ready.
+        let want = self.gpu_nodes.len() + 1;
+        wait_until("the operator and the agents ready", WAIT, || async {
+            check_runner(runner)?;
+            let ready = runner.running().iter().filter(|r| r.ready).count();
+            Ok(if ready == want {
+                Ok(())
+            } else {
+                Err(format!("{ready} of {want} ready: {:?}", runner.running()))
+            })
+        })
+        .await?;
+
+        // 2. Apply the DiffusionDeployment; the agents profile and warm, the operator plans,
+        //    the engines come up and the resource turns Available.
+        let applied = Instant::now();
+        self.kubectl_apply(&self.dd_yaml("offload-sharded"))?;
+        let id = format!("{}/{NAME}", self.ns);
+        let dns: Api<DiffusionNode> = Api::all(self.client.clone());
+        wait_until("the model warm on every GPU node", WAIT, || async {
+            check_runner(runner)?;
+            let mut states = Vec::new();
+            for node in &self.gpu_nodes {
+                let dn = dns.get_opt(node).await?;
+                let state = dn
+                    .as_ref()
+                    .and_then(|d| d.status.as_ref())
+                    .and_then(|s| s.model(&id))
+                    .map(|m| (m.state, m.profile.is_some()));
+                states.push(state);
+            }
+            Ok(
+                if states.iter().all(|s| *s == Some((ModelState::Warm, true))) {
+                    Ok(())
+                } else {
+                    Err(format!("{states:?}"))
+                },
+            )
+        })
+        .await?;
+        let available_after = wait_until("Available", WAIT, || async {
+            check_runner(runner)?;
+            let dd = dds.get(NAME).await?;
+            Ok(if condition(&dd, "Available") == Some(true) {
+                Ok(applied.elapsed())
+            } else {
+                Err(format!("{:?}", dd.status.map(|s| s.conditions)))
+            })
+        })
+        .await?;
+        let dd = dds.get(NAME).await?;
+        let plan = dd.status.as_ref().and_then(|s| s.plan.clone());
+        let plan = plan.context("Available without a plan")?;
+        ensure!(
+            (plan.strategy.as_str(), plan.dp, plan.slots) == ("offload-sharded", 2, 2),
+            "plan {plan:?}"
+        );
+        for c in ["ModelProfiled", "Planned", "CacheWarm"] {
+            ensure!(
+                condition(&dd, c) == Some(true),
+                "{c} is not true: {:?}",
+                dd.status
+            );
+        }
+        let engines = Engines::new(pods.clone(), &dd);
+
+        // 3. A request through each engine pod's own address.
+        let counters = Arc::new(Counters::default());
+        let ready = self.engines_ready(&engines, MIN_REPLICAS as usize).await?;
+        for (i, (pod, addr)) in ready.iter().enumerate() {
+            let png = generate(*addr, i as u64, 4)
+                .await
+                .with_context(|| format!("a request to engine pod {pod} at {addr}"))?;
+            ensure!(
+                png.starts_with(b"\x89PNG"),
+                "{pod} answered something that is not a PNG"
+            );
+            counters.ok.fetch_add(1, Ordering::Relaxed);
+        }
+        let runs = runner.running();
+        for r in runs
+            .iter()
+            .filter(|r| ready.iter().any(|(p, _)| *p == r.pod))
+        {
+            ensure!(
+                r.args
+                    .windows(2)
+                    .any(|w| w == ["--strategy", "offload-sharded"])
+                    && r.args
+                        .windows(2)
+                        .any(|w| w[0] == "--listen" && w[1].starts_with(&r.ip.to_string())),
+                "engine {} runs with {:?}",
+                r.pod,
+                r.args
+            );
+        }
+
+        // 4. A load above one replica's target queue: the replicas grow to the maximum.
+        let load = Load::start(engines.clone(), counters.clone(), LOAD_CLIENTS, 10);
+        let started = Instant::now();
+        let grown = wait_until("scaled up and every replica ready", WAIT, || async {
+            check_runner(runner)?;
+            let d = deployments.get(NAME).await?;
+            let (want, ready) = replicas(&d);
+            Ok(if want == MAX_REPLICAS && ready == MAX_REPLICAS {
+                Ok(started.elapsed())
+            } else {
+                Err(format!("{ready} of {want} ready"))
+            })
+        })
+        .await;
+        // Let the new replicas take part of the load before it stops.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        load.stop().await?;
+        let scale_up = grown?;
+        let spread = engines.ready().await?.len();
+        ensure!(
+            spread == MAX_REPLICAS as usize,
+            "{spread} engines ready after scaling up"
+        );
+
+        // 5. The load stops: after the delay, back to the minimum, extra engines gone.
+        let stopped = Instant::now();
+        let scale_down = wait_until("scaled down to the minimum", WAIT, || async {
+            check_runner(runner)?;
+            let d = deployments.get(NAME).await?;
+            let (want, _) = replicas(&d);
+            let pods = engines.all().await?.len();
+            Ok(if want == MIN_REPLICAS && pods == MIN_REPLICAS as usize {
+                Ok(stopped.elapsed())
+            } else {
+                Err(format!("{want} wanted, {pods} pods"))
+            })
+        })
+        .await?;
+        ensure!(
+            scale_down >= Duration::from_secs(SCALE_DOWN_DELAY_S),
+            "scaled down after {scale_down:?}, before the {SCALE_DOWN_DELAY_S}s delay"
+        );
+
+        // 6. A different strategy: a rolling re-plan while requests flow, none failing.
+        let trickle = Load::start(engines.clone(), counters.clone(), 2, 4);
+        self.kubectl_apply(&self.dd_yaml("offload"))?;
+        let rolled = wait_until("rolled to the offload plan", WAIT, || async {
+            check_runner(runner)?;
+            let d = deployments.get(NAME).await?;
+            let plan = d
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.metadata.as_ref())
+                .and_then(|m| m.annotations.as_ref())
+                .and_then(|a| a.get("layerwise.dev/plan").cloned())
+                .unwrap_or_default();
+            let st = d.status.clone().unwrap_or_default();
+            let done = plan == "offload dp=2 slots=2"
+                && st.observed_generation == d.metadata.generation
+                && st.updated_replicas == Some(MIN_REPLICAS)
+                && st.replicas == Some(MIN_REPLICAS)
+                && st.ready_replicas == Some(MIN_REPLICAS);
+            let engines_new = runner
+                .running()
+                .iter()
+                .filter(|r| r.args.windows(2).any(|w| w == ["--strategy", "offload"]) && r.ready)
+                .count();
+            Ok(if done && engines_new == MIN_REPLICAS as usize {
+                Ok(())
+            } else {
+                Err(format!(
+                    "plan {plan:?}, status {st:?}, {engines_new} offload engines ready"
+                ))
+            })
+        })
+        .await;
+        // Keep the requests flowing a moment on the new pods, then stop.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        trickle.stop().await?;
+        rolled?;
+        ensure!(
+            counters.failed.load(Ordering::Relaxed) == 0,
+            "requests failed: {}",
+            counters.errors()
+        );
+        let dd = dds.get(NAME).await?;
+        ensure!(
+            condition(&dd, "Progressing") == Some(false),
+            "still progressing after the roll: {:?}",
+            dd.status
+        );
+
+        // 7. Delete: the resource, its Deployment, Service, pods, engine processes and
+        //    prepare requests all go.
+        let engine_pods: Vec<String> = runner
+            .running()
+            .iter()
+            .filter(|r| r.args.first().map(String::as_str) == Some("serve"))
+            .map(|r| r.pod.clone())
+            .collect();
+        ok(
+            tool(
+                "kubectl",
+                &[
+                    "delete",
+                    "-n",
+                    &self.ns,
+                    "diffusiondeployment",
+                    NAME,
+                    "--timeout=120s",
+                ],
+                None,
+            )?,
+            "kubectl delete",
+        )?;
+        let services: Api<Service> = Api::namespaced(self.client.clone(), &self.ns);
+        wait_until("everything the resource made gone", WAIT, || async {
+            check_runner(runner)?;
+            let mut left = Vec::new();
+            if dds.get_opt(NAME).await?.is_some() {
+                left.push("DiffusionDeployment".to_string());
+            }
+            if deployments.get_opt(NAME).await?.is_some() {
+                left.push("Deployment".into());
+            }
+            if services.get_opt(NAME).await?.is_some() {
+                left.push("Service".into());
+            }
+            let pods = engines.all().await?.len();
+            if pods > 0 {
+                left.push(format!("{pods} engine pods"));
+            }
+            let procs = runner
+                .running()
+                .iter()
+                .filter(|r| r.args.first().map(String::as_str) == Some("serve"))
+                .count();
+            if procs > 0 {
+                left.push(format!("{procs} engine processes"));
+            }
+            for node in &self.gpu_nodes {
+                let dn = dns.get(node).await?;
+                if dn.spec.models.iter().any(|m| m.id == id) {
+                    left.push(format!("prepare request on {node}"));
+                }
+                if dn.status.as_ref().and_then(|s| s.model(&id)).is_some() {
+                    left.push(format!("model status on {node}"));
+                }
+            }
+            Ok(if left.is_empty() {
+                Ok(())
+            } else {
+                Err(left.join(", "))
+            })
+        })
+        .await?;
+        // Every engine process stopped cleanly when its pod went, and none died on its own.
+        let exits = runner.exits();
+        let bad: Vec<_> = exits
+            .iter()
+            .filter(|e| !e.stopping || (e.command == "layerwise" && e.code != Some(0)))
+            .collect();
+        ensure!(bad.is_empty(), "processes that ended badly: {bad:#?}");
+        for pod in &engine_pods {
+            ensure!(
+                exits.iter().any(|e| &e.pod == pod && e.code == Some(0)),
+                "engine pod {pod} has no clean exit recorded"
+            );
+        }
+
+        Ok(Summary {
+            available_after,
+            scale_up,
+            scale_down,
+            requests: counters.ok.load(Ordering::Relaxed) + counters.failed.load(Ordering::Relaxed),
+            failed: counters.failed.load(Ordering::Relaxed),
+            retried: counters.retried.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Waits for at least `n` ready engines and returns them.
+    async fn engines_ready(
+        &self,
+        engines: &Engines,
+        n: usize,
+    ) -> Result<Vec<(String, SocketAddr)>> {
+        wait_until(&format!("{n} engines ready"), WAIT, || async {
+            let ready = engines.ready().await?;
+            Ok(if ready.len() >= n {
+                Ok(ready)
+            } else {
+                Err(format!("{} ready", ready.len()))
+            })
+        })
+        .await
+    }
+
+    /// Removes what the test made, best effort; the first error is returned.
+    async fn teardown(&self, runner: NodeRunner) -> Result<()> {
+        let mut errors: Vec<anyhow::Error> = Vec::new();
+        let dds: Api<DiffusionDeployment> = Api::namespaced(self.client.clone(), &self.ns);
+        if let Err(e) = dds
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+        {
+            errors.push(e.into());
+        }
+        let _ = wait_until("DiffusionDeployments finalized", WAIT, || async {
+            let left = dds.list(&ListParams::default()).await?.items.len();
+            Ok(if left == 0 {
+                Ok(())
+            } else {
+                Err(format!("{left} left"))
+            })
+        })
+        .await
+        .map_err(|e| errors.push(e));
+        match tool(
+            "helm",
+            &[
+                "uninstall",
+                &self.release,
+                "--namespace",
+                &self.ns,
+                "--wait",
+                "--timeout",
+                "60s",
+            ],
+            None,
+        ) {
+            Ok(out) => {
+                if let Err(e) = ok(out, "helm uninstall") {
+                    errors.push(e);
+                }
+            }
+            Err(e) => errors.push(e),
+        }
+        runner.shutdown().await;
+        // Pods the runner no longer stops would wait for a kubelet forever.
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        let _ = pods
+            .delete_collection(
+                &DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..DeleteParams::default()
+                },
+                &ListParams::default(),
+            )
+            .await;
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        if let Err(e) = namespaces.delete(&self.ns, &DeleteParams::default()).await {
+            errors.push(e.into());
+        }
+        for e in &errors {
+            eprintln!("teardown of {}: {e:#}", self.ns);
+        }
+        errors.into_iter().next().map_or(Ok(()), Err)
+    }
+}
+
+fn path_str(p: &Path) -> Result<&str> {
+    p.to_str()
+        .with_context(|| format!("{} is not UTF-8", p.display()))
+}
+
+/// Fails the wait at once when the runner could not start a pod or a process died.
+fn check_runner(runner: &NodeRunner) -> Result<()> {
+    let failures = runner.failures();
+    if !failures.is_empty() {
+        bail!("the node runner could not start pods: {failures:#?}");
+    }
+    if let Some(e) = runner.exits().iter().find(|e| !e.stopping) {
+        bail!(
+            "{} in pod {} on {} exited by itself ({:?}): {}",
+            e.command,
+            e.pod,
+            e.node,
+            e.code,
+            e.log_tail
+        );
+    }
+    Ok(())
+}
+
+fn condition(dd: &DiffusionDeployment, type_: &str) -> Option<bool> {
+    dd.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status == "True")
+}
+
+/// (spec.replicas, status.readyReplicas) of a Deployment.
+fn replicas(d: &Deployment) -> (i32, i32) {
+    let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+    let ready = d
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0);
+    (want, ready)
+}
+
+/// The engine pods of the deployment: what a Service's endpoints would hold (Ready and not
+/// terminating), read from the API because loopback pods get no endpoints.
+#[derive(Clone)]
+struct Engines {
+    pods: Api<Pod>,
+    selector: String,
+}
+
+impl Engines {
+    fn new(pods: Api<Pod>, dd: &DiffusionDeployment) -> Engines {
+        let selector = dd
+            .status
+            .as_ref()
+            .map(|s| s.selector.clone())
+            .unwrap_or_default();
+        Engines { pods, selector }
+    }
+
+    async fn all(&self) -> Result<Vec<Pod>> {
+        Ok(self
+            .pods
+            .list(&ListParams::default().labels(&self.selector))
+            .await?
+            .items)
+    }
+
+    async fn ready(&self) -> Result<Vec<(String, SocketAddr)>> {
+        let mut out = Vec::new();
+        for p in self.all().await? {
+            let st = p.status.as_ref();
+            let ready = st
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            let ip = st.and_then(|s| s.pod_ip.as_deref());
+            if let (true, None, Some(ip)) = (ready, &p.metadata.deletion_timestamp, ip) {
+                out.push((p.name_any(), SocketAddr::new(ip.parse()?, 8080)));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    ok: AtomicU64,
+    failed: AtomicU64,
+    retried: AtomicU64,
+    errors: std::sync::Mutex<Vec<String>>,
+}
+
+impl Counters {
+    fn errors(&self) -> String {
+        self.errors.lock().expect("errors").join("; ")
+    }
+}
+
+/// Closed-loop clients: each sends a request, waits for the answer, sends the next.
+struct Load {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(engines: Engines, counters: Arc<Counters>, clients: usize, steps: u64) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = (0..clients)
+            .map(|c| {
+                let (engines, counters, stop) = (engines.clone(), counters.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let seed = (c as u64) << 32 | n;
+                        n += 1;
+                        match send(&engines, &counters, seed, steps).await {
+                            Ok(()) => counters.ok.fetch_add(1, Ordering::Relaxed),
+                            Err(e) => {
+                                counters
+                                    .errors
+                                    .lock()
+                                    .expect("errors")
+                                    .push(format!("{e:#}"));
+                                counters.failed.fetch_add(1, Ordering::Relaxed)
+                            }
+                        };
+                    }
+                })
+            })
+            .collect();
+        Load { stop, tasks }
+    }
+
+    async fn stop(self) -> Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await?;
+        }
+        Ok(())
+    }
+}
+
+/// One request through the ready engines, as a load balancer sends it: to the next ready pod,
+/// and to another one when the first refuses the connection or answers 503 because it is
+/// stopping (the request never started there).
+async fn send(engines: &Engines, counters: &Counters, seed: u64, steps: u64) -> Result<()> {
+    let mut last = String::new();
+    for attempt in 0..5u64 {
+        let ready = engines.ready().await?;
+        if ready.is_empty() {
+            last = "no engine ready".into();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        let (pod, addr) = &ready[((seed + attempt) % ready.len() as u64) as usize];
+        match generate(*addr, seed, steps).await {
+            Ok(_) => return Ok(()),
+            Err(Refused::Retry(why)) => {
+                counters.retried.fetch_add(1, Ordering::Relaxed);
+                last = format!("{pod}: {why}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(Refused::Fail(why)) => bail!("{pod} at {addr}: {why}"),
+        }
+    }
+    bail!("no engine took the request after 5 tries; last: {last}")
+}
+
+enum Refused {
+    /// Not started on that engine: another may take it.
+    Retry(String),
+    Fail(String),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Retry(s) | Refused::Fail(s) => f.write_str(s),
+        }
+    }
+}
+
+impl std::fmt::Debug for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// One 128×128 image from the engine at `addr`: the PNG bytes.
+async fn generate(addr: SocketAddr, seed: u64, steps: u64) -> Result<Vec<u8>, Refused> {
+    let body = json!({ "class_label": seed % 10, "seed": seed, "steps": steps, "size": "128x128" })
+        .to_string();
+    let r = match http(
+        addr,
+        "POST",
+        "/v1/images/generations",
+        Some(body.as_bytes()),
+        REQUEST_TIMEOUT,
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) if e.to_string().contains("Connection refused") => {
+            return Err(Refused::Retry(e.to_string()))
+        }
+        Err(e) => return Err(Refused::Fail(e.to_string())),
+    };
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    match r.status {
+        200 => {}
+        503 if text.contains("shutting down") => return Err(Refused::Retry(text)),
+        s => return Err(Refused::Fail(format!("HTTP {s}: {text}"))),
+    }
+    let v = r.json().map_err(|e| Refused::Fail(e.to_string()))?;
+    let b64 = v["data"][0]["b64_json"]
+        .as_str()
+        .ok_or_else(|| Refused::Fail(format!("no data[0].b64_json in {text}")))?;
+    base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|e| Refused::Fail(format!("b64_json: {e}")))
+}
