@@ -189,6 +189,24 @@ fn build_workspace_bins() -> Result<()> {
             };
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
             let mut cmd = Command::new(cargo);
+            // Not the variables cargo sets for this test process: build scripts that track
+            // them (ring's tracks CARGO_MANIFEST_DIR) would count as changed and rebuild.
+            for (key, _) in std::env::vars_os() {
+                let k = key.to_string_lossy();
+                let set_for_tests = [
+                    "CARGO_MANIFEST_",
+                    "CARGO_PKG_",
+                    "CARGO_CRATE_NAME",
+                    "CARGO_BIN_",
+                    "CARGO_PRIMARY_PACKAGE",
+                    "CARGO_TARGET_TMPDIR",
+                    "CARGO_RUSTC_CURRENT_DIR",
+                    "OUT_DIR",
+                ];
+                if set_for_tests.iter().any(|p| k.starts_with(p)) {
+                    cmd.env_remove(&key);
+                }
+            }
             cmd.current_dir(repo())
                 .args(["build", "--locked", "--workspace", "--bins", "--tests"])
                 .args(profile)

@@ -48,6 +48,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apply_prewarm_plan_serve_autoscale_roll_and_clean_up() -> Result<()> {
+    phase("start");
     let client = cluster::client().await?;
     tools::install_crds(&client, WAIT).await?;
     let ns = cluster::unique_namespace("e2e");
@@ -102,8 +103,11 @@ async fn apply_prewarm_plan_serve_autoscale_roll_and_clean_up() -> Result<()> {
         work: work.path().to_path_buf(),
         gpu_nodes,
     };
+    phase("binaries built, models made");
     let result = world.scenario(&runner).await;
+    phase("teardown");
     let teardown = world.teardown(runner).await;
+    phase("done");
     if result.is_err() {
         // Keep the processes' logs for a look.
         let kept = work.keep();
@@ -113,6 +117,14 @@ async fn apply_prewarm_plan_serve_autoscale_roll_and_clean_up() -> Result<()> {
     teardown?;
     summary.print()?;
     Ok(())
+}
+
+/// Logs the start of a phase with the time since the test began (shown on failure, or with
+/// `--nocapture`).
+fn phase(what: &str) {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let t = START.get_or_init(Instant::now).elapsed();
+    eprintln!("e2e: {:>6.1}s {what}", t.as_secs_f64());
 }
 
 /// `layerwise synth --preset tiny` into `dir`.
@@ -223,6 +235,7 @@ spec:
         let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), &self.ns);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
 
+        phase("helm install");
         // 1. The chart, as a user installs it (CRDs are already there), with the pods handed
         //    to the node runner and a short resync so the test is quick.
         let values = self.work.join("values.yaml");
@@ -267,6 +280,7 @@ spec:
         })
         .await?;
 
+        phase("apply the DiffusionDeployment");
         // 2. Apply the DiffusionDeployment; the agents profile and warm, the operator plans,
         //    the engines come up and the resource turns Available.
         let applied = Instant::now();
@@ -320,6 +334,7 @@ spec:
         }
         let engines = Engines::new(pods.clone(), &dd);
 
+        phase("a request to each engine");
         // 3. A request through each engine pod's own address.
         let counters = Arc::new(Counters::default());
         let ready = self.engines_ready(&engines, MIN_REPLICAS as usize).await?;
@@ -351,6 +366,7 @@ spec:
             );
         }
 
+        phase("load");
         // 4. A load above one replica's target queue: the replicas grow to the maximum.
         let load = Load::start(engines.clone(), counters.clone(), LOAD_CLIENTS, 10);
         let started = Instant::now();
@@ -375,6 +391,7 @@ spec:
             "{spread} engines ready after scaling up"
         );
 
+        phase("load stopped");
         // 5. The load stops: after the delay, back to the minimum, extra engines gone.
         let stopped = Instant::now();
         let scale_down = wait_until("scaled down to the minimum", WAIT, || async {
@@ -394,6 +411,7 @@ spec:
             "scaled down after {scale_down:?}, before the {SCALE_DOWN_DELAY_S}s delay"
         );
 
+        phase("strategy change");
         // 6. A different strategy: a rolling re-plan while requests flow, none failing.
         let trickle = Load::start(engines.clone(), counters.clone(), 2, 4);
         self.kubectl_apply(&self.dd_yaml("offload"))?;
@@ -443,6 +461,7 @@ spec:
             dd.status
         );
 
+        phase("delete");
         // 7. Delete: the resource, its Deployment, Service, pods, engine processes and
         //    prepare requests all go.
         let engine_pods: Vec<String> = runner
