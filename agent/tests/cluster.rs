@@ -5,16 +5,16 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use crds::{DiffusionNode, ModelState, NodeModelStatus};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
-use kube::{Api, Client};
+use kube::Api;
 use layerwise_e2e::cluster::{self, wait_until};
+use layerwise_e2e::tools::{install_crds, kubeconfig};
 use layerwise_engine::runtime::synth::{synth, SynthOptions};
 use serde_json::json;
 
@@ -23,41 +23,6 @@ const NODE: &str = "a100-0";
 /// The field manager this test writes the spec with (the operator's role).
 const REQUESTER: &str = "layerwise-agent-e2e";
 const WAIT: Duration = Duration::from_secs(90);
-
-fn kubeconfig() -> PathBuf {
-    std::env::var_os("KUBECONFIG")
-        .filter(|p| !p.is_empty() && Path::new(p).is_file())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| cluster::cluster_dir().join("kubeconfig"))
-}
-
-async fn install_crd(client: &Client) -> Result<()> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds/diffusionnodes.yaml");
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let name = crd.metadata.name.clone().context("CRD without a name")?;
-    api.patch(
-        &name,
-        &PatchParams::apply(REQUESTER).force(),
-        &Patch::Apply(&crd),
-    )
-    .await?;
-    wait_until(&format!("CRD {name} established"), WAIT, || async {
-        let crd = api.get(&name).await?;
-        let ok = crd
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        Ok(if ok {
-            Ok(())
-        } else {
-            Err("not established".to_string())
-        })
-    })
-    .await
-}
 
 /// Sets this test's model requests on the node (server-side apply as REQUESTER).
 async fn request(api: &Api<DiffusionNode>, models: &[(&str, &Path)]) -> Result<()> {
@@ -104,7 +69,7 @@ impl Drop for Agent {
 #[tokio::test]
 async fn agent_reports_inventory_profiles_and_residency_and_follows_the_spec() -> Result<()> {
     let client = cluster::client().await?;
-    install_crd(&client).await?;
+    install_crds(&client, WAIT).await?;
     let api: Api<DiffusionNode> = Api::all(client.clone());
     let existed = api.get_opt(NODE).await?.is_some();
 

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace, Pod, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use layerwise_e2e::cluster::{self, wait_until};
-use layerwise_e2e::tools::{impersonating, install_crds, ok, repo, tool};
+use layerwise_e2e::tools::{self, impersonating, install_crds, ok, repo, tool};
 use layerwise_operator::autoscaler::{LoadSource, PodLoad};
 use layerwise_operator::planner::Limits;
 use layerwise_operator::{run, Settings};
@@ -97,41 +97,7 @@ impl World {
     /// is returned.
     async fn teardown(self) -> Result<()> {
         let mut errors: Vec<anyhow::Error> = Vec::new();
-        // Delete the deployments while the controller still runs, so its finalizer withdraws
-        // the prepare requests; then force any stragglers.
-        let dds: Api<DiffusionDeployment> = Api::namespaced(self.client.clone(), &self.ns);
-        if let Err(e) = dds
-            .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await
-        {
-            errors.push(e.into());
-        }
-        let gone = wait_until("DiffusionDeployments finalized", WAIT, || async {
-            let left = dds.list(&ListParams::default()).await?.items.len();
-            Ok(if left == 0 {
-                Ok(())
-            } else {
-                Err(format!("{left} left"))
-            })
-        })
-        .await;
-        if let Err(e) = gone {
-            errors.push(e);
-            for dd in dds
-                .list(&ListParams::default())
-                .await
-                .map(|l| l.items)
-                .unwrap_or_default()
-            {
-                let _ = dds
-                    .patch(
-                        &dd.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
-                    )
-                    .await;
-            }
-        }
+        tools::delete_diffusion_deployments(&self.client, &self.ns, WAIT, &mut errors).await;
         self.controller.abort();
         self.agent.abort();
         // Drop what the fake agent reported for this namespace's models.
@@ -157,34 +123,10 @@ impl World {
                 )));
             }
         }
-        match tool(
-            "helm",
-            &[
-                "uninstall",
-                &self.release,
-                "--namespace",
-                &self.ns,
-                "--wait",
-                "--timeout",
-                "60s",
-            ],
-            None,
-        ) {
-            Ok(out) => {
-                if let Err(e) = ok(out, "helm uninstall") {
-                    errors.push(e);
-                }
-            }
-            Err(e) => errors.push(e),
+        if let Err(e) = tools::helm_uninstall(&self.release, &self.ns) {
+            errors.push(e);
         }
-        let nss: Api<Namespace> = Api::all(self.client.clone());
-        if let Err(e) = nss.delete(&self.ns, &DeleteParams::default()).await {
-            errors.push(e.into());
-        }
-        for e in &errors {
-            eprintln!("teardown of {}: {e:#}", self.ns);
-        }
-        errors.into_iter().next().map_or(Ok(()), Err)
+        tools::finish_teardown(&self.client, &self.ns, errors).await
     }
 }
 

@@ -87,6 +87,78 @@ pub fn ok(out: Output, what: &str) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Deletes every DiffusionDeployment in `namespace` while the operator still runs (its
+/// finalizer withdraws the prepare requests) and waits for them to go; if they do not, drops
+/// their finalizers so the namespace can go. Errors are added to `errors`.
+pub async fn delete_diffusion_deployments(
+    client: &Client,
+    namespace: &str,
+    wait: Duration,
+    errors: &mut Vec<anyhow::Error>,
+) {
+    use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+    use kube::ResourceExt;
+    let dds: Api<crds::DiffusionDeployment> = Api::namespaced(client.clone(), namespace);
+    let all = ListParams::default();
+    if let Err(e) = dds.delete_collection(&DeleteParams::default(), &all).await {
+        errors.push(e.into());
+    }
+    let gone = wait_until("DiffusionDeployments finalized", wait, || async {
+        let left = dds.list(&all).await?.items.len();
+        Ok(if left == 0 {
+            Ok(())
+        } else {
+            Err(format!("{left} left"))
+        })
+    })
+    .await;
+    if let Err(e) = gone {
+        errors.push(e);
+        let left = dds.list(&all).await.map(|l| l.items).unwrap_or_default();
+        let unfinalize = Patch::Merge(serde_json::json!({ "metadata": { "finalizers": null } }));
+        for dd in left {
+            let _ = dds
+                .patch(&dd.name_any(), &PatchParams::default(), &unfinalize)
+                .await;
+        }
+    }
+}
+
+/// `helm uninstall --wait` of a test's release.
+pub fn helm_uninstall(release: &str, namespace: &str) -> Result<()> {
+    let args = [
+        "uninstall",
+        release,
+        "--namespace",
+        namespace,
+        "--wait",
+        "--timeout",
+        "60s",
+    ];
+    ok(tool("helm", &args, None)?, "helm uninstall")?;
+    Ok(())
+}
+
+/// The end of a best-effort teardown: deletes the test's namespace, logs every error met on
+/// the way and returns the first.
+pub async fn finish_teardown(
+    client: &Client,
+    namespace: &str,
+    mut errors: Vec<anyhow::Error>,
+) -> Result<()> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    if let Err(e) = namespaces
+        .delete(namespace, &kube::api::DeleteParams::default())
+        .await
+    {
+        errors.push(e.into());
+    }
+    for e in &errors {
+        eprintln!("teardown of {namespace}: {e:#}");
+    }
+    errors.into_iter().next().map_or(Ok(()), Err)
+}
+
 /// Installs the chart's CRDs (once per process; they stay, like any cluster's CRDs) and waits
 /// until they are served.
 pub async fn install_crds(client: &Client, wait: Duration) -> Result<()> {

@@ -570,42 +570,9 @@ spec:
     /// Removes what the test made, best effort; the first error is returned.
     async fn teardown(&self, runner: NodeRunner) -> Result<()> {
         let mut errors: Vec<anyhow::Error> = Vec::new();
-        let dds: Api<DiffusionDeployment> = Api::namespaced(self.client.clone(), &self.ns);
-        if let Err(e) = dds
-            .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await
-        {
-            errors.push(e.into());
-        }
-        let _ = wait_until("DiffusionDeployments finalized", WAIT, || async {
-            let left = dds.list(&ListParams::default()).await?.items.len();
-            Ok(if left == 0 {
-                Ok(())
-            } else {
-                Err(format!("{left} left"))
-            })
-        })
-        .await
-        .map_err(|e| errors.push(e));
-        match tool(
-            "helm",
-            &[
-                "uninstall",
-                &self.release,
-                "--namespace",
-                &self.ns,
-                "--wait",
-                "--timeout",
-                "60s",
-            ],
-            None,
-        ) {
-            Ok(out) => {
-                if let Err(e) = ok(out, "helm uninstall") {
-                    errors.push(e);
-                }
-            }
-            Err(e) => errors.push(e),
+        tools::delete_diffusion_deployments(&self.client, &self.ns, WAIT, &mut errors).await;
+        if let Err(e) = tools::helm_uninstall(&self.release, &self.ns) {
+            errors.push(e);
         }
         runner.shutdown().await;
         // Pods the runner no longer stops would wait for a kubelet forever.
@@ -619,14 +586,7 @@ spec:
                 &ListParams::default(),
             )
             .await;
-        let namespaces: Api<Namespace> = Api::all(self.client.clone());
-        if let Err(e) = namespaces.delete(&self.ns, &DeleteParams::default()).await {
-            errors.push(e.into());
-        }
-        for e in &errors {
-            eprintln!("teardown of {}: {e:#}", self.ns);
-        }
-        errors.into_iter().next().map_or(Ok(()), Err)
+        tools::finish_teardown(&self.client, &self.ns, errors).await
     }
 }
 
