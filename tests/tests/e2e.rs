@@ -640,7 +640,16 @@ fn replicas(d: &Deployment) -> (i32, i32) {
 struct Engines {
     pods: Api<Pod>,
     selector: String,
+    /// The ready list as the load's clients last read it, and when: shared, like a load
+    /// balancer's view of the endpoints, so the clients are not listing pods all the time.
+    routes: Arc<tokio::sync::Mutex<(Option<Instant>, Vec<Route>)>>,
 }
+
+/// An engine pod's name and address.
+type Route = (String, SocketAddr);
+
+/// How stale the clients' view of the ready engines may get.
+const ROUTES_TTL: Duration = Duration::from_millis(250);
 
 impl Engines {
     fn new(pods: Api<Pod>, dd: &DiffusionDeployment) -> Engines {
@@ -649,7 +658,20 @@ impl Engines {
             .as_ref()
             .map(|s| s.selector.clone())
             .unwrap_or_default();
-        Engines { pods, selector }
+        Engines {
+            pods,
+            selector,
+            routes: Default::default(),
+        }
+    }
+
+    /// The ready engines as the clients see them (at most [`ROUTES_TTL`] old).
+    async fn routes(&self) -> Result<Vec<Route>> {
+        let mut r = self.routes.lock().await;
+        if r.0.is_none_or(|t| t.elapsed() > ROUTES_TTL) {
+            *r = (Some(Instant::now()), self.ready().await?);
+        }
+        Ok(r.1.clone())
     }
 
     async fn all(&self) -> Result<Vec<Pod>> {
@@ -660,7 +682,7 @@ impl Engines {
             .items)
     }
 
-    async fn ready(&self) -> Result<Vec<(String, SocketAddr)>> {
+    async fn ready(&self) -> Result<Vec<Route>> {
         let mut out = Vec::new();
         for p in self.all().await? {
             let st = p.status.as_ref();
@@ -741,7 +763,7 @@ impl Load {
 async fn send(engines: &Engines, counters: &Counters, seed: u64, steps: u64) -> Result<()> {
     let mut last = String::new();
     for attempt in 0..5u64 {
-        let ready = engines.ready().await?;
+        let ready = engines.routes().await?;
         if ready.is_empty() {
             last = "no engine ready".into();
             tokio::time::sleep(Duration::from_millis(200)).await;
