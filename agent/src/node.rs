@@ -111,7 +111,11 @@ pub async fn run(ctx: Context, shutdown: impl Future<Output = ()>) -> Result<()>
     let (tx, mut rx) = mpsc::channel(256);
     let inventory = read_inventory(&ctx).await;
     if let Some(note) = &inventory.accelerator_note {
-        info!(%note, "no accelerators reported");
+        if inventory.labelled.is_empty() {
+            info!(%note, "no accelerators reported");
+        } else {
+            info!(%note, accelerators = ?inventory.labelled, "accelerators from the Node's GPU Feature Discovery labels");
+        }
     }
     let mut l = Loop {
         api: api.clone(),
