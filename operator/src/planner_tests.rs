@@ -1,6 +1,3 @@
-use std::collections::BTreeMap;
-
-use crds::ActivationCost;
 use crds::Strategy as Mode;
 use proptest::prelude::*;
 use proptest::strategy::Strategy;
@@ -12,28 +9,7 @@ const GB: u64 = 1 << 30;
 /// A profile of `blocks` bf16 blocks of `block` bytes, `outside` bytes outside them, a VAE
 /// of `vae` bytes and a DiT-like activation cost.
 fn profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile {
-    let transformer = blocks as u64 * block + outside;
-    Profile {
-        family: "dit".into(),
-        total_bytes: transformer + vae,
-        transformer_bytes: transformer,
-        vae_bytes: vae,
-        files: 2,
-        blocks,
-        block_bytes: vec![block; blocks],
-        largest_block_bytes: block,
-        max_block_bytes_by_dtype: BTreeMap::from([("BF16".to_string(), block)]),
-        outside_block_bytes: outside,
-        bytes_by_dtype: BTreeMap::from([("BF16".to_string(), transformer + vae)]),
-        native_width: 1024,
-        native_height: 1024,
-        activation: ActivationCost {
-            pixels_per_token: 256,
-            bytes_per_token: 4 * 10 * 3072,
-            bytes_per_token_pair: 4 * 2 * 24,
-            vae_bytes_per_pixel: 4 * 5 * 128,
-        },
-    }
+    layerwise_e2e::fixtures::dit_profile(blocks, block, outside, vae)
 }
 
 fn node(name: &str, devices: u32, device_gib: u64, host_gib: u64, fast: bool) -> NodeShape {

@@ -5,13 +5,12 @@
 //! Every test works in its own namespace, runs a controller that watches only it, and removes
 //! what it made; all traffic goes to the loopback apiserver.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
-use crds::{ActivationCost, DiffusionDeployment, DiffusionNode, Profile};
+use crds::{DiffusionDeployment, DiffusionNode, Profile};
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace, Pod, Service};
@@ -213,32 +212,10 @@ async fn fake_agent(client: Client, ns: String, profile: Profile) {
     }
 }
 
-/// A checkpoint profile with `blocks` blocks of `block` bytes (bf16) and DiT-like activations.
+/// A checkpoint profile with `blocks` blocks of `block` bytes (bf16), 2 GiB outside them, an
+/// SD-sized VAE and DiT-like activations.
 fn profile(blocks: usize, block: u64) -> Profile {
-    let outside = 2 * GIB;
-    let vae = 320 << 20;
-    let transformer = blocks as u64 * block + outside;
-    Profile {
-        family: "dit".into(),
-        total_bytes: transformer + vae,
-        transformer_bytes: transformer,
-        vae_bytes: vae,
-        files: 3,
-        blocks,
-        block_bytes: vec![block; blocks],
-        largest_block_bytes: block,
-        max_block_bytes_by_dtype: BTreeMap::from([("BF16".to_string(), block)]),
-        outside_block_bytes: outside,
-        bytes_by_dtype: BTreeMap::from([("BF16".to_string(), transformer + vae)]),
-        native_width: 1024,
-        native_height: 1024,
-        activation: ActivationCost {
-            pixels_per_token: 256,
-            bytes_per_token: 4 * 10 * 3072,
-            bytes_per_token_pair: 4 * 2 * 24,
-            vae_bytes_per_pixel: 4 * 5 * 128,
-        },
-    }
+    layerwise_e2e::fixtures::dit_profile(blocks, block, 2 * GIB, 320 << 20)
 }
 
 fn deployment_manifest(name: &str, extra: serde_json::Value) -> serde_json::Value {

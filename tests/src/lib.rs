@@ -7,6 +7,7 @@
 //! that everything the tests start talks only to loopback.
 
 pub mod cluster;
+pub mod fixtures;
 pub mod net;
 pub mod runner;
 pub mod shapes;

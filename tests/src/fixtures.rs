@@ -1,0 +1,33 @@
+//! Fixtures the operator's planner tests and cluster tests share.
+
+use std::collections::BTreeMap;
+
+use crds::{ActivationCost, Profile};
+
+/// The profile of a DiT checkpoint as an agent would report it: `blocks` bf16 blocks of
+/// `block` bytes, `outside` transformer bytes outside them, a VAE of `vae` bytes and a
+/// DiT-like activation cost (hidden 3072, 24 heads, 16×16-pixel tokens).
+pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile {
+    let transformer = blocks as u64 * block + outside;
+    Profile {
+        family: "dit".into(),
+        total_bytes: transformer + vae,
+        transformer_bytes: transformer,
+        vae_bytes: vae,
+        files: 2,
+        blocks,
+        block_bytes: vec![block; blocks],
+        largest_block_bytes: block,
+        max_block_bytes_by_dtype: BTreeMap::from([("BF16".to_string(), block)]),
+        outside_block_bytes: outside,
+        bytes_by_dtype: BTreeMap::from([("BF16".to_string(), transformer + vae)]),
+        native_width: 1024,
+        native_height: 1024,
+        activation: ActivationCost {
+            pixels_per_token: 256,
+            bytes_per_token: 4 * 10 * 3072,
+            bytes_per_token_pair: 4 * 2 * 24,
+            vae_bytes_per_pixel: 4 * 5 * 128,
+        },
+    }
+}
