@@ -15,7 +15,7 @@ use kube::api::{Patch, PatchParams};
 use kube::Api;
 use layerwise_e2e::cluster::{self, wait_until};
 use layerwise_e2e::tools::{install_crds, kubeconfig};
-use layerwise_engine::runtime::synth::{synth, SynthOptions};
+use layerwise_engine::tools::synth::{synth, SynthOptions};
 use serde_json::json;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_layerwise-agent");

@@ -15,7 +15,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 use crate::cli;
-use crate::runtime::cuda::{self, dl};
+use crate::execution::cuda::{self, dl};
 
 /// The CUDA library's file name, looked for beside the executable.
 pub const LIBRARY: &str = "liblayerwise_cuda.so";

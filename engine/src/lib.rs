@@ -8,15 +8,23 @@ pub mod checkpoint;
 #[cfg(feature = "runtime")]
 pub mod cli;
 pub mod error;
-pub mod family;
+#[cfg(feature = "runtime")]
+pub mod execution;
+pub mod families;
 #[cfg(feature = "runtime")]
 pub mod launch;
 pub mod layout;
 #[cfg(feature = "runtime")]
-pub mod runtime;
+pub mod media;
+#[cfg(feature = "runtime")]
+pub mod options;
+#[cfg(feature = "runtime")]
+pub mod samplers;
 #[cfg(feature = "runtime")]
 pub mod server;
 pub mod strategy;
+#[cfg(feature = "runtime")]
+pub mod tools;
 
 pub use error::{Error, Result};
 pub use strategy::Strategy;

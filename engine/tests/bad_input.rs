@@ -10,9 +10,9 @@ use std::process::Command;
 
 use layerwise_engine::checkpoint::header::{encode_header, Header};
 use layerwise_engine::checkpoint::Profile;
-use layerwise_engine::runtime::cuda::plan::DeviceNeeds;
-use layerwise_engine::runtime::cuda::SlotsChoice;
-use layerwise_engine::runtime::engine::{EngineOptions, Model};
+use layerwise_engine::execution::cuda::plan::DeviceNeeds;
+use layerwise_engine::execution::cuda::SlotsChoice;
+use layerwise_engine::execution::engine::{EngineOptions, Model};
 use layerwise_engine::Strategy;
 use safetensors::Dtype;
 

@@ -4,8 +4,8 @@
 
 mod common;
 
-use layerwise_engine::runtime::cuda::SlotsChoice;
-use layerwise_engine::runtime::engine::{EngineOptions, Model};
+use layerwise_engine::execution::cuda::SlotsChoice;
+use layerwise_engine::execution::engine::{EngineOptions, Model};
 use layerwise_engine::Strategy;
 
 #[test]

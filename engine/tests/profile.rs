@@ -4,7 +4,7 @@
 mod common;
 
 use layerwise_engine::checkpoint::Profile;
-use layerwise_engine::runtime::synth::{synth, SynthOptions};
+use layerwise_engine::tools::synth::{synth, SynthOptions};
 
 /// Bytes this process has read through read(2)-like calls so far.
 fn rchar() -> u64 {

@@ -15,10 +15,10 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use layerwise_engine::runtime::cuda::SlotsChoice;
-use layerwise_engine::runtime::engine::{EngineOptions, Model, Request};
-use layerwise_engine::runtime::image::encode_png;
-use layerwise_engine::runtime::pipeline::{Hook, Stage};
+use layerwise_engine::execution::cuda::SlotsChoice;
+use layerwise_engine::execution::engine::{EngineOptions, Model, Request};
+use layerwise_engine::execution::pipeline::{Hook, Stage};
+use layerwise_engine::media::image::encode_png;
 use layerwise_engine::server::api::{app, AppState, Bounds};
 use layerwise_engine::server::scheduler::Scheduler;
 use layerwise_engine::server::{self, ApiError};
@@ -129,7 +129,7 @@ async fn not_ready_is_503() {
     let model = Arc::new(Model::open(&common::tiny(dir.path(), 2)).unwrap());
     // A scheduler whose ranks never report ready.
     let (tx, _rx) = std::sync::mpsc::sync_channel(1);
-    let (sched, _source) = layerwise_engine::server::scheduler::start(2, 4, 4, tx);
+    let (sched, _source) = layerwise_engine::server::actor::start(2, 4, 4, tx);
     let app = app(AppState {
         scheduler: sched,
         model,

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use layerwise_engine::server::loadgen::{http, HttpResponse};
+use layerwise_engine::tools::loadgen::{http, HttpResponse};
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_layerwise");

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use layerwise_engine::runtime::cuda::SlotsChoice;
-use layerwise_engine::runtime::engine::{EngineOptions, Model};
-use layerwise_engine::runtime::pipeline::Stage;
+use layerwise_engine::execution::cuda::SlotsChoice;
+use layerwise_engine::execution::engine::{EngineOptions, Model};
+use layerwise_engine::execution::pipeline::Stage;
 use layerwise_engine::Strategy;
 
 fn opts(strategy: Strategy, dp: usize, slots: usize) -> EngineOptions {
@@ -25,7 +25,7 @@ fn opts(strategy: Strategy, dp: usize, slots: usize) -> EngineOptions {
 }
 
 /// A seeded random delay on copies and gathers, so the streams interleave differently.
-fn jitter(seed: u64) -> layerwise_engine::runtime::pipeline::Hook {
+fn jitter(seed: u64) -> layerwise_engine::execution::pipeline::Hook {
     let state = Arc::new(AtomicU64::new(seed));
     Arc::new(move |stage: Stage| {
         let x = state.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);

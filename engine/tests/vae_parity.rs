@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
-use layerwise_engine::family::vae::VaeConfig;
-use layerwise_engine::runtime::vae::VaeDecoder;
+use layerwise_engine::families::autoencoder_kl::decoder::VaeDecoder;
+use layerwise_engine::families::autoencoder_kl::VaeConfig;
 use safetensors::{Dtype, SafeTensors};
 
 fn fixture() -> PathBuf {

@@ -600,7 +600,7 @@ async fn stop(child: &mut Child, pre_stop: Duration, grace: Duration) -> Option<
 
 /// GET `path` at `addr`; ready on 2xx or 3xx, as a kubelet's HTTP probe.
 async fn probe(addr: SocketAddr, path: &str) -> bool {
-    layerwise_engine::server::loadgen::http(addr, "GET", path, None, PROBE_TIMEOUT)
+    layerwise_engine::tools::loadgen::http(addr, "GET", path, None, PROBE_TIMEOUT)
         .await
         .is_ok_and(|r| (200..400).contains(&r.status))
 }

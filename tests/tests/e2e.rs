@@ -29,7 +29,7 @@ use kube::{Api, Client, ResourceExt};
 use layerwise_e2e::cluster::{self, wait_until};
 use layerwise_e2e::runner::{self, NodeRunner};
 use layerwise_e2e::tools::{self, ok, tool};
-use layerwise_engine::server::loadgen::http;
+use layerwise_engine::tools::loadgen::http;
 use serde_json::json;
 
 /// How long any one step may take (cold processes on two shared cores).

@@ -5,8 +5,8 @@
 //! Opening a component reads headers only; [`Mapped`] maps the files with memmap2 so the
 //! weights are shared page cache, never copied whole into anonymous memory.
 
+pub mod check;
 pub mod header;
-pub mod model;
 pub mod profile;
 
 use std::collections::BTreeMap;
@@ -18,7 +18,6 @@ use memmap2::Mmap;
 use serde::Deserialize;
 
 pub use header::{Header, TensorInfo};
-pub use model::DitCheckpoint;
 pub use profile::{ActivationCost, Profile};
 
 use crate::{Error, Result};

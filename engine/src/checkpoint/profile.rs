@@ -7,8 +7,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::model::DitCheckpoint;
-use crate::family::dit::DitConfig;
+use crate::families::dit::DitCheckpoint;
+use crate::families::dit::DitConfig;
 use crate::layout::ALIGN;
 use crate::Result;
 

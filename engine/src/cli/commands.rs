@@ -1,20 +1,19 @@
 //! What the `layerwise` subcommands do, past parsing.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use safetensors::Dtype;
 
-use super::{BenchArgs, GenerateArgs, RunArgs};
+use super::{BenchArgs, GenerateArgs, RequestArgs};
 use crate::checkpoint::header::{encode_header, Header};
 use crate::checkpoint::Profile;
-use crate::runtime::engine::{EngineOptions, Model, Request, RunStats};
-use crate::runtime::image::write_png;
-use crate::runtime::trace::Trace;
-use crate::server::loadgen::LoadgenArgs;
-use crate::server::trace_svg as svg;
+use crate::execution::engine::{Model, Request, RunStats};
+use crate::execution::trace::Trace;
+use crate::media::image::write_png;
+use crate::tools::loadgen::LoadgenArgs;
+use crate::tools::trace_svg as svg;
 use crate::Strategy;
 
 fn parse_size(s: &str) -> Result<(usize, usize)> {
@@ -29,20 +28,7 @@ fn parse_size(s: &str) -> Result<(usize, usize)> {
     })
 }
 
-impl RunArgs {
-    pub(super) fn options(&self, strategy: Strategy) -> EngineOptions {
-        EngineOptions {
-            strategy,
-            dp: self.dp,
-            slots: self.slots,
-            device_memory: self.device_memory_mib.map_or(u64::MAX, |m| m << 20),
-            host: self.host_memory,
-            timeout: Duration::from_secs(self.timeout_seconds),
-            device: self.device,
-            ..EngineOptions::default()
-        }
-    }
-
+impl RequestArgs {
     fn requests(&self, model: &Model, init: Option<Tensor>) -> Result<Vec<Request>> {
         let native = model.config().sample_size * model.upscale();
         let (width, height) = self
@@ -174,14 +160,14 @@ pub(super) fn inspect(dir: &Path, json: bool) -> Result<()> {
 
 pub(super) fn generate(a: GenerateArgs) -> Result<()> {
     let strategy: Strategy = a.strategy.parse()?;
-    let model = Model::open(&a.run.model)?;
+    let model = Model::open(&a.engine.model)?;
     let init = a
         .init_latents
         .as_deref()
-        .map(|p| read_latents(p, a.run.n))
+        .map(|p| read_latents(p, a.request.n))
         .transpose()?;
-    let requests = a.run.requests(&model, init)?;
-    let mut opts = a.run.options(strategy);
+    let requests = a.request.requests(&model, init)?;
+    let mut opts = a.engine.options(strategy);
     opts.trace = a.trace.as_ref().map(|_| Trace::new(4_000_000));
     let (outputs, stats) = model.run(requests, &opts)?;
     if let (Some(t), Some(p)) = (&opts.trace, &a.trace) {
@@ -233,7 +219,7 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
         .iter()
         .map(|s| s.parse::<Strategy>())
         .collect::<Result<Vec<_>, _>>()?;
-    let model = Model::open(&a.run.model)?;
+    let model = Model::open(&a.engine.model)?;
     // Bring the checkpoint into the page cache first so no strategy pays the disk; read
     // through one small buffer, so the warm-up holds no copy of the model.
     let mut buf = vec![0u8; 8 << 20];
@@ -242,11 +228,11 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
             .with_context(|| format!("reading {}", h.path.display()))?;
         while std::io::Read::read(&mut f, &mut buf)? > 0 {}
     }
-    let requests = a.run.requests(&model, None)?;
+    let requests = a.request.requests(&model, None)?;
     let mut best: Vec<Option<(RunStats, Vec<Tensor>)>> = vec![None; strategies.len()];
     for round in 0..a.rounds.max(1) {
         for (i, s) in strategies.iter().enumerate() {
-            let mut opts = a.run.options(*s);
+            let mut opts = a.engine.options(*s);
             opts.decode = false;
             let (out, stats) = model.run(requests.clone(), &opts)?;
             eprintln!("round {round}: {s}: {:.3}s/step", stats.step_seconds);
@@ -267,12 +253,12 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
     let ref_latents = &best[reference].1;
     println!(
         "model {} ({}), dp={}, --slots {}, {} image(s) of {} steps, best of {} rounds",
-        a.run.model.display(),
+        a.engine.model.display(),
         gib(best[0].0.checkpoint_bytes),
-        a.run.dp,
-        a.run.slots,
-        a.run.n,
-        a.run.steps,
+        a.engine.dp,
+        a.engine.slots,
+        a.request.n,
+        a.request.steps,
         a.rounds
     );
     println!(
@@ -325,7 +311,7 @@ pub(super) fn loadgen(a: &LoadgenArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let r = rt.block_on(crate::server::loadgen::run(a))?;
+    let r = rt.block_on(crate::tools::loadgen::run(a))?;
     println!(
         "{} requests ({} ok, statuses {:?}) in {:.2}s: {:.3} outputs/s; latency p50 {:.3}s p90 {:.3}s p99 {:.3}s max {:.3}s",
         r.requests, r.ok, r.status_counts, r.wall_seconds, r.outputs_per_second, r.latency_p50, r.latency_p90, r.latency_p99, r.latency_max

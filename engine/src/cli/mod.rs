@@ -15,10 +15,11 @@ use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
 use safetensors::Dtype;
 
-use crate::runtime::cuda::{DeviceChoice, HostMode, SlotsChoice};
-use crate::runtime::synth::{synth, SynthOptions};
-use crate::server::loadgen::LoadgenArgs;
+use crate::execution::cuda::DeviceChoice;
+use crate::options::EngineArgs;
 use crate::server::{serve, ServeArgs};
+use crate::tools::loadgen::LoadgenArgs;
+use crate::tools::synth::{synth, SynthOptions};
 
 #[derive(Parser)]
 #[command(
@@ -97,33 +98,9 @@ pub(crate) struct SynthArgs {
     sparse: bool,
 }
 
+/// What to generate: the request flags of `generate` and `bench`.
 #[derive(Args, Clone)]
-pub(crate) struct RunArgs {
-    /// The diffusers pipeline folder.
-    #[arg(long, env = "LAYERWISE_MODEL")]
-    model: PathBuf,
-    /// Data-parallel ranks (threads of this process, one device each).
-    #[arg(long, env = "LAYERWISE_DP", default_value_t = 1)]
-    dp: usize,
-    /// Device slots per rank: K ≥ 2, or `auto` (as many as fit: on a GPU in its free
-    /// memory, on the CPU in `--device-memory-mib`, which auto then needs).
-    #[arg(long, env = "LAYERWISE_SLOTS", default_value = "2")]
-    slots: SlotsChoice,
-    /// Device memory per rank in MiB (the CPU backend enforces it as a GPU would).
-    #[arg(long, env = "LAYERWISE_DEVICE_MEMORY_MIB")]
-    device_memory_mib: Option<u64>,
-    /// How weights reach a GPU: `auto` (read-only registration of the mapped checkpoint
-    /// where the device supports it, else one pinned copy), `register`, `pin` or
-    /// `pageable`. The CPU backend reads the mapping directly and takes only `auto`.
-    #[arg(long, env = "LAYERWISE_HOST_MEMORY", default_value = "auto")]
-    host_memory: HostMode,
-    /// Seconds any rank may wait on a transfer or a peer before failing.
-    #[arg(long, env = "LAYERWISE_TIMEOUT_SECONDS", default_value_t = 120)]
-    timeout_seconds: u64,
-    /// Where ranks compute: `cpu`, `cuda` (GPUs 0..dp; needs a build with the `cuda`
-    /// feature) or `auto` (CUDA when usable, else the CPU, saying why).
-    #[arg(long, env = "LAYERWISE_DEVICE", default_value = "auto")]
-    device: DeviceChoice,
+pub(crate) struct RequestArgs {
     /// ImageNet class to draw (0..999 for DiT-XL/2).
     #[arg(long, env = "LAYERWISE_CLASS_LABEL", default_value_t = 207)]
     class_label: u32,
@@ -147,7 +124,9 @@ pub(crate) struct RunArgs {
 #[derive(Args)]
 pub(crate) struct GenerateArgs {
     #[command(flatten)]
-    run: RunArgs,
+    engine: EngineArgs,
+    #[command(flatten)]
+    request: RequestArgs,
     /// resident, sharded, offload or offload-sharded.
     #[arg(long, env = "LAYERWISE_STRATEGY", default_value = "offload-sharded")]
     strategy: String,
@@ -171,7 +150,9 @@ pub(crate) struct GenerateArgs {
 #[derive(Args)]
 pub(crate) struct BenchArgs {
     #[command(flatten)]
-    run: RunArgs,
+    engine: EngineArgs,
+    #[command(flatten)]
+    request: RequestArgs,
     /// Strategies to compare (comma-separated); `resident` is the reference.
     #[arg(
         long,
@@ -193,9 +174,9 @@ pub fn may_use_gpu(args: &[OsString]) -> bool {
     let device = match Cli::try_parse_from(args) {
         Ok(Cli {
             cmd: Cmd::Generate(a),
-        }) => a.run.device,
-        Ok(Cli { cmd: Cmd::Bench(a) }) => a.run.device,
-        Ok(Cli { cmd: Cmd::Serve(a) }) => a.device,
+        }) => a.engine.device,
+        Ok(Cli { cmd: Cmd::Bench(a) }) => a.engine.device,
+        Ok(Cli { cmd: Cmd::Serve(a) }) => a.engine.device,
         _ => return false,
     };
     device != DeviceChoice::Cpu
@@ -279,6 +260,7 @@ fn synth_cmd(a: SynthArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::execution::cuda::{HostMode, SlotsChoice};
 
     fn args(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()
@@ -288,13 +270,13 @@ mod tests {
         Cli::try_parse_from(args(v)).map_err(|e| e.to_string())
     }
 
-    fn run_args(v: &[&str]) -> RunArgs {
+    fn run_args(v: &[&str]) -> EngineArgs {
         let mut all = vec!["layerwise", "generate", "--model", "m", "--out", "o.png"];
         all.extend_from_slice(v);
         match parse(&all).unwrap() {
             Cli {
                 cmd: Cmd::Generate(a),
-            } => a.run,
+            } => a.engine,
             _ => unreachable!(),
         }
     }

@@ -1,18 +1,20 @@
 //! The scheduler task itself: the one owner of the queue and of every job's state. See
-//! [`super::scheduler`] for the messages it answers.
+//! [`super::scheduler`] for the messages it answers and the handles that send them;
+//! [`start`] spawns it.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::Tensor;
 use tokio::sync::{mpsc, oneshot};
 
-use super::scheduler::{format_id, JobState, JobStatus, Msg, Shared};
+use super::metrics::Metrics;
+use super::scheduler::{format_id, JobState, JobStatus, Msg, RankSource, Scheduler, Shared};
 use super::ApiError;
-use crate::runtime::engine::{Output, Request};
-use crate::runtime::rank::{Taken, Work, WorkKey};
+use crate::execution::engine::{Output, Request};
+use crate::execution::rank::{Taken, Work, WorkKey};
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -446,4 +448,50 @@ impl Actor {
             }
         }
     }
+}
+
+/// Starts the scheduler task on the current tokio runtime. `decode` receives finished
+/// latents; whoever decodes them answers with [`Msg::Decoded`].
+pub fn start(
+    dp: usize,
+    max_queue: usize,
+    keep_finished: usize,
+    decode: std::sync::mpsc::SyncSender<(WorkKey, Tensor)>,
+) -> (Scheduler, RankSource) {
+    let (tx, rx) = mpsc::channel(1024);
+    let shared = Arc::new(Shared {
+        metrics: Metrics::new(dp),
+        dp,
+        ready_ranks: AtomicUsize::new(0),
+        queued: AtomicUsize::new(0),
+        closing: AtomicBool::new(false),
+        failed: std::sync::Mutex::new(None),
+        stale: AtomicUsize::new(0),
+        fatal: tokio::sync::Notify::new(),
+        started: Instant::now(),
+        progress_ms: AtomicU64::new(0),
+    });
+    let actor = Actor {
+        shared: shared.clone(),
+        decode,
+        jobs: HashMap::new(),
+        done_order: VecDeque::new(),
+        queue: VecDeque::new(),
+        next_id: 1,
+        generation: 0,
+        work_waiters: Vec::new(),
+        closed: false,
+        max_queue,
+        keep_finished,
+        running: 0,
+        image_seconds: 0.0,
+    };
+    tokio::spawn(actor.run(rx));
+    (
+        Scheduler {
+            tx: tx.clone(),
+            shared: shared.clone(),
+        },
+        RankSource { tx, shared },
+    )
 }

@@ -17,7 +17,7 @@ use serde_json::{json, Map, Value};
 
 use super::scheduler::{format_id, parse_id, JobState, Scheduler};
 use super::ApiError;
-use crate::runtime::engine::{Model, Request};
+use crate::execution::engine::{Model, Request};
 use crate::Error;
 
 /// What the server accepts, beyond what the model can do.

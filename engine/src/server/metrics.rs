@@ -13,8 +13,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::runtime::pipeline::PipelineStats;
-use crate::runtime::rank::PassReport;
+use crate::execution::pipeline::PipelineStats;
+use crate::execution::rank::PassReport;
 
 type Labels = Vec<(String, String)>;
 type FCounter = Counter<f64, AtomicU64>;

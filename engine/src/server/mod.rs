@@ -2,16 +2,14 @@
 //! metrics, pipeline traces, graceful shutdown and a watchdog.
 //!
 //! Threads: the tokio runtime (HTTP and the scheduler task), one engine thread driving the
-//! rank loop of [`crate::runtime::rank`] (which starts one thread per rank), and one
+//! rank loop of [`crate::execution::rank`] (which starts one thread per rank), and one
 //! decode thread that turns finished latents into PNGs so the VAE never holds the other
 //! ranks' collectives hostage.
 
-mod actor;
+pub mod actor;
 pub mod api;
-pub mod loadgen;
 pub mod metrics;
 pub mod scheduler;
-pub mod trace_svg;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,11 +19,11 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use clap::Args;
 
-use crate::runtime::cuda::{DeviceChoice, HostMode, SlotsChoice};
-use crate::runtime::engine::{EngineOptions, Model};
-use crate::runtime::image::encode_png;
-use crate::runtime::rank::WorkKey;
-use crate::runtime::trace::Trace;
+use crate::execution::engine::{EngineOptions, Model};
+use crate::execution::rank::WorkKey;
+use crate::execution::trace::Trace;
+use crate::media::image::encode_png;
+use crate::options::EngineArgs;
 use crate::{Error, Result, Strategy};
 use api::{AppState, Bounds};
 use scheduler::{Msg, Scheduler};
@@ -43,27 +41,11 @@ impl From<Error> for ApiError {
 /// `layerwise serve` options.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// The diffusers pipeline folder.
-    #[arg(long, env = "LAYERWISE_MODEL")]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// resident, sharded, offload or offload-sharded.
     #[arg(long, env = "LAYERWISE_STRATEGY", default_value = "offload-sharded")]
     pub strategy: String,
-    /// Data-parallel ranks (threads of this process, one device each).
-    #[arg(long, env = "LAYERWISE_DP", default_value_t = 1)]
-    pub dp: usize,
-    /// Device slots per rank: K ≥ 2, or `auto` (as many as fit: on a GPU in its free
-    /// memory, on the CPU in `--device-memory-mib`, which auto then needs).
-    #[arg(long, env = "LAYERWISE_SLOTS", default_value = "2")]
-    pub slots: SlotsChoice,
-    /// Device memory per rank in MiB (the CPU backend enforces it as a GPU would).
-    #[arg(long, env = "LAYERWISE_DEVICE_MEMORY_MIB")]
-    pub device_memory_mib: Option<u64>,
-    /// How weights reach a GPU: `auto` (read-only registration of the mapped checkpoint
-    /// where the device supports it, else one pinned copy), `register`, `pin` or
-    /// `pageable`. The CPU backend reads the mapping directly and takes only `auto`.
-    #[arg(long, env = "LAYERWISE_HOST_MEMORY", default_value = "auto")]
-    pub host_memory: HostMode,
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).
     #[arg(long, env = "LAYERWISE_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -85,13 +67,6 @@ pub struct ServeArgs {
     /// Seconds running requests get to finish after SIGTERM.
     #[arg(long, env = "LAYERWISE_GRACE_SECONDS", default_value_t = 30)]
     pub grace_seconds: u64,
-    /// Seconds any rank may wait on a transfer, a peer or a step before the pod fails.
-    #[arg(long, env = "LAYERWISE_TIMEOUT_SECONDS", default_value_t = 120)]
-    pub timeout_seconds: u64,
-    /// Where ranks compute: `cpu`, `cuda` (GPUs 0..dp; needs a build with the `cuda`
-    /// feature) or `auto` (CUDA when usable, else the CPU, saying why).
-    #[arg(long, env = "LAYERWISE_DEVICE", default_value = "auto")]
-    pub device: DeviceChoice,
     /// Finished jobs whose results are kept for `GET /v1/jobs/{id}/result`.
     #[arg(long, env = "LAYERWISE_KEEP_FINISHED", default_value_t = 256)]
     pub keep_finished: usize,
@@ -112,19 +87,12 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     if a.max_queue == 0 {
         return Err(Error::invalid("max-queue", "must be at least 1"));
     }
-    let model = Arc::new(Model::open(&a.model)?);
+    let model = Arc::new(Model::open(&a.engine.model)?);
     let trace = a.trace.as_ref().map(|_| Trace::new(1_000_000));
     let opts = EngineOptions {
-        strategy,
-        dp: a.dp,
-        slots: a.slots,
-        device_memory: a.device_memory_mib.map_or(u64::MAX, |m| m << 20),
-        host: a.host_memory,
-        timeout: Duration::from_secs(a.timeout_seconds),
-        hook: None,
         decode: false,
         trace: trace.clone(),
-        device: a.device,
+        ..a.engine.options(strategy)
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -157,7 +125,7 @@ pub fn start(
 ) -> Result<Engine> {
     let (decode_tx, decode_rx) =
         std::sync::mpsc::sync_channel::<(WorkKey, Tensor)>(max_queue + opts.dp + 8);
-    let (scheduler, source) = scheduler::start(opts.dp, max_queue, keep_finished, decode_tx);
+    let (scheduler, source) = actor::start(opts.dp, max_queue, keep_finished, decode_tx);
     spawn_decoder(
         model.clone(),
         scheduler.clone(),
@@ -198,7 +166,7 @@ async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<Exi
         .local_addr()
         .map_err(|e| Error::invalid("listen", e.to_string()))?;
     println!("listening on http://{addr}");
-    tracing::info!(%addr, dp = a.dp, strategy = %opts.strategy, "serving");
+    tracing::info!(%addr, dp = a.engine.dp, strategy = %opts.strategy, "serving");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let shared = sched.shared.clone();

@@ -4,19 +4,17 @@
 //! is about, and the task checks it against what it handed out, so a late report for a
 //! cancelled or failed request is counted and dropped, never delivered to another.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use candle_core::Tensor;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::Metrics;
 use super::ApiError;
-use crate::runtime::engine::{Output, Request};
-use crate::runtime::rank::{PassReport, Taken, WorkKey, WorkSource};
+use crate::execution::engine::{Output, Request};
+use crate::execution::rank::{PassReport, Taken, WorkKey, WorkSource};
 use crate::{Error, Result};
 
 /// A job's state as the API reports it.
@@ -177,7 +175,7 @@ impl Shared {
 /// The HTTP side's handle on the scheduler.
 #[derive(Clone)]
 pub struct Scheduler {
-    tx: mpsc::Sender<Msg>,
+    pub(super) tx: mpsc::Sender<Msg>,
     pub shared: Arc<Shared>,
 }
 
@@ -220,8 +218,8 @@ impl Scheduler {
 
 /// The ranks' handle on the scheduler (a [`WorkSource`]); blocking, for rank threads.
 pub struct RankSource {
-    tx: mpsc::Sender<Msg>,
-    shared: Arc<Shared>,
+    pub(super) tx: mpsc::Sender<Msg>,
+    pub(super) shared: Arc<Shared>,
 }
 
 impl RankSource {
@@ -273,50 +271,4 @@ impl WorkSource for RankSource {
             msg: format!("rank {rank}: {error}"),
         });
     }
-}
-
-/// Starts the scheduler task on the current tokio runtime. `decode` receives finished
-/// latents; whoever decodes them answers with [`Msg::Decoded`].
-pub fn start(
-    dp: usize,
-    max_queue: usize,
-    keep_finished: usize,
-    decode: std::sync::mpsc::SyncSender<(WorkKey, Tensor)>,
-) -> (Scheduler, RankSource) {
-    let (tx, rx) = mpsc::channel(1024);
-    let shared = Arc::new(Shared {
-        metrics: Metrics::new(dp),
-        dp,
-        ready_ranks: AtomicUsize::new(0),
-        queued: AtomicUsize::new(0),
-        closing: AtomicBool::new(false),
-        failed: std::sync::Mutex::new(None),
-        stale: AtomicUsize::new(0),
-        fatal: tokio::sync::Notify::new(),
-        started: Instant::now(),
-        progress_ms: AtomicU64::new(0),
-    });
-    let actor = super::actor::Actor {
-        shared: shared.clone(),
-        decode,
-        jobs: HashMap::new(),
-        done_order: VecDeque::new(),
-        queue: VecDeque::new(),
-        next_id: 1,
-        generation: 0,
-        work_waiters: Vec::new(),
-        closed: false,
-        max_queue,
-        keep_finished,
-        running: 0,
-        image_seconds: 0.0,
-    };
-    tokio::spawn(actor.run(rx));
-    (
-        Scheduler {
-            tx: tx.clone(),
-            shared: shared.clone(),
-        },
-        RankSource { tx, shared },
-    )
 }

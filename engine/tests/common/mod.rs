@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use layerwise_engine::runtime::engine::Request;
-use layerwise_engine::runtime::synth::{synth, SynthOptions};
+use layerwise_engine::execution::engine::Request;
+use layerwise_engine::tools::synth::{synth, SynthOptions};
 
 /// A tiny DiT pipeline folder with `layers` blocks, written under `dir`.
 pub fn tiny(dir: &Path, layers: usize) -> PathBuf {

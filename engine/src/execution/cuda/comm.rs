@@ -14,7 +14,7 @@ use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 
 use super::backend::{buffer, slot_mut, CudaBackend, CudaStream};
 use super::host::cuda;
-use crate::runtime::backend::{Collective, GatherSource};
+use crate::execution::backend::{Collective, GatherSource};
 use crate::Result;
 
 /// What every rank of the group shares: the first failure.

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::runtime::trace::TraceFile;
+use crate::execution::trace::TraceFile;
 use crate::{Error, Result};
 
 const WIDTH: f64 = 1200.0;
@@ -130,7 +130,7 @@ pub fn render(json: &str) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::trace::{Lane, Trace};
+    use crate::execution::trace::{Lane, Trace};
 
     #[test]
     fn one_lane_per_rank_and_stream() {

@@ -6,8 +6,8 @@
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::Linear;
 
-use super::weights::Weights;
-use crate::family::dit::{DitConfig, TIMESTEP_CHANNELS};
+use crate::execution::weights::Weights;
+use crate::families::dit::{DitConfig, TIMESTEP_CHANNELS};
 use crate::{Error, Result};
 
 /// eps of the LayerNorm inside adaLN-Zero and of the final norm (fixed in diffusers).

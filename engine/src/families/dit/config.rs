@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::TensorSpec;
+use crate::families::TensorSpec;
 use crate::{Error, Result};
 
 /// Width of the sinusoidal timestep projection diffusers uses for DiT.

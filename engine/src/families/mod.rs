@@ -1,9 +1,10 @@
-//! Model families: what a family's checkpoint must contain (names, shapes), how its
-//! transformer splits into prologue, blocks and epilogue, and what its activations cost.
-//! This part is pure metadata (no tensor math) so the node agent can use it to profile.
+//! Model families: what a family's checkpoint must contain (names, shapes), how each
+//! component splits into prologue, blocks and epilogue, what its activations cost, and
+//! (with the `runtime` feature) its math. Metadata is always built, without tensor math,
+//! so the node agent can profile checkpoints.
 
+pub mod autoencoder_kl;
 pub mod dit;
-pub mod vae;
 
 /// One tensor a family expects, by full name and shape.
 #[derive(Debug, Clone, PartialEq, Eq)]

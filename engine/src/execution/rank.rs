@@ -17,11 +17,11 @@ use super::backend::{Backend, Collective};
 use super::budget::DeviceBudget;
 use super::cpu::{CpuBackend, LocalGroup};
 use super::cuda::{self, Resolved};
-use super::dit::Dit;
 use super::engine::{Active, EngineOptions, Model, Output, Request};
 use super::lockstep::{Coordinator, Flags};
 use super::pipeline::{Pipeline, PipelineOptions, PipelineStats};
 use super::trace::Lane;
+use crate::families::dit::model::Dit;
 use crate::layout::ModelLayout;
 use crate::{Error, Result};
 

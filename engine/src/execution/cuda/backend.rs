@@ -21,8 +21,8 @@ use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
 
 use super::host::{cuda, HostMemory};
 use crate::checkpoint::Mapped;
+use crate::execution::backend::Backend;
 use crate::layout::Piece;
-use crate::runtime::backend::Backend;
 use crate::{Error, Result};
 
 /// A CUDA stream with the first error of any work enqueued on it.

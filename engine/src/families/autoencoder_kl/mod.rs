@@ -1,13 +1,16 @@
-//! The AutoencoderKL (diffusers layout) that turns DiT latents into pixels: its
-//! `vae/config.json`, the checks on it, and the names and shapes of every tensor its
-//! checkpoint holds. Pure metadata, so the node agent can profile a VAE without the
-//! compute runtime; the decoder that uses it lives in `runtime::vae`.
+//! The AutoencoderKL (diffusers layout) that turns latents into pixels, shared by the
+//! families that use it (DiT today): its `vae/config.json`, the checks on it, and the
+//! names and shapes of every tensor its checkpoint holds, which the node agent needs
+//! without the compute runtime; and the decoder itself (`decoder`, with `runtime`).
+
+#[cfg(feature = "runtime")]
+pub mod decoder;
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::family::TensorSpec;
+use crate::families::TensorSpec;
 use crate::{Error, Result};
 
 /// The only class this module understands.

@@ -10,11 +10,11 @@ use memmap2::MmapMut;
 use rayon::prelude::*;
 use safetensors::Dtype;
 
-use super::ddim::DdimConfig;
 use crate::checkpoint::header::{dtype_size, encode_header};
-use crate::family::dit::DitConfig;
-use crate::family::vae::VaeConfig;
-use crate::family::TensorSpec;
+use crate::families::autoencoder_kl::VaeConfig;
+use crate::families::dit::DitConfig;
+use crate::families::TensorSpec;
+use crate::samplers::ddim::DdimConfig;
 use crate::{Error, Result};
 
 /// What to write.
@@ -233,7 +233,7 @@ pub fn synth(out: &Path, opts: &SynthOptions) -> Result<SynthReport> {
     opts.dit.validate(Path::new("synth options"))?;
     opts.vae.validate(Path::new("synth options"))?;
     if dtype_size(opts.dtype).is_none()
-        || !crate::checkpoint::model::WEIGHT_DTYPES.contains(&opts.dtype)
+        || !crate::checkpoint::check::WEIGHT_DTYPES.contains(&opts.dtype)
     {
         return Err(Error::invalid(
             "dtype",

@@ -16,16 +16,17 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::Serialize;
 
 use super::cuda::{DeviceChoice, HostMode, SlotsChoice};
-use super::ddim::{Ddim, DdimConfig};
-use super::dit::Dit;
 use super::pipeline::{candle_dtype, Hook};
 use super::rank::{Taken, Work, WorkKey, WorkSource};
 use super::rss::RssSampler;
 use super::trace::Trace;
-use super::vae::VaeDecoder;
-use crate::checkpoint::{DitCheckpoint, Mapped};
-use crate::family::dit::DitConfig;
+use crate::checkpoint::Mapped;
+use crate::families::autoencoder_kl::decoder::VaeDecoder;
+use crate::families::dit::model::{Dit, DitState};
+use crate::families::dit::DitCheckpoint;
+use crate::families::dit::DitConfig;
 use crate::layout::ModelLayout;
+use crate::samplers::ddim::{Ddim, DdimConfig};
 use crate::{Error, Result, Strategy};
 
 /// A checkpoint opened, checked and mapped once for every rank.
@@ -317,7 +318,7 @@ impl Model {
     }
 
     /// One denoising step of `a` on pipeline `pipe` (all blocks), as DiTPipeline does it.
-    pub(crate) fn prepare_step(&self, dit: &Dit, a: &Active) -> Result<super::dit::DitState> {
+    pub(crate) fn prepare_step(&self, dit: &Dit, a: &Active) -> Result<DitState> {
         let t = a.ddim.timesteps[a.step];
         let cfg = a.req.guidance > 1.0;
         let (input, labels) = if cfg {
@@ -331,12 +332,7 @@ impl Model {
         dit.prologue(&input, t as f32, &labels)
     }
 
-    pub(crate) fn finish_step(
-        &self,
-        dit: &Dit,
-        a: &mut Active,
-        st: super::dit::DitState,
-    ) -> Result<()> {
+    pub(crate) fn finish_step(&self, dit: &Dit, a: &mut Active, st: DitState) -> Result<()> {
         let c = self.config().in_channels;
         let out = dit.epilogue(st)?;
         let eps = out.narrow(1, 0, c)?;

@@ -9,8 +9,10 @@ use std::path::Path;
 use candle_core::{DType, Module, Tensor};
 use candle_nn::{GroupNorm, Linear};
 
-use crate::family::vae::{legacy_attention_alias, shape_compatible, VaeConfig, NORM_EPS};
-use crate::runtime::weights::Weights;
+use crate::execution::weights::Weights;
+use crate::families::autoencoder_kl::{
+    legacy_attention_alias, shape_compatible, VaeConfig, NORM_EPS,
+};
 use crate::{Error, Result};
 
 /// Fetches tensors by full name, checks their shapes, and falls back to legacy names.
@@ -321,8 +323,8 @@ mod tests {
     use rand_distr::{Distribution, Normal};
 
     use super::*;
-    use crate::family::vae::current_attention_name;
-    use crate::family::TensorSpec;
+    use crate::families::autoencoder_kl::current_attention_name;
+    use crate::families::TensorSpec;
 
     /// Seeded weights that keep activations near unit scale through the whole decoder.
     fn random_weights(specs: &[TensorSpec], seed: u64) -> HashMap<String, Tensor> {

@@ -1,0 +1,16 @@
+//! Execution: how weights move and compute runs, whatever the family. Device memory
+//! accounting, the backends (CPU always; CUDA behind the `cuda` feature) and their
+//! streams, the block pipeline, the rank loop and the lockstep coordinator between ranks.
+
+pub mod backend;
+pub mod budget;
+pub mod cpu;
+pub mod cuda;
+pub mod engine;
+pub mod lockstep;
+pub mod pipeline;
+pub mod rank;
+pub mod rss;
+pub mod stream;
+pub mod trace;
+pub mod weights;

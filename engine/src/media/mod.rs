@@ -1,0 +1,3 @@
+//! What the engine writes for people to look at: PNG images.
+
+pub mod image;

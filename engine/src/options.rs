@@ -1,0 +1,58 @@
+//! The engine flags that `generate`, `bench` and `serve` share, declared once: where the
+//! checkpoint is, how many ranks and slots, the device and its memory, and how long a
+//! rank may wait. Each command adds its own flags beside them with `#[command(flatten)]`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::execution::cuda::{DeviceChoice, HostMode, SlotsChoice};
+use crate::execution::engine::EngineOptions;
+use crate::Strategy;
+
+/// How the engine runs a model, whatever the command.
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// The diffusers pipeline folder.
+    #[arg(long, env = "LAYERWISE_MODEL")]
+    pub model: PathBuf,
+    /// Data-parallel ranks (threads of this process, one device each).
+    #[arg(long, env = "LAYERWISE_DP", default_value_t = 1)]
+    pub dp: usize,
+    /// Device slots per rank: K ≥ 2, or `auto` (as many as fit: on a GPU in its free
+    /// memory, on the CPU in `--device-memory-mib`, which auto then needs).
+    #[arg(long, env = "LAYERWISE_SLOTS", default_value = "2")]
+    pub slots: SlotsChoice,
+    /// Device memory per rank in MiB (the CPU backend enforces it as a GPU would).
+    #[arg(long, env = "LAYERWISE_DEVICE_MEMORY_MIB")]
+    pub device_memory_mib: Option<u64>,
+    /// How weights reach a GPU: `auto` (read-only registration of the mapped checkpoint
+    /// where the device supports it, else one pinned copy), `register`, `pin` or
+    /// `pageable`. The CPU backend reads the mapping directly and takes only `auto`.
+    #[arg(long, env = "LAYERWISE_HOST_MEMORY", default_value = "auto")]
+    pub host_memory: HostMode,
+    /// Seconds any rank may wait on a transfer, a peer or a step before failing.
+    #[arg(long, env = "LAYERWISE_TIMEOUT_SECONDS", default_value_t = 120)]
+    pub timeout_seconds: u64,
+    /// Where ranks compute: `cpu`, `cuda` (GPUs 0..dp; needs a build with the `cuda`
+    /// feature) or `auto` (CUDA when usable, else the CPU, saying why).
+    #[arg(long, env = "LAYERWISE_DEVICE", default_value = "auto")]
+    pub device: DeviceChoice,
+}
+
+impl EngineArgs {
+    /// The engine options these flags describe, for `strategy`.
+    pub fn options(&self, strategy: Strategy) -> EngineOptions {
+        EngineOptions {
+            strategy,
+            dp: self.dp,
+            slots: self.slots,
+            device_memory: self.device_memory_mib.map_or(u64::MAX, |m| m << 20),
+            host: self.host_memory,
+            timeout: Duration::from_secs(self.timeout_seconds),
+            device: self.device,
+            ..EngineOptions::default()
+        }
+    }
+}
