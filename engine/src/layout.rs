@@ -1,11 +1,15 @@
 //! Block sharding math: how a block's bytes are packed into a device slot, and which
 //! bytes of the mapped checkpoint each rank copies. Pure functions, no I/O.
 //!
-//! A block's tensors are grouped by dtype. Each group is packed back to back (in file
-//! order, so neighbouring tensors make one copy), padded to a multiple of `dp × ALIGN`,
-//! and split into `dp` equal shards: rank r copies bytes `[r·S, (r+1)·S)` of every group,
-//! and one all-gather per group fills in the rest. A slot holds one region per dtype,
-//! sized to the largest padded group over all blocks, so any block fits any slot.
+//! A model streams one or more **groups** of structurally similar blocks (a transformer's
+//! blocks, a text encoder's layers, a second expert's blocks). Within a block, tensors are
+//! packed by dtype into **regions**: each region is packed back to back (in file order, so
+//! neighbouring tensors make one copy), padded to a multiple of `dp × ALIGN`, and split
+//! into `dp` equal shards: rank r copies bytes `[r·S, (r+1)·S)` of every region, and one
+//! all-gather per region fills in the rest. Every group's blocks pass through the same K
+//! slots, so a slot holds one region per dtype of any group, each sized to the largest
+//! padded region over all blocks of all groups ([`SlotShape`]): any block fits any slot,
+//! and a pass over one group can prefetch the first blocks of the next group's pass.
 
 use std::collections::BTreeMap;
 
@@ -19,14 +23,14 @@ use crate::{Error, Result};
 /// Shard boundaries are multiples of this many bytes (what DMA engines and NCCL like).
 pub const ALIGN: u64 = 256;
 
-/// A contiguous run of checkpoint bytes and where it lands in a slot group.
+/// A contiguous run of checkpoint bytes and where it lands in a slot region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Piece {
     /// Index into the component's files.
     pub file: usize,
     /// Absolute offset in that file.
     pub src: u64,
-    /// Offset within the slot group.
+    /// Offset within the slot region.
     pub dst: u64,
     pub len: u64,
 }
@@ -37,15 +41,16 @@ pub struct SlotTensor {
     /// Name relative to the block prefix.
     pub name: String,
     pub shape: Vec<usize>,
-    pub group: usize,
-    /// Byte offset within the slot group.
+    /// Index into the group's [`GroupLayout::dtypes`].
+    pub region: usize,
+    /// Byte offset within the slot region.
     pub offset: u64,
     pub len: u64,
 }
 
 /// One dtype's bytes of one block.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupLayout {
+pub struct RegionLayout {
     pub dtype: Dtype,
     /// Bytes of tensor data (before padding).
     pub bytes: u64,
@@ -57,9 +62,9 @@ pub struct GroupLayout {
     pub pieces: Vec<Piece>,
 }
 
-impl GroupLayout {
+impl RegionLayout {
     /// The runs rank `rank` copies for its shard, clipped to its byte range, with `dst`
-    /// still relative to the start of the group.
+    /// still relative to the start of the region.
     pub fn shard_pieces(&self, rank: usize) -> Vec<Piece> {
         let (lo, hi) = (rank as u64 * self.shard, (rank as u64 + 1) * self.shard);
         self.pieces
@@ -81,28 +86,28 @@ impl GroupLayout {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockLayout {
     pub index: usize,
-    /// Indexed like [`ModelLayout::groups`]; a block without a dtype has an empty group.
-    pub groups: Vec<GroupLayout>,
+    /// Indexed like [`GroupLayout::dtypes`]; a block without a dtype has an empty region.
+    pub regions: Vec<RegionLayout>,
     pub tensors: Vec<SlotTensor>,
 }
 
 impl BlockLayout {
     pub fn padded_bytes(&self) -> u64 {
-        self.groups.iter().map(|g| g.padded).sum()
+        self.regions.iter().map(|g| g.padded).sum()
     }
     pub fn bytes(&self) -> u64 {
-        self.groups.iter().map(|g| g.bytes).sum()
+        self.regions.iter().map(|g| g.bytes).sum()
     }
 }
 
-/// Every block's layout for a given dp, and the slot shape that fits them all.
+/// Every block's layout of one group for a given dp, and the regions that fit them all.
 #[derive(Debug, Clone)]
-pub struct ModelLayout {
+pub struct GroupLayout {
     pub dp: usize,
-    /// Dtypes of the slot regions, in region order.
-    pub groups: Vec<Dtype>,
-    /// Bytes of each slot region (largest padded group over blocks).
-    pub group_capacity: Vec<u64>,
+    /// Dtypes of the regions, in region order.
+    pub dtypes: Vec<Dtype>,
+    /// Bytes of each region (largest padded region over this group's blocks).
+    pub region_capacity: Vec<u64>,
     pub blocks: Vec<BlockLayout>,
 }
 
@@ -110,7 +115,7 @@ fn round_up(x: u64, m: u64) -> u64 {
     x.div_ceil(m) * m
 }
 
-impl ModelLayout {
+impl GroupLayout {
     /// Lays out blocks `0..num_blocks` whose tensors are `prefix(i) + spec.name`.
     pub fn new(
         component: &Component,
@@ -118,7 +123,7 @@ impl ModelLayout {
         num_blocks: usize,
         prefix: impl Fn(usize) -> String,
         dp: usize,
-    ) -> Result<ModelLayout> {
+    ) -> Result<GroupLayout> {
         if dp == 0 {
             return Err(Error::invalid("dp", "must be at least 1"));
         }
@@ -148,9 +153,9 @@ impl ModelLayout {
         dtypes.sort_by_key(|d| std::cmp::Reverse(dtype_size(*d).unwrap_or(1)));
         let unit = dp as u64 * ALIGN;
         let mut blocks = Vec::with_capacity(num_blocks);
-        let mut group_capacity = vec![0u64; dtypes.len()];
+        let mut region_capacity = vec![0u64; dtypes.len()];
         for (i, mut by_dtype) in per_block.into_iter().enumerate() {
-            let mut groups = Vec::with_capacity(dtypes.len());
+            let mut regions = Vec::with_capacity(dtypes.len());
             let mut tensors = Vec::with_capacity(specs.len());
             for (gi, dtype) in dtypes.iter().enumerate() {
                 let mut items = by_dtype.remove(dtype).unwrap_or_default();
@@ -161,7 +166,7 @@ impl ModelLayout {
                     tensors.push(SlotTensor {
                         name: specs[si].name.clone(),
                         shape: specs[si].shape.clone(),
-                        group: gi,
+                        region: gi,
                         offset: at,
                         len,
                     });
@@ -181,8 +186,8 @@ impl ModelLayout {
                     at += len;
                 }
                 let padded = round_up(at, unit);
-                group_capacity[gi] = group_capacity[gi].max(padded);
-                groups.push(GroupLayout {
+                region_capacity[gi] = region_capacity[gi].max(padded);
+                regions.push(RegionLayout {
                     dtype: *dtype,
                     bytes: at,
                     padded,
@@ -192,21 +197,21 @@ impl ModelLayout {
             }
             blocks.push(BlockLayout {
                 index: i,
-                groups,
+                regions,
                 tensors,
             });
         }
-        Ok(ModelLayout {
+        Ok(GroupLayout {
             dp,
-            groups: dtypes,
-            group_capacity,
+            dtypes,
+            region_capacity,
             blocks,
         })
     }
 
     /// Bytes of one slot.
     pub fn slot_bytes(&self) -> u64 {
-        self.group_capacity.iter().sum()
+        self.region_capacity.iter().sum()
     }
 
     /// The largest padded block.
@@ -219,13 +224,64 @@ impl ModelLayout {
     }
 }
 
+/// The regions of one device slot that fits a block of any of `groups`: per dtype, the
+/// largest padded region over every group; and where each group's regions land in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotShape {
+    pub dtypes: Vec<Dtype>,
+    /// Bytes of each slot region.
+    pub capacity: Vec<u64>,
+    /// Per group, per region of that group: the slot region it uses.
+    pub region_of: Vec<Vec<usize>>,
+}
+
+impl SlotShape {
+    pub fn of(groups: &[GroupLayout]) -> SlotShape {
+        let mut dtypes: Vec<Dtype> = Vec::new();
+        for g in groups {
+            for d in &g.dtypes {
+                if !dtypes.contains(d) {
+                    dtypes.push(*d);
+                }
+            }
+        }
+        // Widest dtype first keeps every region aligned for its element type.
+        dtypes.sort_by_key(|d| std::cmp::Reverse(dtype_size(*d).unwrap_or(1)));
+        let mut capacity = vec![0u64; dtypes.len()];
+        let region_of = groups
+            .iter()
+            .map(|g| {
+                g.dtypes
+                    .iter()
+                    .zip(&g.region_capacity)
+                    .map(|(d, &cap)| {
+                        let r = dtypes.iter().position(|x| x == d).expect("collected");
+                        capacity[r] = capacity[r].max(cap);
+                        r
+                    })
+                    .collect()
+            })
+            .collect();
+        SlotShape {
+            dtypes,
+            capacity,
+            region_of,
+        }
+    }
+
+    /// Bytes of one slot.
+    pub fn bytes(&self) -> u64 {
+        self.capacity.iter().sum()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn group(pieces: Vec<Piece>, bytes: u64, dp: usize) -> GroupLayout {
+    fn region(pieces: Vec<Piece>, bytes: u64, dp: usize) -> RegionLayout {
         let padded = round_up(bytes, dp as u64 * ALIGN);
-        GroupLayout {
+        RegionLayout {
             dtype: Dtype::F32,
             bytes,
             padded,
@@ -251,7 +307,7 @@ mod tests {
             },
         ];
         for dp in 1..=5 {
-            let g = group(pieces.clone(), 1777, dp);
+            let g = region(pieces.clone(), 1777, dp);
             assert_eq!(g.padded % (dp as u64 * ALIGN), 0);
             let mut covered = vec![0u8; g.padded as usize];
             for r in 0..dp {

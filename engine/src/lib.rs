@@ -7,6 +7,8 @@
 pub mod checkpoint;
 #[cfg(feature = "runtime")]
 pub mod cli;
+#[cfg(feature = "runtime")]
+pub mod engine;
 pub mod error;
 #[cfg(feature = "runtime")]
 pub mod execution;

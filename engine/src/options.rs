@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::execution::cuda::{DeviceChoice, HostMode, SlotsChoice};
-use crate::execution::engine::EngineOptions;
+use crate::execution::rank::EngineOptions;
 use crate::Strategy;
 
 /// How the engine runs a model, whatever the command.

@@ -10,9 +10,10 @@ use std::process::Command;
 
 use layerwise_engine::checkpoint::header::{encode_header, Header};
 use layerwise_engine::checkpoint::Profile;
+use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::plan::DeviceNeeds;
 use layerwise_engine::execution::cuda::SlotsChoice;
-use layerwise_engine::execution::engine::{EngineOptions, Model};
+use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::Strategy;
 use safetensors::Dtype;
 
@@ -315,8 +316,8 @@ fn slots_auto_on_the_cpu_fills_the_budget_or_names_the_missing_flag() {
     let d = tempfile::tempdir().unwrap();
     let model = Model::open(&common::tiny(d.path(), 3)).unwrap();
     let strategy = Strategy::OffloadSharded;
-    let outside = model.outside_block_bytes() + model.vae_decoder_weights().1;
-    let needs = DeviceNeeds::of(&model.layout(1).unwrap(), strategy, outside);
+    let outside = model.family.resident_bytes(true);
+    let needs = DeviceNeeds::of(&model.layouts(1).unwrap(), strategy, outside);
     let opts = |device_memory| EngineOptions {
         strategy,
         slots: SlotsChoice::Auto,

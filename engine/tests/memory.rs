@@ -4,8 +4,9 @@
 
 mod common;
 
+use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::SlotsChoice;
-use layerwise_engine::execution::engine::{EngineOptions, Model};
+use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::Strategy;
 
 #[test]

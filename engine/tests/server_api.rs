@@ -15,9 +15,11 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
+use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::SlotsChoice;
-use layerwise_engine::execution::engine::{EngineOptions, Model, Request};
 use layerwise_engine::execution::pipeline::{Hook, Stage};
+use layerwise_engine::execution::rank::EngineOptions;
+use layerwise_engine::execution::work::{Condition, Request};
 use layerwise_engine::media::image::encode_png;
 use layerwise_engine::server::api::{app, AppState, Bounds};
 use layerwise_engine::server::scheduler::Scheduler;
@@ -396,13 +398,10 @@ async fn mixed_steps_in_flight_match_each_request_alone() {
         let (s, _, png) = call(&app, "GET", &format!("/v1/jobs/{id}/result"), None).await;
         assert_eq!(s, StatusCode::OK);
         let r = Request {
-            class_label: seed as u32,
             seed,
             steps,
             guidance,
-            width: w,
-            height: h,
-            init_latents: None,
+            ..Request::image(Condition::Class(seed as u32), w, h)
         };
         assert!(
             png == expected_png(&model, &r),

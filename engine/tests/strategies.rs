@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::SlotsChoice;
-use layerwise_engine::execution::engine::{EngineOptions, Model};
 use layerwise_engine::execution::pipeline::Stage;
+use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::Strategy;
 
 fn opts(strategy: Strategy, dp: usize, slots: usize) -> EngineOptions {
@@ -143,9 +144,7 @@ fn device_weights_stay_within_k_slots_whatever_the_depth() {
 fn resident_and_sharded_hold_what_they_promise() {
     let dir = tempfile::tempdir().unwrap();
     let model = Model::open(&common::tiny(dir.path(), 6)).unwrap();
-    let block: u64 = model
-        .layout(2)
-        .unwrap()
+    let block: u64 = model.layouts(2).unwrap()[0]
         .blocks
         .iter()
         .map(|b| b.padded_bytes())
@@ -165,7 +164,12 @@ fn resident_and_sharded_hold_what_they_promise() {
         .unwrap();
     assert_eq!(
         s.peak_device_bytes_by_kind["resident_shards"],
-        model.layout(2).unwrap().group_capacity.iter().sum::<u64>() / 2 * 6
+        model.layouts(2).unwrap()[0]
+            .region_capacity
+            .iter()
+            .sum::<u64>()
+            / 2
+            * 6
     );
 }
 
@@ -197,7 +201,7 @@ fn sharded_files_and_half_precision_load() {
         .join("transformer/diffusion_pytorch_model.safetensors.index.json")
         .is_file());
     let split = Model::open(&split).unwrap();
-    assert!(split.checkpoint.transformer.files.len() > 3);
+    assert!(split.checkpoint.components()[0].1.files.len() > 3);
     let reqs = vec![common::request(9, 2, 4.0)];
     let a = single
         .run(reqs.clone(), &opts(Strategy::OffloadSharded, 2, 2))

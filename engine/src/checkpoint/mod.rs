@@ -218,6 +218,8 @@ impl Mapped {
 #[derive(Debug, Clone)]
 pub struct ModelFolder {
     pub root: PathBuf,
+    /// The pipeline class `model_index.json` names (`_class_name`), if it names one.
+    pub class_name: Option<String>,
 }
 
 impl ModelFolder {
@@ -242,8 +244,20 @@ impl ModelFolder {
                 ));
             }
         }
+        let class_name = match v.get("_class_name") {
+            None => None,
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            Some(other) => {
+                return Err(Error::config(
+                    &index,
+                    "_class_name",
+                    format!("{other} is not a pipeline class name"),
+                ))
+            }
+        };
         Ok(ModelFolder {
             root: root.to_path_buf(),
+            class_name,
         })
     }
     pub fn transformer(&self) -> PathBuf {

@@ -9,8 +9,9 @@ use safetensors::Dtype;
 use super::{BenchArgs, GenerateArgs, RequestArgs};
 use crate::checkpoint::header::{encode_header, Header};
 use crate::checkpoint::Profile;
-use crate::execution::engine::{Model, Request, RunStats};
+use crate::engine::{Model, RunStats};
 use crate::execution::trace::Trace;
+use crate::execution::work::{Condition, Request};
 use crate::media::image::write_png;
 use crate::tools::loadgen::LoadgenArgs;
 use crate::tools::trace_svg as svg;
@@ -30,23 +31,20 @@ fn parse_size(s: &str) -> Result<(usize, usize)> {
 
 impl RequestArgs {
     fn requests(&self, model: &Model, init: Option<Tensor>) -> Result<Vec<Request>> {
-        let native = model.config().sample_size * model.upscale();
         let (width, height) = self
             .size
             .as_deref()
             .map(parse_size)
             .transpose()?
-            .unwrap_or((native, native));
+            .unwrap_or(model.family.native_size());
         (0..self.n)
             .map(|i| {
                 Ok(Request {
-                    class_label: self.class_label,
                     seed: self.seed + i as u64,
                     steps: self.steps,
                     guidance: self.guidance,
-                    width,
-                    height,
                     init_latents: init.as_ref().map(|t| t.narrow(0, i, 1)).transpose()?,
+                    ..Request::image(Condition::Class(self.class_label), width, height)
                 })
             })
             .collect()
@@ -223,7 +221,12 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
     // Bring the checkpoint into the page cache first so no strategy pays the disk; read
     // through one small buffer, so the warm-up holds no copy of the model.
     let mut buf = vec![0u8; 8 << 20];
-    for h in &model.checkpoint.transformer.files {
+    for h in model
+        .checkpoint
+        .components()
+        .into_iter()
+        .flat_map(|(_, c)| c.files.iter())
+    {
         let mut f = std::fs::File::open(&h.path)
             .with_context(|| format!("reading {}", h.path.display()))?;
         while std::io::Read::read(&mut f, &mut buf)? > 0 {}

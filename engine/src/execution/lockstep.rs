@@ -1,11 +1,19 @@
 //! The pass coordinator: a barrier at every pass boundary that makes the dp ranks take
 //! the same decision there, whatever requests they hold.
 //!
-//! `Pipeline::pass(next_pass, ..)` issues collectives (and, with `next_pass`, prefetches the
-//! next pass's first blocks, gathers included), so every rank must agree on whether a pass
-//! runs at all and on `next_pass`. Each rank brings its own view (do I have work now, will
-//! I still have work after this pass, is my source closed, which arrival generation did I
-//! see before looking for work); the barrier ORs and ANDs them into one [`Decision`].
+//! `Pipeline::pass(group, next, ..)` issues collectives (and, with `next`, prefetches the
+//! first blocks of the next pass, gathers included), so every rank must agree on whether a
+//! pass runs at all, over which group of blocks, and what follows it. Each rank brings its
+//! own view (which group its request wants now and after this pass, is its source closed,
+//! which arrival generation it saw before looking for work); the barrier combines them
+//! into one [`Decision`].
+//!
+//! Which group runs: a group whose first blocks were prefetched is committed and runs
+//! next. Otherwise the group wanted by the rank that has waited the most passes for its
+//! group (ties: the group most ranks want, then the lowest index), so a request whose
+//! group differs from its peers' (a new prompt to encode, the other expert) waits at most
+//! one pass per rank ahead of it. The next pass is predicted by the same rule from what
+//! every rank will want after this one, and committed when prefetched.
 
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -15,10 +23,10 @@ use crate::{Error, Result};
 /// One rank's view at a pass boundary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flags {
-    /// This rank has a request to step in this pass.
-    pub has_work: bool,
-    /// This rank will still have work after this pass (or work is queued).
-    pub more: bool,
+    /// The group this rank's request wants a pass over now (None: no work).
+    pub want: Option<usize>,
+    /// The group it will want after that pass (or that queued work would want first).
+    pub then: Option<usize>,
     /// This rank's source will never hand out work again.
     pub closed: bool,
     /// The source's arrival generation this rank saw before it looked for work.
@@ -28,26 +36,69 @@ pub struct Flags {
 /// What every rank does next; identical on every rank of the round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
-    /// Some rank has work: everyone runs the pass (idle ranks join without computing).
+    /// Some rank has work (or a prefetched pass is due): everyone runs the pass over
+    /// `group` (ranks whose request wants another group join without computing).
     pub run: bool,
-    /// Another pass will follow: prefetch its first blocks.
-    pub next_pass: bool,
+    /// The group of blocks this pass runs over.
+    pub group: usize,
+    /// Another pass will follow over this group: prefetch its first blocks. Once
+    /// announced, the next pass that runs is over this group.
+    pub next: Option<usize>,
     /// Nobody has work and every source is closed: leave the loop.
     pub exit: bool,
     /// Nobody has work: pause until an arrival newer than this generation.
     pub generation: u64,
 }
 
+/// Picks the group for a pass from each rank's wanted group and how many passes it has
+/// waited for it (see the module doc for the rule).
+fn choose(wants: &[Option<usize>], waited: &[u64]) -> Option<usize> {
+    let count = |g: usize| wants.iter().filter(|w| **w == Some(g)).count();
+    wants
+        .iter()
+        .zip(waited)
+        .filter_map(|(w, n)| w.map(|g| (*n, count(g), std::cmp::Reverse(g))))
+        .max()
+        .map(|(_, _, std::cmp::Reverse(g))| g)
+}
+
 impl Decision {
-    /// Combines every rank's flags (a pure function, so it can be tested alone).
-    pub fn combine(flags: &[Flags]) -> Decision {
-        let run = flags.iter().any(|f| f.has_work);
-        Decision {
+    /// Combines every rank's flags, given the group already committed by a prefetch and
+    /// how many passes each rank has waited for its group (a pure function, so it can be
+    /// tested alone). Returns the decision and the ranks' waits after it.
+    pub fn combine(
+        flags: &[Flags],
+        committed: Option<usize>,
+        waited: &[u64],
+    ) -> (Decision, Vec<u64>) {
+        let wants: Vec<Option<usize>> = flags.iter().map(|f| f.want).collect();
+        let chosen = committed.or_else(|| choose(&wants, waited));
+        let run = chosen.is_some();
+        let group = chosen.unwrap_or(0);
+        // Who wants what after this pass: a rank whose group ran moves on to `then`.
+        let (mut after, mut waits) = (Vec::with_capacity(flags.len()), Vec::new());
+        for (f, n) in flags.iter().zip(waited) {
+            let served = run && f.want == Some(group);
+            after.push(if served || f.want.is_none() {
+                f.then
+            } else {
+                f.want
+            });
+            waits.push(match f.want {
+                Some(_) if !served && run => n + 1,
+                Some(_) if !served => *n,
+                _ => 0,
+            });
+        }
+        let next = if run { choose(&after, &waits) } else { None };
+        let d = Decision {
             run,
-            next_pass: run && flags.iter().any(|f| f.more),
+            group,
+            next,
             exit: !run && flags.iter().all(|f| f.closed),
             generation: flags.iter().map(|f| f.generation).min().unwrap_or(0),
-        }
+        };
+        (d, waits)
     }
 }
 
@@ -55,6 +106,10 @@ struct State {
     round: u64,
     arrived: Vec<Option<Flags>>,
     last: Option<Decision>,
+    /// The group a prefetch has committed the next pass to.
+    committed: Option<usize>,
+    /// Passes each rank has waited for its group.
+    waited: Vec<u64>,
     poisoned: Option<String>,
 }
 
@@ -75,6 +130,8 @@ impl Coordinator {
                 round: 0,
                 arrived: vec![None; size],
                 last: None,
+                committed: None,
+                waited: vec![0; size],
                 poisoned: None,
             }),
             cv: Condvar::new(),
@@ -109,7 +166,11 @@ impl Coordinator {
                 .iter_mut()
                 .map(|f| f.take().expect("arrived"))
                 .collect();
-            let d = Decision::combine(&all);
+            let (d, waited) = Decision::combine(&all, s.committed, &s.waited);
+            if d.run {
+                s.committed = d.next;
+            }
+            s.waited = waited;
             s.last = Some(d);
             s.round += 1;
             self.cv.notify_all();
@@ -145,31 +206,60 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    fn f(has_work: bool, more: bool, closed: bool, generation: u64) -> Flags {
+    fn f(want: Option<usize>, then: Option<usize>, closed: bool, generation: u64) -> Flags {
         Flags {
-            has_work,
-            more,
+            want,
+            then,
             closed,
             generation,
         }
     }
 
+    fn combine(flags: &[Flags]) -> Decision {
+        Decision::combine(flags, None, &vec![0; flags.len()]).0
+    }
+
     #[test]
     fn any_work_runs_the_pass_for_everyone() {
-        let d = Decision::combine(&[f(false, false, true, 5), f(true, false, false, 3)]);
-        assert!(d.run && !d.next_pass && !d.exit);
+        let d = combine(&[f(None, None, true, 5), f(Some(0), None, false, 3)]);
+        assert!(d.run && d.next.is_none() && !d.exit);
         assert_eq!(d.generation, 3);
-        let d = Decision::combine(&[f(false, true, false, 1), f(true, false, false, 1)]);
-        assert!(
-            d.next_pass,
+        let d = combine(&[f(None, Some(0), false, 1), f(Some(0), None, false, 1)]);
+        assert_eq!(
+            d.next,
+            Some(0),
             "one rank expecting more work prefetches for all"
         );
-        let d = Decision::combine(&[f(false, true, false, 1), f(false, false, true, 1)]);
+        let d = combine(&[f(None, Some(0), false, 1), f(None, None, true, 1)]);
         assert!(
-            !d.run && !d.next_pass && !d.exit,
+            !d.run && d.next.is_none() && !d.exit,
             "no prefetch when no pass runs"
         );
-        assert!(Decision::combine(&[f(false, false, true, 0), f(false, false, true, 0)]).exit);
+        assert!(combine(&[f(None, None, true, 0), f(None, None, true, 0)]).exit);
+    }
+
+    #[test]
+    fn groups_take_turns_and_the_prefetched_group_is_committed() {
+        // Rank 0 wants group 1 (say, the second expert), ranks 1 and 2 group 0.
+        let flags = [
+            f(Some(1), Some(1), false, 0),
+            f(Some(0), Some(0), false, 0),
+            f(Some(0), Some(0), false, 0),
+        ];
+        let (d, waited) = Decision::combine(&flags, None, &[0, 0, 0]);
+        assert_eq!(
+            (d.group, d.next),
+            (0, Some(1)),
+            "majority first, then the waiter"
+        );
+        assert_eq!(waited, vec![1, 0, 0]);
+        let (d, waited) = Decision::combine(&flags, d.next, &waited);
+        assert_eq!((d.group, d.next), (1, Some(0)));
+        assert_eq!(waited, vec![0, 1, 1]);
+        // A commitment holds even when nobody wants that group any more.
+        let idle = [f(None, None, false, 0), f(Some(0), None, false, 0)];
+        let (d, _) = Decision::combine(&idle, Some(1), &[0, 0]);
+        assert!(d.run && d.group == 1 && d.next == Some(0));
     }
 
     #[test]
@@ -180,7 +270,11 @@ mod tests {
                 let c = c.clone();
                 std::thread::spawn(move || {
                     (0..50)
-                        .map(|i| c.sync(r, f(r == i % 3, r == 1, r == 2, r as u64)).unwrap())
+                        .map(|i| {
+                            let want = (r == i % 3).then_some(0);
+                            let then = (r == 1).then_some(0);
+                            c.sync(r, f(want, then, r == 2, r as u64)).unwrap()
+                        })
                         .collect::<Vec<_>>()
                 })
             })
@@ -189,16 +283,19 @@ mod tests {
         assert!(out.iter().all(|o| o == &out[0]));
         assert!(out[0]
             .iter()
-            .all(|d| d.run && d.next_pass && d.generation == 0));
+            .all(|d| d.run && d.next == Some(0) && d.generation == 0));
     }
 
     #[test]
     fn a_missing_rank_times_out_and_names_it() {
         let c = Coordinator::new(2, Duration::from_millis(50));
-        let e = c.sync(0, f(true, false, false, 0)).unwrap_err().to_string();
+        let e = c
+            .sync(0, f(Some(0), None, false, 0))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("ranks not arrived: [1]"), "{e}");
         assert!(
-            c.sync(1, f(true, false, false, 0)).is_err(),
+            c.sync(1, f(Some(0), None, false, 0)).is_err(),
             "poisoned for the rest"
         );
     }

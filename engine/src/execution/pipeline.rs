@@ -2,6 +2,12 @@
 //! joined by events. While block i computes, blocks i+1 .. i+K-1 are being copied and
 //! gathered into the other slots; a slot is refilled only after the compute that reads
 //! it has recorded its `free` event. One implementation for every backend.
+//!
+//! A model streams one or more groups of blocks (see [`crate::layout`]) through the same
+//! K slots. A pass runs over one group; when the next pass is known (and over which
+//! group), its first blocks are issued while this pass's last blocks compute, so the
+//! switch from one group to another (a text encoder to a transformer, one expert to the
+//! other) costs no stall.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +22,7 @@ use super::budget::{Allocation, DeviceBudget};
 use super::trace::{Lane, Trace};
 use super::weights::Weights;
 use crate::checkpoint::Mapped;
-use crate::layout::{BlockLayout, ModelLayout, Piece};
+use crate::layout::{BlockLayout, GroupLayout, Piece, SlotShape};
 use crate::{Error, Result, Strategy};
 
 /// The two kinds of transfer a test hook can slow down.
@@ -60,10 +66,12 @@ pub struct BlockWeights {
 }
 
 impl BlockWeights {
-    fn view(buffers: &[Tensor], block: &BlockLayout) -> Result<BlockWeights> {
+    /// Views of `block`'s tensors in `buffers`; `region_of` maps the block's regions to
+    /// the buffers (identity for a block's own resident buffers).
+    fn view(buffers: &[Tensor], region_of: &[usize], block: &BlockLayout) -> Result<BlockWeights> {
         let mut tensors = HashMap::with_capacity(block.tensors.len());
         for t in &block.tensors {
-            let buf = &buffers[t.group];
+            let buf = &buffers[region_of[t.region]];
             let esz = buf.dtype().size_in_bytes() as u64;
             let numel: usize = t.shape.iter().product();
             let v = buf
@@ -105,24 +113,69 @@ pub struct PipelineOptions {
     pub trace: Option<Arc<Trace>>,
 }
 
+/// The groups of blocks a model streams, for one dp: each group's layout and mapped
+/// component, and the slot shape that fits a block of any of them.
+#[derive(Clone)]
+pub struct Streamed {
+    pub layouts: Arc<Vec<GroupLayout>>,
+    pub mapped: Vec<Mapped>,
+    pub shape: SlotShape,
+}
+
+impl Streamed {
+    pub fn new(layouts: Vec<GroupLayout>, mapped: Vec<Mapped>) -> Result<Streamed> {
+        if layouts.len() != mapped.len() || layouts.is_empty() {
+            return Err(Error::invalid(
+                "groups",
+                format!(
+                    "{} block layouts for {} mapped components",
+                    layouts.len(),
+                    mapped.len()
+                ),
+            ));
+        }
+        let dp = layouts[0].dp;
+        if layouts.iter().any(|l| l.dp != dp) {
+            return Err(Error::invalid("dp", "block layouts for different dp"));
+        }
+        let shape = SlotShape::of(&layouts);
+        Ok(Streamed {
+            layouts: Arc::new(layouts),
+            mapped,
+            shape,
+        })
+    }
+
+    pub fn dp(&self) -> usize {
+        self.layouts[0].dp
+    }
+
+    /// The largest padded block over every group.
+    pub fn largest_padded_block(&self) -> u64 {
+        self.layouts
+            .iter()
+            .map(GroupLayout::largest_padded_block)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// One rank's weights and the machinery that moves them.
 pub struct Pipeline<B: Backend, C: Collective<B>> {
     backend: Arc<B>,
     comm: C,
-    layout: Arc<ModelLayout>,
-    mapped: Mapped,
+    streamed: Streamed,
     opts: PipelineOptions,
     copy: Option<B::Stream>,
     gather: Option<B::Stream>,
     slots: Vec<Slot<B::Event>>,
-    /// `sharded`: per dtype group, this rank's shard of every block.
-    store: Vec<Tensor>,
-    /// `resident`: per block, per dtype group, the full weights.
-    resident: Vec<Vec<Tensor>>,
-    /// Blocks issued but not yet computed: (block, slot).
-    in_flight: VecDeque<(usize, usize)>,
+    /// `sharded`: per group, per region, this rank's shard of every block.
+    store: Vec<Vec<Tensor>>,
+    /// `resident`: per group, per block, per region, the full weights.
+    resident: Vec<Vec<Vec<Tensor>>>,
+    /// Blocks issued but not yet computed: (group, block, slot).
+    in_flight: VecDeque<(usize, usize, usize)>,
     issued: u64,
-    consumed: u64,
     stats: PipelineStats,
     _allocs: Vec<Allocation>,
 }
@@ -133,18 +186,17 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
     pub fn new(
         backend: Arc<B>,
         comm: C,
-        layout: Arc<ModelLayout>,
-        mapped: Mapped,
+        streamed: Streamed,
         budget: &Arc<DeviceBudget>,
         opts: PipelineOptions,
     ) -> Result<Self> {
         let (rank, dp) = (comm.rank(), comm.size());
-        if layout.dp != dp {
+        if streamed.dp() != dp {
             return Err(Error::invalid(
                 "dp",
                 format!(
                     "layout is for dp={} but the group has {dp} ranks",
-                    layout.dp
+                    streamed.dp()
                 ),
             ));
         }
@@ -154,46 +206,46 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 format!("{}: streaming needs at least 2 slots", opts.slots),
             ));
         }
-        let dtypes = layout
-            .groups
-            .iter()
-            .map(|d| candle_dtype(*d))
-            .collect::<Result<Vec<_>>>()?;
         let mut allocs = Vec::new();
-        let mut alloc =
-            |kind: &'static str, what: String, dtype: DType, bytes: u64| -> Result<Tensor> {
-                allocs.push(budget.charge(kind, &what, bytes)?);
-                backend.alloc(dtype, bytes)
-            };
+        let mut alloc = |kind: &'static str, what: String, dtype: Dtype, bytes: u64| {
+            allocs.push(budget.charge(kind, &what, bytes)?);
+            backend.alloc(candle_dtype(dtype)?, bytes)
+        };
         let mut slots = Vec::new();
         let mut store = Vec::new();
         let mut resident = Vec::new();
+        let layouts = streamed.layouts.clone();
         match opts.strategy {
             Strategy::Resident => {
-                for b in &layout.blocks {
-                    let bufs = b
-                        .groups
-                        .iter()
-                        .enumerate()
-                        .map(|(g, grp)| {
-                            alloc(
-                                "resident_blocks",
-                                format!("block {} weights", b.index),
-                                dtypes[g],
-                                grp.padded,
-                            )
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    resident.push(bufs);
+                for (gi, layout) in layouts.iter().enumerate() {
+                    let mut blocks = Vec::with_capacity(layout.blocks.len());
+                    for b in &layout.blocks {
+                        let bufs = b
+                            .regions
+                            .iter()
+                            .enumerate()
+                            .map(|(r, reg)| {
+                                alloc(
+                                    "resident_blocks",
+                                    format!("group {gi} block {} weights", b.index),
+                                    layout.dtypes[r],
+                                    reg.padded,
+                                )
+                            })
+                            .collect::<Result<Vec<_>>>()?;
+                        blocks.push(bufs);
+                    }
+                    resident.push(blocks);
                 }
             }
             _ => {
+                let shape = &streamed.shape;
                 for s in 0..opts.slots {
-                    let buffers = layout
-                        .group_capacity
+                    let buffers = shape
+                        .capacity
                         .iter()
-                        .enumerate()
-                        .map(|(g, &cap)| alloc("slots", format!("slot {s}"), dtypes[g], cap))
+                        .zip(&shape.dtypes)
+                        .map(|(&cap, &dtype)| alloc("slots", format!("slot {s}"), dtype, cap))
                         .collect::<Result<Vec<_>>>()?;
                     slots.push(Slot {
                         buffers,
@@ -203,14 +255,18 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                     });
                 }
                 if opts.strategy == Strategy::Sharded {
-                    for (g, &cap) in layout.group_capacity.iter().enumerate() {
-                        let bytes = cap / dp as u64 * layout.blocks.len() as u64;
-                        store.push(alloc(
-                            "resident_shards",
-                            format!("shard store ({:?})", layout.groups[g]),
-                            dtypes[g],
-                            bytes,
-                        )?);
+                    for (gi, layout) in layouts.iter().enumerate() {
+                        let mut regions = Vec::new();
+                        for (r, &cap) in layout.region_capacity.iter().enumerate() {
+                            let bytes = cap / dp as u64 * layout.blocks.len() as u64;
+                            regions.push(alloc(
+                                "resident_shards",
+                                format!("group {gi} shard store ({:?})", layout.dtypes[r]),
+                                layout.dtypes[r],
+                                bytes,
+                            )?);
+                        }
+                        store.push(regions);
                     }
                 }
             }
@@ -228,8 +284,7 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         let mut p = Pipeline {
             backend,
             comm,
-            layout,
-            mapped,
+            streamed,
             opts,
             copy,
             gather,
@@ -238,7 +293,6 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
             resident,
             in_flight: VecDeque::new(),
             issued: 0,
-            consumed: 0,
             stats: PipelineStats::default(),
             _allocs: allocs,
         };
@@ -254,23 +308,26 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
             (Strategy::Sharded, _) => &self.backend.new_stream(&format!("load-r{rank}"))?,
             _ => return Ok(()),
         };
-        for b in &self.layout.blocks {
-            for (g, grp) in b.groups.iter().enumerate() {
-                let (dst, runs) = if self.opts.strategy == Strategy::Resident {
-                    (&self.resident[b.index][g], grp.pieces.clone())
-                } else {
-                    // Rank r's shard of block b lands at b × (capacity / dp) in the store.
-                    let cap = self.layout.group_capacity[g] / self.layout.dp as u64;
-                    let shift = |p: Piece| Piece {
-                        dst: p.dst - rank as u64 * grp.shard + b.index as u64 * cap,
-                        ..p
+        for (gi, layout) in self.streamed.layouts.iter().enumerate() {
+            let mapped = &self.streamed.mapped[gi];
+            for b in &layout.blocks {
+                for (r, reg) in b.regions.iter().enumerate() {
+                    let (dst, runs) = if self.opts.strategy == Strategy::Resident {
+                        (&self.resident[gi][b.index][r], reg.pieces.clone())
+                    } else {
+                        // Rank r's shard of block b lands at b × (capacity / dp) in the store.
+                        let cap = layout.region_capacity[r] / layout.dp as u64;
+                        let shift = |p: Piece| Piece {
+                            dst: p.dst - rank as u64 * reg.shard + b.index as u64 * cap,
+                            ..p
+                        };
+                        (
+                            &self.store[gi][r],
+                            reg.shard_pieces(rank).into_iter().map(shift).collect(),
+                        )
                     };
-                    (
-                        &self.store[g],
-                        grp.shard_pieces(rank).into_iter().map(shift).collect(),
-                    )
-                };
-                self.backend.copy_to_device(stream, dst, &self.mapped, runs);
+                    self.backend.copy_to_device(stream, dst, mapped, runs);
+                }
             }
         }
         let done = self.backend.new_event();
@@ -291,14 +348,17 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         }
     }
 
-    /// Enqueues the transfers that bring block `block` into the next slot.
-    fn issue(&mut self, block: usize) {
+    /// Enqueues the transfers that bring block `block` of group `group` into the next slot.
+    fn issue(&mut self, group: usize, block: usize) {
         let k = self.slots.len();
         let s = (self.issued % k as u64) as usize;
         self.issued += 1;
-        self.in_flight.push_back((block, s));
+        self.in_flight.push_back((group, block, s));
         let (rank, dp) = (self.comm.rank(), self.comm.size());
-        let b = &self.layout.blocks[block];
+        let layout = &self.streamed.layouts[group];
+        let region_of = &self.streamed.shape.region_of[group];
+        let mapped = &self.streamed.mapped[group];
+        let b = &layout.blocks[block];
         let slot = &self.slots[s];
         let be = &self.backend;
         if let Some(copy) = &self.copy {
@@ -308,13 +368,13 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 be.host_fn(copy, Box::new(move || h(Stage::Copy)));
             }
             let span = self.span_begin(copy, Lane::Copy, block);
-            for (g, grp) in b.groups.iter().enumerate() {
+            for (r, reg) in b.regions.iter().enumerate() {
                 let runs = match self.opts.strategy {
-                    Strategy::OffloadSharded => grp.shard_pieces(rank),
-                    _ => grp.pieces.clone(),
+                    Strategy::OffloadSharded => reg.shard_pieces(rank),
+                    _ => reg.pieces.clone(),
                 };
                 self.stats.bytes_copied += runs.iter().map(|p| p.len).sum::<u64>();
-                be.copy_to_device(copy, &slot.buffers[g], &self.mapped, runs);
+                be.copy_to_device(copy, &slot.buffers[region_of[r]], mapped, runs);
             }
             self.span_end(copy, span, Lane::Copy, block);
             let done = if self.gather.is_some() {
@@ -338,19 +398,19 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 be.host_fn(gather, Box::new(move || h(Stage::Gather)));
             }
             let span = self.span_begin(gather, Lane::Gather, block);
-            for (g, grp) in b.groups.iter().enumerate() {
+            for (r, reg) in b.regions.iter().enumerate() {
                 let src = if self.opts.strategy == Strategy::Sharded {
-                    let cap = self.layout.group_capacity[g] / dp as u64;
+                    let cap = layout.region_capacity[r] / dp as u64;
                     GatherSource::Buffer {
-                        tensor: self.store[g].clone(),
+                        tensor: self.store[group][r].clone(),
                         offset: block as u64 * cap,
                     }
                 } else {
                     GatherSource::InPlace
                 };
-                self.stats.bytes_gathered += grp.shard * (dp as u64 - 1);
+                self.stats.bytes_gathered += reg.shard * (dp as u64 - 1);
                 self.comm
-                    .all_gather(gather, &slot.buffers[g], grp.shard, src);
+                    .all_gather(gather, &slot.buffers[region_of[r]], reg.shard, src);
             }
             self.span_end(gather, span, Lane::Gather, block);
             be.record(gather, &slot.ready);
@@ -388,45 +448,77 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         );
     }
 
-    /// Runs one pass over every block in order, calling `f(block, weights)` for each.
-    /// `next_pass` says whether another pass follows, so its first blocks can be
-    /// prefetched while this pass's last blocks compute. Every rank of the group must
-    /// make the same sequence of calls (lockstep by block index).
+    /// Runs one pass over every block of group `group` in order, calling
+    /// `f(block, weights)` for each. `next` names the group of the pass that follows, if
+    /// one does, so its first blocks are prefetched while this pass's last blocks compute.
+    /// Every rank of the collective group must make the same sequence of calls (lockstep
+    /// by group and block index).
     pub fn pass(
         &mut self,
-        next_pass: bool,
+        group: usize,
+        next: Option<usize>,
         mut f: impl FnMut(usize, &dyn Weights) -> Result<()>,
     ) -> Result<()> {
-        let l = self.layout.blocks.len();
+        let layouts = self.streamed.layouts.clone();
+        let layout = layouts.get(group).ok_or_else(|| {
+            Error::invalid(
+                "group",
+                format!("{group}: the model has {} groups", layouts.len()),
+            )
+        })?;
+        let l = layout.blocks.len();
         if self.opts.strategy == Strategy::Resident {
             for i in 0..l {
-                let w = BlockWeights::view(&self.resident[i], &self.layout.blocks[i])?;
+                let identity: Vec<usize> = (0..layout.dtypes.len()).collect();
+                let w = BlockWeights::view(&self.resident[group][i], &identity, &layout.blocks[i])?;
                 f(i, &w)?;
                 self.stats.blocks_computed += 1;
             }
             return Ok(());
         }
-        let k = self.slots.len() as u64;
-        let start = self.consumed;
-        let limit = start + l as u64 * if next_pass { 2 } else { 1 };
-        for i in 0..l {
-            let seq = start + i as u64;
-            while self.issued < (seq + k).min(limit) {
-                let block = (self.issued % l as u64) as usize;
-                self.issue(block);
+        // Blocks of this pass already in flight were prefetched by the pass before.
+        if let Some(&(g, b, _)) = self.in_flight.front() {
+            if g != group || b != 0 {
+                return Err(self.rank_error(Error::invalid(
+                    "pipeline",
+                    format!("pass over group {group} but block {b} of group {g} was prefetched"),
+                )));
             }
-            let (block, s) = self.in_flight.pop_front().expect("issued ahead");
-            debug_assert_eq!(block, i);
+        }
+        let k = self.slots.len();
+        // The issue order from here: the rest of this pass, then the next pass's blocks.
+        let mut cursor = (false, self.in_flight.len());
+        let next_len = next.map_or(0, |g| layouts[g].blocks.len());
+        for i in 0..l {
+            while self.in_flight.len() < k {
+                match cursor {
+                    (false, b) if b < l => {
+                        self.issue(group, b);
+                        cursor.1 += 1;
+                    }
+                    (false, _) => cursor = (true, 0),
+                    (true, b) if b < next_len => {
+                        self.issue(next.expect("next_len > 0"), b);
+                        cursor.1 += 1;
+                    }
+                    (true, _) => break,
+                }
+            }
+            let (g, block, s) = self.in_flight.pop_front().expect("issued ahead");
+            debug_assert_eq!((g, block), (group, i));
             let stall = self
                 .backend
                 .compute_wait(&self.slots[s].ready)
                 .map_err(|e| self.rank_error(e))?;
             self.stats.stall += stall;
-            let w = BlockWeights::view(&self.slots[s].buffers, &self.layout.blocks[i])?;
+            let w = BlockWeights::view(
+                &self.slots[s].buffers,
+                &self.streamed.shape.region_of[group],
+                &layout.blocks[i],
+            )?;
             let r = f(i, &w);
             drop(w);
             self.backend.compute_record(&self.slots[s].free);
-            self.consumed += 1;
             self.stats.blocks_computed += 1;
             r?;
         }

@@ -18,3 +18,37 @@ impl Weights for std::collections::HashMap<String, Tensor> {
         })
     }
 }
+
+/// Loads named tensors of a mapped component onto `device`, converted to f32 (for
+/// weights that stay resident: prologues, epilogues, decoders).
+pub fn load(
+    mapped: &crate::checkpoint::Mapped,
+    names: impl Iterator<Item = String>,
+    device: &candle_core::Device,
+) -> Result<std::collections::HashMap<String, Tensor>> {
+    let mut out = std::collections::HashMap::new();
+    for name in names {
+        let (h, info) = mapped.component.get(&name).ok_or_else(|| {
+            crate::Error::tensor(&mapped.component.dir, &name, "missing from the checkpoint")
+        })?;
+        let bytes = mapped.bytes(&name).expect("indexed tensor");
+        let dtype = super::pipeline::candle_dtype(info.dtype)
+            .map_err(|e| crate::Error::tensor(&h.path, &name, e.to_string()))?;
+        let t = Tensor::from_raw_buffer(bytes, dtype, &info.shape, device)?;
+        out.insert(name, t.to_dtype(candle_core::DType::F32)?);
+    }
+    Ok(out)
+}
+
+/// Seeded standard-normal noise of `shape`, drawn on the host so every device and every
+/// strategy starts from the same bits.
+pub fn seeded_noise(seed: u64, shape: &[usize]) -> Result<Tensor> {
+    use rand::SeedableRng;
+    use rand_distr::Distribution;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n)
+        .map(|_| rand_distr::StandardNormal.sample(&mut rng))
+        .collect();
+    Ok(Tensor::from_vec(v, shape, &candle_core::Device::Cpu)?)
+}

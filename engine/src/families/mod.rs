@@ -5,6 +5,8 @@
 
 pub mod autoencoder_kl;
 pub mod dit;
+pub mod umt5;
+pub mod wan;
 
 /// One tensor a family expects, by full name and shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,5 +24,108 @@ impl TensorSpec {
     }
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+}
+
+/// A group of structurally similar blocks in one component, streamed block by block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockGroup {
+    /// What the group is: `transformer`, `text_encoder`, `transformer_2`.
+    pub name: String,
+    /// Block i's tensors are called `{prefix}{i}.{spec name}`.
+    pub prefix: String,
+    pub count: usize,
+    /// One block's tensors, named relative to the block's prefix.
+    pub block: Vec<TensorSpec>,
+}
+
+impl BlockGroup {
+    pub fn block_prefix(&self, i: usize) -> String {
+        format!("{}{i}.", self.prefix)
+    }
+
+    /// The block index a tensor name of this group's component belongs to, if any.
+    pub fn block_of(&self, name: &str) -> Option<usize> {
+        let rest = name.strip_prefix(&self.prefix)?;
+        let (idx, _) = rest.split_once('.')?;
+        idx.parse().ok()
+    }
+}
+
+/// The family a pipeline folder holds, with its checked configs and component headers.
+#[derive(Debug, Clone)]
+pub enum Family {
+    Dit(dit::DitCheckpoint),
+}
+
+/// A pipeline folder opened and checked from its headers and configs alone, whatever
+/// its family: `model_index.json`'s `_class_name` chooses the family.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub root: std::path::PathBuf,
+    pub family: Family,
+}
+
+/// Pipelines this build runs, by the `_class_name` diffusers writes in `model_index.json`.
+pub const PIPELINES: [&str; 1] = ["DiTPipeline"];
+
+impl Checkpoint {
+    pub fn open(root: &std::path::Path) -> crate::Result<Checkpoint> {
+        let folder = crate::checkpoint::ModelFolder::new(root)?;
+        let family = match folder.class_name.as_deref() {
+            // Folders written before the class name was checked carry none: DiT's layout.
+            Some("DiTPipeline") | None => Family::Dit(dit::DitCheckpoint::open(root)?),
+            Some(other) => {
+                return Err(crate::Error::config(
+                    root.join("model_index.json"),
+                    "_class_name",
+                    format!(
+                        "`{other}` is not a pipeline this engine runs (it runs {})",
+                        PIPELINES.join(", ")
+                    ),
+                ))
+            }
+        };
+        Ok(Checkpoint {
+            root: root.to_path_buf(),
+            family,
+        })
+    }
+
+    /// The family's short name (`dit`).
+    pub fn name(&self) -> &'static str {
+        match &self.family {
+            Family::Dit(_) => "dit",
+        }
+    }
+
+    /// Every component with weights, by its folder name, in pipeline order.
+    pub fn components(&self) -> Vec<(&'static str, &crate::checkpoint::Component)> {
+        match &self.family {
+            Family::Dit(c) => vec![("transformer", &c.transformer), ("vae", &c.vae)],
+        }
+    }
+
+    /// The groups of blocks that stream, each with the name of the component it is in.
+    pub fn groups(&self) -> Vec<(&'static str, BlockGroup)> {
+        match &self.family {
+            Family::Dit(c) => vec![("transformer", c.config.block_group())],
+        }
+    }
+
+    /// Every weight byte in the folder.
+    pub fn total_bytes(&self) -> u64 {
+        self.components()
+            .iter()
+            .map(|(_, c)| c.tensor_bytes())
+            .sum()
+    }
+
+    /// The family's runtime over this folder, its components mapped.
+    #[cfg(feature = "runtime")]
+    pub fn runtime(&self) -> crate::Result<Box<dyn crate::execution::family::FamilyRuntime>> {
+        Ok(match &self.family {
+            Family::Dit(c) => Box::new(dit::runtime::DitRuntime::new(c.clone())?),
+        })
     }
 }

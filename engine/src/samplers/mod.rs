@@ -2,3 +2,4 @@
 //! scheduler step for step and loaded from the pipeline's `scheduler/` config.
 
 pub mod ddim;
+pub mod flow;

@@ -13,8 +13,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::metrics::Metrics;
 use super::scheduler::{format_id, JobState, JobStatus, Msg, RankSource, Scheduler, Shared};
 use super::ApiError;
-use crate::execution::engine::{Output, Request};
-use crate::execution::rank::{Taken, Work, WorkKey};
+use crate::execution::work::{Output, Request};
+use crate::execution::work::{Taken, Work, WorkKey};
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,8 @@ use serde_json::{json, Map, Value};
 
 use super::scheduler::{format_id, parse_id, JobState, Scheduler};
 use super::ApiError;
-use crate::execution::engine::{Model, Request};
+use crate::engine::Model;
+use crate::execution::work::{Condition, Request};
 use crate::Error;
 
 /// What the server accepts, beyond what the model can do.
@@ -158,7 +159,15 @@ pub fn parse(
             format!("unknown field; expected one of {}", KNOWN.join(", ")),
         ));
     }
-    let classes = model.config().num_classes();
+    let classes = model.family.classes().ok_or_else(|| {
+        Error::invalid(
+            "model",
+            format!(
+                "the {} family is text-conditioned; this API serves class-conditional families",
+                model.family.name()
+            ),
+        )
+    })?;
     if field(&o, "prompt").is_some() {
         return Err(Error::invalid(
             "prompt",
@@ -192,9 +201,8 @@ pub fn parse(
             ),
         ));
     }
-    let native = model.config().sample_size * model.upscale();
     let (width, height) = match field(&o, "size") {
-        None => (native, native),
+        None => model.family.native_size(),
         Some(Value::String(s)) => parse_size(s)?,
         Some(v) => {
             return Err(Error::invalid(
@@ -240,13 +248,10 @@ pub fn parse(
     };
     let requests: Vec<Request> = (0..n)
         .map(|i| Request {
-            class_label,
             seed: seed.wrapping_add(i as u64),
             steps,
             guidance,
-            width,
-            height,
-            init_latents: None,
+            ..Request::image(Condition::Class(class_label), width, height)
         })
         .collect();
     for r in &requests {

@@ -14,7 +14,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::execution::pipeline::PipelineStats;
-use crate::execution::rank::PassReport;
+use crate::execution::work::PassReport;
 
 type Labels = Vec<(String, String)>;
 type FCounter = Counter<f64, AtomicU64>;

@@ -19,9 +19,10 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use clap::Args;
 
-use crate::execution::engine::{EngineOptions, Model};
-use crate::execution::rank::WorkKey;
+use crate::engine::Model;
+use crate::execution::rank::EngineOptions;
 use crate::execution::trace::Trace;
+use crate::execution::work::WorkKey;
 use crate::media::image::encode_png;
 use crate::options::EngineArgs;
 use crate::{Error, Result, Strategy};
@@ -88,6 +89,16 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         return Err(Error::invalid("max-queue", "must be at least 1"));
     }
     let model = Arc::new(Model::open(&a.engine.model)?);
+    if model.family.classes().is_none() {
+        return Err(Error::invalid(
+            "model",
+            format!(
+                "{}: the {} family is text-conditioned, and the HTTP API serves class-conditional families so far; use `layerwise generate --prompt`",
+                a.engine.model.display(),
+                model.family.name()
+            ),
+        ));
+    }
     let trace = a.trace.as_ref().map(|_| Trace::new(1_000_000));
     let opts = EngineOptions {
         decode: false,
@@ -256,7 +267,7 @@ fn spawn_decoder(
     std::thread::Builder::new()
         .name("decode".into())
         .spawn(move || {
-            let vae = match model.vae_decoder(&Device::Cpu) {
+            let vae = match model.decoder(&Device::Cpu) {
                 Ok(v) => v,
                 Err(e) => {
                     rt.block_on(sched.send(Msg::Fatal {
@@ -266,10 +277,7 @@ fn spawn_decoder(
                 }
             };
             for (key, latents) in rx {
-                let png = vae
-                    .decode(&latents)
-                    .and_then(|i| Ok(i.squeeze(0)?))
-                    .and_then(|i| encode_png(&i));
+                let png = vae.decode(&latents).and_then(|i| encode_png(&i));
                 rt.block_on(sched.send(Msg::Decoded { key, png }));
             }
         })

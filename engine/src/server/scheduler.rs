@@ -13,8 +13,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::Metrics;
 use super::ApiError;
-use crate::execution::engine::{Output, Request};
-use crate::execution::rank::{PassReport, Taken, WorkKey, WorkSource};
+use crate::execution::work::{Output, Request};
+use crate::execution::work::{PassReport, Taken, WorkKey, WorkSource};
 use crate::{Error, Result};
 
 /// A job's state as the API reports it.

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use layerwise_engine::execution::engine::Request;
+use layerwise_engine::execution::work::{Condition, Request};
 use layerwise_engine::tools::synth::{synth, SynthOptions};
 
 /// A tiny DiT pipeline folder with `layers` blocks, written under `dir`.
@@ -25,13 +25,10 @@ pub fn tiny_with(dir: &Path, layers: usize, edit: impl FnOnce(&mut SynthOptions)
 /// A request for the tiny model (64 × 64 px).
 pub fn request(seed: u64, steps: usize, guidance: f32) -> Request {
     Request {
-        class_label: (seed % 1000) as u32,
         seed,
         steps,
         guidance,
-        width: 64,
-        height: 64,
-        init_latents: None,
+        ..Request::image(Condition::Class((seed % 1000) as u32), 64, 64)
     }
 }
 

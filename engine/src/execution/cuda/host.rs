@@ -18,7 +18,7 @@ use candle_core::cuda_backend::cudarc::driver::{sys, CudaContext};
 
 use super::plan::{Extents, HostMode};
 use crate::checkpoint::Mapped;
-use crate::layout::ModelLayout;
+use crate::execution::pipeline::Streamed;
 use crate::{Error, Result, Strategy};
 
 /// What was used.
@@ -103,9 +103,16 @@ pub struct HostMemory {
     /// Why the path was chosen (for the startup log).
     pub reason: String,
     registered: Vec<(usize, usize)>,
-    /// Per rank (shared when ranks stream the same bytes).
-    pinned: Vec<Option<Arc<PinnedCopy>>>,
-    mapped: Mapped,
+    /// Per rank, per streamed group (shared when ranks stream the same bytes).
+    pinned: Vec<Vec<Arc<PinnedCopy>>>,
+    /// Each streamed group's mapping.
+    mapped: Vec<Mapped>,
+}
+
+/// Whether `a` and `b` are the same mapping (not merely the same files).
+fn same_mapping(a: &Mapped, b: &Mapped) -> bool {
+    a.component.files.len() == b.component.files.len()
+        && (a.component.files.is_empty() || a.range(0, 0, 0).as_ptr() == b.range(0, 0, 0).as_ptr())
 }
 
 impl HostMemory {
@@ -113,17 +120,17 @@ impl HostMemory {
     /// first rank's context (registrations and allocations are PORTABLE).
     pub fn setup(
         ctx: &Arc<CudaContext>,
-        mapped: &Mapped,
-        layout: &ModelLayout,
+        streamed: &Streamed,
         strategy: Strategy,
         mode: HostMode,
     ) -> Result<HostMemory> {
+        let dp = streamed.dp();
         let mut hm = HostMemory {
             path: HostPath::Pageable,
             reason: String::new(),
             registered: Vec::new(),
-            pinned: vec![None; layout.dp],
-            mapped: mapped.clone(),
+            pinned: vec![Vec::new(); dp],
+            mapped: streamed.mapped.clone(),
         };
         if !matches!(strategy, Strategy::Offload | Strategy::OffloadSharded) {
             hm.reason = format!("{strategy} copies from the host only at start");
@@ -150,18 +157,20 @@ impl HostMemory {
                 Err(why) => hm.reason = format!("registration unavailable ({why}); fell back"),
             },
         }
-        let mut shared: Option<Arc<PinnedCopy>> = None;
-        for rank in 0..layout.dp {
-            let copy = match (&shared, strategy) {
-                (Some(c), Strategy::Offload) => c.clone(),
-                _ => Arc::new(PinnedCopy::new(
-                    ctx,
-                    mapped,
-                    Extents::for_rank(layout, strategy, rank),
-                )?),
-            };
-            shared = Some(copy.clone());
-            hm.pinned[rank] = Some(copy);
+        for (g, layout) in streamed.layouts.iter().enumerate() {
+            let mut shared: Option<Arc<PinnedCopy>> = None;
+            for rank in 0..dp {
+                let copy = match (&shared, strategy) {
+                    (Some(c), Strategy::Offload) => c.clone(),
+                    _ => Arc::new(PinnedCopy::new(
+                        ctx,
+                        &streamed.mapped[g],
+                        Extents::for_rank(layout, strategy, rank),
+                    )?),
+                };
+                shared = Some(copy.clone());
+                hm.pinned[rank].push(copy);
+            }
         }
         hm.path = HostPath::Pinned;
         Ok(hm)
@@ -177,8 +186,14 @@ impl HostMemory {
             return Err("the device does not support read-only host registration".into());
         }
         ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
-        let mapped = self.mapped.clone();
-        for (file, h) in mapped.component.files.iter().enumerate() {
+        let all = self.mapped.clone();
+        for (file, h, mapped) in all.iter().flat_map(|m| {
+            m.component
+                .files
+                .iter()
+                .enumerate()
+                .map(move |(f, h)| (f, h, m))
+        }) {
             let m = mapped.range(file, 0, h.file_len);
             let (p, n) = (m.as_ptr() as usize, m.len());
             let flags = sys::CU_MEMHOSTREGISTER_READ_ONLY | sys::CU_MEMHOSTREGISTER_PORTABLE;
@@ -226,12 +241,8 @@ impl HostMemory {
                     .then_some(host)
             }
             HostPath::Pinned => {
-                let same = src.component.files.len() == self.mapped.component.files.len()
-                    && src.range(file, 0, 0).as_ptr() == self.mapped.range(file, 0, 0).as_ptr();
-                if !same {
-                    return None;
-                }
-                self.pinned.get(rank)?.as_ref()?.locate(file, off, len)
+                let g = self.mapped.iter().position(|m| same_mapping(m, src))?;
+                self.pinned.get(rank)?.get(g)?.locate(file, off, len)
             }
             HostPath::Pageable => None,
         }
@@ -241,12 +252,7 @@ impl HostMemory {
     pub fn pinned_bytes(&self, rank: usize) -> u64 {
         self.pinned
             .get(rank)
-            .and_then(|p| p.as_ref())
-            .map_or(0, |p| p.bytes())
-    }
-
-    pub fn mapped(&self) -> &Mapped {
-        &self.mapped
+            .map_or(0, |p| p.iter().map(|c| c.bytes()).sum())
     }
 }
 

@@ -129,8 +129,7 @@ mod setup {
     use super::host::cuda;
     use super::plan::{budget_capacity, choose_slots, DeviceNeeds, SlotsChoice};
     use super::{CudaBackend, HostMemory, HostMode, NcclComm, NcclGroup};
-    use crate::checkpoint::Mapped;
-    use crate::layout::ModelLayout;
+    use crate::execution::pipeline::Streamed;
     use crate::{Result, Strategy};
 
     /// One rank's GPU, ready for a pipeline.
@@ -165,13 +164,11 @@ mod setup {
 
     /// Opens GPUs 0..dp, their NCCL group and the host path, and sizes K, failing before
     /// any request when the plan does not fit a device.
-    pub fn setup(mapped: &Mapped, layout: &ModelLayout, o: &CudaOptions) -> Result<CudaRanks> {
-        let dp = layout.dp;
+    pub fn setup(streamed: &Streamed, o: &CudaOptions) -> Result<CudaRanks> {
+        let dp = streamed.dp();
         // The first rank's context chooses and prepares the host path for every rank.
         let first = CudaContext::new(0).map_err(|e| cuda("open GPU 0", e))?;
-        let host = Arc::new(HostMemory::setup(
-            &first, mapped, layout, o.strategy, o.host,
-        )?);
+        let host = Arc::new(HostMemory::setup(&first, streamed, o.strategy, o.host)?);
         tracing::info!(path = %host.path, reason = %host.reason, pinned_bytes = host.pinned_bytes(0), "host memory for weights");
         let mut backends = Vec::with_capacity(dp);
         for rank in 0..dp {
@@ -182,7 +179,7 @@ mod setup {
                 o.timeout,
             )?));
         }
-        let needs = DeviceNeeds::of(layout, o.strategy, o.outside_blocks);
+        let needs = DeviceNeeds::of(&streamed.layouts, o.strategy, o.outside_blocks);
         let mut capacities = Vec::with_capacity(dp);
         let mut slots = usize::MAX;
         for b in &backends {

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::layout::{ModelLayout, Piece};
+use crate::layout::{GroupLayout, Piece, SlotShape};
 use crate::{Error, Result, Strategy};
 
 /// `--device`: where the ranks compute.
@@ -135,20 +135,23 @@ pub struct DeviceNeeds {
 }
 
 impl DeviceNeeds {
-    /// What `strategy` keeps on a device besides the slots, plus the slot size.
-    pub fn of(layout: &ModelLayout, strategy: Strategy, outside_blocks: u64) -> DeviceNeeds {
-        let slot: u64 = layout.group_capacity.iter().sum();
-        let blocks = layout.blocks.len() as u64;
+    /// What `strategy` keeps on a device besides the slots, plus the slot size, for the
+    /// streamed `groups` (one slot fits a block of any group).
+    pub fn of(groups: &[GroupLayout], strategy: Strategy, outside_blocks: u64) -> DeviceNeeds {
+        let slot = SlotShape::of(groups).bytes();
         let fixed = outside_blocks
-            + match strategy {
-                Strategy::Resident => layout.blocks.iter().map(|b| b.padded_bytes()).sum(),
-                Strategy::Sharded => layout
-                    .group_capacity
-                    .iter()
-                    .map(|c| c / layout.dp as u64 * blocks)
-                    .sum(),
-                Strategy::Offload | Strategy::OffloadSharded => 0,
-            };
+            + groups
+                .iter()
+                .map(|layout| match strategy {
+                    Strategy::Resident => layout.blocks.iter().map(|b| b.padded_bytes()).sum(),
+                    Strategy::Sharded => layout
+                        .region_capacity
+                        .iter()
+                        .map(|c| c / layout.dp as u64 * layout.blocks.len() as u64)
+                        .sum(),
+                    Strategy::Offload | Strategy::OffloadSharded => 0,
+                })
+                .sum::<u64>();
         DeviceNeeds { fixed, slot }
     }
 }
@@ -236,10 +239,10 @@ impl Extents {
     /// The runs `strategy` makes rank `rank` copy from the host every step: whole blocks
     /// (offload) or the rank's shard of each block (offload-sharded). Resident and
     /// sharded copy only once, at start, so they get no pinned copy.
-    pub fn for_rank(layout: &ModelLayout, strategy: Strategy, rank: usize) -> Extents {
+    pub fn for_rank(layout: &GroupLayout, strategy: Strategy, rank: usize) -> Extents {
         let mut pieces: Vec<Piece> = Vec::new();
         for b in &layout.blocks {
-            for g in &b.groups {
+            for g in &b.regions {
                 match strategy {
                     Strategy::Offload => pieces.extend(g.pieces.iter().cloned()),
                     Strategy::OffloadSharded => pieces.extend(g.shard_pieces(rank)),

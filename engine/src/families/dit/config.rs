@@ -267,6 +267,16 @@ impl DitConfig {
         v
     }
 
+    /// The transformer's blocks as a streamed group.
+    pub fn block_group(&self) -> super::super::BlockGroup {
+        super::super::BlockGroup {
+            name: "transformer".into(),
+            prefix: "transformer_blocks.".into(),
+            count: self.num_layers,
+            block: self.block_specs(),
+        }
+    }
+
     /// Every tensor of the transformer with its full name.
     pub fn all_specs(&self) -> Vec<TensorSpec> {
         let mut v = self.resident_specs();

@@ -6,6 +6,8 @@ pub mod checkpoint;
 pub mod config;
 #[cfg(feature = "runtime")]
 pub mod model;
+#[cfg(feature = "runtime")]
+pub mod runtime;
 
 pub use checkpoint::DitCheckpoint;
 pub use config::{DitConfig, TIMESTEP_CHANNELS};

@@ -1,0 +1,202 @@
+//! A pipeline folder opened once for every rank, whatever its family, and `Model::run`:
+//! a fixed list of requests dealt to the ranks round-robin, driven through the one rank
+//! loop of [`crate::execution::rank`] (the loop the server drives from its scheduler).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use candle_core::Device;
+use serde::Serialize;
+
+use crate::execution::family::{Decoder, FamilyRuntime};
+use crate::execution::rank::{self, EngineOptions, RankResult};
+use crate::execution::rss::RssSampler;
+use crate::execution::work::{Output, Request, Taken, Work, WorkKey, WorkSource};
+use crate::families::Checkpoint;
+use crate::layout::GroupLayout;
+use crate::{Error, Result};
+
+/// A checkpoint opened, checked and mapped once for every rank.
+pub struct Model {
+    pub checkpoint: Checkpoint,
+    pub family: Box<dyn FamilyRuntime>,
+}
+
+impl Model {
+    /// Opens the pipeline folder at `root`; `model_index.json` chooses the family.
+    pub fn open(root: &Path) -> Result<Model> {
+        let checkpoint = Checkpoint::open(root)?;
+        let family = checkpoint.runtime()?;
+        Ok(Model { checkpoint, family })
+    }
+
+    /// Each streamed group's block layout for `dp` ranks.
+    pub fn layouts(&self, dp: usize) -> Result<Vec<GroupLayout>> {
+        self.family.layouts(dp)
+    }
+
+    /// Checks a request against the model before it takes a rank.
+    pub fn validate(&self, r: &Request) -> Result<()> {
+        self.family.validate(r)
+    }
+
+    /// The decoder alone, on `device` (the server decodes off the ranks).
+    pub fn decoder(&self, device: &Device) -> Result<Box<dyn Decoder>> {
+        self.family.decoder(device)
+    }
+
+    /// Runs `opts.dp` rank threads on `source` until it closes and every rank is idle.
+    pub fn drive(&self, opts: &EngineOptions, source: &dyn WorkSource) -> Result<Vec<RankResult>> {
+        rank::drive(self.family.as_ref(), opts, source)
+    }
+
+    /// Generates `requests` with `opts`; outputs come back in request order.
+    pub fn run(
+        &self,
+        requests: Vec<Request>,
+        opts: &EngineOptions,
+    ) -> Result<(Vec<Output>, RunStats)> {
+        if opts.dp == 0 {
+            return Err(Error::invalid("dp", "must be at least 1"));
+        }
+        for r in &requests {
+            self.validate(r)?;
+        }
+        let rss = RssSampler::start();
+        let start = Instant::now();
+        let mut queues: Vec<VecDeque<(usize, Request)>> = vec![VecDeque::new(); opts.dp];
+        for (i, r) in requests.into_iter().enumerate() {
+            queues[i % opts.dp].push_back((i, r));
+        }
+        let source = FixedSource {
+            queues: queues.into_iter().map(Mutex::new).collect(),
+            outputs: Mutex::new(Vec::new()),
+            error: Mutex::new(None),
+        };
+        let ranks = self.drive(opts, &source)?;
+        if let Some(e) = source.error.into_inner().expect("source lock") {
+            return Err(e);
+        }
+        let wall = start.elapsed();
+        let mut outputs = source.outputs.into_inner().expect("source lock");
+        outputs.sort_by_key(|(i, _)| *i);
+        let steps: usize = ranks.iter().map(|r| r.steps).sum();
+        let step_time: Duration = ranks.iter().map(|r| r.step_time).sum();
+        let stall = ranks.iter().map(|r| r.stall).max().unwrap_or_default();
+        let mut by_kind = BTreeMap::new();
+        for r in &ranks {
+            for (k, v) in &r.peak_by_kind {
+                let e = by_kind.entry(k.to_string()).or_insert(0);
+                *e = (*e).max(*v);
+            }
+        }
+        let layouts = self.layouts(opts.dp)?;
+        let stats = RunStats {
+            family: self.family.name().to_string(),
+            strategy: opts.strategy.to_string(),
+            dp: opts.dp,
+            slots: ranks.first().map_or(0, |r| r.slots),
+            wall_seconds: wall.as_secs_f64(),
+            step_seconds: if steps > 0 {
+                step_time.as_secs_f64() / steps as f64
+            } else {
+                0.0
+            },
+            stall_seconds: stall.as_secs_f64(),
+            // The worst rank's share of its own busy time spent waiting for weights.
+            stall_fraction: ranks
+                .iter()
+                .filter(|r| r.busy_time > Duration::ZERO)
+                .map(|r| r.stall.as_secs_f64() / r.busy_time.as_secs_f64())
+                .fold(0.0, f64::max),
+            bytes_copied: ranks.iter().map(|r| r.bytes_copied).sum(),
+            bytes_gathered: ranks.iter().map(|r| r.bytes_gathered).sum(),
+            peak_device_bytes: ranks.iter().map(|r| r.peak).max().unwrap_or(0),
+            peak_device_bytes_by_kind: by_kind,
+            peak_anon_rss_bytes: rss.peak(),
+            checkpoint_bytes: self.checkpoint.total_bytes(),
+            largest_padded_block_bytes: layouts
+                .iter()
+                .map(GroupLayout::largest_padded_block)
+                .max()
+                .unwrap_or(0),
+            outputs: outputs.len(),
+        };
+        Ok((outputs.into_iter().map(|(_, o)| o).collect(), stats))
+    }
+}
+
+/// Figures of one run (the `--stats` JSON).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RunStats {
+    pub family: String,
+    pub strategy: String,
+    pub dp: usize,
+    /// K the ranks ran with (what `--slots auto` chose).
+    pub slots: usize,
+    pub wall_seconds: f64,
+    /// Mean wall time of a denoising step (a pass that completed a step).
+    pub step_seconds: f64,
+    /// Compute waiting for weights, worst rank.
+    pub stall_seconds: f64,
+    /// The worst rank's stall over the time of the passes it computed in (denoising
+    /// steps, text encoding, and the switches between them).
+    pub stall_fraction: f64,
+    pub bytes_copied: u64,
+    pub bytes_gathered: u64,
+    /// Largest accounted device bytes over ranks.
+    pub peak_device_bytes: u64,
+    /// Peak accounted device bytes per kind (slots, resident blocks, ...), worst rank.
+    pub peak_device_bytes_by_kind: BTreeMap<String, u64>,
+    pub peak_anon_rss_bytes: u64,
+    pub checkpoint_bytes: u64,
+    pub largest_padded_block_bytes: u64,
+    /// Images or clips generated.
+    pub outputs: usize,
+}
+
+/// `run`'s source: requests dealt round-robin up front, outputs collected by index.
+struct FixedSource {
+    queues: Vec<Mutex<VecDeque<(usize, Request)>>>,
+    outputs: Mutex<Vec<(usize, Output)>>,
+    error: Mutex<Option<Error>>,
+}
+
+impl WorkSource for FixedSource {
+    fn take(&self, rank: usize) -> Result<Taken> {
+        let mut q = self.queues[rank].lock().expect("source lock");
+        let work = q.pop_front().map(|(i, req)| Work {
+            key: WorkKey {
+                id: i as u64,
+                index: 0,
+            },
+            req,
+            cancel: None,
+        });
+        Ok(Taken {
+            work,
+            generation: 0,
+            closed: q.is_empty(),
+        })
+    }
+    fn pending(&self, rank: usize) -> bool {
+        !self.queues[rank].lock().expect("source lock").is_empty()
+    }
+    fn wait(&self, _rank: usize, _generation: u64) -> Result<()> {
+        Ok(())
+    }
+    fn finished(&self, _rank: usize, key: WorkKey, out: Result<Output>) {
+        match out {
+            Ok(o) => self
+                .outputs
+                .lock()
+                .expect("source lock")
+                .push((key.id as usize, o)),
+            Err(e) => {
+                self.error.lock().expect("source lock").get_or_insert(e);
+            }
+        }
+    }
+}

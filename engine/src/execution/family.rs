@@ -1,0 +1,73 @@
+//! The seam between the rank loop and a model family. The rank loop, the pipeline and the
+//! lockstep know nothing family-specific: a family says which groups of blocks stream
+//! (and from which mapped component), what each rank keeps resident, and how one request
+//! walks through passes over those groups. Each pass runs over one group's blocks in
+//! order; a request may need passes over several groups (a text encoder once, then one of
+//! two experts per denoising step), and every rank of the pod runs the same pass at the
+//! same time, computing only when its own request wants that group.
+
+use candle_core::{Device, Tensor};
+
+use super::weights::Weights;
+use super::work::{Output, Request};
+use crate::checkpoint::Mapped;
+use crate::layout::GroupLayout;
+use crate::Result;
+
+/// A family's runtime over one opened, mapped pipeline folder. Shared by every rank.
+pub trait FamilyRuntime: Send + Sync {
+    /// The family's name (`dit`, `wan`).
+    fn name(&self) -> &'static str;
+    /// Each streamed group's block layout for `dp` ranks, in group order.
+    fn layouts(&self, dp: usize) -> Result<Vec<GroupLayout>>;
+    /// Each streamed group's mapped component (same order as [`Self::layouts`]).
+    fn mappings(&self) -> Vec<Mapped>;
+    /// The image size the model was trained at, `(width, height)` in pixels.
+    fn native_size(&self) -> (usize, usize);
+    /// The number of classes of a class-conditional family.
+    fn classes(&self) -> Option<usize> {
+        None
+    }
+    /// Checks a request before it takes a rank (a clear error naming the field).
+    fn validate(&self, req: &Request) -> Result<()>;
+    /// Device bytes a rank keeps outside the slots: prologues, epilogues and, when
+    /// decoding on the rank, the decoder.
+    fn resident_bytes(&self, decode: bool) -> u64;
+    /// Loads one rank's resident weights onto `device`.
+    fn load_rank(&self, device: &Device, decode: bool) -> Result<Box<dyn RankModel>>;
+    /// The decoder alone (for a server's decode thread).
+    fn decoder(&self, device: &Device) -> Result<Box<dyn Decoder>>;
+    /// The group a new request's first pass runs over (a prefetch hint for queued work).
+    fn first_group(&self) -> usize {
+        0
+    }
+}
+
+/// One rank's resident weights; starts requests on that rank.
+pub trait RankModel: Send {
+    /// Prepares `req` (initial noise drawn on the host, so every device starts from the
+    /// same bits) as a task on this rank's device.
+    fn start(&self, req: Request) -> Result<Box<dyn Task>>;
+}
+
+/// One request on a rank: a sequence of passes, then an output.
+pub trait Task: Send {
+    /// The group this task's next pass runs over; `None` once it has nothing left to
+    /// stream (its output can be finished).
+    fn wants(&self) -> Option<usize>;
+    /// The group it will want after the pass it wants now has run (prefetch hint).
+    fn wants_after(&self) -> Option<usize>;
+    /// Before the pass over [`Self::wants`]'s group.
+    fn begin(&mut self) -> Result<()>;
+    /// Block `index` of that group, with its weights.
+    fn block(&mut self, index: usize, weights: &dyn Weights) -> Result<()>;
+    /// After the pass; returns `(step, total)` when the pass completed a denoising step.
+    fn end(&mut self) -> Result<Option<(usize, usize)>>;
+    /// The output: final latents, decoded when the rank has a decoder.
+    fn finish(self: Box<Self>) -> Result<Output>;
+}
+
+/// Turns final latents into pixels in [-1, 1] ([3, H, W] or [T, 3, H, W]).
+pub trait Decoder: Send {
+    fn decode(&self, latents: &Tensor) -> Result<Tensor>;
+}

@@ -1,0 +1,1 @@
+//! `WanTransformer3DModel`: its config and tensor specs (metadata) and its forward pass.

@@ -1,0 +1,1 @@
+//! `AutoencoderKLWan`: its config and tensor specs (metadata) and its causal 3D decoder.

@@ -1,0 +1,2 @@
+//! Flow-matching samplers: diffusers' `UniPCMultistepScheduler` (flow prediction, flow
+//! shift) and `FlowMatchEulerDiscreteScheduler`, each from its saved config.
