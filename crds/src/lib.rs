@@ -19,7 +19,7 @@ pub use deployment::{
     DiffusionDeploymentStatus, EngineSpec, MemoryBreakdown, ModelSpec, Plan, PlannedStrategy,
     Workload,
 };
-pub use layerwise_engine::checkpoint::{ActivationCost, Profile};
+pub use layerwise_engine::checkpoint::{ActivationCost, ComponentProfile, Profile};
 pub use node::{
     AcceleratorInventory, DiffusionNode, DiffusionNodeSpec, DiffusionNodeStatus, ModelRequest,
     ModelState, NodeModelStatus,

@@ -158,24 +158,13 @@ pub struct Need {
 /// Peak activation bytes for the largest allowed request, or `None` when the engine's formula
 /// would overflow (a request no device could hold).
 pub fn activation_bytes(profile: &Profile, w: &Workload) -> Option<u64> {
-    let a = &profile.activation;
-    // Same shape as ActivationCost::bytes, in u128, to refuse rather than overflow.
-    let pixels = w.max_width as u128 * w.max_height as u128 * w.max_frames.max(1) as u128;
-    let tokens = pixels.div_ceil(a.pixels_per_token.max(1) as u128);
-    let samples = w.max_batch as u128 * if w.guidance { 2 } else { 1 };
-    let transformer = samples
-        * (a.bytes_per_token as u128 * tokens + a.bytes_per_token_pair as u128 * tokens * tokens);
-    let vae = a.vae_bytes_per_pixel as u128 * pixels;
-    if transformer.max(vae) > (u64::MAX / 4) as u128 {
-        return None;
-    }
-    Some(a.bytes(
+    profile.activation.checked_bytes(
         w.max_width,
         w.max_height,
         w.max_frames,
         w.max_batch,
         w.guidance,
-    ))
+    )
 }
 
 /// Device bytes per rank and host bytes per pod for one option.

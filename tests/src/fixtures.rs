@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crds::{ActivationCost, Profile};
+use crds::{ActivationCost, ComponentProfile, Profile};
 
 /// The profile of a DiT checkpoint as an agent would report it: `blocks` bf16 blocks of
 /// `block` bytes, `outside` transformer bytes outside them, a VAE of `vae` bytes and a
@@ -14,6 +14,20 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
         total_bytes: transformer + vae,
         transformer_bytes: transformer,
         vae_bytes: vae,
+        components: vec![
+            ComponentProfile {
+                name: "transformer".into(),
+                bytes: transformer,
+                blocks,
+                largest_block_bytes: block,
+            },
+            ComponentProfile {
+                name: "vae".into(),
+                bytes: vae,
+                blocks: 0,
+                largest_block_bytes: 0,
+            },
+        ],
         files: 2,
         blocks,
         block_bytes: vec![block; blocks],
@@ -28,6 +42,8 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
             bytes_per_token: 4 * 10 * 3072,
             bytes_per_token_pair: 4 * 2 * 24,
             vae_bytes_per_pixel: 4 * 5 * 128,
+            frames_per_latent: 1,
+            decoder_frames: 1,
         },
     }
 }

@@ -18,7 +18,7 @@ use memmap2::Mmap;
 use serde::Deserialize;
 
 pub use header::{Header, TensorInfo};
-pub use profile::{ActivationCost, Profile};
+pub use profile::{ActivationCost, ComponentProfile, Profile};
 
 use crate::{Error, Result};
 

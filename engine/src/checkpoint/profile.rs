@@ -7,8 +7,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::families::dit::DitCheckpoint;
-use crate::families::dit::DitConfig;
+use crate::families::Checkpoint;
 use crate::layout::ALIGN;
 use crate::Result;
 
@@ -25,21 +24,66 @@ pub struct ActivationCost {
     pub bytes_per_token: u64,
     /// Bytes per (token, token) pair per sample: the attention scores of all heads.
     pub bytes_per_token_pair: u64,
-    /// Bytes per output pixel at the peak of the VAE decoder (one image at a time).
+    /// Bytes per output pixel at the peak of the VAE decoder (one image or one chunk of
+    /// frames at a time).
     pub vae_bytes_per_pixel: u64,
+    /// Video frames per latent frame (1 for image families; Wan: 4, the first frame
+    /// alone): a clip of F frames has (F - 1) / this + 1 latent frames.
+    #[serde(default = "one")]
+    pub frames_per_latent: u64,
+    /// Video frames the decoder holds at full resolution at its peak (its chunk).
+    #[serde(default = "one")]
+    pub decoder_frames: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 impl ActivationCost {
-    /// Peak activation bytes for `batch` images of `width × height` (× `frames`), with or
-    /// without classifier-free guidance (which doubles the transformer's batch).
+    /// Peak activation bytes for `batch` outputs of `width × height` × `frames`, with or
+    /// without classifier-free guidance (which doubles the transformer's batch). Saturates
+    /// at `u64::MAX` (see [`Self::checked_bytes`]).
     pub fn bytes(&self, width: u64, height: u64, frames: u64, batch: u64, guidance: bool) -> u64 {
-        let tokens = (width * height * frames.max(1)).div_ceil(self.pixels_per_token.max(1));
-        let samples = batch * if guidance { 2 } else { 1 };
-        let transformer =
-            samples * (self.bytes_per_token * tokens + self.bytes_per_token_pair * tokens * tokens);
-        let vae = self.vae_bytes_per_pixel * width * height * frames.max(1);
-        transformer.max(vae)
+        self.checked_bytes(width, height, frames, batch, guidance)
+            .unwrap_or(u64::MAX)
     }
+
+    /// The one activation formula the engine and the planner share; `None` when a
+    /// request that large would overflow (no device could hold it).
+    pub fn checked_bytes(
+        &self,
+        width: u64,
+        height: u64,
+        frames: u64,
+        batch: u64,
+        guidance: bool,
+    ) -> Option<u64> {
+        let latent_frames = (frames.max(1) - 1) / self.frames_per_latent.max(1) + 1;
+        let pixels = width as u128 * height as u128;
+        let tokens =
+            (pixels * latent_frames as u128).div_ceil(self.pixels_per_token.max(1) as u128);
+        let samples = batch as u128 * if guidance { 2 } else { 1 };
+        let transformer = samples
+            * (self.bytes_per_token as u128 * tokens
+                + self.bytes_per_token_pair as u128 * tokens * tokens);
+        let vae = self.vae_bytes_per_pixel as u128 * pixels * self.decoder_frames.max(1) as u128;
+        let peak = transformer.max(vae);
+        (peak <= (u64::MAX / 4) as u128).then_some(peak as u64)
+    }
+}
+
+/// One component's share of the checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentProfile {
+    /// Its folder in the pipeline (`text_encoder`, `transformer`, `transformer_2`, `vae`).
+    pub name: String,
+    pub bytes: u64,
+    /// Blocks streamed from this component (0: it stays resident or is the decoder).
+    pub blocks: usize,
+    pub largest_block_bytes: u64,
 }
 
 /// What a checkpoint costs to hold and to run.
@@ -48,18 +92,25 @@ impl ActivationCost {
 #[serde(rename_all = "camelCase")]
 pub struct Profile {
     pub family: String,
-    /// Every weight byte in the folder (transformer and VAE).
+    /// Every weight byte in the folder (all components).
     pub total_bytes: u64,
+    /// Bytes of the transformer components (both experts of a two-expert model).
     pub transformer_bytes: u64,
     pub vae_bytes: u64,
+    /// Each component with weights, in pipeline order.
+    #[serde(default)]
+    pub components: Vec<ComponentProfile>,
     pub files: usize,
+    /// Streamed blocks over every group (text encoder, transformers).
     pub blocks: usize,
-    /// Bytes of each block, in order.
+    /// Bytes of each block, group after group.
     pub block_bytes: Vec<u64>,
     pub largest_block_bytes: u64,
-    /// Per dtype, the most bytes any block holds of it (sizes a slot for any dp).
+    /// Per dtype, the most bytes any block of any group holds of it (sizes a slot for
+    /// any dp: every group streams through the same slots).
     pub max_block_bytes_by_dtype: BTreeMap<String, u64>,
-    /// Transformer bytes outside the blocks (stay resident on the device).
+    /// Bytes outside the blocks that stay resident on the device (prologues and
+    /// epilogues; not the decoder, which is `vae_bytes`).
     pub outside_block_bytes: u64,
     pub bytes_by_dtype: BTreeMap<String, u64>,
     /// The image size the model was trained at.
@@ -69,72 +120,75 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// Profiles the DiT pipeline folder at `root`, reading headers and configs only.
+    /// Profiles the pipeline folder at `root`, reading headers and configs only.
     pub fn read(root: &Path) -> Result<Profile> {
-        Ok(Self::of(&DitCheckpoint::open(root)?))
+        Ok(Self::of(&Checkpoint::open(root)?))
     }
 
-    pub fn of(ck: &DitCheckpoint) -> Profile {
-        let cfg = &ck.config;
-        let mut block_bytes = vec![0u64; cfg.num_layers];
-        let mut block_dtype: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); cfg.num_layers];
-        let mut outside = 0;
+    pub fn of(ck: &Checkpoint) -> Profile {
         let mut by_dtype: BTreeMap<String, u64> = BTreeMap::new();
-        for h in ck.transformer.files.iter().chain(&ck.vae.files) {
-            for t in &h.tensors {
-                *by_dtype.entry(format!("{:?}", t.dtype)).or_default() += t.len;
-            }
-        }
-        for h in &ck.transformer.files {
-            for t in &h.tensors {
-                match DitConfig::block_of(&t.name) {
-                    Some(b) => {
-                        block_bytes[b] += t.len;
-                        *block_dtype[b].entry(format!("{:?}", t.dtype)).or_default() += t.len;
-                    }
-                    None => outside += t.len,
+        let mut components = Vec::new();
+        let (mut block_bytes, mut max_by_dtype) = (Vec::new(), BTreeMap::<String, u64>::new());
+        let groups = ck.groups();
+        for (name, c) in ck.components() {
+            for h in &c.files {
+                for t in &h.tensors {
+                    *by_dtype.entry(format!("{:?}", t.dtype)).or_default() += t.len;
                 }
             }
-        }
-        let mut max_by_dtype: BTreeMap<String, u64> = BTreeMap::new();
-        for m in &block_dtype {
-            for (k, v) in m {
-                let e = max_by_dtype.entry(k.clone()).or_default();
-                *e = (*e).max(*v);
+            let (mut blocks, mut largest) = (0, 0);
+            for (_, g) in groups.iter().filter(|(comp, _)| *comp == name) {
+                let mut bytes = vec![0u64; g.count];
+                let mut dtypes: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); g.count];
+                for h in &c.files {
+                    for t in &h.tensors {
+                        if let Some(b) = g.block_of(&t.name).filter(|b| *b < g.count) {
+                            bytes[b] += t.len;
+                            *dtypes[b].entry(format!("{:?}", t.dtype)).or_default() += t.len;
+                        }
+                    }
+                }
+                for m in &dtypes {
+                    for (k, v) in m {
+                        let e = max_by_dtype.entry(k.clone()).or_default();
+                        *e = (*e).max(*v);
+                    }
+                }
+                blocks += g.count;
+                largest = bytes.iter().copied().max().unwrap_or(0).max(largest);
+                block_bytes.extend(bytes);
             }
+            components.push(ComponentProfile {
+                name: name.to_string(),
+                bytes: c.tensor_bytes(),
+                blocks,
+                largest_block_bytes: largest,
+            });
         }
-        let (transformer_bytes, vae_bytes) = (ck.transformer.tensor_bytes(), ck.vae.tensor_bytes());
-        let up = ck.vae_config.upscale() as u64;
-        let d = cfg.hidden() as u64;
-        let p = cfg.patch() as u64;
-        let ch = &ck.vae_config.block_out_channels;
-        let activation = ActivationCost {
-            pixels_per_token: (up * p) * (up * p),
-            // x, norm(x), q, k, v, attention out, 4d MLP hidden before and after GELU,
-            // plus the unpatchified output: f32 each.
-            bytes_per_token: 4 * (10 * d + 2 * p * p * cfg.out() as u64),
-            // Scores and their softmax, per head.
-            bytes_per_token_pair: 4 * 2 * cfg.num_attention_heads as u64,
-            // At full resolution the decoder holds about four maps of the first block's
-            // width plus the upsampled map of the second's.
-            vae_bytes_per_pixel: 4 * (4 * ch[0] as u64 + *ch.get(1).unwrap_or(&ch[0]) as u64),
+        let sum = |pred: &dyn Fn(&str) -> bool| {
+            components
+                .iter()
+                .filter(|c| pred(&c.name))
+                .map(|c| c.bytes)
+                .sum()
         };
-        let side = cfg.sample_size as u64 * up;
+        let (native_width, native_height) = ck.native_size();
         Profile {
-            family: "dit".into(),
-            total_bytes: transformer_bytes + vae_bytes,
-            transformer_bytes,
-            vae_bytes,
-            files: ck.transformer.files.len() + ck.vae.files.len(),
-            blocks: cfg.num_layers,
+            family: ck.name().into(),
+            total_bytes: ck.total_bytes(),
+            transformer_bytes: sum(&|n| n.starts_with("transformer")),
+            vae_bytes: sum(&|n| n == "vae"),
+            files: ck.components().iter().map(|(_, c)| c.files.len()).sum(),
+            blocks: block_bytes.len(),
             largest_block_bytes: block_bytes.iter().copied().max().unwrap_or(0),
             block_bytes,
             max_block_bytes_by_dtype: max_by_dtype,
-            outside_block_bytes: outside,
+            outside_block_bytes: ck.resident_device_bytes(),
             bytes_by_dtype: by_dtype,
-            native_width: side,
-            native_height: side,
-            activation,
+            native_width: native_width as u64,
+            native_height: native_height as u64,
+            activation: ck.activation_cost(),
+            components,
         }
     }
 

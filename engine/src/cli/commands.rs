@@ -126,11 +126,19 @@ pub(super) fn inspect(dir: &Path, json: bool) -> Result<()> {
         p.total_bytes,
         p.files
     );
-    println!(
-        "transformer      {}; vae {}",
-        gib(p.transformer_bytes),
-        gib(p.vae_bytes)
-    );
+    for c in &p.components {
+        if c.blocks > 0 {
+            println!(
+                "{:<16} {} in {} streamed blocks (largest {} bytes)",
+                c.name,
+                gib(c.bytes),
+                c.blocks,
+                c.largest_block_bytes
+            );
+        } else {
+            println!("{:<16} {} (not streamed)", c.name, gib(c.bytes));
+        }
+    }
     println!(
         "blocks           {} (largest {} bytes)",
         p.blocks, p.largest_block_bytes

@@ -113,6 +113,28 @@ impl Checkpoint {
         }
     }
 
+    /// Bytes outside the streamed blocks that every rank keeps on its device (prologues
+    /// and epilogues; not the decoder). The engine charges exactly this.
+    pub fn resident_device_bytes(&self) -> u64 {
+        match &self.family {
+            Family::Dit(c) => c.resident_device_bytes(),
+        }
+    }
+
+    /// The size the model was trained at, `(width, height)` in pixels.
+    pub fn native_size(&self) -> (usize, usize) {
+        match &self.family {
+            Family::Dit(c) => c.native_size(),
+        }
+    }
+
+    /// What a request costs in activations: the formula the planner and the engine share.
+    pub fn activation_cost(&self) -> crate::checkpoint::ActivationCost {
+        match &self.family {
+            Family::Dit(c) => c.activation_cost(),
+        }
+    }
+
     /// Every weight byte in the folder.
     pub fn total_bytes(&self) -> u64 {
         self.components()

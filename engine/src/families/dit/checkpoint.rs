@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::checkpoint::check::check_tensors;
-use crate::checkpoint::{Component, ModelFolder};
+use crate::checkpoint::{ActivationCost, Component, ModelFolder};
 use crate::families::autoencoder_kl::{legacy_attention_alias, VaeConfig};
 use crate::families::dit::DitConfig;
 use crate::{Error, Result};
@@ -42,6 +42,44 @@ impl DitCheckpoint {
 
     pub fn root(&self) -> &PathBuf {
         &self.folder.root
+    }
+
+    /// Transformer bytes outside the blocks, which every rank keeps on its device: the
+    /// patch embedding and the final layer.
+    pub fn resident_device_bytes(&self) -> u64 {
+        self.config
+            .resident_specs()
+            .iter()
+            .map(|s| self.transformer.get(&s.name).map_or(0, |(_, t)| t.len))
+            .sum()
+    }
+
+    /// The image size the model was trained at, in pixels.
+    pub fn native_size(&self) -> (usize, usize) {
+        let side = self.config.sample_size * self.vae_config.upscale();
+        (side, side)
+    }
+
+    /// What a request costs in activations (f32), from the shapes the engine computes.
+    pub fn activation_cost(&self) -> ActivationCost {
+        let cfg = &self.config;
+        let up = self.vae_config.upscale() as u64;
+        let d = cfg.hidden() as u64;
+        let p = cfg.patch() as u64;
+        let ch = &self.vae_config.block_out_channels;
+        ActivationCost {
+            pixels_per_token: (up * p) * (up * p),
+            // x, norm(x), q, k, v, attention out, 4d MLP hidden before and after GELU,
+            // plus the unpatchified output: f32 each.
+            bytes_per_token: 4 * (10 * d + 2 * p * p * cfg.out() as u64),
+            // Scores and their softmax, per head.
+            bytes_per_token_pair: 4 * 2 * cfg.num_attention_heads as u64,
+            // At full resolution the decoder holds about four maps of the first block's
+            // width plus the upsampled map of the second's.
+            vae_bytes_per_pixel: 4 * (4 * ch[0] as u64 + *ch.get(1).unwrap_or(&ch[0]) as u64),
+            frames_per_latent: 1,
+            decoder_frames: 1,
+        }
     }
 }
 

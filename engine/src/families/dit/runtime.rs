@@ -50,20 +50,6 @@ impl DitRuntime {
         self.checkpoint.vae_config.upscale()
     }
 
-    /// Bytes of the transformer's tensors outside the blocks (resident on every device).
-    fn outside_block_bytes(&self) -> u64 {
-        self.config()
-            .resident_specs()
-            .iter()
-            .map(|s| {
-                self.transformer
-                    .component
-                    .get(&s.name)
-                    .map_or(0, |(_, t)| t.len)
-            })
-            .sum()
-    }
-
     /// Names and bytes of the VAE decoder's weights.
     fn vae_decoder_weights(&self) -> (Vec<String>, u64) {
         let names = self
@@ -109,8 +95,7 @@ impl FamilyRuntime for DitRuntime {
     }
 
     fn native_size(&self) -> (usize, usize) {
-        let side = self.config().sample_size * self.upscale();
-        (side, side)
+        self.checkpoint.native_size()
     }
 
     fn classes(&self) -> Option<usize> {
@@ -180,7 +165,7 @@ impl FamilyRuntime for DitRuntime {
     }
 
     fn resident_bytes(&self, decode: bool) -> u64 {
-        self.outside_block_bytes()
+        self.checkpoint.resident_device_bytes()
             + if decode {
                 self.vae_decoder_weights().1
             } else {
