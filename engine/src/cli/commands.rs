@@ -11,8 +11,10 @@ use crate::checkpoint::header::{encode_header, Header};
 use crate::checkpoint::Profile;
 use crate::engine::{Model, RunStats};
 use crate::execution::trace::Trace;
+use crate::execution::work::Output;
 use crate::execution::work::{Condition, Request};
 use crate::media::image::write_png;
+use crate::media::video::{self, Clip, VideoFormat};
 use crate::tools::loadgen::LoadgenArgs;
 use crate::tools::trace_svg as svg;
 use crate::Strategy;
@@ -39,12 +41,22 @@ impl RequestArgs {
             .unwrap_or(model.family.native_size());
         (0..self.n)
             .map(|i| {
+                let condition = match &self.prompt {
+                    Some(p) => Condition::Prompt {
+                        prompt: p.clone(),
+                        negative: self.negative_prompt.clone(),
+                    },
+                    None => Condition::Class(self.class_label.unwrap_or(207)),
+                };
                 Ok(Request {
                     seed: self.seed + i as u64,
                     steps: self.steps,
                     guidance: self.guidance,
+                    guidance_2: self.guidance_2,
+                    frames: self.frames,
+                    max_sequence_length: self.max_sequence_length,
                     init_latents: init.as_ref().map(|t| t.narrow(0, i, 1)).transpose()?,
-                    ..Request::image(Condition::Class(self.class_label), width, height)
+                    ..Request::image(condition, width, height)
                 })
             })
             .collect()
@@ -81,14 +93,113 @@ fn read_latents(path: &Path, n: usize) -> Result<Tensor> {
     Ok(t)
 }
 
-fn write_latents(path: &Path, latents: &[Tensor]) -> Result<()> {
-    let t = Tensor::cat(latents, 0)?.contiguous()?;
-    let (header, _) = encode_header(&[("latents".to_string(), Dtype::F32, t.dims().to_vec())])?;
-    let mut out = header;
-    for v in t.flatten_all()?.to_vec1::<f32>()? {
-        out.extend_from_slice(&v.to_le_bytes());
+/// Writes f32 tensors as one safetensors file.
+fn write_tensors(path: &Path, tensors: &[(&str, Tensor)]) -> Result<()> {
+    let specs: Vec<(String, Dtype, Vec<usize>)> = tensors
+        .iter()
+        .map(|(n, t)| (n.to_string(), Dtype::F32, t.dims().to_vec()))
+        .collect();
+    let (mut out, _) = encode_header(&specs)?;
+    for (_, t) in tensors {
+        for v in t
+            .flatten_all()?
+            .to_dtype(candle_core::DType::F32)?
+            .to_vec1::<f32>()?
+        {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
     }
     std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The `--save-latents` file: final latents, and what a text family adds (the text
+/// embeddings the outputs were conditioned on, the decoded frames in [0, 1]).
+fn save_outputs(path: &Path, outputs: &[Output]) -> Result<()> {
+    let cat = |f: &dyn Fn(&Output) -> Option<Tensor>| -> Result<Option<Tensor>> {
+        let v: Option<Vec<Tensor>> = outputs.iter().map(f).collect();
+        Ok(match v {
+            Some(v) if !v.is_empty() => Some(Tensor::cat(&v, 0)?),
+            _ => None,
+        })
+    };
+    let mut tensors = vec![(
+        "latents",
+        cat(&|o| Some(o.latents.clone()))?.context("no outputs")?,
+    )];
+    let prompt = cat(&|o| {
+        o.text_embeddings
+            .as_ref()
+            .and_then(|t| t.narrow(0, 0, 1).ok())
+    })?;
+    let negative = cat(&|o| {
+        let t = o.text_embeddings.as_ref()?;
+        (t.dim(0).ok()? > 1)
+            .then(|| t.narrow(0, 1, 1).ok())
+            .flatten()
+    })?;
+    tensors.extend(prompt.map(|t| ("prompt_embeds", t)));
+    tensors.extend(negative.map(|t| ("negative_prompt_embeds", t)));
+    let frames = outputs
+        .iter()
+        .map(|o| {
+            let Some(img) = &o.image else { return Ok(None) };
+            // [3, H, W] or [F, 3, H, W] in [-1, 1] → [F, H, W, 3] in [0, 1].
+            let v = if img.rank() == 3 {
+                img.unsqueeze(0)?
+            } else {
+                img.clone()
+            };
+            Ok(Some(
+                ((v.permute((0, 2, 3, 1))? + 1.0)? / 2.0)?.clamp(0f32, 1f32)?,
+            ))
+        })
+        .collect::<Result<Option<Vec<Tensor>>>>()?;
+    if let Some(f) = frames.filter(|f| !f.is_empty()) {
+        let t = if f.len() == 1 {
+            f[0].clone()
+        } else {
+            Tensor::stack(&f, 0)?
+        };
+        tensors.push(("frames", t));
+    }
+    write_tensors(path, &tensors)
+}
+
+/// Writes one output ([3, H, W] or [F, 3, H, W] in [-1, 1]) by the extension: PNG (an
+/// image, or a clip's first frame), or a video of its frames.
+fn write_output(path: &Path, image: &Tensor, fps: f64) -> Result<()> {
+    let image = if image.rank() == 3 {
+        image.unsqueeze(0)?
+    } else {
+        image.clone()
+    };
+    let frames = image.dim(0)?;
+    if VideoFormat::from_path(path).is_none() {
+        write_png(path, &image.get(0)?)?;
+        if frames > 1 {
+            println!("(a clip of {frames} frames: {} holds its first frame; write .mp4, .gif or .webp for all)", path.display());
+        }
+        return Ok(());
+    }
+    let (_, _, h, w) = image.dims4()?;
+    // [-1, 1] → 8-bit RGB, interleaved, as diffusers' postprocessing rounds.
+    let rgb: Vec<Vec<u8>> = (0..frames)
+        .map(|i| -> Result<Vec<u8>> {
+            let f = ((image.get(i)?.permute((1, 2, 0))? + 1.0)? * 127.5)?
+                .clamp(0f32, 255f32)?
+                .round()?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            Ok(f.into_iter().map(|x| x as u8).collect())
+        })
+        .collect::<Result<_>>()?;
+    let clip = Clip {
+        width: w,
+        height: h,
+        fps,
+        frames: rgb.iter().map(Vec::as_slice).collect(),
+    };
+    Ok(video::write(path, &clip)?)
 }
 
 fn numbered(path: &Path, i: usize, n: usize) -> PathBuf {
@@ -166,6 +277,16 @@ pub(super) fn inspect(dir: &Path, json: bool) -> Result<()> {
 
 pub(super) fn generate(a: GenerateArgs) -> Result<()> {
     let strategy: Strategy = a.strategy.parse()?;
+    let ext = a
+        .out
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    if ext.as_deref() != Some("png") && VideoFormat::from_path(&a.out).is_none() {
+        bail!(
+            "--out {}: write .png (an image or a clip's first frame), .mp4, .gif or .webp",
+            a.out.display()
+        );
+    }
     let model = Model::open(&a.engine.model)?;
     let init = a
         .init_latents
@@ -182,17 +303,15 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
     }
     for (i, o) in outputs.iter().enumerate() {
         let path = numbered(&a.out, i, outputs.len());
-        write_png(&path, o.image.as_ref().context("image was not decoded")?)?;
+        write_output(
+            &path,
+            o.image.as_ref().context("output was not decoded")?,
+            a.fps,
+        )?;
         println!("wrote {}", path.display());
     }
     if let Some(p) = &a.save_latents {
-        write_latents(
-            p,
-            &outputs
-                .iter()
-                .map(|o| o.latents.clone())
-                .collect::<Vec<_>>(),
-        )?;
+        save_outputs(p, &outputs)?;
     }
     if let Some(p) = &a.stats {
         std::fs::write(p, serde_json::to_string_pretty(&stats)? + "\n")

@@ -101,10 +101,30 @@ pub(crate) struct SynthArgs {
 /// What to generate: the request flags of `generate` and `bench`.
 #[derive(Args, Clone)]
 pub(crate) struct RequestArgs {
-    /// ImageNet class to draw (0..999 for DiT-XL/2).
-    #[arg(long, env = "LAYERWISE_CLASS_LABEL", default_value_t = 207)]
-    class_label: u32,
-    /// Noise seed of the first image (image i uses seed + i).
+    /// Class-conditional families: the class to draw (0..999 for DiT-XL/2; default 207).
+    #[arg(long, env = "LAYERWISE_CLASS_LABEL", conflicts_with = "prompt")]
+    class_label: Option<u32>,
+    /// Text-conditioned families (Wan): what to draw.
+    #[arg(long, env = "LAYERWISE_PROMPT")]
+    prompt: Option<String>,
+    /// Text-conditioned families: what to steer away from (under guidance).
+    #[arg(
+        long,
+        env = "LAYERWISE_NEGATIVE_PROMPT",
+        default_value = "",
+        requires = "prompt"
+    )]
+    negative_prompt: String,
+    /// Frames of a clip: 4k + 1 for Wan (81 is five seconds at 16 fps); 1 is an image.
+    #[arg(long, env = "LAYERWISE_FRAMES", default_value_t = 1)]
+    frames: usize,
+    /// Guidance of the second expert of a two-expert model (Wan 2.2; default: --guidance).
+    #[arg(long, env = "LAYERWISE_GUIDANCE_2")]
+    guidance_2: Option<f32>,
+    /// Text-conditioned families: tokens prompts are padded to; a longer prompt is refused.
+    #[arg(long, env = "LAYERWISE_MAX_SEQUENCE_LENGTH", default_value_t = 512)]
+    max_sequence_length: usize,
+    /// Noise seed of the first output (output i uses seed + i).
     #[arg(long, env = "LAYERWISE_SEED", default_value_t = 0)]
     seed: u64,
     /// Denoising steps.
@@ -130,13 +150,21 @@ pub(crate) struct GenerateArgs {
     /// resident, sharded, offload or offload-sharded.
     #[arg(long, env = "LAYERWISE_STRATEGY", default_value = "offload-sharded")]
     strategy: String,
-    /// Output PNG (with n > 1, `-<i>` is added before the extension).
+    /// Output file: `.png` (an image, or a clip's first frame), or for clips `.mp4`
+    /// (H.264), `.gif` or `.webp` (animations). With n > 1, `-<i>` is added before the
+    /// extension.
     #[arg(long, env = "LAYERWISE_OUTPUT")]
     out: PathBuf,
-    /// Start from these latents (safetensors, tensor `latents`, [n, C, h, w]).
+    /// Frames per second of a clip written as video.
+    #[arg(long, env = "LAYERWISE_FPS", default_value_t = 16.0)]
+    fps: f64,
+    /// Start from these latents (safetensors, tensor `latents`: [n, C, h, w], or for clips
+    /// [n, C, T, h, w]).
     #[arg(long, env = "LAYERWISE_INIT_LATENTS")]
     init_latents: Option<PathBuf>,
-    /// Write the final latents before the VAE (safetensors, tensor `latents`).
+    /// Write the final latents before the VAE (safetensors, tensor `latents`), and for text
+    /// families the text embeddings (`prompt_embeds`, `negative_prompt_embeds`) and the
+    /// decoded frames (`frames`, [F, H, W, 3] in [0, 1]).
     #[arg(long, env = "LAYERWISE_SAVE_LATENTS")]
     save_latents: Option<PathBuf>,
     /// Write run figures as JSON.

@@ -33,6 +33,9 @@ pub struct Request {
     pub height: usize,
     /// Frames of a clip (1 for an image).
     pub frames: usize,
+    /// Text families: prompts are padded and truncated to this many tokens (diffusers'
+    /// `max_sequence_length`); a longer prompt is refused.
+    pub max_sequence_length: usize,
     /// Start from these latents instead of seeded noise (the family's latent shape).
     pub init_latents: Option<Tensor>,
 }
@@ -49,6 +52,7 @@ impl Request {
             width,
             height,
             frames: 1,
+            max_sequence_length: 512,
             init_latents: None,
         }
     }

@@ -1,0 +1,246 @@
+//! A Wan pipeline folder opened and checked from its headers and configs alone:
+//! `model_index.json` (which components, the expert boundary), the tokenizer's presence,
+//! each component's config and every tensor against what the configs imply. Nothing here
+//! reads weight data.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::transformer::WanTransformerConfig;
+use super::vae::WanVaeConfig;
+use crate::checkpoint::check::check_tensors;
+use crate::checkpoint::{ActivationCost, Component, ModelFolder};
+use crate::families::umt5::Umt5Config;
+use crate::families::BlockGroup;
+use crate::{Error, Result};
+
+/// A checked Wan pipeline folder.
+#[derive(Debug, Clone)]
+pub struct WanCheckpoint {
+    pub folder: ModelFolder,
+    pub tokenizer: PathBuf,
+    pub text_encoder_config: Umt5Config,
+    pub transformer_config: WanTransformerConfig,
+    pub vae_config: WanVaeConfig,
+    /// Wan 2.2: steps whose timestep is at least `boundary_ratio × num_train_timesteps`
+    /// run on `transformer`, the rest on `transformer_2`.
+    pub boundary_ratio: Option<f64>,
+    pub text_encoder: Component,
+    pub transformer: Component,
+    pub transformer_2: Option<Component>,
+    pub vae: Component,
+}
+
+/// Whether `model_index.json` lists a component (diffusers writes `[null, null]` for an
+/// optional one that is absent).
+fn listed(index: &Value, name: &str) -> bool {
+    match index.get(name) {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(a)) => a.iter().any(|v| !v.is_null()),
+        Some(_) => true,
+    }
+}
+
+impl WanCheckpoint {
+    /// Opens `root` and checks every component against its config.
+    pub fn open(root: &Path) -> Result<WanCheckpoint> {
+        let folder = ModelFolder::new(root)?;
+        let index_path = root.join("model_index.json");
+        let index: Value = crate::checkpoint::read_json(&index_path)?;
+        for part in ["tokenizer", "text_encoder", "transformer", "vae", "scheduler"] {
+            if !listed(&index, part) {
+                return Err(Error::config(
+                    &index_path,
+                    part,
+                    "missing; a Wan pipeline needs a tokenizer, text_encoder, transformer, vae and scheduler",
+                ));
+            }
+        }
+        if index.get("expand_timesteps").and_then(Value::as_bool) == Some(true) {
+            return Err(Error::config(
+                &index_path,
+                "expand_timesteps",
+                "per-token timesteps (the Wan 2.2 TI2V 5B pipeline) are not supported",
+            ));
+        }
+        let boundary_ratio = match index.get("boundary_ratio") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_f64() {
+                Some(r) if r > 0.0 && r < 1.0 => Some(r),
+                _ => {
+                    return Err(Error::config(
+                        &index_path,
+                        "boundary_ratio",
+                        format!("{v}: must be a number between 0 and 1"),
+                    ))
+                }
+            },
+        };
+        let two = listed(&index, "transformer_2");
+        if two != boundary_ratio.is_some() {
+            return Err(Error::config(
+                &index_path,
+                if two { "boundary_ratio" } else { "transformer_2" },
+                "two experts need both `transformer_2` and `boundary_ratio`",
+            ));
+        }
+        let tokenizer = root.join("tokenizer").join("tokenizer.json");
+        if !tokenizer.is_file() {
+            return Err(Error::checkpoint(
+                &tokenizer,
+                "the tokenizer is missing: a Wan pipeline folder holds tokenizer/tokenizer.json",
+            ));
+        }
+        let dir = |c: &str| root.join(c);
+        let text_encoder_config = Umt5Config::load(&dir("text_encoder").join("config.json"))?;
+        let transformer_config =
+            WanTransformerConfig::load(&dir("transformer").join("config.json"))?;
+        let vae_config = WanVaeConfig::load(&dir("vae").join("config.json"))?;
+        let text_encoder = Component::open(&dir("text_encoder"))?;
+        let transformer = Component::open(&dir("transformer"))?;
+        let vae = Component::open(&dir("vae"))?;
+        check_tensors(&text_encoder, &text_encoder_config.all_specs(), |_| None)?;
+        check_tensors(&transformer, &transformer_config.all_specs(), |_| None)?;
+        check_tensors(&vae, &vae_config.tensor_specs(), |_| None)?;
+        let transformer_2 = if two {
+            let path = dir("transformer_2").join("config.json");
+            let second = WanTransformerConfig::load(&path)?;
+            if let Some(field) = transformer_config.differs(&second) {
+                return Err(Error::config(
+                    &path,
+                    field,
+                    "the second expert's shape differs from the first's (both experts stream through the same slots and must share their architecture)",
+                ));
+            }
+            let c = Component::open(&dir("transformer_2"))?;
+            check_tensors(&c, &second.all_specs(), |_| None)?;
+            Some(c)
+        } else {
+            None
+        };
+        let (te, tr) = (&text_encoder_config, &transformer_config);
+        if te.d_model != tr.text_dim {
+            return Err(Error::config(
+                dir("transformer").join("config.json"),
+                "text_dim",
+                format!(
+                    "{} but the text encoder's d_model is {}",
+                    tr.text_dim, te.d_model
+                ),
+            ));
+        }
+        if vae_config.z_dim != tr.in_channels || vae_config.z_dim != tr.out_channels {
+            return Err(Error::config(
+                dir("transformer").join("config.json"),
+                "in_channels",
+                format!(
+                    "in {} / out {} channels but the VAE's latents have {}",
+                    tr.in_channels, tr.out_channels, vae_config.z_dim
+                ),
+            ));
+        }
+        Ok(WanCheckpoint {
+            folder,
+            tokenizer,
+            text_encoder_config,
+            transformer_config,
+            vae_config,
+            boundary_ratio,
+            text_encoder,
+            transformer,
+            transformer_2,
+            vae,
+        })
+    }
+
+    /// Components with weights, in pipeline order.
+    pub fn components(&self) -> Vec<(&'static str, &Component)> {
+        let mut v = vec![
+            ("text_encoder", &self.text_encoder),
+            ("transformer", &self.transformer),
+        ];
+        if let Some(c) = &self.transformer_2 {
+            v.push(("transformer_2", c));
+        }
+        v.push(("vae", &self.vae));
+        v
+    }
+
+    /// The streamed groups, by group index ([`super::TEXT_ENCODER`], ...).
+    pub fn groups(&self) -> Vec<(&'static str, BlockGroup)> {
+        let mut v = vec![
+            ("text_encoder", self.text_encoder_config.block_group()),
+            ("transformer", self.transformer_config.block_group()),
+        ];
+        if self.transformer_2.is_some() {
+            let mut g = self.transformer_config.block_group();
+            g.name = "transformer_2".into();
+            v.push(("transformer_2", g));
+        }
+        v
+    }
+
+    /// Tensors outside the blocks that every rank keeps on its device: each expert's
+    /// prologue and epilogue, and the text encoder's final norm (its embedding table is
+    /// read from the host mapping).
+    pub fn resident_device_names(&self) -> Vec<(&'static str, String)> {
+        let mut v: Vec<(&'static str, String)> = Vec::new();
+        for (comp, _) in self.components() {
+            match comp {
+                "transformer" | "transformer_2" => v.extend(
+                    self.transformer_config
+                        .resident_specs()
+                        .into_iter()
+                        .map(|s| (comp, s.name)),
+                ),
+                "text_encoder" => v.extend(
+                    self.text_encoder_config
+                        .device_resident_specs()
+                        .into_iter()
+                        .map(|s| (comp, s.name)),
+                ),
+                _ => {}
+            }
+        }
+        v
+    }
+
+    /// Bytes of [`Self::resident_device_names`].
+    pub fn resident_device_bytes(&self) -> u64 {
+        let comps = self.components();
+        self.resident_device_names()
+            .iter()
+            .filter_map(|(comp, name)| {
+                let c = comps.iter().find(|(n, _)| n == comp)?.1;
+                c.get(name).map(|(_, t)| t.len)
+            })
+            .sum()
+    }
+
+    /// WanPipeline's default output size, 832 × 480.
+    pub fn native_size(&self) -> (usize, usize) {
+        (832, 480)
+    }
+
+    /// What a request costs in activations (f32), from the shapes the engine computes.
+    pub fn activation_cost(&self) -> ActivationCost {
+        let tr = &self.transformer_config;
+        let (d, ffn) = (tr.hidden() as u64, tr.ffn_dim as u64);
+        let spatial = (self.vae_config.upscale() * tr.patch_size[1]) as u64;
+        let base = self.vae_config.base_dim as u64;
+        ActivationCost {
+            pixels_per_token: spatial * spatial,
+            // x, norm(x), q, k, v, attention out, rotary temporaries and the FFN's hidden
+            // before and after its GELU: f32 each. Attention runs in query chunks whose
+            // scores stay within a fixed budget, so no term grows with tokens².
+            bytes_per_token: 4 * (8 * d + 2 * ffn),
+            bytes_per_token_pair: 0,
+            // The decoder's first up block at full resolution: about three maps of its
+            // width for each of the frames a chunk yields and the two it caches.
+            vae_bytes_per_pixel: 4 * 3 * base * self.vae_config.dim_mult[0] as u64,
+            frames_per_latent: self.vae_config.temporal_upscale() as u64,
+            decoder_frames: self.vae_config.temporal_upscale() as u64 + 2,
+        }
+    }
+}

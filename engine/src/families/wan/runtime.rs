@@ -1,0 +1,450 @@
+//! Wan behind the family seam. A request is one pass over the text encoder (the prompt
+//! and, under guidance, the negative prompt as a batch of two), then one pass per
+//! denoising step over the expert its timestep selects, then the VAE decode. Conditioning
+//! follows diffusers' `WanPipeline`: prompts cleaned, tokenized to `max_sequence_length`,
+//! encoded, rows past each prompt's length zeroed; guidance as `uncond + g (cond − uncond)`
+//! with the second expert's own scale; the flow sampler from the saved scheduler config.
+
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+
+use super::transformer::model::{WanState, WanTransformer};
+use super::transformer::WanTransformerConfig;
+use super::vae::decoder::WanVaeDecoder;
+use super::{WanCheckpoint, TEXT_ENCODER, TRANSFORMER, TRANSFORMER_2};
+use crate::checkpoint::Mapped;
+use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task};
+use crate::execution::weights::{self, seeded_noise, Weights};
+use crate::execution::work::{Condition, Output, Request};
+use crate::families::umt5::model::{Umt5Encoder, Umt5State};
+use crate::families::umt5::tokenizer::PromptTokenizer;
+use crate::layout::GroupLayout;
+use crate::samplers::flow::{FlowScheduler, Sampler};
+use crate::{Error, Result};
+
+/// A Wan pipeline folder, checked and mapped once for every rank.
+pub struct WanRuntime {
+    pub checkpoint: WanCheckpoint,
+    /// Mapped text encoder, transformer and (two experts) transformer_2, by group index.
+    streamed: Vec<Mapped>,
+    vae: Mapped,
+    scheduler: FlowScheduler,
+    tokenizer: Arc<PromptTokenizer>,
+}
+
+impl WanRuntime {
+    pub fn new(checkpoint: WanCheckpoint) -> Result<WanRuntime> {
+        let scheduler =
+            FlowScheduler::load(&checkpoint.folder.scheduler_config())?;
+        let tokenizer = Arc::new(PromptTokenizer::load(&checkpoint.tokenizer)?);
+        let mut streamed = vec![
+            Mapped::map(checkpoint.text_encoder.clone())?,
+            Mapped::map(checkpoint.transformer.clone())?,
+        ];
+        if let Some(c) = &checkpoint.transformer_2 {
+            streamed.push(Mapped::map(c.clone())?);
+        }
+        Ok(WanRuntime {
+            vae: Mapped::map(checkpoint.vae.clone())?,
+            streamed,
+            scheduler,
+            tokenizer,
+            checkpoint,
+        })
+    }
+
+    fn vae_decoder_names(&self) -> Vec<String> {
+        self.checkpoint
+            .vae_config
+            .decoder_specs()
+            .into_iter()
+            .map(|s| s.name)
+            .collect()
+    }
+
+    fn vae_decoder(&self, device: &Device) -> Result<WanVaeDecoder> {
+        let w = weights::load(&self.vae, self.vae_decoder_names().into_iter(), device)?;
+        WanVaeDecoder::load(&self.checkpoint.vae_config, &w)
+    }
+
+    /// The expert (group) a step at timestep `t` runs on.
+    fn expert(&self, t: f32) -> usize {
+        match self.checkpoint.boundary_ratio {
+            Some(r) if (t as f64) < r * self.scheduler.num_train_timesteps() as f64 => {
+                TRANSFORMER_2
+            }
+            _ => TRANSFORMER,
+        }
+    }
+}
+
+/// Latent shape of a request: [1, C, (F − 1) / 4 + 1, H / 8, W / 8].
+fn latent_shape(ck: &WanCheckpoint, r: &Request) -> [usize; 5] {
+    let (up, tup) = (ck.vae_config.upscale(), ck.vae_config.temporal_upscale());
+    [
+        1,
+        ck.transformer_config.in_channels,
+        (r.frames.max(1) - 1) / tup + 1,
+        r.height / up,
+        r.width / up,
+    ]
+}
+
+impl FamilyRuntime for WanRuntime {
+    fn name(&self) -> &'static str {
+        "wan"
+    }
+
+    fn layouts(&self, dp: usize) -> Result<Vec<GroupLayout>> {
+        self.checkpoint
+            .groups()
+            .iter()
+            .zip(&self.streamed)
+            .map(|((_, g), m)| {
+                GroupLayout::new(&m.component, &g.block, g.count, |i| g.block_prefix(i), dp)
+            })
+            .collect()
+    }
+
+    fn mappings(&self) -> Vec<Mapped> {
+        self.streamed.clone()
+    }
+
+    fn native_size(&self) -> (usize, usize) {
+        self.checkpoint.native_size()
+    }
+
+    fn validate(&self, r: &Request) -> Result<()> {
+        let ck = &self.checkpoint;
+        let (prompt, negative) = match &r.condition {
+            Condition::Prompt { prompt, negative } => (prompt, negative),
+            Condition::Class(_) => {
+                return Err(Error::invalid(
+                    "class_label",
+                    "Wan is text-conditioned: give a prompt, not a class label",
+                ))
+            }
+        };
+        let unit = ck.vae_config.upscale() * ck.transformer_config.patch_size[1];
+        for (field, v) in [("width", r.width), ("height", r.height)] {
+            if v == 0 || v % unit != 0 {
+                return Err(Error::invalid(
+                    field,
+                    format!("{v}: must be a positive multiple of {unit}"),
+                ));
+            }
+        }
+        let tup = ck.vae_config.temporal_upscale();
+        if r.frames == 0 || (r.frames - 1) % tup != 0 {
+            return Err(Error::invalid(
+                "frames",
+                format!(
+                    "{}: must be of the form {tup}k + 1 (1, {}, {}, ..., 81): the VAE turns each latent frame after the first into {tup}",
+                    r.frames,
+                    tup + 1,
+                    2 * tup + 1
+                ),
+            ));
+        }
+        for (field, g) in [("guidance", Some(r.guidance)), ("guidance_2", r.guidance_2)] {
+            if let Some(g) = g.filter(|g| !(g.is_finite() && *g >= 0.0)) {
+                return Err(Error::invalid(
+                    field,
+                    format!("{g}: must be a finite number ≥ 0"),
+                ));
+            }
+        }
+        if r.guidance_2.is_some() && ck.transformer_2.is_none() {
+            return Err(Error::invalid(
+                "guidance_2",
+                "this model has one transformer; a second guidance scale needs two experts",
+            ));
+        }
+        self.scheduler.sampler(r.steps)?;
+        if r.max_sequence_length == 0 {
+            return Err(Error::invalid("max_sequence_length", "must be at least 1"));
+        }
+        for (field, text) in [("prompt", prompt), ("negative_prompt", negative)] {
+            let n = self.tokenizer.count(text)?;
+            if n > r.max_sequence_length {
+                return Err(Error::invalid(
+                    field,
+                    format!(
+                        "{n} tokens (with the end token) is over the limit of {} (max_sequence_length)",
+                        r.max_sequence_length
+                    ),
+                ));
+            }
+        }
+        if let Some(l) = &r.init_latents {
+            let want = latent_shape(ck, r);
+            if l.dims() != want {
+                return Err(Error::invalid(
+                    "init_latents",
+                    format!("shape {:?}, expected {want:?}", l.dims()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn resident_bytes(&self, decode: bool) -> u64 {
+        let decoder: u64 = if decode {
+            self.vae_decoder_names()
+                .iter()
+                .filter_map(|n| self.vae.component.get(n).map(|(_, t)| t.len))
+                .sum()
+        } else {
+            0
+        };
+        self.checkpoint.resident_device_bytes() + decoder
+    }
+
+    fn load_rank(&self, device: &Device, decode: bool) -> Result<Box<dyn RankModel>> {
+        let ck = &self.checkpoint;
+        let names = ck.resident_device_names();
+        let of = |comp: &str| {
+            names
+                .iter()
+                .filter(|(c, _)| *c == comp)
+                .map(|(_, n)| n.clone())
+                .collect::<Vec<_>>()
+        };
+        let te = weights::load(&self.streamed[TEXT_ENCODER], of("text_encoder").into_iter(), device)?;
+        let mut experts = Vec::new();
+        for (g, comp) in [(TRANSFORMER, "transformer"), (TRANSFORMER_2, "transformer_2")] {
+            if let Some(m) = self.streamed.get(g) {
+                let w = weights::load(m, of(comp).into_iter(), device)?;
+                experts.push(WanTransformer::new(ck.transformer_config.clone(), Box::new(w)));
+            }
+        }
+        Ok(Box::new(WanRank(Arc::new(RankShared {
+            encoder: Umt5Encoder::new(ck.text_encoder_config.clone(), &te)?,
+            experts,
+            vae: decode.then(|| self.vae_decoder(device)).transpose()?,
+            runtime: RankConsts {
+                tokenizer: self.tokenizer.clone(),
+                table: self.streamed[TEXT_ENCODER].clone(),
+                scheduler: self.scheduler.clone(),
+                boundary: ck.boundary_ratio,
+                train_timesteps: self.scheduler.num_train_timesteps(),
+                config: ck.transformer_config.clone(),
+                latent: (ck.vae_config.upscale(), ck.vae_config.temporal_upscale()),
+            },
+            device: device.clone(),
+        }))))
+    }
+
+    fn decoder(&self, device: &Device) -> Result<Box<dyn Decoder>> {
+        Ok(Box::new(VideoDecoder(self.vae_decoder(device)?)))
+    }
+}
+
+/// The Wan VAE as a [`Decoder`]: [1, C, T, h, w] latents to [F, 3, H, W] frames.
+struct VideoDecoder(WanVaeDecoder);
+
+impl Decoder for VideoDecoder {
+    fn decode(&self, latents: &Tensor) -> Result<Tensor> {
+        self.0.decode(latents)
+    }
+}
+
+/// What every task on a rank reads.
+struct RankConsts {
+    tokenizer: Arc<PromptTokenizer>,
+    /// The text encoder's mapping, for its embedding rows.
+    table: Mapped,
+    scheduler: FlowScheduler,
+    boundary: Option<f64>,
+    train_timesteps: usize,
+    config: WanTransformerConfig,
+    /// Pixels per latent (space, time).
+    latent: (usize, usize),
+}
+
+struct RankShared {
+    encoder: Umt5Encoder,
+    /// One or two experts, resident parts only.
+    experts: Vec<WanTransformer>,
+    vae: Option<WanVaeDecoder>,
+    runtime: RankConsts,
+    device: Device,
+}
+
+struct WanRank(Arc<RankShared>);
+
+impl RankModel for WanRank {
+    fn start(&self, req: Request) -> Result<Box<dyn Task>> {
+        let r = &self.0;
+        let Condition::Prompt { prompt, negative } = &req.condition else {
+            return Err(Error::invalid("prompt", "Wan is text-conditioned"));
+        };
+        let c = &r.runtime;
+        let shape = [
+            1,
+            c.config.in_channels,
+            (req.frames.max(1) - 1) / c.latent.1 + 1,
+            req.height / c.latent.0,
+            req.width / c.latent.0,
+        ];
+        let latents = match &req.init_latents {
+            Some(l) => l.to_dtype(DType::F32)?,
+            None => seeded_noise(req.seed, &shape)?,
+        };
+        let guided = req.guidance > 1.0;
+        let mut prompts = vec![prompt.clone()];
+        if guided {
+            prompts.push(negative.clone());
+        }
+        Ok(Box::new(WanTask {
+            sampler: c.scheduler.sampler(req.steps)?,
+            latents: latents.to_device(&r.device)?,
+            rank: self.0.clone(),
+            prompts,
+            max_len: req.max_sequence_length,
+            guidance: req.guidance,
+            guidance_2: req.guidance_2.unwrap_or(req.guidance),
+            guided,
+            text: None,
+            step: 0,
+            encoder: None,
+            state: None,
+        }))
+    }
+}
+
+/// One clip's generation on a rank.
+struct WanTask {
+    rank: Arc<RankShared>,
+    prompts: Vec<String>,
+    max_len: usize,
+    guidance: f32,
+    guidance_2: f32,
+    /// Classifier-free guidance is on (as WanPipeline decides: `guidance > 1`).
+    guided: bool,
+    sampler: Box<dyn Sampler>,
+    latents: Tensor,
+    /// Text embeddings [B, M, D] (prompt, then negative prompt under guidance), once encoded.
+    text: Option<Tensor>,
+    step: usize,
+    encoder: Option<(Umt5State, Vec<usize>)>,
+    state: Option<WanState>,
+}
+
+impl WanTask {
+    fn total(&self) -> usize {
+        self.sampler.timesteps().len()
+    }
+
+    fn expert_at(&self, step: usize) -> Option<usize> {
+        let t = *self.sampler.timesteps().get(step)?;
+        let c = &self.rank.runtime;
+        Some(match c.boundary {
+            Some(r) if (t as f64) < r * c.train_timesteps as f64 => TRANSFORMER_2,
+            _ => TRANSFORMER,
+        })
+    }
+
+    fn expert(&self) -> &WanTransformer {
+        let g = self.expert_at(self.step).unwrap_or(TRANSFORMER);
+        &self.rank.experts[g - TRANSFORMER]
+    }
+}
+
+impl Task for WanTask {
+    fn wants(&self) -> Option<usize> {
+        match &self.text {
+            None => Some(TEXT_ENCODER),
+            Some(_) => self.expert_at(self.step),
+        }
+    }
+
+    fn wants_after(&self) -> Option<usize> {
+        match &self.text {
+            None => self.expert_at(0),
+            Some(_) => self.expert_at(self.step + 1),
+        }
+    }
+
+    fn begin(&mut self) -> Result<()> {
+        let r = self.rank.clone();
+        if self.text.is_none() {
+            let refs: Vec<&str> = self.prompts.iter().map(String::as_str).collect();
+            let (ids, mask) = r.runtime.tokenizer.encode(&refs, self.max_len)?;
+            let lens = mask.iter().map(|m| m.iter().filter(|&&x| x != 0).count()).collect();
+            let emb = Umt5Encoder::embed(&r.runtime.table, &ids, &r.device)?;
+            self.encoder = Some((r.encoder.prologue(emb, &mask)?, lens));
+            return Ok(());
+        }
+        let text = self.text.as_ref().expect("encoded");
+        let t = self.sampler.timesteps()[self.step];
+        let input = if self.guided {
+            Tensor::cat(&[&self.latents, &self.latents], 0)?
+        } else {
+            self.latents.clone()
+        };
+        self.state = Some(self.expert().prologue(&input, t, text)?);
+        Ok(())
+    }
+
+    fn block(&mut self, index: usize, w: &dyn Weights) -> Result<()> {
+        if let Some((st, _)) = self.encoder.as_mut() {
+            return self.rank.encoder.block(index, w, st);
+        }
+        let rank = self.rank.clone();
+        let g = self.expert_at(self.step).unwrap_or(TRANSFORMER);
+        let st = self
+            .state
+            .as_mut()
+            .ok_or_else(|| Error::invalid("step", "block before the prologue"))?;
+        rank.experts[g - TRANSFORMER].block(index, w, st)
+    }
+
+    fn end(&mut self) -> Result<Option<(usize, usize)>> {
+        if let Some((st, lens)) = self.encoder.take() {
+            let hidden = self.rank.encoder.epilogue(st)?;
+            // WanPipeline keeps each prompt's own rows and zeroes the padding's.
+            let (_, m, d) = hidden.dims3()?;
+            let rows = lens
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let own = hidden.narrow(0, i, 1)?.narrow(1, 0, n.min(m))?;
+                    let pad = Tensor::zeros((1, m - n.min(m), d), DType::F32, hidden.device())?;
+                    Ok(Tensor::cat(&[&own, &pad], 1)?)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            self.text = Some(Tensor::cat(&rows, 0)?);
+            return Ok(None);
+        }
+        let st = self
+            .state
+            .take()
+            .ok_or_else(|| Error::invalid("step", "no activations after the pass"))?;
+        let g = self.expert_at(self.step).unwrap_or(TRANSFORMER);
+        let out = self.rank.experts[g - TRANSFORMER].epilogue(st)?;
+        let noise = if self.guided {
+            let scale = if g == TRANSFORMER { self.guidance } else { self.guidance_2 };
+            let (cond, uncond) = (out.narrow(0, 0, 1)?, out.narrow(0, 1, 1)?);
+            (&uncond + ((cond - &uncond)? * scale as f64)?)?
+        } else {
+            out
+        };
+        self.latents = self.sampler.step(&noise, &self.latents)?;
+        self.step += 1;
+        Ok(Some((self.step, self.total())))
+    }
+
+    fn finish(self: Box<Self>) -> Result<Output> {
+        let image = match &self.rank.vae {
+            Some(v) => Some(v.decode(&self.latents)?.to_device(&Device::Cpu)?),
+            None => None,
+        };
+        Ok(Output {
+            latents: self.latents.to_device(&Device::Cpu)?,
+            image,
+            text_embeddings: self.text.map(|t| t.to_device(&Device::Cpu)).transpose()?,
+        })
+    }
+}
