@@ -3,6 +3,7 @@
 //! (with the `runtime` feature) its math. Metadata is always built, without tensor math,
 //! so the node agent can profile checkpoints.
 
+pub mod attention;
 pub mod autoencoder_kl;
 pub mod dit;
 pub mod umt5;

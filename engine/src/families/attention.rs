@@ -1,0 +1,211 @@
+//! Scaled dot-product attention whose working memory does not grow with the square of
+//! the sequence: a 480p, 81-frame Wan request is about 32k tokens, whose full score
+//! matrix (40 heads × 32k × 32k × 4 bytes, 170 GB per sample) fits no device. Queries go
+//! through in chunks of rows sized so one chunk's scores and softmax stay under
+//! [`ATTENTION_CHUNK_BYTES`]; every row still sees every key, so the softmax of a row is
+//! the ordinary, max-subtracted one and nothing is approximated.
+//!
+//! The budget and [`attention_peak_bytes`] are metadata (the planner sizes activation
+//! memory with them, without the compute runtime); the math needs `runtime`.
+
+/// Most bytes one chunk's scores and their softmax may hold. Larger chunks mean fewer,
+/// fuller matrix products (on a GPU each chunk costs a handful of kernel launches); at
+/// this size a 14B Wan request at 480p × 81 frames runs 51 query rows per chunk, and a
+/// request whose whole score matrix fits runs in one chunk.
+pub const ATTENTION_CHUNK_BYTES: u64 = 512 << 20;
+
+/// Query rows per chunk for `heads` heads attending from `sq` queries to `sk` keys:
+/// as many as keep the chunk's scores and softmax (2 × heads × rows × sk × 4 bytes)
+/// within `budget`, at least one, at most `sq`. Depends on neither the batch nor the
+/// device, so every rank splits a sample the same way.
+pub fn chunk_rows(heads: usize, sq: usize, sk: usize, budget: u64) -> usize {
+    let per_row = 2 * 4 * heads.max(1) as u64 * sk.max(1) as u64;
+    let rows = (budget / per_row).max(1);
+    usize::try_from(rows).unwrap_or(usize::MAX).min(sq.max(1))
+}
+
+/// Peak bytes of attention's working memory (scores and softmax of one chunk) for a
+/// batch of `b` samples with `h` heads, `sq` queries and `sk` keys. Samples run one
+/// after another, so `b` does not multiply it; the result stays within
+/// [`ATTENTION_CHUNK_BYTES`] unless a single query row (2 × h × sk × 4 bytes) exceeds it.
+pub fn attention_peak_bytes(b: usize, h: usize, sq: usize, sk: usize) -> u64 {
+    if b == 0 || sq == 0 || sk == 0 {
+        return 0;
+    }
+    let rows = chunk_rows(h, sq, sk, ATTENTION_CHUNK_BYTES) as u64;
+    2 * 4 * h as u64 * rows * sk as u64
+}
+
+#[cfg(feature = "runtime")]
+pub use compute::{attention, attention_with_budget};
+
+#[cfg(feature = "runtime")]
+mod compute {
+    use candle_core::Tensor;
+
+    use super::{chunk_rows, ATTENTION_CHUNK_BYTES};
+    use crate::{Error, Result};
+
+    /// softmax(q kᵀ · scale) v for q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv]:
+    /// [B, H, Sq, Dv], in query chunks within [`ATTENTION_CHUNK_BYTES`].
+    pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
+        attention_with_budget(q, k, v, scale, ATTENTION_CHUNK_BYTES)
+    }
+
+    /// [`attention`] with a chosen chunk budget (tests force many chunks with it).
+    pub fn attention_with_budget(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        scale: f64,
+        budget: u64,
+    ) -> Result<Tensor> {
+        let (b, h, sq, d) = q.dims4()?;
+        let (kb, kh, sk, kd) = k.dims4()?;
+        let (vb, vh, vs, _) = v.dims4()?;
+        if (kb, kh, kd) != (b, h, d) || (vb, vh, vs) != (b, h, sk) || sq == 0 || sk == 0 {
+            return Err(Error::invalid(
+                "attention",
+                format!(
+                    "q {:?}, k {:?}, v {:?}: want [B, H, Sq, D], [B, H, Sk, D], [B, H, Sk, Dv] with Sq, Sk ≥ 1",
+                    q.dims(),
+                    k.dims(),
+                    v.dims()
+                ),
+            ));
+        }
+        let rows = chunk_rows(h, sq, sk, budget);
+        // One sample at a time: its chunks, and so its bits, do not depend on which
+        // other samples share the batch.
+        let mut samples = Vec::with_capacity(b);
+        for i in 0..b {
+            let (qi, vi) = (q.get(i)?, v.get(i)?.contiguous()?);
+            let kt = k.get(i)?.contiguous()?.t()?;
+            let mut chunks = Vec::with_capacity(sq.div_ceil(rows));
+            let mut start = 0;
+            while start < sq {
+                let n = rows.min(sq - start);
+                // Scaling the queries costs rows × D, scaling the scores rows × Sk.
+                let qc = (qi.narrow(1, start, n)? * scale)?;
+                let probs = candle_nn::ops::softmax_last_dim(&qc.matmul(&kt)?)?;
+                chunks.push(probs.matmul(&vi)?);
+                start += n;
+            }
+            samples.push(Tensor::cat(&chunks, 1)?);
+        }
+        Ok(Tensor::stack(&samples, 0)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peak_bytes_stay_within_the_budget_for_video_sizes() {
+        // Wan 14B (40 heads) and 1.3B (12) at 480p × 81 frames: 21 × 30 × 52 tokens.
+        let s = 21 * 30 * 52;
+        for h in [12, 40] {
+            let peak = attention_peak_bytes(2, h, s, s);
+            assert!(peak <= ATTENTION_CHUNK_BYTES, "{h} heads: {peak}");
+            // Not wastefully small either: more than half the budget is used.
+            assert!(peak > ATTENTION_CHUNK_BYTES / 2, "{h} heads: {peak}");
+            assert_eq!(peak, attention_peak_bytes(1, h, s, s));
+        }
+        // Small requests hold only what they need.
+        assert_eq!(attention_peak_bytes(2, 2, 36, 36), 2 * 4 * 2 * 36 * 36);
+        // Cross-attention to 512 text tokens chunks too (5.4 GB at once).
+        assert_eq!(chunk_rows(40, s, 512, ATTENTION_CHUNK_BYTES), 3276);
+        assert!(attention_peak_bytes(2, 40, s, 512) <= ATTENTION_CHUNK_BYTES);
+        assert_eq!(chunk_rows(40, s, s, ATTENTION_CHUNK_BYTES), 51);
+        assert_eq!(chunk_rows(1, 10, 1 << 40, 1), 1);
+    }
+
+    #[cfg(feature = "runtime")]
+    mod compute {
+        use candle_core::{Device, Tensor};
+
+        use super::super::{attention, attention_with_budget, chunk_rows};
+
+        fn random(seed: u64, shape: &[usize]) -> Tensor {
+            crate::execution::weights::seeded_noise(seed, shape).unwrap()
+        }
+
+        /// The whole score matrix at once: the reference the chunks must reproduce.
+        fn unchunked(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Tensor {
+            let scores = (q.matmul(&k.t().unwrap()).unwrap() * scale).unwrap();
+            candle_nn::ops::softmax_last_dim(&scores)
+                .unwrap()
+                .matmul(v)
+                .unwrap()
+        }
+
+        fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+            (a - b)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar()
+                .unwrap()
+        }
+
+        #[test]
+        fn chunked_equals_unchunked() {
+            let (b, h, sq, sk, d) = (2, 3, 37, 29, 8);
+            // Scores of a few units, so the softmax is far from uniform.
+            let q = (random(1, &[b, h, sq, d]) * 2.0).unwrap();
+            let k = random(2, &[b, h, sk, d]);
+            let v = random(3, &[b, h, sk, 5]);
+            let scale = 1.0 / (d as f64).sqrt();
+            let reference = unchunked(&q, &k, &v, scale);
+            // Budgets of 1 row, 4 rows, an uneven 10 (37 = 3 × 10 + 7) and everything.
+            for rows in [1u64, 4, 10, 1000] {
+                let budget = rows * 2 * 4 * (h * sk) as u64;
+                assert_eq!(
+                    chunk_rows(h, sq, sk, budget),
+                    (rows as usize).min(sq),
+                    "{rows}"
+                );
+                let ours = attention_with_budget(&q, &k, &v, scale, budget).unwrap();
+                assert_eq!(ours.dims(), &[b, h, sq, 5]);
+                let diff = max_abs_diff(&ours, &reference);
+                assert!(diff < 1e-6, "{rows} rows per chunk: {diff}");
+            }
+            let default = attention(&q, &k, &v, scale).unwrap();
+            assert!(max_abs_diff(&default, &reference) < 1e-6);
+        }
+
+        #[test]
+        fn a_sample_does_not_depend_on_its_batch() {
+            let (h, s, d) = (2, 23, 4);
+            let q = random(4, &[2, h, s, d]);
+            let k = random(5, &[2, h, s, d]);
+            let v = random(6, &[2, h, s, d]);
+            let budget = 3 * 2 * 4 * (h * s) as u64;
+            let both = attention_with_budget(&q, &k, &v, 0.5, budget).unwrap();
+            for i in 0..2 {
+                let one = |t: &Tensor| t.narrow(0, i, 1).unwrap();
+                let alone = attention_with_budget(&one(&q), &one(&k), &one(&v), 0.5, budget)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap();
+                let shared = one(&both).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                assert_eq!(alone, shared, "sample {i}");
+            }
+        }
+
+        #[test]
+        fn mismatched_shapes_are_refused() {
+            let q = Tensor::zeros((1, 2, 3, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
+            let k = Tensor::zeros((1, 2, 5, 6), candle_core::DType::F32, &Device::Cpu).unwrap();
+            let e = attention(&q, &k, &k, 1.0).unwrap_err().to_string();
+            assert!(e.contains("attention"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,485 @@
+//! `transformer/config.json` of diffusers' `WanTransformer3DModel` (text to video), the
+//! checks on it, and the names and shapes of every tensor its checkpoint holds: what the
+//! node agent and the planner need without the compute runtime.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::families::{BlockGroup, TensorSpec};
+use crate::{Error, Result};
+
+/// The only class this module understands.
+pub const CLASS_NAME: &str = "WanTransformer3DModel";
+/// The diffusers release whose `save_pretrained` layout the specs follow.
+pub const DIFFUSERS_VERSION: &str = "0.42.1";
+/// The only query/key norm diffusers' Wan attention computes (RMSNorm over all heads).
+pub const QK_NORM: &str = "rms_norm_across_heads";
+/// Prefix of the streamed blocks' tensors.
+pub const BLOCK_PREFIX: &str = "blocks.";
+
+/// A diffusers `WanTransformer3DModel` config. Defaults are diffusers' own (they are the
+/// 14B model's), so a config that omits a field means what it means to diffusers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WanTransformerConfig {
+    /// Empty when the file has no `_class_name`; `validate` rejects that.
+    #[serde(rename = "_class_name", default)]
+    pub class_name: String,
+    /// (frames, height, width) of one patch.
+    #[serde(default = "default_patch")]
+    pub patch_size: Vec<usize>,
+    #[serde(default = "d40")]
+    pub num_attention_heads: usize,
+    #[serde(default = "d128")]
+    pub attention_head_dim: usize,
+    #[serde(default = "d16")]
+    pub in_channels: usize,
+    /// diffusers reads `out_channels or in_channels`: null (or 0) means `in_channels`.
+    #[serde(default = "d16o")]
+    pub out_channels: Option<usize>,
+    /// Width of the text encoder's hidden states (UMT5-XXL: 4096).
+    #[serde(default = "d4096")]
+    pub text_dim: usize,
+    /// Width of the sinusoidal timestep projection.
+    #[serde(default = "d256")]
+    pub freq_dim: usize,
+    #[serde(default = "d13824")]
+    pub ffn_dim: usize,
+    #[serde(default = "d40")]
+    pub num_layers: usize,
+    /// Whether cross-attention's input goes through an affine LayerNorm (`norm2`).
+    #[serde(default = "dtrue")]
+    pub cross_attn_norm: bool,
+    #[serde(default = "default_qk_norm")]
+    pub qk_norm: Option<String>,
+    /// Epsilon of every LayerNorm and RMSNorm in the model.
+    #[serde(default = "default_eps")]
+    pub eps: f64,
+    /// CLIP image embedding width of the image-to-video models; T2V has none.
+    #[serde(default)]
+    pub image_dim: Option<usize>,
+    /// Image key/value projections of the image-to-video models; T2V has none.
+    #[serde(default)]
+    pub added_kv_proj_dim: Option<usize>,
+    /// Positions the rotary tables cover, per axis (latent frames, patch rows, columns).
+    #[serde(default = "d1024")]
+    pub rope_max_seq_len: usize,
+    /// Position embedding of the image embedder (first-last-frame models); T2V has none.
+    #[serde(default)]
+    pub pos_embed_seq_len: Option<usize>,
+}
+
+fn default_patch() -> Vec<usize> {
+    vec![1, 2, 2]
+}
+fn default_qk_norm() -> Option<String> {
+    Some(QK_NORM.into())
+}
+fn default_eps() -> f64 {
+    1e-6
+}
+fn d16() -> usize {
+    16
+}
+fn d16o() -> Option<usize> {
+    Some(16)
+}
+fn d40() -> usize {
+    40
+}
+fn d128() -> usize {
+    128
+}
+fn d256() -> usize {
+    256
+}
+fn d1024() -> usize {
+    1024
+}
+fn d4096() -> usize {
+    4096
+}
+fn d13824() -> usize {
+    13824
+}
+fn dtrue() -> bool {
+    true
+}
+
+impl WanTransformerConfig {
+    /// The tiny transformer of the parity fixtures (`engine/parity/wan_reference.py` and
+    /// `wan_transformer_reference.py` build the same): 2 heads × 12, 2 layers.
+    pub fn tiny() -> Self {
+        WanTransformerConfig {
+            num_attention_heads: 2,
+            attention_head_dim: 12,
+            text_dim: 32,
+            ffn_dim: 32,
+            num_layers: 2,
+            rope_max_seq_len: 32,
+            ..Self::wan21_14b()
+        }
+    }
+
+    /// Wan 2.1 T2V 1.3B (`Wan-AI/Wan2.1-T2V-1.3B-Diffusers`): 12 heads × 128, 30 layers.
+    pub fn wan21_1_3b() -> Self {
+        WanTransformerConfig {
+            num_attention_heads: 12,
+            ffn_dim: 8960,
+            num_layers: 30,
+            ..Self::wan21_14b()
+        }
+    }
+
+    /// Wan 2.1 T2V 14B (`Wan-AI/Wan2.1-T2V-14B-Diffusers`): 40 heads × 128, 40 layers,
+    /// which are also diffusers' defaults.
+    pub fn wan21_14b() -> Self {
+        WanTransformerConfig {
+            class_name: CLASS_NAME.into(),
+            patch_size: default_patch(),
+            num_attention_heads: 40,
+            attention_head_dim: 128,
+            in_channels: 16,
+            out_channels: Some(16),
+            text_dim: 4096,
+            freq_dim: 256,
+            ffn_dim: 13824,
+            num_layers: 40,
+            cross_attn_norm: true,
+            qk_norm: default_qk_norm(),
+            eps: 1e-6,
+            image_dim: None,
+            added_kv_proj_dim: None,
+            rope_max_seq_len: 1024,
+            pos_embed_seq_len: None,
+        }
+    }
+
+    /// Either expert (`transformer`, `transformer_2`) of Wan 2.2 T2V A14B: each has the
+    /// shapes of Wan 2.1 14B.
+    pub fn wan22_a14b() -> Self {
+        Self::wan21_14b()
+    }
+
+    pub fn load(path: &Path) -> Result<Self> {
+        let cfg: WanTransformerConfig = crate::checkpoint::read_json(path)?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    /// Rejects configurations this implementation does not compute, naming the field.
+    pub fn validate(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, msg: String| Err(Error::config(path, field, msg));
+        if self.class_name != CLASS_NAME {
+            return bad(
+                "_class_name",
+                format!("`{}` is not {CLASS_NAME}", self.class_name),
+            );
+        }
+        if self.patch_size.len() != 3 || self.patch_size.contains(&0) {
+            return bad(
+                "patch_size",
+                format!(
+                    "{:?}: must be three sizes of at least 1 (frames, height, width)",
+                    self.patch_size
+                ),
+            );
+        }
+        let at_least_one = [
+            ("num_attention_heads", self.num_attention_heads),
+            ("attention_head_dim", self.attention_head_dim),
+            ("in_channels", self.in_channels),
+            ("text_dim", self.text_dim),
+            ("ffn_dim", self.ffn_dim),
+            ("num_layers", self.num_layers),
+            ("rope_max_seq_len", self.rope_max_seq_len),
+        ];
+        for (field, v) in at_least_one {
+            if v == 0 {
+                return bad(field, "must be at least 1".into());
+            }
+        }
+        if self.attention_head_dim % 2 != 0 {
+            return bad(
+                "attention_head_dim",
+                format!(
+                    "{}: rotary embedding rotates pairs of channels, so it must be even",
+                    self.attention_head_dim
+                ),
+            );
+        }
+        if self.freq_dim < 2 || self.freq_dim % 2 != 0 {
+            return bad(
+                "freq_dim",
+                format!("{}: must be even and at least 2", self.freq_dim),
+            );
+        }
+        if self.qk_norm.as_deref() != Some(QK_NORM) {
+            return bad(
+                "qk_norm",
+                format!("{:?}: only `{QK_NORM}` is supported", self.qk_norm),
+            );
+        }
+        if !self.eps.is_finite() || self.eps <= 0.0 {
+            return bad("eps", format!("{}: must be positive", self.eps));
+        }
+        let image_only = [
+            ("image_dim", self.image_dim),
+            ("added_kv_proj_dim", self.added_kv_proj_dim),
+            ("pos_embed_seq_len", self.pos_embed_seq_len),
+        ];
+        for (field, v) in image_only {
+            if let Some(v) = v {
+                return bad(
+                    field,
+                    format!("{v}: image conditioning (Wan image-to-video) is not supported; text-to-video models have null here"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The model width: heads × head width.
+    pub fn hidden(&self) -> usize {
+        self.num_attention_heads * self.attention_head_dim
+    }
+    pub fn out(&self) -> usize {
+        match self.out_channels {
+            Some(0) | None => self.in_channels,
+            Some(c) => c,
+        }
+    }
+    /// (frames, height, width) of one patch; (1, 1, 1) where the config is invalid.
+    pub fn patch(&self) -> (usize, usize, usize) {
+        match self.patch_size[..] {
+            [t, h, w] => (t, h, w),
+            _ => (1, 1, 1),
+        }
+    }
+    /// Latent values per patch token: pt × ph × pw.
+    pub fn patch_volume(&self) -> usize {
+        let (t, h, w) = self.patch();
+        t * h * w
+    }
+    /// How the head width splits between the frame, row and column rotary parts, as
+    /// diffusers' `WanRotaryPosEmbed` does: rows and columns get 2⌊d/6⌋ each.
+    pub fn rope_dims(&self) -> (usize, usize, usize) {
+        let hw = 2 * (self.attention_head_dim / 6);
+        (self.attention_head_dim - 2 * hw, hw, hw)
+    }
+
+    /// The block index a tensor name of this component belongs to, if any.
+    pub fn block_of(name: &str) -> Option<usize> {
+        let rest = name.strip_prefix(BLOCK_PREFIX)?;
+        let (idx, _) = rest.split_once('.')?;
+        idx.parse().ok()
+    }
+
+    /// Tensors outside the blocks, which stay resident: the patch embedding, the
+    /// timestep and text embedders, and the output modulation and projection.
+    pub fn resident_specs(&self) -> Vec<TensorSpec> {
+        let d = self.hidden();
+        let (pt, ph, pw) = self.patch();
+        let mut v = vec![TensorSpec::new(
+            "patch_embedding.weight",
+            &[d, self.in_channels, pt, ph, pw],
+        )];
+        v.push(TensorSpec::new("patch_embedding.bias", &[d]));
+        let ce = "condition_embedder";
+        for (name, out, inp) in [
+            ("time_embedder.linear_1", d, self.freq_dim),
+            ("time_embedder.linear_2", d, d),
+            ("time_proj", 6 * d, d),
+            ("text_embedder.linear_1", d, self.text_dim),
+            ("text_embedder.linear_2", d, d),
+        ] {
+            v.push(TensorSpec::new(format!("{ce}.{name}.weight"), &[out, inp]));
+            v.push(TensorSpec::new(format!("{ce}.{name}.bias"), &[out]));
+        }
+        let po = self.out() * self.patch_volume();
+        v.extend([
+            TensorSpec::new("proj_out.weight", &[po, d]),
+            TensorSpec::new("proj_out.bias", &[po]),
+            TensorSpec::new("scale_shift_table", &[1, 2, d]),
+        ]);
+        v
+    }
+
+    /// One block's tensors, named relative to its prefix (`blocks.{i}.`).
+    pub fn block_specs(&self) -> Vec<TensorSpec> {
+        let (d, f) = (self.hidden(), self.ffn_dim);
+        let mut v = vec![TensorSpec::new("scale_shift_table", &[1, 6, d])];
+        for attn in ["attn1", "attn2"] {
+            for proj in ["to_q", "to_k", "to_v", "to_out.0"] {
+                v.push(TensorSpec::new(format!("{attn}.{proj}.weight"), &[d, d]));
+                v.push(TensorSpec::new(format!("{attn}.{proj}.bias"), &[d]));
+            }
+            v.push(TensorSpec::new(format!("{attn}.norm_q.weight"), &[d]));
+            v.push(TensorSpec::new(format!("{attn}.norm_k.weight"), &[d]));
+        }
+        if self.cross_attn_norm {
+            v.push(TensorSpec::new("norm2.weight", &[d]));
+            v.push(TensorSpec::new("norm2.bias", &[d]));
+        }
+        v.extend([
+            TensorSpec::new("ffn.net.0.proj.weight", &[f, d]),
+            TensorSpec::new("ffn.net.0.proj.bias", &[f]),
+            TensorSpec::new("ffn.net.2.weight", &[d, f]),
+            TensorSpec::new("ffn.net.2.bias", &[d]),
+        ]);
+        v
+    }
+
+    /// The blocks as a streamed group called `transformer` (the caller renames it for
+    /// Wan 2.2's second expert).
+    pub fn block_group(&self) -> BlockGroup {
+        BlockGroup {
+            name: "transformer".into(),
+            prefix: BLOCK_PREFIX.into(),
+            count: self.num_layers,
+            block: self.block_specs(),
+        }
+    }
+
+    /// Every tensor of the transformer with its full name.
+    pub fn all_specs(&self) -> Vec<TensorSpec> {
+        let mut v = self.resident_specs();
+        let group = self.block_group();
+        for i in 0..group.count {
+            let pre = group.block_prefix(i);
+            v.extend(
+                group
+                    .block
+                    .iter()
+                    .map(|s| TensorSpec::new(format!("{pre}{}", s.name), &s.shape)),
+            );
+        }
+        v
+    }
+
+    /// The JSON diffusers writes for this config, so that a folder written with it loads
+    /// in diffusers.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).expect("config serialises");
+        if let Some(m) = v.as_object_mut() {
+            m.insert("_diffusers_version".into(), DIFFUSERS_VERSION.into());
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(c: &WanTransformerConfig) -> usize {
+        c.all_specs().iter().map(TensorSpec::numel).sum()
+    }
+
+    #[test]
+    fn presets_have_the_published_parameter_counts() {
+        // Wan 2.1 "1.3B" is 1.42 B parameters as diffusers counts them, "14B" 14.3 B.
+        let small = params(&WanTransformerConfig::wan21_1_3b());
+        assert!((1_300_000_000..1_500_000_000).contains(&small), "{small}");
+        let big = params(&WanTransformerConfig::wan21_14b());
+        assert!((14_000_000_000..14_500_000_000).contains(&big), "{big}");
+        assert_eq!(params(&WanTransformerConfig::wan22_a14b()), big);
+        for c in [
+            WanTransformerConfig::tiny(),
+            WanTransformerConfig::wan21_1_3b(),
+            WanTransformerConfig::wan21_14b(),
+        ] {
+            c.validate(Path::new("config.json")).unwrap();
+        }
+    }
+
+    #[test]
+    fn rope_splits_the_head_like_diffusers() {
+        // 128 = 44 (frames) + 42 (rows) + 42 (columns); the tiny head 12 = 4 + 4 + 4.
+        assert_eq!(WanTransformerConfig::wan21_14b().rope_dims(), (44, 42, 42));
+        assert_eq!(WanTransformerConfig::tiny().rope_dims(), (4, 4, 4));
+    }
+
+    #[test]
+    fn a_published_config_parses_with_defaults_for_what_it_omits() {
+        // Wan 2.1 1.3B's values in a file from an older diffusers, which wrote neither
+        // rope_max_seq_len nor pos_embed_seq_len: both take today's defaults.
+        let text = r#"{"_class_name": "WanTransformer3DModel", "_diffusers_version": "0.33.0.dev0",
+            "added_kv_proj_dim": null, "attention_head_dim": 128, "cross_attn_norm": true,
+            "eps": 1e-06, "ffn_dim": 8960, "freq_dim": 256, "image_dim": null, "in_channels": 16,
+            "num_attention_heads": 12, "num_layers": 30, "out_channels": 16,
+            "patch_size": [1, 2, 2], "qk_norm": "rms_norm_across_heads", "text_dim": 4096}"#;
+        let c: WanTransformerConfig = serde_json::from_str(text).unwrap();
+        assert_eq!(c, WanTransformerConfig::wan21_1_3b());
+    }
+
+    #[test]
+    fn to_json_round_trips_and_carries_every_field_diffusers_writes() {
+        let c = WanTransformerConfig::tiny();
+        let j = c.to_json();
+        let back: WanTransformerConfig = serde_json::from_value(j.clone()).unwrap();
+        assert_eq!(back, c);
+        let keys: Vec<&str> = j.as_object().unwrap().keys().map(String::as_str).collect();
+        for k in [
+            "_class_name",
+            "_diffusers_version",
+            "patch_size",
+            "image_dim",
+            "added_kv_proj_dim",
+            "rope_max_seq_len",
+            "pos_embed_seq_len",
+            "qk_norm",
+        ] {
+            assert!(keys.contains(&k), "{k} missing from {keys:?}");
+        }
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        type Break = fn(&mut WanTransformerConfig);
+        let cases: [(&str, Break); 10] = [
+            ("_class_name", |c| c.class_name = "WanVACE".into()),
+            ("patch_size", |c| c.patch_size = vec![2, 2]),
+            ("image_dim", |c| c.image_dim = Some(1280)),
+            ("added_kv_proj_dim", |c| c.added_kv_proj_dim = Some(5120)),
+            ("pos_embed_seq_len", |c| c.pos_embed_seq_len = Some(514)),
+            ("qk_norm", |c| c.qk_norm = None),
+            ("attention_head_dim", |c| c.attention_head_dim = 13),
+            ("freq_dim", |c| c.freq_dim = 255),
+            ("eps", |c| c.eps = 0.0),
+            ("num_layers", |c| c.num_layers = 0),
+        ];
+        for (field, break_it) in cases {
+            let mut c = WanTransformerConfig::tiny();
+            break_it(&mut c);
+            let e = c.validate(Path::new("cfg.json")).unwrap_err().to_string();
+            assert!(e.contains(&format!("`{field}`")), "{field}: {e}");
+        }
+    }
+
+    #[test]
+    fn specs_cover_the_block_and_the_rest_once() {
+        let c = WanTransformerConfig::tiny();
+        let all = c.all_specs();
+        let in_blocks = all
+            .iter()
+            .filter(|s| WanTransformerConfig::block_of(&s.name).is_some())
+            .count();
+        assert_eq!(in_blocks, c.num_layers * c.block_specs().len());
+        assert_eq!(all.len() - in_blocks, c.resident_specs().len());
+        assert_eq!(
+            WanTransformerConfig::block_of("blocks.7.ffn.net.2.bias"),
+            Some(7)
+        );
+        assert_eq!(WanTransformerConfig::block_of("scale_shift_table"), None);
+        // Without the cross-attention norm the block has no norm2.
+        let plain = WanTransformerConfig {
+            cross_attn_norm: false,
+            ..c
+        };
+        assert!(plain
+            .block_specs()
+            .iter()
+            .all(|s| !s.name.starts_with("norm2")));
+    }
+}

@@ -1,0 +1,319 @@
+//! Wan's transformer forward pass, split the way the pipeline streams it: a prologue
+//! (patch embedding, rotary tables, timestep and text embedders) and an epilogue (output
+//! modulation, projection, unpatchify) on resident weights, and one function per block
+//! that takes the block's weights from wherever they are. Follows diffusers 0.42.1's
+//! `WanTransformer3DModel.forward` operation for operation, in f32 throughout (diffusers
+//! keeps the norms, the modulation tables and the time embedder in f32 beside bf16
+//! weights; here every weight arrives as f32).
+
+use candle_core::{Device, Module, Tensor, D};
+use candle_nn::Linear;
+
+use super::config::WanTransformerConfig;
+use super::rope;
+use crate::execution::weights::Weights;
+use crate::families::attention::attention;
+use crate::{Error, Result};
+
+fn linear(w: &dyn Weights, name: &str, x: &Tensor) -> Result<Tensor> {
+    let weight = w.get(&format!("{name}.weight"))?;
+    let bias = w.get(&format!("{name}.bias"))?;
+    Ok(Linear::new(weight, Some(bias)).forward(x)?)
+}
+
+/// LayerNorm over the last dimension without affine parameters (biased variance), as
+/// diffusers' `FP32LayerNorm(elementwise_affine=False)`.
+fn layer_norm(x: &Tensor, eps: f64) -> Result<Tensor> {
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
+    Ok(xc.broadcast_div(&(var + eps)?.sqrt()?)?)
+}
+
+/// RMSNorm over the last dimension (all heads together) with a learned scale.
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    Ok(x.broadcast_div(&(ms + eps)?.sqrt()?)?
+        .broadcast_mul(weight)?)
+}
+
+/// `x * (1 + scale) + shift` with `scale`, `shift` of shape [B, 1, D].
+fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
+    Ok(x.broadcast_mul(&(scale + 1.0)?)?.broadcast_add(shift)?)
+}
+
+/// diffusers' `get_timestep_embedding` as Wan calls it (flip_sin_to_cos, shift 0):
+/// [cos | sin] of `t · 10000^(-i / (dim / 2))`, [len(t), dim]. The exponent is formed in
+/// f32 as torch forms it; exp, sin and cos go through f64 so they round once.
+pub fn timestep_embedding(t: &[f32], dim: usize, device: &Device) -> Result<Tensor> {
+    let half = dim / 2;
+    let freqs: Vec<f32> = (0..half)
+        .map(|i| {
+            let exponent = -(10000f64.ln() as f32) * i as f32 / half as f32;
+            (exponent as f64).exp() as f32
+        })
+        .collect();
+    let mut out = Vec::with_capacity(t.len() * dim);
+    for &ts in t {
+        let args: Vec<f64> = freqs.iter().map(|f| (ts * f) as f64).collect();
+        out.extend(args.iter().map(|a| a.cos() as f32));
+        out.extend(args.iter().map(|a| a.sin() as f32));
+    }
+    Ok(Tensor::from_vec(out, (t.len(), dim), device)?)
+}
+
+/// One request's activations while its blocks run.
+pub struct WanState {
+    /// Hidden states [B, tokens, D].
+    pub x: Tensor,
+    /// Projected text [B, text tokens, D], the cross-attention's keys and values.
+    text: Tensor,
+    /// Timestep embedding [B, D] (the output modulation's input).
+    temb: Tensor,
+    /// The blocks' modulation from the timestep, [B, 6, D].
+    time_proj: Tensor,
+    /// Rotary tables [tokens, head_dim / 2].
+    cos: Tensor,
+    sin: Tensor,
+    /// The patch grid (frames, rows, columns).
+    pub grid: (usize, usize, usize),
+}
+
+/// The transformer's shape and its resident (non-streamed) weights.
+pub struct WanTransformer {
+    pub cfg: WanTransformerConfig,
+    resident: Box<dyn Weights + Send + Sync>,
+}
+
+impl WanTransformer {
+    pub fn new(cfg: WanTransformerConfig, resident: Box<dyn Weights + Send + Sync>) -> Self {
+        WanTransformer { cfg, resident }
+    }
+
+    /// Embeds latents [B, C, F, H, W] (B = 2 under guidance: conditional, then
+    /// unconditional) at timestep `t` with text embeddings [B, S, text_dim].
+    pub fn prologue(&self, latents: &Tensor, t: f32, text: &Tensor) -> Result<WanState> {
+        let cfg = &self.cfg;
+        let (b, c, f, h, w) = latents.dims5()?;
+        let (pt, ph, pw) = cfg.patch();
+        if c != cfg.in_channels || f % pt != 0 || h % ph != 0 || w % pw != 0 || f * h * w == 0 {
+            return Err(Error::invalid(
+                "latents",
+                format!(
+                    "shape [{b}, {c}, {f}, {h}, {w}] does not fit this transformer: it takes \
+                     {} channels and frames × height × width in whole {pt} × {ph} × {pw} patches",
+                    cfg.in_channels
+                ),
+            ));
+        }
+        let (tb, tl, td) = text.dims3()?;
+        if tb != b || td != cfg.text_dim || tl == 0 {
+            return Err(Error::invalid(
+                "text embeddings",
+                format!(
+                    "shape [{tb}, {tl}, {td}]: want [{b}, tokens ≥ 1, {}] for {b} latents",
+                    cfg.text_dim
+                ),
+            ));
+        }
+        let dev = latents.device();
+        let grid = (f / pt, h / ph, w / pw);
+        let (cos, sin) = rope::tables(cfg, grid, dev)?;
+
+        // Conv3d with kernel = stride = patch: one matrix product over the patches,
+        // each flattened in the kernel's (channel, t, y, x) order, tokens frame-major.
+        let (gf, gh, gw) = grid;
+        let d = cfg.hidden();
+        let patch = c * pt * ph * pw;
+        let x = latents
+            .reshape(vec![b, c, gf, pt, gh, ph, gw, pw])?
+            .permute([0, 2, 4, 6, 1, 3, 5, 7])?
+            .reshape((b, gf * gh * gw, patch))?;
+        let weight = self
+            .resident
+            .get("patch_embedding.weight")?
+            .reshape((d, patch))?;
+        let bias = self.resident.get("patch_embedding.bias")?;
+        let x = Linear::new(weight, Some(bias)).forward(&x)?;
+
+        let r = self.resident.as_ref();
+        let t_proj = timestep_embedding(&vec![t; b], cfg.freq_dim, dev)?;
+        let temb = linear(r, "condition_embedder.time_embedder.linear_1", &t_proj)?.silu()?;
+        let temb = linear(r, "condition_embedder.time_embedder.linear_2", &temb)?;
+        let time_proj =
+            linear(r, "condition_embedder.time_proj", &temb.silu()?)?.reshape((b, 6, d))?;
+        let text = linear(r, "condition_embedder.text_embedder.linear_1", text)?.gelu()?;
+        let text = linear(r, "condition_embedder.text_embedder.linear_2", &text)?;
+        Ok(WanState {
+            x,
+            text,
+            temb,
+            time_proj,
+            cos,
+            sin,
+            grid,
+        })
+    }
+
+    /// Multi-head attention of `x` to `context` with the q/k RMS norms of attention
+    /// `prefix`; rotary only in self-attention (diffusers passes none to `attn2`).
+    fn attention(
+        &self,
+        w: &dyn Weights,
+        prefix: &str,
+        x: &Tensor,
+        context: &Tensor,
+        rotary: Option<(&Tensor, &Tensor)>,
+    ) -> Result<Tensor> {
+        let (b, s, d) = x.dims3()?;
+        let l = context.dim(1)?;
+        let (h, hd, eps) = (
+            self.cfg.num_attention_heads,
+            self.cfg.attention_head_dim,
+            self.cfg.eps,
+        );
+        let norm = |t: Tensor, which: &str| -> Result<Tensor> {
+            rms_norm(&t, &w.get(&format!("{prefix}.{which}.weight"))?, eps)
+        };
+        let heads = |t: Tensor, n: usize| -> Result<Tensor> {
+            Ok(t.reshape((b, n, h, hd))?.transpose(1, 2)?.contiguous()?)
+        };
+        let q = norm(linear(w, &format!("{prefix}.to_q"), x)?, "norm_q")?;
+        let k = norm(linear(w, &format!("{prefix}.to_k"), context)?, "norm_k")?;
+        let v = linear(w, &format!("{prefix}.to_v"), context)?;
+        let (mut q, mut k, v) = (heads(q, s)?, heads(k, l)?, heads(v, l)?);
+        if let Some((cos, sin)) = rotary {
+            q = rope::apply(&q, cos, sin)?;
+            k = rope::apply(&k, cos, sin)?;
+        }
+        let o = attention(&q, &k, &v, 1.0 / (hd as f64).sqrt())?;
+        let o = o.transpose(1, 2)?.reshape((b, s, d))?;
+        linear(w, &format!("{prefix}.to_out.0"), &o)
+    }
+
+    /// Block `index` with its weights `w` (named relative to `blocks.{index}.`).
+    pub fn block(&self, index: usize, w: &dyn Weights, st: &mut WanState) -> Result<()> {
+        let eps = self.cfg.eps;
+        let table = w.get("scale_shift_table")?;
+        let m = table.broadcast_add(&st.time_proj)?.chunk(6, 1)?;
+        let [shift, scale, gate, c_shift, c_scale, c_gate] = &m[..] else {
+            return Err(Error::invalid(
+                "weights",
+                format!("block {index}: scale_shift_table does not split into 6 rows"),
+            ));
+        };
+        let x = &st.x;
+        let n = modulate(&layer_norm(x, eps)?, shift, scale)?;
+        let a = self.attention(w, "attn1", &n, &n, Some((&st.cos, &st.sin)))?;
+        let x = (x + a.broadcast_mul(gate)?)?;
+
+        let n = if self.cfg.cross_attn_norm {
+            layer_norm(&x, eps)?
+                .broadcast_mul(&w.get("norm2.weight")?)?
+                .broadcast_add(&w.get("norm2.bias")?)?
+        } else {
+            x.clone()
+        };
+        let x = (&x + self.attention(w, "attn2", &n, &st.text, None)?)?;
+
+        let n = modulate(&layer_norm(&x, eps)?, c_shift, c_scale)?;
+        let f = linear(w, "ffn.net.0.proj", &n)?.gelu()?;
+        let f = linear(w, "ffn.net.2", &f)?;
+        st.x = (x + f.broadcast_mul(c_gate)?)?;
+        Ok(())
+    }
+
+    /// Output norm and projection, unpatchified: [B, out_channels, F, H, W].
+    pub fn epilogue(&self, st: WanState) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let table = self.resident.get("scale_shift_table")?;
+        let m = table.broadcast_add(&st.temb.unsqueeze(1)?)?;
+        let (shift, scale) = (m.narrow(1, 0, 1)?, m.narrow(1, 1, 1)?);
+        let x = modulate(&layer_norm(&st.x, cfg.eps)?, &shift, &scale)?;
+        let x = linear(self.resident.as_ref(), "proj_out", &x)?;
+        let b = x.dim(0)?;
+        let (gf, gh, gw) = st.grid;
+        let (pt, ph, pw) = cfg.patch();
+        let c = cfg.out();
+        // Each token's outputs are (t, y, x, channel), channel fastest.
+        let x = x
+            .reshape(vec![b, gf, gh, gw, pt, ph, pw, c])?
+            .permute([0, 7, 1, 4, 2, 5, 3, 6])?;
+        Ok(x.reshape((b, c, gf * pt, gh * ph, gw * pw))?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn random_weights(specs: &[crate::families::TensorSpec], seed: u64) -> HashMap<String, Tensor> {
+        specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let t = crate::execution::weights::seeded_noise(seed + i as u64, &s.shape).unwrap();
+                (s.name.clone(), (t * 0.2).unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn timestep_embedding_is_cos_then_sin_without_shift() {
+        let e: Vec<Vec<f32>> = timestep_embedding(&[2.0], 8, &Device::Cpu)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        // Frequencies 10000^(-i/4): 1, 0.1, 0.01, 0.001.
+        for (i, f) in [1.0, 0.1, 0.01, 0.001f64].iter().enumerate() {
+            assert!((e[0][i] - (2.0 * f).cos() as f32).abs() < 1e-6, "{i}");
+            assert!((e[0][4 + i] - (2.0 * f).sin() as f32).abs() < 1e-6, "{i}");
+        }
+    }
+
+    #[test]
+    fn a_forward_keeps_the_latent_shape_and_refuses_misfits() {
+        let cfg = WanTransformerConfig::tiny();
+        let resident = random_weights(&cfg.resident_specs(), 100);
+        let model = WanTransformer::new(cfg.clone(), Box::new(resident));
+        let latents = crate::execution::weights::seeded_noise(1, &[2, 16, 3, 4, 6]).unwrap();
+        let text = crate::execution::weights::seeded_noise(2, &[2, 5, 32]).unwrap();
+        let mut st = model.prologue(&latents, 500.0, &text).unwrap();
+        assert_eq!(st.x.dims(), &[2, 3 * 2 * 3, 24]);
+        for i in 0..cfg.num_layers {
+            let w = random_weights(&cfg.block_specs(), 1000 * (i as u64 + 1));
+            model.block(i, &w, &mut st).unwrap();
+        }
+        let out = model.epilogue(st).unwrap();
+        assert_eq!(out.dims(), &[2, 16, 3, 4, 6]);
+
+        let odd = crate::execution::weights::seeded_noise(3, &[2, 16, 3, 5, 6]).unwrap();
+        let e = model.prologue(&odd, 1.0, &text).err().unwrap().to_string();
+        assert!(e.contains("latents"), "{e}");
+        let wide = crate::execution::weights::seeded_noise(4, &[2, 5, 31]).unwrap();
+        let e = model
+            .prologue(&latents, 1.0, &wide)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("text embeddings"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_block_tensor_is_named() {
+        let cfg = WanTransformerConfig::tiny();
+        let model = WanTransformer::new(
+            cfg.clone(),
+            Box::new(random_weights(&cfg.resident_specs(), 7)),
+        );
+        let latents = crate::execution::weights::seeded_noise(1, &[1, 16, 1, 2, 2]).unwrap();
+        let text = crate::execution::weights::seeded_noise(2, &[1, 3, 32]).unwrap();
+        let mut st = model.prologue(&latents, 10.0, &text).unwrap();
+        let mut w = random_weights(&cfg.block_specs(), 9);
+        w.remove("attn2.norm_k.weight");
+        let e = model.block(0, &w, &mut st).unwrap_err().to_string();
+        assert!(e.contains("attn2.norm_k.weight"), "{e}");
+    }
+}
