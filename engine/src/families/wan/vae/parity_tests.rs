@@ -174,3 +174,33 @@ fn an_extra_tensor_is_refused_by_name() {
     let err = check_error(dir.path());
     assert!(err.contains("decoder.conv_out2.bias"), "{err}");
 }
+
+/// The end of the committed WanPipeline reference (`wan_reference.py fixture`): its final
+/// latents, decoded by the pipeline's own VAE and post-processed to [F, H, W, 3] in [0, 1].
+#[test]
+fn decodes_the_wan21_pipeline_fixtures_final_latents_to_its_frames() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let (_, vae) = load(&fixtures.join("wan21-tiny/vae"));
+    let refs = candle_core::safetensors::load(
+        fixtures.join("wan21-tiny-reference.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let video = vae.decode(&refs["latents"]).unwrap();
+    // VideoProcessor.postprocess_video: (x / 2 + 0.5).clamp(0, 1), channels last.
+    let frames = video
+        .affine(0.5, 0.5)
+        .unwrap()
+        .clamp(0f32, 1f32)
+        .unwrap()
+        .permute((0, 2, 3, 1))
+        .unwrap();
+    let theirs = &refs["frames"];
+    assert_eq!(frames.dims(), theirs.dims());
+    let diff = max_abs_diff(&frames, theirs);
+    println!(
+        "wan21-tiny frames: max |ours - diffusers| = {diff:.3e} ({:.4}/255)",
+        diff * 255.0
+    );
+    assert!(diff < 1e-4, "max abs diff {diff}");
+}
