@@ -1,0 +1,420 @@
+//! The `AutoencoderKLWan` decoder: the pipeline's normalised latents in, video frames in
+//! [-1, 1] out. It follows `WanPipeline`'s denormalisation and `AutoencoderKLWan._decode`
+//! (post-quant conv, then `WanDecoder3d` one latent frame at a time with the feature cache,
+//! then the clamp) op for op, so its output matches diffusers' to float rounding (the
+//! parity test holds it to that).
+//!
+//! Memory does not grow with the clip: each latent frame is decoded as its own chunk (one
+//! frame out for the first, `temporal_upscale` after), the causal convolutions carry only
+//! their last two input frames between chunks, and `decode_chunks` hands each chunk's
+//! frames to the caller before the next is computed.
+
+use std::path::Path;
+
+use candle_core::{DType, IndexOp, Tensor};
+
+use super::layers::{
+    clamp_unit, pointwise_matrix, to_f32, AttentionBlock, CausalConv3d, Conv2d, FeatCache,
+    Resample, ResidualBlock, RmsNorm, Slot,
+};
+use super::{Upsample, WanVaeConfig};
+use crate::execution::weights::Weights;
+use crate::{Error, Result};
+
+/// Fetches tensors by full name and checks their shapes; counts the cache slots handed out.
+struct Loader<'a> {
+    weights: &'a dyn Weights,
+    origin: &'a Path,
+    slots: usize,
+}
+
+impl Loader<'_> {
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = self
+            .weights
+            .get(name)
+            .map_err(|e| Error::tensor(self.origin, name, e.to_string()))?;
+        if t.dims() != shape {
+            return Err(Error::tensor(
+                self.origin,
+                name,
+                format!("expected shape {shape:?}, found {:?}", t.dims()),
+            ));
+        }
+        Ok(t.to_dtype(DType::F32)?)
+    }
+
+    fn conv3d(
+        &mut self,
+        prefix: &str,
+        cin: usize,
+        cout: usize,
+        k: [usize; 3],
+    ) -> Result<CausalConv3d> {
+        let weight = self.get(&format!("{prefix}.weight"), &[cout, cin, k[0], k[1], k[2]])?;
+        let bias = self.get(&format!("{prefix}.bias"), &[cout])?;
+        CausalConv3d::new(&weight, bias, &mut self.slots)
+    }
+
+    fn conv2d(&self, prefix: &str, cin: usize, cout: usize, k: usize) -> Result<Conv2d> {
+        Conv2d::new(
+            self.get(&format!("{prefix}.weight"), &[cout, cin, k, k])?,
+            self.get(&format!("{prefix}.bias"), &[cout])?,
+        )
+    }
+
+    fn rms(&self, prefix: &str, c: usize, images: bool) -> Result<RmsNorm> {
+        let shape: &[usize] = if images { &[c, 1, 1] } else { &[c, 1, 1, 1] };
+        RmsNorm::new(self.get(&format!("{prefix}.gamma"), shape)?)
+    }
+
+    fn residual(&mut self, prefix: &str, cin: usize, cout: usize) -> Result<ResidualBlock> {
+        Ok(ResidualBlock {
+            norm1: self.rms(&format!("{prefix}.norm1"), cin, false)?,
+            conv1: self.conv3d(&format!("{prefix}.conv1"), cin, cout, [3, 3, 3])?,
+            norm2: self.rms(&format!("{prefix}.norm2"), cout, false)?,
+            conv2: self.conv3d(&format!("{prefix}.conv2"), cout, cout, [3, 3, 3])?,
+            shortcut: if cin != cout {
+                Some(self.conv3d(&format!("{prefix}.conv_shortcut"), cin, cout, [1, 1, 1])?)
+            } else {
+                None
+            },
+        })
+    }
+
+    fn attention(&self, prefix: &str, c: usize) -> Result<AttentionBlock> {
+        let qkv = self.get(&format!("{prefix}.to_qkv.weight"), &[3 * c, c, 1, 1])?;
+        Ok(AttentionBlock {
+            norm: self.rms(&format!("{prefix}.norm"), c, true)?,
+            qkv_t: pointwise_matrix(&qkv)?,
+            qkv_bias: self
+                .get(&format!("{prefix}.to_qkv.bias"), &[3 * c])?
+                .reshape((1, 3 * c))?,
+            proj: self.conv2d(&format!("{prefix}.proj"), c, c, 1)?,
+        })
+    }
+}
+
+/// One `WanUpBlock`.
+struct UpBlock {
+    resnets: Vec<ResidualBlock>,
+    resample: Option<Resample>,
+}
+
+/// The decoding half of an `AutoencoderKLWan`, resident on the device its weights are on.
+pub struct WanVaeDecoder {
+    z_dim: usize,
+    out_channels: usize,
+    upscale: usize,
+    temporal_upscale: usize,
+    /// [1, z, 1, 1] each: the pipeline's `latents_mean` and `1 / latents_std`.
+    mean: Tensor,
+    inv_std: Tensor,
+    post_quant_conv: CausalConv3d,
+    conv_in: CausalConv3d,
+    mid_in: ResidualBlock,
+    mid_attention: AttentionBlock,
+    mid_out: ResidualBlock,
+    up_blocks: Vec<UpBlock>,
+    norm_out: RmsNorm,
+    conv_out: CausalConv3d,
+    /// Causal convs with a temporal kernel, each with a cache slot.
+    slots: usize,
+}
+
+impl WanVaeDecoder {
+    /// Loads `post_quant_conv.*` and `decoder.*` by their full diffusers names. Errors name
+    /// the tensor under the label `vae`; `load_from` names the checkpoint instead.
+    pub fn load(cfg: &WanVaeConfig, w: &dyn Weights) -> Result<Self> {
+        Self::load_from(cfg, w, Path::new("vae"))
+    }
+
+    /// As `load`, with `origin` (the component folder) labelling errors.
+    pub fn load_from(cfg: &WanVaeConfig, w: &dyn Weights, origin: &Path) -> Result<Self> {
+        cfg.validate(&origin.join("config.json"))?;
+        let layout = cfg.decoder_layout();
+        let mut l = Loader {
+            weights: w,
+            origin,
+            slots: 0,
+        };
+        let z = layout.z_dim;
+        let post_quant_conv = l.conv3d("post_quant_conv", z, z, [1, 1, 1])?;
+        let conv_in = l.conv3d("decoder.conv_in", z, layout.mid, [3, 3, 3])?;
+        let mid_in = l.residual("decoder.mid_block.resnets.0", layout.mid, layout.mid)?;
+        let mid_attention = l.attention("decoder.mid_block.attentions.0", layout.mid)?;
+        let mid_out = l.residual("decoder.mid_block.resnets.1", layout.mid, layout.mid)?;
+        let mut up_blocks = Vec::with_capacity(layout.up_blocks.len());
+        for (i, block) in layout.up_blocks.iter().enumerate() {
+            let prefix = format!("decoder.up_blocks.{i}");
+            let resnets = block
+                .resnets
+                .iter()
+                .enumerate()
+                .map(|(j, &(cin, cout))| l.residual(&format!("{prefix}.resnets.{j}"), cin, cout))
+                .collect::<Result<Vec<_>>>()?;
+            let resample = match block.upsample {
+                None => None,
+                Some(mode) => {
+                    let up = format!("{prefix}.upsamplers.0");
+                    let d = block.dim;
+                    // diffusers runs the time conv before the spatial conv, and numbers its
+                    // cache slots in that order; ours are per conv, so order is immaterial.
+                    let time_conv = match mode {
+                        Upsample::SpatioTemporal => {
+                            Some(l.conv3d(&format!("{up}.time_conv"), d, 2 * d, [3, 1, 1])?)
+                        }
+                        Upsample::Spatial => None,
+                    };
+                    let conv = l.conv2d(&format!("{up}.resample.1"), d, d / 2, 3)?;
+                    Some(Resample { time_conv, conv })
+                }
+            };
+            up_blocks.push(UpBlock { resnets, resample });
+        }
+        let norm_out = l.rms("decoder.norm_out", layout.head, false)?;
+        let conv_out = l.conv3d(
+            "decoder.conv_out",
+            layout.head,
+            layout.out_channels,
+            [3, 3, 3],
+        )?;
+        let device = post_quant_conv.device().clone();
+        let per_channel = |values: Vec<f32>| -> Result<Tensor> {
+            Ok(Tensor::from_vec(values, (1, z, 1, 1), &device)?)
+        };
+        // As WanPipeline builds them: float32 tensors of the config's numbers, and the
+        // reciprocal of the std taken in float32.
+        let mean = per_channel(cfg.latents_mean.iter().map(|&m| m as f32).collect())?;
+        let inv_std = per_channel(cfg.latents_std.iter().map(|&s| 1.0 / s as f32).collect())?;
+        Ok(WanVaeDecoder {
+            z_dim: z,
+            out_channels: layout.out_channels,
+            upscale: cfg.upscale(),
+            temporal_upscale: cfg.temporal_upscale(),
+            mean,
+            inv_std,
+            post_quant_conv,
+            conv_in,
+            mid_in,
+            mid_attention,
+            mid_out,
+            up_blocks,
+            norm_out,
+            conv_out,
+            slots: l.slots,
+        })
+    }
+
+    /// Latent channels `decode` expects.
+    pub fn z_dim(&self) -> usize {
+        self.z_dim
+    }
+
+    /// Channels of the decoded frames (3: RGB).
+    pub fn out_channels(&self) -> usize {
+        self.out_channels
+    }
+
+    /// Output pixels per latent, per side.
+    pub fn upscale(&self) -> usize {
+        self.upscale
+    }
+
+    /// Output frames per latent frame after the first.
+    pub fn temporal_upscale(&self) -> usize {
+        self.temporal_upscale
+    }
+
+    /// Frames `latent_frames` latent frames decode to: `1 + temporal_upscale (T - 1)`.
+    pub fn output_frames(&self, latent_frames: usize) -> usize {
+        1 + self.temporal_upscale * latent_frames.saturating_sub(1)
+    }
+
+    /// Decodes latents [1, z_dim, T, h, w], exactly as the pipeline holds them at the end of
+    /// denoising (normalised), into video [1 + temporal_upscale (T - 1), out_channels,
+    /// upscale h, upscale w] in [-1, 1].
+    pub fn decode(&self, latents: &Tensor) -> Result<Tensor> {
+        let mut frames = Vec::new();
+        self.decode_chunks(latents, |chunk| {
+            frames.push(chunk);
+            Ok(())
+        })?;
+        Ok(Tensor::cat(&frames, 0)?)
+    }
+
+    /// As `decode`, handing each latent frame's decoded frames ([1, C, H, W] for the first
+    /// latent frame, [temporal_upscale, C, H, W] after) to `f` as soon as they exist, so a
+    /// caller can stream them out and only one chunk's frames are ever held here.
+    pub fn decode_chunks(
+        &self,
+        latents: &Tensor,
+        mut f: impl FnMut(Tensor) -> Result<()>,
+    ) -> Result<()> {
+        let dims = latents.dims();
+        if dims.len() != 5 || dims[0] != 1 || dims[1] != self.z_dim || dims[2..].contains(&0) {
+            return Err(Error::invalid(
+                "latents",
+                format!(
+                    "expected [1, {}, frames, height, width] with none of them 0, found {dims:?}",
+                    self.z_dim
+                ),
+            ));
+        }
+        let latents = to_f32(&latents.to_device(self.mean.device())?)?;
+        let mut cache = FeatCache {
+            slots: vec![Slot::Empty; self.slots],
+        };
+        for i in 0..dims[2] {
+            // [1, z, h, w]: this latent frame, as a chunk of one frame.
+            let z = latents.i((.., .., i))?;
+            let z = z.broadcast_div(&self.inv_std)?.broadcast_add(&self.mean)?;
+            f(self.decode_chunk(&z, &mut cache)?)?;
+        }
+        Ok(())
+    }
+
+    /// `WanDecoder3d.forward` on one chunk, with the post-quant conv before and the clamp
+    /// after (both per-frame, so applying them per chunk is what diffusers computes).
+    fn decode_chunk(&self, z: &Tensor, cache: &mut FeatCache) -> Result<Tensor> {
+        let x = self.post_quant_conv.forward(z, None)?;
+        let mut x = self.conv_in.forward_cached(&x, cache)?;
+        x = self.mid_in.forward(&x, cache)?;
+        x = self.mid_attention.forward(&x)?;
+        x = self.mid_out.forward(&x, cache)?;
+        for block in &self.up_blocks {
+            for resnet in &block.resnets {
+                x = resnet.forward(&x, cache)?;
+            }
+            if let Some(resample) = &block.resample {
+                x = resample.forward(&x, cache)?;
+            }
+        }
+        let x = self.norm_out.forward(&x)?.silu()?;
+        clamp_unit(&self.conv_out.forward_cached(&x, cache)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+
+    use candle_core::{Device, Tensor};
+
+    use super::super::layers::max_abs_diff;
+    use super::*;
+    use crate::execution::weights::seeded_noise;
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan-vae-tiny")
+    }
+
+    fn weights() -> HashMap<String, Tensor> {
+        candle_core::safetensors::load(
+            fixture().join("diffusion_pytorch_model.safetensors"),
+            &Device::Cpu,
+        )
+        .unwrap()
+    }
+
+    fn tiny() -> WanVaeDecoder {
+        WanVaeDecoder::load(&WanVaeConfig::tiny(), &weights()).unwrap()
+    }
+
+    #[test]
+    fn chunks_stream_one_frame_then_four_and_make_up_decode() {
+        let vae = tiny();
+        let latents = seeded_noise(11, &[1, 16, 3, 2, 3]).unwrap();
+        let mut sizes = Vec::new();
+        let mut parts = Vec::new();
+        vae.decode_chunks(&latents, |chunk| {
+            sizes.push(chunk.dims().to_vec());
+            parts.push(chunk);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            sizes,
+            vec![vec![1, 3, 16, 24], vec![4, 3, 16, 24], vec![4, 3, 16, 24]]
+        );
+        let whole = vae.decode(&latents).unwrap();
+        assert_eq!(whole.dims(), &[9, 3, 16, 24]);
+        assert_eq!(vae.output_frames(3), 9);
+        assert_eq!(max_abs_diff(&Tensor::cat(&parts, 0).unwrap(), &whole), 0.0);
+        let max = max_abs_diff(&whole, &whole.zeros_like().unwrap());
+        assert!(
+            max <= 1.0 && max > 0.1,
+            "frames in [-1, 1] and not flat: {max}"
+        );
+    }
+
+    #[test]
+    fn decoding_is_causal_in_time() {
+        // A clip's first frames do not depend on its later latent frames.
+        let vae = tiny();
+        let latents = seeded_noise(12, &[1, 16, 3, 2, 2]).unwrap();
+        let all = vae.decode(&latents).unwrap();
+        let head = vae.decode(&latents.narrow(2, 0, 2).unwrap()).unwrap();
+        assert_eq!(head.dim(0).unwrap(), 5);
+        assert_eq!(max_abs_diff(&all.narrow(0, 0, 5).unwrap(), &head), 0.0);
+        // And the later frames do depend on the earlier latent frames (the cache is used).
+        let mut edited = latents.narrow(2, 0, 1).unwrap().affine(-1.0, 0.5).unwrap();
+        edited = Tensor::cat(&[edited, latents.narrow(2, 1, 2).unwrap()], 2).unwrap();
+        let other = vae.decode(&edited).unwrap();
+        assert!(
+            max_abs_diff(
+                &other.narrow(0, 5, 4).unwrap(),
+                &all.narrow(0, 5, 4).unwrap()
+            ) > 1e-3
+        );
+    }
+
+    #[test]
+    fn bad_latents_are_refused() {
+        let vae = tiny();
+        for shape in [
+            &[16, 3, 2, 2][..],
+            &[2, 16, 3, 2, 2],
+            &[1, 4, 3, 2, 2],
+            &[1, 16, 0, 2, 2],
+        ] {
+            let z = Tensor::zeros(shape, candle_core::DType::F32, &Device::Cpu).unwrap();
+            let err = vae.decode(&z).unwrap_err().to_string();
+            assert!(err.contains("latents"), "{shape:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn loading_names_a_missing_or_misshapen_tensor() {
+        let name = "decoder.up_blocks.1.resnets.0.conv_shortcut.weight";
+        let mut w = weights();
+        w.remove(name);
+        let err = WanVaeDecoder::load(&WanVaeConfig::tiny(), &w)
+            .err()
+            .expect("a missing tensor must fail")
+            .to_string();
+        assert!(err.contains(name), "{err}");
+
+        let mut w = weights();
+        w.insert(name.into(), seeded_noise(1, &[3, 1, 3, 3, 3]).unwrap());
+        let err = WanVaeDecoder::load(&WanVaeConfig::tiny(), &w)
+            .err()
+            .expect("a misshapen tensor must fail")
+            .to_string();
+        assert!(
+            err.contains(name) && err.contains("[3, 1, 1, 1, 1]"),
+            "{err}"
+        );
+
+        let cfg = WanVaeConfig {
+            is_residual: true,
+            ..WanVaeConfig::tiny()
+        };
+        let err = WanVaeDecoder::load(&cfg, &weights())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("`is_residual`"), "{err}");
+    }
+}

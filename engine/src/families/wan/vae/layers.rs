@@ -1,0 +1,445 @@
+//! The layers of diffusers' `WanDecoder3d`, op for op: `WanCausalConv3d` (as sums of 2D
+//! convolutions over its temporal taps), `WanRMS_norm`, `WanResidualBlock`,
+//! `WanAttentionBlock` and `WanResample`'s upsamplers, with the feature cache that lets the
+//! decoder run one latent frame at a time.
+//!
+//! Activations are laid out [frames, channels, height, width] (one chunk's frames as the
+//! batch), which is diffusers' [1, C, T, H, W] with the batch of one dropped and time moved
+//! first, so 2D convolutions and per-frame attention apply directly.
+
+use candle_core::{DType, Tensor};
+
+use crate::Result;
+
+/// diffusers' `CACHE_T`: frames of its input a causal conv keeps for the next chunk.
+pub const CACHE_T: usize = 2;
+/// `F.normalize`'s floor on the norm.
+const NORMALIZE_EPS: f64 = 1e-12;
+/// Largest im2col buffer (elements) one 2D convolution may build; taller inputs are split
+/// into bands of rows, so memory stays bounded at any frame size.
+const IM2COL_BUDGET: usize = 1 << 25;
+/// Query rows per attention score block, so a large frame's [HW, HW] scores never exist whole.
+const ATTENTION_QUERY_BLOCK: usize = 4096;
+
+/// What one causal conv remembers between chunks (diffusers' `feat_cache[idx]`).
+#[derive(Debug, Clone, Default)]
+pub enum Slot {
+    /// Nothing decoded yet (`None`).
+    #[default]
+    Empty,
+    /// An `upsample3d` time conv after the first chunk, which it skips (`"Rep"`).
+    Rep,
+    /// The last (up to `CACHE_T`) input frames.
+    Frames(Tensor),
+}
+
+/// The caches of every causal conv in the decoder, one slot each.
+pub struct FeatCache {
+    pub slots: Vec<Slot>,
+}
+
+/// A 2D convolution with bias, stride 1, "same" padding.
+pub struct Conv2d {
+    weight: Tensor,
+    /// [1, C_out, 1, 1].
+    bias: Tensor,
+    padding: usize,
+}
+
+impl Conv2d {
+    pub fn new(weight: Tensor, bias: Tensor) -> Result<Self> {
+        let (cout, _, kh, _) = weight.dims4()?;
+        Ok(Conv2d {
+            bias: bias.reshape((1, cout, 1, 1))?,
+            padding: kh / 2,
+            weight,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(conv2d_bounded(x, &self.weight, self.padding)?.broadcast_add(&self.bias)?)
+    }
+}
+
+/// `x.conv2d(w, padding)` (no bias) computed in bands of output rows when the whole
+/// frame's im2col buffer would exceed `IM2COL_BUDGET`.
+fn conv2d_bounded(x: &Tensor, w: &Tensor, padding: usize) -> Result<Tensor> {
+    conv2d_banded(x, w, padding, IM2COL_BUDGET)
+}
+
+fn conv2d_banded(x: &Tensor, w: &Tensor, padding: usize, budget: usize) -> Result<Tensor> {
+    let (n, cin, h, width) = x.dims4()?;
+    let (_, _, kh, kw) = w.dims4()?;
+    let per_row = n * (width + 2 * padding) * cin * kh * kw;
+    if kh == 1 && kw == 1 || per_row * h <= budget {
+        return Ok(x.conv2d(w, padding, 1, 1, 1)?);
+    }
+    let rows = (budget / per_row.max(1)).max(1);
+    let x = x
+        .pad_with_zeros(2, padding, padding)?
+        .pad_with_zeros(3, padding, padding)?;
+    let out_h = h + 2 * padding + 1 - kh;
+    let mut bands = Vec::with_capacity(out_h.div_ceil(rows));
+    let mut r = 0;
+    while r < out_h {
+        let len = rows.min(out_h - r);
+        bands.push(x.narrow(2, r, len + kh - 1)?.conv2d(w, 0, 1, 1, 1)?);
+        r += len;
+    }
+    Ok(Tensor::cat(&bands, 2)?)
+}
+
+/// `WanCausalConv3d`: a 3D convolution padded in time only on the past side (by twice the
+/// temporal padding), whose past is the cached frames of the previous chunk, zeros before
+/// the first.
+pub struct CausalConv3d {
+    /// One [C_out, C_in, kh, kw] kernel per temporal tap, oldest frame first.
+    taps: Vec<Tensor>,
+    bias: Tensor,
+    padding: usize,
+    /// Index into `FeatCache::slots`; `None` for a single-tap conv, which keeps no past.
+    slot: Option<usize>,
+}
+
+impl CausalConv3d {
+    /// `weight` [C_out, C_in, kt, kh, kw] with kt 1 or 3; a conv with kt 3 takes cache slot
+    /// `*next_slot` (then incremented).
+    pub fn new(weight: &Tensor, bias: Tensor, next_slot: &mut usize) -> Result<Self> {
+        let (cout, _, kt, kh, _) = weight.dims5()?;
+        let taps = (0..kt)
+            .map(|k| Ok(weight.narrow(2, k, 1)?.squeeze(2)?.contiguous()?))
+            .collect::<Result<Vec<_>>>()?;
+        let slot = (kt > 1).then(|| {
+            *next_slot += 1;
+            *next_slot - 1
+        });
+        Ok(CausalConv3d {
+            taps,
+            bias: bias.reshape((1, cout, 1, 1))?,
+            padding: kh / 2,
+            slot,
+        })
+    }
+
+    /// The convolution of `x` [T, C, H, W] preceded by `past` (at most kt - 1 frames; zero
+    /// frames make up the rest), giving T frames.
+    pub fn forward(&self, x: &Tensor, past: Option<&Tensor>) -> Result<Tensor> {
+        let kt = self.taps.len();
+        let (t, c, h, w) = x.dims4()?;
+        let past_len = past.map_or(Ok(0), |p| p.dim(0))?;
+        let mut parts = Vec::with_capacity(3);
+        let zeros = (kt - 1).saturating_sub(past_len);
+        if zeros > 0 {
+            parts.push(Tensor::zeros((zeros, c, h, w), x.dtype(), x.device())?);
+        }
+        if let Some(p) = past {
+            parts.push(p.clone());
+        }
+        parts.push(x.clone());
+        let seq = if parts.len() == 1 {
+            x.clone()
+        } else {
+            Tensor::cat(&parts, 0)?
+        };
+        let mut out: Option<Tensor> = None;
+        for (k, tap) in self.taps.iter().enumerate() {
+            let y = conv2d_bounded(&seq.narrow(0, k, t)?, tap, self.padding)?;
+            out = Some(match out {
+                Some(acc) => (acc + y)?,
+                None => y,
+            });
+        }
+        let out = out.expect("a conv has at least one tap");
+        Ok(out.broadcast_add(&self.bias)?)
+    }
+
+    /// `forward` with this conv's cache: the past is what the previous chunk left, and the
+    /// cache becomes the last `CACHE_T` frames of (past, x), as diffusers keeps them.
+    pub fn forward_cached(&self, x: &Tensor, cache: &mut FeatCache) -> Result<Tensor> {
+        let Some(slot) = self.slot else {
+            return self.forward(x, None);
+        };
+        let past = match &cache.slots[slot] {
+            Slot::Frames(p) => Some(p.clone()),
+            _ => None,
+        };
+        let next = tail(past.as_ref(), x)?;
+        let out = self.forward(x, past.as_ref())?;
+        cache.slots[slot] = Slot::Frames(next);
+        Ok(out)
+    }
+
+    fn slot(&self) -> Option<usize> {
+        self.slot
+    }
+
+    /// Where the weights live.
+    pub fn device(&self) -> &candle_core::Device {
+        self.bias.device()
+    }
+}
+
+/// diffusers' `cache_x`: the last `CACHE_T` frames of `x`, preceded by the previous cache's
+/// last frame when `x` alone is shorter. Copied, so the chunk's activations can be freed.
+fn tail(past: Option<&Tensor>, x: &Tensor) -> Result<Tensor> {
+    let t = x.dim(0)?;
+    let own = x.narrow(0, t.saturating_sub(CACHE_T), t.min(CACHE_T))?;
+    let frames = match past {
+        Some(p) if own.dim(0)? < CACHE_T => {
+            let n = p.dim(0)?;
+            Tensor::cat(&[p.narrow(0, n - 1, 1)?, own], 0)?
+        }
+        _ => own,
+    };
+    Ok(frames.force_contiguous()?)
+}
+
+/// `WanRMS_norm`: `F.normalize` over channels (x / max(‖x‖₂, 1e-12)), times √C, times a
+/// learned per-channel gain; no bias.
+pub struct RmsNorm {
+    /// [1, C, 1, 1].
+    gamma: Tensor,
+    scale: f64,
+}
+
+impl RmsNorm {
+    pub fn new(gamma: Tensor) -> Result<Self> {
+        let c = gamma.dim(0)?;
+        Ok(RmsNorm {
+            gamma: gamma.reshape((1, c, 1, 1))?,
+            scale: (c as f64).sqrt(),
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let norm = x.sqr()?.sum_keepdim(1)?.sqrt()?.maximum(NORMALIZE_EPS)?;
+        let normalized = x.broadcast_div(&norm)?;
+        Ok((normalized * self.scale)?.broadcast_mul(&self.gamma)?)
+    }
+}
+
+/// `WanResidualBlock` (dropout is the identity in eval): RMS norm, SiLU, causal conv, twice,
+/// plus the input through a 1×1×1 conv where the width changes.
+pub struct ResidualBlock {
+    pub norm1: RmsNorm,
+    pub conv1: CausalConv3d,
+    pub norm2: RmsNorm,
+    pub conv2: CausalConv3d,
+    pub shortcut: Option<CausalConv3d>,
+}
+
+impl ResidualBlock {
+    pub fn forward(&self, x: &Tensor, cache: &mut FeatCache) -> Result<Tensor> {
+        let skip = match &self.shortcut {
+            Some(conv) => conv.forward(x, None)?,
+            None => x.clone(),
+        };
+        let h = self.norm1.forward(x)?.silu()?;
+        let h = self.conv1.forward_cached(&h, cache)?;
+        let h = self.norm2.forward(&h)?.silu()?;
+        let h = self.conv2.forward_cached(&h, cache)?;
+        Ok((h + skip)?)
+    }
+}
+
+/// `WanAttentionBlock`: per-frame single-head self-attention over the pixels, with an RMS
+/// norm in front, a fused 1×1 qkv projection, a 1×1 output projection and the residual.
+pub struct AttentionBlock {
+    pub norm: RmsNorm,
+    /// [C, 3C] and [1, 3C]: the 1×1 conv as a matmul on pixel tokens.
+    pub qkv_t: Tensor,
+    pub qkv_bias: Tensor,
+    pub proj: Conv2d,
+}
+
+impl AttentionBlock {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (t, c, h, w) = x.dims4()?;
+        let hw = h * w;
+        let tokens = self
+            .norm
+            .forward(x)?
+            .reshape((t, c, hw))?
+            .transpose(1, 2)?
+            .contiguous()?;
+        let qkv = tokens
+            .broadcast_matmul(&self.qkv_t)?
+            .broadcast_add(&self.qkv_bias)?;
+        let q = qkv.narrow(2, 0, c)?.contiguous()?;
+        let k_t = qkv.narrow(2, c, c)?.transpose(1, 2)?.contiguous()?;
+        let v = qkv.narrow(2, 2 * c, c)?.contiguous()?;
+        let out = attend(&q, &k_t, &v, 1.0 / (c as f64).sqrt(), ATTENTION_QUERY_BLOCK)?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((t, c, h, w))?;
+        Ok((self.proj.forward(&out)? + x)?)
+    }
+}
+
+/// softmax(q kᵀ · scale) v for q [T, N, C], k_t [T, C, N], v [T, N, C], `block` query rows
+/// at a time (softmax is per row, so the blocks are exact).
+fn attend(q: &Tensor, k_t: &Tensor, v: &Tensor, scale: f64, block: usize) -> Result<Tensor> {
+    let n = q.dim(1)?;
+    let mut outs = Vec::with_capacity(n.div_ceil(block));
+    let mut start = 0;
+    while start < n {
+        let len = block.min(n - start);
+        let scores = (q.narrow(1, start, len)?.matmul(k_t)? * scale)?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        outs.push(probs.matmul(v)?);
+        start += len;
+    }
+    Ok(Tensor::cat(&outs, 1)?)
+}
+
+/// `WanResample` in `upsample2d` / `upsample3d` mode: for 3D, a causal time conv to twice the
+/// channels whose halves become two frames (skipped on the first chunk, so the first latent
+/// frame decodes to one frame); then nearest-exact 2× in space and a 3×3 conv.
+pub struct Resample {
+    pub time_conv: Option<CausalConv3d>,
+    pub conv: Conv2d,
+}
+
+impl Resample {
+    pub fn forward(&self, x: &Tensor, cache: &mut FeatCache) -> Result<Tensor> {
+        let mut x = x.clone();
+        if let Some(time_conv) = &self.time_conv {
+            x = self.upsample_time(time_conv, &x, cache)?;
+        }
+        let (_, _, h, w) = x.dims4()?;
+        // At an exact 2× scale nearest-exact and nearest pick the same source pixels.
+        let up = x.upsample_nearest2d(2 * h, 2 * w)?;
+        self.conv.forward(&up)
+    }
+
+    fn upsample_time(
+        &self,
+        time_conv: &CausalConv3d,
+        x: &Tensor,
+        cache: &mut FeatCache,
+    ) -> Result<Tensor> {
+        let slot = time_conv.slot().expect("a time conv has three taps");
+        let (past, rep) = match &cache.slots[slot] {
+            Slot::Empty => {
+                cache.slots[slot] = Slot::Rep;
+                return Ok(x.clone());
+            }
+            Slot::Rep => (None, true),
+            Slot::Frames(p) => (Some(p.clone()), false),
+        };
+        let (t, c, h, w) = x.dims4()?;
+        let mut next = tail(past.as_ref(), x)?;
+        if rep && next.dim(0)? < CACHE_T {
+            // After the skipped first chunk diffusers remembers a zero frame, not that chunk.
+            let zeros = Tensor::zeros((1, c, h, w), x.dtype(), x.device())?;
+            next = Tensor::cat(&[zeros, next], 0)?;
+        }
+        let y = time_conv.forward(x, past.as_ref())?;
+        cache.slots[slot] = Slot::Frames(next);
+        // [T, 2C] → frames (t, 0), (t, 1), ...: channel half j becomes frame 2t + j.
+        Ok(y.reshape((t, 2, c, h, w))?.reshape((2 * t, c, h, w))?)
+    }
+}
+
+/// A 1×1 conv weight [C_out, C_in, 1, 1] as the [C_in, C_out] matrix tokens multiply by.
+pub fn pointwise_matrix(weight: &Tensor) -> Result<Tensor> {
+    let (cout, cin, _, _) = weight.dims4()?;
+    Ok(weight.reshape((cout, cin))?.t()?.contiguous()?)
+}
+
+/// Values outside [-1, 1] clamped, as `AutoencoderKLWan._decode` does.
+pub fn clamp_unit(x: &Tensor) -> Result<Tensor> {
+    Ok(x.clamp(-1f32, 1f32)?)
+}
+
+/// The tensor as f32 (weights arrive as f32 already; latents may not).
+pub fn to_f32(x: &Tensor) -> Result<Tensor> {
+    Ok(x.to_dtype(DType::F32)?)
+}
+
+/// Max |a - b| over all elements, for tests.
+#[cfg(test)]
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .and_then(|d| d.abs())
+        .and_then(|d| d.flatten_all())
+        .and_then(|d| d.max(candle_core::D::Minus1))
+        .and_then(|d| d.to_scalar::<f32>())
+        .unwrap_or(f32::INFINITY)
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device};
+
+    use super::*;
+    use crate::execution::weights::seeded_noise;
+
+    #[test]
+    fn banded_convolution_equals_the_whole_one() {
+        let x = seeded_noise(1, &[2, 3, 11, 7]).unwrap();
+        let w = seeded_noise(2, &[4, 3, 3, 3]).unwrap();
+        let whole = x.conv2d(&w, 1, 1, 1, 1).unwrap();
+        // A budget of three rows' worth: bands of 3, 3, 3 and 2 rows.
+        let per_row = 2 * 9 * 3 * 9;
+        let banded = conv2d_banded(&x, &w, 1, 3 * per_row).unwrap();
+        assert_eq!(banded.dims(), whole.dims());
+        assert!(max_abs_diff(&banded, &whole) < 1e-5);
+        let one_row = conv2d_banded(&x, &w, 1, 1).unwrap();
+        assert!(max_abs_diff(&one_row, &whole) < 1e-5);
+    }
+
+    #[test]
+    fn blocked_attention_equals_the_whole_one() {
+        let q = seeded_noise(3, &[2, 10, 4]).unwrap();
+        let k_t = seeded_noise(4, &[2, 4, 10]).unwrap();
+        let v = seeded_noise(5, &[2, 10, 4]).unwrap();
+        let whole = attend(&q, &k_t, &v, 0.5, 10).unwrap();
+        let blocked = attend(&q, &k_t, &v, 0.5, 3).unwrap();
+        assert!(max_abs_diff(&blocked, &whole) < 1e-6);
+    }
+
+    #[test]
+    fn causal_conv_over_chunks_equals_one_pass_over_the_clip() {
+        let w = seeded_noise(6, &[2, 3, 3, 3, 3]).unwrap();
+        let b = seeded_noise(7, &[2]).unwrap();
+        let mut slots = 0;
+        let conv = CausalConv3d::new(&w, b, &mut slots).unwrap();
+        assert_eq!(slots, 1);
+        let clip = seeded_noise(8, &[6, 3, 5, 4]).unwrap();
+        let whole = conv.forward(&clip, None).unwrap();
+        let mut cache = FeatCache {
+            slots: vec![Slot::Empty],
+        };
+        let mut parts = Vec::new();
+        for (start, len) in [(0, 1), (1, 1), (2, 3), (5, 1)] {
+            let chunk = clip.narrow(0, start, len).unwrap();
+            parts.push(conv.forward_cached(&chunk, &mut cache).unwrap());
+        }
+        let chunked = Tensor::cat(&parts, 0).unwrap();
+        assert!(max_abs_diff(&chunked, &whole) < 1e-5);
+        match &cache.slots[0] {
+            Slot::Frames(f) => assert_eq!(f.dims(), &[2, 3, 5, 4]),
+            other => panic!("cache {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rms_norm_of_zero_is_zero_and_scales_by_root_channels() {
+        let norm =
+            RmsNorm::new(Tensor::ones((4, 1, 1, 1), DType::F32, &Device::Cpu).unwrap()).unwrap();
+        let zero = Tensor::zeros((1, 4, 2, 2), DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(max_abs_diff(&norm.forward(&zero).unwrap(), &zero), 0.0);
+        // A unit vector along the channels comes out at length √4 = 2.
+        let x = Tensor::new(&[3f32, 0., 4., 0.], &Device::Cpu)
+            .unwrap()
+            .reshape((1, 4, 1, 1))
+            .unwrap();
+        let y = norm.forward(&x).unwrap().flatten_all().unwrap();
+        let y: Vec<f32> = y.to_vec1().unwrap();
+        assert!(
+            (y[0] - 1.2).abs() < 1e-6 && (y[2] - 1.6).abs() < 1e-6,
+            "{y:?}"
+        );
+    }
+}

@@ -1,0 +1,206 @@
+//! Parity of the Wan VAE decoder with diffusers' `AutoencoderKLWan`, and the checkpoint
+//! checks, on folders written by `engine/parity/wan_vae_reference.py` (diffusers' own
+//! `save_pretrained`, plus latents and the video WanPipeline's decode path made of them):
+//! the committed tiny fixture always, and a folder named by `LAYERWISE_WAN_VAE_REFERENCE`
+//! (e.g. the full-size Wan 2.1 shapes) when set.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+
+use super::decoder::WanVaeDecoder;
+use super::layers::max_abs_diff;
+use super::WanVaeConfig;
+use crate::checkpoint::check::check_tensors;
+use crate::checkpoint::{Component, Mapped};
+use crate::execution::weights;
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan-vae-tiny")
+}
+
+/// The decoder as the engine loads it: headers, mapping, the decoder's tensors as f32.
+fn load(dir: &Path) -> (WanVaeConfig, WanVaeDecoder) {
+    let cfg = WanVaeConfig::load(&dir.join("config.json")).unwrap();
+    let component = Component::open(dir).unwrap();
+    check_tensors(&component, &cfg.tensor_specs(), |_| None).unwrap();
+    let mapped = Mapped::map(component).unwrap();
+    let names = cfg.decoder_specs().into_iter().map(|s| s.name);
+    let w = weights::load(&mapped, names, &Device::Cpu).unwrap();
+    let vae = WanVaeDecoder::load_from(&cfg, &w, dir).unwrap();
+    (cfg, vae)
+}
+
+fn reference(dir: &Path) -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu).unwrap()
+}
+
+/// Decodes every `latents_T` of the folder and returns (T, max |ours - diffusers|, max |ref|).
+fn compare(dir: &Path) -> Vec<(usize, f32, f32)> {
+    let (_, vae) = load(dir);
+    let refs = reference(dir);
+    let mut lengths: Vec<usize> = refs
+        .keys()
+        .filter_map(|k| k.strip_prefix("latents_")?.parse().ok())
+        .collect();
+    lengths.sort_unstable();
+    assert!(!lengths.is_empty(), "no latents_T in {}", dir.display());
+    lengths
+        .into_iter()
+        .map(|t| {
+            let latents = &refs[&format!("latents_{t}")];
+            // diffusers' [1, C, T, H, W] as the decoder's [T, C, H, W].
+            let theirs = refs[&format!("video_{t}")]
+                .squeeze(0)
+                .unwrap()
+                .permute((1, 0, 2, 3))
+                .unwrap();
+            let ours = vae.decode(latents).unwrap();
+            assert_eq!(ours.dims(), theirs.dims(), "T={t}");
+            assert_eq!(ours.dim(0).unwrap(), vae.output_frames(t));
+            let scale = max_abs_diff(&theirs, &theirs.zeros_like().unwrap());
+            (t, max_abs_diff(&ours, &theirs), scale)
+        })
+        .collect()
+}
+
+#[test]
+fn fixture_is_the_tiny_preset_and_holds_exactly_its_tensors() {
+    let cfg = WanVaeConfig::load(&fixture().join("config.json")).unwrap();
+    assert_eq!(
+        cfg,
+        WanVaeConfig::tiny(),
+        "wan_vae_reference.py's tiny preset drifted from WanVaeConfig::tiny()"
+    );
+    // The exact check: every name and shape of tensor_specs, nothing else.
+    let component = Component::open(&fixture()).unwrap();
+    check_tensors(&component, &cfg.tensor_specs(), |_| None).unwrap();
+    // What diffusers writes is what to_json writes.
+    let text = std::fs::read_to_string(fixture().join("config.json")).unwrap();
+    let theirs: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(cfg.to_json(), theirs);
+}
+
+#[test]
+fn decoder_matches_diffusers_on_the_tiny_fixture() {
+    let results = compare(&fixture());
+    assert_eq!(results.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 3]);
+    for (t, diff, scale) in results {
+        println!(
+            "wan-vae-tiny T={t}: max |ours - diffusers| = {diff:.3e} (max |video| = {scale:.3})"
+        );
+        assert!(scale > 0.1, "a flat reference proves nothing (T={t})");
+        assert!(diff < 1e-4, "T={t}: max abs diff {diff}");
+    }
+}
+
+#[test]
+fn decoder_matches_diffusers_on_a_given_reference() {
+    let Ok(dir) = std::env::var("LAYERWISE_WAN_VAE_REFERENCE") else {
+        println!(
+            "skipped: set LAYERWISE_WAN_VAE_REFERENCE to a folder written by \
+             engine/parity/wan_vae_reference.py"
+        );
+        return;
+    };
+    for (t, diff, scale) in compare(Path::new(&dir)) {
+        println!("{dir} T={t}: max |ours - diffusers| = {diff:.3e} (max |video| = {scale:.3})");
+        // The product's tolerance on [-1, 1] frames: 2/255.
+        assert!(diff < 2.0 / 255.0, "T={t}: max abs diff {diff}");
+    }
+}
+
+/// The fixture's weights with `edit` applied, written as a component folder in a tempdir.
+fn edited_checkpoint(edit: impl FnOnce(&mut HashMap<String, Tensor>)) -> tempfile::TempDir {
+    let mut tensors = candle_core::safetensors::load(
+        fixture().join("diffusion_pytorch_model.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
+    edit(&mut tensors);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixture().join("config.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
+    candle_core::safetensors::save(
+        &tensors,
+        dir.path().join("diffusion_pytorch_model.safetensors"),
+    )
+    .unwrap();
+    dir
+}
+
+fn check_error(dir: &Path) -> String {
+    let cfg = WanVaeConfig::load(&dir.join("config.json")).unwrap();
+    let component = Component::open(dir).unwrap();
+    check_tensors(&component, &cfg.tensor_specs(), |_| None)
+        .expect_err("the spec check must refuse this checkpoint")
+        .to_string()
+}
+
+#[test]
+fn a_checkpoint_missing_a_decoder_tensor_is_refused_by_name() {
+    let name = "decoder.up_blocks.0.upsamplers.0.time_conv.weight";
+    let dir = edited_checkpoint(|t| {
+        t.remove(name).unwrap();
+    });
+    let err = check_error(dir.path());
+    assert!(err.contains(name) && err.contains("missing"), "{err}");
+}
+
+#[test]
+fn a_misshapen_decoder_tensor_is_refused_by_name() {
+    let name = "decoder.mid_block.attentions.0.norm.gamma";
+    let dir = edited_checkpoint(|t| {
+        // Right element count, wrong rank: the video norm's shape, not the image norm's.
+        t.insert(
+            name.into(),
+            Tensor::ones((3, 1, 1, 1), candle_core::DType::F32, &Device::Cpu).unwrap(),
+        );
+    });
+    let err = check_error(dir.path());
+    assert!(err.contains(name) && err.contains("[3, 1, 1]"), "{err}");
+}
+
+#[test]
+fn an_extra_tensor_is_refused_by_name() {
+    let dir = edited_checkpoint(|t| {
+        let extra = t["decoder.conv_out.bias"].clone();
+        t.insert("decoder.conv_out2.bias".into(), extra);
+    });
+    let err = check_error(dir.path());
+    assert!(err.contains("decoder.conv_out2.bias"), "{err}");
+}
+
+/// The end of the committed WanPipeline reference (`wan_reference.py fixture`): its final
+/// latents, decoded by the pipeline's own VAE and post-processed to [F, H, W, 3] in [0, 1].
+#[test]
+fn decodes_the_wan21_pipeline_fixtures_final_latents_to_its_frames() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let (_, vae) = load(&fixtures.join("wan21-tiny/vae"));
+    let refs = candle_core::safetensors::load(
+        fixtures.join("wan21-tiny-reference.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let video = vae.decode(&refs["latents"]).unwrap();
+    // VideoProcessor.postprocess_video: (x / 2 + 0.5).clamp(0, 1), channels last.
+    let frames = video
+        .affine(0.5, 0.5)
+        .unwrap()
+        .clamp(0f32, 1f32)
+        .unwrap()
+        .permute((0, 2, 3, 1))
+        .unwrap();
+    let theirs = &refs["frames"];
+    assert_eq!(frames.dims(), theirs.dims());
+    let diff = max_abs_diff(&frames, theirs);
+    println!(
+        "wan21-tiny frames: max |ours - diffusers| = {diff:.3e} ({:.4}/255)",
+        diff * 255.0
+    );
+    assert!(diff < 1e-4, "max abs diff {diff}");
+}
