@@ -111,6 +111,11 @@ impl Model {
                 .filter(|r| r.busy_time > Duration::ZERO)
                 .map(|r| r.stall.as_secs_f64() / r.busy_time.as_secs_f64())
                 .fold(0.0, f64::max),
+            switch_stall_fraction: ranks
+                .iter()
+                .filter(|r| r.switch_time > Duration::ZERO)
+                .map(|r| r.switch_stall.as_secs_f64() / r.switch_time.as_secs_f64())
+                .fold(0.0, f64::max),
             bytes_copied: ranks.iter().map(|r| r.bytes_copied).sum(),
             bytes_gathered: ranks.iter().map(|r| r.bytes_gathered).sum(),
             peak_device_bytes: ranks.iter().map(|r| r.peak).max().unwrap_or(0),
@@ -144,6 +149,10 @@ pub struct RunStats {
     /// The worst rank's stall over the time of the passes it computed in (denoising
     /// steps, text encoding, and the switches between them).
     pub stall_fraction: f64,
+    /// The worst rank's stall over the time of its passes that switched groups (text
+    /// encoder to transformer, one expert to the other): what prefetching across the
+    /// switch leaves.
+    pub switch_stall_fraction: f64,
     pub bytes_copied: u64,
     pub bytes_gathered: u64,
     /// Largest accounted device bytes over ranks.

@@ -14,8 +14,7 @@ fn offload_sharded_keeps_anonymous_memory_far_below_the_checkpoint() {
     let d = tempfile::tempdir().unwrap();
     // Deep and narrow: 64 blocks of ~5.7 MB, so K slots are a small part of the model.
     let m = common::tiny_with(d.path(), 64, |o| {
-        o.dit.num_attention_heads = 4;
-        o.dit.attention_head_dim = 64;
+        o.set_heads(Some(4), Some(64));
     });
     let model = Model::open(&m).unwrap();
     let opts = EngineOptions {

@@ -40,9 +40,8 @@ fn profile_of_a_sparse_120_gb_checkpoint_reads_only_headers() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("huge");
     let mut o = SynthOptions::preset("xl").unwrap();
-    o.dit.num_attention_heads = 32;
-    o.dit.attention_head_dim = 128;
-    o.dit.num_layers = 96;
+    o.set_heads(Some(32), Some(128));
+    o.set_layers(96);
     o.sparse = true;
     o.max_shard_bytes = Some(10 << 30);
     synth(&out, &o).unwrap();

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::SlotsChoice;
-use layerwise_engine::execution::pipeline::Stage;
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::Strategy;
 
@@ -23,17 +22,6 @@ fn opts(strategy: Strategy, dp: usize, slots: usize) -> EngineOptions {
         timeout: Duration::from_secs(60),
         ..EngineOptions::default()
     }
-}
-
-/// A seeded random delay on copies and gathers, so the streams interleave differently.
-fn jitter(seed: u64) -> layerwise_engine::execution::pipeline::Hook {
-    let state = Arc::new(AtomicU64::new(seed));
-    Arc::new(move |stage: Stage| {
-        let x = state.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
-        let x = (x ^ (x >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        let max_us = if stage == Stage::Copy { 1500 } else { 800 };
-        std::thread::sleep(Duration::from_micros((x >> 33) % max_us));
-    })
 }
 
 #[test]
@@ -59,7 +47,7 @@ fn every_strategy_dp_and_k_gives_identical_latents() {
                 for slow in [false, true] {
                     let mut o = opts(strategy, dp, k);
                     if slow {
-                        o.hook = Some(jitter(dp as u64 * 10 + k as u64));
+                        o.hook = Some(common::jitter(dp as u64 * 10 + k as u64));
                     }
                     let (out, stats) = model.run(requests.clone(), &o).unwrap();
                     let got: Vec<Vec<u32>> = out.iter().map(|o| common::bits(&o.latents)).collect();

@@ -42,6 +42,7 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
             bytes_per_token: 4 * 10 * 3072,
             bytes_per_token_pair: 4 * 2 * 24,
             vae_bytes_per_pixel: 4 * 5 * 128,
+            attention_bytes: 0,
             frames_per_latent: 1,
             decoder_frames: 1,
         },

@@ -22,8 +22,13 @@ pub struct ActivationCost {
     pub pixels_per_token: u64,
     /// Bytes live per token per sample at the peak of a block.
     pub bytes_per_token: u64,
-    /// Bytes per (token, token) pair per sample: the attention scores of all heads.
+    /// Bytes per (token, token) pair per sample: the attention scores of all heads, for
+    /// families whose attention materialises them.
     pub bytes_per_token_pair: u64,
+    /// Bytes of attention scores at any time, for families whose attention runs in query
+    /// chunks within this budget (a fixed cost, whatever the length).
+    #[serde(default)]
+    pub attention_bytes: u64,
     /// Bytes per output pixel at the peak of the VAE decoder (one image or one chunk of
     /// frames at a time).
     pub vae_bytes_per_pixel: u64,
@@ -66,7 +71,8 @@ impl ActivationCost {
         let samples = batch as u128 * if guidance { 2 } else { 1 };
         let transformer = samples
             * (self.bytes_per_token as u128 * tokens
-                + self.bytes_per_token_pair as u128 * tokens * tokens);
+                + self.bytes_per_token_pair as u128 * tokens * tokens)
+            + self.attention_bytes as u128;
         let vae = self.vae_bytes_per_pixel as u128 * pixels * self.decoder_frames.max(1) as u128;
         let peak = transformer.max(vae);
         (peak <= (u64::MAX / 4) as u128).then_some(peak as u64)

@@ -323,13 +323,14 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
 
 fn print_stats(s: &RunStats) {
     println!(
-        "{} dp={} K={}: {:.2}s wall, {:.3}s/step, stall {:.1}%, copied {}, gathered {}, peak device {}, peak anon RSS {} (checkpoint {})",
+        "{} dp={} K={}: {:.2}s wall, {:.3}s/step, stall {:.1}% ({:.1}% across group switches), copied {}, gathered {}, peak device {}, peak anon RSS {} (checkpoint {})",
         s.strategy,
         s.dp,
         s.slots,
         s.wall_seconds,
         s.step_seconds,
         100.0 * s.stall_fraction,
+        100.0 * s.switch_stall_fraction,
         gib(s.bytes_copied),
         gib(s.bytes_gathered),
         gib(s.peak_device_bytes),
@@ -382,7 +383,7 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
     let ref_step = best[reference].0.step_seconds;
     let ref_latents = &best[reference].1;
     println!(
-        "model {} ({}), dp={}, --slots {}, {} image(s) of {} steps, best of {} rounds",
+        "model {} ({}), dp={}, --slots {}, {} output(s) of {} steps, best of {} rounds",
         a.engine.model.display(),
         gib(best[0].0.checkpoint_bytes),
         a.engine.dp,
@@ -392,8 +393,16 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
         a.rounds
     );
     println!(
-        "{:<16} {:>3} {:>10} {:>12} {:>8} {:>14} {:>14} {:>10}",
-        "strategy", "K", "s/step", "vs resident", "stall", "peak device", "anon RSS", "identical"
+        "{:<16} {:>3} {:>10} {:>12} {:>8} {:>13} {:>14} {:>14} {:>10}",
+        "strategy",
+        "K",
+        "s/step",
+        "vs resident",
+        "stall",
+        "switch stall",
+        "peak device",
+        "anon RSS",
+        "identical"
     );
     let mut all_same = true;
     for (s, lat) in &best {
@@ -410,12 +419,13 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
             });
         all_same &= same;
         println!(
-            "{:<16} {:>3} {:>10.3} {:>11.3}x {:>7.1}% {:>14} {:>14} {:>10}",
+            "{:<16} {:>3} {:>10.3} {:>11.3}x {:>7.1}% {:>12.1}% {:>14} {:>14} {:>10}",
             s.strategy,
             s.slots,
             s.step_seconds,
             s.step_seconds / ref_step,
             100.0 * s.stall_fraction,
+            100.0 * s.switch_stall_fraction,
             gib(s.peak_device_bytes),
             gib(s.peak_anon_rss_bytes),
             if same { "yes" } else { "NO" }

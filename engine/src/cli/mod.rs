@@ -19,7 +19,7 @@ use crate::execution::cuda::DeviceChoice;
 use crate::options::EngineArgs;
 use crate::server::{serve, ServeArgs};
 use crate::tools::loadgen::LoadgenArgs;
-use crate::tools::synth::{synth, SynthOptions};
+use crate::tools::synth::{synth, SynthModel, SynthOptions};
 
 #[derive(Parser)]
 #[command(
@@ -66,7 +66,9 @@ enum Cmd {
 
 #[derive(Args)]
 pub(crate) struct SynthArgs {
-    /// `tiny` (runs end to end in about a second) or `xl` (DiT-XL/2 shapes, ~3 GB).
+    /// `tiny` (a DiT that runs end to end in about a second), `xl` (DiT-XL/2 shapes,
+    /// ~3 GB), `wan-tiny` (a two-expert Wan that runs in seconds), or the published Wan
+    /// shapes `wan2.1-1.3b`, `wan2.1-14b`, `wan2.2-a14b` (bf16; use `--sparse`).
     #[arg(long, env = "LAYERWISE_PRESET", default_value = "tiny")]
     preset: String,
     /// Output folder.
@@ -81,15 +83,18 @@ pub(crate) struct SynthArgs {
     /// Override the width of one attention head (hidden size = heads × head dim).
     #[arg(long, env = "LAYERWISE_HEAD_DIM")]
     head_dim: Option<usize>,
+    /// Override the width of the transformer's feed-forward layer (Wan presets).
+    #[arg(long, env = "LAYERWISE_FFN_DIM")]
+    ffn_dim: Option<usize>,
     /// Override the latent sample size the model is trained at.
     #[arg(long, env = "LAYERWISE_SAMPLE_SIZE")]
     sample_size: Option<usize>,
     /// Weight seed.
     #[arg(long, env = "LAYERWISE_SEED", default_value_t = 0)]
     seed: u64,
-    /// Transformer weight dtype: f32, f16 or bf16.
-    #[arg(long, env = "LAYERWISE_DTYPE", default_value = "f32")]
-    dtype: String,
+    /// Weight dtype of the streamed components: f32, f16 or bf16 (default: the preset's).
+    #[arg(long, env = "LAYERWISE_DTYPE")]
+    dtype: Option<String>,
     /// Split the transformer into safetensors shards of at most this many MiB.
     #[arg(long, env = "LAYERWISE_MAX_SHARD_MIB")]
     max_shard_mib: Option<u64>,
@@ -254,26 +259,34 @@ fn run(cmd: Cmd) -> Result<i32> {
 fn synth_cmd(a: SynthArgs) -> Result<()> {
     let mut o = SynthOptions::preset(&a.preset)?;
     if let Some(v) = a.layers {
-        o.dit.num_layers = v;
+        o.set_layers(v);
     }
-    if let Some(v) = a.heads {
-        o.dit.num_attention_heads = v;
-    }
-    if let Some(v) = a.head_dim {
-        o.dit.attention_head_dim = v;
+    o.set_heads(a.heads, a.head_dim);
+    if let Some(v) = a.ffn_dim {
+        match &mut o.model {
+            SynthModel::Wan(w) => w.transformer.ffn_dim = v,
+            SynthModel::Dit { .. } => {
+                bail!("--ffn-dim applies to Wan presets (DiT's is 4 × hidden)")
+            }
+        }
     }
     if let Some(v) = a.sample_size {
-        o.dit.sample_size = v;
+        match &mut o.model {
+            SynthModel::Dit { dit, .. } => dit.sample_size = v,
+            SynthModel::Wan(_) => bail!("--sample-size applies to DiT presets"),
+        }
     }
     o.seed = a.seed;
     o.sparse = a.sparse;
     o.max_shard_bytes = a.max_shard_mib.map(|m| m << 20);
-    o.dtype = match a.dtype.to_ascii_lowercase().as_str() {
-        "f32" => Dtype::F32,
-        "f16" => Dtype::F16,
-        "bf16" => Dtype::BF16,
-        other => bail!("--dtype `{other}`: expected f32, f16 or bf16"),
-    };
+    if let Some(d) = &a.dtype {
+        o.dtype = match d.to_ascii_lowercase().as_str() {
+            "f32" => Dtype::F32,
+            "f16" => Dtype::F16,
+            "bf16" => Dtype::BF16,
+            other => bail!("--dtype `{other}`: expected f32, f16 or bf16"),
+        };
+    }
     let r = synth(&a.out, &o)?;
     println!(
         "wrote {} ({} bytes in {} files) in {:.2}s",

@@ -75,6 +75,10 @@ pub struct RankResult {
     pub steps: usize,
     /// Time of the passes where this rank computed (steps and other passes alike).
     pub busy_time: Duration,
+    /// Stall and time of the busy passes that switched groups (the pass after a pass
+    /// over another group: text encoder to transformer, one expert to the other).
+    pub switch_stall: Duration,
+    pub switch_time: Duration,
     pub bytes_copied: u64,
     pub bytes_gathered: u64,
     pub peak: u64,
@@ -281,6 +285,10 @@ impl Run<'_> {
         source.ready(rank);
         let mut active: Option<Active> = None;
         let (mut step_time, mut steps, mut busy_time) = (Duration::ZERO, 0usize, Duration::ZERO);
+        let (mut switch_stall, mut switch_time) = (Duration::ZERO, Duration::ZERO);
+        // The group of the last pass that ran (busy or not): a different group next is a
+        // switch, whose first blocks only a prefetch keeps from stalling.
+        let mut last_group: Option<usize> = None;
         // Compute waiting for weights, counted only in passes where this rank computes: an
         // idle rank also waits on its gathers, but nothing of its own is held up.
         let mut stall = Duration::ZERO;
@@ -365,8 +373,15 @@ impl Run<'_> {
                 }
                 Ok(())
             })?;
+            let switched = last_group.is_some_and(|g| g != d.group);
+            last_group = Some(d.group);
             if busy {
-                stall += pipe.stats().stall - stall_before;
+                let stalled = pipe.stats().stall - stall_before;
+                stall += stalled;
+                if switched {
+                    switch_stall += stalled;
+                    switch_time += t0.elapsed();
+                }
                 let mut a = active.take().expect("busy has a task");
                 let ended = match failure {
                     Some(e) => Err(e),
@@ -403,6 +418,8 @@ impl Run<'_> {
             step_time,
             steps,
             busy_time,
+            switch_stall,
+            switch_time,
             bytes_copied: s.bytes_copied,
             bytes_gathered: s.bytes_gathered,
             peak: budget.peak(),

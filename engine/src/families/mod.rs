@@ -57,6 +57,7 @@ impl BlockGroup {
 #[derive(Debug, Clone)]
 pub enum Family {
     Dit(dit::DitCheckpoint),
+    Wan(Box<wan::WanCheckpoint>),
 }
 
 /// A pipeline folder opened and checked from its headers and configs alone, whatever
@@ -68,7 +69,7 @@ pub struct Checkpoint {
 }
 
 /// Pipelines this build runs, by the `_class_name` diffusers writes in `model_index.json`.
-pub const PIPELINES: [&str; 1] = ["DiTPipeline"];
+pub const PIPELINES: [&str; 2] = ["DiTPipeline", "WanPipeline"];
 
 impl Checkpoint {
     pub fn open(root: &std::path::Path) -> crate::Result<Checkpoint> {
@@ -76,6 +77,7 @@ impl Checkpoint {
         let family = match folder.class_name.as_deref() {
             // Folders written before the class name was checked carry none: DiT's layout.
             Some("DiTPipeline") | None => Family::Dit(dit::DitCheckpoint::open(root)?),
+            Some("WanPipeline") => Family::Wan(Box::new(wan::WanCheckpoint::open(root)?)),
             Some(other) => {
                 return Err(crate::Error::config(
                     root.join("model_index.json"),
@@ -97,6 +99,7 @@ impl Checkpoint {
     pub fn name(&self) -> &'static str {
         match &self.family {
             Family::Dit(_) => "dit",
+            Family::Wan(_) => "wan",
         }
     }
 
@@ -104,6 +107,7 @@ impl Checkpoint {
     pub fn components(&self) -> Vec<(&'static str, &crate::checkpoint::Component)> {
         match &self.family {
             Family::Dit(c) => vec![("transformer", &c.transformer), ("vae", &c.vae)],
+            Family::Wan(c) => c.components(),
         }
     }
 
@@ -111,6 +115,7 @@ impl Checkpoint {
     pub fn groups(&self) -> Vec<(&'static str, BlockGroup)> {
         match &self.family {
             Family::Dit(c) => vec![("transformer", c.config.block_group())],
+            Family::Wan(c) => c.groups(),
         }
     }
 
@@ -119,6 +124,7 @@ impl Checkpoint {
     pub fn resident_device_bytes(&self) -> u64 {
         match &self.family {
             Family::Dit(c) => c.resident_device_bytes(),
+            Family::Wan(c) => c.resident_device_bytes(),
         }
     }
 
@@ -126,6 +132,7 @@ impl Checkpoint {
     pub fn native_size(&self) -> (usize, usize) {
         match &self.family {
             Family::Dit(c) => c.native_size(),
+            Family::Wan(c) => c.native_size(),
         }
     }
 
@@ -133,6 +140,7 @@ impl Checkpoint {
     pub fn activation_cost(&self) -> crate::checkpoint::ActivationCost {
         match &self.family {
             Family::Dit(c) => c.activation_cost(),
+            Family::Wan(c) => c.activation_cost(),
         }
     }
 
@@ -149,6 +157,7 @@ impl Checkpoint {
     pub fn runtime(&self) -> crate::Result<Box<dyn crate::execution::family::FamilyRuntime>> {
         Ok(match &self.family {
             Family::Dit(c) => Box::new(dit::runtime::DitRuntime::new(c.clone())?),
+            Family::Wan(c) => Box::new(wan::runtime::WanRuntime::new((**c).clone())?),
         })
     }
 }

@@ -1,6 +1,8 @@
-//! Synthetic checkpoints: a complete DiT + VAE pipeline folder in the diffusers layout
-//! with seeded random weights (or, with `sparse`, real headers over sparse files that
-//! read as zeros). Tests and benchmarks make their models with this, never download.
+//! Synthetic checkpoints: a complete pipeline folder in the diffusers layout (DiT: a
+//! transformer, a VAE, a scheduler; Wan: a tokenizer, a UMT5 text encoder, one or two
+//! expert transformers, the Wan VAE, a flow scheduler) with seeded random weights (or,
+//! with `sparse`, real headers over sparse files that read as zeros). Tests and
+//! benchmarks make their models with this, never download.
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -13,45 +15,168 @@ use safetensors::Dtype;
 use crate::checkpoint::header::{dtype_size, encode_header};
 use crate::families::autoencoder_kl::VaeConfig;
 use crate::families::dit::DitConfig;
+use crate::families::umt5::{synth_tokenizer_json, Umt5Config};
+use crate::families::wan::transformer::WanTransformerConfig;
+use crate::families::wan::vae::WanVaeConfig;
 use crate::families::TensorSpec;
 use crate::samplers::ddim::DdimConfig;
+use crate::samplers::flow::{FlowScheduler, UniPcConfig};
 use crate::{Error, Result};
+
+/// A Wan pipeline to write.
+#[derive(Debug, Clone)]
+pub struct WanSynth {
+    pub text_encoder: Umt5Config,
+    pub transformer: WanTransformerConfig,
+    /// Wan 2.2: a second expert of the same shape, taking the steps below this boundary.
+    pub boundary_ratio: Option<f64>,
+    pub vae: WanVaeConfig,
+    /// The UniPC scheduler's flow shift (3.0 for 480p, 5.0 for 720p).
+    pub flow_shift: f64,
+}
+
+/// Which family's pipeline to write.
+#[derive(Debug, Clone)]
+pub enum SynthModel {
+    Dit { dit: DitConfig, vae: VaeConfig },
+    Wan(Box<WanSynth>),
+}
 
 /// What to write.
 #[derive(Debug, Clone)]
 pub struct SynthOptions {
-    pub dit: DitConfig,
-    pub vae: VaeConfig,
+    pub model: SynthModel,
     pub seed: u64,
-    /// Weight dtype of the transformer (the VAE is always f32, as diffusers ships it).
+    /// Weight dtype of the streamed components (the VAE is always f32, as diffusers ships
+    /// it; Wan's bf16 transformers keep what diffusers keeps in f32).
     pub dtype: Dtype,
-    /// Split the transformer into files of at most this many bytes (with an index).
+    /// Split each streamed component into files of at most this many bytes (with an index).
     pub max_shard_bytes: Option<u64>,
     /// Write headers over sparse files instead of weights.
     pub sparse: bool,
 }
 
+/// The presets `synth --preset` takes.
+pub const PRESETS: [&str; 6] = [
+    "tiny",
+    "xl",
+    "wan-tiny",
+    "wan2.1-1.3b",
+    "wan2.1-14b",
+    "wan2.2-a14b",
+];
+
 impl SynthOptions {
-    /// A named preset: `tiny` (runs end to end in about a second) or `xl` (DiT-XL/2).
+    /// A named preset: `tiny` (a DiT that runs end to end in about a second), `xl`
+    /// (DiT-XL/2), `wan-tiny` (a two-expert Wan that runs in seconds), or the published
+    /// Wan shapes `wan2.1-1.3b`, `wan2.1-14b`, `wan2.2-a14b` (bf16; with `sparse` for the
+    /// large ones).
     pub fn preset(name: &str) -> Result<Self> {
-        let (dit, vae) = match name {
-            "tiny" => (DitConfig::tiny(), VaeConfig::tiny()),
-            "xl" => (DitConfig::xl(), VaeConfig::sd()),
+        let wan = |text_encoder, transformer, boundary_ratio, vae, flow_shift| {
+            SynthModel::Wan(Box::new(WanSynth {
+                text_encoder,
+                transformer,
+                boundary_ratio,
+                vae,
+                flow_shift,
+            }))
+        };
+        let (model, dtype) = match name {
+            "tiny" => (
+                SynthModel::Dit {
+                    dit: DitConfig::tiny(),
+                    vae: VaeConfig::tiny(),
+                },
+                Dtype::F32,
+            ),
+            "xl" => (
+                SynthModel::Dit {
+                    dit: DitConfig::xl(),
+                    vae: VaeConfig::sd(),
+                },
+                Dtype::F32,
+            ),
+            "wan-tiny" => (
+                wan(
+                    Umt5Config::tiny(),
+                    WanTransformerConfig::tiny(),
+                    Some(0.875),
+                    WanVaeConfig::tiny(),
+                    3.0,
+                ),
+                Dtype::F32,
+            ),
+            "wan2.1-1.3b" => (
+                wan(
+                    Umt5Config::umt5_xxl(),
+                    WanTransformerConfig::wan21_1_3b(),
+                    None,
+                    WanVaeConfig::wan21(),
+                    3.0,
+                ),
+                Dtype::BF16,
+            ),
+            "wan2.1-14b" => (
+                wan(
+                    Umt5Config::umt5_xxl(),
+                    WanTransformerConfig::wan21_14b(),
+                    None,
+                    WanVaeConfig::wan21(),
+                    5.0,
+                ),
+                Dtype::BF16,
+            ),
+            "wan2.2-a14b" => (
+                wan(
+                    Umt5Config::umt5_xxl(),
+                    WanTransformerConfig::wan22_a14b(),
+                    Some(0.875),
+                    WanVaeConfig::wan21(),
+                    12.0,
+                ),
+                Dtype::BF16,
+            ),
             other => {
                 return Err(Error::invalid(
                     "preset",
-                    format!("`{other}`: expected tiny or xl"),
+                    format!("`{other}`: expected one of {}", PRESETS.join(", ")),
                 ))
             }
         };
         Ok(SynthOptions {
-            dit,
-            vae,
+            model,
             seed: 0,
-            dtype: Dtype::F32,
+            dtype,
             max_shard_bytes: None,
             sparse: false,
         })
+    }
+
+    /// Sets the depth of the (first) transformer, and of its twin expert.
+    pub fn set_layers(&mut self, n: usize) {
+        match &mut self.model {
+            SynthModel::Dit { dit, .. } => dit.num_layers = n,
+            SynthModel::Wan(w) => w.transformer.num_layers = n,
+        }
+    }
+
+    /// Sets the transformer's attention heads and, if given, their width.
+    pub fn set_heads(&mut self, heads: Option<usize>, head_dim: Option<usize>) {
+        let (h, d) = match &mut self.model {
+            SynthModel::Dit { dit, .. } => {
+                (&mut dit.num_attention_heads, &mut dit.attention_head_dim)
+            }
+            SynthModel::Wan(w) => (
+                &mut w.transformer.num_attention_heads,
+                &mut w.transformer.attention_head_dim,
+            ),
+        };
+        if let Some(v) = heads {
+            *h = v;
+        }
+        if let Some(v) = head_dim {
+            *d = v;
+        }
     }
 }
 
@@ -167,17 +292,18 @@ fn write_file(
 /// Writes a component's weights, split into shards when they exceed `max_shard`.
 fn write_component(
     dir: &Path,
+    stem: &str,
     specs: &[TensorSpec],
-    dtype: Dtype,
+    dtype: &dyn Fn(&str) -> Dtype,
     max_shard: Option<u64>,
     seed: u64,
     sparse: bool,
 ) -> Result<(u64, usize)> {
-    let esz = dtype_size(dtype).expect("float dtype") as u64;
     let mut shards: Vec<Vec<(String, Dtype, Vec<usize>)>> = vec![Vec::new()];
     let mut size = 0u64;
     for s in specs {
-        let len = s.numel() as u64 * esz;
+        let dtype = dtype(&s.name);
+        let len = s.numel() as u64 * dtype_size(dtype).expect("float dtype") as u64;
         if let Some(max) = max_shard {
             if size > 0 && size + len > max {
                 shards.push(Vec::new());
@@ -190,7 +316,6 @@ fn write_component(
             .expect("one shard")
             .push((s.name.clone(), dtype, s.shape.clone()));
     }
-    let stem = "diffusion_pytorch_model";
     if shards.len() == 1 {
         let bytes = write_file(
             &dir.join(format!("{stem}.safetensors")),
@@ -227,11 +352,9 @@ fn mkdir(p: &Path) -> Result<PathBuf> {
     Ok(p.to_path_buf())
 }
 
-/// Writes a complete DiT pipeline folder at `out`.
+/// Writes a complete pipeline folder at `out`.
 pub fn synth(out: &Path, opts: &SynthOptions) -> Result<SynthReport> {
     let start = Instant::now();
-    opts.dit.validate(Path::new("synth options"))?;
-    opts.vae.validate(Path::new("synth options"))?;
     if dtype_size(opts.dtype).is_none()
         || !crate::checkpoint::check::WEIGHT_DTYPES.contains(&opts.dtype)
     {
@@ -241,6 +364,25 @@ pub fn synth(out: &Path, opts: &SynthOptions) -> Result<SynthReport> {
         ));
     }
     mkdir(out)?;
+    let (bytes, files) = match &opts.model {
+        SynthModel::Dit { dit, vae } => synth_dit(out, opts, dit, vae)?,
+        SynthModel::Wan(w) => synth_wan(out, opts, w)?,
+    };
+    Ok(SynthReport {
+        bytes,
+        files,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+fn synth_dit(
+    out: &Path,
+    opts: &SynthOptions,
+    dit: &DitConfig,
+    vae: &VaeConfig,
+) -> Result<(u64, usize)> {
+    dit.validate(Path::new("synth options"))?;
+    vae.validate(Path::new("synth options"))?;
     write_json(
         &out.join("model_index.json"),
         &serde_json::json!({
@@ -252,21 +394,23 @@ pub fn synth(out: &Path, opts: &SynthOptions) -> Result<SynthReport> {
         }),
     )?;
     let tdir = mkdir(&out.join("transformer"))?;
-    write_json(&tdir.join("config.json"), &opts.dit.to_json())?;
+    write_json(&tdir.join("config.json"), &dit.to_json())?;
     let (tb, tf) = write_component(
         &tdir,
-        &opts.dit.all_specs(),
-        opts.dtype,
+        DIFFUSERS_STEM,
+        &dit.all_specs(),
+        &|_| opts.dtype,
         opts.max_shard_bytes,
         opts.seed,
         opts.sparse,
     )?;
     let vdir = mkdir(&out.join("vae"))?;
-    write_json(&vdir.join("config.json"), &opts.vae.to_config_json())?;
+    write_json(&vdir.join("config.json"), &vae.to_config_json())?;
     let (vb, vf) = write_component(
         &vdir,
-        &opts.vae.tensor_specs(),
-        Dtype::F32,
+        DIFFUSERS_STEM,
+        &vae.tensor_specs(),
+        &|_| Dtype::F32,
         None,
         opts.seed.wrapping_add(1),
         opts.sparse,
@@ -276,9 +420,98 @@ pub fn synth(out: &Path, opts: &SynthOptions) -> Result<SynthReport> {
         &sdir.join("scheduler_config.json"),
         &DdimConfig::dit().to_json(),
     )?;
-    Ok(SynthReport {
-        bytes: tb + vb,
-        files: tf + vf,
-        seconds: start.elapsed().as_secs_f64(),
-    })
+    Ok((tb + vb, tf + vf))
+}
+
+/// Weight files of diffusers' models and of transformers' (the text encoder).
+const DIFFUSERS_STEM: &str = "diffusion_pytorch_model";
+const TRANSFORMERS_STEM: &str = "model";
+
+/// Whether diffusers keeps a Wan transformer tensor in f32 beside bf16 weights (its
+/// `_keep_in_fp32_modules`: the time embedder, the modulation tables and `norm2`).
+fn wan_keeps_f32(name: &str) -> bool {
+    name.starts_with("condition_embedder.time_embedder.")
+        || name.ends_with("scale_shift_table")
+        || name.contains(".norm2.")
+}
+
+fn synth_wan(out: &Path, opts: &SynthOptions, w: &WanSynth) -> Result<(u64, usize)> {
+    let here = Path::new("synth options");
+    w.text_encoder.validate(here)?;
+    w.transformer.validate(here)?;
+    w.vae.validate(here)?;
+    let two = w.boundary_ratio.is_some();
+    write_json(
+        &out.join("model_index.json"),
+        &serde_json::json!({
+            "_class_name": "WanPipeline",
+            "_diffusers_version": "0.42.1",
+            "boundary_ratio": w.boundary_ratio,
+            "expand_timesteps": false,
+            "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+            "text_encoder": ["transformers", "UMT5EncoderModel"],
+            "tokenizer": ["transformers", "T5TokenizerFast"],
+            "transformer": ["diffusers", "WanTransformer3DModel"],
+            "transformer_2": if two { serde_json::json!(["diffusers", "WanTransformer3DModel"]) } else { serde_json::json!([null, null]) },
+            "vae": ["diffusers", "AutoencoderKLWan"],
+        }),
+    )?;
+    let tok = mkdir(&out.join("tokenizer"))?;
+    std::fs::write(tok.join("tokenizer.json"), synth_tokenizer_json(opts.seed))
+        .map_err(|e| Error::io(tok.join("tokenizer.json"), e))?;
+    let te = mkdir(&out.join("text_encoder"))?;
+    write_json(&te.join("config.json"), &w.text_encoder.to_json())?;
+    let (mut bytes, mut files) = write_component(
+        &te,
+        TRANSFORMERS_STEM,
+        &w.text_encoder.all_specs(),
+        &|_| opts.dtype,
+        opts.max_shard_bytes,
+        opts.seed.wrapping_add(2),
+        opts.sparse,
+    )?;
+    let experts: &[&str] = if two {
+        &["transformer", "transformer_2"]
+    } else {
+        &["transformer"]
+    };
+    let dtype = |name: &str| {
+        if opts.dtype != Dtype::F32 && wan_keeps_f32(name) {
+            Dtype::F32
+        } else {
+            opts.dtype
+        }
+    };
+    for (i, name) in experts.iter().enumerate() {
+        let dir = mkdir(&out.join(name))?;
+        write_json(&dir.join("config.json"), &w.transformer.to_json())?;
+        let (b, f) = write_component(
+            &dir,
+            DIFFUSERS_STEM,
+            &w.transformer.all_specs(),
+            &dtype,
+            opts.max_shard_bytes,
+            opts.seed.wrapping_add(3 + i as u64),
+            opts.sparse,
+        )?;
+        bytes += b;
+        files += f;
+    }
+    let vdir = mkdir(&out.join("vae"))?;
+    write_json(&vdir.join("config.json"), &w.vae.to_json())?;
+    let (b, f) = write_component(
+        &vdir,
+        DIFFUSERS_STEM,
+        &w.vae.tensor_specs(),
+        &|_| Dtype::F32,
+        None,
+        opts.seed.wrapping_add(1),
+        opts.sparse,
+    )?;
+    let sdir = mkdir(&out.join("scheduler"))?;
+    write_json(
+        &sdir.join("scheduler_config.json"),
+        &FlowScheduler::UniPc(UniPcConfig::wan(w.flow_shift)).to_json(),
+    )?;
+    Ok((bytes + b, files + f))
 }

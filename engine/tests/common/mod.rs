@@ -15,7 +15,7 @@ pub fn tiny(dir: &Path, layers: usize) -> PathBuf {
 pub fn tiny_with(dir: &Path, layers: usize, edit: impl FnOnce(&mut SynthOptions)) -> PathBuf {
     let out = dir.join(format!("tiny-{layers}"));
     let mut o = SynthOptions::preset("tiny").unwrap();
-    o.dit.num_layers = layers;
+    o.set_layers(layers);
     o.seed = 7;
     edit(&mut o);
     synth(&out, &o).unwrap();
@@ -40,4 +40,19 @@ pub fn bits(t: &candle_core::Tensor) -> Vec<u32> {
         .iter()
         .map(|f| f.to_bits())
         .collect()
+}
+
+/// A seeded random delay on copies and gathers, so the streams interleave differently.
+pub fn jitter(seed: u64) -> layerwise_engine::execution::pipeline::Hook {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    use layerwise_engine::execution::pipeline::Stage;
+    let state = std::sync::Arc::new(AtomicU64::new(seed));
+    std::sync::Arc::new(move |stage: Stage| {
+        let x = state.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        let x = (x ^ (x >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        let max_us = if stage == Stage::Copy { 1500 } else { 800 };
+        std::thread::sleep(Duration::from_micros((x >> 33) % max_us));
+    })
 }

@@ -77,6 +77,7 @@ impl DitCheckpoint {
             // At full resolution the decoder holds about four maps of the first block's
             // width plus the upsampled map of the second's.
             vae_bytes_per_pixel: 4 * (4 * ch[0] as u64 + *ch.get(1).unwrap_or(&ch[0]) as u64),
+            attention_bytes: 0,
             frames_per_latent: 1,
             decoder_frames: 1,
         }

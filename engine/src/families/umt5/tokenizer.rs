@@ -153,15 +153,28 @@ impl PromptTokenizer {
     /// the pieces (cut after M − 1, as transformers truncates), `</s>`, padding.
     #[allow(clippy::type_complexity)]
     pub fn encode(&self, prompts: &[&str]) -> Result<(Vec<Vec<u32>>, Vec<Vec<u32>>)> {
+        self.encode_to(prompts, self.max_len)
+    }
+
+    /// [`Self::encode`] to another length (a request's own `max_sequence_length`).
+    #[allow(clippy::type_complexity)]
+    pub fn encode_to(
+        &self,
+        prompts: &[&str],
+        max_len: usize,
+    ) -> Result<(Vec<Vec<u32>>, Vec<Vec<u32>>)> {
+        if max_len == 0 {
+            return Err(Error::invalid("max_sequence_length", "must be at least 1"));
+        }
         let mut ids = Vec::with_capacity(prompts.len());
         let mut masks = Vec::with_capacity(prompts.len());
         for p in prompts {
             let mut row = self.pieces(p)?;
-            row.truncate(self.max_len - 1);
+            row.truncate(max_len - 1);
             row.push(self.eos);
             let mut mask = vec![1; row.len()];
-            row.resize(self.max_len, self.pad);
-            mask.resize(self.max_len, 0);
+            row.resize(max_len, self.pad);
+            mask.resize(max_len, 0);
             ids.push(row);
             masks.push(mask);
         }

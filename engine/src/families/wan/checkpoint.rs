@@ -11,7 +11,7 @@ use super::transformer::WanTransformerConfig;
 use super::vae::WanVaeConfig;
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::{ActivationCost, Component, ModelFolder};
-use crate::families::umt5::Umt5Config;
+use crate::families::umt5::{Umt5Config, FINAL_NORM};
 use crate::families::BlockGroup;
 use crate::{Error, Result};
 
@@ -32,6 +32,15 @@ pub struct WanCheckpoint {
     pub vae: Component,
 }
 
+/// The first field two configs disagree on (`None`: the same architecture).
+fn differing_field(a: &Value, b: &Value) -> Option<String> {
+    let (a, b) = (a.as_object()?, b.as_object()?);
+    a.keys()
+        .chain(b.keys())
+        .find(|k| a.get(*k) != b.get(*k))
+        .cloned()
+}
+
 /// Whether `model_index.json` lists a component (diffusers writes `[null, null]` for an
 /// optional one that is absent).
 fn listed(index: &Value, name: &str) -> bool {
@@ -48,7 +57,13 @@ impl WanCheckpoint {
         let folder = ModelFolder::new(root)?;
         let index_path = root.join("model_index.json");
         let index: Value = crate::checkpoint::read_json(&index_path)?;
-        for part in ["tokenizer", "text_encoder", "transformer", "vae", "scheduler"] {
+        for part in [
+            "tokenizer",
+            "text_encoder",
+            "transformer",
+            "vae",
+            "scheduler",
+        ] {
             if !listed(&index, part) {
                 return Err(Error::config(
                     &index_path,
@@ -81,7 +96,11 @@ impl WanCheckpoint {
         if two != boundary_ratio.is_some() {
             return Err(Error::config(
                 &index_path,
-                if two { "boundary_ratio" } else { "transformer_2" },
+                if two {
+                    "boundary_ratio"
+                } else {
+                    "transformer_2"
+                },
                 "two experts need both `transformer_2` and `boundary_ratio`",
             ));
         }
@@ -100,13 +119,13 @@ impl WanCheckpoint {
         let text_encoder = Component::open(&dir("text_encoder"))?;
         let transformer = Component::open(&dir("transformer"))?;
         let vae = Component::open(&dir("vae"))?;
-        check_tensors(&text_encoder, &text_encoder_config.all_specs(), |_| None)?;
+        text_encoder_config.check(&text_encoder)?;
         check_tensors(&transformer, &transformer_config.all_specs(), |_| None)?;
         check_tensors(&vae, &vae_config.tensor_specs(), |_| None)?;
         let transformer_2 = if two {
             let path = dir("transformer_2").join("config.json");
             let second = WanTransformerConfig::load(&path)?;
-            if let Some(field) = transformer_config.differs(&second) {
+            if let Some(field) = differing_field(&transformer_config.to_json(), &second.to_json()) {
                 return Err(Error::config(
                     &path,
                     field,
@@ -130,14 +149,23 @@ impl WanCheckpoint {
                 ),
             ));
         }
-        if vae_config.z_dim != tr.in_channels || vae_config.z_dim != tr.out_channels {
+        if vae_config.z_dim != tr.in_channels || vae_config.z_dim != tr.out() {
             return Err(Error::config(
                 dir("transformer").join("config.json"),
                 "in_channels",
                 format!(
                     "in {} / out {} channels but the VAE's latents have {}",
-                    tr.in_channels, tr.out_channels, vae_config.z_dim
+                    tr.in_channels,
+                    tr.out(),
+                    vae_config.z_dim
                 ),
+            ));
+        }
+        if vae_config.out_channels != 3 {
+            return Err(Error::config(
+                dir("vae").join("config.json"),
+                "out_channels",
+                format!("{}: frames are RGB (3 channels)", vae_config.out_channels),
             ));
         }
         Ok(WanCheckpoint {
@@ -194,12 +222,8 @@ impl WanCheckpoint {
                         .into_iter()
                         .map(|s| (comp, s.name)),
                 ),
-                "text_encoder" => v.extend(
-                    self.text_encoder_config
-                        .device_resident_specs()
-                        .into_iter()
-                        .map(|s| (comp, s.name)),
-                ),
+                // The embedding table stays on the host: prompts read their rows.
+                "text_encoder" => v.push((comp, FINAL_NORM.to_string())),
                 _ => {}
             }
         }
@@ -236,6 +260,7 @@ impl WanCheckpoint {
             // scores stay within a fixed budget, so no term grows with tokens².
             bytes_per_token: 4 * (8 * d + 2 * ffn),
             bytes_per_token_pair: 0,
+            attention_bytes: crate::families::attention::ATTENTION_CHUNK_BYTES,
             // The decoder's first up block at full resolution: about three maps of its
             // width for each of the frames a chunk yields and the two it caches.
             vae_bytes_per_pixel: 4 * 3 * base * self.vae_config.dim_mult[0] as u64,

@@ -17,8 +17,7 @@ use crate::checkpoint::Mapped;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task};
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
-use crate::families::umt5::model::{Umt5Encoder, Umt5State};
-use crate::families::umt5::tokenizer::PromptTokenizer;
+use crate::families::umt5::{embedding_table, PromptTokenizer, Umt5Encoder, Umt5State};
 use crate::layout::GroupLayout;
 use crate::samplers::flow::{FlowScheduler, Sampler};
 use crate::{Error, Result};
@@ -31,13 +30,18 @@ pub struct WanRuntime {
     vae: Mapped,
     scheduler: FlowScheduler,
     tokenizer: Arc<PromptTokenizer>,
+    /// The text encoder's embedding table, read row by row from the mapping.
+    table: &'static str,
 }
 
 impl WanRuntime {
     pub fn new(checkpoint: WanCheckpoint) -> Result<WanRuntime> {
-        let scheduler =
-            FlowScheduler::load(&checkpoint.folder.scheduler_config())?;
-        let tokenizer = Arc::new(PromptTokenizer::load(&checkpoint.tokenizer)?);
+        let scheduler = FlowScheduler::load(&checkpoint.folder.scheduler_config())?;
+        let tokenizer = Arc::new(PromptTokenizer::load(
+            &checkpoint.tokenizer,
+            super::MAX_SEQUENCE_LENGTH,
+        )?);
+        let table = embedding_table(&checkpoint.text_encoder)?;
         let mut streamed = vec![
             Mapped::map(checkpoint.text_encoder.clone())?,
             Mapped::map(checkpoint.transformer.clone())?,
@@ -47,6 +51,7 @@ impl WanRuntime {
         }
         Ok(WanRuntime {
             vae: Mapped::map(checkpoint.vae.clone())?,
+            table,
             streamed,
             scheduler,
             tokenizer,
@@ -66,16 +71,6 @@ impl WanRuntime {
     fn vae_decoder(&self, device: &Device) -> Result<WanVaeDecoder> {
         let w = weights::load(&self.vae, self.vae_decoder_names().into_iter(), device)?;
         WanVaeDecoder::load(&self.checkpoint.vae_config, &w)
-    }
-
-    /// The expert (group) a step at timestep `t` runs on.
-    fn expert(&self, t: f32) -> usize {
-        match self.checkpoint.boundary_ratio {
-            Some(r) if (t as f64) < r * self.scheduler.num_train_timesteps() as f64 => {
-                TRANSFORMER_2
-            }
-            _ => TRANSFORMER,
-        }
     }
 }
 
@@ -166,7 +161,7 @@ impl FamilyRuntime for WanRuntime {
             return Err(Error::invalid("max_sequence_length", "must be at least 1"));
         }
         for (field, text) in [("prompt", prompt), ("negative_prompt", negative)] {
-            let n = self.tokenizer.count(text)?;
+            let n = self.tokenizer.token_count(text)?;
             if n > r.max_sequence_length {
                 return Err(Error::invalid(
                     field,
@@ -211,12 +206,22 @@ impl FamilyRuntime for WanRuntime {
                 .map(|(_, n)| n.clone())
                 .collect::<Vec<_>>()
         };
-        let te = weights::load(&self.streamed[TEXT_ENCODER], of("text_encoder").into_iter(), device)?;
+        let te = weights::load(
+            &self.streamed[TEXT_ENCODER],
+            of("text_encoder").into_iter(),
+            device,
+        )?;
         let mut experts = Vec::new();
-        for (g, comp) in [(TRANSFORMER, "transformer"), (TRANSFORMER_2, "transformer_2")] {
+        for (g, comp) in [
+            (TRANSFORMER, "transformer"),
+            (TRANSFORMER_2, "transformer_2"),
+        ] {
             if let Some(m) = self.streamed.get(g) {
                 let w = weights::load(m, of(comp).into_iter(), device)?;
-                experts.push(WanTransformer::new(ck.transformer_config.clone(), Box::new(w)));
+                experts.push(WanTransformer::new(
+                    ck.transformer_config.clone(),
+                    Box::new(w),
+                ));
             }
         }
         Ok(Box::new(WanRank(Arc::new(RankShared {
@@ -225,7 +230,8 @@ impl FamilyRuntime for WanRuntime {
             vae: decode.then(|| self.vae_decoder(device)).transpose()?,
             runtime: RankConsts {
                 tokenizer: self.tokenizer.clone(),
-                table: self.streamed[TEXT_ENCODER].clone(),
+                mapping: self.streamed[TEXT_ENCODER].clone(),
+                table: self.table,
                 scheduler: self.scheduler.clone(),
                 boundary: ck.boundary_ratio,
                 train_timesteps: self.scheduler.num_train_timesteps(),
@@ -253,8 +259,10 @@ impl Decoder for VideoDecoder {
 /// What every task on a rank reads.
 struct RankConsts {
     tokenizer: Arc<PromptTokenizer>,
-    /// The text encoder's mapping, for its embedding rows.
-    table: Mapped,
+    /// The text encoder's mapping and its embedding table's name, for the rows a
+    /// prompt needs.
+    mapping: Mapped,
+    table: &'static str,
     scheduler: FlowScheduler,
     boundary: Option<f64>,
     train_timesteps: usize,
@@ -371,9 +379,12 @@ impl Task for WanTask {
         let r = self.rank.clone();
         if self.text.is_none() {
             let refs: Vec<&str> = self.prompts.iter().map(String::as_str).collect();
-            let (ids, mask) = r.runtime.tokenizer.encode(&refs, self.max_len)?;
-            let lens = mask.iter().map(|m| m.iter().filter(|&&x| x != 0).count()).collect();
-            let emb = Umt5Encoder::embed(&r.runtime.table, &ids, &r.device)?;
+            let (ids, mask) = r.runtime.tokenizer.encode_to(&refs, self.max_len)?;
+            let lens = mask
+                .iter()
+                .map(|m| m.iter().filter(|&&x| x != 0).count())
+                .collect();
+            let emb = Umt5Encoder::embed(&r.runtime.mapping, r.runtime.table, &ids, &r.device)?;
             self.encoder = Some((r.encoder.prologue(emb, &mask)?, lens));
             return Ok(());
         }
@@ -425,7 +436,11 @@ impl Task for WanTask {
         let g = self.expert_at(self.step).unwrap_or(TRANSFORMER);
         let out = self.rank.experts[g - TRANSFORMER].epilogue(st)?;
         let noise = if self.guided {
-            let scale = if g == TRANSFORMER { self.guidance } else { self.guidance_2 };
+            let scale = if g == TRANSFORMER {
+                self.guidance
+            } else {
+                self.guidance_2
+            };
             let (cond, uncond) = (out.narrow(0, 0, 1)?, out.narrow(0, 1, 1)?);
             (&uncond + ((cond - &uncond)? * scale as f64)?)?
         } else {

@@ -1,0 +1,265 @@
+//! The Wan family end to end: parity with diffusers' own WanPipeline on the committed tiny
+//! pipelines (saved by diffusers and transformers themselves, with their outputs), the
+//! strategy contracts with three streamed groups (text encoder, two experts), and the
+//! bad inputs a user meets first.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use candle_core::{DType, Device, Tensor};
+use layerwise_engine::engine::Model;
+use layerwise_engine::execution::cuda::SlotsChoice;
+use layerwise_engine::execution::rank::EngineOptions;
+use layerwise_engine::execution::work::{Condition, Request};
+use layerwise_engine::tools::synth::{synth, SynthOptions};
+use layerwise_engine::Strategy;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// The tensors of a safetensors file, as f32 on the CPU.
+fn read(path: &Path) -> std::collections::HashMap<String, Tensor> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            let dtype = match v.dtype() {
+                safetensors::Dtype::F32 => DType::F32,
+                safetensors::Dtype::I64 => DType::I64,
+                other => panic!("{name}: {other:?}"),
+            };
+            let t = Tensor::from_raw_buffer(v.data(), dtype, v.shape(), &Device::Cpu).unwrap();
+            (name, t.to_dtype(DType::F32).unwrap())
+        })
+        .collect()
+}
+
+fn max_abs(t: &Tensor) -> f32 {
+    t.abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar()
+        .unwrap()
+}
+
+fn rel_err(ours: &Tensor, theirs: &Tensor) -> f32 {
+    let ours = ours.reshape(theirs.dims()).unwrap();
+    max_abs(&(ours - theirs).unwrap()) / max_abs(theirs).max(1e-12)
+}
+
+fn opts(strategy: Strategy, dp: usize, slots: usize, decode: bool) -> EngineOptions {
+    EngineOptions {
+        strategy,
+        dp,
+        slots: SlotsChoice::Fixed(slots),
+        decode,
+        timeout: Duration::from_secs(120),
+        ..EngineOptions::default()
+    }
+}
+
+/// The request the reference ran, from its JSON description.
+fn reference_request(name: &str) -> (Request, std::collections::HashMap<String, Tensor>) {
+    let desc: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(fixtures().join(format!("{name}-reference.json"))).unwrap(),
+    )
+    .unwrap();
+    let refs = read(&fixtures().join(format!("{name}-reference.safetensors")));
+    let n = |k: &str| desc[k].as_u64().unwrap() as usize;
+    let r = Request {
+        seed: 0,
+        steps: n("steps"),
+        guidance: desc["guidance"].as_f64().unwrap() as f32,
+        guidance_2: desc["guidance_2"].as_f64().map(|g| g as f32),
+        frames: n("frames"),
+        max_sequence_length: n("max_sequence_length"),
+        init_latents: Some(refs["init_latents"].clone()),
+        ..Request::image(
+            Condition::Prompt {
+                prompt: desc["prompt"].as_str().unwrap().into(),
+                negative: desc["negative_prompt"].as_str().unwrap().into(),
+            },
+            n("width"),
+            n("height"),
+        )
+    };
+    (r, refs)
+}
+
+fn parity(name: &str) {
+    let (mut req, refs) = reference_request(name);
+    let model = Model::open(&fixtures().join(name)).unwrap();
+    if model.checkpoint.groups().len() < 3 {
+        req.guidance_2 = None;
+    }
+    let (out, _) = model
+        .run(vec![req], &opts(Strategy::OffloadSharded, 2, 2, true))
+        .unwrap();
+    let o = &out[0];
+    let text = o.text_embeddings.as_ref().unwrap();
+    let e_prompt = rel_err(&text.narrow(0, 0, 1).unwrap(), &refs["prompt_embeds"]);
+    let e_negative = rel_err(
+        &text.narrow(0, 1, 1).unwrap(),
+        &refs["negative_prompt_embeds"],
+    );
+    let e_latents = rel_err(&o.latents, &refs["latents"]);
+    // Our frames are [F, 3, H, W] in [-1, 1]; the reference's [F, H, W, 3] in [0, 1].
+    let frames = ((o.image.as_ref().unwrap().permute((0, 2, 3, 1)).unwrap() + 1.0).unwrap() / 2.0)
+        .unwrap()
+        .clamp(0f32, 1f32)
+        .unwrap();
+    let px = max_abs(&(frames - &refs["frames"]).unwrap()) * 255.0;
+    eprintln!(
+        "{name}: prompt embeds {e_prompt:.2e}, negative {e_negative:.2e}, latents {e_latents:.2e} (max rel), frames {px:.3}/255"
+    );
+    assert!(e_prompt < 1e-3 && e_negative < 1e-3, "text embeddings");
+    assert!(e_latents < 1e-3, "latents {e_latents}");
+    assert!(px <= 2.0, "frames {px}/255");
+}
+
+#[test]
+fn wan21_matches_diffusers() {
+    parity("wan21-tiny");
+}
+
+#[test]
+fn wan22_two_experts_match_diffusers() {
+    parity("wan-tiny");
+}
+
+fn wan_tiny(dir: &Path, layers: usize, text_layers: usize) -> PathBuf {
+    let out = dir.join(format!("wan-{layers}-{text_layers}"));
+    let mut o = SynthOptions::preset("wan-tiny").unwrap();
+    o.set_layers(layers);
+    if let layerwise_engine::tools::synth::SynthModel::Wan(w) = &mut o.model {
+        w.text_encoder.num_layers = text_layers;
+    }
+    o.seed = 11;
+    synth(&out, &o).unwrap();
+    out
+}
+
+fn prompt_request(seed: u64, steps: usize, frames: usize, guidance: f32) -> Request {
+    Request {
+        seed,
+        steps,
+        guidance,
+        guidance_2: Some(guidance / 2.0),
+        frames,
+        max_sequence_length: 16,
+        ..Request::image(
+            Condition::Prompt {
+                prompt: format!("a red fox {seed}"),
+                negative: "blurry".into(),
+            },
+            32,
+            32,
+        )
+    }
+}
+
+#[test]
+fn every_strategy_dp_and_k_gives_identical_latents_across_experts() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Model::open(&wan_tiny(dir.path(), 3, 2)).unwrap();
+    // Different steps, frames and guidance: ranks switch experts at different passes, and
+    // encode new prompts while their peers denoise.
+    let requests = vec![
+        prompt_request(1, 4, 5, 5.0),
+        prompt_request(2, 2, 1, 1.0),
+        prompt_request(3, 5, 9, 3.0),
+        prompt_request(4, 1, 5, 0.0),
+    ];
+    let (reference, _) = model
+        .run(requests.clone(), &opts(Strategy::Resident, 1, 2, false))
+        .unwrap();
+    let reference: Vec<Vec<u32>> = reference.iter().map(|o| common::bits(&o.latents)).collect();
+    for strategy in Strategy::ALL {
+        for dp in 1..=3 {
+            for k in 2..=3 {
+                for slow in [false, true] {
+                    let mut o = opts(strategy, dp, k, false);
+                    if slow {
+                        o.hook = Some(common::jitter(dp as u64 * 10 + k as u64));
+                    }
+                    let (out, stats) = model.run(requests.clone(), &o).unwrap();
+                    let got: Vec<Vec<u32>> = out.iter().map(|o| common::bits(&o.latents)).collect();
+                    assert_eq!(got, reference, "{strategy} dp={dp} K={k} slowed={slow}");
+                    assert!((0.0..=1.0).contains(&stats.stall_fraction));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn device_weights_stay_flat_in_the_depth_of_every_streamed_component() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut peaks = Vec::new();
+    // Deeper experts, then a deeper text encoder: the slots and the device peak stay put.
+    for (layers, text_layers) in [(2, 2), (8, 2), (2, 8)] {
+        let model = Model::open(&wan_tiny(dir.path(), layers, text_layers)).unwrap();
+        for (strategy, dp, k) in [(Strategy::OffloadSharded, 2, 2), (Strategy::Offload, 1, 3)] {
+            let (_, s) = model
+                .run(
+                    vec![prompt_request(5, 3, 5, 4.0)],
+                    &opts(strategy, dp, k, false),
+                )
+                .unwrap();
+            let outside = s.peak_device_bytes_by_kind["resident_outside_blocks"];
+            let slots = s.peak_device_bytes_by_kind["slots"];
+            assert!(slots <= k as u64 * s.largest_padded_block_bytes * 2);
+            assert!(s.peak_device_bytes <= slots + outside);
+            peaks.push((strategy, dp, k, s.peak_device_bytes));
+        }
+    }
+    assert_eq!(peaks[0..2], peaks[2..4], "deeper experts");
+    assert_eq!(peaks[0..2], peaks[4..6], "deeper text encoder");
+}
+
+fn expect_err(r: Result<impl Sized, layerwise_engine::Error>, parts: &[&str]) {
+    let e = match r {
+        Ok(_) => panic!("accepted; expected an error naming {parts:?}"),
+        Err(e) => e.to_string(),
+    };
+    for p in parts {
+        assert!(e.contains(p), "`{e}` does not name {p}");
+    }
+}
+
+#[test]
+fn bad_input_names_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = wan_tiny(dir.path(), 2, 2);
+    let model = Model::open(&root).unwrap();
+    let mut r = prompt_request(1, 2, 6, 4.0);
+    expect_err(model.validate(&r), &["frames", "4k + 1"]);
+    r.frames = 5;
+    r.condition = Condition::Prompt {
+        prompt: "fox ".repeat(40),
+        negative: String::new(),
+    };
+    expect_err(model.validate(&r), &["prompt", "over the limit of 16"]);
+    r.condition = Condition::Class(3);
+    expect_err(model.validate(&r), &["class_label", "prompt"]);
+
+    // A second expert whose shapes differ from the first's.
+    let cfg = root.join("transformer_2/config.json");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["ffn_dim"] = serde_json::json!(v["ffn_dim"].as_u64().unwrap() * 2);
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    expect_err(Model::open(&root), &["transformer_2", "ffn_dim"]);
+    std::fs::write(&cfg, text).unwrap();
+
+    // No tokenizer.
+    std::fs::rename(root.join("tokenizer"), root.join("tok")).unwrap();
+    expect_err(Model::open(&root), &["tokenizer"]);
+}
