@@ -7,45 +7,18 @@
 //! float32 log (MKL) and expm1 (SLEEF on AVX machines) round an ulp away from libm's).
 #![cfg(feature = "runtime")]
 
+mod common;
+
+use common::{max_abs, read_safetensors};
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use layerwise_engine::samplers::flow::{FlowMatchEulerConfig, FlowScheduler, UniPcConfig};
-use safetensors::{Dtype, SafeTensors};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/flow-samplers")
-}
-
-/// Every tensor of a safetensors file as f32 CPU tensors (the writer stores f32).
-fn read_safetensors(path: &Path) -> HashMap<String, Tensor> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let st = SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    st.tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            assert_eq!(view.dtype(), Dtype::F32, "{name} in {}", path.display());
-            let data: Vec<f32> = view
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            let tensor = Tensor::from_vec(data, view.shape(), &Device::Cpu).unwrap();
-            (name, tensor)
-        })
-        .collect()
-}
-
-fn max_abs(t: &Tensor) -> f32 {
-    t.abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
 }
 
 /// Replays one case; returns the worst (max |diff|, max |diff| / max |ref|) over its steps.

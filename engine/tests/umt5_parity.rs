@@ -5,6 +5,10 @@
 //! shards, with the ids, masks and hidden states transformers computes).
 #![cfg(feature = "runtime")]
 
+mod common;
+
+use common::max_abs;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -76,14 +80,6 @@ fn reference() -> Reference {
         }
     }
     r
-}
-
-fn max_abs(t: &Tensor) -> f32 {
-    t.abs()
-        .and_then(|t| t.flatten_all())
-        .and_then(|t| t.max(0))
-        .and_then(|t| t.to_scalar())
-        .expect("max")
 }
 
 /// (max |ours − theirs|, that over max |theirs|).

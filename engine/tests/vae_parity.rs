@@ -4,35 +4,18 @@
 //! folder named by `LAYERWISE_VAE_REFERENCE` (e.g. the full-size sd VAE) when set.
 #![cfg(feature = "runtime")]
 
-use std::collections::{BTreeMap, HashMap};
+mod common;
+
+use common::{max_abs, read_safetensors};
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
 use layerwise_engine::families::autoencoder_kl::decoder::VaeDecoder;
 use layerwise_engine::families::autoencoder_kl::VaeConfig;
-use safetensors::{Dtype, SafeTensors};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vae-tiny")
-}
-
-/// Every tensor of a safetensors file as f32 CPU tensors (the writer here stores f32).
-fn read_safetensors(path: &Path) -> HashMap<String, Tensor> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let st = SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    st.tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            assert_eq!(view.dtype(), Dtype::F32, "{name} in {}", path.display());
-            let data: Vec<f32> = view
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            let tensor = Tensor::from_vec(data, view.shape(), &Device::Cpu).unwrap();
-            (name, tensor)
-        })
-        .collect()
 }
 
 /// Decodes the folder's latents with the Rust decoder and returns (max |diff|, max |sample|).
@@ -44,17 +27,7 @@ fn compare(dir: &Path) -> (f32, f32) {
     let ours = vae.decode(&reference["latents"]).unwrap();
     let theirs = &reference["sample"];
     assert_eq!(ours.dims(), theirs.dims());
-    let max = |t: &Tensor| -> f32 {
-        t.abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar()
-            .unwrap()
-    };
-    (max(&(&ours - theirs).unwrap()), max(theirs))
+    (max_abs(&(&ours - theirs).unwrap()), max_abs(theirs))
 }
 
 #[test]

@@ -5,10 +5,12 @@
 
 mod common;
 
+use common::{max_abs, read_safetensors};
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::Tensor;
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::SlotsChoice;
 use layerwise_engine::execution::rank::EngineOptions;
@@ -18,35 +20,6 @@ use layerwise_engine::Strategy;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-/// The tensors of a safetensors file, as f32 on the CPU.
-fn read(path: &Path) -> std::collections::HashMap<String, Tensor> {
-    let bytes = std::fs::read(path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    st.tensors()
-        .into_iter()
-        .map(|(name, v)| {
-            let dtype = match v.dtype() {
-                safetensors::Dtype::F32 => DType::F32,
-                safetensors::Dtype::I64 => DType::I64,
-                other => panic!("{name}: {other:?}"),
-            };
-            let t = Tensor::from_raw_buffer(v.data(), dtype, v.shape(), &Device::Cpu).unwrap();
-            (name, t.to_dtype(DType::F32).unwrap())
-        })
-        .collect()
-}
-
-fn max_abs(t: &Tensor) -> f32 {
-    t.abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
 }
 
 fn rel_err(ours: &Tensor, theirs: &Tensor) -> f32 {
@@ -71,7 +44,7 @@ fn reference_request(name: &str) -> (Request, std::collections::HashMap<String, 
         &std::fs::read(fixtures().join(format!("{name}-reference.json"))).unwrap(),
     )
     .unwrap();
-    let refs = read(&fixtures().join(format!("{name}-reference.safetensors")));
+    let refs = read_safetensors(&fixtures().join(format!("{name}-reference.safetensors")));
     let n = |k: &str| desc[k].as_u64().unwrap() as usize;
     let r = Request {
         seed: 0,
@@ -262,4 +235,52 @@ fn bad_input_names_what_is_wrong() {
     // No tokenizer.
     std::fs::rename(root.join("tokenizer"), root.join("tok")).unwrap();
     expect_err(Model::open(&root), &["tokenizer"]);
+}
+
+#[test]
+fn published_shapes_load_and_profile_from_headers() {
+    use layerwise_engine::checkpoint::Profile;
+    let dir = tempfile::tempdir().unwrap();
+    // (preset, text encoder parameters, parameters per expert, experts): bf16 throughout
+    // but for what diffusers keeps in f32, so bytes ≈ 2 × parameters.
+    for (preset, te, expert, experts) in [
+        ("wan2.1-1.3b", 5.68e9, 1.42e9, 1),
+        ("wan2.1-14b", 5.68e9, 14.29e9, 1),
+        ("wan2.2-a14b", 5.68e9, 14.29e9, 2),
+    ] {
+        let out = dir.path().join(preset);
+        let mut o = SynthOptions::preset(preset).unwrap();
+        o.sparse = true;
+        o.max_shard_bytes = Some(5 << 30);
+        synth(&out, &o).unwrap();
+        let t = std::time::Instant::now();
+        let p = Profile::read(&out).unwrap();
+        eprintln!(
+            "{preset}: profiled {} GB in {:?}",
+            p.total_bytes / 1_000_000_000,
+            t.elapsed()
+        );
+        let near = |bytes: u64, params: f64| (bytes as f64 / (2.0 * params) - 1.0).abs() < 0.02;
+        let comp = |n: &str| p.components.iter().find(|c| c.name == n).unwrap();
+        assert!(
+            near(comp("text_encoder").bytes, te),
+            "{preset} text encoder"
+        );
+        assert!(
+            near(comp("transformer").bytes, expert),
+            "{preset} transformer"
+        );
+        assert_eq!(
+            p.components
+                .iter()
+                .filter(|c| c.name.starts_with("transformer"))
+                .count(),
+            experts
+        );
+        assert_eq!(comp("text_encoder").blocks, 24);
+        assert!(p.bytes_by_dtype.contains_key("BF16") && p.bytes_by_dtype.contains_key("F32"));
+        // The configs a published folder holds open as a model (mapped, nothing read).
+        let m = Model::open(&out).unwrap();
+        assert_eq!(m.layouts(2).unwrap().len(), 1 + experts);
+    }
 }

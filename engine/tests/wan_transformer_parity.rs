@@ -6,6 +6,10 @@
 //! (other sizes, other seeds) is compared too when set.
 #![cfg(feature = "runtime")]
 
+mod common;
+
+use common::{max_abs, read_safetensors};
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -15,21 +19,9 @@ use layerwise_engine::checkpoint::{Component, Mapped};
 use layerwise_engine::execution::weights;
 use layerwise_engine::families::wan::transformer::model::WanTransformer;
 use layerwise_engine::families::wan::transformer::WanTransformerConfig;
-use safetensors::{Dtype, SafeTensors};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan-transformer-tiny")
-}
-
-fn max_abs(t: &Tensor) -> f32 {
-    t.abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
 }
 
 /// Runs the folder's reference inputs through prologue, every block (each with its
@@ -69,27 +61,6 @@ fn compare(dir: &Path) -> (f32, f32) {
     let theirs = &reference["sample"];
     assert_eq!(ours.dims(), theirs.dims());
     (max_abs(&(&ours - theirs).unwrap()), max_abs(theirs))
-}
-
-/// Every tensor of the reference file (f32, as the script writes it).
-fn read_safetensors(path: &Path) -> HashMap<String, Tensor> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let st = SafeTensors::deserialize(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    st.tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            assert_eq!(view.dtype(), Dtype::F32, "{name} in {}", path.display());
-            let data: Vec<f32> = view
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            (
-                name,
-                Tensor::from_vec(data, view.shape(), &Device::Cpu).unwrap(),
-            )
-        })
-        .collect()
 }
 
 #[test]

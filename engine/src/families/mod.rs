@@ -56,7 +56,7 @@ impl BlockGroup {
 /// The family a pipeline folder holds, with its checked configs and component headers.
 #[derive(Debug, Clone)]
 pub enum Family {
-    Dit(dit::DitCheckpoint),
+    Dit(Box<dit::DitCheckpoint>),
     Wan(Box<wan::WanCheckpoint>),
 }
 
@@ -76,7 +76,7 @@ impl Checkpoint {
         let folder = crate::checkpoint::ModelFolder::new(root)?;
         let family = match folder.class_name.as_deref() {
             // Folders written before the class name was checked carry none: DiT's layout.
-            Some("DiTPipeline") | None => Family::Dit(dit::DitCheckpoint::open(root)?),
+            Some("DiTPipeline") | None => Family::Dit(Box::new(dit::DitCheckpoint::open(root)?)),
             Some("WanPipeline") => Family::Wan(Box::new(wan::WanCheckpoint::open(root)?)),
             Some(other) => {
                 return Err(crate::Error::config(
@@ -156,7 +156,7 @@ impl Checkpoint {
     #[cfg(feature = "runtime")]
     pub fn runtime(&self) -> crate::Result<Box<dyn crate::execution::family::FamilyRuntime>> {
         Ok(match &self.family {
-            Family::Dit(c) => Box::new(dit::runtime::DitRuntime::new(c.clone())?),
+            Family::Dit(c) => Box::new(dit::runtime::DitRuntime::new((**c).clone())?),
             Family::Wan(c) => Box::new(wan::runtime::WanRuntime::new((**c).clone())?),
         })
     }

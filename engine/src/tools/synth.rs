@@ -38,7 +38,10 @@ pub struct WanSynth {
 /// Which family's pipeline to write.
 #[derive(Debug, Clone)]
 pub enum SynthModel {
-    Dit { dit: DitConfig, vae: VaeConfig },
+    Dit {
+        dit: Box<DitConfig>,
+        vae: Box<VaeConfig>,
+    },
     Wan(Box<WanSynth>),
 }
 
@@ -84,15 +87,15 @@ impl SynthOptions {
         let (model, dtype) = match name {
             "tiny" => (
                 SynthModel::Dit {
-                    dit: DitConfig::tiny(),
-                    vae: VaeConfig::tiny(),
+                    dit: Box::new(DitConfig::tiny()),
+                    vae: Box::new(VaeConfig::tiny()),
                 },
                 Dtype::F32,
             ),
             "xl" => (
                 SynthModel::Dit {
-                    dit: DitConfig::xl(),
-                    vae: VaeConfig::sd(),
+                    dit: Box::new(DitConfig::xl()),
+                    vae: Box::new(VaeConfig::sd()),
                 },
                 Dtype::F32,
             ),

@@ -56,3 +56,35 @@ pub fn jitter(seed: u64) -> layerwise_engine::execution::pipeline::Hook {
         std::thread::sleep(Duration::from_micros((x >> 33) % max_us));
     })
 }
+
+/// Every tensor of a safetensors fixture (F32, or I64 ids) as an f32 CPU tensor.
+pub fn read_safetensors(path: &Path) -> std::collections::HashMap<String, candle_core::Tensor> {
+    use candle_core::{DType, Device, Tensor};
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    st.tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            let dtype = match v.dtype() {
+                safetensors::Dtype::F32 => DType::F32,
+                safetensors::Dtype::I64 => DType::I64,
+                other => panic!("{name} in {}: {other:?}", path.display()),
+            };
+            let t = Tensor::from_raw_buffer(v.data(), dtype, v.shape(), &Device::Cpu).unwrap();
+            (name, t.to_dtype(DType::F32).unwrap())
+        })
+        .collect()
+}
+
+/// The largest magnitude in a tensor.
+pub fn max_abs(t: &candle_core::Tensor) -> f32 {
+    t.abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar()
+        .unwrap()
+}
