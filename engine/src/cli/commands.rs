@@ -277,11 +277,12 @@ pub(super) fn inspect(dir: &Path, json: bool) -> Result<()> {
 
 pub(super) fn generate(a: GenerateArgs) -> Result<()> {
     let strategy: Strategy = a.strategy.parse()?;
+    // Before any compute: an output the run could not write (no extension: PNG).
     let ext = a
         .out
         .extension()
         .map(|e| e.to_string_lossy().to_ascii_lowercase());
-    if ext.as_deref() != Some("png") && VideoFormat::from_path(&a.out).is_none() {
+    if !matches!(ext.as_deref(), None | Some("png")) && VideoFormat::from_path(&a.out).is_none() {
         bail!(
             "--out {}: write .png (an image or a clip's first frame), .mp4, .gif or .webp",
             a.out.display()
