@@ -16,6 +16,7 @@ use clap::{Args, Parser, Subcommand};
 use safetensors::Dtype;
 
 use crate::execution::cuda::DeviceChoice;
+use crate::execution::work::DEFAULT_MAX_SEQUENCE_LENGTH;
 use crate::options::EngineArgs;
 use crate::server::{serve, ServeArgs};
 use crate::tools::loadgen::LoadgenArgs;
@@ -127,7 +128,7 @@ pub(crate) struct RequestArgs {
     #[arg(long, env = "LAYERWISE_GUIDANCE_2")]
     guidance_2: Option<f32>,
     /// Text-conditioned families: tokens prompts are padded to; a longer prompt is refused.
-    #[arg(long, env = "LAYERWISE_MAX_SEQUENCE_LENGTH", default_value_t = 512)]
+    #[arg(long, env = "LAYERWISE_MAX_SEQUENCE_LENGTH", default_value_t = DEFAULT_MAX_SEQUENCE_LENGTH)]
     max_sequence_length: usize,
     /// Noise seed of the first output (output i uses seed + i).
     #[arg(long, env = "LAYERWISE_SEED", default_value_t = 0)]

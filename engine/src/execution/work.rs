@@ -11,6 +11,10 @@ use candle_core::Tensor;
 use super::pipeline::PipelineStats;
 use crate::{Error, Result};
 
+/// Tokens text families pad and truncate prompts to unless a request says otherwise
+/// (diffusers' `max_sequence_length` default).
+pub const DEFAULT_MAX_SEQUENCE_LENGTH: usize = 512;
+
 /// What a request is conditioned on.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Condition {
@@ -52,7 +56,7 @@ impl Request {
             width,
             height,
             frames: 1,
-            max_sequence_length: 512,
+            max_sequence_length: DEFAULT_MAX_SEQUENCE_LENGTH,
             init_latents: None,
         }
     }

@@ -20,6 +20,3 @@ pub use checkpoint::WanCheckpoint;
 pub const TEXT_ENCODER: usize = 0;
 pub const TRANSFORMER: usize = 1;
 pub const TRANSFORMER_2: usize = 2;
-
-/// `max_sequence_length` WanPipeline pads and truncates prompts to unless told otherwise.
-pub const MAX_SEQUENCE_LENGTH: usize = 512;

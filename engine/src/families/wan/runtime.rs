@@ -39,7 +39,7 @@ impl WanRuntime {
         let scheduler = FlowScheduler::load(&checkpoint.folder.scheduler_config())?;
         let tokenizer = Arc::new(PromptTokenizer::load(
             &checkpoint.tokenizer,
-            super::MAX_SEQUENCE_LENGTH,
+            crate::execution::work::DEFAULT_MAX_SEQUENCE_LENGTH,
         )?);
         let table = embedding_table(&checkpoint.text_encoder)?;
         let mut streamed = vec![
