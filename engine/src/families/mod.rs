@@ -45,6 +45,18 @@ impl BlockGroup {
         format!("{}{i}.", self.prefix)
     }
 
+    /// Every block's tensors with their full names, block after block.
+    pub fn tensor_specs(&self) -> Vec<TensorSpec> {
+        (0..self.count)
+            .flat_map(|i| {
+                let pre = self.block_prefix(i);
+                self.block
+                    .iter()
+                    .map(move |s| TensorSpec::new(format!("{pre}{}", s.name), &s.shape))
+            })
+            .collect()
+    }
+
     /// The block index a tensor name of this group's component belongs to, if any.
     pub fn block_of(&self, name: &str) -> Option<usize> {
         let rest = name.strip_prefix(&self.prefix)?;

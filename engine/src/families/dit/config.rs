@@ -280,15 +280,7 @@ impl DitConfig {
     /// Every tensor of the transformer with its full name.
     pub fn all_specs(&self) -> Vec<TensorSpec> {
         let mut v = self.resident_specs();
-        let block = self.block_specs();
-        for i in 0..self.num_layers {
-            let pre = Self::block_prefix(i);
-            v.extend(
-                block
-                    .iter()
-                    .map(|s| TensorSpec::new(format!("{pre}{}", s.name), &s.shape)),
-            );
-        }
+        v.extend(self.block_group().tensor_specs());
         v
     }
 

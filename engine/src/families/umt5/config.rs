@@ -342,16 +342,7 @@ impl Umt5Config {
     /// Every tensor of the encoder with its full name (the embedding as `shared.weight`).
     pub fn all_specs(&self) -> Vec<TensorSpec> {
         let mut v = self.resident_specs();
-        let group = self.block_group();
-        for i in 0..self.num_layers {
-            let pre = group.block_prefix(i);
-            v.extend(
-                group
-                    .block
-                    .iter()
-                    .map(|s| TensorSpec::new(format!("{pre}{}", s.name), &s.shape)),
-            );
-        }
+        v.extend(self.block_group().tensor_specs());
         v
     }
 

@@ -344,16 +344,7 @@ impl WanTransformerConfig {
     /// Every tensor of the transformer with its full name.
     pub fn all_specs(&self) -> Vec<TensorSpec> {
         let mut v = self.resident_specs();
-        let group = self.block_group();
-        for i in 0..group.count {
-            let pre = group.block_prefix(i);
-            v.extend(
-                group
-                    .block
-                    .iter()
-                    .map(|s| TensorSpec::new(format!("{pre}{}", s.name), &s.shape)),
-            );
-        }
+        v.extend(self.block_group().tensor_specs());
         v
     }
 
