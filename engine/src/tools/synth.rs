@@ -15,7 +15,7 @@ use safetensors::Dtype;
 use crate::checkpoint::header::{dtype_size, encode_header};
 use crate::families::autoencoder_kl::VaeConfig;
 use crate::families::dit::DitConfig;
-use crate::families::umt5::{synth_tokenizer_json, Umt5Config};
+use crate::families::umt5::{synth_tokenizer_config, synth_tokenizer_json, Umt5Config};
 use crate::families::wan::transformer::WanTransformerConfig;
 use crate::families::wan::vae::WanVaeConfig;
 use crate::families::TensorSpec;
@@ -460,8 +460,12 @@ fn synth_wan(out: &Path, opts: &SynthOptions, w: &WanSynth) -> Result<(u64, usiz
         }),
     )?;
     let tok = mkdir(&out.join("tokenizer"))?;
-    std::fs::write(tok.join("tokenizer.json"), synth_tokenizer_json(opts.seed))
-        .map_err(|e| Error::io(tok.join("tokenizer.json"), e))?;
+    for (file, text) in [
+        ("tokenizer.json", synth_tokenizer_json(opts.seed)),
+        ("tokenizer_config.json", synth_tokenizer_config()),
+    ] {
+        std::fs::write(tok.join(file), text).map_err(|e| Error::io(tok.join(file), e))?;
+    }
     let te = mkdir(&out.join("text_encoder"))?;
     write_json(&te.join("config.json"), &w.text_encoder.to_json())?;
     let (mut bytes, mut files) = write_component(
