@@ -84,31 +84,20 @@ impl FlowMatchEulerConfig {
     /// Refuses values whose math is not implemented here, naming the field.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |f: &str, m: String| Err(Error::config(path, f, m));
-        let off = |f: &str, v: bool, why: &str| {
-            if v {
-                bad(f, format!("true is not supported ({why})"))
-            } else {
-                Ok(())
-            }
-        };
         if self.num_train_timesteps == 0 {
             return bad("num_train_timesteps", "must be positive".into());
         }
         super::check_shift(path, "shift", self.shift)?;
         super::check_terminal(path, self.shift_terminal)?;
-        off(
-            "use_dynamic_shifting",
-            self.use_dynamic_shifting,
-            "it needs a `mu` the pipeline never passes",
-        )?;
-        off("use_karras_sigmas", self.use_karras_sigmas, "Karras sigmas")?;
-        off(
-            "use_exponential_sigmas",
+        super::refuse_sigma_variants(
+            path,
+            self.use_karras_sigmas,
             self.use_exponential_sigmas,
-            "exponential sigmas",
+            self.use_beta_sigmas,
+            self.use_dynamic_shifting,
         )?;
-        off("use_beta_sigmas", self.use_beta_sigmas, "beta sigmas")?;
-        off(
+        super::refuse_true(
+            path,
             "stochastic_sampling",
             self.stochastic_sampling,
             "it draws fresh noise every step",

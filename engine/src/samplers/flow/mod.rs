@@ -171,6 +171,42 @@ fn check_terminal(path: &Path, shift_terminal: Option<f64>) -> Result<()> {
     }
 }
 
+/// Refuses a switch this implementation does not compute when it is on, naming it.
+fn refuse_true(path: &Path, field: &str, on: bool, why: &str) -> Result<()> {
+    if on {
+        return Err(Error::config(
+            path,
+            field,
+            format!("true is not supported ({why})"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses the sigma schedules and the dynamic shifting that both flow schedulers parse
+/// (diffusers writes them) but neither implements.
+fn refuse_sigma_variants(
+    path: &Path,
+    karras: bool,
+    exponential: bool,
+    beta: bool,
+    dynamic_shifting: bool,
+) -> Result<()> {
+    for (field, on, why) in [
+        ("use_karras_sigmas", karras, "Karras sigmas"),
+        ("use_exponential_sigmas", exponential, "exponential sigmas"),
+        ("use_beta_sigmas", beta, "beta sigmas"),
+        (
+            "use_dynamic_shifting",
+            dynamic_shifting,
+            "it needs a `mu` the pipeline never passes",
+        ),
+    ] {
+        refuse_true(path, field, on, why)?;
+    }
+    Ok(())
+}
+
 /// A shift (`flow_shift`, `shift`) must be a positive number.
 fn check_shift(path: &Path, field: &str, shift: f64) -> Result<()> {
     if shift.is_finite() && shift > 0.0 {

@@ -135,13 +135,6 @@ impl UniPcConfig {
     /// must be normalised first, as [`super::FlowScheduler::load`] does.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |f: &str, m: String| Err(Error::config(path, f, m));
-        let off = |f: &str, v: bool, why: &str| {
-            if v {
-                bad(f, format!("true is not supported ({why})"))
-            } else {
-                Ok(())
-            }
-        };
         if self.num_train_timesteps == 0 {
             return bad("num_train_timesteps", "must be positive".into());
         }
@@ -177,18 +170,18 @@ impl UniPcConfig {
                 "false is not supported with flow_prediction".into(),
             );
         }
-        off("thresholding", self.thresholding, "dynamic thresholding")?;
-        off("use_karras_sigmas", self.use_karras_sigmas, "Karras sigmas")?;
-        off(
-            "use_exponential_sigmas",
-            self.use_exponential_sigmas,
-            "exponential sigmas",
+        super::refuse_true(
+            path,
+            "thresholding",
+            self.thresholding,
+            "dynamic thresholding",
         )?;
-        off("use_beta_sigmas", self.use_beta_sigmas, "beta sigmas")?;
-        off(
-            "use_dynamic_shifting",
+        super::refuse_sigma_variants(
+            path,
+            self.use_karras_sigmas,
+            self.use_exponential_sigmas,
+            self.use_beta_sigmas,
             self.use_dynamic_shifting,
-            "it needs a `mu` the pipeline never passes",
         )?;
         if self.solver_p.as_ref().is_some_and(|p| !p.is_null()) {
             return bad("solver_p", "an external predictor is not supported".into());
