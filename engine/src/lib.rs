@@ -25,6 +25,8 @@ pub mod samplers;
 #[cfg(feature = "runtime")]
 pub mod server;
 pub mod strategy;
+#[cfg(all(test, feature = "runtime"))]
+mod testing;
 #[cfg(feature = "runtime")]
 pub mod tools;
 

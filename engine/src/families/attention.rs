@@ -140,18 +140,7 @@ mod tests {
                 .unwrap()
         }
 
-        fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-            (a - b)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .max(0)
-                .unwrap()
-                .to_scalar()
-                .unwrap()
-        }
+        use crate::testing::max_abs_diff;
 
         #[test]
         fn chunked_equals_unchunked() {

@@ -358,18 +358,7 @@ mod tests {
         Tensor::from_vec(data, (b, cfg.latent_channels, h, w), &Device::Cpu).unwrap()
     }
 
-    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar()
-            .unwrap()
-    }
+    use crate::testing::max_abs_diff;
 
     #[test]
     fn decodes_to_the_upscaled_shape_deterministically() {

@@ -302,9 +302,9 @@ mod tests {
 
     use candle_core::{Device, Tensor};
 
-    use super::super::layers::max_abs_diff;
     use super::*;
     use crate::execution::weights::seeded_noise;
+    use crate::testing::max_abs_diff;
 
     fn fixture() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan-vae-tiny")

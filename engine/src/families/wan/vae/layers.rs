@@ -357,23 +357,13 @@ pub fn to_f32(x: &Tensor) -> Result<Tensor> {
     Ok(x.to_dtype(DType::F32)?)
 }
 
-/// Max |a - b| over all elements, for tests.
-#[cfg(test)]
-pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .and_then(|d| d.abs())
-        .and_then(|d| d.flatten_all())
-        .and_then(|d| d.max(candle_core::D::Minus1))
-        .and_then(|d| d.to_scalar::<f32>())
-        .unwrap_or(f32::INFINITY)
-}
-
 #[cfg(test)]
 mod tests {
     use candle_core::{DType, Device};
 
     use super::*;
     use crate::execution::weights::seeded_noise;
+    use crate::testing::max_abs_diff;
 
     #[test]
     fn banded_convolution_equals_the_whole_one() {

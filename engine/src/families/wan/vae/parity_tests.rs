@@ -10,11 +10,11 @@ use std::path::{Path, PathBuf};
 use candle_core::{Device, Tensor};
 
 use super::decoder::WanVaeDecoder;
-use super::layers::max_abs_diff;
 use super::WanVaeConfig;
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::{Component, Mapped};
 use crate::execution::weights;
+use crate::testing::max_abs_diff;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan-vae-tiny")
