@@ -141,6 +141,7 @@ pub fn drive(
                 source,
                 opts,
                 slots,
+                outside,
             };
             run.spawn(ranks, &|why| group.poison(why))
         }
@@ -170,6 +171,7 @@ pub fn drive(
                 source,
                 opts,
                 slots: r.slots,
+                outside,
             };
             run.spawn(ranks, &|why| group.poison(why))
         }
@@ -185,6 +187,8 @@ struct Run<'a> {
     source: &'a dyn WorkSource,
     opts: &'a EngineOptions,
     slots: usize,
+    /// Device bytes each rank keeps outside the slots (what it charges for them).
+    outside: u64,
 }
 
 impl Run<'_> {
@@ -267,7 +271,7 @@ impl Run<'_> {
         let _resident_alloc = budget.charge(
             "resident_outside_blocks",
             "prologues, epilogues and the decoder",
-            self.family.resident_bytes(opts.decode),
+            self.outside,
         )?;
         let model = self.family.load_rank(&dev, opts.decode)?;
         let mut pipe = Pipeline::new(

@@ -17,6 +17,7 @@ use crate::checkpoint::Mapped;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task};
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
+use crate::families::umt5::model::zero_padding;
 use crate::families::umt5::{embedding_table, PromptTokenizer, Umt5Encoder, Umt5State};
 use crate::layout::GroupLayout;
 use crate::samplers::flow::{FlowScheduler, Sampler};
@@ -336,7 +337,8 @@ struct WanTask {
     /// Text embeddings [B, M, D] (prompt, then negative prompt under guidance), once encoded.
     text: Option<Tensor>,
     step: usize,
-    encoder: Option<(Umt5State, Vec<usize>)>,
+    /// The text encoder's pass: its activations and the prompts' attention masks.
+    encoder: Option<(Umt5State, Vec<Vec<u32>>)>,
     state: Option<WanState>,
 }
 
@@ -354,9 +356,13 @@ impl WanTask {
         })
     }
 
+    /// The group of the current step's expert.
+    fn expert_group(&self) -> usize {
+        self.expert_at(self.step).unwrap_or(TRANSFORMER)
+    }
+
     fn expert(&self) -> &WanTransformer {
-        let g = self.expert_at(self.step).unwrap_or(TRANSFORMER);
-        &self.rank.experts[g - TRANSFORMER]
+        &self.rank.experts[self.expert_group() - TRANSFORMER]
     }
 }
 
@@ -380,12 +386,8 @@ impl Task for WanTask {
         if self.text.is_none() {
             let refs: Vec<&str> = self.prompts.iter().map(String::as_str).collect();
             let (ids, mask) = r.runtime.tokenizer.encode_to(&refs, self.max_len)?;
-            let lens = mask
-                .iter()
-                .map(|m| m.iter().filter(|&&x| x != 0).count())
-                .collect();
             let emb = Umt5Encoder::embed(&r.runtime.mapping, r.runtime.table, &ids, &r.device)?;
-            self.encoder = Some((r.encoder.prologue(emb, &mask)?, lens));
+            self.encoder = Some((r.encoder.prologue(emb, &mask)?, mask));
             return Ok(());
         }
         let text = self.text.as_ref().expect("encoded");
@@ -404,37 +406,27 @@ impl Task for WanTask {
             return self.rank.encoder.block(index, w, st);
         }
         let rank = self.rank.clone();
-        let g = self.expert_at(self.step).unwrap_or(TRANSFORMER);
+        let expert = &rank.experts[self.expert_group() - TRANSFORMER];
         let st = self
             .state
             .as_mut()
             .ok_or_else(|| Error::invalid("step", "block before the prologue"))?;
-        rank.experts[g - TRANSFORMER].block(index, w, st)
+        expert.block(index, w, st)
     }
 
     fn end(&mut self) -> Result<Option<(usize, usize)>> {
-        if let Some((st, lens)) = self.encoder.take() {
-            let hidden = self.rank.encoder.epilogue(st)?;
+        if let Some((st, mask)) = self.encoder.take() {
             // WanPipeline keeps each prompt's own rows and zeroes the padding's.
-            let (_, m, d) = hidden.dims3()?;
-            let rows = lens
-                .iter()
-                .enumerate()
-                .map(|(i, &n)| {
-                    let own = hidden.narrow(0, i, 1)?.narrow(1, 0, n.min(m))?;
-                    let pad = Tensor::zeros((1, m - n.min(m), d), DType::F32, hidden.device())?;
-                    Ok(Tensor::cat(&[&own, &pad], 1)?)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            self.text = Some(Tensor::cat(&rows, 0)?);
+            let hidden = self.rank.encoder.epilogue(st)?;
+            self.text = Some(zero_padding(&hidden, &mask)?);
             return Ok(None);
         }
         let st = self
             .state
             .take()
             .ok_or_else(|| Error::invalid("step", "no activations after the pass"))?;
-        let g = self.expert_at(self.step).unwrap_or(TRANSFORMER);
-        let out = self.rank.experts[g - TRANSFORMER].epilogue(st)?;
+        let g = self.expert_group();
+        let out = self.expert().epilogue(st)?;
         let noise = if self.guided {
             let scale = if g == TRANSFORMER {
                 self.guidance
