@@ -58,6 +58,10 @@ pub enum Error {
     /// A job id that the server does not know (never existed or already evicted).
     #[error("no {what}")]
     NotFound { what: String },
+    /// A result the server kept for a while and has let go (its time or its byte budget
+    /// ran out).
+    #[error("{what}")]
+    Gone { what: String },
     /// A job whose result is not there (yet, or ever): still queued or running, or cancelled.
     #[error("{what}")]
     Conflict { what: String },
@@ -118,6 +122,7 @@ impl Error {
             Error::BadRequest { .. } => 400,
             Error::NotFound { .. } => 404,
             Error::Conflict { .. } => 409,
+            Error::Gone { .. } => 410,
             Error::PayloadTooLarge { .. } => 413,
             Error::Invalid { .. } => 422,
             Error::QueueFull { .. } => 429,
@@ -132,6 +137,7 @@ impl Error {
             Error::BadRequest { .. } => "bad_request",
             Error::NotFound { .. } => "not_found",
             Error::Conflict { .. } => "conflict",
+            Error::Gone { .. } => "expired",
             Error::PayloadTooLarge { .. } => "payload_too_large",
             Error::Invalid { .. } => "invalid_request",
             Error::QueueFull { .. } => "queue_full",

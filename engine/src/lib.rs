@@ -4,6 +4,7 @@
 //! Without the `runtime` feature this crate is the header-only checkpoint reader and the
 //! model families' metadata, which is all the node agent needs.
 
+pub mod bounds;
 pub mod checkpoint;
 #[cfg(feature = "runtime")]
 pub mod cli;

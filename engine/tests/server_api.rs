@@ -7,41 +7,35 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use axum::http::{Request as HttpRequest, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
 use base64::Engine as _;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
+use common::server::{assert_field, call, post, slow_copies, Setup};
+use layerwise_engine::bounds::RequestBounds;
 use layerwise_engine::engine::Model;
-use layerwise_engine::execution::cuda::SlotsChoice;
-use layerwise_engine::execution::pipeline::{Hook, Stage};
+use layerwise_engine::execution::pipeline::Hook;
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::execution::work::{Condition, Request};
 use layerwise_engine::media::image::encode_png;
 use layerwise_engine::server::api::{app, AppState, Bounds};
-use layerwise_engine::server::scheduler::Scheduler;
-use layerwise_engine::server::{self, ApiError};
+use layerwise_engine::server::scheduler::{Retention, Scheduler};
+use layerwise_engine::server::ApiError;
 use layerwise_engine::Strategy;
 
 fn bounds() -> Bounds {
     Bounds {
-        max_size: 128,
-        max_steps: 2000,
-        max_n: 3,
+        request: RequestBounds {
+            max_width: 128,
+            max_height: 128,
+            max_frames: 1,
+            max_steps: 2000,
+            max_n: 3,
+        },
+        max_prompt_tokens: 512,
         body_limit: 4096,
     }
-}
-
-/// Slows every copy a little so long jobs stay running long enough to be cancelled.
-fn slow_copies() -> Hook {
-    Arc::new(|s: Stage| {
-        if s == Stage::Copy {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    })
 }
 
 async fn start(
@@ -50,53 +44,15 @@ async fn start(
     max_queue: usize,
     hook: Option<Hook>,
 ) -> (Router, Scheduler) {
-    let opts = EngineOptions {
-        strategy: Strategy::OffloadSharded,
+    let setup = Setup {
         dp,
-        slots: SlotsChoice::Fixed(2),
-        decode: false,
-        timeout: Duration::from_secs(60),
+        max_queue,
         hook,
-        ..EngineOptions::default()
-    };
-    let e = server::start(model.clone(), opts, max_queue, 64).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while e.scheduler.shared.ready().is_err() {
-        assert!(Instant::now() < deadline, "engine never became ready");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let state = AppState {
-        scheduler: e.scheduler.clone(),
-        model,
         bounds: bounds(),
+        retention: Retention::default(),
+        name: "tiny",
     };
-    (app(state), e.scheduler)
-}
-
-async fn call(
-    app: &Router,
-    method: &str,
-    uri: &str,
-    body: Option<Vec<u8>>,
-) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
-    let req = HttpRequest::builder()
-        .method(method)
-        .uri(uri)
-        .header("content-type", "application/json")
-        .body(body.map(Body::from).unwrap_or_else(Body::empty))
-        .unwrap();
-    let r = app.clone().oneshot(req).await.unwrap();
-    let (parts, body) = r.into_parts();
-    (
-        parts.status,
-        parts.headers,
-        body.collect().await.unwrap().to_bytes().to_vec(),
-    )
-}
-
-async fn post(app: &Router, uri: &str, v: Value) -> (StatusCode, axum::http::HeaderMap, Value) {
-    let (s, h, b) = call(app, "POST", uri, Some(v.to_string().into_bytes())).await;
-    (s, h, serde_json::from_slice(&b).unwrap_or(Value::Null))
+    common::server::start(model, setup).await
 }
 
 async fn status(app: &Router, id: &str) -> Value {
@@ -117,24 +73,17 @@ async fn wait_state(app: &Router, id: &str, want: &[&str]) -> Value {
     }
 }
 
-fn assert_field(v: &Value, field: &str) {
-    assert_eq!(v["error"]["field"], field, "{v}");
-    assert!(
-        v["error"]["message"].as_str().unwrap().contains(field),
-        "{v}"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_ready_is_503() {
     let dir = tempfile::tempdir().unwrap();
     let model = Arc::new(Model::open(&common::tiny(dir.path(), 2)).unwrap());
     // A scheduler whose ranks never report ready.
     let (tx, _rx) = std::sync::mpsc::sync_channel(1);
-    let (sched, _source) = layerwise_engine::server::actor::start(2, 4, 4, tx);
+    let (sched, _source) = layerwise_engine::server::actor::start(2, 4, Retention::default(), tx);
     let app = app(AppState {
         scheduler: sched,
         model,
+        model_name: "tiny".into(),
         bounds: bounds(),
     });
     let (s, _, _) = call(&app, "GET", "/readyz", None).await;
@@ -169,7 +118,12 @@ async fn every_status_code_in_process() {
     assert_eq!(s, StatusCode::OK);
     let doc: Value = serde_json::from_slice(&b).unwrap();
     for p in [
+        "/v1/models",
+        "/v1/models/{model}",
         "/v1/images/generations",
+        "/v1/videos",
+        "/v1/videos/{id}",
+        "/v1/videos/{id}/content",
         "/v1/jobs",
         "/v1/jobs/{id}",
         "/v1/jobs/{id}/result",
@@ -215,6 +169,19 @@ async fn every_status_code_in_process() {
             "response_format",
         ),
         (json!({ "class_label": 1, "colour": "red" }), "colour"),
+        (
+            json!({ "prompt": "goldfish", "class_label": 3 }),
+            "class_label",
+        ),
+        (
+            json!({ "prompt": "", "class_label": 1, "negative_prompt": "blur" }),
+            "negative_prompt",
+        ),
+        (json!({ "class_label": 1, "guidance_2": 2.0 }), "guidance_2"),
+        (
+            json!({ "class_label": 1, "max_sequence_length": 8 }),
+            "max_sequence_length",
+        ),
     ] {
         let (s, _, v) = post(&app, "/v1/images/generations", body.clone()).await;
         assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body} -> {v}");
@@ -232,6 +199,35 @@ async fn every_status_code_in_process() {
             .as_str()
             .unwrap()
             .contains("class-conditional"),
+        "{v}"
+    );
+    // A DiT server makes no videos.
+    let (s, _, v) = post(&app, "/v1/videos", json!({ "prompt": "goldfish" })).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_field(&v, "model");
+    // The served model: listed, and any other name is a 404 as OpenAI answers.
+    let (s, _, b) = call(&app, "GET", "/v1/models", None).await;
+    assert_eq!(s, StatusCode::OK);
+    let models: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(models["data"][0]["id"], "tiny", "{models}");
+    assert_eq!(models["data"][0]["family"], "dit", "{models}");
+    assert_eq!(
+        call(&app, "GET", "/v1/models/tiny", None).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&app, "GET", "/v1/models/sora-2", None).await.0,
+        StatusCode::NOT_FOUND
+    );
+    let (s, _, v) = post(
+        &app,
+        "/v1/images/generations",
+        json!({ "model": "sora-2", "prompt": "goldfish" }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("`tiny`"),
         "{v}"
     );
     // 413.
@@ -279,6 +275,29 @@ async fn every_status_code_in_process() {
         (StatusCode::OK, "image/png")
     );
     assert_eq!(body, png, "same request and seed, same PNG");
+    // What OpenAI's client sends for a class-conditional model: `model` and a prompt naming
+    // the class (ImageNet's names, from the folder's id2label), or an empty prompt beside
+    // `class_label` in the extra body. Both draw class 1, as `class_label` 1 does.
+    let by_label = post(
+        &app,
+        "/v1/images/generations",
+        json!({ "class_label": 1, "steps": 2, "seed": 4 }),
+    )
+    .await
+    .2;
+    for body in [
+        json!({ "model": "tiny", "prompt": "Goldfish", "steps": 2, "seed": 4 }),
+        json!({ "model": "tiny", "prompt": "", "class_label": 1, "steps": 2, "seed": 4 }),
+        json!({ "prompt": "goldfish", "class_label": 1, "steps": 2, "seed": 4 }),
+    ] {
+        let (s, _, v) = post(&app, "/v1/images/generations", body.clone()).await;
+        assert_eq!(s, StatusCode::OK, "{body} -> {v}");
+        assert_eq!(
+            v["data"][0]["b64_json"], by_label["data"][0]["b64_json"],
+            "{body}"
+        );
+        assert_eq!(v["model"], "tiny");
+    }
 
     // 202 + queue: a long job runs, the queue (2 images) fills, the next is 429.
     let (s, h, long) = post(&app, "/v1/jobs", json!({ "class_label": 1, "steps": 1000 })).await;
@@ -354,6 +373,9 @@ async fn every_status_code_in_process() {
         "layerwise_bytes_gathered_total{rank=\"0\"}",
         "layerwise_device_bytes{rank=\"0\"}",
         "layerwise_rank_busy_fraction{rank=\"0\"}",
+        "layerwise_outputs_requested_total{modality=\"image\"}",
+        "layerwise_frames_generated_total",
+        "layerwise_video_seconds_per_second 0.0",
     ] {
         assert!(m.contains(name), "{name} missing from\n{m}");
     }
@@ -437,6 +459,7 @@ fn errors_map_to_one_status_each() {
         (Error::BadRequest { msg: "x".into() }, 400),
         (Error::NotFound { what: "job".into() }, 404),
         (Error::Conflict { what: "x".into() }, 409),
+        (Error::Gone { what: "x".into() }, 410),
         (Error::PayloadTooLarge { limit: 1 }, 413),
         (Error::invalid("steps", "too many"), 422),
         (

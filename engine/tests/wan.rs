@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{max_abs, read_safetensors};
+use common::{max_abs, read_safetensors, wan_tiny};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -105,18 +105,6 @@ fn wan21_matches_diffusers() {
 #[test]
 fn wan22_two_experts_match_diffusers() {
     parity("wan-tiny");
-}
-
-fn wan_tiny(dir: &Path, layers: usize, text_layers: usize) -> PathBuf {
-    let out = dir.join(format!("wan-{layers}-{text_layers}"));
-    let mut o = SynthOptions::preset("wan-tiny").unwrap();
-    o.set_layers(layers);
-    if let layerwise_engine::tools::synth::SynthModel::Wan(w) = &mut o.model {
-        w.text_encoder.num_layers = text_layers;
-    }
-    o.seed = 11;
-    synth(&out, &o).unwrap();
-    out
 }
 
 fn prompt_request(seed: u64, steps: usize, frames: usize, guidance: f32) -> Request {

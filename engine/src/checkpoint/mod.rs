@@ -220,6 +220,9 @@ pub struct ModelFolder {
     pub root: PathBuf,
     /// The pipeline class `model_index.json` names (`_class_name`), if it names one.
     pub class_name: Option<String>,
+    /// Class names by label, as diffusers' `DiTPipeline` keeps them (`id2label`: each
+    /// value one or more comma-separated names); empty when the folder has none.
+    pub id2label: std::collections::BTreeMap<u32, String>,
 }
 
 impl ModelFolder {
@@ -255,9 +258,26 @@ impl ModelFolder {
                 ))
             }
         };
+        let mut id2label = std::collections::BTreeMap::new();
+        if let Some(map) = v.get("id2label").filter(|m| !m.is_null()) {
+            let bad = |msg: String| Error::config(&index, "id2label", msg);
+            let map = map
+                .as_object()
+                .ok_or_else(|| bad(format!("{map}: expected an object of label: names")))?;
+            for (k, name) in map {
+                let label = k
+                    .parse::<u32>()
+                    .map_err(|_| bad(format!("key `{k}` is not a class label")))?;
+                let name = name
+                    .as_str()
+                    .ok_or_else(|| bad(format!("label {k}: {name} is not a string")))?;
+                id2label.insert(label, name.to_string());
+            }
+        }
         Ok(ModelFolder {
             root: root.to_path_buf(),
             class_name,
+            id2label,
         })
     }
     pub fn transformer(&self) -> PathBuf {

@@ -182,17 +182,7 @@ fn write_output(path: &Path, image: &Tensor, fps: f64) -> Result<()> {
         return Ok(());
     }
     let (_, _, h, w) = image.dims4()?;
-    // [-1, 1] → 8-bit RGB, interleaved, as diffusers' postprocessing rounds.
-    let rgb: Vec<Vec<u8>> = (0..frames)
-        .map(|i| -> Result<Vec<u8>> {
-            let f = ((image.get(i)?.permute((1, 2, 0))? + 1.0)? * 127.5)?
-                .clamp(0f32, 255f32)?
-                .round()?
-                .flatten_all()?
-                .to_vec1::<f32>()?;
-            Ok(f.into_iter().map(|x| x as u8).collect())
-        })
-        .collect::<Result<_>>()?;
+    let rgb = video::rgb8(&image)?;
     let clip = Clip {
         width: w,
         height: h,

@@ -28,6 +28,17 @@ pub trait FamilyRuntime: Send + Sync {
     fn classes(&self) -> Option<usize> {
         None
     }
+    /// The class a name picks (one of the checkpoint's `id2label` names, in any case), for
+    /// class-conditional families whose folder names its classes.
+    fn class_named(&self, _name: &str) -> Option<u32> {
+        None
+    }
+    /// How clips are shaped, for a family that makes them; `None` for image-only families.
+    fn video(&self) -> Option<VideoSpec> {
+        None
+    }
+    /// Steps and guidance scale of a request that names neither.
+    fn defaults(&self) -> (usize, f32);
     /// Checks a request before it takes a rank (a clear error naming the field).
     fn validate(&self, req: &Request) -> Result<()>;
     /// Device bytes a rank keeps outside the slots: prologues, epilogues and, when
@@ -67,7 +78,39 @@ pub trait Task: Send {
     fn finish(self: Box<Self>) -> Result<Output>;
 }
 
+/// A clip-making family's frame rules and defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VideoSpec {
+    /// A clip holds 1 + k × this many frames (the VAE's temporal upscale).
+    pub frames_per_latent: usize,
+    /// Frames of a request that names none.
+    pub default_frames: usize,
+    /// Frames per second a clip is written at when the request names no rate.
+    pub default_fps: f64,
+}
+
+impl VideoSpec {
+    /// The fewest frames of a valid clip that last at least `frames` frames: the next
+    /// 1 + k × `frames_per_latent` at or above it.
+    pub fn round_up(&self, frames: usize) -> usize {
+        let unit = self.frames_per_latent.max(1);
+        (frames.max(1) - 1).div_ceil(unit) * unit + 1
+    }
+}
+
 /// Turns final latents into pixels in [-1, 1] ([3, H, W] or [T, 3, H, W]).
 pub trait Decoder: Send {
     fn decode(&self, latents: &Tensor) -> Result<Tensor>;
+
+    /// As [`Self::decode`], handing the frames to `f` as they are decoded, each batch as
+    /// [n, 3, H, W] (an image is one batch of one frame), so a caller can report progress
+    /// and hold only what it keeps.
+    fn decode_frames(
+        &self,
+        latents: &Tensor,
+        f: &mut dyn FnMut(Tensor) -> Result<()>,
+    ) -> Result<()> {
+        let x = self.decode(latents)?;
+        f(if x.rank() == 3 { x.unsqueeze(0)? } else { x })
+    }
 }

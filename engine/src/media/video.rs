@@ -47,6 +47,21 @@ impl VideoFormat {
     }
 }
 
+/// Frames [F, 3, H, W] in [-1, 1] as 8-bit interleaved RGB, rounded as diffusers'
+/// postprocessing rounds: one buffer per frame.
+pub fn rgb8(frames: &candle_core::Tensor) -> Result<Vec<Vec<u8>>> {
+    (0..frames.dim(0)?)
+        .map(|i| -> Result<Vec<u8>> {
+            let f = ((frames.get(i)?.permute((1, 2, 0))? + 1.0)? * 127.5)?
+                .clamp(0f32, 255f32)?
+                .round()?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            Ok(f.into_iter().map(|x| x as u8).collect())
+        })
+        .collect()
+}
+
 /// The bytes of a file holding `clip` in `format`.
 pub fn encode(clip: &Clip, format: VideoFormat) -> Result<Vec<u8>> {
     check(clip)?;

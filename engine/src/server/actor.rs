@@ -5,15 +5,17 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use candle_core::Tensor;
 use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::Metrics;
-use super::scheduler::{format_id, JobState, JobStatus, Msg, RankSource, Scheduler, Shared};
+use super::scheduler::{
+    format_id, DecodeJob, JobState, JobStatus, Kind, Media, Msg, RankSource, Retention, Scheduler,
+    Shared,
+};
 use super::ApiError;
-use crate::execution::work::{Output, Request};
+use crate::execution::work::{Condition, Output, Request};
 use crate::execution::work::{Taken, Work, WorkKey};
 use crate::{Error, Result};
 
@@ -28,21 +30,39 @@ enum Image {
 
 pub(super) struct Job {
     requests: Vec<Request>,
+    kind: Kind,
     images: Vec<Image>,
     steps: Vec<usize>,
-    pngs: Vec<Option<Arc<Vec<u8>>>>,
+    frames_decoded: Vec<usize>,
+    media: Vec<Option<Arc<Media>>>,
+    /// Its outputs were let go (time or byte budget).
+    expired: bool,
     state: JobState,
     error: Option<Arc<Error>>,
     cancel: Arc<AtomicBool>,
     created: Instant,
+    created_unix: u64,
     started: Option<Instant>,
     finished: Option<Instant>,
+    finished_unix: Option<u64>,
     waiters: Vec<oneshot::Sender<()>>,
+}
+
+impl Job {
+    fn media_bytes(&self) -> usize {
+        self.media.iter().flatten().map(|m| m.len()).sum()
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 pub(super) struct Actor {
     pub(super) shared: Arc<Shared>,
-    pub(super) decode: std::sync::mpsc::SyncSender<(WorkKey, Tensor)>,
+    pub(super) decode: std::sync::mpsc::SyncSender<DecodeJob>,
     pub(super) jobs: HashMap<u64, Job>,
     pub(super) done_order: VecDeque<u64>,
     pub(super) queue: VecDeque<WorkKey>,
@@ -51,7 +71,9 @@ pub(super) struct Actor {
     pub(super) work_waiters: Vec<(u64, oneshot::Sender<()>)>,
     pub(super) closed: bool,
     pub(super) max_queue: usize,
-    pub(super) keep_finished: usize,
+    pub(super) retention: Retention,
+    /// Bytes of finished outputs held.
+    pub(super) kept_bytes: usize,
     /// Images on a rank or being decoded.
     pub(super) running: usize,
     /// Moving average of one image's wall time, for Retry-After.
@@ -62,6 +84,7 @@ impl Actor {
     pub(super) async fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
         while let Some(m) = rx.recv().await {
             self.handle(m);
+            self.expire();
             self.shared.queued.store(self.queue.len(), Ordering::SeqCst);
             self.shared.metrics.queue_depth.set(self.queue.len() as i64);
             self.shared.metrics.running.set(self.running as i64);
@@ -70,8 +93,31 @@ impl Actor {
 
     fn handle(&mut self, m: Msg) {
         match m {
-            Msg::Submit { requests, reply } => {
-                let _ = reply.send(self.submit(requests));
+            Msg::Submit {
+                requests,
+                kind,
+                reply,
+            } => {
+                let _ = reply.send(self.submit(requests, kind));
+            }
+            Msg::List { kind, reply } => {
+                let mut all: Vec<(u64, JobStatus)> = self
+                    .jobs
+                    .iter()
+                    .filter(|(_, j)| j.kind.label() == kind)
+                    .filter_map(|(id, _)| Some((*id, self.status(*id).ok()?)))
+                    .collect();
+                all.sort_by_key(|(id, _)| std::cmp::Reverse(*id));
+                let _ = reply.send(all.into_iter().map(|(_, s)| s).collect());
+            }
+            Msg::Delete { id, reply } => {
+                if let Some(j) = self.jobs.get(&id) {
+                    if !j.state.terminal() {
+                        self.end(id, JobState::Cancelled, None);
+                    }
+                    self.drop_media(id);
+                }
+                let _ = reply.send(self.status(id));
             }
             Msg::Status { id, reply } => {
                 let _ = reply.send(self.status(id));
@@ -116,7 +162,11 @@ impl Actor {
                 _ => self.stale(key, "step"),
             },
             Msg::Finished { rank, key, out } => self.finished(rank, key, out),
-            Msg::Decoded { key, png } => self.decoded(key, png),
+            Msg::Frames { key, done } => match self.image(key) {
+                Some((j, Image::Decoding)) => j.frames_decoded[key.index as usize] = done,
+                _ => self.stale(key, "frames"),
+            },
+            Msg::Decoded { key, media } => self.decoded(key, media),
             Msg::Fatal { msg } => self.fatal(msg),
             Msg::Close => self.close(),
             Msg::Abort => self.fail_live(|| {
@@ -136,7 +186,7 @@ impl Actor {
         Some((j, s))
     }
 
-    fn submit(&mut self, requests: Vec<Request>) -> Result<u64, ApiError> {
+    fn submit(&mut self, requests: Vec<Request>, kind: Kind) -> Result<u64, ApiError> {
         if let Some(f) = self.shared.failed.lock().expect("shared lock").as_ref() {
             return Err(Error::unavailable(format!("engine failed: {f}")).into());
         }
@@ -158,19 +208,25 @@ impl Actor {
         let id = self.next_id;
         self.next_id += 1;
         let n = requests.len();
+        self.shared.metrics.requested(kind, n);
         self.jobs.insert(
             id,
             Job {
                 requests,
+                kind,
                 images: vec![Image::Queued; n],
                 steps: vec![0; n],
-                pngs: vec![None; n],
+                frames_decoded: vec![0; n],
+                media: vec![None; n],
+                expired: false,
                 state: JobState::Queued,
                 error: None,
                 cancel: Arc::new(AtomicBool::new(false)),
                 created: Instant::now(),
+                created_unix: unix_now(),
                 started: None,
                 finished: None,
+                finished_unix: None,
                 waiters: Vec::new(),
             },
         );
@@ -213,11 +269,12 @@ impl Actor {
         }
         let j = self.jobs.get_mut(&key.id).expect("checked above");
         let live = !j.state.terminal();
+        let kind = j.kind;
         let slot = &mut j.images[key.index as usize];
         match out {
             Ok(o) if live => {
                 *slot = Image::Decoding;
-                if self.decode.try_send((key, o.latents)).is_err() {
+                if self.decode.try_send((key, o.latents, kind)).is_err() {
                     *self
                         .jobs
                         .get_mut(&key.id)
@@ -250,17 +307,19 @@ impl Actor {
         self.trim_when_idle();
     }
 
-    fn decoded(&mut self, key: WorkKey, png: Result<Vec<u8>>) {
+    fn decoded(&mut self, key: WorkKey, media: Result<Media>) {
         if !matches!(self.image(key), Some((_, Image::Decoding))) {
             return self.stale(key, "decoded");
         }
         self.running -= 1;
         let j = self.jobs.get_mut(&key.id).expect("checked above");
         let i = key.index as usize;
-        match png {
-            Ok(bytes) if !j.state.terminal() => {
+        match media {
+            Ok(m) if !j.state.terminal() => {
                 j.images[i] = Image::Done;
-                j.pngs[i] = Some(Arc::new(bytes));
+                j.frames_decoded[i] = m.frames;
+                self.shared.metrics.generated(j.kind, m.frames);
+                j.media[i] = Some(Arc::new(m));
                 if j.images.iter().all(|s| *s == Image::Done) {
                     let per_image = j.started.map_or(0.0, |s| s.elapsed().as_secs_f64())
                         / j.images.len() as f64;
@@ -269,6 +328,7 @@ impl Actor {
                     } else {
                         0.8 * self.image_seconds + 0.2 * per_image
                     };
+                    self.kept_bytes += j.media_bytes();
                     self.end(key.id, JobState::Succeeded, None);
                 }
             }
@@ -279,6 +339,41 @@ impl Actor {
             }
         }
         self.trim_when_idle();
+    }
+
+    /// Lets job `id`'s outputs go (it keeps its status until it ages out).
+    fn drop_media(&mut self, id: u64) {
+        let Some(j) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        if j.state == JobState::Succeeded && !j.expired {
+            self.kept_bytes -= j.media_bytes();
+            j.expired = true;
+        }
+        j.media.iter_mut().for_each(|m| *m = None);
+    }
+
+    /// Lets outputs go once their time is up, and the oldest while the kept bytes are over
+    /// the budget.
+    fn expire(&mut self) {
+        let ttl = self.retention.ttl;
+        let now = Instant::now();
+        let mut over = self.kept_bytes.saturating_sub(self.retention.max_bytes);
+        let mut gone = Vec::new();
+        for id in &self.done_order {
+            let Some(j) = self.jobs.get(id) else { continue };
+            if j.state != JobState::Succeeded || j.expired {
+                continue;
+            }
+            let old = j.finished.is_some_and(|f| now.duration_since(f) >= ttl);
+            if old || over > 0 {
+                over = over.saturating_sub(j.media_bytes());
+                gone.push(*id);
+            }
+        }
+        for id in gone {
+            self.drop_media(id);
+        }
     }
 
     /// Moves job `id` to a terminal state: stops its other images, answers its waiters.
@@ -292,6 +387,7 @@ impl Actor {
         j.state = state;
         j.error = error.map(Arc::new);
         j.finished = Some(Instant::now());
+        j.finished_unix = Some(unix_now());
         j.cancel.store(true, Ordering::SeqCst);
         for (i, img) in j.images.iter_mut().enumerate() {
             if *img == Image::Queued {
@@ -305,7 +401,7 @@ impl Actor {
             }
         }
         if state != JobState::Succeeded {
-            j.pngs.iter_mut().for_each(|p| *p = None);
+            j.media.iter_mut().for_each(|p| *p = None);
         }
         for w in j.waiters.drain(..) {
             let _ = w.send(());
@@ -318,8 +414,9 @@ impl Actor {
         });
         m.request_seconds.observe(j.created.elapsed().as_secs_f64());
         self.done_order.push_back(id);
-        while self.done_order.len() > self.keep_finished {
+        while self.done_order.len() > self.retention.keep_finished {
             let old = self.done_order.pop_front().expect("non-empty");
+            self.drop_media(old);
             self.jobs.remove(&old);
         }
     }
@@ -385,13 +482,38 @@ impl Actor {
         });
         let now = Instant::now();
         let end = j.finished.unwrap_or(now);
+        let first = &j.requests[0];
+        let ttl = self.retention.ttl.as_secs();
         Ok(JobStatus {
             id: format_id(id),
+            kind: j.kind.label(),
             state: j.state,
             queue_position,
             n: j.images.len(),
             steps_done: j.steps.iter().sum(),
             steps_total: j.requests.iter().map(|r| r.steps).sum(),
+            frames_decoded: j.frames_decoded.iter().sum(),
+            frames_total: j.requests.iter().map(|r| r.frames).sum(),
+            width: first.width,
+            height: first.height,
+            frames: first.frames,
+            steps: first.steps,
+            seed: first.seed,
+            fps: match j.kind {
+                Kind::Video { fps } => Some(fps),
+                Kind::Image => None,
+            },
+            prompt: match &first.condition {
+                Condition::Prompt { prompt, .. } => Some(prompt.clone()),
+                Condition::Class(_) => None,
+            },
+            created_at: j.created_unix,
+            finished_at: j.finished_unix,
+            expires_at: j
+                .finished_unix
+                .filter(|_| j.state == JobState::Succeeded)
+                .map(|f| f + ttl),
+            expired: j.expired,
             queued_seconds: j
                 .started
                 .unwrap_or(end)
@@ -402,10 +524,14 @@ impl Actor {
                 .finished
                 .map(|f| f.duration_since(j.created).as_secs_f64()),
             error: j.error.as_ref().map(|e| e.to_string()),
+            error_type: match j.state {
+                JobState::Cancelled => Some("cancelled"),
+                _ => j.error.as_ref().map(|e| e.label()),
+            },
         })
     }
 
-    fn result(&self, id: u64, index: usize) -> Result<Arc<Vec<u8>>, ApiError> {
+    fn result(&self, id: u64, index: usize) -> Result<Arc<Media>, ApiError> {
         let j = self.jobs.get(&id).ok_or_else(|| Error::NotFound {
             what: format!("job `{}`", format_id(id)),
         })?;
@@ -417,9 +543,16 @@ impl Actor {
             .into());
         }
         match j.state {
-            JobState::Succeeded => Ok(j.pngs[index]
-                .clone()
-                .expect("succeeded jobs hold every image")),
+            JobState::Succeeded => j.media[index].clone().ok_or_else(|| {
+                Error::Gone {
+                    what: format!(
+                        "the outputs of job `{}` are no longer kept (kept {} s after finishing, and while under the server's byte budget for kept outputs)",
+                        format_id(id),
+                        self.retention.ttl.as_secs()
+                    ),
+                }
+                .into()
+            }),
             JobState::Failed => Err(ApiError(
                 j.error.clone().expect("failed jobs carry their error"),
             )),
@@ -455,8 +588,8 @@ impl Actor {
 pub fn start(
     dp: usize,
     max_queue: usize,
-    keep_finished: usize,
-    decode: std::sync::mpsc::SyncSender<(WorkKey, Tensor)>,
+    retention: Retention,
+    decode: std::sync::mpsc::SyncSender<DecodeJob>,
 ) -> (Scheduler, RankSource) {
     let (tx, rx) = mpsc::channel(1024);
     let shared = Arc::new(Shared {
@@ -469,6 +602,7 @@ pub fn start(
         stale: AtomicUsize::new(0),
         fatal: tokio::sync::Notify::new(),
         started: Instant::now(),
+        started_unix: unix_now(),
         progress_ms: AtomicU64::new(0),
     });
     let actor = Actor {
@@ -482,7 +616,8 @@ pub fn start(
         work_waiters: Vec::new(),
         closed: false,
         max_queue,
-        keep_finished,
+        retention,
+        kept_bytes: 0,
         running: 0,
         image_seconds: 0.0,
     };

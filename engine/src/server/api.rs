@@ -1,12 +1,17 @@
 //! The HTTP API: routes, request parsing and validation, responses. Everything a request
 //! can get wrong is found here, named by its field, before it reaches the queue.
+//!
+//! Images follow OpenAI's image API (`POST /v1/images/generations`), videos its video API
+//! (`POST /v1/videos`, then poll, download, delete), so the official clients work
+//! unchanged; `/v1/jobs` is the engine's own asynchronous image API.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
+use axum::extract::multipart::MultipartError;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -15,19 +20,20 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::scheduler::{format_id, parse_id, JobState, Scheduler};
+use super::scheduler::{format_id, parse_id, JobState, JobStatus, Kind, Scheduler};
 use super::ApiError;
+use crate::bounds::RequestBounds;
 use crate::engine::Model;
-use crate::execution::work::{Condition, Request};
+use crate::execution::work::{Condition, Request, DEFAULT_MAX_SEQUENCE_LENGTH};
 use crate::Error;
 
 /// What the server accepts, beyond what the model can do.
 #[derive(Debug, Clone)]
 pub struct Bounds {
-    /// Largest width or height in pixels.
-    pub max_size: usize,
-    pub max_steps: usize,
-    pub max_n: usize,
+    /// Size, frames, steps and outputs per request (what the operator passes).
+    pub request: RequestBounds,
+    /// Most tokens of a prompt: the largest `max_sequence_length` a request may ask for.
+    pub max_prompt_tokens: usize,
     /// Largest request body in bytes.
     pub body_limit: usize,
 }
@@ -37,7 +43,18 @@ pub struct Bounds {
 pub struct AppState {
     pub scheduler: Scheduler,
     pub model: Arc<Model>,
+    /// The served model's name (`model` in requests, `GET /v1/models`).
+    pub model_name: String,
     pub bounds: Bounds,
+}
+
+/// The name a model folder is served under by default: its last path component.
+pub fn folder_name(path: &std::path::Path) -> String {
+    path.canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .or_else(|| path.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "model".into())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +71,12 @@ pub fn app(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{model}", get(get_model))
         .route("/v1/images/generations", post(generate))
+        .route("/v1/videos", post(create_video).get(list_videos))
+        .route("/v1/videos/{id}", get(get_video).delete(delete_video))
+        .route("/v1/videos/{id}/content", get(video_content))
         .route("/v1/jobs", post(submit_job))
         .route("/v1/jobs/{id}", get(job_status).delete(cancel_job))
         .route("/v1/jobs/{id}/result", get(job_result))
@@ -105,12 +127,106 @@ async fn openapi() -> Response {
         .into_response()
 }
 
-fn body(b: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+fn model_object(s: &AppState) -> Value {
+    let m = &s.model;
+    json!({
+        "id": s.model_name,
+        "object": "model",
+        "created": s.scheduler.shared.started_unix,
+        "owned_by": "layerwise",
+        "family": m.family.name(),
+        "modalities": if m.family.video().is_some() { json!(["image", "video"]) } else { json!(["image"]) },
+        "conditioning": if m.family.classes().is_some() { "class" } else { "text" },
+    })
+}
+
+async fn list_models(State(s): State<AppState>) -> Response {
+    Json(json!({ "object": "list", "data": [model_object(&s)] })).into_response()
+}
+
+async fn get_model(
+    State(s): State<AppState>,
+    Path(model): Path<String>,
+) -> Result<Response, ApiError> {
+    check_model_name(&s, &model)?;
+    Ok(Json(model_object(&s)).into_response())
+}
+
+fn check_model_name(s: &AppState, name: &str) -> Result<(), Error> {
+    if name == s.model_name {
+        return Ok(());
+    }
+    Err(Error::NotFound {
+        what: format!(
+            "model `{name}`: this server serves `{}` (GET /v1/models)",
+            s.model_name
+        ),
+    })
+}
+
+/// A request body's fields: a JSON object, or multipart form data (whose values are all
+/// strings; numbers are read from them). Files are refused by name.
+async fn fields(s: &AppState, req: axum::extract::Request) -> Result<Map<String, Value>, Error> {
+    let limit = s.bounds.body_limit;
+    let multipart = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("multipart/form-data"));
+    if multipart {
+        let mut form = Multipart::from_request(req, &())
+            .await
+            .map_err(|r| Error::BadRequest { msg: r.body_text() })?;
+        let mut o = Map::new();
+        loop {
+            let field = form
+                .next_field()
+                .await
+                .map_err(|e| multipart_error(e, limit))?;
+            let Some(field) = field else { break };
+            let name = field.name().unwrap_or_default().to_string();
+            if field.file_name().is_some() {
+                return Err(Error::invalid(
+                    name,
+                    "files are not taken: this server generates from text (and class labels) only",
+                ));
+            }
+            let text = field.text().await.map_err(|e| multipart_error(e, limit))?;
+            if o.insert(name.clone(), Value::String(text)).is_some() {
+                return Err(Error::invalid(name, "given twice"));
+            }
+        }
+        return Ok(o);
+    }
+    let bytes = Bytes::from_request(req, &()).await;
+    let bytes = body(bytes, limit)?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|e| Error::BadRequest {
+        msg: format!("body is not JSON: {e}"),
+    })?;
+    match v {
+        Value::Object(o) => Ok(o),
+        _ => Err(Error::BadRequest {
+            msg: "body must be a JSON object".into(),
+        }),
+    }
+}
+
+fn multipart_error(e: MultipartError, limit: usize) -> Error {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        Error::PayloadTooLarge { limit }
+    } else {
+        Error::BadRequest {
+            msg: format!("multipart body: {}", e.body_text()),
+        }
+    }
+}
+
+fn body(b: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, Error> {
     b.map_err(|r| {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Error::PayloadTooLarge { limit }.into()
+            Error::PayloadTooLarge { limit }
         } else {
-            Error::BadRequest { msg: r.body_text() }.into()
+            Error::BadRequest { msg: r.body_text() }
         }
     })
 }
@@ -119,91 +235,82 @@ fn field<'a>(o: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
     o.get(name).filter(|v| !v.is_null())
 }
 
-fn uint(o: &Map<String, Value>, name: &str, default: u64) -> Result<u64, Error> {
+fn uint(o: &Map<String, Value>, name: &str) -> Result<Option<u64>, Error> {
+    let Some(v) = field(o, name) else {
+        return Ok(None);
+    };
+    let n = match v {
+        Value::String(s) => s.trim().parse::<u64>().ok(),
+        v => v.as_u64(),
+    };
+    n.map(Some)
+        .ok_or_else(|| Error::invalid(name, format!("{v}: expected a non-negative integer")))
+}
+
+fn float(o: &Map<String, Value>, name: &str) -> Result<Option<f64>, Error> {
+    let Some(v) = field(o, name) else {
+        return Ok(None);
+    };
+    let n = match v {
+        Value::String(s) => s.trim().parse::<f64>().ok(),
+        v => v.as_f64(),
+    };
+    n.filter(|x| x.is_finite())
+        .map(Some)
+        .ok_or_else(|| Error::invalid(name, format!("{v}: expected a finite number")))
+}
+
+fn string(o: &Map<String, Value>, name: &str) -> Result<Option<String>, Error> {
     match field(o, name) {
-        None => Ok(default),
-        Some(v) => v
-            .as_u64()
-            .ok_or_else(|| Error::invalid(name, format!("{v}: expected a non-negative integer"))),
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(Error::invalid(name, format!("{v}: expected a string"))),
     }
 }
 
-/// Parses and checks a generation request: field by field, then against the server's
-/// bounds, then against the model. Returns one `Request` per image.
-pub fn parse(
-    bytes: &[u8],
-    model: &Model,
-    b: &Bounds,
-) -> Result<(Vec<Request>, ResponseFormat), Error> {
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| Error::BadRequest {
-        msg: format!("body is not JSON: {e}"),
-    })?;
-    let Value::Object(o) = v else {
-        return Err(Error::BadRequest {
-            msg: "body must be a JSON object".into(),
-        });
-    };
-    const KNOWN: [&str; 8] = [
-        "class_label",
-        "prompt",
-        "n",
-        "size",
-        "steps",
-        "guidance",
-        "seed",
-        "response_format",
-    ];
-    if let Some(k) = o.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-        return Err(Error::invalid(
+/// Fields every generation request may carry.
+const COMMON: [&str; 10] = [
+    "model",
+    "prompt",
+    "negative_prompt",
+    "size",
+    "steps",
+    "guidance",
+    "guidance_2",
+    "seed",
+    "max_sequence_length",
+    "class_label",
+];
+
+fn known(o: &Map<String, Value>, extra: &[&str]) -> Result<(), Error> {
+    let all: Vec<&str> = COMMON.iter().chain(extra).copied().collect();
+    match o.keys().find(|k| !all.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(k) if k == "input_reference" => Err(Error::invalid(
+            "input_reference",
+            "reference images are not taken: this server generates video from text",
+        )),
+        Some(k) => Err(Error::invalid(
             k.as_str(),
-            format!("unknown field; expected one of {}", KNOWN.join(", ")),
-        ));
+            format!("unknown field; expected one of {}", all.join(", ")),
+        )),
     }
-    let classes = model.family.classes().ok_or_else(|| {
-        Error::invalid(
-            "model",
-            format!(
-                "the {} family is text-conditioned; this API serves class-conditional families",
-                model.family.name()
-            ),
-        )
-    })?;
-    if field(&o, "prompt").is_some() {
-        return Err(Error::invalid(
-            "prompt",
-            format!("this model family (DiT) is class-conditional and takes no prompt; send `class_label` (0..{}) instead", classes - 1),
-        ));
+}
+
+/// What every output of a request shares, parsed and checked against the server's
+/// bounds; the model checks the rest when [`Model::validate`] sees the requests.
+fn request(o: &Map<String, Value>, s: &AppState, native: (usize, usize)) -> Result<Request, Error> {
+    let b = &s.bounds;
+    let family = &s.model.family;
+    if let Some(m) = string(o, "model")? {
+        check_model_name(s, &m)?;
     }
-    let class_label = match field(&o, "class_label") {
-        None => {
-            return Err(Error::invalid(
-                "class_label",
-                format!("required: the class to draw (0..{})", classes - 1),
-            ))
-        }
-        Some(v) => v
-            .as_u64()
-            .filter(|&c| c <= u32::MAX as u64)
-            .ok_or_else(|| {
-                Error::invalid(
-                    "class_label",
-                    format!("{v}: expected a non-negative integer"),
-                )
-            })? as u32,
-    };
-    let n = uint(&o, "n", 1)? as usize;
-    if n == 0 || n > b.max_n {
-        return Err(Error::invalid(
-            "n",
-            format!(
-                "{n}: this server generates 1..={} images per request",
-                b.max_n
-            ),
-        ));
-    }
-    let (width, height) = match field(&o, "size") {
-        None => model.family.native_size(),
-        Some(Value::String(s)) => parse_size(s)?,
+    let condition = condition(o, s)?;
+    let text = matches!(condition, Condition::Prompt { .. });
+    let given = field(o, "size").is_some();
+    let (width, height) = match field(o, "size") {
+        None => native,
+        Some(Value::String(v)) => parse_size(v)?,
         Some(v) => {
             return Err(Error::invalid(
                 "size",
@@ -211,49 +318,141 @@ pub fn parse(
             ))
         }
     };
-    if width > b.max_size || height > b.max_size {
+    let r = &b.request;
+    if width as u64 > r.max_width || height as u64 > r.max_height {
         return Err(Error::invalid(
             "size",
             format!(
-                "{width}x{height}: this server allows at most {0}x{0}",
-                b.max_size
+                "{width}x{height}{}: this server allows at most {}x{}",
+                if given {
+                    ""
+                } else {
+                    " (the model's native size, taken when `size` is not given)"
+                },
+                r.max_width,
+                r.max_height
             ),
         ));
     }
-    let steps = uint(&o, "steps", 25.min(b.max_steps) as u64)? as usize;
-    if steps == 0 || steps > b.max_steps {
+    let (default_steps, default_guidance) = family.defaults();
+    let steps = uint(o, "steps")?.unwrap_or(default_steps.min(r.max_steps as usize) as u64);
+    if steps == 0 || steps > r.max_steps {
         return Err(Error::invalid(
             "steps",
-            format!("{steps}: this server allows 1..={} steps", b.max_steps),
+            format!("{steps}: this server allows 1..={} steps", r.max_steps),
         ));
     }
-    let guidance = match field(&o, "guidance") {
-        None => 4.0,
-        Some(v) => v
-            .as_f64()
-            .ok_or_else(|| Error::invalid("guidance", format!("{v}: expected a number")))?
-            as f32,
-    };
-    let seed = uint(&o, "seed", 0)?;
-    let format = match field(&o, "response_format") {
-        None => ResponseFormat::B64Json,
-        Some(Value::String(s)) if s == "b64_json" => ResponseFormat::B64Json,
-        Some(Value::String(s)) if s == "url" => ResponseFormat::Url,
-        Some(v) => {
+    let guidance = float(o, "guidance")?.map_or(default_guidance, |g| g as f32);
+    let guidance_2 = float(o, "guidance_2")?.map(|g| g as f32);
+    let max_sequence_length = match uint(o, "max_sequence_length")? {
+        Some(_) if !text => {
             return Err(Error::invalid(
-                "response_format",
-                format!("{v}: expected \"b64_json\" or \"url\""),
+                "max_sequence_length",
+                "this model is class-conditional and reads no prompt tokens",
             ))
         }
+        Some(n) if n == 0 || n > b.max_prompt_tokens as u64 => {
+            return Err(Error::invalid(
+                "max_sequence_length",
+                format!(
+                    "{n}: this server allows 1..={} prompt tokens",
+                    b.max_prompt_tokens
+                ),
+            ))
+        }
+        Some(n) => n as usize,
+        None => DEFAULT_MAX_SEQUENCE_LENGTH.min(b.max_prompt_tokens),
     };
-    let requests: Vec<Request> = (0..n)
-        .map(|i| Request {
-            seed: seed.wrapping_add(i as u64),
-            steps,
-            guidance,
-            ..Request::image(Condition::Class(class_label), width, height)
-        })
-        .collect();
+    if guidance_2.is_some() && !text {
+        return Err(Error::invalid(
+            "guidance_2",
+            "this model has one transformer; a second guidance scale needs two experts",
+        ));
+    }
+    Ok(Request {
+        seed: uint(o, "seed")?.unwrap_or(0),
+        steps: steps as usize,
+        guidance,
+        guidance_2,
+        max_sequence_length,
+        ..Request::image(condition, width, height)
+    })
+}
+
+/// The conditioning: a prompt for text families; for class-conditional ones a class
+/// label, or a prompt naming one of the model's classes (what OpenAI clients send).
+fn condition(o: &Map<String, Value>, s: &AppState) -> Result<Condition, Error> {
+    let family = &s.model.family;
+    let prompt = string(o, "prompt")?;
+    let negative = string(o, "negative_prompt")?;
+    let Some(classes) = family.classes() else {
+        if field(o, "class_label").is_some() {
+            return Err(Error::invalid(
+                "class_label",
+                format!(
+                    "the {} family is text-conditioned and takes no class label; send `prompt`",
+                    family.name()
+                ),
+            ));
+        }
+        let prompt = prompt
+            .ok_or_else(|| Error::invalid("prompt", "required: the text to generate from"))?;
+        return Ok(Condition::Prompt {
+            prompt,
+            negative: negative.unwrap_or_default(),
+        });
+    };
+    if negative.as_deref().is_some_and(|n| !n.trim().is_empty()) {
+        return Err(Error::invalid(
+            "negative_prompt",
+            format!(
+                "the {} family is class-conditional and takes no negative prompt",
+                family.name()
+            ),
+        ));
+    }
+    let named = match prompt.as_deref().map(str::trim).filter(|p| !p.is_empty()) {
+        None => None,
+        Some(p) => Some(family.class_named(p).ok_or_else(|| {
+            Error::invalid(
+                "prompt",
+                format!(
+                    "`{p}` names no class of this model: it is class-conditional, so the prompt must be one of its class names (as its model_index.json id2label lists them), or empty beside `class_label` (0..{})",
+                    classes - 1
+                ),
+            )
+        })?),
+    };
+    let label = match field(o, "class_label") {
+        None => None,
+        Some(v) => Some(
+            uint(o, "class_label")?
+                .filter(|&c| c <= u32::MAX as u64)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "class_label",
+                        format!("{v}: expected a non-negative integer"),
+                    )
+                })? as u32,
+        ),
+    };
+    match (named, label) {
+        (Some(n), Some(l)) if n != l => Err(Error::invalid(
+            "class_label",
+            format!("{l} disagrees with the prompt, which names class {n}; send one of them"),
+        )),
+        (Some(c), _) | (None, Some(c)) => Ok(Condition::Class(c)),
+        (None, None) => Err(Error::invalid(
+            "class_label",
+            format!(
+                "required: the class to draw (0..{}), or its name as `prompt`",
+                classes - 1
+            ),
+        )),
+    }
+}
+
+fn validated(model: &Model, requests: Vec<Request>) -> Result<Vec<Request>, Error> {
     for r in &requests {
         model.validate(r).map_err(|e| match e {
             Error::Invalid { field, msg } if field == "width" || field == "height" => {
@@ -262,8 +461,123 @@ pub fn parse(
             other => other,
         })?;
     }
-    Ok((requests, format))
+    Ok(requests)
 }
+
+/// Parses and checks an image request (`/v1/images/generations`, `/v1/jobs`): field by
+/// field, then against the server's bounds, then against the model. One `Request` per
+/// image.
+pub fn parse_images(
+    o: &Map<String, Value>,
+    s: &AppState,
+) -> Result<(Vec<Request>, ResponseFormat), Error> {
+    known(o, &["n", "response_format"])?;
+    let base = request(o, s, s.model.family.native_size())?;
+    let n = uint(o, "n")?.unwrap_or(1);
+    let max_n = s.bounds.request.max_n;
+    if n == 0 || n > max_n {
+        return Err(Error::invalid(
+            "n",
+            format!("{n}: this server generates 1..={max_n} images per request"),
+        ));
+    }
+    let format = match field(o, "response_format") {
+        None => ResponseFormat::B64Json,
+        Some(Value::String(v)) if v == "b64_json" => ResponseFormat::B64Json,
+        Some(Value::String(v)) if v == "url" => ResponseFormat::Url,
+        Some(v) => {
+            return Err(Error::invalid(
+                "response_format",
+                format!("{v}: expected \"b64_json\" or \"url\""),
+            ))
+        }
+    };
+    let requests = (0..n)
+        .map(|i| Request {
+            seed: base.seed.wrapping_add(i),
+            ..base.clone()
+        })
+        .collect();
+    Ok((validated(&s.model, requests)?, format))
+}
+
+/// Parses and checks a video request (`POST /v1/videos`): its frames from `frames`, or
+/// from `seconds` × `fps` rounded up to a length the model makes.
+pub fn parse_video(o: &Map<String, Value>, s: &AppState) -> Result<(Request, f64), Error> {
+    known(o, &["seconds", "frames", "fps"])?;
+    let family = &s.model.family;
+    let spec = family.video().ok_or_else(|| {
+        Error::invalid(
+            "model",
+            format!(
+                "the {} family makes images only; POST /v1/images/generations",
+                family.name()
+            ),
+        )
+    })?;
+    let mut r = request(o, s, family.native_size())?;
+    let fps = float(o, "fps")?.unwrap_or(spec.default_fps);
+    if !(fps > 0.0 && fps <= MAX_FPS) {
+        return Err(Error::invalid(
+            "fps",
+            format!("{fps}: expected a frame rate in (0, {MAX_FPS}]"),
+        ));
+    }
+    let max = s.bounds.request.max_frames as usize;
+    r.frames = match (uint(o, "frames")?, float(o, "seconds")?) {
+        (Some(_), Some(_)) => {
+            return Err(Error::invalid(
+                "seconds",
+                "give `seconds` or `frames`, not both",
+            ))
+        }
+        (Some(f), None) => {
+            if f as usize > max {
+                return Err(Error::invalid(
+                    "frames",
+                    format!("{f}: this server makes at most {max} frames per clip"),
+                ));
+            }
+            f as usize
+        }
+        (None, Some(secs)) => {
+            if secs <= 0.0 {
+                return Err(Error::invalid(
+                    "seconds",
+                    format!("{secs}: must be positive"),
+                ));
+            }
+            let want = (secs * fps).ceil();
+            let frames = if want > max as f64 {
+                usize::MAX
+            } else {
+                spec.round_up(want as usize)
+            };
+            if frames > max {
+                return Err(Error::invalid(
+                    "seconds",
+                    format!(
+                        "{secs} s at {fps} fps needs {want} frames; this server makes at most {max} frames per clip ({:.2} s at {fps} fps)",
+                        max as f64 / fps
+                    ),
+                ));
+            }
+            frames
+        }
+        (None, None) => {
+            let unit = spec.frames_per_latent.max(1);
+            spec.default_frames.min((max.max(1) - 1) / unit * unit + 1)
+        }
+    };
+    let mut v = validated(&s.model, vec![r])?;
+    Ok((v.remove(0), fps))
+}
+
+/// The poll interval a running video's status suggests to clients.
+const POLL_AFTER_MS: &str = "250";
+
+/// The fastest frame rate a clip may be written at.
+const MAX_FPS: f64 = 240.0;
 
 fn parse_size(s: &str) -> Result<(usize, usize), Error> {
     let bad = || Error::invalid("size", format!("`{s}`: expected \"WxH\", e.g. \"256x256\""));
@@ -300,13 +614,14 @@ fn result_url(id: u64, index: usize) -> String {
 
 async fn generate(
     State(s): State<AppState>,
-    b: Result<Bytes, BytesRejection>,
+    req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     s.scheduler.shared.ready()?;
-    let bytes = body(b, s.bounds.body_limit)?;
-    let (requests, format) = parse(&bytes, &s.model, &s.bounds)?;
+    let o = fields(&s, req).await?;
+    let (requests, format) = parse_images(&o, &s)?;
     let n = requests.len();
-    let id = s.scheduler.submit(requests).await?;
+    let size = format!("{}x{}", requests[0].width, requests[0].height);
+    let id = s.scheduler.submit(requests, Kind::Image).await?;
     let mut guard = CancelOnDrop {
         scheduler: s.scheduler.clone(),
         id: Some(id),
@@ -324,27 +639,31 @@ async fn generate(
                 data.push(json!({ "url": result_url(id, i) }));
             }
             ResponseFormat::B64Json => {
-                let png = s.scheduler.result(id, i).await?;
-                data.push(json!({ "b64_json": base64::engine::general_purpose::STANDARD.encode(png.as_slice()) }));
+                let m = s.scheduler.result(id, i).await?;
+                data.push(json!({ "b64_json": base64::engine::general_purpose::STANDARD.encode(&m.bytes) }));
             }
         }
     }
-    Ok(
-        Json(
-            json!({ "created": now_unix(), "id": format_id(id), "data": data, "timings": status }),
-        )
-        .into_response(),
-    )
+    Ok(Json(json!({
+        "created": now_unix(),
+        "id": format_id(id),
+        "model": s.model_name,
+        "size": size,
+        "output_format": "png",
+        "data": data,
+        "timings": status,
+    }))
+    .into_response())
 }
 
 async fn submit_job(
     State(s): State<AppState>,
-    b: Result<Bytes, BytesRejection>,
+    req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     s.scheduler.shared.ready()?;
-    let bytes = body(b, s.bounds.body_limit)?;
-    let (requests, _) = parse(&bytes, &s.model, &s.bounds)?;
-    let id = s.scheduler.submit(requests).await?;
+    let o = fields(&s, req).await?;
+    let (requests, _) = parse_images(&o, &s)?;
+    let id = s.scheduler.submit(requests, Kind::Image).await?;
     let status = s.scheduler.status(id).await?;
     let location = format!("/v1/jobs/{}", format_id(id));
     Ok((
@@ -379,15 +698,216 @@ async fn job_result(
     Path(id): Path<String>,
     Query(q): Query<ResultQuery>,
 ) -> Result<Response, ApiError> {
-    let png = s
+    let m = s
         .scheduler
         .result(parse_id(&id)?, q.index.unwrap_or(0))
         .await?;
+    Ok(media_response(m.content_type, &m.bytes))
+}
+
+fn media_response(content_type: &'static str, bytes: &[u8]) -> Response {
+    (
+        [(header::CONTENT_TYPE, content_type)],
+        Body::from(bytes.to_vec()),
+    )
+        .into_response()
+}
+
+/// A video job as OpenAI's video API shows one (`status`, `progress`, `size`, `seconds`
+/// ...), with the engine's own detail beside it (steps and frames done, the job state).
+pub fn video_object(st: &JobStatus, model: &str) -> Value {
+    let status = match st.state {
+        JobState::Queued => "queued",
+        JobState::Running => "in_progress",
+        JobState::Succeeded => "completed",
+        JobState::Failed | JobState::Cancelled => "failed",
+    };
+    let fps = st.fps.unwrap_or(1.0);
+    let error = match (st.state, &st.error) {
+        (JobState::Cancelled, _) => {
+            Some(json!({ "code": "cancelled", "message": "cancelled (DELETE /v1/videos/{id})" }))
+        }
+        (_, Some(m)) => Some(json!({ "code": st.error_type, "message": m })),
+        _ => None,
+    };
+    json!({
+        "id": st.id,
+        "object": "video",
+        "model": model,
+        "status": status,
+        "progress": st.progress(),
+        "created_at": st.created_at,
+        "completed_at": st.finished_at,
+        "expires_at": st.expires_at,
+        "error": error,
+        "prompt": st.prompt,
+        "size": format!("{}x{}", st.width, st.height),
+        "seconds": seconds_text(st.frames as f64 / fps),
+        "remixed_from_video_id": null,
+        "state": st.state,
+        "frames": st.frames,
+        "fps": fps,
+        "steps": st.steps,
+        "seed": st.seed,
+        "steps_done": st.steps_done,
+        "steps_total": st.steps_total,
+        "frames_decoded": st.frames_decoded,
+        "queue_position": st.queue_position,
+        "expired": st.expired,
+    })
+}
+
+/// Seconds as a short decimal string ("5.0625" → "5.06", "4" → "4").
+fn seconds_text(secs: f64) -> String {
+    let t = format!("{secs:.2}");
+    t.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+async fn create_video(
+    State(s): State<AppState>,
+    req: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    s.scheduler.shared.ready()?;
+    let o = fields(&s, req).await?;
+    let (request, fps) = parse_video(&o, &s)?;
+    let id = s
+        .scheduler
+        .submit(vec![request], Kind::Video { fps })
+        .await?;
+    let status = s.scheduler.status(id).await?;
     Ok((
-        [(header::CONTENT_TYPE, "image/png")],
-        Body::from(png.as_slice().to_vec()),
+        StatusCode::ACCEPTED,
+        [(header::LOCATION, format!("/v1/videos/{}", status.id))],
+        Json(video_object(&status, &s.model_name)),
     )
         .into_response())
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+    order: Option<String>,
+}
+
+/// The most videos one list page holds.
+const MAX_LIST: usize = 100;
+
+async fn list_videos(
+    State(s): State<AppState>,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    let limit = q.limit.unwrap_or(20);
+    if limit == 0 || limit > MAX_LIST {
+        return Err(Error::invalid("limit", format!("{limit}: expected 1..={MAX_LIST}")).into());
+    }
+    let mut all = s.scheduler.list(Kind::VIDEO).await;
+    match q.order.as_deref().unwrap_or("desc") {
+        "desc" => {}
+        "asc" => all.reverse(),
+        other => {
+            return Err(
+                Error::invalid("order", format!("`{other}`: expected `asc` or `desc`")).into(),
+            )
+        }
+    }
+    let start = match &q.after {
+        None => 0,
+        Some(after) => {
+            all.iter()
+                .position(|st| &st.id == after)
+                .ok_or_else(|| Error::NotFound {
+                    what: format!("video `{after}` (the `after` cursor)"),
+                })?
+                + 1
+        }
+    };
+    let page = &all[start.min(all.len())..];
+    let data: Vec<Value> = page
+        .iter()
+        .take(limit)
+        .map(|st| video_object(st, &s.model_name))
+        .collect();
+    let (first, last) = (
+        data.first().map(|v| v["id"].clone()),
+        data.last().map(|v| v["id"].clone()),
+    );
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "first_id": first,
+        "last_id": last,
+        "has_more": page.len() > limit,
+    }))
+    .into_response())
+}
+
+/// A video job by id (an image job's id is not a video's).
+async fn video_status(s: &AppState, id: &str) -> Result<JobStatus, ApiError> {
+    let st = s.scheduler.status(parse_id(id)?).await?;
+    if st.kind != Kind::VIDEO {
+        return Err(Error::NotFound {
+            what: format!("video `{id}` (it is an image job: GET /v1/jobs/{id})"),
+        }
+        .into());
+    }
+    Ok(st)
+}
+
+async fn get_video(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let st = video_status(&s, &id).await?;
+    let mut r = Json(video_object(&st, &s.model_name)).into_response();
+    if !st.state.terminal() {
+        // How often OpenAI's client polls (`videos.poll`) while the job runs.
+        r.headers_mut().insert(
+            "openai-poll-after-ms",
+            header::HeaderValue::from_static(POLL_AFTER_MS),
+        );
+    }
+    Ok(r)
+}
+
+async fn delete_video(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    video_status(&s, &id).await?;
+    let st = s.scheduler.delete(parse_id(&id)?).await?;
+    Ok(
+        Json(json!({ "id": st.id, "object": "video.deleted", "deleted": true, "state": st.state }))
+            .into_response(),
+    )
+}
+
+#[derive(Deserialize)]
+struct ContentQuery {
+    variant: Option<String>,
+}
+
+async fn video_content(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<ContentQuery>,
+) -> Result<Response, ApiError> {
+    video_status(&s, &id).await?;
+    let m = s.scheduler.result(parse_id(&id)?, 0).await?;
+    match q.variant.as_deref().unwrap_or("video") {
+        "video" => Ok(media_response(m.content_type, &m.bytes)),
+        "thumbnail" => Ok(media_response(
+            "image/png",
+            m.thumbnail.as_deref().unwrap_or_default(),
+        )),
+        other => Err(Error::invalid(
+            "variant",
+            format!(
+                "`{other}`: this server has `video` (MP4) and `thumbnail` (PNG of the first frame)"
+            ),
+        )
+        .into()),
+    }
 }
 
 impl IntoResponse for ApiError {

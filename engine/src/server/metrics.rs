@@ -13,10 +13,14 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use super::scheduler::Kind;
 use crate::execution::pipeline::PipelineStats;
 use crate::execution::work::PassReport;
 
 type Labels = Vec<(String, String)>;
+
+/// The window `layerwise_video_seconds_per_second` averages over.
+const RATE_WINDOW: Duration = Duration::from_secs(60);
 type FCounter = Counter<f64, AtomicU64>;
 type FGauge = Gauge<f64, AtomicU64>;
 
@@ -41,6 +45,12 @@ pub struct Metrics {
     device_bytes: Family<Labels, Gauge>,
     busy_seconds: Family<Labels, FCounter>,
     busy_fraction: Family<Labels, FGauge>,
+    requested: Family<Labels, Counter>,
+    frames: Counter,
+    video_seconds: FCounter,
+    video_rate: FGauge,
+    /// Seconds of video finished in the last [`RATE_WINDOW`], with when.
+    recent_video: Mutex<std::collections::VecDeque<(Instant, f64)>>,
     /// Per rank: pipeline counters at the last report, to export deltas.
     last: Mutex<Vec<(PipelineStats, f64)>>,
 }
@@ -64,8 +74,33 @@ impl Metrics {
             device_bytes: Family::default(),
             busy_seconds: Family::default(),
             busy_fraction: Family::default(),
+            requested: Family::default(),
+            frames: Counter::default(),
+            video_seconds: FCounter::default(),
+            video_rate: FGauge::default(),
+            recent_video: Mutex::new(std::collections::VecDeque::new()),
             last: Mutex::new(vec![(PipelineStats::default(), 0.0); dp]),
         };
+        registry.register(
+            "outputs_requested",
+            "Images and videos asked for, by modality",
+            m.requested.clone(),
+        );
+        registry.register(
+            "frames_generated",
+            "Frames decoded into finished outputs (an image is one frame)",
+            m.frames.clone(),
+        );
+        registry.register(
+            "video_seconds_generated",
+            "Seconds of video finished (frames over the clip's frame rate)",
+            m.video_seconds.clone(),
+        );
+        registry.register(
+            "video_seconds_per_second",
+            "Seconds of video finished per second of wall time, over the last minute",
+            m.video_rate.clone(),
+        );
         registry.register(
             "queue_depth",
             "Images waiting in the queue",
@@ -170,12 +205,47 @@ impl Metrics {
         self.busy_fraction.get_or_create(&l).set(*busy_total / up);
     }
 
+    /// A request for `n` outputs of `kind` was queued.
+    pub fn requested(&self, kind: Kind, n: usize) {
+        self.requested
+            .get_or_create(&vec![("modality".into(), kind.label().into())])
+            .inc_by(n as u64);
+    }
+
+    /// One output of `kind` with `frames` frames was finished.
+    pub fn generated(&self, kind: Kind, frames: usize) {
+        self.frames.inc_by(frames as u64);
+        if let Kind::Video { fps } = kind {
+            let seconds = frames as f64 / fps;
+            self.video_seconds.inc_by(seconds);
+            self.recent_video
+                .lock()
+                .expect("metrics lock")
+                .push_back((Instant::now(), seconds));
+        }
+    }
+
     pub fn step(&self, took: Duration) {
         self.step_seconds.observe(took.as_secs_f64());
     }
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        {
+            let mut recent = self.recent_video.lock().expect("metrics lock");
+            while recent
+                .front()
+                .is_some_and(|(t, _)| t.elapsed() > RATE_WINDOW)
+            {
+                recent.pop_front();
+            }
+            let window = RATE_WINDOW
+                .as_secs_f64()
+                .min(self.started.elapsed().as_secs_f64())
+                .max(1e-9);
+            self.video_rate
+                .set(recent.iter().fold(0.0, |a, (_, s)| a + s) / window);
+        }
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out

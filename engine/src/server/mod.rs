@@ -3,8 +3,8 @@
 //!
 //! Threads: the tokio runtime (HTTP and the scheduler task), one engine thread driving the
 //! rank loop of [`crate::execution::rank`] (which starts one thread per rank), and one
-//! decode thread that turns finished latents into PNGs so the VAE never holds the other
-//! ranks' collectives hostage.
+//! decode thread that turns finished latents into PNGs and MP4s so the VAE never holds the
+//! other ranks' collectives hostage.
 
 pub mod actor;
 pub mod api;
@@ -19,15 +19,18 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use clap::Args;
 
+use crate::bounds::{self, RequestBounds};
 use crate::engine::Model;
+use crate::execution::family::Decoder;
 use crate::execution::rank::EngineOptions;
 use crate::execution::trace::Trace;
-use crate::execution::work::WorkKey;
+use crate::execution::work::DEFAULT_MAX_SEQUENCE_LENGTH;
 use crate::media::image::encode_png;
+use crate::media::video::{self, Clip, VideoFormat};
 use crate::options::EngineArgs;
 use crate::{Error, Result, Strategy};
 use api::{AppState, Bounds};
-use scheduler::{Msg, Scheduler};
+use scheduler::{DecodeJob, Kind, Media, Msg, Retention, Scheduler};
 
 /// An error on its way to an HTTP response (shared: one failure may answer many waiters).
 #[derive(Debug, Clone)]
@@ -53,24 +56,44 @@ pub struct ServeArgs {
     /// Images that may wait in the queue; more get 429.
     #[arg(long, env = "LAYERWISE_MAX_QUEUE", default_value_t = 64)]
     pub max_queue: usize,
-    /// Largest image width or height in pixels.
-    #[arg(long, env = "LAYERWISE_MAX_SIZE", default_value_t = 512)]
-    pub max_size: usize,
-    /// Most denoising steps per image.
-    #[arg(long, env = "LAYERWISE_MAX_STEPS", default_value_t = 250)]
-    pub max_steps: usize,
-    /// Most images per request.
-    #[arg(long, env = "LAYERWISE_MAX_N", default_value_t = 4)]
-    pub max_n: usize,
+    /// Largest output width in pixels.
+    #[arg(long, env = bounds::ENV_MAX_WIDTH, default_value_t = 1280)]
+    pub max_width: u64,
+    /// Largest output height in pixels.
+    #[arg(long, env = bounds::ENV_MAX_HEIGHT, default_value_t = 1280)]
+    pub max_height: u64,
+    /// Most frames of one clip (1 serves images only).
+    #[arg(long, env = bounds::ENV_MAX_FRAMES, default_value_t = 81)]
+    pub max_frames: u64,
+    /// Most denoising steps per output.
+    #[arg(long, env = bounds::ENV_MAX_STEPS, default_value_t = 250)]
+    pub max_steps: u64,
+    /// Most outputs per request.
+    #[arg(long, env = bounds::ENV_MAX_N, default_value_t = 4)]
+    pub max_n: u64,
+    /// Most tokens of a prompt (text families; a request's `max_sequence_length` may not
+    /// exceed it).
+    #[arg(long, env = "LAYERWISE_MAX_PROMPT_TOKENS", default_value_t = DEFAULT_MAX_SEQUENCE_LENGTH)]
+    pub max_prompt_tokens: usize,
+    /// The model's name in the API (`model` of requests, `GET /v1/models`); the model
+    /// folder's name when unset.
+    #[arg(long, env = "LAYERWISE_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
     /// Largest request body in bytes.
     #[arg(long, env = "LAYERWISE_BODY_LIMIT", default_value_t = 64 * 1024)]
     pub body_limit: usize,
     /// Seconds running requests get to finish after SIGTERM.
     #[arg(long, env = "LAYERWISE_GRACE_SECONDS", default_value_t = 30)]
     pub grace_seconds: u64,
-    /// Finished jobs whose results are kept for `GET /v1/jobs/{id}/result`.
+    /// Finished jobs whose status is kept for `GET /v1/jobs/{id}` and `/v1/videos/{id}`.
     #[arg(long, env = "LAYERWISE_KEEP_FINISHED", default_value_t = 256)]
     pub keep_finished: usize,
+    /// Bytes of finished images and videos kept for download; the oldest go first past it.
+    #[arg(long, env = "LAYERWISE_RESULT_BYTES", default_value_t = 1 << 30)]
+    pub result_bytes: usize,
+    /// Seconds a finished job's images and videos are kept for download.
+    #[arg(long, env = "LAYERWISE_RESULT_TTL_SECONDS", default_value_t = 3600)]
+    pub result_ttl_seconds: u64,
     /// Record every copy, gather and compute span into this Chrome trace file (at exit).
     #[arg(long, env = "LAYERWISE_TRACE")]
     pub trace: Option<PathBuf>,
@@ -89,16 +112,6 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         return Err(Error::invalid("max-queue", "must be at least 1"));
     }
     let model = Arc::new(Model::open(&a.engine.model)?);
-    if model.family.classes().is_none() {
-        return Err(Error::invalid(
-            "model",
-            format!(
-                "{}: the {} family is text-conditioned, and the HTTP API serves class-conditional families so far; use `layerwise generate --prompt`",
-                a.engine.model.display(),
-                model.family.name()
-            ),
-        ));
-    }
     let trace = a.trace.as_ref().map(|_| Trace::new(1_000_000));
     let opts = EngineOptions {
         decode: false,
@@ -132,11 +145,11 @@ pub fn start(
     model: Arc<Model>,
     opts: EngineOptions,
     max_queue: usize,
-    keep_finished: usize,
+    retention: Retention,
 ) -> Result<Engine> {
     let (decode_tx, decode_rx) =
-        std::sync::mpsc::sync_channel::<(WorkKey, Tensor)>(max_queue + opts.dp + 8);
-    let (scheduler, source) = actor::start(opts.dp, max_queue, keep_finished, decode_tx);
+        std::sync::mpsc::sync_channel::<DecodeJob>(max_queue + opts.dp + 8);
+    let (scheduler, source) = actor::start(opts.dp, max_queue, retention, decode_tx);
     spawn_decoder(
         model.clone(),
         scheduler.clone(),
@@ -158,15 +171,33 @@ async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<Exi
     let Engine {
         scheduler: sched,
         done: mut engine_rx,
-    } = start(model.clone(), opts.clone(), a.max_queue, a.keep_finished)?;
+    } = start(
+        model.clone(),
+        opts.clone(),
+        a.max_queue,
+        Retention {
+            keep_finished: a.keep_finished,
+            max_bytes: a.result_bytes,
+            ttl: Duration::from_secs(a.result_ttl_seconds),
+        },
+    )?;
     let watchdog = tokio::spawn(watchdog(sched.clone(), opts.timeout));
     let state = AppState {
         scheduler: sched.clone(),
+        model_name: a
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| api::folder_name(&a.engine.model)),
         model,
         bounds: Bounds {
-            max_size: a.max_size,
-            max_steps: a.max_steps,
-            max_n: a.max_n,
+            request: RequestBounds {
+                max_width: a.max_width,
+                max_height: a.max_height,
+                max_frames: a.max_frames,
+                max_steps: a.max_steps,
+                max_n: a.max_n,
+            },
+            max_prompt_tokens: a.max_prompt_tokens,
             body_limit: a.body_limit,
         },
     };
@@ -261,7 +292,7 @@ async fn watchdog(s: Scheduler, timeout: Duration) {
 fn spawn_decoder(
     model: Arc<Model>,
     sched: Scheduler,
-    rx: std::sync::mpsc::Receiver<(WorkKey, Tensor)>,
+    rx: std::sync::mpsc::Receiver<DecodeJob>,
     rt: tokio::runtime::Handle,
 ) {
     std::thread::Builder::new()
@@ -276,10 +307,57 @@ fn spawn_decoder(
                     return;
                 }
             };
-            for (key, latents) in rx {
-                let png = vae.decode(&latents).and_then(|i| encode_png(&i));
-                rt.block_on(sched.send(Msg::Decoded { key, png }));
+            for (key, latents, kind) in rx {
+                let progress = |done| rt.block_on(sched.send(Msg::Frames { key, done }));
+                let media = make_media(vae.as_ref(), &latents, kind, progress);
+                rt.block_on(sched.send(Msg::Decoded { key, media }));
             }
         })
         .expect("spawn decode thread");
+}
+
+/// Decodes one output's latents into what the API serves: a PNG for an image; for a clip,
+/// an MP4 and its first frame as a PNG thumbnail. `progress` hears the frames decoded so far.
+pub fn make_media(
+    vae: &dyn Decoder,
+    latents: &Tensor,
+    kind: Kind,
+    mut progress: impl FnMut(usize),
+) -> Result<Media> {
+    let (mut frames, mut first, mut size) = (Vec::new(), None, (0, 0));
+    vae.decode_frames(latents, &mut |batch| {
+        let (_, _, h, w) = batch.dims4()?;
+        size = (w, h);
+        if first.is_none() {
+            first = Some(encode_png(&batch.get(0)?)?);
+        }
+        if let Kind::Video { .. } = kind {
+            frames.extend(video::rgb8(&batch)?);
+            progress(frames.len());
+        }
+        Ok(())
+    })?;
+    let first = first.ok_or_else(|| Error::invalid("latents", "the decoder made no frames"))?;
+    Ok(match kind {
+        Kind::Image => Media {
+            bytes: first,
+            content_type: "image/png",
+            thumbnail: None,
+            frames: 1,
+        },
+        Kind::Video { fps } => {
+            let clip = Clip {
+                width: size.0,
+                height: size.1,
+                fps,
+                frames: frames.iter().map(Vec::as_slice).collect(),
+            };
+            Media {
+                bytes: video::encode(&clip, VideoFormat::Mp4)?,
+                content_type: "video/mp4",
+                thumbnail: Some(first),
+                frames: frames.len(),
+            }
+        }
+    })
 }

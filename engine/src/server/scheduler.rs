@@ -37,21 +37,128 @@ impl JobState {
     }
 }
 
+/// What a job makes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Kind {
+    /// PNG images.
+    Image,
+    /// H.264 clips in MP4, shown `fps` frames a second.
+    Video { fps: f64 },
+}
+
+impl Kind {
+    pub const IMAGE: &'static str = "image";
+    pub const VIDEO: &'static str = "video";
+
+    /// The modality label of the API and the metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Image => Kind::IMAGE,
+            Kind::Video { .. } => Kind::VIDEO,
+        }
+    }
+}
+
+/// One finished output as the API serves it.
+#[derive(Debug)]
+pub struct Media {
+    pub bytes: Vec<u8>,
+    pub content_type: &'static str,
+    /// A clip's first frame, as PNG.
+    pub thumbnail: Option<Vec<u8>>,
+    /// Frames it holds (1 for an image).
+    pub frames: usize,
+}
+
+impl Media {
+    /// Bytes it holds in memory.
+    pub fn len(&self) -> usize {
+        self.bytes.len() + self.thumbnail.as_ref().map_or(0, Vec::len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// `GET /v1/jobs/{id}`.
 #[derive(Debug, Clone, Serialize)]
 pub struct JobStatus {
     pub id: String,
+    /// `image` or `video`.
+    pub kind: &'static str,
     pub state: JobState,
     /// Images queued ahead of this job's first queued image (0: next to run).
     pub queue_position: Option<usize>,
     pub n: usize,
     pub steps_done: usize,
     pub steps_total: usize,
+    /// Frames the decoder has made, over every output.
+    pub frames_decoded: usize,
+    pub frames_total: usize,
+    /// The first output's request (every output of a job shares them but its seed).
+    pub width: usize,
+    pub height: usize,
+    pub frames: usize,
+    pub steps: usize,
+    pub seed: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// Unix seconds.
+    pub created_at: u64,
+    pub finished_at: Option<u64>,
+    /// When a finished job's outputs go (unix seconds; they may go sooner when the byte
+    /// budget for kept outputs needs the room).
+    pub expires_at: Option<u64>,
+    /// Its outputs are gone (expired or pushed out by newer ones).
+    pub expired: bool,
     pub queued_seconds: f64,
     pub running_seconds: Option<f64>,
     pub total_seconds: Option<f64>,
     pub error: Option<String>,
+    /// The error's stable label (`JobState::Cancelled` reads `cancelled`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_type: Option<&'static str>,
 }
+
+impl JobStatus {
+    /// Overall completion in percent: denoising is 90 of it, decoding the last 10; 100 only
+    /// once the job succeeded.
+    pub fn progress(&self) -> u32 {
+        if self.state == JobState::Succeeded {
+            return 100;
+        }
+        let steps = self.steps_done as f64 / self.steps_total.max(1) as f64;
+        let frames = self.frames_decoded as f64 / self.frames_total.max(1) as f64;
+        ((90.0 * steps + 10.0 * frames).floor() as u32).min(99)
+    }
+}
+
+/// How long and how much the server keeps of finished jobs.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    /// Finished jobs whose status is kept (their outputs go sooner, see below).
+    pub keep_finished: usize,
+    /// Bytes of finished outputs kept in memory; the oldest go first past it.
+    pub max_bytes: usize,
+    /// How long a finished job's outputs are kept.
+    pub ttl: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            keep_finished: 256,
+            max_bytes: 1 << 30,
+            ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Final latents on their way to the decode thread, with what to make of them.
+pub type DecodeJob = (WorkKey, candle_core::Tensor, Kind);
 
 pub fn format_id(id: u64) -> String {
     format!("{id:016x}")
@@ -72,6 +179,7 @@ pub(super) type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
 pub enum Msg {
     Submit {
         requests: Vec<Request>,
+        kind: Kind,
         reply: Reply<u64>,
     },
     Status {
@@ -81,7 +189,17 @@ pub enum Msg {
     Result {
         id: u64,
         index: usize,
-        reply: Reply<Arc<Vec<u8>>>,
+        reply: Reply<Arc<Media>>,
+    },
+    /// Every job of `kind` the server still holds, newest first.
+    List {
+        kind: &'static str,
+        reply: oneshot::Sender<Vec<JobStatus>>,
+    },
+    /// Cancels the job if it still runs and lets its outputs go.
+    Delete {
+        id: u64,
+        reply: Reply<JobStatus>,
     },
     Wait {
         id: u64,
@@ -112,9 +230,14 @@ pub enum Msg {
         key: WorkKey,
         out: Result<Output>,
     },
+    /// The decoder has made `done` frames of this output so far.
+    Frames {
+        key: WorkKey,
+        done: usize,
+    },
     Decoded {
         key: WorkKey,
-        png: Result<Vec<u8>>,
+        media: Result<Media>,
     },
     Fatal {
         msg: String,
@@ -138,6 +261,8 @@ pub struct Shared {
     /// Woken once when the engine fails.
     pub fatal: tokio::sync::Notify,
     pub(super) started: Instant,
+    /// When the server started, in unix seconds.
+    pub started_unix: u64,
     /// Milliseconds since `started` at the last sign of progress (a pass, a take).
     pub(super) progress_ms: AtomicU64,
 }
@@ -187,13 +312,28 @@ async fn ask<T>(tx: &mpsc::Sender<Msg>, make: impl FnOnce(Reply<T>) -> Msg) -> R
 }
 
 impl Scheduler {
-    pub async fn submit(&self, requests: Vec<Request>) -> Result<u64, ApiError> {
-        ask(&self.tx, |reply| Msg::Submit { requests, reply }).await
+    pub async fn submit(&self, requests: Vec<Request>, kind: Kind) -> Result<u64, ApiError> {
+        ask(&self.tx, |reply| Msg::Submit {
+            requests,
+            kind,
+            reply,
+        })
+        .await
+    }
+    pub async fn list(&self, kind: &'static str) -> Vec<JobStatus> {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Msg::List { kind, reply }).await.is_err() {
+            return Vec::new();
+        }
+        rx.await.unwrap_or_default()
+    }
+    pub async fn delete(&self, id: u64) -> Result<JobStatus, ApiError> {
+        ask(&self.tx, |reply| Msg::Delete { id, reply }).await
     }
     pub async fn status(&self, id: u64) -> Result<JobStatus, ApiError> {
         ask(&self.tx, |reply| Msg::Status { id, reply }).await
     }
-    pub async fn result(&self, id: u64, index: usize) -> Result<Arc<Vec<u8>>, ApiError> {
+    pub async fn result(&self, id: u64, index: usize) -> Result<Arc<Media>, ApiError> {
         ask(&self.tx, |reply| Msg::Result { id, index, reply }).await
     }
     pub async fn cancel(&self, id: u64) -> Result<JobStatus, ApiError> {

@@ -378,6 +378,39 @@ pub fn synth(out: &Path, opts: &SynthOptions) -> Result<SynthReport> {
     })
 }
 
+/// ImageNet's names for the first classes (its synset glosses, as DiT checkpoints carry them
+/// in `id2label`), so a synthesized class-conditional model can be asked for "goldfish".
+const IMAGENET_FIRST_CLASSES: [&str; 16] = [
+    "tench, Tinca tinca",
+    "goldfish, Carassius auratus",
+    "great white shark, white shark, man-eater, man-eating shark, Carcharodon carcharias",
+    "tiger shark, Galeocerdo cuvieri",
+    "hammerhead, hammerhead shark",
+    "electric ray, crampfish, numbfish, torpedo",
+    "stingray",
+    "cock",
+    "hen",
+    "ostrich, Struthio camelus",
+    "brambling, Fringilla montifringilla",
+    "goldfinch, Carduelis carduelis",
+    "house finch, linnet, Carpodacus mexicanus",
+    "junco, snowbird",
+    "indigo bunting, indigo finch, indigo bird, Passerina cyanea",
+    "robin, American robin, Turdus migratorius",
+];
+
+/// `id2label` for a model of `classes` classes: ImageNet's names where this project lists
+/// them, the rest left unnamed (a request gives them by label).
+fn imagenet_names(classes: usize) -> serde_json::Value {
+    IMAGENET_FIRST_CLASSES
+        .iter()
+        .take(classes)
+        .enumerate()
+        .map(|(i, n)| (i.to_string(), serde_json::Value::from(*n)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
 fn synth_dit(
     out: &Path,
     opts: &SynthOptions,
@@ -391,6 +424,7 @@ fn synth_dit(
         &serde_json::json!({
             "_class_name": "DiTPipeline",
             "_diffusers_version": "0.30.0",
+            "id2label": imagenet_names(dit.num_classes()),
             "scheduler": ["diffusers", "DDIMScheduler"],
             "transformer": ["diffusers", "DiTTransformer2DModel"],
             "vae": ["diffusers", "AutoencoderKL"],

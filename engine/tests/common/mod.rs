@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+pub mod process;
+pub mod server;
+
 use std::path::{Path, PathBuf};
 
 use layerwise_engine::execution::work::{Condition, Request};
@@ -18,6 +21,20 @@ pub fn tiny_with(dir: &Path, layers: usize, edit: impl FnOnce(&mut SynthOptions)
     o.set_layers(layers);
     o.seed = 7;
     edit(&mut o);
+    synth(&out, &o).unwrap();
+    out
+}
+
+/// A tiny two-expert Wan 2.2 pipeline folder with `layers` blocks per expert and
+/// `text_layers` text-encoder blocks, written under `dir`.
+pub fn wan_tiny(dir: &Path, layers: usize, text_layers: usize) -> PathBuf {
+    let out = dir.join(format!("wan-{layers}-{text_layers}"));
+    let mut o = SynthOptions::preset("wan-tiny").unwrap();
+    o.set_layers(layers);
+    if let layerwise_engine::tools::synth::SynthModel::Wan(w) = &mut o.model {
+        w.text_encoder.num_layers = text_layers;
+    }
+    o.seed = 11;
     synth(&out, &o).unwrap();
     out
 }

@@ -102,6 +102,26 @@ impl FamilyRuntime for DitRuntime {
         Some(self.config().num_classes())
     }
 
+    fn class_named(&self, name: &str) -> Option<u32> {
+        let want = name.trim();
+        self.checkpoint
+            .folder
+            .id2label
+            .iter()
+            .find(|(_, names)| {
+                names
+                    .split(',')
+                    .any(|n| n.trim().eq_ignore_ascii_case(want))
+            })
+            .map(|(label, _)| *label)
+    }
+
+    fn defaults(&self) -> (usize, f32) {
+        // What `generate` and the server have always defaulted to for DiT (diffusers'
+        // `DiTPipeline` defaults to 50 steps at the same guidance).
+        (25, 4.0)
+    }
+
     fn validate(&self, r: &Request) -> Result<()> {
         let cfg = self.config();
         let unit = self.upscale() * cfg.patch();

@@ -14,7 +14,7 @@ use super::transformer::WanTransformerConfig;
 use super::vae::decoder::WanVaeDecoder;
 use super::{WanCheckpoint, TEXT_ENCODER, TRANSFORMER, TRANSFORMER_2};
 use crate::checkpoint::Mapped;
-use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task};
+use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task, VideoSpec};
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::umt5::model::zero_padding;
@@ -109,6 +109,20 @@ impl FamilyRuntime for WanRuntime {
 
     fn native_size(&self) -> (usize, usize) {
         self.checkpoint.native_size()
+    }
+
+    fn video(&self) -> Option<VideoSpec> {
+        Some(VideoSpec {
+            frames_per_latent: self.checkpoint.vae_config.temporal_upscale(),
+            // diffusers' `WanPipeline` defaults: 81 frames, written at 16 fps.
+            default_frames: 81,
+            default_fps: 16.0,
+        })
+    }
+
+    fn defaults(&self) -> (usize, f32) {
+        // `WanPipeline.__call__`'s num_inference_steps and guidance_scale.
+        (50, 5.0)
     }
 
     fn validate(&self, r: &Request) -> Result<()> {
@@ -254,6 +268,14 @@ struct VideoDecoder(WanVaeDecoder);
 impl Decoder for VideoDecoder {
     fn decode(&self, latents: &Tensor) -> Result<Tensor> {
         self.0.decode(latents)
+    }
+
+    fn decode_frames(
+        &self,
+        latents: &Tensor,
+        f: &mut dyn FnMut(Tensor) -> Result<()>,
+    ) -> Result<()> {
+        self.0.decode_chunks(latents, f)
     }
 }
 

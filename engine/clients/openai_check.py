@@ -1,0 +1,100 @@
+"""OpenAI's official Python client against layerwise servers, called as a new user would.
+
+Usage: openai_check.py DIT_URL DIT_MODEL WAN_URL WAN_MODEL OUT_DIR
+
+Images from a class-conditional DiT server (a prompt naming an ImageNet class, or an empty
+prompt beside `class_label`) and from a text-to-video Wan server; the whole video flow on the
+Wan server (create, poll, download the MP4 and its thumbnail, list, delete). Writes the MP4
+and a JSON summary under OUT_DIR for the caller to check; exits non-zero on the first
+failure, with what failed.
+"""
+
+import base64
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import openai
+from openai import OpenAI
+
+# The client marks its video calls deprecated (the hosted API's shutdown); they still work.
+warnings.simplefilter("ignore", DeprecationWarning)
+
+
+def client(url):
+    return OpenAI(base_url=url + "/v1", api_key="not-checked", max_retries=0, timeout=120)
+
+
+def expect_error(kind, call):
+    try:
+        call()
+    except kind as e:
+        return e
+    raise AssertionError(f"expected {kind.__name__}")
+
+
+def main():
+    dit_url, dit_model, wan_url, wan_model, out = sys.argv[1:6]
+    out = Path(out)
+    summary = {}
+
+    dit = client(dit_url)
+    assert [m.id for m in dit.models.list().data] == [dit_model]
+    assert dit.models.retrieve(dit_model).id == dit_model
+    named = dit.images.generate(model=dit_model, prompt="goldfish", size="64x64",
+                                extra_body={"steps": 2, "seed": 5})
+    png = base64.b64decode(named.data[0].b64_json)
+    assert png[1:4] == b"PNG", png[:8]
+    by_label = dit.images.generate(model=dit_model, prompt="", size="64x64",
+                                   extra_body={"class_label": 1, "steps": 2, "seed": 5})
+    assert by_label.data[0].b64_json == named.data[0].b64_json, "goldfish is class 1"
+    e = expect_error(openai.NotFoundError,
+                     lambda: dit.images.generate(model="dall-e-3", prompt="goldfish"))
+    assert dit_model in str(e), e
+    e = expect_error(openai.UnprocessableEntityError,
+                     lambda: dit.images.generate(model=dit_model, prompt="a cat on a mat"))
+    assert "prompt" in str(e), e
+    e = expect_error(openai.UnprocessableEntityError,
+                     lambda: dit.videos.create(model=dit_model, prompt="goldfish"))
+    summary["dit_png_bytes"] = len(png)
+
+    wan = client(wan_url)
+    assert [m.id for m in wan.models.list().data] == [wan_model]
+    img = wan.images.generate(model=wan_model, prompt="a red kite over a beach", size="32x32",
+                              extra_body={"steps": 2, "negative_prompt": "blurry"})
+    assert base64.b64decode(img.data[0].b64_json)[1:4] == b"PNG"
+
+    video = wan.videos.create(model=wan_model, prompt="a red fox running through fresh snow",
+                              seconds="1", size="48x32",
+                              extra_body={"fps": 8, "steps": 3, "negative_prompt": "static",
+                                          "guidance_2": 3.0, "seed": 2})
+    assert video.status in ("queued", "in_progress"), video
+    assert video.size == "48x32" and video.model == wan_model, video
+    done = wan.videos.poll(video.id, poll_interval_ms=20)
+    assert done.status == "completed" and done.progress == 100, done
+    mp4 = wan.videos.download_content(video.id).read()
+    (out / "video.mp4").write_bytes(mp4)
+    thumb = wan.videos.download_content(video.id, variant="thumbnail").read()
+    assert thumb[1:4] == b"PNG"
+    assert video.id in [v.id for v in wan.videos.list(limit=10)]
+    again = wan.videos.create_and_poll(model=wan_model, prompt="waves at dusk", seconds="1",
+                                       size="32x32", poll_interval_ms=20,
+                                       extra_body={"fps": 4, "steps": 2})
+    assert again.status == "completed", again
+    gone = wan.videos.delete(again.id)
+    assert gone.deleted and gone.id == again.id, gone
+    e = expect_error(openai.NotFoundError,
+                     lambda: wan.videos.create(model="sora-2", prompt="x", size="32x32"))
+    e = expect_error(openai.UnprocessableEntityError,
+                     lambda: wan.videos.create(model=wan_model, prompt="x", seconds="12",
+                                               size="32x32"))
+    assert "seconds" in str(e), e
+    summary.update(video_id=video.id, seconds=done.seconds, frames=done.model_extra["frames"],
+                   mp4_bytes=len(mp4), thumbnail_bytes=len(thumb))
+    (out / "summary.json").write_text(json.dumps(summary))
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+//! The request bounds an engine pod enforces: the one definition the server's flags read and
+//! the operator writes (from a DiffusionDeployment's `workload`), so the two cannot drift. The
+//! planner sizes activations for a request at exactly these bounds
+//! ([`crate::checkpoint::ActivationCost::checked_bytes`]), and the server refuses anything
+//! beyond them with a 422 naming the field.
+
+/// Environment variable of `layerwise serve --max-width`.
+pub const ENV_MAX_WIDTH: &str = "LAYERWISE_MAX_WIDTH";
+/// Environment variable of `layerwise serve --max-height`.
+pub const ENV_MAX_HEIGHT: &str = "LAYERWISE_MAX_HEIGHT";
+/// Environment variable of `layerwise serve --max-frames`.
+pub const ENV_MAX_FRAMES: &str = "LAYERWISE_MAX_FRAMES";
+/// Environment variable of `layerwise serve --max-steps`.
+pub const ENV_MAX_STEPS: &str = "LAYERWISE_MAX_STEPS";
+/// Environment variable of `layerwise serve --max-n`.
+pub const ENV_MAX_N: &str = "LAYERWISE_MAX_N";
+
+/// What one request may ask for, beyond what the model itself can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestBounds {
+    /// Largest output width in pixels.
+    pub max_width: u64,
+    /// Largest output height in pixels.
+    pub max_height: u64,
+    /// Most frames of one clip (1: images only).
+    pub max_frames: u64,
+    /// Most denoising steps.
+    pub max_steps: u64,
+    /// Most outputs per request.
+    pub max_n: u64,
+}
+
+impl RequestBounds {
+    /// The environment that makes `layerwise serve` enforce these bounds.
+    pub fn env(&self) -> [(&'static str, String); 5] {
+        [
+            (ENV_MAX_WIDTH, self.max_width.to_string()),
+            (ENV_MAX_HEIGHT, self.max_height.to_string()),
+            (ENV_MAX_FRAMES, self.max_frames.to_string()),
+            (ENV_MAX_STEPS, self.max_steps.to_string()),
+            (ENV_MAX_N, self.max_n.to_string()),
+        ]
+    }
+}

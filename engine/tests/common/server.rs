@@ -1,0 +1,117 @@
+//! The HTTP API in process: a real engine behind the router, driven with `oneshot`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Request as HttpRequest, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tower::ServiceExt;
+
+use layerwise_engine::engine::Model;
+use layerwise_engine::execution::cuda::SlotsChoice;
+use layerwise_engine::execution::pipeline::{Hook, Stage};
+use layerwise_engine::execution::rank::EngineOptions;
+use layerwise_engine::server;
+use layerwise_engine::server::api::{app, AppState, Bounds};
+use layerwise_engine::server::scheduler::{Retention, Scheduler};
+use layerwise_engine::Strategy;
+
+/// Slows every copy a little so long jobs stay running long enough to be cancelled.
+pub fn slow_copies() -> Hook {
+    Arc::new(|s: Stage| {
+        if s == Stage::Copy {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })
+}
+
+/// What a test server runs with.
+pub struct Setup {
+    pub dp: usize,
+    pub max_queue: usize,
+    pub hook: Option<Hook>,
+    pub bounds: Bounds,
+    pub retention: Retention,
+    pub name: &'static str,
+}
+
+/// Starts the engine (offload-sharded, two slots) and waits until every rank is ready.
+pub async fn start(model: Arc<Model>, s: Setup) -> (Router, Scheduler) {
+    let opts = EngineOptions {
+        strategy: Strategy::OffloadSharded,
+        dp: s.dp,
+        slots: SlotsChoice::Fixed(2),
+        decode: false,
+        timeout: Duration::from_secs(60),
+        hook: s.hook,
+        ..EngineOptions::default()
+    };
+    let e = server::start(model.clone(), opts, s.max_queue, s.retention).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while e.scheduler.shared.ready().is_err() {
+        assert!(Instant::now() < deadline, "engine never became ready");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let state = AppState {
+        scheduler: e.scheduler.clone(),
+        model,
+        model_name: s.name.into(),
+        bounds: s.bounds,
+    };
+    (app(state), e.scheduler)
+}
+
+/// One request with a body of `content_type`.
+pub async fn send(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    content_type: &str,
+    body: Option<Vec<u8>>,
+) -> (StatusCode, HeaderMap, Vec<u8>) {
+    let req = HttpRequest::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", content_type)
+        .body(body.map(Body::from).unwrap_or_else(Body::empty))
+        .unwrap();
+    let r = app.clone().oneshot(req).await.unwrap();
+    let (parts, body) = r.into_parts();
+    (
+        parts.status,
+        parts.headers,
+        body.collect().await.unwrap().to_bytes().to_vec(),
+    )
+}
+
+pub async fn call(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    body: Option<Vec<u8>>,
+) -> (StatusCode, HeaderMap, Vec<u8>) {
+    send(app, method, uri, "application/json", body).await
+}
+
+pub async fn post(app: &Router, uri: &str, v: Value) -> (StatusCode, HeaderMap, Value) {
+    let (s, h, b) = call(app, "POST", uri, Some(v.to_string().into_bytes())).await;
+    (s, h, serde_json::from_slice(&b).unwrap_or(Value::Null))
+}
+
+pub async fn get_json(app: &Router, uri: &str) -> Value {
+    let (s, _, b) = call(app, "GET", uri, None).await;
+    assert_eq!(s, StatusCode::OK, "{uri}: {}", String::from_utf8_lossy(&b));
+    serde_json::from_slice(&b).unwrap()
+}
+
+/// A 422 (or other error) body names `field`, in `error.field` and in its message.
+pub fn assert_field(v: &Value, field: &str) {
+    assert_eq!(v["error"]["field"], field, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains(field),
+        "{v}"
+    );
+}
