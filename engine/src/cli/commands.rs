@@ -39,6 +39,7 @@ impl RequestArgs {
             .map(parse_size)
             .transpose()?
             .unwrap_or(model.family.native_size());
+        let (steps, guidance) = model.family.defaults();
         (0..self.n)
             .map(|i| {
                 let condition = match &self.prompt {
@@ -50,8 +51,8 @@ impl RequestArgs {
                 };
                 Ok(Request {
                     seed: self.seed + i as u64,
-                    steps: self.steps,
-                    guidance: self.guidance,
+                    steps: self.steps.unwrap_or(steps),
+                    guidance: self.guidance.unwrap_or(guidance),
                     guidance_2: self.guidance_2,
                     frames: self.frames,
                     max_sequence_length: self.max_sequence_length,
@@ -380,7 +381,7 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
         a.engine.dp,
         a.engine.slots,
         a.request.n,
-        a.request.steps,
+        requests.first().map_or(0, |r| r.steps),
         a.rounds
     );
     println!(

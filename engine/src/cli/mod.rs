@@ -133,12 +133,13 @@ pub(crate) struct RequestArgs {
     /// Noise seed of the first output (output i uses seed + i).
     #[arg(long, env = "LAYERWISE_SEED", default_value_t = 0)]
     seed: u64,
-    /// Denoising steps.
-    #[arg(long, env = "LAYERWISE_STEPS", default_value_t = 25)]
-    steps: usize,
-    /// Classifier-free guidance scale (≤ 1 disables guidance).
-    #[arg(long, env = "LAYERWISE_GUIDANCE", default_value_t = 4.0)]
-    guidance: f32,
+    /// Denoising steps (default: the family's, 25 for DiT, 50 for Wan as diffusers).
+    #[arg(long, env = "LAYERWISE_STEPS")]
+    steps: Option<usize>,
+    /// Classifier-free guidance scale, ≤ 1 disables guidance (default: the family's, 4.0 for
+    /// DiT, 5.0 for Wan).
+    #[arg(long, env = "LAYERWISE_GUIDANCE")]
+    guidance: Option<f32>,
     /// Image size in pixels: `N` or `WxH` (default: the model's native size).
     #[arg(long, env = "LAYERWISE_SIZE")]
     size: Option<String>,
