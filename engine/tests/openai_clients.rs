@@ -84,20 +84,5 @@ async fn the_official_openai_client_works_unchanged() {
         serde_json::from_slice(&std::fs::read(out_dir.join("summary.json")).unwrap()).unwrap();
     // seconds "1" at 8 fps: 8 frames, rounded up to Wan's 1 + 4k.
     assert_eq!(summary["frames"], 9, "{summary}");
-    let probe = Command::new("ffprobe")
-        .args(["-v", "error", "-select_streams", "v:0", "-count_frames"])
-        .args([
-            "-show_entries",
-            "stream=codec_name,width,height,nb_read_frames",
-        ])
-        .args(["-of", "csv=p=0"])
-        .arg(out_dir.join("video.mp4"))
-        .output()
-        .expect("ffprobe runs");
-    assert_eq!(
-        String::from_utf8_lossy(&probe.stdout).trim(),
-        "h264,48,32,9",
-        "{}",
-        String::from_utf8_lossy(&probe.stderr)
-    );
+    assert_eq!(common::ffprobe(&out_dir.join("video.mp4")), "h264,48,32,9");
 }

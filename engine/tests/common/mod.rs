@@ -105,3 +105,25 @@ pub fn max_abs(t: &candle_core::Tensor) -> f32 {
         .to_scalar()
         .unwrap()
 }
+
+/// `codec,width,height,frames` of the first video stream of the MP4 at `path`, as `ffprobe`
+/// (Debian's ffmpeg; scripts/test installs it) reads and counts them.
+pub fn ffprobe(path: &Path) -> String {
+    let out = std::process::Command::new("ffprobe")
+        .args(["-v", "error", "-select_streams", "v:0", "-count_frames"])
+        .args([
+            "-show_entries",
+            "stream=codec_name,width,height,nb_read_frames",
+        ])
+        .args(["-of", "csv=p=0"])
+        .arg(path)
+        .output()
+        .expect("ffprobe runs (scripts/test installs ffmpeg when it is missing)");
+    assert!(
+        out.status.success(),
+        "ffprobe {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
