@@ -140,12 +140,31 @@ pub fn changed(files: &[(PathBuf, Identity)]) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Profiles the model at `dir` from its headers, then warms its files, reporting to `tx`.
-/// A broken checkpoint ends as `Failed` with the reader's message (file and tensor).
+/// Checks that the checkpoint profiled at `dir` is of the family the request names, so a
+/// deployment never plans (or warms) a model its engine would open as another family.
+pub fn check_family(id: &str, named: &str, dir: &Path, profile: &Profile) -> Result<()> {
+    if profile.family == named {
+        return Ok(());
+    }
+    Err(Error::Model {
+        id: id.into(),
+        msg: format!(
+            "the DiffusionDeployment names family `{named}`, but the checkpoint at {} is a `{}` pipeline (model_index.json); set model.family to `{}` or point model.location at a `{named}` checkpoint",
+            dir.display(),
+            profile.family,
+            profile.family
+        ),
+    })
+}
+
+/// Profiles the model at `dir` from its headers, checks it is of `family`, then warms its
+/// files, reporting to `tx`. A broken checkpoint ends as `Failed` with the reader's message
+/// (file and tensor); one of another family, with both families named.
 pub async fn prepare(
     id: String,
     task: u64,
     dir: PathBuf,
+    family: String,
     settings: Arc<Settings>,
     tx: mpsc::Sender<Update>,
 ) {
@@ -161,9 +180,10 @@ pub async fn prepare(
         state: ModelState::Profiling,
     })
     .await;
-    let d = dir.clone();
+    let (d, pid) = (dir.clone(), id.clone());
     let profiled = tokio::task::spawn_blocking(move || -> Result<_> {
         let profile = Profile::read(&d)?;
+        check_family(&pid, &family, &d, &profile)?;
         let files = prewarm::files_under(&d)?;
         let ids = files
             .iter()
@@ -281,6 +301,78 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("pvc:weights"));
+    }
+
+    /// A sparse pipeline folder of `preset` (headers only) under `dir`.
+    fn synth(dir: &Path, preset: &str) -> PathBuf {
+        use layerwise_engine::tools::synth::{synth, SynthOptions};
+        let out = dir.join(preset);
+        let mut o = SynthOptions::preset(preset).unwrap();
+        o.sparse = true;
+        synth(&out, &o).unwrap();
+        out
+    }
+
+    #[test]
+    fn every_family_the_reader_profiles_is_accepted_and_must_match_the_request() {
+        let d = tempfile::tempdir().unwrap();
+        for (preset, family) in [("tiny", "dit"), ("wan-tiny", "wan")] {
+            let dir = synth(d.path(), preset);
+            let p = Profile::read(&dir).unwrap();
+            assert_eq!(p.family, family);
+            assert!(crate::node::FAMILIES.contains(&family), "{family}");
+            check_family("ns/m", family, &dir, &p).unwrap();
+        }
+        let dir = d.path().join("wan-tiny");
+        let p = Profile::read(&dir).unwrap();
+        let e = check_family("ns/m", "dit", &dir, &p).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("ns/m")
+                && msg.contains("names family `dit`")
+                && msg.contains("is a `wan` pipeline")
+                && msg.contains(&dir.display().to_string()),
+            "{msg}"
+        );
+        assert_eq!(e.metric_label(), "model");
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_of_another_family_fails_without_reporting_a_profile_or_warming() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = synth(d.path(), "wan-tiny");
+        let settings = Arc::new(Settings {
+            model_root: None,
+            // Never started: the model fails before warming.
+            worker_exe: PathBuf::from("/nonexistent"),
+            options: Options::default(),
+            cgroup: None,
+            budget: None,
+        });
+        let (tx, mut rx) = mpsc::channel(16);
+        prepare("ns/m".into(), 1, dir, "dit".into(), settings, tx).await;
+        let mut updates = Vec::new();
+        while let Ok(u) = rx.try_recv() {
+            updates.push(u);
+        }
+        assert!(
+            matches!(
+                &updates[..],
+                [
+                    Update::State {
+                        state: ModelState::Profiling,
+                        ..
+                    },
+                    Update::Failed { .. }
+                ]
+            ),
+            "{updates:?}"
+        );
+        let Update::Failed { error, .. } = &updates[1] else {
+            unreachable!()
+        };
+        let msg = error.to_string();
+        assert!(msg.contains("`dit`") && msg.contains("`wan`"), "{msg}");
     }
 
     #[test]

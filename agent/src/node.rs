@@ -37,8 +37,8 @@ use crate::{Error, Result};
 
 /// The field manager of everything the agent writes.
 pub const MANAGER: &str = "layerwise-agent";
-/// The model families whose checkpoints this agent's reader understands.
-pub const FAMILIES: [&str; 1] = ["dit"];
+/// The model families whose checkpoints this agent's reader understands: the engine's.
+pub const FAMILIES: [&str; 2] = layerwise_engine::families::NAMES;
 /// Timeout of every API call.
 const API_TIMEOUT: Duration = Duration::from_secs(15);
 /// How often residency of models being warmed is measured.
@@ -349,6 +349,7 @@ impl Loop {
                     id.clone(),
                     task,
                     dir,
+                    entry.request.family.clone(),
                     self.ctx.settings.clone(),
                     self.tx.clone(),
                 )));

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crds::{
     AutoscalingMode, DiffusionDeployment, DiffusionDeploymentStatus, DiffusionNode, ModelState,
+    NodeModelStatus, Profile,
 };
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -310,6 +311,22 @@ async fn withdraw(ctx: &Context, id: &str, dn: &DiffusionNode) -> Result<()> {
     Ok(())
 }
 
+/// What one candidate node's status of the model gives the planner: a profile of the family
+/// the spec names, nothing yet, or why the node cannot serve it. The agent fails a checkpoint
+/// of another family when it profiles it; a profile reported before the spec changed family
+/// is refused here too, so no plan is ever made from it.
+fn node_profile<'a>(family: &str, m: &'a NodeModelStatus) -> Result<Option<&'a Profile>, String> {
+    match (&m.state, &m.profile) {
+        (ModelState::Failed, _) => Err(m.error.clone().unwrap_or_else(|| "failed".into())),
+        (_, Some(p)) if p.family != family => Err(format!(
+            "the DiffusionDeployment names family `{family}`, but the checkpoint is a `{}` pipeline",
+            p.family
+        )),
+        (_, Some(p)) => Ok(Some(p)),
+        _ => Ok(None),
+    }
+}
+
 async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     let now = Timestamp::now();
     let id = model_id(dd);
@@ -414,14 +431,10 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
         let Some(m) = dn.status.as_ref().and_then(|s| s.model(&id)) else {
             continue;
         };
-        match (&m.state, &m.profile) {
-            (ModelState::Failed, _) => failed.push(format!(
-                "{}: {}",
-                dn.name_any(),
-                m.error.as_deref().unwrap_or("failed")
-            )),
-            (_, Some(p)) => profiled.push((dn, *count, m, p)),
-            _ => {}
+        match node_profile(&spec.model.family, m) {
+            Err(why) => failed.push(format!("{}: {why}", dn.name_any())),
+            Ok(Some(p)) => profiled.push((dn, *count, m, p)),
+            Ok(None) => {}
         }
     }
     if profiled.is_empty() {
@@ -519,15 +532,8 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
             })
         })
         .collect();
-    let mut limits = ctx.settings.limits;
-    if let Some(o) = spec.engine.device_overhead_bytes {
-        limits.device_overhead = o;
-    }
-    let overrides = Overrides {
-        strategy: spec.strategy,
-        dp: spec.dp,
-        slots: spec.slots,
-    };
+    let limits = ctx.settings.limits.for_spec(spec);
+    let overrides = Overrides::of(spec);
     let w = &spec.workload;
     let plan = match planner::plan(&profile, &shapes, w, &overrides, &limits) {
         Ok(plan) => plan,
@@ -836,4 +842,35 @@ async fn cleanup(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
         .await;
     }
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_profile_of_another_family_is_refused_naming_both() {
+        let mut p = layerwise_e2e::fixtures::dit_profile(4, 1 << 20, 0, 0);
+        let status = |state, profile: Option<Profile>, error: Option<&str>| NodeModelStatus {
+            id: "ns/m".into(),
+            state,
+            profile,
+            error: error.map(Into::into),
+            ..Default::default()
+        };
+        let warm = status(ModelState::Warm, Some(p.clone()), None);
+        assert_eq!(node_profile("dit", &warm), Ok(Some(&p)));
+        let why = node_profile("wan", &warm).unwrap_err();
+        assert!(
+            why.contains("names family `wan`") && why.contains("a `dit` pipeline"),
+            "{why}"
+        );
+        p.family = "wan".into();
+        let warm = status(ModelState::Warming, Some(p.clone()), None);
+        assert_eq!(node_profile("wan", &warm), Ok(Some(&p)));
+        let failed = status(ModelState::Failed, Some(p), Some("bad header"));
+        assert_eq!(node_profile("wan", &failed), Err("bad header".into()));
+        let pending = status(ModelState::Profiling, None, None);
+        assert_eq!(node_profile("wan", &pending), Ok(None));
+    }
 }

@@ -10,7 +10,9 @@
 
 use std::fmt;
 
-use crds::{MemoryBreakdown, Plan, PlannedStrategy, Profile, Strategy, Workload};
+use crds::{
+    DiffusionDeploymentSpec, MemoryBreakdown, Plan, PlannedStrategy, Profile, Strategy, Workload,
+};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -38,6 +40,17 @@ pub struct Overrides {
     pub slots: Option<u32>,
 }
 
+impl Overrides {
+    /// What `spec` fixes.
+    pub fn of(spec: &DiffusionDeploymentSpec) -> Overrides {
+        Overrides {
+            strategy: spec.strategy,
+            dp: spec.dp,
+            slots: spec.slots,
+        }
+    }
+}
+
 /// Allowances the planner adds beside the model's own bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -61,6 +74,19 @@ impl Default for Limits {
             min_slots: 2,
             max_slots: 4,
             max_dp: 8,
+        }
+    }
+}
+
+impl Limits {
+    /// These allowances, with what `spec` sets in their place (its device overhead).
+    pub fn for_spec(self, spec: &DiffusionDeploymentSpec) -> Limits {
+        Limits {
+            device_overhead: spec
+                .engine
+                .device_overhead_bytes
+                .unwrap_or(self.device_overhead),
+            ..self
         }
     }
 }

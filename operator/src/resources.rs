@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crds::{DiffusionDeployment, Plan, PlannedStrategy};
+use crds::{DiffusionDeployment, Plan, PlannedStrategy, Workload};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
+use layerwise_engine::bounds::RequestBounds;
 
 /// The port the engine serves HTTP (requests, `/metrics`, probes) on.
 pub const ENGINE_PORT: i32 = 8080;
@@ -71,6 +72,17 @@ pub fn plan_summary(plan: &Plan) -> String {
     )
 }
 
+/// The request bounds an engine pod enforces: the workload the planner sized it for.
+pub fn request_bounds(w: &Workload) -> RequestBounds {
+    RequestBounds {
+        max_width: w.max_width,
+        max_height: w.max_height,
+        max_frames: w.max_frames,
+        max_steps: w.max_steps,
+        max_n: w.max_batch,
+    }
+}
+
 fn env(name: &str, value: impl ToString) -> EnvVar {
     EnvVar {
         name: name.into(),
@@ -120,18 +132,16 @@ pub fn deployment(
     args.extend(["--listen".into(), format!("0.0.0.0:{ENGINE_PORT}")]);
     args.extend(engine.extra_args.iter().cloned());
 
-    let w = &spec.workload;
-    // The engine's request bounds (`layerwise serve --help`): it bounds both sides by one
-    // size, so the larger of the workload's width and height.
-    let mut envs = vec![
-        env("LAYERWISE_MAX_SIZE", w.max_width.max(w.max_height)),
-        env("LAYERWISE_MAX_STEPS", w.max_steps),
-        env("LAYERWISE_MAX_N", w.max_batch),
-        env(
-            "LAYERWISE_DEVICE_MEMORY_MIB",
-            plan.device_bytes_per_rank.div_ceil(1 << 20),
-        ),
-    ];
+    // The engine refuses requests beyond the workload the plan was sized for.
+    let mut envs: Vec<EnvVar> = request_bounds(&spec.workload)
+        .env()
+        .iter()
+        .map(|(name, value)| env(name, value))
+        .collect();
+    envs.push(env(
+        "LAYERWISE_DEVICE_MEMORY_MIB",
+        plan.device_bytes_per_rank.div_ceil(1 << 20),
+    ));
     envs.extend(engine.env.iter().cloned());
 
     // The plan's accelerators and memory win over anything the spec says for them.
@@ -362,5 +372,99 @@ pub fn service(dd: &DiffusionDeployment) -> Service {
             ..Default::default()
         }),
         status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crds::MemoryBreakdown;
+    use layerwise_engine::bounds::{
+        ENV_MAX_FRAMES, ENV_MAX_HEIGHT, ENV_MAX_N, ENV_MAX_STEPS, ENV_MAX_WIDTH,
+    };
+    use serde_json::json;
+
+    fn dd(workload: serde_json::Value) -> DiffusionDeployment {
+        serde_json::from_value(json!({
+            "apiVersion": "layerwise.dev/v1alpha1",
+            "kind": "DiffusionDeployment",
+            "metadata": { "name": "wan", "namespace": "ns" },
+            "spec": {
+                "model": { "family": "wan", "location": { "hostPath": "/models/wan" } },
+                "workload": workload,
+            },
+        }))
+        .unwrap()
+    }
+
+    fn plan() -> Plan {
+        Plan {
+            strategy: PlannedStrategy::OffloadSharded,
+            dp: 8,
+            slots: 4,
+            fast_peer_link: true,
+            device_bytes_per_rank: (10 << 30) + 1,
+            host_bytes_per_pod: 80 << 30,
+            device_breakdown: MemoryBreakdown::default(),
+            nodes: vec!["n0".into()],
+            reasons: Vec::new(),
+            rejected: Vec::new(),
+        }
+    }
+
+    fn envs(d: &Deployment) -> Vec<(String, String)> {
+        let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        pod.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+            .collect()
+    }
+
+    #[test]
+    fn engine_pods_enforce_every_workload_bound_under_the_engines_names() {
+        let d = dd(json!({
+            "maxWidth": 1280,
+            "maxHeight": 720,
+            "maxFrames": 81,
+            "maxSteps": 40,
+            "maxBatch": 2,
+        }));
+        let env = envs(&deployment(&d, &plan(), 1, "engine:test", &[]));
+        let bounds: Vec<(&str, &str)> = env
+            .iter()
+            .filter(|(n, _)| n.starts_with("LAYERWISE_MAX_"))
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            bounds,
+            [
+                (ENV_MAX_WIDTH, "1280"),
+                (ENV_MAX_HEIGHT, "720"),
+                (ENV_MAX_FRAMES, "81"),
+                (ENV_MAX_STEPS, "40"),
+                (ENV_MAX_N, "2"),
+            ]
+        );
+        assert!(
+            env.contains(&("LAYERWISE_DEVICE_MEMORY_MIB".into(), "10241".into())),
+            "{env:?}"
+        );
+    }
+
+    #[test]
+    fn request_bounds_default_to_one_frame_images() {
+        let b = request_bounds(&dd(json!({})).spec.workload);
+        assert_eq!(
+            b,
+            RequestBounds {
+                max_width: 1024,
+                max_height: 1024,
+                max_frames: 1,
+                max_steps: 50,
+                max_n: 1,
+            }
+        );
     }
 }

@@ -92,6 +92,8 @@ pub struct Running {
     pub node: String,
     pub ip: IpAddr,
     pub args: Vec<String>,
+    /// The container's environment as the process got it (the pod's `env`, resolved).
+    pub env: Vec<(String, String)>,
     pub ready: bool,
 }
 
@@ -475,6 +477,7 @@ async fn supervise(
                 node: node.clone(),
                 ip,
                 args: launch.args.clone(),
+                env: launch.env.clone(),
                 ready: false,
             },
         );

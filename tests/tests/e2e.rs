@@ -37,6 +37,10 @@ const WAIT: Duration = Duration::from_secs(120);
 const NAME: &str = "tiny";
 /// The model's host path on every GPU node (under each fake node's root folder).
 const MODEL_PATH: &str = "/models/tiny";
+/// The text-to-video deployment: a tiny two-expert Wan 2.2 pipeline, two engine pods.
+const WAN: &str = "wan";
+const WAN_PATH: &str = "/models/wan-tiny";
+const WAN_REPLICAS: usize = 2;
 const MIN_REPLICAS: i32 = 2;
 const MAX_REPLICAS: i32 = 4;
 const TARGET_QUEUE: u32 = 2;
@@ -76,7 +80,8 @@ async fn apply_prewarm_plan_serve_autoscale_roll_and_clean_up() -> Result<()> {
         // What every Linux node has that the chart's agent mounts.
         std::fs::create_dir_all(root.join("sys/fs/cgroup"))?;
         if n.labels().get("nvidia.com/gpu.present").map(String::as_str) == Some("true") {
-            synth(&root.join(MODEL_PATH.trim_start_matches('/')))?;
+            synth("tiny", &root.join(MODEL_PATH.trim_start_matches('/')))?;
+            synth("wan-tiny", &root.join(WAN_PATH.trim_start_matches('/')))?;
             gpu_nodes.push(n.name_any());
         }
         node_roots.insert(n.name_any(), root);
@@ -127,10 +132,10 @@ fn phase(what: &str) {
     eprintln!("e2e: {:>6.1}s {what}", t.as_secs_f64());
 }
 
-/// `layerwise synth --preset tiny` into `dir`.
-fn synth(dir: &Path) -> Result<()> {
+/// `layerwise synth --preset PRESET` into `dir`.
+fn synth(preset: &str, dir: &Path) -> Result<()> {
     let out = std::process::Command::new(tools::workspace_bin("layerwise")?)
-        .args(["synth", "--preset", "tiny", "--out"])
+        .args(["synth", "--preset", preset, "--out"])
         .arg(dir)
         .output()?;
     ensure!(
@@ -139,6 +144,15 @@ fn synth(dir: &Path) -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(())
+}
+
+/// Every DiffusionDeployment's `spec.engine` here: pods the node runner runs.
+fn engine_yaml() -> String {
+    format!(
+        "  engine:\n    image: layerwise:e2e\n    podAnnotations:\n      {}: {}\n",
+        runner::ANNOTATION,
+        runner::ANNOTATION_VALUE
+    )
 }
 
 struct World {
@@ -156,6 +170,8 @@ struct Summary {
     requests: u64,
     failed: u64,
     retried: u64,
+    /// Of the requests, video jobs (one through each Wan engine pod).
+    videos: u64,
 }
 
 impl Summary {
@@ -163,11 +179,12 @@ impl Summary {
     /// the test command to print last.
     fn print(&self) -> Result<()> {
         let line = format!(
-            "e2e: available_after={:.1} scale_up={:.1} scale_down={:.1} requests={} failed={}",
+            "e2e: available_after={:.1} scale_up={:.1} scale_down={:.1} requests={} videos={} failed={}",
             self.available_after.as_secs_f64(),
             self.scale_up.as_secs_f64(),
             self.scale_down.as_secs_f64(),
             self.requests,
+            self.videos,
             self.failed
         );
         eprintln!(
@@ -211,15 +228,145 @@ spec:
     maxReplicas: {MAX_REPLICAS}
     targetQueuePerReplica: {TARGET_QUEUE}
     scaleDownDelaySeconds: {SCALE_DOWN_DELAY_S}
-  engine:
-    image: layerwise:e2e
-    podAnnotations:
-      {annotation}: {value}
-"#,
+{engine}"#,
             ns = self.ns,
-            annotation = runner::ANNOTATION,
-            value = runner::ANNOTATION_VALUE,
+            engine = engine_yaml(),
         )
+    }
+
+    fn wan_yaml(&self) -> String {
+        format!(
+            r#"apiVersion: layerwise.dev/v1alpha1
+kind: DiffusionDeployment
+metadata:
+  name: {WAN}
+  namespace: {ns}
+spec:
+  model:
+    family: wan
+    location:
+      hostPath: {WAN_PATH}
+  workload:
+    maxWidth: 64
+    maxHeight: 64
+    maxFrames: 17
+    maxSteps: 50
+  strategy: offload-sharded
+  dp: 2
+  slots: 2
+  replicas: {WAN_REPLICAS}
+{engine}"#,
+            ns = self.ns,
+            engine = engine_yaml(),
+        )
+    }
+
+    /// A text-to-video deployment beside the image one: the agents profile it (family and
+    /// components), the operator plans it and passes the workload's bounds, and a video job
+    /// goes through each engine pod, polled to an MP4 that ffprobe reads. Then it is deleted.
+    async fn videos(&self, runner: &NodeRunner, counters: &Counters) -> Result<()> {
+        let dds: Api<DiffusionDeployment> = Api::namespaced(self.client.clone(), &self.ns);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        self.kubectl_apply(&self.wan_yaml())?;
+        wait_until("the Wan deployment Available", WAIT, || async {
+            check_runner(runner)?;
+            let dd = dds.get(WAN).await?;
+            Ok(if condition(&dd, "Available") == Some(true) {
+                Ok(())
+            } else {
+                Err(format!("{:?}", dd.status.map(|s| s.conditions)))
+            })
+        })
+        .await?;
+        let id = format!("{}/{WAN}", self.ns);
+        let dns: Api<DiffusionNode> = Api::all(self.client.clone());
+        for node in &self.gpu_nodes {
+            let dn = dns.get(node).await?;
+            let profile = dn
+                .status
+                .as_ref()
+                .and_then(|s| s.model(&id))
+                .and_then(|m| m.profile.clone())
+                .with_context(|| format!("no Wan profile on {node}"))?;
+            let parts: Vec<(&str, usize)> = profile
+                .components
+                .iter()
+                .map(|c| (c.name.as_str(), c.blocks))
+                .collect();
+            ensure!(
+                profile.family == "wan"
+                    && parts
+                        == [
+                            ("text_encoder", 2),
+                            ("transformer", 2),
+                            ("transformer_2", 2),
+                            ("vae", 0)
+                        ],
+                "the Wan profile on {node}: family {}, components {parts:?}",
+                profile.family
+            );
+        }
+        let dd = dds.get(WAN).await?;
+        let engines = Engines::new(pods, &dd);
+        let ready = self.engines_ready(&engines, WAN_REPLICAS).await?;
+        for r in runner
+            .running()
+            .iter()
+            .filter(|r| ready.iter().any(|(p, _)| *p == r.pod))
+        {
+            ensure!(
+                r.env
+                    .iter()
+                    .any(|(k, v)| k == "LAYERWISE_MAX_FRAMES" && v == "17"),
+                "engine {} runs without the workload's frame bound: {:?}",
+                r.pod,
+                r.env
+            );
+        }
+        for (i, (pod, addr)) in ready.iter().enumerate() {
+            match video(*addr, i as u64).await {
+                Ok(()) => counters.ok.fetch_add(1, Ordering::Relaxed),
+                Err(e) => {
+                    counters
+                        .errors
+                        .lock()
+                        .expect("errors")
+                        .push(format!("video through {pod}: {e:#}"));
+                    counters.failed.fetch_add(1, Ordering::Relaxed)
+                }
+            };
+            counters.videos.fetch_add(1, Ordering::Relaxed);
+        }
+        ensure!(
+            counters.failed.load(Ordering::Relaxed) == 0,
+            "video requests failed: {}",
+            counters.errors()
+        );
+        ok(
+            tool(
+                "kubectl",
+                &[
+                    "delete",
+                    "-n",
+                    &self.ns,
+                    "diffusiondeployment",
+                    WAN,
+                    "--timeout=120s",
+                ],
+                None,
+            )?,
+            "kubectl delete the Wan deployment",
+        )?;
+        wait_until("the Wan engines gone", WAIT, || async {
+            check_runner(runner)?;
+            let left = engines.all().await?.len();
+            Ok(if left == 0 {
+                Ok(())
+            } else {
+                Err(format!("{left} Wan engine pods"))
+            })
+        })
+        .await
     }
 
     fn kubectl_apply(&self, yaml: &str) -> Result<()> {
@@ -365,6 +512,10 @@ spec:
                 r.args
             );
         }
+
+        phase("a video through each Wan engine");
+        // 3b. Text to video: a second deployment, of a tiny Wan 2.2, beside the image one.
+        self.videos(runner, &counters).await?;
 
         phase("load");
         // 4. A load above one replica's target queue: the replicas grow to the maximum.
@@ -547,6 +698,7 @@ spec:
             requests: counters.ok.load(Ordering::Relaxed) + counters.failed.load(Ordering::Relaxed),
             failed: counters.failed.load(Ordering::Relaxed),
             retried: counters.retried.load(Ordering::Relaxed),
+            videos: counters.videos.load(Ordering::Relaxed),
         })
     }
 
@@ -704,6 +856,7 @@ struct Counters {
     ok: AtomicU64,
     failed: AtomicU64,
     retried: AtomicU64,
+    videos: AtomicU64,
     errors: std::sync::Mutex<Vec<String>>,
 }
 
@@ -837,4 +990,102 @@ async fn generate(addr: SocketAddr, seed: u64, steps: u64) -> Result<Vec<u8>, Re
     base64::engine::general_purpose::STANDARD
         .decode(b64)
         .map_err(|e| Refused::Fail(format!("b64_json: {e}")))
+}
+
+/// One video job through the engine at `addr`: 9 frames of 48×32 from a prompt, polled
+/// through its progress to completion; the MP4 must hold what was asked for.
+async fn video(addr: SocketAddr, seed: u64) -> Result<()> {
+    const STEPS: u64 = 12;
+    let body = json!({
+        "prompt": format!("a red fox running through fresh snow, take {seed}"),
+        "size": "48x32", "frames": 9, "fps": 8, "steps": STEPS, "seed": seed,
+    })
+    .to_string();
+    let r = http(
+        addr,
+        "POST",
+        "/v1/videos",
+        Some(body.as_bytes()),
+        REQUEST_TIMEOUT,
+    )
+    .await?;
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    ensure!(
+        r.status == 202,
+        "POST /v1/videos: HTTP {}: {text}",
+        r.status
+    );
+    let id = r.json()?["id"]
+        .as_str()
+        .with_context(|| format!("no id in {text}"))?
+        .to_string();
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    let mut steps_seen = Vec::new();
+    let last = loop {
+        let r = http(
+            addr,
+            "GET",
+            &format!("/v1/videos/{id}"),
+            None,
+            REQUEST_TIMEOUT,
+        )
+        .await?;
+        ensure!(r.status == 200, "GET /v1/videos/{id}: HTTP {}", r.status);
+        let v = r.json()?;
+        let steps = v["steps_done"].as_u64().context("steps_done")?;
+        if steps_seen.last() != Some(&steps) {
+            steps_seen.push(steps);
+        }
+        match v["status"].as_str() {
+            Some("completed") | Some("failed") => break v,
+            _ => {}
+        }
+        ensure!(Instant::now() < deadline, "video {id} still running: {v}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    ensure!(last["status"] == "completed", "video {id}: {last}");
+    ensure!(
+        (
+            last["progress"].as_u64(),
+            last["steps_done"].as_u64(),
+            last["frames_decoded"].as_u64()
+        ) == (Some(100), Some(STEPS), Some(9)),
+        "video {id} reported {last}"
+    );
+    ensure!(
+        steps_seen.windows(2).all(|w| w[0] < w[1]) && steps_seen.len() >= 2,
+        "video {id}: steps done as polled: {steps_seen:?}"
+    );
+    let r = http(
+        addr,
+        "GET",
+        &format!("/v1/videos/{id}/content"),
+        None,
+        REQUEST_TIMEOUT,
+    )
+    .await?;
+    ensure!(
+        r.status == 200,
+        "GET /v1/videos/{id}/content: HTTP {}",
+        r.status
+    );
+    let file = tempfile::Builder::new().suffix(".mp4").tempfile()?;
+    std::fs::write(file.path(), &r.body)?;
+    let probe = std::process::Command::new("ffprobe")
+        .args(["-v", "error", "-select_streams", "v:0", "-count_frames"])
+        .args([
+            "-show_entries",
+            "stream=codec_name,width,height,nb_read_frames",
+        ])
+        .args(["-of", "csv=p=0"])
+        .arg(file.path())
+        .output()
+        .context("running ffprobe")?;
+    let read = String::from_utf8_lossy(&probe.stdout).trim().to_string();
+    ensure!(
+        read == "h264,48,32,9",
+        "video {id}: ffprobe read {read:?} ({})",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    Ok(())
 }

@@ -83,6 +83,11 @@ pub struct Checkpoint {
 /// Pipelines this build runs, by the `_class_name` diffusers writes in `model_index.json`.
 pub const PIPELINES: [&str; 2] = ["DiTPipeline", "WanPipeline"];
 
+/// The families this build opens, by the short name a profile's `family` and a
+/// DiffusionDeployment's `model.family` use ([`Checkpoint::name`]), in the order of
+/// [`PIPELINES`]. The node agent profiles exactly these.
+pub const NAMES: [&str; 2] = ["dit", "wan"];
+
 impl Checkpoint {
     pub fn open(root: &std::path::Path) -> crate::Result<Checkpoint> {
         let folder = crate::checkpoint::ModelFolder::new(root)?;
@@ -107,11 +112,11 @@ impl Checkpoint {
         })
     }
 
-    /// The family's short name (`dit`).
+    /// The family's short name (`dit`, `wan`): one of [`NAMES`].
     pub fn name(&self) -> &'static str {
         match &self.family {
-            Family::Dit(_) => "dit",
-            Family::Wan(_) => "wan",
+            Family::Dit(_) => NAMES[0],
+            Family::Wan(_) => NAMES[1],
         }
     }
 

@@ -1,0 +1,268 @@
+//! The Wan 2.2 A14B example of docs/operations.md: its DiffusionDeployment, planned from the
+//! real profile of a sparse `synth --preset wan2.2-a14b --sparse` folder (headers only, no
+//! weights read) on the node shapes the doc names. The doc's figures are the planner's, and
+//! the engine's own accounting of the run each plan starts fits in what the planner reserved.
+
+use std::path::{Path, PathBuf};
+
+use crds::{DiffusionDeployment, Plan, PlannedStrategy, Profile, Strategy};
+use layerwise_engine::engine::Model;
+use layerwise_engine::execution::cuda::plan::{
+    budget_capacity, choose_slots, DeviceNeeds, SlotsChoice,
+};
+use layerwise_engine::tools::synth::{synth, SynthOptions};
+use layerwise_engine::Strategy as EngineStrategy;
+use layerwise_operator::planner::{self, Limits, NodeShape, Overrides, Refusal, Shortage};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+fn doc_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md")
+}
+
+/// The doc's Wan example: the YAML block that names `family: wan`.
+fn documented_deployment(doc: &str) -> DiffusionDeployment {
+    let block = doc
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|b| b.split_once("```").map(|(yaml, _)| yaml))
+        .find(|yaml| yaml.contains("family: wan"))
+        .expect("docs/operations.md has a DiffusionDeployment with `family: wan`");
+    serde_yaml::from_str(block).expect("the documented DiffusionDeployment parses")
+}
+
+/// The node shapes the doc plans on, as their agents report them.
+fn nodes() -> [(NodeShape, &'static str); 2] {
+    [
+        (
+            NodeShape {
+                name: "a100-80gb".into(),
+                devices: 8,
+                // NVML's total for an A100-SXM4-80GB: 81,920 MiB.
+                device_bytes: 81_920 * MIB,
+                host_bytes: 1000 * GIB,
+                fast_peer_link: true,
+                warm: true,
+            },
+            "8 × A100-SXM4-80GB (81,920 MiB each, NVLink), 1000 GiB host",
+        ),
+        (
+            NodeShape {
+                name: "l4-24gb".into(),
+                devices: 8,
+                // NVML's total for an L4: 23,034 MiB; PCIe only.
+                device_bytes: 23_034 * MIB,
+                host_bytes: 384 * GIB,
+                fast_peer_link: false,
+                warm: true,
+            },
+            "8 × L4 (23,034 MiB each, PCIe only), 384 GiB host",
+        ),
+    ]
+}
+
+/// `1234567` as `1,234,567`.
+fn grouped(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn bytes(n: u64) -> String {
+    format!("{} ({:.2} GiB)", grouped(n), n as f64 / GIB as f64)
+}
+
+/// The doc's table row for `plan` of a `w`×`h`×`frames` workload on `node`, with the pods
+/// of that plan one node holds (by accelerators and by host memory requests).
+fn row(dd: &DiffusionDeployment, node: &NodeShape, label: &str, plan: &Plan) -> String {
+    let w = &dd.spec.workload;
+    let pods = (node.devices / plan.dp).min((node.host_bytes / plan.host_bytes_per_pod) as u32);
+    format!(
+        "| {}×{}×{} | {label} | `{}` | {} | {} | {} | {} | {pods} |",
+        w.max_width,
+        w.max_height,
+        w.max_frames,
+        plan.strategy.as_str(),
+        plan.dp,
+        plan.slots,
+        bytes(plan.device_bytes_per_rank),
+        bytes(plan.host_bytes_per_pod)
+    )
+}
+
+/// The doc's breakdown row (GiB) of `plan` for `dd`'s workload.
+fn breakdown(dd: &DiffusionDeployment, plan: &Plan) -> String {
+    let w = &dd.spec.workload;
+    let b = &plan.device_breakdown;
+    let gib = |n: u64| format!("{:.2}", n as f64 / GIB as f64);
+    format!(
+        "| {}×{}×{} | `{}` dp={}, {} slots | {} | {} | {} | {} | {} | {} |",
+        w.max_width,
+        w.max_height,
+        w.max_frames,
+        plan.strategy.as_str(),
+        plan.dp,
+        plan.slots,
+        gib(b.block_weights),
+        gib(b.slots),
+        gib(b.resident_weights),
+        gib(b.activations),
+        gib(b.overhead),
+        gib(plan.device_bytes_per_rank)
+    )
+}
+
+/// Plans `dd` on `node` the way the controller does (the spec's overrides and allowances,
+/// the operator's default limits).
+fn plan_on(profile: &Profile, dd: &DiffusionDeployment, node: &NodeShape) -> Result<Plan, Refusal> {
+    let spec = &dd.spec;
+    planner::plan(
+        profile,
+        std::slice::from_ref(node),
+        &spec.workload,
+        &Overrides::of(spec),
+        &Limits::default().for_spec(spec),
+    )
+}
+
+/// Checks `plan` against the engine's own accounting of the run it starts: `Model::open` of
+/// the same folder, its block layouts for the plan's dp, and the slot choice the engine makes
+/// at start on a device of `node`'s size under the plan's `LAYERWISE_DEVICE_MEMORY_MIB`.
+/// Returns the engine's device bytes for weights.
+fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, plan: &Plan) -> u64 {
+    let strategy: EngineStrategy = plan.strategy.as_str().parse().unwrap();
+    let layouts = model.layouts(plan.dp as usize).unwrap();
+    // With the decoder on the device: at least what `serve` (which decodes on the CPU) keeps.
+    let needs = DeviceNeeds::of(&layouts, strategy, model.family.resident_bytes(true));
+    let k = u64::from(plan.slots);
+    let b = &plan.device_breakdown;
+    // A slot is the same bytes on both sides: one padded block of any group.
+    assert_eq!(k * needs.slot, b.slots, "{plan:?}");
+    // Weights kept on the device: the engine charges no more than the planner reserved.
+    let weights = needs.fixed + k * needs.slot;
+    let reserved = b.block_weights + b.slots + b.resident_weights;
+    assert!(weights <= reserved, "engine {weights} > planned {reserved}");
+    // Activations of a request at the pod's bounds: the engine's formula gives the planner's.
+    let w = &dd.spec.workload;
+    let act = model
+        .checkpoint
+        .activation_cost()
+        .checked_bytes(
+            w.max_width,
+            w.max_height,
+            w.max_frames,
+            w.max_batch,
+            w.guidance,
+        )
+        .unwrap();
+    assert_eq!(act, b.activations);
+    assert!(weights + act + b.overhead <= plan.device_bytes_per_rank);
+    assert!(plan.device_bytes_per_rank <= node.device_bytes);
+    // The engine starts: on a device of this size, all free, under the cap the operator
+    // passes, the plan's K fits (the engine refuses to start otherwise).
+    let cap = plan.device_bytes_per_rank.div_ceil(MIB) * MIB;
+    let capacity = budget_capacity(node.device_bytes, node.device_bytes, Some(cap));
+    let k_engine = choose_slots(
+        SlotsChoice::Fixed(plan.slots as usize),
+        strategy,
+        needs,
+        capacity,
+    )
+    .unwrap_or_else(|e| panic!("the engine would not start {plan:?}: {e}"));
+    assert_eq!(k_engine as u64, k);
+    weights
+}
+
+#[test]
+fn the_documented_wan_a14b_plans_are_the_planners_and_fit_the_engines_accounting() {
+    let doc = std::fs::read_to_string(doc_path()).unwrap();
+    let dd = documented_deployment(&doc);
+    assert_eq!(dd.spec.model.family, "wan");
+    let w = &dd.spec.workload;
+    assert_eq!(
+        (w.max_width, w.max_height, w.max_frames, w.max_steps),
+        (1280, 720, 81, 50)
+    );
+    // The doc's second workload: the same deployment at 480p.
+    let mut p480 = dd.clone();
+    (p480.spec.workload.max_width, p480.spec.workload.max_height) = (832, 480);
+    // And at 480p with `strategy: offload-sharded`: one pod over all of a node's devices.
+    let mut p480_sharded = p480.clone();
+    p480_sharded.spec.strategy = Strategy::OffloadSharded;
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("wan2.2-a14b");
+    let mut o = SynthOptions::preset("wan2.2-a14b").unwrap();
+    o.sparse = true;
+    synth(&out, &o).unwrap();
+    // The profile as an agent reports it: through the DiffusionNode's JSON.
+    let profile: Profile =
+        serde_json::from_value(serde_json::to_value(Profile::read(&out).unwrap()).unwrap())
+            .unwrap();
+    assert_eq!(profile.family, "wan");
+    let model = Model::open(&out).unwrap();
+    let mut expected = vec![
+        format!("| `totalBytes` | {} |", grouped(profile.total_bytes)),
+        format!(
+            "{} × {}",
+            profile.blocks,
+            grouped(profile.largest_block_bytes)
+        ),
+        format!(
+            "{} + {} = {}",
+            grouped(profile.outside_block_bytes),
+            grouped(profile.vae_bytes),
+            grouped(profile.outside_block_bytes + profile.vae_bytes)
+        ),
+    ];
+
+    let [a100, l4] = nodes();
+    for (dd, (node, label), want) in [
+        (&dd, &a100, Some((PlannedStrategy::Sharded, 2, 4))),
+        (&dd, &l4, None),
+        (&p480, &a100, Some((PlannedStrategy::Sharded, 2, 4))),
+        (&p480, &l4, Some((PlannedStrategy::Offload, 1, 4))),
+        (
+            &p480_sharded,
+            &l4,
+            Some((PlannedStrategy::OffloadSharded, 8, 4)),
+        ),
+    ] {
+        match (plan_on(&profile, dd, node), want) {
+            (Ok(plan), Some(want)) => {
+                assert_eq!((plan.strategy, plan.dp, plan.slots), want, "{label}");
+                let weights = engine_fits(&model, dd, node, &plan);
+                println!(
+                    "{}\n{}\n  engine weights {weights} bytes per rank",
+                    row(dd, node, label, &plan),
+                    breakdown(dd, &plan)
+                );
+                expected.push(row(dd, node, label, &plan));
+                expected.push(breakdown(dd, &plan));
+            }
+            (Err(refusal), None) => {
+                assert_eq!(refusal.shortage, Shortage::DeviceMemory, "{refusal}");
+                println!("{label}: {refusal}");
+                expected.push(refusal.to_string());
+            }
+            (got, want) => panic!("{label}: expected {want:?}, planned {got:?}"),
+        }
+    }
+    let missing: Vec<&String> = expected.iter().filter(|e| !doc.contains(*e)).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/operations.md lacks the planner's figures:\n{}",
+        missing
+            .iter()
+            .map(|e| e.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
