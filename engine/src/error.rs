@@ -52,6 +52,9 @@ pub enum Error {
     /// A request body that is not the JSON object the API expects.
     #[error("bad request: {msg}")]
     BadRequest { msg: String },
+    /// A request body in a media type the API does not read.
+    #[error("content-type `{content_type}`: send application/json (or multipart/form-data where OpenAI's clients use it)")]
+    UnsupportedMediaType { content_type: String },
     /// A request body over the server's limit.
     #[error("request body over the {limit}-byte limit")]
     PayloadTooLarge { limit: usize },
@@ -124,6 +127,7 @@ impl Error {
             Error::Conflict { .. } => 409,
             Error::Gone { .. } => 410,
             Error::PayloadTooLarge { .. } => 413,
+            Error::UnsupportedMediaType { .. } => 415,
             Error::Invalid { .. } => 422,
             Error::QueueFull { .. } => 429,
             Error::Unavailable { .. } => 503,
@@ -139,6 +143,7 @@ impl Error {
             Error::Conflict { .. } => "conflict",
             Error::Gone { .. } => "expired",
             Error::PayloadTooLarge { .. } => "payload_too_large",
+            Error::UnsupportedMediaType { .. } => "unsupported_media_type",
             Error::Invalid { .. } => "invalid_request",
             Error::QueueFull { .. } => "queue_full",
             Error::Unavailable { .. } => "unavailable",

@@ -12,7 +12,7 @@ use axum::Router;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use common::server::{assert_field, call, post, slow_copies, Setup};
+use common::server::{assert_field, call, post, send, slow_copies, Setup};
 use layerwise_engine::bounds::RequestBounds;
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::pipeline::Hook;
@@ -44,15 +44,42 @@ async fn start(
     max_queue: usize,
     hook: Option<Hook>,
 ) -> (Router, Scheduler) {
+    start_keeping(model, dp, max_queue, hook, Retention::default()).await
+}
+
+async fn start_keeping(
+    model: Arc<Model>,
+    dp: usize,
+    max_queue: usize,
+    hook: Option<Hook>,
+    retention: Retention,
+) -> (Router, Scheduler) {
     let setup = Setup {
         dp,
         max_queue,
         hook,
         bounds: bounds(),
-        retention: Retention::default(),
+        retention,
         name: "tiny",
     };
     common::server::start(model, setup).await
+}
+
+/// `layerwise_running_requests` as the autoscaler and the watchdog read it.
+fn running(sched: &Scheduler) -> i64 {
+    sched.shared.metrics.running.get()
+}
+
+async fn wait_idle(sched: &Scheduler) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while running(sched) != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the running count never returned to 0: {}",
+            running(sched)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 async fn status(app: &Router, id: &str) -> Value {
@@ -164,6 +191,7 @@ async fn every_status_code_in_process() {
         (json!({ "class_label": 1, "size": "60x64" }), "size"),
         (json!({ "class_label": 1, "size": "big" }), "size"),
         (json!({ "class_label": 1, "guidance": -1.0 }), "guidance"),
+        (json!({ "class_label": 1, "guidance": 3.4e38 }), "guidance"),
         (
             json!({ "class_label": 1, "response_format": "gif" }),
             "response_format",
@@ -230,6 +258,40 @@ async fn every_status_code_in_process() {
         v["error"]["message"].as_str().unwrap().contains("`tiny`"),
         "{v}"
     );
+    // 415: only JSON (and OpenAI's multipart form) bodies, none a browser page could send
+    // across origins unasked.
+    for ct in ["text/plain", "application/x-www-form-urlencoded", ""] {
+        let body = json!({ "class_label": 1, "steps": 1 })
+            .to_string()
+            .into_bytes();
+        let (s, _, b) = send(&app, "POST", "/v1/jobs", ct, Some(body)).await;
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{ct}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("content-type"),
+            "{v}"
+        );
+    }
+    // Unknown routes and methods and unreadable query strings answer JSON errors too.
+    for (method, uri, code) in [
+        ("GET", "/v2/nothing", StatusCode::NOT_FOUND),
+        ("PUT", "/v1/jobs", StatusCode::METHOD_NOT_ALLOWED),
+        (
+            "GET",
+            "/v1/jobs/0000000000000001/result?index=x",
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let (s, _, b) = call(&app, method, uri, None).await;
+        let v: Value = serde_json::from_slice(&b).unwrap_or_else(|_| {
+            panic!("{method} {uri}: not JSON: {}", String::from_utf8_lossy(&b))
+        });
+        assert_eq!(s, code, "{method} {uri}: {v}");
+        assert!(v["error"]["message"].is_string(), "{v}");
+    }
     // 413.
     let big = json!({ "class_label": 1, "pad": "x".repeat(5000) });
     assert_eq!(
@@ -452,6 +514,103 @@ async fn mixed_steps_in_flight_match_each_request_alone() {
     );
 }
 
+/// Running jobs cancelled, then more jobs than the server keeps submitted and cancelled, so
+/// the first ones are evicted while their images still run on the ranks: the ranks' late
+/// reports must still take them out of the running count (it leaked, the watchdog then
+/// failed the pod and the autoscaler saw phantom load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_evicted_while_running_leave_no_phantom_running_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Arc::new(Model::open(&common::tiny(dir.path(), 2)).unwrap());
+    let keep = Retention {
+        keep_finished: 4,
+        ..Retention::default()
+    };
+    let (app, sched) = start_keeping(model, 2, 16, Some(slow_copies()), keep).await;
+    let mut long = Vec::new();
+    for seed in 0..2 {
+        let (s, _, v) = post(
+            &app,
+            "/v1/jobs",
+            json!({ "class_label": 1, "steps": 1000, "seed": seed }),
+        )
+        .await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+        long.push(v["id"].as_str().unwrap().to_string());
+    }
+    for id in &long {
+        wait_state(&app, id, &["running"]).await;
+        assert_eq!(
+            call(&app, "DELETE", &format!("/v1/jobs/{id}"), None)
+                .await
+                .0,
+            StatusCode::OK
+        );
+    }
+    // Enough finished jobs to evict the two cancelled ones before their ranks report.
+    for _ in 0..10 {
+        let (s, _, v) = post(&app, "/v1/jobs", json!({ "class_label": 2, "steps": 1000 })).await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+        let id = v["id"].as_str().unwrap();
+        assert_eq!(
+            call(&app, "DELETE", &format!("/v1/jobs/{id}"), None)
+                .await
+                .0,
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        call(&app, "GET", &format!("/v1/jobs/{}", long[0]), None)
+            .await
+            .0,
+        StatusCode::NOT_FOUND,
+        "the first cancelled job was evicted"
+    );
+    wait_idle(&sched).await;
+    let (s, _, v) = post(
+        &app,
+        "/v1/images/generations",
+        json!({ "class_label": 3, "steps": 2 }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    wait_idle(&sched).await;
+}
+
+/// A burst of small jobs at a small queue: every job the server accepts succeeds (the
+/// decoder's backlog counts against admission, so it can never overflow and fail accepted
+/// work), and the rest are 429s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_accepted_job_of_a_burst_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Arc::new(Model::open(&common::tiny(dir.path(), 2)).unwrap());
+    let (app, sched) = start(model, 2, 3, None).await;
+    let (mut accepted, mut refused) = (Vec::new(), 0);
+    for seed in 0..60u64 {
+        let (s, _, v) = post(
+            &app,
+            "/v1/jobs",
+            json!({ "class_label": 1, "steps": 1, "seed": seed }),
+        )
+        .await;
+        match s {
+            StatusCode::ACCEPTED => accepted.push(v["id"].as_str().unwrap().to_string()),
+            StatusCode::TOO_MANY_REQUESTS => refused += 1,
+            other => panic!("{other}: {v}"),
+        }
+    }
+    for id in &accepted {
+        let st = wait_state(&app, id, &["succeeded", "failed"]).await;
+        assert_eq!(st["state"], "succeeded", "an accepted job failed: {st}");
+    }
+    assert!(
+        accepted.len() >= 3 && refused > 0,
+        "{} accepted, {refused} refused",
+        accepted.len()
+    );
+    wait_idle(&sched).await;
+}
+
 #[test]
 fn errors_map_to_one_status_each() {
     use layerwise_engine::Error;
@@ -461,6 +620,12 @@ fn errors_map_to_one_status_each() {
         (Error::Conflict { what: "x".into() }, 409),
         (Error::Gone { what: "x".into() }, 410),
         (Error::PayloadTooLarge { limit: 1 }, 413),
+        (
+            Error::UnsupportedMediaType {
+                content_type: "text/plain".into(),
+            },
+            415,
+        ),
         (Error::invalid("steps", "too many"), 422),
         (
             Error::QueueFull {

@@ -218,7 +218,23 @@ impl Run<'_> {
                                 capacity,
                                 slots: self.slots,
                             };
-                            let r = self.rank_loop(place, coord);
+                            // A panic is a rank failure like any other: its peers and
+                            // the source hear of it, so in-flight work fails with the
+                            // cause instead of the engine thread dying silently.
+                            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                self.rank_loop(place, coord)
+                            }))
+                            .unwrap_or_else(|p| {
+                                let what = p
+                                    .downcast_ref::<&str>()
+                                    .map(|s| s.to_string())
+                                    .or_else(|| p.downcast_ref::<String>().cloned())
+                                    .unwrap_or_else(|| "a panic".into());
+                                Err(Error::Rank {
+                                    rank,
+                                    msg: format!("panicked: {what}"),
+                                })
+                            });
                             if let Err(e) = &r {
                                 tracing::error!(rank, error = %e, "rank failed");
                                 poison(format!("rank {rank} failed: {e}"));
@@ -232,7 +248,7 @@ impl Run<'_> {
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().expect("rank thread panicked"))
+                .map(|h| h.join().expect("rank threads catch their panics"))
                 .collect()
         });
         let mut ranks = Vec::new();

@@ -19,6 +19,15 @@ use crate::execution::work::{Condition, Output, Request};
 use crate::execution::work::{Taken, Work, WorkKey};
 use crate::{Error, Result};
 
+/// Where an output that has left the queue is. The actor's `in_flight` map, not the jobs,
+/// is what counts running work: a job may end or be evicted while its outputs are still on a
+/// rank or with the decoder, and their reports must still take them out of the count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flight {
+    Rank(usize),
+    Decoding,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Image {
     Queued,
@@ -74,8 +83,8 @@ pub(super) struct Actor {
     pub(super) retention: Retention,
     /// Bytes of finished outputs held.
     pub(super) kept_bytes: usize,
-    /// Images on a rank or being decoded.
-    pub(super) running: usize,
+    /// Outputs on a rank or with the decoder, whatever became of their jobs.
+    in_flight: HashMap<WorkKey, Flight>,
     /// Moving average of one image's wall time, for Retry-After.
     pub(super) image_seconds: f64,
 }
@@ -87,7 +96,7 @@ impl Actor {
             self.expire();
             self.shared.queued.store(self.queue.len(), Ordering::SeqCst);
             self.shared.metrics.queue_depth.set(self.queue.len() as i64);
-            self.shared.metrics.running.set(self.running as i64);
+            self.shared.metrics.running.set(self.in_flight.len() as i64);
         }
     }
 
@@ -162,10 +171,12 @@ impl Actor {
                 _ => self.stale(key, "step"),
             },
             Msg::Finished { rank, key, out } => self.finished(rank, key, out),
-            Msg::Frames { key, done } => match self.image(key) {
-                Some((j, Image::Decoding)) => j.frames_decoded[key.index as usize] = done,
-                _ => self.stale(key, "frames"),
-            },
+            // A job that ended while its clip was decoding has nothing to report to.
+            Msg::Frames { key, done } => {
+                if let Some((j, Image::Decoding)) = self.image(key) {
+                    j.frames_decoded[key.index as usize] = done;
+                }
+            }
             Msg::Decoded { key, media } => self.decoded(key, media),
             Msg::Fatal { msg } => self.fatal(msg),
             Msg::Close => self.close(),
@@ -193,10 +204,19 @@ impl Actor {
         if self.closed {
             return Err(Error::unavailable("shutting down").into());
         }
+        // Everything accepted and not yet on a rank counts against the queue: the outputs
+        // waiting for a rank and those waiting for (or in) the decoder. So at most
+        // max_queue + dp outputs are ever in the server, and the decoder's channel, that
+        // large, always has room for what a rank finishes.
         let need = requests.len();
-        if self.queue.len() + need > self.max_queue {
+        let decoding = self
+            .in_flight
+            .values()
+            .filter(|f| **f == Flight::Decoding)
+            .count();
+        if self.queue.len() + decoding + need > self.max_queue {
             self.shared.metrics.rejected("queue_full");
-            let ahead = (self.queue.len() + self.running) as f64 / self.shared.dp as f64;
+            let ahead = (self.queue.len() + self.in_flight.len()) as f64 / self.shared.dp as f64;
             return Err(Error::QueueFull {
                 queued: self.queue.len(),
                 capacity: self.max_queue,
@@ -254,7 +274,7 @@ impl Actor {
         j.images[key.index as usize] = Image::Running(rank);
         j.state = JobState::Running;
         j.started.get_or_insert_with(Instant::now);
-        self.running += 1;
+        self.in_flight.insert(key, Flight::Rank(rank));
         Some(Work {
             key,
             req: j.requests[key.index as usize].clone(),
@@ -263,42 +283,30 @@ impl Actor {
     }
 
     fn finished(&mut self, rank: usize, key: WorkKey, out: Result<Output>) {
-        match self.image(key) {
-            Some((_, Image::Running(r))) if r == rank => {}
-            _ => return self.stale(key, "finished"),
+        if self.in_flight.get(&key) != Some(&Flight::Rank(rank)) {
+            return self.stale(key, "finished");
         }
-        let j = self.jobs.get_mut(&key.id).expect("checked above");
-        let live = !j.state.terminal();
-        let kind = j.kind;
-        let slot = &mut j.images[key.index as usize];
+        self.in_flight.remove(&key);
+        let i = key.index as usize;
+        let Some(j) = self.jobs.get_mut(&key.id) else {
+            // Ended and evicted while it ran: the rank is free, nothing to keep.
+            return self.trim_when_idle();
+        };
+        let (live, kind) = (!j.state.terminal(), j.kind);
         match out {
             Ok(o) if live => {
-                *slot = Image::Decoding;
+                j.images[i] = Image::Decoding;
+                self.in_flight.insert(key, Flight::Decoding);
                 if self.decode.try_send((key, o.latents, kind)).is_err() {
-                    *self
-                        .jobs
-                        .get_mut(&key.id)
-                        .expect("live")
-                        .images
-                        .get_mut(key.index as usize)
-                        .expect("image") = Image::Dropped;
-                    self.running -= 1;
-                    self.end(
-                        key.id,
-                        JobState::Failed,
-                        Some(Error::unavailable(
-                            "the decoder is not keeping up or has stopped",
-                        )),
-                    );
+                    // Admission keeps the channel from filling, so only a decoder that
+                    // is gone refuses: nothing more can finish.
+                    self.in_flight.remove(&key);
+                    self.fatal("the decode thread has stopped".into());
                 }
             }
-            Ok(_) => {
-                *slot = Image::Dropped;
-                self.running -= 1;
-            }
+            Ok(_) => j.images[i] = Image::Dropped,
             Err(e) => {
-                *slot = Image::Dropped;
-                self.running -= 1;
+                j.images[i] = Image::Dropped;
                 if live {
                     self.end(key.id, JobState::Failed, Some(e));
                 }
@@ -308,12 +316,14 @@ impl Actor {
     }
 
     fn decoded(&mut self, key: WorkKey, media: Result<Media>) {
-        if !matches!(self.image(key), Some((_, Image::Decoding))) {
+        if self.in_flight.get(&key) != Some(&Flight::Decoding) {
             return self.stale(key, "decoded");
         }
-        self.running -= 1;
-        let j = self.jobs.get_mut(&key.id).expect("checked above");
+        self.in_flight.remove(&key);
         let i = key.index as usize;
+        let Some(j) = self.jobs.get_mut(&key.id) else {
+            return self.trim_when_idle();
+        };
         match media {
             Ok(m) if !j.state.terminal() => {
                 j.images[i] = Image::Done;
@@ -573,7 +583,7 @@ impl Actor {
     /// Hands freed heap back to the OS once the server is idle, so memory returns to its
     /// idle level after a burst (glibc keeps freed arenas otherwise).
     fn trim_when_idle(&self) {
-        if self.running == 0 && self.queue.is_empty() {
+        if self.in_flight.is_empty() && self.queue.is_empty() {
             #[cfg(all(target_os = "linux", target_env = "gnu"))]
             // SAFETY: malloc_trim only releases free memory of the allocator's arenas.
             unsafe {
@@ -618,7 +628,7 @@ pub fn start(
         max_queue,
         retention,
         kept_bytes: 0,
-        running: 0,
+        in_flight: HashMap::new(),
         image_seconds: 0.0,
     };
     tokio::spawn(actor.run(rx));

@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::multipart::MultipartError;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -80,8 +80,34 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/jobs", post(submit_job))
         .route("/v1/jobs/{id}", get(job_status).delete(cancel_job))
         .route("/v1/jobs/{id}/result", get(job_result))
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_method)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
+}
+
+/// Every answer is JSON in one shape, unknown routes and methods included.
+async fn no_route(uri: axum::http::Uri) -> ApiError {
+    Error::NotFound {
+        what: format!("route `{}` (GET /openapi.json lists them)", uri.path()),
+    }
+    .into()
+}
+
+async fn no_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let e = ApiError::from(Error::BadRequest {
+        msg: format!("{method} is not a method of `{}`", uri.path()),
+    });
+    let mut r = e.into_response();
+    *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    r
+}
+
+/// A query string the route cannot read, as a JSON 400.
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, Error> {
+    q.map(|Query(t)| t).map_err(|r| Error::BadRequest {
+        msg: format!("query string: {}", r.body_text()),
+    })
 }
 
 async fn healthz(State(s): State<AppState>) -> Response {
@@ -168,12 +194,26 @@ fn check_model_name(s: &AppState, name: &str) -> Result<(), Error> {
 /// strings; numbers are read from them). Files are refused by name.
 async fn fields(s: &AppState, req: axum::extract::Request) -> Result<Map<String, Value>, Error> {
     let limit = s.bounds.body_limit;
-    let multipart = req
+    let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("multipart/form-data"));
-    if multipart {
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let essence = content_type.split(';').next().unwrap_or("").trim();
+    // Only types a browser cannot send across origins without asking first (no text/plain
+    // or form-urlencoded bodies), and the multipart form OpenAI's clients send.
+    let json = essence == "application/json" || essence.ends_with("+json");
+    if !json && essence != "multipart/form-data" {
+        return Err(Error::UnsupportedMediaType {
+            content_type: if essence.is_empty() {
+                "(none)".into()
+            } else {
+                essence.into()
+            },
+        });
+    }
+    if essence == "multipart/form-data" {
         let mut form = Multipart::from_request(req, &())
             .await
             .map_err(|r| Error::BadRequest { msg: r.body_text() })?;
@@ -344,6 +384,14 @@ fn request(o: &Map<String, Value>, s: &AppState, native: (usize, usize)) -> Resu
     }
     let guidance = float(o, "guidance")?.map_or(default_guidance, |g| g as f32);
     let guidance_2 = float(o, "guidance_2")?.map(|g| g as f32);
+    for (field, g) in [("guidance", Some(guidance)), ("guidance_2", guidance_2)] {
+        if let Some(g) = g.filter(|g| !(0.0..=MAX_GUIDANCE).contains(g)) {
+            return Err(Error::invalid(
+                field,
+                format!("{g}: expected a scale in [0, {MAX_GUIDANCE}] (≤ 1 disables guidance)"),
+            ));
+        }
+    }
     let max_sequence_length = match uint(o, "max_sequence_length")? {
         Some(_) if !text => {
             return Err(Error::invalid(
@@ -573,6 +621,10 @@ pub fn parse_video(o: &Map<String, Value>, s: &AppState) -> Result<(Request, f64
     Ok((v.remove(0), fps))
 }
 
+/// The largest guidance scale taken: far past any model's useful range (diffusers' defaults
+/// are 4–5), where outputs saturate to nothing.
+const MAX_GUIDANCE: f32 = 100.0;
+
 /// The poll interval a running video's status suggests to clients.
 const POLL_AFTER_MS: &str = "250";
 
@@ -696,8 +748,9 @@ struct ResultQuery {
 async fn job_result(
     State(s): State<AppState>,
     Path(id): Path<String>,
-    Query(q): Query<ResultQuery>,
+    q: Result<Query<ResultQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let q = query(q)?;
     let m = s
         .scheduler
         .result(parse_id(&id)?, q.index.unwrap_or(0))
@@ -795,8 +848,9 @@ const MAX_LIST: usize = 100;
 
 async fn list_videos(
     State(s): State<AppState>,
-    Query(q): Query<ListQuery>,
+    q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let q = query(q)?;
     let limit = q.limit.unwrap_or(20);
     if limit == 0 || limit > MAX_LIST {
         return Err(Error::invalid("limit", format!("{limit}: expected 1..={MAX_LIST}")).into());
@@ -890,8 +944,9 @@ struct ContentQuery {
 async fn video_content(
     State(s): State<AppState>,
     Path(id): Path<String>,
-    Query(q): Query<ContentQuery>,
+    q: Result<Query<ContentQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let q = query(q)?;
     video_status(&s, &id).await?;
     let m = s.scheduler.result(parse_id(&id)?, 0).await?;
     match q.variant.as_deref().unwrap_or("video") {

@@ -147,8 +147,9 @@ pub fn start(
     max_queue: usize,
     retention: Retention,
 ) -> Result<Engine> {
-    let (decode_tx, decode_rx) =
-        std::sync::mpsc::sync_channel::<DecodeJob>(max_queue + opts.dp + 8);
+    // Admission keeps at most max_queue + dp outputs past the queue (see the actor's
+    // `submit`), so the decoder's channel always has room for what a rank finishes.
+    let (decode_tx, decode_rx) = std::sync::mpsc::sync_channel::<DecodeJob>(max_queue + opts.dp);
     let (scheduler, source) = actor::start(opts.dp, max_queue, retention, decode_tx);
     spawn_decoder(
         model.clone(),

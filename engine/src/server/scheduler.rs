@@ -346,10 +346,23 @@ impl Scheduler {
             let _ = rx.await;
         }
     }
-    /// Cancels without waiting (for a client that went away).
+    /// Cancels without waiting (for a client that went away, from a `Drop`). The message
+    /// is sent by a task of its own, so a full channel delays the cancel instead of losing
+    /// it.
     pub fn cancel_detached(&self, id: u64) {
         let (reply, _) = oneshot::channel();
-        let _ = self.tx.try_send(Msg::Cancel { id, reply });
+        let msg = Msg::Cancel { id, reply };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let tx = self.tx.clone();
+                rt.spawn(async move {
+                    let _ = tx.send(msg).await;
+                });
+            }
+            Err(_) => {
+                let _ = self.tx.try_send(msg);
+            }
+        }
     }
     pub async fn send(&self, m: Msg) {
         let _ = self.tx.send(m).await;

@@ -1,0 +1,73 @@
+//! A rank that panics is a rank failure like any other: its peers stop, the work source
+//! hears which rank failed and why (the server fails every request in flight with it and
+//! exits non-zero), and the engine returns the error instead of its thread dying.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use layerwise_engine::engine::Model;
+use layerwise_engine::execution::cuda::SlotsChoice;
+use layerwise_engine::execution::rank::EngineOptions;
+use layerwise_engine::execution::work::{Output, Taken, WorkKey, WorkSource};
+use layerwise_engine::{Error, Result, Strategy};
+
+/// Rank 1 panics when it first asks for work; rank 0 finds the source closed.
+#[derive(Default)]
+struct PanicOnRank1 {
+    failed: Mutex<Vec<String>>,
+}
+
+impl WorkSource for PanicOnRank1 {
+    fn take(&self, rank: usize) -> Result<Taken> {
+        if rank == 1 {
+            panic!("injected fault on rank 1");
+        }
+        Ok(Taken {
+            work: None,
+            generation: 0,
+            closed: true,
+        })
+    }
+    fn pending(&self, _rank: usize) -> bool {
+        false
+    }
+    fn wait(&self, _rank: usize, _generation: u64) -> Result<()> {
+        Ok(())
+    }
+    fn finished(&self, _rank: usize, _key: WorkKey, _out: Result<Output>) {}
+    fn failed(&self, rank: usize, error: &Error) {
+        self.failed
+            .lock()
+            .unwrap()
+            .push(format!("rank {rank}: {error}"));
+    }
+}
+
+#[test]
+fn a_rank_that_panics_fails_the_run_and_tells_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Arc::new(Model::open(&common::tiny(dir.path(), 2)).unwrap());
+    let opts = EngineOptions {
+        strategy: Strategy::OffloadSharded,
+        dp: 2,
+        slots: SlotsChoice::Fixed(2),
+        decode: false,
+        timeout: Duration::from_secs(30),
+        ..EngineOptions::default()
+    };
+    let source = PanicOnRank1::default();
+    let err = match model.drive(&opts, &source) {
+        Ok(_) => panic!("a panicking rank went unnoticed"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("panicked: injected fault on rank 1"), "{err}");
+    let failed = source.failed.lock().unwrap().clone();
+    assert!(
+        failed
+            .iter()
+            .any(|f| f.starts_with("rank 1:") && f.contains("injected fault")),
+        "{failed:?}"
+    );
+}
