@@ -52,6 +52,9 @@ pub enum Error {
     /// A request body that is not the JSON object the API expects.
     #[error("bad request: {msg}")]
     BadRequest { msg: String },
+    /// A request body that did not arrive in time.
+    #[error("the request body did not arrive within {seconds} s")]
+    RequestTimeout { seconds: u64 },
     /// A request body in a media type the API does not read.
     #[error("content-type `{content_type}`: send application/json (or multipart/form-data where OpenAI's clients use it)")]
     UnsupportedMediaType { content_type: String },
@@ -126,6 +129,7 @@ impl Error {
             Error::NotFound { .. } => 404,
             Error::Conflict { .. } => 409,
             Error::Gone { .. } => 410,
+            Error::RequestTimeout { .. } => 408,
             Error::PayloadTooLarge { .. } => 413,
             Error::UnsupportedMediaType { .. } => 415,
             Error::Invalid { .. } => 422,
@@ -142,6 +146,7 @@ impl Error {
             Error::NotFound { .. } => "not_found",
             Error::Conflict { .. } => "conflict",
             Error::Gone { .. } => "expired",
+            Error::RequestTimeout { .. } => "request_timeout",
             Error::PayloadTooLarge { .. } => "payload_too_large",
             Error::UnsupportedMediaType { .. } => "unsupported_media_type",
             Error::Invalid { .. } => "invalid_request",

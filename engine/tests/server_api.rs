@@ -35,6 +35,7 @@ fn bounds() -> Bounds {
         },
         max_prompt_tokens: 512,
         body_limit: 4096,
+        body_timeout: Duration::from_secs(30),
     }
 }
 

@@ -192,6 +192,86 @@ async fn sigterm_finishes_running_work_fails_queued_with_503_and_exits_0() {
     assert_eq!(status.code(), Some(0), "{status:?}");
 }
 
+/// What the server answers on a raw connection after writing `head` (a status line, or
+/// "closed" when it closes without one), and how long that took.
+async fn raw(addr: std::net::SocketAddr, head: &str) -> (String, Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let t = Instant::now();
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    c.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(30), c.read(&mut buf))
+        .await
+        .expect("the server neither answered nor closed within 30 s")
+        .unwrap_or(0);
+    let text = String::from_utf8_lossy(&buf[..n]);
+    let line = text.lines().next().unwrap_or("closed").to_string();
+    (line, t.elapsed())
+}
+
+/// Slow and idle clients cannot hold the server: a body that never arrives is a 408 at the
+/// body deadline; idle connections beyond the connection cap are closed at the header
+/// deadline, so `/healthz` is still answered; and SIGTERM with a client holding a
+/// half-sent request ends the process within the grace period and the drain margin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_idle_clients_cannot_hold_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::tiny(dir.path(), 2);
+    let mut s = spawn(
+        &model,
+        &[
+            "--dp",
+            "1",
+            "--header-timeout-seconds",
+            "1",
+            "--body-timeout-seconds",
+            "1",
+            "--max-connections",
+            "4",
+            "--grace-seconds",
+            "1",
+        ],
+    );
+    s.wait_ready().await;
+
+    // A Content-Length that lies: 408 at the body deadline, as JSON.
+    let (line, took) = raw(
+        s.addr,
+        "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"class_label\":",
+    )
+    .await;
+    assert!(line.contains(" 408 "), "{line}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+
+    // Twice the connection cap of idle connections (nothing sent): each closes at the
+    // header deadline, so a real request is served within a few seconds.
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        idle.push(tokio::net::TcpStream::connect(s.addr).await.unwrap());
+    }
+    let t = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(20), s.call("GET", "/healthz", None))
+        .await
+        .expect("/healthz was not answered while idle connections held every slot");
+    assert_eq!(r.status, 200);
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    drop(idle);
+
+    // SIGTERM while a client holds a half-sent request.
+    use tokio::io::AsyncWriteExt;
+    let mut slow = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let t = Instant::now();
+    // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
+    assert_eq!(unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) }, 0);
+    let status = s.exit_status(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+    drop(slow);
+}
+
 #[test]
 fn a_rank_that_fails_fails_the_pod_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -39,6 +39,7 @@ fn bounds() -> Bounds {
         },
         max_prompt_tokens: 24,
         body_limit: 8192,
+        body_timeout: Duration::from_secs(30),
     }
 }
 

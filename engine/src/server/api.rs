@@ -36,6 +36,8 @@ pub struct Bounds {
     pub max_prompt_tokens: usize,
     /// Largest request body in bytes.
     pub body_limit: usize,
+    /// How long a body may take to arrive after its headers.
+    pub body_timeout: std::time::Duration,
 }
 
 /// Everything a handler needs.
@@ -193,6 +195,18 @@ fn check_model_name(s: &AppState, name: &str) -> Result<(), Error> {
 /// A request body's fields: a JSON object, or multipart form data (whose values are all
 /// strings; numbers are read from them). Files are refused by name.
 async fn fields(s: &AppState, req: axum::extract::Request) -> Result<Map<String, Value>, Error> {
+    let deadline = s.bounds.body_timeout;
+    tokio::time::timeout(deadline, read_fields(s, req))
+        .await
+        .unwrap_or(Err(Error::RequestTimeout {
+            seconds: deadline.as_secs(),
+        }))
+}
+
+async fn read_fields(
+    s: &AppState,
+    req: axum::extract::Request,
+) -> Result<Map<String, Value>, Error> {
     let limit = s.bounds.body_limit;
     let content_type = req
         .headers()

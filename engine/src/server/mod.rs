@@ -8,6 +8,7 @@
 
 pub mod actor;
 pub mod api;
+pub mod http;
 pub mod metrics;
 pub mod scheduler;
 
@@ -82,6 +83,15 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, env = "LAYERWISE_BODY_LIMIT", default_value_t = 64 * 1024)]
     pub body_limit: usize,
+    /// Seconds a request's headers may take to arrive (idle connections close after it).
+    #[arg(long, env = "LAYERWISE_HEADER_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub header_timeout_seconds: u64,
+    /// Seconds a request's body may take to arrive after its headers (408 after).
+    #[arg(long, env = "LAYERWISE_BODY_TIMEOUT_SECONDS", default_value_t = 30)]
+    pub body_timeout_seconds: u64,
+    /// Connections served at once; more wait in the listen backlog.
+    #[arg(long, env = "LAYERWISE_MAX_CONNECTIONS", default_value_t = 512)]
+    pub max_connections: usize,
     /// Seconds running requests get to finish after SIGTERM.
     #[arg(long, env = "LAYERWISE_GRACE_SECONDS", default_value_t = 30)]
     pub grace_seconds: u64,
@@ -98,6 +108,9 @@ pub struct ServeArgs {
     #[arg(long, env = "LAYERWISE_TRACE")]
     pub trace: Option<PathBuf>,
 }
+
+/// How long connections may still take past the grace period at shutdown.
+const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 
 /// How the server ended: 0 after a clean shutdown, 1 when the engine failed.
 pub type ExitCode = i32;
@@ -200,6 +213,7 @@ async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<Exi
             },
             max_prompt_tokens: a.max_prompt_tokens,
             body_limit: a.body_limit,
+            body_timeout: Duration::from_secs(a.body_timeout_seconds),
         },
     };
     let listener = tokio::net::TcpListener::bind(a.listen)
@@ -243,12 +257,17 @@ async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<Exi
             }
         }
     });
-    axum::serve(listener, api::app(state))
-        .with_graceful_shutdown(async {
-            let _ = stop_rx.await;
-        })
-        .await
-        .map_err(|e| Error::invalid("listen", e.to_string()))?;
+    let limits = http::HttpLimits {
+        header_timeout: Duration::from_secs(a.header_timeout_seconds.max(1)),
+        max_connections: a.max_connections,
+        // Running requests get the grace period, then fail at once: their connections
+        // answer within it and a moment more; no client can hold the shutdown longer.
+        drain: grace + DRAIN_MARGIN,
+    };
+    http::serve(listener, api::app(state), limits, async {
+        let _ = stop_rx.await;
+    })
+    .await;
     let (failed, engine) = controller
         .await
         .map_err(|e| Error::invalid("shutdown", e.to_string()))?;
