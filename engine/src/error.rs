@@ -52,6 +52,9 @@ pub enum Error {
     /// A request body that is not the JSON object the API expects.
     #[error("bad request: {msg}")]
     BadRequest { msg: String },
+    /// A result with NaN or infinity in it (corrupt weights, or a request that overflows).
+    #[error("{what}")]
+    NotFinite { what: String },
     /// A request body that did not arrive in time.
     #[error("the request body did not arrive within {seconds} s")]
     RequestTimeout { seconds: u64 },
@@ -155,6 +158,7 @@ impl Error {
             Error::Rank { .. } => "rank_failed",
             Error::Transfer(_) => "transfer_failed",
             Error::OutOfDeviceMemory { .. } => "out_of_device_memory",
+            Error::NotFinite { .. } => "not_finite",
             _ => "internal",
         }
     }

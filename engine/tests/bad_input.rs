@@ -391,3 +391,119 @@ fn cli_names_bad_slots_and_host_memory() {
     let k = s["slots"].as_u64().unwrap();
     assert!((2..=8).contains(&k), "--slots auto chose {k}");
 }
+
+/// A scheduler config naming 2^40 training timesteps is refused when the model opens (it
+/// used to pass readiness and allocate terabytes on the first request).
+#[test]
+fn absurd_scheduler_timesteps_are_refused_at_open() {
+    let d = tempfile::tempdir().unwrap();
+    let dit = common::tiny(d.path(), 2);
+    let wan = common::wan_tiny(d.path(), 1, 1);
+    for m in [dit, wan] {
+        let path = m.join("scheduler/scheduler_config.json");
+        let mut cfg: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        cfg["num_train_timesteps"] = serde_json::json!(1u64 << 40);
+        fs::write(&path, cfg.to_string()).unwrap();
+        let e = match Model::open(&m) {
+            Ok(_) => panic!("{} opened", m.display()),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.contains("num_train_timesteps") && e.contains("scheduler_config.json"),
+            "{e}"
+        );
+    }
+}
+
+/// Files of a model folder that are not regular files (a FIFO, a device) or are far too
+/// large for what they are are refused at once, naming the file; nothing blocks or reads
+/// without end.
+#[test]
+fn special_and_oversized_files_are_refused_without_reading_them() {
+    let d = tempfile::tempdir().unwrap();
+    let m = common::tiny(d.path(), 2);
+    let config = m.join("vae/config.json");
+    let real = fs::read(&config).unwrap();
+    // A FIFO: opening it for reading would block until a writer came.
+    fs::remove_file(&config).unwrap();
+    let status = Command::new("mkfifo").arg(&config).status().unwrap();
+    assert!(status.success());
+    let t = std::time::Instant::now();
+    expect_error(&m, &["vae/config.json", "not a regular file"]);
+    assert!(t.elapsed() < std::time::Duration::from_secs(5));
+    // A symlink to a device that never ends.
+    fs::remove_file(&config).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &config).unwrap();
+    expect_error(&m, &["vae/config.json", "not a regular file"]);
+    // A config of 65 MiB (sparse: no disk).
+    fs::remove_file(&config).unwrap();
+    fs::write(&config, &real).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&config)
+        .unwrap()
+        .set_len(65 << 20)
+        .unwrap();
+    expect_error(&m, &["vae/config.json", "too large for a config"]);
+    // The weights as a FIFO.
+    fs::write(&config, &real).unwrap();
+    let w = weights(&m);
+    fs::remove_file(&w).unwrap();
+    assert!(Command::new("mkfifo").arg(&w).status().unwrap().success());
+    expect_error(
+        &m,
+        &["diffusion_pytorch_model.safetensors", "not a regular file"],
+    );
+}
+
+/// A weights path that leads to some other file: the error says it is not a safetensors
+/// file and never shows the file's first bytes (the header length field, as a number).
+#[test]
+fn errors_never_show_the_bytes_of_a_file_the_weights_path_leads_to() {
+    let d = tempfile::tempdir().unwrap();
+    let m = common::tiny(d.path(), 2);
+    let secret = d.path().join("secret.txt");
+    fs::write(&secret, b"hunter2!and the rest of a private file").unwrap();
+    let w = weights(&m);
+    fs::remove_file(&w).unwrap();
+    std::os::unix::fs::symlink(&secret, &w).unwrap();
+    let e = expect_error(
+        &m,
+        &[
+            "diffusion_pytorch_model.safetensors",
+            "not a safetensors file",
+        ],
+    );
+    let leaked = u64::from_le_bytes(*b"hunter2!").to_string();
+    assert!(!e.contains(&leaked) && !e.contains("hunter2"), "{e}");
+}
+
+/// Weights holding NaN: the request fails naming it, instead of succeeding with a black
+/// image.
+#[test]
+fn nan_weights_fail_the_request_instead_of_a_black_image() {
+    let d = tempfile::tempdir().unwrap();
+    let m = common::tiny(d.path(), 2);
+    let mut entries = read_entries(&weights(&m));
+    let q = entries.iter_mut().find(|e| e.0 == Q).unwrap();
+    assert_eq!(q.1, Dtype::F32);
+    q.3 = f32::NAN
+        .to_le_bytes()
+        .iter()
+        .copied()
+        .cycle()
+        .take(q.3.len())
+        .collect();
+    write_entries(&weights(&m), &entries);
+    let model = Model::open(&m).unwrap();
+    let opts = EngineOptions {
+        strategy: Strategy::Resident,
+        dp: 1,
+        ..EngineOptions::default()
+    };
+    let e = match model.run(vec![common::request(1, 2, 4.0)], &opts) {
+        Ok(_) => panic!("NaN weights gave an output"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("NaN") && e.contains("weights"), "{e}");
+}

@@ -107,12 +107,13 @@ impl Component {
     ) -> Result<(Vec<PathBuf>, Option<(PathBuf, BTreeMap<String, String>)>)> {
         for stem in WEIGHT_NAMES {
             let single = dir.join(format!("{stem}.safetensors"));
-            if single.is_file() {
+            if single.exists() {
+                regular_file(&single)?;
                 return Ok((vec![single], None));
             }
             let index_path = dir.join(format!("{stem}.safetensors.index.json"));
-            if index_path.is_file() {
-                let text = std::fs::read(&index_path).map_err(|e| Error::io(&index_path, e))?;
+            if index_path.exists() {
+                let text = read_small(&index_path)?;
                 let idx: ShardIndex = serde_json::from_slice(&text).map_err(|e| {
                     Error::checkpoint(&index_path, format!("not a shard index: {e}"))
                 })?;
@@ -235,7 +236,7 @@ impl ModelFolder {
                 "no model_index.json: not a diffusers model folder",
             ));
         }
-        let text = std::fs::read(&index).map_err(|e| Error::io(&index, e))?;
+        let text = read_small(&index)?;
         let v: serde_json::Value = serde_json::from_slice(&text)
             .map_err(|e| Error::checkpoint(&index, format!("not valid JSON: {e}")))?;
         for part in ["transformer", "vae"] {
@@ -291,9 +292,56 @@ impl ModelFolder {
     }
 }
 
+/// The largest config, index or tokenizer file read (UMT5's `tokenizer.json` is 16 MiB).
+pub const MAX_SMALL_FILE: u64 = 64 << 20;
+
+/// Checks that `path` (its symlinks followed) is a regular file, as every file of a model
+/// folder must be: a FIFO would block the reader forever and a device (`/dev/zero`) never
+/// ends. Returns its length.
+pub fn regular_file(path: &Path) -> Result<u64> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        let what = if meta.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file (a FIFO, socket or device)"
+        };
+        return Err(Error::checkpoint(
+            path,
+            format!("{what}; a model folder holds files"),
+        ));
+    }
+    Ok(meta.len())
+}
+
+/// Reads a config, index or tokenizer file whole: a regular file of at most
+/// [`MAX_SMALL_FILE`] bytes (checked again while reading, should it grow).
+pub fn read_small(path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let len = regular_file(path)?;
+    let too_big = || {
+        Error::checkpoint(
+            path,
+            format!("over {MAX_SMALL_FILE} bytes: too large for a config, index or tokenizer file"),
+        )
+    };
+    if len > MAX_SMALL_FILE {
+        return Err(too_big());
+    }
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(MAX_SMALL_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, e))?;
+    if bytes.len() as u64 > MAX_SMALL_FILE {
+        return Err(too_big());
+    }
+    Ok(bytes)
+}
+
 /// Reads and parses a JSON config file, naming the file on failure.
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let text = read_small(path)?;
     serde_json::from_slice(&text).map_err(|e| {
         let field = e.to_string();
         Error::config(

@@ -21,7 +21,7 @@ use super::family::{FamilyRuntime, Task};
 use super::lockstep::{Coordinator, Flags};
 use super::pipeline::{Hook, Pipeline, PipelineOptions, Streamed};
 use super::trace::{Lane, Trace};
-use super::work::{PassReport, WorkKey, WorkSource};
+use super::work::{Output, PassReport, WorkKey, WorkSource};
 use crate::{Error, Result, Strategy};
 
 /// How the engine runs.
@@ -327,7 +327,7 @@ impl Run<'_> {
                 );
             }
             if let Some(a) = active.take_if(|a| a.task.wants().is_none()) {
-                source.finished(rank, a.key, a.task.finish());
+                source.finished(rank, a.key, finite(a.task.finish()));
             }
             let (mut generation, mut closed) = (u64::MAX, false);
             while active.is_none() {
@@ -343,7 +343,7 @@ impl Run<'_> {
                             cancel: work.cancel,
                         })
                     }
-                    Ok(task) => source.finished(rank, key, task.finish()),
+                    Ok(task) => source.finished(rank, key, finite(task.finish())),
                     Err(e) => source.finished(rank, key, Err(e)),
                 }
             }
@@ -446,4 +446,25 @@ impl Run<'_> {
             peak_by_kind: budget.peak_by_kind(),
         })
     }
+}
+
+/// An output whose latents are not all finite is a failed request, not a black image: the
+/// weights hold NaN or infinity, or the request overflows.
+fn finite(out: Result<Output>) -> Result<Output> {
+    let o = out?;
+    let values = o
+        .latents
+        .flatten_all()?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1::<f32>()?;
+    if let Some(n) = values.iter().position(|x| !x.is_finite()) {
+        return Err(Error::NotFinite {
+            what: format!(
+                "the final latents hold {} (value {n} of {}): the weights hold NaN or infinity, or the request overflows; the checkpoint may be corrupt",
+                values[n],
+                values.len()
+            ),
+        });
+    }
+    Ok(o)
 }

@@ -112,9 +112,7 @@ impl DdimConfig {
                 "dynamic thresholding is not supported".into(),
             );
         }
-        if c.num_train_timesteps == 0 {
-            return bad("num_train_timesteps", "must be positive".into());
-        }
+        crate::samplers::check_train_timesteps(path, c.num_train_timesteps)?;
         Ok(c)
     }
 

@@ -154,7 +154,9 @@ impl VaeConfig {
 
     /// Reads and validates `config.json`.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let bytes = crate::checkpoint::read_small(path)?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| Error::config(path, "(document)", "not UTF-8 text"))?;
         let cfg = Self::parse(&text, path)?;
         cfg.validate(path)?;
         Ok(cfg)

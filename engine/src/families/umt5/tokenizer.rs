@@ -56,7 +56,9 @@ impl PromptTokenizer {
     /// Loads `tokenizer.json` (its folder's `tokenizer_config.json`, when there, names the
     /// end and padding tokens) for sequences of `max_len` tokens.
     pub fn load(path: &Path, max_len: usize) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let bytes = crate::checkpoint::read_small(path)?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| Error::checkpoint(path, "not UTF-8 text: not a tokenizer.json"))?;
         let config_path = path.with_file_name("tokenizer_config.json");
         let config: Value = if config_path.is_file() {
             crate::checkpoint::read_json(&config_path)?

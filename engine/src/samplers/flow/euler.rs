@@ -84,9 +84,7 @@ impl FlowMatchEulerConfig {
     /// Refuses values whose math is not implemented here, naming the field.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |f: &str, m: String| Err(Error::config(path, f, m));
-        if self.num_train_timesteps == 0 {
-            return bad("num_train_timesteps", "must be positive".into());
-        }
+        crate::samplers::check_train_timesteps(path, self.num_train_timesteps)?;
         super::check_shift(path, "shift", self.shift)?;
         super::check_terminal(path, self.shift_terminal)?;
         super::refuse_sigma_variants(

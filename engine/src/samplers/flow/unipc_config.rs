@@ -135,9 +135,7 @@ impl UniPcConfig {
     /// must be normalised first, as [`super::FlowScheduler::load`] does.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |f: &str, m: String| Err(Error::config(path, f, m));
-        if self.num_train_timesteps == 0 {
-            return bad("num_train_timesteps", "must be positive".into());
-        }
+        crate::samplers::check_train_timesteps(path, self.num_train_timesteps)?;
         if self.trained_betas.is_none()
             && !matches!(
                 self.beta_schedule.as_str(),
