@@ -127,6 +127,13 @@ impl PrewarmCgroup {
     /// `budget` bytes. Fails with a message naming the path when the cgroup file system is
     /// not writable here.
     pub fn create(path: &str, budget: u64) -> Result<PrewarmCgroup> {
+        // Inside the cgroup tree, never above it: `../../..` would leave it.
+        if std::path::Path::new(path)
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return Err(Error::cgroup(path, "must not contain `..`"));
+        }
         let cg = Cgroup::new_with_specified_controllers(
             cgroups_rs::hierarchies::auto(),
             rel(path),
@@ -218,6 +225,17 @@ mod tests {
         assert_eq!(limit_of(9_223_372_036_854_771_712), None);
         assert_eq!(limit_of(-1), None);
         assert_eq!(limit_of(1 << 30), Some(1 << 30));
+    }
+
+    #[test]
+    fn a_prewarm_cgroup_cannot_climb_out_of_the_tree() {
+        for path in ["../../..", "kubepods/../../etc", ".."] {
+            let e = PrewarmCgroup::create(path, 1 << 30)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains("must not contain `..`"), "{path}: {e}");
+        }
     }
 
     #[test]

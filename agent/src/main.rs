@@ -111,6 +111,11 @@ struct RunArgs {
     /// folders are mounted read-only); unset: host paths are used as they are.
     #[arg(long, env = "LAYERWISE_AGENT_MODEL_ROOT")]
     model_root: Option<PathBuf>,
+    /// Host folders models may be read from (comma-separated; the chart passes
+    /// `agent.modelRoots`). A model outside them, or leading outside them through a symlink,
+    /// fails. Unset: any absolute path.
+    #[arg(long, env = "LAYERWISE_AGENT_MODEL_ROOTS", value_delimiter = ',')]
+    model_roots: Vec<String>,
     /// Seconds between inventory and residency refreshes.
     #[arg(
         long,
@@ -163,6 +168,7 @@ async fn run(a: RunArgs) -> Result<()> {
     }
     let settings = Arc::new(Settings {
         model_root: a.model_root,
+        model_roots: a.model_roots,
         worker_exe: std::env::current_exe().context("locating the agent binary")?,
         options: a.warm.options(),
         cgroup,

@@ -22,6 +22,8 @@ pub const WARM_FRACTION: f64 = 0.99;
 pub struct Settings {
     /// Prefix for host paths (where the node's root is mounted in the agent's container).
     pub model_root: Option<PathBuf>,
+    /// Host folders models may be read from (empty: any).
+    pub model_roots: Vec<String>,
     /// The binary that runs prewarm jobs (this one).
     pub worker_exe: PathBuf,
     pub options: Options,
@@ -65,7 +67,16 @@ pub enum Update {
 }
 
 /// The folder of a model request on this node.
-pub fn resolve(id: &str, location: &ModelLocation, model_root: Option<&Path>) -> Result<PathBuf> {
+///
+/// With `roots` (the chart's `agent.modelRoots`), the path must lie inside one of them, and
+/// so must the folder it leads to once its symlinks are followed: a DiffusionDeployment
+/// cannot make the agent read any other host folder.
+pub fn resolve(
+    id: &str,
+    location: &ModelLocation,
+    model_root: Option<&Path>,
+    roots: &[String],
+) -> Result<PathBuf> {
     let Some(host) = &location.host_path else {
         return Err(Error::Model {
             id: id.into(),
@@ -82,10 +93,42 @@ pub fn resolve(id: &str, location: &ModelLocation, model_root: Option<&Path>) ->
             msg: format!("hostPath `{host}` must be absolute without `..`"),
         });
     }
-    Ok(match model_root {
+    if !crds::common::within_roots(host, roots) {
+        return Err(Error::Model {
+            id: id.into(),
+            msg: format!(
+                "hostPath `{host}` is outside this agent's model roots ({})",
+                roots.join(", ")
+            ),
+        });
+    }
+    let on_node = |p: &Path| match model_root {
         Some(root) => root.join(p.strip_prefix("/").unwrap_or(p)),
         None => p.to_path_buf(),
-    })
+    };
+    let dir = on_node(p);
+    if roots.is_empty() {
+        return Ok(dir);
+    }
+    // A folder that does not exist fails later, naming what is missing.
+    let Ok(real) = dir.canonicalize() else {
+        return Ok(dir);
+    };
+    let inside = roots.iter().any(|r| {
+        on_node(Path::new(r))
+            .canonicalize()
+            .is_ok_and(|r| real.starts_with(r))
+    });
+    if !inside {
+        return Err(Error::Model {
+            id: id.into(),
+            msg: format!(
+                "hostPath `{host}` leads outside this agent's model roots ({}) through a symlink",
+                roots.join(", ")
+            ),
+        });
+    }
+    Ok(dir)
 }
 
 /// The state and message a model gets after a warm: warm only when its files are resident;
@@ -279,14 +322,14 @@ mod tests {
     #[test]
     fn resolves_host_paths_under_the_root() {
         assert_eq!(
-            resolve("a/b", &at("/models/x"), None).unwrap(),
+            resolve("a/b", &at("/models/x"), None, &[]).unwrap(),
             PathBuf::from("/models/x")
         );
         assert_eq!(
-            resolve("a/b", &at("/models/x"), Some(Path::new("/host"))).unwrap(),
+            resolve("a/b", &at("/models/x"), Some(Path::new("/host")), &[]).unwrap(),
             PathBuf::from("/host/models/x")
         );
-        let e = resolve("a/b", &at("/models/../etc"), None)
+        let e = resolve("a/b", &at("/models/../etc"), None, &[])
             .unwrap_err()
             .to_string();
         assert!(e.contains("a/b") && e.contains(".."), "{e}");
@@ -297,10 +340,32 @@ mod tests {
                 sub_path: None,
             }),
         };
-        assert!(resolve("a/b", &pvc, None)
+        assert!(resolve("a/b", &pvc, None, &[])
             .unwrap_err()
             .to_string()
             .contains("pvc:weights"));
+    }
+
+    #[test]
+    fn model_roots_cannot_be_left_by_path_or_by_symlink() {
+        let d = tempfile::tempdir().unwrap();
+        let node = d.path();
+        std::fs::create_dir_all(node.join("models/wan")).unwrap();
+        std::fs::create_dir_all(node.join("etc/secrets")).unwrap();
+        std::os::unix::fs::symlink(node.join("etc/secrets"), node.join("models/escape")).unwrap();
+        let roots = vec!["/models".to_string()];
+        assert_eq!(
+            resolve("a/b", &at("/models/wan"), Some(node), &roots).unwrap(),
+            node.join("models/wan")
+        );
+        let e = resolve("a/b", &at("/etc/secrets"), Some(node), &roots)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("outside this agent's model roots"), "{e}");
+        let e = resolve("a/b", &at("/models/escape"), Some(node), &roots)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("through a symlink"), "{e}");
     }
 
     /// A sparse pipeline folder of `preset` (headers only) under `dir`.
@@ -343,6 +408,7 @@ mod tests {
         let dir = synth(d.path(), "wan-tiny");
         let settings = Arc::new(Settings {
             model_root: None,
+            model_roots: Vec::new(),
             // Never started: the model fails before warming.
             worker_exe: PathBuf::from("/nonexistent"),
             options: Options::default(),

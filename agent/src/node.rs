@@ -332,6 +332,7 @@ impl Loop {
                 &id,
                 &entry.request.location,
                 self.ctx.settings.model_root.as_deref(),
+                &self.ctx.settings.model_roots,
             )
         } else {
             Err(Error::Model {

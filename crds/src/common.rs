@@ -32,6 +32,19 @@ pub struct PvcSource {
     pub sub_path: Option<String>,
 }
 
+/// Whether the host path `path` lies inside one of `roots`, judged by path components:
+/// absolute, no `..`, and under a root (`/models2` is not under `/models`). No roots: any
+/// absolute path without `..`. The operator refuses a DiffusionDeployment whose model lies
+/// outside the roots the chart configures, and the agent checks the same before it reads.
+pub fn within_roots(path: &str, roots: &[String]) -> bool {
+    use std::path::{Component, Path};
+    let p = Path::new(path);
+    if !p.is_absolute() || p.components().any(|c| c == Component::ParentDir) {
+        return false;
+    }
+    roots.is_empty() || roots.iter().any(|r| p.starts_with(Path::new(r)))
+}
+
 impl ModelLocation {
     /// A short human form: the host path, or `pvc:<claim>/<subPath>`.
     pub fn describe(&self) -> String {
@@ -60,4 +73,28 @@ pub enum Strategy {
     Sharded,
     Offload,
     OffloadSharded,
+}
+
+#[cfg(test)]
+mod roots_tests {
+    use super::within_roots;
+
+    #[test]
+    fn paths_are_within_roots_by_component() {
+        let roots = vec!["/models".to_string(), "/data/ckpt/".to_string()];
+        for (path, inside) in [
+            ("/models/wan", true),
+            ("/models", true),
+            ("/data/ckpt/a/b", true),
+            ("/models2/wan", false),
+            ("/etc", false),
+            ("/models/../etc", false),
+            ("models/wan", false),
+            ("/", false),
+        ] {
+            assert_eq!(within_roots(path, &roots), inside, "{path}");
+        }
+        assert!(within_roots("/anywhere", &[]));
+        assert!(!within_roots("/a/../b", &[]));
+    }
 }

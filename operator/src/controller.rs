@@ -51,6 +51,10 @@ pub struct Settings {
     pub resync: Duration,
     /// Only this namespace's deployments, or all when `None`.
     pub namespace: Option<String>,
+    /// Host folders models may be served from; empty: any. The engine pods mount the model's
+    /// hostPath, so without this anyone who may create a DiffusionDeployment could read any
+    /// host folder through an image of their choosing.
+    pub model_roots: Vec<String>,
 }
 
 /// What every reconcile shares. No globals: tests build their own.
@@ -337,6 +341,42 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     status.observed_generation = gen;
     status.selector = resources::selector_string(dd);
     let resource = spec.accelerator.resource().to_string();
+
+    // 0. The model must lie inside the configured roots: nothing is asked of the nodes and
+    //    no pod mounts it otherwise.
+    if let Some(path) = &spec.model.location.host_path {
+        let roots = &ctx.settings.model_roots;
+        if !crds::common::within_roots(path, roots) {
+            let msg = format!(
+                "model hostPath `{path}` is outside the model roots this operator serves from ({}); move the model under one of them, or add its folder to the chart's agent.modelRoots",
+                roots.join(", ")
+            );
+            let reason = "ModelOutsideRoots";
+            if previous(&old, cond::PLANNED) != Some((reason, msg.as_str())) {
+                publish(ctx, dd, EventType::Warning, reason, "Plan", msg.clone()).await;
+            }
+            set(
+                &mut status.conditions,
+                cond::PLANNED,
+                false,
+                reason,
+                &msg,
+                gen,
+                now,
+            );
+            set(
+                &mut status.conditions,
+                cond::DEGRADED,
+                true,
+                reason,
+                &msg,
+                gen,
+                now,
+            );
+            write_status(ctx, dd, &status).await?;
+            return Ok(Action::await_change());
+        }
+    }
 
     // 1. Ask candidate nodes to prepare the model; withdraw from nodes no longer candidates.
     let (candidates, others) = nodes(dd, ctx).await?;

@@ -35,6 +35,11 @@ struct Args {
     /// Watch only this namespace (all when unset).
     #[arg(long, env = "LAYERWISE_WATCH_NAMESPACE")]
     namespace: Option<String>,
+    /// Host folders models may be served from (comma-separated; the chart passes
+    /// `agent.modelRoots`). A DiffusionDeployment whose hostPath lies outside them is refused.
+    /// Unset: any absolute path.
+    #[arg(long, env = "LAYERWISE_MODEL_ROOTS", value_delimiter = ',')]
+    model_roots: Vec<String>,
     /// Timeout for reading an engine pod's /metrics (milliseconds).
     #[arg(long, env = "LAYERWISE_SCRAPE_TIMEOUT_MS", default_value_t = 2000)]
     scrape_timeout_ms: u64,
@@ -60,6 +65,7 @@ async fn main() -> Result<()> {
         },
         resync: Duration::from_secs(args.resync_seconds.max(1)),
         namespace: args.namespace,
+        model_roots: args.model_roots,
     };
     let load = Arc::new(HttpLoad {
         port: resources::ENGINE_PORT as u16,

@@ -75,6 +75,7 @@ impl World {
             limits: Limits::default(),
             resync: Duration::from_secs(1),
             namespace: Some(ns.clone()),
+            model_roots: vec!["/models".into()],
         };
         let controller = tokio::spawn(run(
             operator_client,
@@ -320,6 +321,42 @@ async fn lifecycle(w: &World) -> Result<()> {
     let dd = deployment_manifest("big", json!({ "replicas": 1 }));
     api.create(&PostParams::default(), &serde_json::from_value(dd)?)
         .await?;
+
+    // A model outside the roots the operator serves from: refused with a condition and an
+    // event, nothing asked of the nodes, no Deployment.
+    let outside = deployment_manifest(
+        "outside",
+        json!({ "model": { "location": { "hostPath": "/etc/ssh" } } }),
+    );
+    api.create(&PostParams::default(), &serde_json::from_value(outside)?)
+        .await?;
+    let refused = wait_until("the model outside the roots refused", WAIT, || async {
+        let s = status_of(&api, "outside").await?;
+        Ok(match condition(&s, "Planned") {
+            Some((st, reason, msg)) if st == "False" && reason == "ModelOutsideRoots" => Ok(msg),
+            other => Err(format!("Planned {other:?}")),
+        })
+    })
+    .await?;
+    assert!(
+        refused.contains("/etc/ssh") && refused.contains("/models"),
+        "{refused}"
+    );
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    assert!(deploys.get_opt("outside").await?.is_none());
+    assert!(event_reasons(client, ns)
+        .await?
+        .iter()
+        .any(|r| r == "ModelOutsideRoots"));
+    let dns: Api<crds::DiffusionNode> = Api::all(client.clone());
+    for dn in dns.list(&Default::default()).await? {
+        assert!(
+            !dn.spec.models.iter().any(|m| m.id.ends_with("/outside")),
+            "{} was asked to prepare a model outside the roots",
+            dn.metadata.name.unwrap_or_default()
+        );
+    }
+    api.delete("outside", &Default::default()).await?;
 
     let status = wait_until("plan recorded and Available", WAIT, || async {
         let s = status_of(&api, "big").await?;

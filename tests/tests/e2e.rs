@@ -79,6 +79,8 @@ async fn apply_prewarm_plan_serve_autoscale_roll_and_clean_up() -> Result<()> {
         let root = work.path().join("nodes").join(n.name_any());
         // What every Linux node has that the chart's agent mounts.
         std::fs::create_dir_all(root.join("sys/fs/cgroup"))?;
+        // The chart's model root: the agents mount it as it is, never creating it.
+        std::fs::create_dir_all(root.join("models"))?;
         if n.labels().get("nvidia.com/gpu.present").map(String::as_str) == Some("true") {
             synth("tiny", &root.join(MODEL_PATH.trim_start_matches('/')))?;
             synth("wan-tiny", &root.join(WAN_PATH.trim_start_matches('/')))?;
