@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto::Builder;
+use hyper::server::conn::http1::Builder;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -42,9 +42,8 @@ pub async fn serve(
     // reconnecting costs nothing, and no connection can sit idle between requests holding
     // a slot. hyper's header deadline runs from a request's first byte; a client that
     // connects and sends nothing is closed at the same deadline below.
-    let mut builder = Builder::new(TokioExecutor::new()).http1_only();
+    let mut builder = Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .keep_alive(false)
         .header_read_timeout(limits.header_timeout);
@@ -78,7 +77,7 @@ pub async fn serve(
                 return drop(permit);
             }
             let service = TowerToHyperService::new(app);
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
             if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
