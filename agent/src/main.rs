@@ -183,13 +183,20 @@ async fn run(a: RunArgs) -> Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut http_stop = stop_rx.clone();
     let app = http::app(state.clone());
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = http_stop.changed().await;
-            })
-            .await
-    });
+    // Probes and scrapes only: a few connections, short deadlines.
+    let limits = layerwise_engine::http::HttpLimits {
+        header_timeout: Duration::from_secs(10),
+        max_connections: 64,
+        drain: Duration::from_secs(5),
+    };
+    let server = tokio::spawn(layerwise_engine::http::serve(
+        listener,
+        app,
+        limits,
+        async move {
+            let _ = http_stop.changed().await;
+        },
+    ));
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;

@@ -93,15 +93,6 @@ pub fn resolve(
             msg: format!("hostPath `{host}` must be absolute without `..`"),
         });
     }
-    if !crds::common::within_roots(host, roots) {
-        return Err(Error::Model {
-            id: id.into(),
-            msg: format!(
-                "hostPath `{host}` is outside this agent's model roots ({})",
-                roots.join(", ")
-            ),
-        });
-    }
     let on_node = |p: &Path| match model_root {
         Some(root) => root.join(p.strip_prefix("/").unwrap_or(p)),
         None => p.to_path_buf(),
@@ -110,15 +101,28 @@ pub fn resolve(
     if roots.is_empty() {
         return Ok(dir);
     }
+    // The roots as this process sees them: host paths under the node prefix, or as given
+    // (a pod's mounts are at the host paths; a test harness may hand them over prefixed).
+    let root_dirs: Vec<PathBuf> = roots
+        .iter()
+        .flat_map(|r| [on_node(Path::new(r)), PathBuf::from(r)])
+        .collect();
+    if !root_dirs.iter().any(|r| dir.starts_with(r)) {
+        return Err(Error::Model {
+            id: id.into(),
+            msg: format!(
+                "hostPath `{host}` is outside this agent's model roots ({})",
+                roots.join(", ")
+            ),
+        });
+    }
     // A folder that does not exist fails later, naming what is missing.
     let Ok(real) = dir.canonicalize() else {
         return Ok(dir);
     };
-    let inside = roots.iter().any(|r| {
-        on_node(Path::new(r))
-            .canonicalize()
-            .is_ok_and(|r| real.starts_with(r))
-    });
+    let inside = root_dirs
+        .iter()
+        .any(|r| r.canonicalize().is_ok_and(|r| real.starts_with(r)));
     if !inside {
         return Err(Error::Model {
             id: id.into(),

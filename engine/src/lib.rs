@@ -14,6 +14,8 @@ pub mod error;
 #[cfg(feature = "runtime")]
 pub mod execution;
 pub mod families;
+#[cfg(feature = "http")]
+pub mod http;
 #[cfg(feature = "runtime")]
 pub mod launch;
 pub mod layout;

@@ -16,6 +16,7 @@ use crate::execution::work::{Condition, Request};
 use crate::media::image::write_png;
 use crate::media::video::{self, Clip, VideoFormat};
 use crate::tools::loadgen::LoadgenArgs;
+use crate::tools::soak::SoakArgs;
 use crate::tools::trace_svg as svg;
 use crate::Strategy;
 
@@ -436,6 +437,33 @@ pub(super) fn trace_svg(trace: &Path, out: Option<PathBuf>) -> Result<()> {
     std::fs::write(&out, svg::render(&json)?)
         .with_context(|| format!("writing {}", out.display()))?;
     println!("wrote {}", out.display());
+    Ok(())
+}
+
+pub(super) fn soak(a: &SoakArgs) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let r = rt.block_on(crate::tools::soak::run(a))?;
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "soak: seconds={:.0} requests={} accepted={} succeeded={} cancelled={} refused={} invalid_refused={} failed_after_accept={} server_errors={}",
+        r.seconds, r.requests, r.accepted, r.succeeded, r.cancelled, r.refused, r.invalid_refused, r.failed_after_accept, r.server_errors
+    );
+    println!(
+        "soak: rss_mib before={:.1} peak={:.1} after={:.1}; open_fds before={} peak={} after={}",
+        mib(r.before.rss_bytes),
+        mib(r.peak.rss_bytes),
+        mib(r.after.rss_bytes),
+        r.before.open_fds,
+        r.peak.open_fds,
+        r.after.open_fds
+    );
+    for f in &r.failures {
+        println!("soak: failure: {f}");
+    }
+    println!("{}", serde_json::to_string(&r)?);
     Ok(())
 }
 

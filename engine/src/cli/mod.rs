@@ -20,6 +20,7 @@ use crate::execution::work::DEFAULT_MAX_SEQUENCE_LENGTH;
 use crate::options::EngineArgs;
 use crate::server::{serve, ServeArgs};
 use crate::tools::loadgen::LoadgenArgs;
+use crate::tools::soak::SoakArgs;
 use crate::tools::synth::{synth, SynthModel, SynthOptions};
 
 #[derive(Parser)]
@@ -63,6 +64,10 @@ enum Cmd {
     },
     /// Put closed-loop load on a server and print outputs/s and latency percentiles.
     Loadgen(LoadgenArgs),
+    /// Soak a running server with valid, invalid and cancelled requests above its capacity;
+    /// print what was accepted, refused and failed after acceptance, and its memory and
+    /// descriptors before, at the peak and after.
+    Soak(SoakArgs),
 }
 
 #[derive(Args)]
@@ -254,6 +259,7 @@ fn run(cmd: Cmd) -> Result<i32> {
         Cmd::Serve(a) => return Ok(serve(a)?),
         Cmd::TraceSvg { trace, out } => commands::trace_svg(&trace, out)?,
         Cmd::Loadgen(a) => commands::loadgen(&a)?,
+        Cmd::Soak(a) => commands::soak(&a)?,
     }
     Ok(0)
 }

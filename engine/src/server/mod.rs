@@ -8,7 +8,6 @@
 
 pub mod actor;
 pub mod api;
-pub mod http;
 pub mod metrics;
 pub mod scheduler;
 
@@ -26,6 +25,7 @@ use crate::execution::family::Decoder;
 use crate::execution::rank::EngineOptions;
 use crate::execution::trace::Trace;
 use crate::execution::work::DEFAULT_MAX_SEQUENCE_LENGTH;
+use crate::http;
 use crate::media::image::encode_png;
 use crate::media::video::{self, Clip, VideoFormat};
 use crate::options::EngineArgs;

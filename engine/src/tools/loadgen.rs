@@ -198,6 +198,11 @@ pub async fn run(a: &LoadgenArgs) -> Result<LoadReport> {
     let addr = loopback(&a.url).await?;
     let total = a.requests.min(10_000);
     let deadline = Instant::now() + Duration::from_secs(a.duration_seconds);
+    // Text families get a prompt, class-conditional ones a class label.
+    let models = http(addr, "GET", "/v1/models", None, Duration::from_secs(30))
+        .await?
+        .json()?;
+    let text = models["data"][0]["conditioning"] == "text";
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -210,7 +215,12 @@ pub async fn run(a: &LoadgenArgs) -> Result<LoadReport> {
                 if i >= total || Instant::now() >= deadline {
                     return out;
                 }
-                let mut body = serde_json::json!({ "class_label": i % 1000, "seed": i, "steps": a.steps, "guidance": a.guidance, "response_format": "url" });
+                let mut body = serde_json::json!({ "seed": i, "steps": a.steps, "guidance": a.guidance, "response_format": "url" });
+                if text {
+                    body["prompt"] = format!("a photograph, take {i}").into();
+                } else {
+                    body["class_label"] = (i % 1000).into();
+                }
                 if let Some(s) = &a.size {
                     body["size"] = s.clone().into();
                 }

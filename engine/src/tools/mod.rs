@@ -1,6 +1,8 @@
 //! Tools beside the engine: synthetic checkpoints (`synth`), drawing a trace as a
-//! timeline (`trace_svg`), and a bounded load generator for a running server (`loadgen`).
+//! timeline (`trace_svg`), a bounded load generator for a running server (`loadgen`) and a
+//! bounded soak of one (`soak`).
 
 pub mod loadgen;
+pub mod soak;
 pub mod synth;
 pub mod trace_svg;
