@@ -200,6 +200,42 @@ fn previous<'a>(status: &'a DiffusionDeploymentStatus, type_: &str) -> Option<(&
         .map(|c| (c.reason.as_str(), c.message.as_str()))
 }
 
+/// Records that the deployment cannot be planned: `Planned` False and `Degraded` True with
+/// `reason` and `msg`, a warning event when they are new, and the status written.
+async fn refuse_plan(
+    ctx: &Context,
+    dd: &DiffusionDeployment,
+    old: &DiffusionDeploymentStatus,
+    status: &mut DiffusionDeploymentStatus,
+    reason: &str,
+    msg: &str,
+    now: Timestamp,
+) -> Result<()> {
+    if previous(old, cond::PLANNED) != Some((reason, msg)) {
+        publish(ctx, dd, EventType::Warning, reason, "Plan", msg.to_string()).await;
+    }
+    let gen = dd.metadata.generation;
+    set(
+        &mut status.conditions,
+        cond::PLANNED,
+        false,
+        reason,
+        msg,
+        gen,
+        now,
+    );
+    set(
+        &mut status.conditions,
+        cond::DEGRADED,
+        true,
+        reason,
+        msg,
+        gen,
+        now,
+    );
+    write_status(ctx, dd, status).await
+}
+
 async fn write_status(
     ctx: &Context,
     dd: &DiffusionDeployment,
@@ -352,28 +388,7 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
                 roots.join(", ")
             );
             let reason = "ModelOutsideRoots";
-            if previous(&old, cond::PLANNED) != Some((reason, msg.as_str())) {
-                publish(ctx, dd, EventType::Warning, reason, "Plan", msg.clone()).await;
-            }
-            set(
-                &mut status.conditions,
-                cond::PLANNED,
-                false,
-                reason,
-                &msg,
-                gen,
-                now,
-            );
-            set(
-                &mut status.conditions,
-                cond::DEGRADED,
-                true,
-                reason,
-                &msg,
-                gen,
-                now,
-            );
-            write_status(ctx, dd, &status).await?;
+            refuse_plan(ctx, dd, &old, &mut status, reason, &msg, now).await?;
             return Ok(Action::await_change());
         }
     }
@@ -591,28 +606,7 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
                     ""
                 }
             );
-            if previous(&old, cond::PLANNED) != Some((reason, msg.as_str())) {
-                publish(ctx, dd, EventType::Warning, reason, "Plan", msg.clone()).await;
-            }
-            set(
-                &mut status.conditions,
-                cond::PLANNED,
-                false,
-                reason,
-                &msg,
-                gen,
-                now,
-            );
-            set(
-                &mut status.conditions,
-                cond::DEGRADED,
-                true,
-                reason,
-                &msg,
-                gen,
-                now,
-            );
-            write_status(ctx, dd, &status).await?;
+            refuse_plan(ctx, dd, &old, &mut status, reason, &msg, now).await?;
             return Ok(Action::requeue(Duration::from_secs(60)));
         }
     };

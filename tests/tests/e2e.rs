@@ -326,17 +326,8 @@ spec:
             );
         }
         for (i, (pod, addr)) in ready.iter().enumerate() {
-            match video(*addr, i as u64).await {
-                Ok(()) => counters.ok.fetch_add(1, Ordering::Relaxed),
-                Err(e) => {
-                    counters
-                        .errors
-                        .lock()
-                        .expect("errors")
-                        .push(format!("video through {pod}: {e:#}"));
-                    counters.failed.fetch_add(1, Ordering::Relaxed)
-                }
-            };
+            let outcome = video(*addr, i as u64).await;
+            counters.count(outcome.with_context(|| format!("video through {pod}")));
             counters.videos.fetch_add(1, Ordering::Relaxed);
         }
         ensure!(
@@ -863,6 +854,17 @@ struct Counters {
 }
 
 impl Counters {
+    /// Counts one request's outcome, keeping what went wrong.
+    fn count(&self, outcome: Result<()>) {
+        match outcome {
+            Ok(()) => self.ok.fetch_add(1, Ordering::Relaxed),
+            Err(e) => {
+                self.errors.lock().expect("errors").push(format!("{e:#}"));
+                self.failed.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+    }
+
     fn errors(&self) -> String {
         self.errors.lock().expect("errors").join("; ")
     }
@@ -885,17 +887,7 @@ impl Load {
                     while !stop.load(Ordering::Relaxed) {
                         let seed = (c as u64) << 32 | n;
                         n += 1;
-                        match send(&engines, &counters, seed, steps).await {
-                            Ok(()) => counters.ok.fetch_add(1, Ordering::Relaxed),
-                            Err(e) => {
-                                counters
-                                    .errors
-                                    .lock()
-                                    .expect("errors")
-                                    .push(format!("{e:#}"));
-                                counters.failed.fetch_add(1, Ordering::Relaxed)
-                            }
-                        };
+                        counters.count(send(&engines, &counters, seed, steps).await);
                     }
                 })
             })
