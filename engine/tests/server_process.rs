@@ -272,6 +272,38 @@ async fn slow_and_idle_clients_cannot_hold_the_server() {
     drop(slow);
 }
 
+/// A client that goes away during a synchronous request: its job is cancelled and the rank
+/// is free at its next step boundary, not after the request's thousand steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_request_frees_the_rank() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::tiny(dir.path(), 2);
+    let s = spawn(&model, &["--dp", "1", "--max-steps", "1000"]);
+    s.wait_ready().await;
+    let body = json!({ "class_label": 1, "steps": 1000, "size": "128x128" }).to_string();
+    let mut c = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    c.write_all(
+        format!(
+            "POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    s.wait_gauges(0.0, 1.0).await;
+    let t = Instant::now();
+    drop(c);
+    s.wait_gauges(0.0, 0.0).await;
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    let m = String::from_utf8(s.call("GET", "/metrics", None).await.body).unwrap();
+    assert!(
+        m.contains("layerwise_requests_finished_total{outcome=\"cancelled\"} 1"),
+        "{m}"
+    );
+}
+
 #[test]
 fn a_rank_that_fails_fails_the_pod_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
