@@ -62,8 +62,72 @@ async fn start_keeping(
         bounds: bounds(),
         retention,
         name: "tiny",
+        timeout: Duration::from_secs(60),
     };
     common::server::start(model, setup).await
+}
+
+/// A copy that stalls mid-request (the 40th one sleeps past the engine's timeout): the rank
+/// fails with the cause, every request in flight fails naming it, and the server turns
+/// unhealthy (its process would exit 1) instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_that_stalls_mid_request_fails_what_is_in_flight_and_the_pod() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let model = Arc::new(Model::open(&common::tiny(dir.path(), 2)).unwrap());
+    let copies = Arc::new(AtomicUsize::new(0));
+    let stall: Hook = Arc::new(move |s: layerwise_engine::execution::pipeline::Stage| {
+        if s == layerwise_engine::execution::pipeline::Stage::Copy
+            && copies.fetch_add(1, Ordering::Relaxed) == 40
+        {
+            std::thread::sleep(Duration::from_secs(6));
+        }
+    });
+    let setup = Setup {
+        dp: 2,
+        max_queue: 8,
+        hook: Some(stall),
+        bounds: bounds(),
+        retention: Retention::default(),
+        name: "tiny",
+        timeout: Duration::from_secs(1),
+    };
+    let (app, sched) = common::server::start(model, setup).await;
+    let mut ids = Vec::new();
+    for seed in 0..3 {
+        let (s, _, v) = post(
+            &app,
+            "/v1/jobs",
+            json!({ "class_label": 1, "steps": 200, "seed": seed }),
+        )
+        .await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+        ids.push(v["id"].as_str().unwrap().to_string());
+    }
+    for id in &ids {
+        let st = wait_state(&app, id, &["failed", "succeeded"]).await;
+        assert_eq!(st["state"], "failed", "{st}");
+        assert!(
+            st["error"].as_str().unwrap().contains("engine failed"),
+            "{st}"
+        );
+    }
+    let why = sched
+        .shared
+        .failed
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the pod is marked failed");
+    assert!(why.contains("rank"), "{why}");
+    assert_eq!(
+        call(&app, "GET", "/healthz", None).await.0,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    assert_eq!(
+        call(&app, "GET", "/readyz", None).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
 }
 
 /// `layerwise_running_requests` as the autoscaler and the watchdog read it.

@@ -51,6 +51,7 @@ fn setup(dp: usize, hook: bool, retention: Retention) -> Setup {
         bounds: bounds(),
         retention,
         name: NAME,
+        timeout: Duration::from_secs(60),
     }
 }
 

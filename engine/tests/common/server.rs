@@ -36,6 +36,8 @@ pub struct Setup {
     pub bounds: Bounds,
     pub retention: Retention,
     pub name: &'static str,
+    /// How long a transfer or a peer may stall before the rank fails.
+    pub timeout: Duration,
 }
 
 /// Starts the engine (offload-sharded, two slots) and waits until every rank is ready.
@@ -45,7 +47,7 @@ pub async fn start(model: Arc<Model>, s: Setup) -> (Router, Scheduler) {
         dp: s.dp,
         slots: SlotsChoice::Fixed(2),
         decode: false,
-        timeout: Duration::from_secs(60),
+        timeout: s.timeout,
         hook: s.hook,
         ..EngineOptions::default()
     };
