@@ -676,6 +676,27 @@ async fn every_accepted_job_of_a_burst_succeeds() {
     wait_idle(&sched).await;
 }
 
+/// Two servers (two replicas behind one Service, or one pod before and after a restart)
+/// never hand out the same job id, so a client that reaches the wrong one gets a 404, never
+/// another client's job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_ids_are_unique_across_servers() {
+    use layerwise_engine::server::scheduler::Kind;
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..4 {
+        let (tx, _rx) = std::sync::mpsc::sync_channel(8);
+        let (sched, _source) =
+            layerwise_engine::server::actor::start(1, 8, Retention::default(), tx);
+        for seed in 0..3 {
+            let id = sched
+                .submit(vec![common::request(seed, 1, 4.0)], Kind::Image)
+                .await
+                .unwrap();
+            assert!(seen.insert(id), "id {id:016x} handed out twice");
+        }
+    }
+}
+
 #[test]
 fn errors_map_to_one_status_each() {
     use layerwise_engine::Error;

@@ -110,13 +110,13 @@ impl Actor {
                 let _ = reply.send(self.submit(requests, kind));
             }
             Msg::List { kind, reply } => {
-                let mut all: Vec<(u64, JobStatus)> = self
+                let mut all: Vec<(Instant, JobStatus)> = self
                     .jobs
                     .iter()
                     .filter(|(_, j)| j.kind.label() == kind)
-                    .filter_map(|(id, _)| Some((*id, self.status(*id).ok()?)))
+                    .filter_map(|(id, j)| Some((j.created, self.status(*id).ok()?)))
                     .collect();
-                all.sort_by_key(|(id, _)| std::cmp::Reverse(*id));
+                all.sort_by_key(|(created, _)| std::cmp::Reverse(*created));
                 let _ = reply.send(all.into_iter().map(|(_, s)| s).collect());
             }
             Msg::Delete { id, reply } => {
@@ -226,7 +226,7 @@ impl Actor {
             .into());
         }
         let id = self.next_id;
-        self.next_id += 1;
+        self.next_id = self.next_id.wrapping_add(1);
         let n = requests.len();
         self.shared.metrics.requested(kind, n);
         self.jobs.insert(
@@ -621,7 +621,10 @@ pub fn start(
         jobs: HashMap::new(),
         done_order: VecDeque::new(),
         queue: VecDeque::new(),
-        next_id: 1,
+        // Ids start at a random point of the 64-bit space, so two pods behind one Service
+        // (or one pod after a restart) never hand out the same id: a client asking the
+        // wrong replica gets a 404, never another client's job.
+        next_id: rand::random::<u64>(),
         generation: 0,
         work_waiters: Vec::new(),
         closed: false,
