@@ -86,9 +86,10 @@ pub struct DiffusionDeploymentSpec {
     #[x_kube(validation = Rule::new("self >= 1").message("dp must be at least 1"))]
     #[schemars(range(max = 64))]
     pub dp: Option<u32>,
-    /// Fixed device slots per rank (K); the planner grows K beyond 2 when memory allows.
+    /// Fixed device slots per rank (K), at least 2: one block computing while the next
+    /// arrives (the engine refuses fewer). The planner grows K beyond 2 when memory allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self >= 1 && self <= 16").message("slots must be between 1 and 16"))]
+    #[x_kube(validation = Rule::new("self >= 2 && self <= 16").message("slots must be between 2 and 16"))]
     pub slots: Option<u32>,
     /// Which accelerators, and on which nodes.
     #[serde(default)]

@@ -83,3 +83,22 @@ pub fn to_yaml(
         serde_yaml::to_string(crd)?
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CEL rule on `spec.slots` refuses exactly what the engine refuses at start and the
+    /// planner never plans: fewer than `MIN_STREAMING_SLOTS`.
+    #[test]
+    fn the_slots_rule_is_the_engines_minimum() {
+        let crd = serde_json::to_value(&all()[0].1).unwrap();
+        let slots = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["slots"];
+        let rule = slots["x-kubernetes-validations"][0]["rule"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no rule on slots: {slots}"));
+        let min = layerwise_engine::strategy::MIN_STREAMING_SLOTS;
+        assert!(rule.starts_with(&format!("self >= {min} ")), "{rule}");
+    }
+}

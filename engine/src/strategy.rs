@@ -7,6 +7,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 
+/// The fewest device slots a streaming strategy runs with: one block computing while the
+/// next arrives. The engine refuses fewer at start, the planner never plans fewer, and the
+/// DiffusionDeployment's CEL rule refuses fewer at `kubectl apply` (a test checks the rule
+/// against this constant).
+pub const MIN_STREAMING_SLOTS: u32 = 2;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Strategy {

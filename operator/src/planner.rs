@@ -71,7 +71,7 @@ impl Default for Limits {
         Limits {
             device_overhead: 1 << 30,
             host_overhead: 2 << 30,
-            min_slots: 2,
+            min_slots: layerwise_engine::strategy::MIN_STREAMING_SLOTS,
             max_slots: 4,
             max_dp: 8,
         }
@@ -424,8 +424,16 @@ pub fn plan(
             )));
         }
     }
-    if overrides.dp == Some(0) || overrides.slots == Some(0) {
-        return Err(spec_refusal("dp and slots must be at least 1".into()));
+    if overrides.dp == Some(0) {
+        return Err(spec_refusal("dp must be at least 1".into()));
+    }
+    let min_slots = layerwise_engine::strategy::MIN_STREAMING_SLOTS;
+    if let Some(k) = overrides.slots.filter(|k| *k < min_slots) {
+        // The engine would refuse to start with fewer: one block computes while the next
+        // arrives.
+        return Err(spec_refusal(format!(
+            "slots {k}: streaming strategies need at least {min_slots}"
+        )));
     }
     let Some(act) = activation_bytes(profile, workload) else {
         return Err(Refusal {

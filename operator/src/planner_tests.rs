@@ -361,3 +361,24 @@ proptest! {
         prop_assert!(got.is_ok(), "auto refused although {:?} dp={} K={} fits: {}", s, dp, k, got.unwrap_err());
     }
 }
+
+/// One slot is refused for every strategy, as the engine would refuse it at start: the
+/// operator never makes pods that crash.
+#[test]
+fn fewer_than_the_engines_minimum_slots_is_refused() {
+    for mode in [
+        Mode::Sharded,
+        Mode::Offload,
+        Mode::OffloadSharded,
+        Mode::Auto,
+    ] {
+        let o = Overrides {
+            strategy: mode,
+            slots: Some(1),
+            ..Overrides::default()
+        };
+        let err = plan(&large(), &[a100("a")], &wl(), &o, &Limits::default()).unwrap_err();
+        assert_eq!(err.shortage, Shortage::Spec, "{mode:?}");
+        assert!(err.to_string().contains("at least 2"), "{err}");
+    }
+}

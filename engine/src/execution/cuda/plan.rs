@@ -174,12 +174,13 @@ pub fn choose_slots(
             (room / needs.slot.max(1)).min(MAX_AUTO_SLOTS as u64) as usize
         }
     };
-    if streams && k < 2 {
-        let need = needs.fixed + 2 * needs.slot;
+    let min = crate::strategy::MIN_STREAMING_SLOTS as usize;
+    if streams && k < min {
+        let need = needs.fixed + min as u64 * needs.slot;
         return Err(Error::invalid(
             "slots",
             format!(
-                "{strategy} needs at least 2 slots: {} fixed + 2 × {} per slot = {need} bytes, but the device has {capacity} bytes for weights",
+                "{strategy} needs at least {min} slots: {} fixed + {min} × {} per slot = {need} bytes, but the device has {capacity} bytes for weights",
                 needs.fixed, needs.slot
             ),
         ));
