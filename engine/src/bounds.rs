@@ -14,6 +14,8 @@ pub const ENV_MAX_FRAMES: &str = "LAYERWISE_MAX_FRAMES";
 pub const ENV_MAX_STEPS: &str = "LAYERWISE_MAX_STEPS";
 /// Environment variable of `layerwise serve --max-n`.
 pub const ENV_MAX_N: &str = "LAYERWISE_MAX_N";
+/// Environment variable of `layerwise serve --guidance-allowed`.
+pub const ENV_GUIDANCE_ALLOWED: &str = "LAYERWISE_GUIDANCE_ALLOWED";
 
 /// What one request may ask for, beyond what the model itself can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,17 +30,21 @@ pub struct RequestBounds {
     pub max_steps: u64,
     /// Most outputs per request.
     pub max_n: u64,
+    /// Whether requests may use classifier-free guidance (a scale above 1, which doubles the
+    /// transformer's batch). Without it requests run unguided, as the plan sized them.
+    pub guidance: bool,
 }
 
 impl RequestBounds {
     /// The environment that makes `layerwise serve` enforce these bounds.
-    pub fn env(&self) -> [(&'static str, String); 5] {
+    pub fn env(&self) -> [(&'static str, String); 6] {
         [
             (ENV_MAX_WIDTH, self.max_width.to_string()),
             (ENV_MAX_HEIGHT, self.max_height.to_string()),
             (ENV_MAX_FRAMES, self.max_frames.to_string()),
             (ENV_MAX_STEPS, self.max_steps.to_string()),
             (ENV_MAX_N, self.max_n.to_string()),
+            (ENV_GUIDANCE_ALLOWED, self.guidance.to_string()),
         ]
     }
 }

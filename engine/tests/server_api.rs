@@ -32,6 +32,7 @@ fn bounds() -> Bounds {
             max_frames: 1,
             max_steps: 2000,
             max_n: 3,
+            guidance: true,
         },
         max_prompt_tokens: 512,
         body_limit: 4096,
@@ -674,6 +675,59 @@ async fn every_accepted_job_of_a_burst_succeeds() {
         accepted.len()
     );
     wait_idle(&sched).await;
+}
+
+/// A deployment sized for unguided requests (`workload.guidance: false`): a scale above 1
+/// is refused naming the field, and a request that names none runs unguided, as the plan
+/// reserved activations for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unguided_deployments_refuse_guidance_and_run_unguided() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Arc::new(Model::open(&common::tiny(dir.path(), 2)).unwrap());
+    let mut b = bounds();
+    b.request.guidance = false;
+    let setup = Setup {
+        dp: 1,
+        max_queue: 4,
+        hook: None,
+        bounds: b,
+        retention: Retention::default(),
+        name: "tiny",
+        timeout: Duration::from_secs(60),
+    };
+    let (app, _) = common::server::start(model.clone(), setup).await;
+    let (s, _, v) = post(
+        &app,
+        "/v1/images/generations",
+        json!({ "class_label": 2, "guidance": 4.0, "size": "64x64" }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_field(&v, "guidance");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("unguided"),
+        "{v}"
+    );
+    let (s, _, v) = post(
+        &app,
+        "/v1/images/generations",
+        json!({ "class_label": 2, "steps": 2, "seed": 3, "size": "64x64" }),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(v["data"][0]["b64_json"].as_str().unwrap())
+        .unwrap();
+    let unguided = Request {
+        seed: 3,
+        steps: 2,
+        guidance: 1.0,
+        ..Request::image(Condition::Class(2), 64, 64)
+    };
+    assert!(
+        png == expected_png(&model, &unguided),
+        "not the unguided image"
+    );
 }
 
 /// Two servers (two replicas behind one Service, or one pod before and after a restart)

@@ -36,6 +36,7 @@ fn bounds() -> Bounds {
             max_frames: 17,
             max_steps: 400,
             max_n: 2,
+            guidance: true,
         },
         max_prompt_tokens: 24,
         body_limit: 8192,

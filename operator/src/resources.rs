@@ -80,6 +80,7 @@ pub fn request_bounds(w: &Workload) -> RequestBounds {
         max_frames: w.max_frames,
         max_steps: w.max_steps,
         max_n: w.max_batch,
+        guidance: w.guidance,
     }
 }
 
@@ -380,7 +381,8 @@ mod tests {
     use super::*;
     use crds::MemoryBreakdown;
     use layerwise_engine::bounds::{
-        ENV_MAX_FRAMES, ENV_MAX_HEIGHT, ENV_MAX_N, ENV_MAX_STEPS, ENV_MAX_WIDTH,
+        ENV_GUIDANCE_ALLOWED, ENV_MAX_FRAMES, ENV_MAX_HEIGHT, ENV_MAX_N, ENV_MAX_STEPS,
+        ENV_MAX_WIDTH,
     };
     use serde_json::json;
 
@@ -451,6 +453,21 @@ mod tests {
             env.contains(&("LAYERWISE_DEVICE_MEMORY_MIB".into(), "10241".into())),
             "{env:?}"
         );
+        assert!(
+            env.contains(&(ENV_GUIDANCE_ALLOWED.into(), "true".into())),
+            "{env:?}"
+        );
+        let unguided = envs(&deployment(
+            &dd(json!({ "guidance": false })),
+            &plan(),
+            1,
+            "engine:test",
+            &[],
+        ));
+        assert!(
+            unguided.contains(&(ENV_GUIDANCE_ALLOWED.into(), "false".into())),
+            "{unguided:?}"
+        );
     }
 
     #[test]
@@ -464,6 +481,7 @@ mod tests {
                 max_frames: 1,
                 max_steps: 50,
                 max_n: 1,
+                guidance: true,
             }
         );
     }

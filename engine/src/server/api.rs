@@ -396,6 +396,8 @@ fn request(o: &Map<String, Value>, s: &AppState, native: (usize, usize)) -> Resu
             format!("{steps}: this server allows 1..={} steps", r.max_steps),
         ));
     }
+    // A deployment sized for unguided requests runs them unguided unless asked otherwise.
+    let default_guidance = if r.guidance { default_guidance } else { 1.0 };
     let guidance = float(o, "guidance")?.map_or(default_guidance, |g| g as f32);
     let guidance_2 = float(o, "guidance_2")?.map(|g| g as f32);
     for (field, g) in [("guidance", Some(guidance)), ("guidance_2", guidance_2)] {
@@ -403,6 +405,12 @@ fn request(o: &Map<String, Value>, s: &AppState, native: (usize, usize)) -> Resu
             return Err(Error::invalid(
                 field,
                 format!("{g}: expected a scale in [0, {MAX_GUIDANCE}] (≤ 1 disables guidance)"),
+            ));
+        }
+        if let Some(g) = g.filter(|g| *g > 1.0 && !r.guidance) {
+            return Err(Error::invalid(
+                field,
+                format!("{g}: this deployment serves unguided requests only (workload.guidance: false); give a scale ≤ 1"),
             ));
         }
     }

@@ -72,6 +72,10 @@ pub struct ServeArgs {
     /// Most outputs per request.
     #[arg(long, env = bounds::ENV_MAX_N, default_value_t = 4)]
     pub max_n: u64,
+    /// Whether requests may use classifier-free guidance (a scale above 1, which doubles
+    /// the batch); `false` refuses such scales and runs requests unguided by default.
+    #[arg(long, env = bounds::ENV_GUIDANCE_ALLOWED, default_value_t = true, action = clap::ArgAction::Set)]
+    pub guidance_allowed: bool,
     /// Most tokens of a prompt (text families; a request's `max_sequence_length` may not
     /// exceed it).
     #[arg(long, env = "LAYERWISE_MAX_PROMPT_TOKENS", default_value_t = DEFAULT_MAX_SEQUENCE_LENGTH)]
@@ -210,6 +214,7 @@ async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<Exi
                 max_frames: a.max_frames,
                 max_steps: a.max_steps,
                 max_n: a.max_n,
+                guidance: a.guidance_allowed,
             },
             max_prompt_tokens: a.max_prompt_tokens,
             body_limit: a.body_limit,
