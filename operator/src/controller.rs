@@ -200,24 +200,24 @@ fn previous<'a>(status: &'a DiffusionDeploymentStatus, type_: &str) -> Option<(&
         .map(|c| (c.reason.as_str(), c.message.as_str()))
 }
 
-/// Records that the deployment cannot be planned: `Planned` False and `Degraded` True with
+/// Records that the deployment cannot go on: `condition` False and `Degraded` True with
 /// `reason` and `msg`, a warning event when they are new, and the status written.
-async fn refuse_plan(
+async fn degrade(
     ctx: &Context,
     dd: &DiffusionDeployment,
-    old: &DiffusionDeploymentStatus,
-    status: &mut DiffusionDeploymentStatus,
+    (old, status): (&DiffusionDeploymentStatus, &mut DiffusionDeploymentStatus),
+    condition: &str,
     reason: &str,
     msg: &str,
     now: Timestamp,
 ) -> Result<()> {
-    if previous(old, cond::PLANNED) != Some((reason, msg)) {
+    if previous(old, condition) != Some((reason, msg)) {
         publish(ctx, dd, EventType::Warning, reason, "Plan", msg.to_string()).await;
     }
     let gen = dd.metadata.generation;
     set(
         &mut status.conditions,
-        cond::PLANNED,
+        condition,
         false,
         reason,
         msg,
@@ -388,7 +388,16 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
                 roots.join(", ")
             );
             let reason = "ModelOutsideRoots";
-            refuse_plan(ctx, dd, &old, &mut status, reason, &msg, now).await?;
+            degrade(
+                ctx,
+                dd,
+                (&old, &mut status),
+                cond::PLANNED,
+                reason,
+                &msg,
+                now,
+            )
+            .await?;
             return Ok(Action::await_change());
         }
     }
@@ -446,36 +455,17 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
         let msg = format!(
             "no node with a DiffusionNode matches the node selector and offers {resource}; check accelerator.nodeSelector and that the layerwise agent runs on the accelerator nodes"
         );
-        if previous(&old, cond::DEGRADED) != Some(("NoCandidateNodes", msg.as_str())) {
-            publish(
-                ctx,
-                dd,
-                EventType::Warning,
-                "NoCandidateNodes",
-                "Plan",
-                msg.clone(),
-            )
-            .await;
-        }
-        set(
-            &mut status.conditions,
+        let reason = "NoCandidateNodes";
+        degrade(
+            ctx,
+            dd,
+            (&old, &mut status),
             cond::MODEL_PROFILED,
-            false,
-            "NoCandidateNodes",
+            reason,
             &msg,
-            gen,
             now,
-        );
-        set(
-            &mut status.conditions,
-            cond::DEGRADED,
-            true,
-            "NoCandidateNodes",
-            &msg,
-            gen,
-            now,
-        );
-        write_status(ctx, dd, &status).await?;
+        )
+        .await?;
         return Ok(Action::requeue(Duration::from_secs(30)));
     }
 
@@ -606,7 +596,16 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
                     ""
                 }
             );
-            refuse_plan(ctx, dd, &old, &mut status, reason, &msg, now).await?;
+            degrade(
+                ctx,
+                dd,
+                (&old, &mut status),
+                cond::PLANNED,
+                reason,
+                &msg,
+                now,
+            )
+            .await?;
             return Ok(Action::requeue(Duration::from_secs(60)));
         }
     };
