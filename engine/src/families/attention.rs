@@ -1,12 +1,24 @@
 //! Scaled dot-product attention whose working memory does not grow with the square of
 //! the sequence: a 480p, 81-frame Wan request is about 32k tokens, whose full score
-//! matrix (40 heads × 32k × 32k × 4 bytes, 170 GB per sample) fits no device. Queries go
-//! through in chunks of rows sized so one chunk's scores and softmax stay under
-//! [`ATTENTION_CHUNK_BYTES`]; every row still sees every key, so the softmax of a row is
-//! the ordinary, max-subtracted one and nothing is approximated.
+//! matrix (40 heads × 32k × 32k × 4 bytes, 170 GB per sample) fits no device.
 //!
-//! The budget and [`attention_peak_bytes`] are metadata (the planner sizes activation
-//! memory with them, without the compute runtime); the math needs `runtime`.
+//! On a CUDA device attention runs as one fused kernel (`execution::cuda::attention`): it
+//! walks the keys in tiles with an online softmax, so scores only ever exist in a block's
+//! shared memory. Everywhere else, and on CUDA when [`ATTENTION_KERNEL_ENV`] asks for it,
+//! queries go through in chunks of rows sized so one chunk's scores and softmax stay under
+//! [`ATTENTION_CHUNK_BYTES`]. Either way every row sees every key and its softmax is the
+//! ordinary, max-subtracted one: nothing is approximated. The two differ in summation
+//! order (within about 1e-6 relative of each other), never within one device: every
+//! strategy, dp and K runs the same path on the same shapes, so outputs stay bit-identical
+//! across them.
+//!
+//! The budget, [`attention_peak_bytes`] and the kernel choice are metadata (the planner
+//! sizes activation memory with them, without the compute runtime); the math needs
+//! `runtime`.
+
+use std::sync::OnceLock;
+
+use crate::{Error, Result};
 
 /// Most bytes one chunk's scores and their softmax may hold. Larger chunks mean fewer,
 /// fuller matrix products (on a GPU each chunk costs a handful of kernel launches); at
@@ -28,12 +40,55 @@ pub fn chunk_rows(heads: usize, sq: usize, sk: usize, budget: u64) -> usize {
 /// batch of `b` samples with `h` heads, `sq` queries and `sk` keys. Samples run one
 /// after another, so `b` does not multiply it; the result stays within
 /// [`ATTENTION_CHUNK_BYTES`] unless a single query row (2 × h × sk × 4 bytes) exceeds it.
+///
+/// One formula for every device: the planner does not know which kind a pod gets, and
+/// this bounds both paths. The chunks hold exactly this; the fused CUDA kernel holds its
+/// scores in on-chip shared memory (a fixed ~38 KiB per resident block, no device memory
+/// at all) and allocates nothing in device memory but its output, which the families
+/// count per token like any other activation. So on CUDA the term is headroom, not need.
 pub fn attention_peak_bytes(b: usize, h: usize, sq: usize, sk: usize) -> u64 {
     if b == 0 || sq == 0 || sk == 0 {
         return 0;
     }
     let rows = chunk_rows(h, sq, sk, ATTENTION_CHUNK_BYTES) as u64;
     2 * 4 * h as u64 * rows * sk as u64
+}
+
+/// The environment variable that picks the attention path on CUDA: `fused` (the default)
+/// or `chunked` (the query chunks every other device runs; for comparing the two, as
+/// engine/gpu-check does). Read once per process; the CPU always runs in chunks.
+pub const ATTENTION_KERNEL_ENV: &str = "LAYERWISE_ATTENTION";
+
+/// Which attention path CUDA tensors take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// The fused kernel, when it takes the shapes (head dims up to 128); else chunks.
+    Fused,
+    /// Query chunks, as on the CPU.
+    Chunked,
+}
+
+impl AttentionKernel {
+    /// The path [`ATTENTION_KERNEL_ENV`] names; unset or empty is `fused`.
+    pub fn parse(value: Option<&str>) -> Result<Self> {
+        match value.map(str::trim) {
+            None | Some("") | Some("fused") => Ok(Self::Fused),
+            Some("chunked") => Ok(Self::Chunked),
+            Some(other) => Err(Error::invalid(
+                ATTENTION_KERNEL_ENV,
+                format!("`{other}`: want `fused` or `chunked`"),
+            )),
+        }
+    }
+
+    /// This process's choice, from [`ATTENTION_KERNEL_ENV`] as it was at the first call.
+    pub fn from_env() -> Result<Self> {
+        static VALUE: OnceLock<Option<String>> = OnceLock::new();
+        let value = VALUE.get_or_init(|| {
+            std::env::var_os(ATTENTION_KERNEL_ENV).map(|v| v.to_string_lossy().into_owned())
+        });
+        Self::parse(value.as_deref())
+    }
 }
 
 #[cfg(feature = "runtime")]
@@ -43,28 +98,43 @@ pub use compute::{attention, attention_with_budget};
 mod compute {
     use candle_core::Tensor;
 
-    use super::{chunk_rows, ATTENTION_CHUNK_BYTES};
+    use super::{chunk_rows, AttentionKernel, ATTENTION_CHUNK_BYTES};
     use crate::{Error, Result};
 
     /// softmax(q kᵀ · scale) v for q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv]:
-    /// [B, H, Sq, Dv], in query chunks within [`ATTENTION_CHUNK_BYTES`].
+    /// [B, H, Sq, Dv]. On a CUDA device the fused kernel (unless [`super::ATTENTION_KERNEL_ENV`]
+    /// says `chunked`, or a head dim exceeds what it takes), elsewhere query chunks within
+    /// [`ATTENTION_CHUNK_BYTES`].
     pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
+        check_shapes(q, k, v)?;
+        if AttentionKernel::from_env()? == AttentionKernel::Fused {
+            if let Some(out) = fused(q, k, v, scale)? {
+                return Ok(out);
+            }
+        }
         attention_with_budget(q, k, v, scale, ATTENTION_CHUNK_BYTES)
     }
 
-    /// [`attention`] with a chosen chunk budget (tests force many chunks with it).
-    pub fn attention_with_budget(
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        scale: f64,
-        budget: u64,
-    ) -> Result<Tensor> {
-        let (b, h, sq, d) = q.dims4()?;
-        let (kb, kh, sk, kd) = k.dims4()?;
-        let (vb, vh, vs, _) = v.dims4()?;
-        if (kb, kh, kd) != (b, h, d) || (vb, vh, vs) != (b, h, sk) || sq == 0 || sk == 0 {
-            return Err(Error::invalid(
+    /// The fused kernel's result, for tensors on a CUDA device whose shapes it takes.
+    #[cfg(feature = "cuda")]
+    fn fused(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Option<Tensor>> {
+        if !q.device().is_cuda() {
+            return Ok(None);
+        }
+        crate::execution::cuda::attention::fused_attention(q, k, v, scale)
+    }
+
+    /// Builds without CUDA hold no CUDA tensors.
+    #[cfg(not(feature = "cuda"))]
+    fn fused(_: &Tensor, _: &Tensor, _: &Tensor, _: f64) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+
+    /// (B, H, Sq, Sk) of q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv], or an error
+    /// naming the shapes.
+    fn check_shapes(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(usize, usize, usize, usize)> {
+        let refuse = || {
+            Error::invalid(
                 "attention",
                 format!(
                     "q {:?}, k {:?}, v {:?}: want [B, H, Sq, D], [B, H, Sk, D], [B, H, Sk, Dv] with Sq, Sk ≥ 1",
@@ -72,8 +142,27 @@ mod compute {
                     k.dims(),
                     v.dims()
                 ),
-            ));
+            )
+        };
+        let (b, h, sq, d) = q.dims4().map_err(|_| refuse())?;
+        let (kb, kh, sk, kd) = k.dims4().map_err(|_| refuse())?;
+        let (vb, vh, vs, _) = v.dims4().map_err(|_| refuse())?;
+        if (kb, kh, kd) != (b, h, d) || (vb, vh, vs) != (b, h, sk) || sq == 0 || sk == 0 {
+            return Err(refuse());
         }
+        Ok((b, h, sq, sk))
+    }
+
+    /// [`attention`] in query chunks within `budget`, on any device (tests force many
+    /// chunks with it; on CUDA it is what `chunked` runs).
+    pub fn attention_with_budget(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        scale: f64,
+        budget: u64,
+    ) -> Result<Tensor> {
+        let (b, h, sq, sk) = check_shapes(q, k, v)?;
         let rows = chunk_rows(h, sq, sk, budget);
         // One sample at a time: its chunks, and so its bits, do not depend on which
         // other samples share the batch.
@@ -119,6 +208,22 @@ mod tests {
         assert!(attention_peak_bytes(2, 40, s, 512) <= ATTENTION_CHUNK_BYTES);
         assert_eq!(chunk_rows(40, s, s, ATTENTION_CHUNK_BYTES), 51);
         assert_eq!(chunk_rows(1, 10, 1 << 40, 1), 1);
+    }
+
+    #[test]
+    fn the_kernel_choice_is_fused_unless_chunked_is_asked_for() {
+        use AttentionKernel::*;
+        assert_eq!(AttentionKernel::parse(None).unwrap(), Fused);
+        assert_eq!(AttentionKernel::parse(Some("")).unwrap(), Fused);
+        assert_eq!(AttentionKernel::parse(Some("fused")).unwrap(), Fused);
+        assert_eq!(AttentionKernel::parse(Some(" chunked\n")).unwrap(), Chunked);
+        let e = AttentionKernel::parse(Some("flash"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(ATTENTION_KERNEL_ENV) && e.contains("flash"),
+            "{e}"
+        );
     }
 
     #[cfg(feature = "runtime")]

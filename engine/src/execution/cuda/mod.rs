@@ -10,6 +10,7 @@
 //! touching CUDA; the `layerwise` executable, which links no CUDA (see `crate::launch`),
 //! reports why the CUDA library beside it could not run, or that there is none.
 
+pub mod attention;
 pub mod dl;
 pub mod plan;
 
