@@ -74,6 +74,17 @@ pub enum Error {
     /// A job whose result is not there (yet, or ever): still queued or running, or cancelled.
     #[error("{what}")]
     Conflict { what: String },
+    /// A job whose owner, the replica that accepted it, no longer runs (its pod was deleted
+    /// or restarted): its status and outputs went with it.
+    #[error("job `{job}` was served by replica {owner}, which is no longer running (its pod was deleted or restarted); its status and outputs went with it")]
+    ReplicaGone { job: String, owner: String },
+    /// The replica that owns a job took the forwarded request but gave no whole answer.
+    #[error("job `{job}` is served by replica {owner}, which did not answer: {msg}")]
+    ReplicaUnreachable {
+        job: String,
+        owner: String,
+        msg: String,
+    },
     /// The queue is at capacity; try again after `retry_after` seconds.
     #[error("queue full: {queued} of {capacity} images queued, {need} more asked for")]
     QueueFull {
@@ -131,7 +142,8 @@ impl Error {
             Error::BadRequest { .. } => 400,
             Error::NotFound { .. } => 404,
             Error::Conflict { .. } => 409,
-            Error::Gone { .. } => 410,
+            Error::Gone { .. } | Error::ReplicaGone { .. } => 410,
+            Error::ReplicaUnreachable { .. } => 502,
             Error::RequestTimeout { .. } => 408,
             Error::PayloadTooLarge { .. } => 413,
             Error::UnsupportedMediaType { .. } => 415,
@@ -149,6 +161,8 @@ impl Error {
             Error::NotFound { .. } => "not_found",
             Error::Conflict { .. } => "conflict",
             Error::Gone { .. } => "expired",
+            Error::ReplicaGone { .. } => "replica_gone",
+            Error::ReplicaUnreachable { .. } => "replica_unreachable",
             Error::RequestTimeout { .. } => "request_timeout",
             Error::PayloadTooLarge { .. } => "payload_too_large",
             Error::UnsupportedMediaType { .. } => "unsupported_media_type",

@@ -20,6 +20,8 @@ use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::execution::work::{Condition, Request};
 use layerwise_engine::media::image::encode_png;
 use layerwise_engine::server::api::{app, AppState, Bounds};
+use layerwise_engine::server::forward::Forwarding;
+use layerwise_engine::server::ids::JobIds;
 use layerwise_engine::server::scheduler::{Retention, Scheduler};
 use layerwise_engine::server::ApiError;
 use layerwise_engine::Strategy;
@@ -172,12 +174,14 @@ async fn not_ready_is_503() {
     let model = Arc::new(Model::open(&common::tiny(dir.path(), 2)).unwrap());
     // A scheduler whose ranks never report ready.
     let (tx, _rx) = std::sync::mpsc::sync_channel(1);
-    let (sched, _source) = layerwise_engine::server::actor::start(2, 4, Retention::default(), tx);
+    let (sched, _source) =
+        layerwise_engine::server::actor::start(2, 4, Retention::default(), JobIds::local(), tx);
     let app = app(AppState {
         scheduler: sched,
         model,
         model_name: "tiny".into(),
         bounds: bounds(),
+        forwarding: Forwarding::default(),
     });
     let (s, _, _) = call(&app, "GET", "/readyz", None).await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
@@ -740,7 +744,7 @@ async fn job_ids_are_unique_across_servers() {
     for _ in 0..4 {
         let (tx, _rx) = std::sync::mpsc::sync_channel(8);
         let (sched, _source) =
-            layerwise_engine::server::actor::start(1, 8, Retention::default(), tx);
+            layerwise_engine::server::actor::start(1, 8, Retention::default(), JobIds::local(), tx);
         for seed in 0..3 {
             let id = sched
                 .submit(vec![common::request(seed, 1, 4.0)], Kind::Image)
@@ -759,6 +763,21 @@ fn errors_map_to_one_status_each() {
         (Error::NotFound { what: "job".into() }, 404),
         (Error::Conflict { what: "x".into() }, 409),
         (Error::Gone { what: "x".into() }, 410),
+        (
+            Error::ReplicaGone {
+                job: "j".into(),
+                owner: "10.0.0.1:8080".into(),
+            },
+            410,
+        ),
+        (
+            Error::ReplicaUnreachable {
+                job: "j".into(),
+                owner: "10.0.0.1:8080".into(),
+                msg: "x".into(),
+            },
+            502,
+        ),
         (Error::PayloadTooLarge { limit: 1 }, 413),
         (
             Error::UnsupportedMediaType {

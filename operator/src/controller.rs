@@ -14,10 +14,10 @@ use crds::{
 };
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{finalizer, Event as Finalizer};
@@ -698,6 +698,13 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
         .filter(|s| s.warm && plan.nodes.contains(&s.name))
         .map(|s| s.name.clone())
         .collect();
+    if ensure_job_key(ctx, dd).await? {
+        let note = format!(
+            "created Secret {} with the key the engine pods check job ids with",
+            resources::job_key_secret_name(dd)
+        );
+        publish(ctx, dd, EventType::Normal, "JobKeyCreated", "Deploy", note).await;
+    }
     let desired = resources::deployment(dd, &plan, replicas, &ctx.settings.engine_image, &warm);
     let pp = PatchParams::apply(MANAGER).force();
     let applied = deploys
@@ -806,6 +813,30 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     }
     write_status(ctx, dd, &status).await?;
     Ok(Action::requeue(ctx.settings.resync))
+}
+
+/// Creates the deployment's job-key Secret unless it is there; true when it made it. An
+/// existing Secret is never rewritten, so the key stays what the running pods have. Create
+/// only: the operator never reads a Secret (its RBAC grants no `get` on them).
+async fn ensure_job_key(ctx: &Context, dd: &DiffusionDeployment) -> Result<bool> {
+    let mut key = [0u8; 32];
+    getrandom::fill(&mut key).map_err(|e| Error::Random {
+        what: "a job-id key",
+        msg: e.to_string(),
+    })?;
+    let key: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let secrets: Api<Secret> =
+        Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
+    let secret = resources::job_key_secret(dd, key);
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(kube(format!(
+            "creating Secret {} of {}",
+            resources::job_key_secret_name(dd),
+            model_id(dd)
+        ))(e)),
+    }
 }
 
 /// `t` rounded up to a whole second (what a `Time` in status keeps).

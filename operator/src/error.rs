@@ -20,6 +20,8 @@ pub enum Error {
     },
     #[error("object has no {0}")]
     MissingObjectKey(&'static str),
+    #[error("no random bytes for {what}: {msg}")]
+    Random { what: &'static str, msg: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -32,6 +34,7 @@ impl Error {
             Error::Finalizer(_) => "finalizer",
             Error::Serialize { .. } => "serialize",
             Error::MissingObjectKey(_) => "missing_key",
+            Error::Random { .. } => "random",
         }
     }
 
@@ -42,6 +45,7 @@ impl Error {
             Error::Finalizer(_) => "FinalizerError",
             Error::Serialize { .. } => "InternalError",
             Error::MissingObjectKey(_) => "InvalidObject",
+            Error::Random { .. } => "InternalError",
         }
     }
 }

@@ -8,12 +8,13 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction,
-    HostPathVolumeSource, Lifecycle, LifecycleHandler, NodeAffinity, NodeSelector,
-    NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaimVolumeSource,
-    PodSecurityContext, PodSpec, PodTemplateSpec, PreferredSchedulingTerm, Probe,
-    ResourceRequirements, SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec,
-    SleepAction, Volume, VolumeMount,
+    Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, NodeAffinity, NodeSelector,
+    NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
+    PreferredSchedulingTerm, Probe, ResourceRequirements, SeccompProfile, Secret,
+    SecretKeySelector, SecurityContext, Service, ServicePort, ServiceSpec, SleepAction, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -235,7 +236,7 @@ pub fn deployment(
         image_pull_policy: engine.image_pull_policy.clone(),
         command: Some(vec!["layerwise".into()]),
         args: Some(args),
-        env: Some(envs),
+        env: Some(job_routing_env(dd).into_iter().chain(envs).collect()),
         ports: Some(vec![ContainerPort {
             name: Some("http".into()),
             container_port: ENGINE_PORT,
@@ -356,6 +357,61 @@ fn owned_meta(dd: &DiffusionDeployment) -> ObjectMeta {
         owner_references: dd.controller_owner_ref(&()).map(|o| vec![o]),
         ..Default::default()
     }
+}
+
+/// The key in the job-key Secret that holds the key.
+pub const JOB_KEY: &str = "job-key";
+
+/// The Secret that holds a deployment's job-id key (`<name>-job-key`).
+pub fn job_key_secret_name(dd: &DiffusionDeployment) -> String {
+    format!("{}-job-key", dd.name_any())
+}
+
+/// The Secret with a deployment's job-id key, `key` (the same in every engine pod of the
+/// deployment, so any of them can check an id another made and send the request to its
+/// owner). Immutable, and owned by the DiffusionDeployment so that deleting it collects the
+/// Secret; the controller creates it once and never rewrites it.
+pub fn job_key_secret(dd: &DiffusionDeployment, key: String) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(job_key_secret_name(dd)),
+            ..owned_meta(dd)
+        },
+        immutable: Some(true),
+        type_: Some("Opaque".into()),
+        string_data: Some(BTreeMap::from([(JOB_KEY.to_string(), key)])),
+        ..Default::default()
+    }
+}
+
+/// The engine's job routing: the deployment's key from its Secret, and the pod's IP (what
+/// the ids of its jobs name; the other replicas send requests for them there).
+fn job_routing_env(dd: &DiffusionDeployment) -> [EnvVar; 2] {
+    [
+        EnvVar {
+            name: "LAYERWISE_JOB_KEY".into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: job_key_secret_name(dd),
+                    key: JOB_KEY.into(),
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        EnvVar {
+            name: "LAYERWISE_POD_IP".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "status.podIP".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ]
 }
 
 /// The ClusterIP Service in front of the engine pods.
@@ -483,6 +539,39 @@ mod tests {
                 max_n: 1,
                 guidance: true,
             }
+        );
+    }
+
+    #[test]
+    fn engine_pods_take_the_job_key_from_the_deployments_own_secret() {
+        let mut d = dd(json!({}));
+        d.metadata.uid = Some("uid-1".into());
+        let secret = job_key_secret(&d, "ab".repeat(32));
+        assert_eq!(secret.metadata.name.as_deref(), Some("wan-job-key"));
+        assert_eq!(secret.metadata.namespace.as_deref(), Some("ns"));
+        assert_eq!(secret.immutable, Some(true));
+        let owner = &secret.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("DiffusionDeployment", "uid-1", Some(true))
+        );
+        let deploy = deployment(&d, &plan(), 1, "engine:test", &[]);
+        let pod = deploy.spec.unwrap().template.spec.unwrap();
+        let env = pod.containers[0].env.clone().unwrap();
+        let from = |name: &str| {
+            env.iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value_from.clone())
+                .unwrap_or_else(|| panic!("{name} not in {env:?}"))
+        };
+        let key = from("LAYERWISE_JOB_KEY").secret_key_ref.unwrap();
+        assert_eq!(
+            (key.name.as_str(), key.key.as_str()),
+            ("wan-job-key", JOB_KEY)
+        );
+        assert_eq!(
+            from("LAYERWISE_POD_IP").field_ref.unwrap().field_path,
+            "status.podIP"
         );
     }
 }

@@ -13,7 +13,7 @@ use anyhow::{bail, ensure, Result};
 use crds::{DiffusionDeployment, DiffusionNode, Profile};
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace, Pod, Secret, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use layerwise_e2e::cluster::{self, wait_until};
@@ -408,6 +408,7 @@ async fn lifecycle(w: &World) -> Result<()> {
     );
     assert_eq!(c.volume_mounts.as_ref().unwrap()[0].read_only, Some(true));
     assert_eq!(d.metadata.owner_references.as_ref().unwrap()[0].name, "big");
+    let key = job_key(w, c).await?;
 
     let pods = wait_until("an engine pod Running", WAIT, || async {
         let pods = running_pods(client, ns, "big").await?;
@@ -483,6 +484,15 @@ async fn lifecycle(w: &World) -> Result<()> {
     })
     .await?;
     eprintln!("re-planned and rolled after {:?}", t1.elapsed());
+    // Dozens of reconciles later (resync 1 s, a new plan, a roll): the same key.
+    let d = deploys.get("big").await?;
+    let again = job_key(w, &d.spec.unwrap().template.spec.unwrap().containers[0]).await?;
+    assert!(
+        again == key,
+        "the job key Secret was rewritten: resourceVersion {} then {}",
+        key.0,
+        again.0
+    );
 
     // An infeasible spec is reported; what runs stays.
     api.patch(
@@ -523,6 +533,7 @@ async fn lifecycle(w: &World) -> Result<()> {
         "Available",
         "Rolling",
         "InsufficientDeviceMemory",
+        "JobKeyCreated",
     ] {
         assert!(
             reasons.iter().any(|x| x == r),
@@ -534,6 +545,7 @@ async fn lifecycle(w: &World) -> Result<()> {
     let t2 = Instant::now();
     api.delete("big", &DeleteParams::default()).await?;
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     let dns: Api<DiffusionNode> = Api::all(client.clone());
     let id = format!("{ns}/big");
     wait_until("everything the deployment made is gone", WAIT, || async {
@@ -541,6 +553,7 @@ async fn lifecycle(w: &World) -> Result<()> {
             api.get_opt("big").await?.is_some(),
             deploys.get_opt("big").await?.is_some(),
             services.get_opt("big").await?.is_some(),
+            secrets.get_opt("big-job-key").await?.is_some(),
             running_pods(client, ns, "big").await?.len(),
             dns.list(&ListParams::default())
                 .await?
@@ -549,17 +562,68 @@ async fn lifecycle(w: &World) -> Result<()> {
                 .filter(|d| d.spec.models.iter().any(|m| m.id == id))
                 .count(),
         );
-        Ok(if left == (false, false, false, 0, 0) {
+        Ok(if left == (false, false, false, false, 0, 0) {
             Ok(())
         } else {
             Err(format!(
-                "(resource, deployment, service, pods, prepare requests) = {left:?}"
+                "(resource, deployment, service, job key secret, pods, prepare requests) = {left:?}"
             ))
         })
     })
     .await?;
     eprintln!("cleaned up after {:?}", t2.elapsed());
     Ok(())
+}
+
+/// The deployment's job-key Secret, checked: owned by the DiffusionDeployment (so it is
+/// collected with it), immutable, one 256-bit key, what the engine container `c` takes as
+/// `LAYERWISE_JOB_KEY` beside its pod IP; and out of the operator's own reach (it may
+/// create Secrets, never read them). Returns its resourceVersion and key.
+async fn job_key(
+    w: &World,
+    c: &k8s_openapi::api::core::v1::Container,
+) -> Result<(String, Vec<u8>)> {
+    let secrets: Api<Secret> = Api::namespaced(w.client.clone(), &w.ns);
+    let secret = secrets.get("big-job-key").await?;
+    let owner = &secret.metadata.owner_references.clone().unwrap_or_default()[0];
+    ensure!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.controller)
+            == ("DiffusionDeployment", "big", Some(true)),
+        "{owner:?}"
+    );
+    ensure!(secret.immutable == Some(true), "{:?}", secret.immutable);
+    let key = secret.data.clone().unwrap_or_default()["job-key"].0.clone();
+    ensure!(
+        key.len() == 64 && key.iter().all(u8::is_ascii_hexdigit),
+        "a key of {} bytes",
+        key.len()
+    );
+    let env = c.env.clone().unwrap_or_default();
+    let from = |name: &str| {
+        env.iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value_from.clone())
+    };
+    let r = from("LAYERWISE_JOB_KEY").and_then(|f| f.secret_key_ref);
+    ensure!(
+        r.as_ref().map(|r| (r.name.as_str(), r.key.as_str())) == Some(("big-job-key", "job-key")),
+        "LAYERWISE_JOB_KEY from {r:?}"
+    );
+    let ip = from("LAYERWISE_POD_IP").and_then(|f| f.field_ref);
+    ensure!(
+        ip.as_ref().map(|f| f.field_path.as_str()) == Some("status.podIP"),
+        "LAYERWISE_POD_IP from {ip:?}"
+    );
+    let sa = format!(
+        "system:serviceaccount:{}:{}-layerwise-operator",
+        w.ns, w.release
+    );
+    let as_operator: Api<Secret> = Api::namespaced(impersonating(&sa).await?, &w.ns);
+    match as_operator.get("big-job-key").await {
+        Err(kube::Error::Api(e)) if e.code == 403 => {}
+        other => bail!("the operator's account read a Secret: {other:?}"),
+    }
+    Ok((secret.metadata.resource_version.unwrap_or_default(), key))
 }
 
 /// Every engine pod reports the same queue.

@@ -14,7 +14,8 @@
 //!   container mount path is rewritten to the folder behind it. Programs that resolve host
 //!   paths they read from the API (the agent's model requests) get the root in
 //!   [`HOST_ROOT_ENV`];
-//! - `env` takes literal values and the downward API's `fieldRef`s; the service account's
+//! - `env` takes literal values, the downward API's `fieldRef`s and Secrets' `secretKeyRef`s
+//!   (read from the API when the process starts, as a kubelet does); the service account's
 //!   identity is a kubeconfig impersonating it (unless the pod opts out of the token), in
 //!   place of the projected token volume;
 //! - the pod turns Ready when the readiness probe (HTTP GET) passes, and not Ready when it
@@ -34,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::watcher;
@@ -243,8 +244,56 @@ struct Launch {
     log: PathBuf,
 }
 
+/// A Secret's key as a container's `secretKeyRef` names it: (Secret, key).
+type SecretKey = (String, String);
+
+/// The values of the Secrets' keys the pod's container takes into its environment, read as
+/// a kubelet reads them when it starts the container. A key that is not there (yet) fails
+/// the start, as `CreateContainerConfigError` does.
+async fn secret_values(
+    client: &Client,
+    namespace: &str,
+    pod: &Pod,
+) -> Result<BTreeMap<SecretKey, String>> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let mut values = BTreeMap::new();
+    let containers = pod.spec.iter().flat_map(|s| &s.containers);
+    for e in containers.flat_map(|c| c.env.iter().flatten()) {
+        let Some(r) = e
+            .value_from
+            .as_ref()
+            .and_then(|f| f.secret_key_ref.as_ref())
+        else {
+            continue;
+        };
+        let secret = secrets
+            .get(&r.name)
+            .await
+            .with_context(|| format!("env {}: reading Secret {}", e.name, r.name))?;
+        let value = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(&r.key))
+            .with_context(|| format!("env {}: Secret {} has no key {}", e.name, r.name, r.key))?;
+        let value = String::from_utf8(value.0.clone()).with_context(|| {
+            format!(
+                "env {}: Secret {} key {} is not text",
+                e.name, r.name, r.key
+            )
+        })?;
+        values.insert((r.name.clone(), r.key.clone()), value);
+    }
+    Ok(values)
+}
+
 /// Builds the process for the pod's (only) container.
-fn launch(config: &Config, pod: &Pod, node: &str, ip: IpAddr) -> Result<Launch> {
+fn launch(
+    config: &Config,
+    pod: &Pod,
+    node: &str,
+    ip: IpAddr,
+    secrets: &BTreeMap<SecretKey, String>,
+) -> Result<Launch> {
     let name = pod.name_any();
     let spec = pod.spec.as_ref().context("pod without spec")?;
     let [container]: &[Container; 1] = spec
@@ -359,6 +408,13 @@ fn launch(config: &Config, pod: &Pod, node: &str, ip: IpAddr) -> Result<Launch> 
     for e in container.env.iter().flatten() {
         let value = match (&e.value, &e.value_from) {
             (Some(v), _) => rewrite(v),
+            (None, Some(from)) if from.secret_key_ref.is_some() => {
+                let r = from.secret_key_ref.as_ref().expect("matched");
+                secrets
+                    .get(&(r.name.clone(), r.key.clone()))
+                    .cloned()
+                    .with_context(|| format!("pod {name}: env {} not read", e.name))?
+            }
             (None, Some(from)) => {
                 let field = from
                     .field_ref
@@ -442,7 +498,10 @@ async fn supervise(
 ) {
     let name = pod.name_any();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
-    let launch = match launch(&config, &pod, &node, ip) {
+    let launch = match secret_values(&client, &config.namespace, &pod)
+        .await
+        .and_then(|secrets| launch(&config, &pod, &node, ip, &secrets))
+    {
         Ok(l) => l,
         Err(e) => {
             state

@@ -264,8 +264,10 @@ spec:
     }
 
     /// A text-to-video deployment beside the image one: the agents profile it (family and
-    /// components), the operator plans it and passes the workload's bounds, and a video job
-    /// goes through each engine pod, polled to an MP4 that ffprobe reads. Then it is deleted.
+    /// components), the operator plans it and passes the workload's bounds and the job key of
+    /// its Secret, and a video job goes into each engine pod and is polled to an MP4 that
+    /// ffprobe reads through the other pod (which sends the requests on to the job's owner, as
+    /// when a Service picks another replica). Then it is deleted.
     async fn videos(&self, runner: &NodeRunner, counters: &Counters) -> Result<()> {
         let dds: Api<DiffusionDeployment> = Api::namespaced(self.client.clone(), &self.ns);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
@@ -311,6 +313,7 @@ spec:
         let dd = dds.get(WAN).await?;
         let engines = Engines::new(pods, &dd);
         let ready = self.engines_ready(&engines, WAN_REPLICAS).await?;
+        let mut keys = std::collections::BTreeSet::new();
         for r in runner
             .running()
             .iter()
@@ -324,10 +327,35 @@ spec:
                 r.pod,
                 r.env
             );
+            let env = |name: &str| {
+                r.env
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.clone())
+            };
+            ensure!(
+                env("LAYERWISE_POD_IP") == Some(r.ip.to_string()),
+                "engine {} does not know its pod IP {}: {:?}",
+                r.pod,
+                r.ip,
+                r.env
+            );
+            keys.insert(env("LAYERWISE_JOB_KEY").unwrap_or_default());
         }
+        // One key from the deployment's Secret, the same in every pod.
+        ensure!(
+            keys.len() == 1 && keys.iter().all(|k| k.len() == 64),
+            "the Wan engines' job keys: {} distinct, lengths {:?}",
+            keys.len(),
+            keys.iter().map(String::len).collect::<Vec<_>>()
+        );
+        let forwarded_before = forwarded(&ready).await?;
         for (i, (pod, addr)) in ready.iter().enumerate() {
-            let outcome = video(*addr, i as u64).await;
-            counters.count(outcome.with_context(|| format!("video through {pod}")));
+            let (other, fetch) = &ready[(i + 1) % ready.len()];
+            let outcome = video(*addr, *fetch, i as u64).await;
+            counters.count(
+                outcome.with_context(|| format!("video into {pod}, fetched through {other}")),
+            );
             counters.videos.fetch_add(1, Ordering::Relaxed);
         }
         ensure!(
@@ -335,6 +363,12 @@ spec:
             "video requests failed: {}",
             counters.errors()
         );
+        let sent_on = forwarded(&ready).await? - forwarded_before;
+        ensure!(
+            sent_on > 0,
+            "the Wan engines forwarded no request to a job's owner"
+        );
+        eprintln!("e2e: {sent_on} video requests forwarded to the pod that owns the job");
         ok(
             tool(
                 "kubectl",
@@ -952,6 +986,21 @@ impl std::fmt::Debug for Refused {
 
 impl std::error::Error for Refused {}
 
+/// Requests the engines at `routes` sent on to the engine that owns the job, so far.
+async fn forwarded(routes: &[Route]) -> Result<u64> {
+    let mut total = 0;
+    for (pod, addr) in routes {
+        let r = http(*addr, "GET", "/metrics", None, REQUEST_TIMEOUT).await?;
+        ensure!(r.status == 200, "GET /metrics of {pod}: HTTP {}", r.status);
+        total += String::from_utf8_lossy(&r.body)
+            .lines()
+            .find_map(|l| l.strip_prefix("layerwise_job_requests_forwarded_total{outcome=\"ok\"} "))
+            .map_or(Ok(0), |n| n.trim().parse::<u64>())
+            .with_context(|| format!("the forwarded count of {pod}"))?;
+    }
+    Ok(total)
+}
+
 /// One 128×128 image from the engine at `addr`: the PNG bytes.
 async fn generate(addr: SocketAddr, seed: u64, steps: u64) -> Result<Vec<u8>, Refused> {
     let body = json!({ "class_label": seed % 10, "seed": seed, "steps": steps, "size": "128x128" })
@@ -986,9 +1035,10 @@ async fn generate(addr: SocketAddr, seed: u64, steps: u64) -> Result<Vec<u8>, Re
         .map_err(|e| Refused::Fail(format!("b64_json: {e}")))
 }
 
-/// One video job through the engine at `addr`: 9 frames of 48×32 from a prompt, polled
-/// through its progress to completion; the MP4 must hold what was asked for.
-async fn video(addr: SocketAddr, seed: u64) -> Result<()> {
+/// One video job into the engine at `addr`, polled through its progress to completion and
+/// downloaded at `fetch` (the same job, whichever engine answers): 9 frames of 48×32 from a
+/// prompt; the MP4 must hold what was asked for.
+async fn video(addr: SocketAddr, fetch: SocketAddr, seed: u64) -> Result<()> {
     const STEPS: u64 = 12;
     let body = json!({
         "prompt": format!("a red fox running through fresh snow, take {seed}"),
@@ -1017,15 +1067,21 @@ async fn video(addr: SocketAddr, seed: u64) -> Result<()> {
     let mut steps_seen = Vec::new();
     let last = loop {
         let r = http(
-            addr,
+            fetch,
             "GET",
             &format!("/v1/videos/{id}"),
             None,
             REQUEST_TIMEOUT,
         )
         .await?;
-        ensure!(r.status == 200, "GET /v1/videos/{id}: HTTP {}", r.status);
+        ensure!(
+            r.status == 200,
+            "GET /v1/videos/{id} at {fetch}: HTTP {}: {}",
+            r.status,
+            String::from_utf8_lossy(&r.body)
+        );
         let v = r.json()?;
+        ensure!(v["id"] == id.as_str(), "asked for video {id}, got {v}");
         let steps = v["steps_done"].as_u64().context("steps_done")?;
         if steps_seen.last() != Some(&steps) {
             steps_seen.push(steps);
@@ -1051,7 +1107,7 @@ async fn video(addr: SocketAddr, seed: u64) -> Result<()> {
         "video {id}: steps done as polled: {steps_seen:?}"
     );
     let r = http(
-        addr,
+        fetch,
         "GET",
         &format!("/v1/videos/{id}/content"),
         None,

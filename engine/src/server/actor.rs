@@ -9,10 +9,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::ids::JobIds;
 use super::metrics::Metrics;
 use super::scheduler::{
-    format_id, DecodeJob, JobState, JobStatus, Kind, Media, Msg, RankSource, Retention, Scheduler,
-    Shared,
+    DecodeJob, JobState, JobStatus, Kind, Media, Msg, RankSource, Retention, Scheduler, Shared,
 };
 use super::ApiError;
 use crate::execution::work::{Condition, Output, Request};
@@ -479,7 +479,7 @@ impl Actor {
 
     fn status(&self, id: u64) -> Result<JobStatus, ApiError> {
         let j = self.jobs.get(&id).ok_or_else(|| Error::NotFound {
-            what: format!("job `{}`", format_id(id)),
+            what: format!("job `{}`", self.shared.ids.format(id)),
         })?;
         let first_queued = j.images.iter().position(|i| *i == Image::Queued);
         let queue_position = first_queued.and_then(|i| {
@@ -495,7 +495,7 @@ impl Actor {
         let first = &j.requests[0];
         let ttl = self.retention.ttl.as_secs();
         Ok(JobStatus {
-            id: format_id(id),
+            id: self.shared.ids.format(id),
             kind: j.kind.label(),
             state: j.state,
             queue_position,
@@ -543,7 +543,7 @@ impl Actor {
 
     fn result(&self, id: u64, index: usize) -> Result<Arc<Media>, ApiError> {
         let j = self.jobs.get(&id).ok_or_else(|| Error::NotFound {
-            what: format!("job `{}`", format_id(id)),
+            what: format!("job `{}`", self.shared.ids.format(id)),
         })?;
         if index >= j.images.len() {
             return Err(Error::invalid(
@@ -557,7 +557,7 @@ impl Actor {
                 Error::Gone {
                     what: format!(
                         "the outputs of job `{}` are no longer kept (kept {} s after finishing, and while under the server's byte budget for kept outputs)",
-                        format_id(id),
+                        self.shared.ids.format(id),
                         self.retention.ttl.as_secs()
                     ),
                 }
@@ -569,7 +569,7 @@ impl Actor {
             s => Err(Error::Conflict {
                 what: format!(
                     "job `{}` is {}; no result",
-                    format_id(id),
+                    self.shared.ids.format(id),
                     serde_json::to_value(s)
                         .expect("state")
                         .as_str()
@@ -594,11 +594,13 @@ impl Actor {
 }
 
 /// Starts the scheduler task on the current tokio runtime. `decode` receives finished
-/// latents; whoever decodes them answers with [`Msg::Decoded`].
+/// latents; whoever decodes them answers with [`Msg::Decoded`]. `ids` writes the ids of the
+/// jobs it takes.
 pub fn start(
     dp: usize,
     max_queue: usize,
     retention: Retention,
+    ids: JobIds,
     decode: std::sync::mpsc::SyncSender<DecodeJob>,
 ) -> (Scheduler, RankSource) {
     let (tx, rx) = mpsc::channel(1024);
@@ -614,6 +616,7 @@ pub fn start(
         started: Instant::now(),
         started_unix: unix_now(),
         progress_ms: AtomicU64::new(0),
+        ids,
     });
     let actor = Actor {
         shared: shared.clone(),
@@ -621,9 +624,10 @@ pub fn start(
         jobs: HashMap::new(),
         done_order: VecDeque::new(),
         queue: VecDeque::new(),
-        // Ids start at a random point of the 64-bit space, so two pods behind one Service
-        // (or one pod after a restart) never hand out the same id: a client asking the
-        // wrong replica gets a 404, never another client's job.
+        // Numbers start at a random point of the 64-bit space, so two pods behind one
+        // Service (or one pod after a restart) never hand out the same id: without a key
+        // (see `super::ids`) a client asking the wrong replica gets a 404, never another
+        // client's job; with one the id names its owner and the request goes there.
         next_id: rand::random::<u64>(),
         generation: 0,
         work_waiters: Vec::new(),

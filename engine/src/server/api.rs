@@ -13,6 +13,7 @@ use axum::extract::multipart::MultipartError;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Path, Query, State};
 use axum::http::{header, StatusCode};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -20,7 +21,9 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::scheduler::{format_id, parse_id, JobState, JobStatus, Kind, Scheduler};
+use super::forward::{self, Forwarding};
+use super::ids::Owner;
+use super::scheduler::{JobState, JobStatus, Kind, Scheduler};
 use super::ApiError;
 use crate::bounds::RequestBounds;
 use crate::engine::Model;
@@ -48,6 +51,8 @@ pub struct AppState {
     /// The served model's name (`model` in requests, `GET /v1/models`).
     pub model_name: String,
     pub bounds: Bounds,
+    /// How requests for another replica's jobs reach it.
+    pub forwarding: Forwarding,
 }
 
 /// The name a model folder is served under by default: its last path component.
@@ -68,6 +73,16 @@ pub enum ResponseFormat {
 /// The router; tests drive it in-process with `oneshot`.
 pub fn app(state: AppState) -> Router {
     let limit = state.bounds.body_limit;
+    // Every route that names a job: its owner answers, wherever the request landed.
+    let jobs = Router::new()
+        .route("/v1/videos/{id}", get(get_video).delete(delete_video))
+        .route("/v1/videos/{id}/content", get(video_content))
+        .route("/v1/jobs/{id}", get(job_status).delete(cancel_job))
+        .route("/v1/jobs/{id}/result", get(job_result))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            forward::route_job,
+        ));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -77,11 +92,8 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models/{model}", get(get_model))
         .route("/v1/images/generations", post(generate))
         .route("/v1/videos", post(create_video).get(list_videos))
-        .route("/v1/videos/{id}", get(get_video).delete(delete_video))
-        .route("/v1/videos/{id}/content", get(video_content))
         .route("/v1/jobs", post(submit_job))
-        .route("/v1/jobs/{id}", get(job_status).delete(cancel_job))
-        .route("/v1/jobs/{id}/result", get(job_result))
+        .merge(jobs)
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .layer(DefaultBodyLimit::max(limit))
@@ -682,8 +694,19 @@ fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn result_url(id: u64, index: usize) -> String {
-    format!("/v1/jobs/{}/result?index={index}", format_id(id))
+fn result_url(id: &str, index: usize) -> String {
+    format!("/v1/jobs/{id}/result?index={index}")
+}
+
+/// This replica's number for the job `id` names (the middleware in [`forward`] sends the
+/// requests for other replicas' jobs on before a handler runs).
+fn here(s: &AppState, id: &str) -> Result<u64, Error> {
+    match s.scheduler.shared.ids.parse(id)? {
+        Owner::Here(n) => Ok(n),
+        Owner::Peer(_) => Err(Error::NotFound {
+            what: format!("job `{id}` on this replica"),
+        }),
+    }
 }
 
 async fn generate(
@@ -710,7 +733,7 @@ async fn generate(
                 if status.state != JobState::Succeeded {
                     s.scheduler.result(id, i).await?;
                 }
-                data.push(json!({ "url": result_url(id, i) }));
+                data.push(json!({ "url": result_url(&status.id, i) }));
             }
             ResponseFormat::B64Json => {
                 let m = s.scheduler.result(id, i).await?;
@@ -720,7 +743,7 @@ async fn generate(
     }
     Ok(Json(json!({
         "created": now_unix(),
-        "id": format_id(id),
+        "id": status.id,
         "model": s.model_name,
         "size": size,
         "output_format": "png",
@@ -739,7 +762,7 @@ async fn submit_job(
     let (requests, _) = parse_images(&o, &s)?;
     let id = s.scheduler.submit(requests, Kind::Image).await?;
     let status = s.scheduler.status(id).await?;
-    let location = format!("/v1/jobs/{}", format_id(id));
+    let location = format!("/v1/jobs/{}", status.id);
     Ok((
         StatusCode::ACCEPTED,
         [(header::LOCATION, location)],
@@ -752,14 +775,14 @@ async fn job_status(
     State(s): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(s.scheduler.status(parse_id(&id)?).await?).into_response())
+    Ok(Json(s.scheduler.status(here(&s, &id)?).await?).into_response())
 }
 
 async fn cancel_job(
     State(s): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(s.scheduler.cancel(parse_id(&id)?).await?).into_response())
+    Ok(Json(s.scheduler.cancel(here(&s, &id)?).await?).into_response())
 }
 
 #[derive(Deserialize)]
@@ -775,7 +798,7 @@ async fn job_result(
     let q = query(q)?;
     let m = s
         .scheduler
-        .result(parse_id(&id)?, q.index.unwrap_or(0))
+        .result(here(&s, &id)?, q.index.unwrap_or(0))
         .await?;
     Ok(media_response(m.content_type, &m.bytes))
 }
@@ -920,7 +943,7 @@ async fn list_videos(
 
 /// A video job by id (an image job's id is not a video's).
 async fn video_status(s: &AppState, id: &str) -> Result<JobStatus, ApiError> {
-    let st = s.scheduler.status(parse_id(id)?).await?;
+    let st = s.scheduler.status(here(s, id)?).await?;
     if st.kind != Kind::VIDEO {
         return Err(Error::NotFound {
             what: format!("video `{id}` (it is an image job: GET /v1/jobs/{id})"),
@@ -951,7 +974,7 @@ async fn delete_video(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     video_status(&s, &id).await?;
-    let st = s.scheduler.delete(parse_id(&id)?).await?;
+    let st = s.scheduler.delete(here(&s, &id)?).await?;
     Ok(
         Json(json!({ "id": st.id, "object": "video.deleted", "deleted": true, "state": st.state }))
             .into_response(),
@@ -970,7 +993,7 @@ async fn video_content(
 ) -> Result<Response, ApiError> {
     let q = query(q)?;
     video_status(&s, &id).await?;
-    let m = s.scheduler.result(parse_id(&id)?, 0).await?;
+    let m = s.scheduler.result(here(&s, &id)?, 0).await?;
     match q.variant.as_deref().unwrap_or("video") {
         "video" => Ok(media_response(m.content_type, &m.bytes)),
         "thumbnail" => Ok(media_response(

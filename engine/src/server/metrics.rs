@@ -37,6 +37,7 @@ pub struct Metrics {
     pub ready: Gauge,
     finished: Family<Labels, Counter>,
     rejected: Family<Labels, Counter>,
+    forwarded: Family<Labels, Counter>,
     pub request_seconds: Histogram,
     pub step_seconds: Histogram,
     stall_seconds: Family<Labels, FCounter>,
@@ -66,6 +67,7 @@ impl Metrics {
             ready: Gauge::default(),
             finished: Family::default(),
             rejected: Family::default(),
+            forwarded: Family::default(),
             request_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
             step_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             stall_seconds: Family::default(),
@@ -123,6 +125,11 @@ impl Metrics {
             m.rejected.clone(),
         );
         registry.register(
+            "job_requests_forwarded",
+            "Requests for a job another replica owns, sent on to it, by outcome",
+            m.forwarded.clone(),
+        );
+        registry.register(
             "request_duration_seconds",
             "End-to-end request latency (submit to last image)",
             m.request_seconds.clone(),
@@ -174,6 +181,14 @@ impl Metrics {
     pub fn rejected(&self, reason: &str) {
         self.rejected
             .get_or_create(&vec![("reason".into(), reason.into())])
+            .inc();
+    }
+
+    /// One request for another replica's job: `ok` (its answer came back, whatever its
+    /// status), `replica_gone` or `replica_unreachable`.
+    pub fn forwarded(&self, outcome: &str) {
+        self.forwarded
+            .get_or_create(&vec![("outcome".into(), outcome.into())])
             .inc();
     }
 

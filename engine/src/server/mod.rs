@@ -8,10 +8,12 @@
 
 pub mod actor;
 pub mod api;
+pub mod forward;
+pub mod ids;
 pub mod metrics;
 pub mod scheduler;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,6 +33,8 @@ use crate::media::video::{self, Clip, VideoFormat};
 use crate::options::EngineArgs;
 use crate::{Error, Result, Strategy};
 use api::{AppState, Bounds};
+use forward::Forwarding;
+use ids::{JobIds, JobKey};
 use scheduler::{DecodeJob, Kind, Media, Msg, Retention, Scheduler};
 
 /// An error on its way to an HTTP response (shared: one failure may answer many waiters).
@@ -108,6 +112,20 @@ pub struct ServeArgs {
     /// Seconds a finished job's images and videos are kept for download.
     #[arg(long, env = "LAYERWISE_RESULT_TTL_SECONDS", default_value_t = 3600)]
     pub result_ttl_seconds: u64,
+    /// The deployment's key for job ids (the operator's Secret; every replica of a deployment
+    /// has the same). With it an id names the replica that owns the job, and a replica asked
+    /// for another's job fetches it from there; without it ids stay local. Prefer the
+    /// environment variable to the flag, which other users of the host can read.
+    #[arg(long, env = "LAYERWISE_JOB_KEY", hide_env_values = true)]
+    pub job_key: Option<JobKey>,
+    /// The IP address other replicas reach this one at (the pod's IP, from the downward
+    /// API); the listen address when unset. The port is the one listened on.
+    #[arg(long, env = "LAYERWISE_POD_IP")]
+    pub pod_ip: Option<IpAddr>,
+    /// Seconds the owner of a job may take to answer a request sent on to it (and between
+    /// the chunks of its answer).
+    #[arg(long, env = "LAYERWISE_FORWARD_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub forward_timeout_seconds: u64,
     /// Record every copy, gather and compute span into this Chrome trace file (at exit).
     #[arg(long, env = "LAYERWISE_TRACE")]
     pub trace: Option<PathBuf>,
@@ -163,11 +181,12 @@ pub fn start(
     opts: EngineOptions,
     max_queue: usize,
     retention: Retention,
+    ids: JobIds,
 ) -> Result<Engine> {
     // Admission keeps at most max_queue + dp outputs past the queue (see the actor's
     // `submit`), so the decoder's channel always has room for what a rank finishes.
     let (decode_tx, decode_rx) = std::sync::mpsc::sync_channel::<DecodeJob>(max_queue + opts.dp);
-    let (scheduler, source) = actor::start(opts.dp, max_queue, retention, decode_tx);
+    let (scheduler, source) = actor::start(opts.dp, max_queue, retention, ids, decode_tx);
     spawn_decoder(
         model.clone(),
         scheduler.clone(),
@@ -185,7 +204,33 @@ pub fn start(
     Ok(Engine { scheduler, done })
 }
 
+/// How this replica writes job ids: naming itself at `bound` (or the pod IP) when it has a
+/// key.
+fn job_ids(a: &ServeArgs, bound: SocketAddr) -> Result<JobIds> {
+    let Some(key) = a.job_key.clone() else {
+        return Ok(JobIds::local());
+    };
+    let ip = a.pod_ip.unwrap_or(bound.ip());
+    if ip.is_unspecified() {
+        return Err(Error::invalid(
+            "pod-ip",
+            format!(
+                "with a job key, ids name the address other replicas reach this one at, and {bound} names none; set LAYERWISE_POD_IP (the downward API's status.podIP) or listen on a specific address"
+            ),
+        ));
+    }
+    Ok(JobIds::keyed(key, SocketAddr::new(ip, bound.port())))
+}
+
 async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<ExitCode> {
+    // Bound first: job ids name the port actually listened on.
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .map_err(|e| Error::invalid("listen", format!("{}: {e}", a.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::invalid("listen", e.to_string()))?;
+    let ids = job_ids(&a, addr)?;
     let Engine {
         scheduler: sched,
         done: mut engine_rx,
@@ -198,6 +243,7 @@ async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<Exi
             max_bytes: a.result_bytes,
             ttl: Duration::from_secs(a.result_ttl_seconds),
         },
+        ids,
     )?;
     let watchdog = tokio::spawn(watchdog(sched.clone(), opts.timeout));
     let state = AppState {
@@ -220,15 +266,15 @@ async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<Exi
             body_limit: a.body_limit,
             body_timeout: Duration::from_secs(a.body_timeout_seconds),
         },
+        forwarding: Forwarding {
+            timeout: Duration::from_secs(a.forward_timeout_seconds.max(1)),
+            max_body: a.result_bytes as u64,
+            ..Forwarding::default()
+        },
     };
-    let listener = tokio::net::TcpListener::bind(a.listen)
-        .await
-        .map_err(|e| Error::invalid("listen", format!("{}: {e}", a.listen)))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| Error::invalid("listen", e.to_string()))?;
     println!("listening on http://{addr}");
-    tracing::info!(%addr, dp = a.engine.dp, strategy = %opts.strategy, "serving");
+    let replica = sched.shared.ids.me().map(|m| m.to_string());
+    tracing::info!(%addr, dp = a.engine.dp, strategy = %opts.strategy, ?replica, "serving");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let shared = sched.shared.clone();

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
+use super::ids::JobIds;
 use super::metrics::Metrics;
 use super::ApiError;
 use crate::execution::work::{Output, Request};
@@ -160,19 +161,6 @@ impl Default for Retention {
 /// Final latents on their way to the decode thread, with what to make of them.
 pub type DecodeJob = (WorkKey, candle_core::Tensor, Kind);
 
-pub fn format_id(id: u64) -> String {
-    format!("{id:016x}")
-}
-
-pub fn parse_id(s: &str) -> Result<u64, ApiError> {
-    u64::from_str_radix(s, 16).map_err(|_| {
-        Error::NotFound {
-            what: format!("job `{s}`"),
-        }
-        .into()
-    })
-}
-
 pub(super) type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
 
 /// What the HTTP side and the ranks tell the scheduler task.
@@ -265,6 +253,8 @@ pub struct Shared {
     pub started_unix: u64,
     /// Milliseconds since `started` at the last sign of progress (a pass, a take).
     pub(super) progress_ms: AtomicU64,
+    /// How job ids are written and read (and whether they name this replica).
+    pub ids: JobIds,
 }
 
 impl Shared {

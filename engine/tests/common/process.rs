@@ -28,12 +28,18 @@ impl Drop for Server {
 /// Starts `layerwise serve --model MODEL ARGS` on a free port and reads the address it
 /// prints.
 pub fn spawn(model: &Path, args: &[&str]) -> Server {
+    spawn_with(model, "127.0.0.1:0", args, &[])
+}
+
+/// [`spawn`] listening on `listen`, with `env` set beside the test's own environment.
+pub fn spawn_with(model: &Path, listen: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(BIN)
         .arg("serve")
         .arg("--model")
         .arg(model)
-        .args(["--listen", "127.0.0.1:0"])
+        .args(["--listen", listen])
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

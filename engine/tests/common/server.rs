@@ -16,6 +16,8 @@ use layerwise_engine::execution::pipeline::{Hook, Stage};
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::server;
 use layerwise_engine::server::api::{app, AppState, Bounds};
+use layerwise_engine::server::forward::Forwarding;
+use layerwise_engine::server::ids::JobIds;
 use layerwise_engine::server::scheduler::{Retention, Scheduler};
 use layerwise_engine::Strategy;
 
@@ -51,7 +53,14 @@ pub async fn start(model: Arc<Model>, s: Setup) -> (Router, Scheduler) {
         hook: s.hook,
         ..EngineOptions::default()
     };
-    let e = server::start(model.clone(), opts, s.max_queue, s.retention).unwrap();
+    let e = server::start(
+        model.clone(),
+        opts,
+        s.max_queue,
+        s.retention,
+        JobIds::local(),
+    )
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while e.scheduler.shared.ready().is_err() {
         assert!(Instant::now() < deadline, "engine never became ready");
@@ -62,6 +71,7 @@ pub async fn start(model: Arc<Model>, s: Setup) -> (Router, Scheduler) {
         model,
         model_name: s.name.into(),
         bounds: s.bounds,
+        forwarding: Forwarding::default(),
     };
     (app(state), e.scheduler)
 }
