@@ -204,6 +204,7 @@ impl Accelerator {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("minReplicas must not exceed maxReplicas"))]
+#[x_kube(validation = Rule::new("(has(self.mode) && self.mode == 'external') || self.minReplicas >= 1").message("builtin autoscaling needs minReplicas of at least 1: it scales by the engines' queue, and with no engine running there is no queue to read (use mode external with a scaler that wakes from zero)"))]
 pub struct Autoscaling {
     #[serde(default = "one_i32")]
     #[x_kube(validation = Rule::new("self >= 0").message("minReplicas must not be negative"))]
@@ -359,29 +360,74 @@ pub struct Plan {
     pub fast_peer_link: bool,
     /// Peak device bytes one rank needs.
     pub device_bytes_per_rank: u64,
-    /// Host bytes one pod needs (its memory request): one copy of the model plus pinned
-    /// buffers and runtime.
+    /// Host bytes one pod needs of its own (its memory request): pinned buffers and
+    /// runtime.
     pub host_bytes_per_pod: u64,
+    /// Host bytes a node holds once for all the pods of this model on it: the page-cache
+    /// copy of the model they all map.
+    #[serde(default)]
+    pub host_bytes_per_node: u64,
     /// What `deviceBytesPerRank` is made of.
     pub device_breakdown: MemoryBreakdown,
     /// Nodes the plan fits on (pods are restricted to them).
     pub nodes: Vec<String>,
+    /// Each component with streamed blocks (text encoder, transformers) and whether its
+    /// blocks stay whole on every device or stream through the slots.
+    #[serde(default)]
+    pub components: Vec<ComponentPlan>,
     /// Why this plan, in words.
     pub reasons: Vec<String>,
     /// Alternatives considered and why they lost, in words.
     pub rejected: Vec<String>,
 }
 
+/// Where one component's blocks live under a plan.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentPlan {
+    /// Its folder in the pipeline (`text_encoder`, `transformer`, `transformer_2`).
+    pub name: String,
+    pub placement: ComponentPlacement,
+    /// Bytes of its blocks.
+    pub block_bytes: u64,
+}
+
+/// Whether a component's blocks stay on the device or stream.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ComponentPlacement {
+    /// Whole on every device, copied once at start.
+    Resident,
+    /// Block by block through the rank's slots, every pass.
+    Streamed,
+}
+
+impl Plan {
+    /// The components kept whole on the device although the strategy streams: what the
+    /// engine's `--resident-components` takes.
+    pub fn resident_components(&self) -> Vec<String> {
+        if !self.strategy.uses_slots() {
+            return Vec::new();
+        }
+        self.components
+            .iter()
+            .filter(|c| c.placement == ComponentPlacement::Resident)
+            .map(|c| c.name.clone())
+            .collect()
+    }
+}
+
 /// Device bytes of one rank by purpose.
 #[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct MemoryBreakdown {
-    /// Block weights kept on the device (whole blocks for resident, 1/dp of every block for
-    /// sharded, none for the offload strategies).
+    /// Block weights kept on the device: whole blocks of the components that stay
+    /// resident (all of them for `resident`), and 1/dp of every other block for `sharded`.
     pub block_weights: u64,
-    /// K slots of one full (padded) block each.
+    /// K slots of one full (padded) block of any streamed component each.
     pub slots: u64,
-    /// Weights outside the blocks plus the VAE, always resident.
+    /// Weights outside the blocks (prologues, epilogues; the decoder when the engine
+    /// decodes on the device), always resident.
     pub resident_weights: u64,
     /// Activations of the largest allowed request.
     pub activations: u64,

@@ -13,11 +13,11 @@ pub mod common;
 pub mod deployment;
 pub mod node;
 
-pub use common::{ModelLocation, PvcSource, Strategy};
+pub use common::{quantity_bytes, ModelLocation, PvcSource, Strategy};
 pub use deployment::{
-    Accelerator, Autoscaling, AutoscalingMode, DiffusionDeployment, DiffusionDeploymentSpec,
-    DiffusionDeploymentStatus, EngineSpec, MemoryBreakdown, ModelSpec, Plan, PlannedStrategy,
-    Workload,
+    Accelerator, Autoscaling, AutoscalingMode, ComponentPlacement, ComponentPlan,
+    DiffusionDeployment, DiffusionDeploymentSpec, DiffusionDeploymentStatus, EngineSpec,
+    MemoryBreakdown, ModelSpec, Plan, PlannedStrategy, Workload,
 };
 pub use layerwise_engine::checkpoint::{ActivationCost, ComponentProfile, Profile};
 pub use node::{

@@ -4,6 +4,8 @@
 //! ([`crate::checkpoint::ActivationCost::checked_bytes`]), and the server refuses anything
 //! beyond them with a 422 naming the field.
 
+use crate::checkpoint::ActivationCost;
+
 /// Environment variable of `layerwise serve --max-width`.
 pub const ENV_MAX_WIDTH: &str = "LAYERWISE_MAX_WIDTH";
 /// Environment variable of `layerwise serve --max-height`.
@@ -16,6 +18,17 @@ pub const ENV_MAX_STEPS: &str = "LAYERWISE_MAX_STEPS";
 pub const ENV_MAX_N: &str = "LAYERWISE_MAX_N";
 /// Environment variable of `layerwise serve --guidance-allowed`.
 pub const ENV_GUIDANCE_ALLOWED: &str = "LAYERWISE_GUIDANCE_ALLOWED";
+/// Environment variable of the engine's `--device-memory-mib`.
+pub const ENV_DEVICE_MEMORY_MIB: &str = "LAYERWISE_DEVICE_MEMORY_MIB";
+/// Environment variable of the engine's `--device-overhead-mib`.
+pub const ENV_DEVICE_OVERHEAD_MIB: &str = "LAYERWISE_DEVICE_OVERHEAD_MIB";
+/// Environment variable of the engine's `--resident-components`.
+pub const ENV_RESIDENT_COMPONENTS: &str = "LAYERWISE_RESIDENT_COMPONENTS";
+
+/// Whether `layerwise serve`'s ranks hold the decoder: no, the server decodes on the host
+/// (its decode thread), so the planner reserves no device memory for the decoder's
+/// weights. One constant for the server and the planner.
+pub const SERVE_DECODES_ON_DEVICE: bool = false;
 
 /// What one request may ask for, beyond what the model itself can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +49,19 @@ pub struct RequestBounds {
 }
 
 impl RequestBounds {
+    /// Device bytes the largest request within these bounds needs for activations: the
+    /// one formula ([`ActivationCost::checked_bytes`]) the planner reserves and the engine
+    /// keeps free. `None` when no device could hold such a request.
+    pub fn activation_bytes(&self, cost: &ActivationCost) -> Option<u64> {
+        cost.checked_bytes(
+            self.max_width,
+            self.max_height,
+            self.max_frames,
+            self.max_n,
+            self.guidance,
+        )
+    }
+
     /// The environment that makes `layerwise serve` enforce these bounds.
     pub fn env(&self) -> [(&'static str, String); 6] {
         [

@@ -16,6 +16,7 @@ use crate::execution::rss::RssSampler;
 use crate::execution::work::{Output, Request, Taken, Work, WorkKey, WorkSource};
 use crate::families::Checkpoint;
 use crate::layout::GroupLayout;
+use crate::memory::GroupBytes;
 use crate::{Error, Result};
 
 /// A checkpoint opened, checked and mapped once for every rank.
@@ -35,6 +36,43 @@ impl Model {
     /// Each streamed group's block layout for `dp` ranks.
     pub fn layouts(&self, dp: usize) -> Result<Vec<GroupLayout>> {
         self.family.layouts(dp)
+    }
+
+    /// Device bytes the largest of `requests` needs for activations (each runs on one
+    /// rank, one output at a time): what a rank keeps free of its budget for them.
+    pub fn activation_bytes(&self, requests: &[Request]) -> Result<u64> {
+        let cost = self.checkpoint.activation_cost();
+        requests.iter().try_fold(0u64, |most, r| {
+            let b = cost
+                .checked_bytes(
+                    r.width as u64,
+                    r.height as u64,
+                    r.frames as u64,
+                    1,
+                    r.guidance > 1.0,
+                )
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "size",
+                        format!(
+                            "{}x{} with {} frames needs more activation memory than any device holds",
+                            r.width, r.height, r.frames
+                        ),
+                    )
+                })?;
+            Ok(most.max(b))
+        })
+    }
+
+    /// Each streamed group's block bytes, for the memory model (the same figures the
+    /// node's profile carries).
+    pub fn group_bytes(&self) -> Result<Vec<GroupBytes>> {
+        Ok(self
+            .layouts(1)?
+            .iter()
+            .zip(self.family.group_components())
+            .map(|(l, c)| GroupBytes::of(&c, l))
+            .collect())
     }
 
     /// Checks a request against the model before it takes a rank.

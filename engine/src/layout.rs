@@ -224,21 +224,30 @@ impl GroupLayout {
     }
 }
 
-/// The regions of one device slot that fits a block of any of `groups`: per dtype, the
-/// largest padded region over every group; and where each group's regions land in it.
+/// The regions of one device slot that fits a block of any streamed group: per dtype, the
+/// largest padded region over those groups; and where each group's regions land in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotShape {
     pub dtypes: Vec<Dtype>,
     /// Bytes of each slot region.
     pub capacity: Vec<u64>,
-    /// Per group, per region of that group: the slot region it uses.
+    /// Per group, per region of that group: the slot region it uses (empty for a group
+    /// that stays resident and never passes through a slot).
     pub region_of: Vec<Vec<usize>>,
 }
 
 impl SlotShape {
-    pub fn of(groups: &[GroupLayout]) -> SlotShape {
+    /// The slot for the groups that stream: those whose `resident` entry is false (a
+    /// missing entry streams).
+    pub fn of(groups: &[GroupLayout], resident: &[bool]) -> SlotShape {
+        let streams = |i: usize| !resident.get(i).copied().unwrap_or(false);
         let mut dtypes: Vec<Dtype> = Vec::new();
-        for g in groups {
+        for g in groups
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| streams(*i))
+            .map(|(_, g)| g)
+        {
             for d in &g.dtypes {
                 if !dtypes.contains(d) {
                     dtypes.push(*d);
@@ -250,7 +259,11 @@ impl SlotShape {
         let mut capacity = vec![0u64; dtypes.len()];
         let region_of = groups
             .iter()
-            .map(|g| {
+            .enumerate()
+            .map(|(i, g)| {
+                if !streams(i) {
+                    return Vec::new();
+                }
                 g.dtypes
                     .iter()
                     .zip(&g.region_capacity)

@@ -21,6 +21,7 @@ pub mod launch;
 pub mod layout;
 #[cfg(feature = "runtime")]
 pub mod media;
+pub mod memory;
 #[cfg(feature = "runtime")]
 pub mod options;
 #[cfg(feature = "runtime")]

@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::execution::cuda::{DeviceChoice, HostMode, SlotsChoice};
 use crate::execution::rank::EngineOptions;
-use crate::Strategy;
+use crate::{bounds, Strategy};
 
 /// How the engine runs a model, whatever the command.
 #[derive(Args, Debug, Clone)]
@@ -24,9 +24,21 @@ pub struct EngineArgs {
     /// memory, on the CPU in `--device-memory-mib`, which auto then needs).
     #[arg(long, env = "LAYERWISE_SLOTS", default_value = "2")]
     pub slots: SlotsChoice,
-    /// Device memory per rank in MiB (the CPU backend enforces it as a GPU would).
-    #[arg(long, env = "LAYERWISE_DEVICE_MEMORY_MIB")]
+    /// Device memory per rank in MiB for everything: weights, the activations of the
+    /// largest request (`serve`: at its bounds) and `--device-overhead-mib`. The engine
+    /// refuses to start when the memory model needs more (the CPU backend enforces it as
+    /// a GPU would).
+    #[arg(long, env = bounds::ENV_DEVICE_MEMORY_MIB)]
     pub device_memory_mib: Option<u64>,
+    /// Device memory per rank in MiB kept for the runtime (context, kernels, allocator
+    /// slack), out of `--device-memory-mib`.
+    #[arg(long, env = bounds::ENV_DEVICE_OVERHEAD_MIB, default_value_t = 0)]
+    pub device_overhead_mib: u64,
+    /// Components whose blocks stay whole on every device under a streaming strategy
+    /// (comma-separated, e.g. `text_encoder`): copied once at start, never streamed. The
+    /// operator passes the plan's choice.
+    #[arg(long, env = bounds::ENV_RESIDENT_COMPONENTS, value_delimiter = ',')]
+    pub resident_components: Vec<String>,
     /// How weights reach a GPU: `auto` (read-only registration of the mapped checkpoint
     /// where the device supports it, else one pinned copy), `register`, `pin` or
     /// `pageable`. The CPU backend reads the mapping directly and takes only `auto`.
@@ -49,6 +61,13 @@ impl EngineArgs {
             dp: self.dp,
             slots: self.slots,
             device_memory: self.device_memory_mib.map_or(u64::MAX, |m| m << 20),
+            overhead: self.device_overhead_mib << 20,
+            resident_components: self
+                .resident_components
+                .iter()
+                .map(|c| c.trim().to_string())
+                .filter(|c| !c.is_empty())
+                .collect(),
             host: self.host_memory,
             timeout: Duration::from_secs(self.timeout_seconds),
             device: self.device,

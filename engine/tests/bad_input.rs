@@ -14,6 +14,7 @@ use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::plan::DeviceNeeds;
 use layerwise_engine::execution::cuda::SlotsChoice;
 use layerwise_engine::execution::rank::EngineOptions;
+use layerwise_engine::memory::Placement;
 use layerwise_engine::Strategy;
 use safetensors::Dtype;
 
@@ -317,7 +318,12 @@ fn slots_auto_on_the_cpu_fills_the_budget_or_names_the_missing_flag() {
     let model = Model::open(&common::tiny(d.path(), 3)).unwrap();
     let strategy = Strategy::OffloadSharded;
     let outside = model.family.resident_bytes(true);
-    let needs = DeviceNeeds::of(&model.layouts(1).unwrap(), strategy, outside);
+    let groups = model.group_bytes().unwrap();
+    let needs = DeviceNeeds::of(
+        &groups,
+        &Placement::new(strategy, 1, 0, groups.len()),
+        outside,
+    );
     let opts = |device_memory| EngineOptions {
         strategy,
         slots: SlotsChoice::Auto,

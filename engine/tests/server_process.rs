@@ -305,7 +305,7 @@ async fn a_client_that_disconnects_mid_request_frees_the_rank() {
 }
 
 #[test]
-fn a_rank_that_fails_fails_the_pod_with_a_clear_error() {
+fn a_budget_too_small_fails_the_pod_at_start_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let model = common::tiny(dir.path(), 2);
     let out = Command::new(BIN)
@@ -324,7 +324,14 @@ fn a_rank_that_fails_fails_the_pod_with_a_clear_error() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("device memory exhausted on rank"), "{err}");
+    // The memory model's need is checked before any rank starts: the error names the
+    // budget and what the need is made of.
+    assert!(
+        err.contains("device-memory")
+            && err.contains("but the budget is 0 bytes")
+            && err.contains("slots"),
+        "{err}"
+    );
 }
 
 #[test]

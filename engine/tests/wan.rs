@@ -161,6 +161,65 @@ fn every_strategy_dp_and_k_gives_identical_latents_across_experts() {
 }
 
 #[test]
+fn components_kept_resident_give_identical_latents_and_copy_nothing_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Model::open(&wan_tiny(dir.path(), 3, 2)).unwrap();
+    let requests = vec![
+        prompt_request(1, 4, 5, 5.0),
+        prompt_request(2, 2, 1, 1.0),
+        prompt_request(3, 3, 5, 3.0),
+    ];
+    let (reference, _) = model
+        .run(requests.clone(), &opts(Strategy::Resident, 1, 2, false))
+        .unwrap();
+    let reference: Vec<Vec<u32>> = reference.iter().map(|o| common::bits(&o.latents)).collect();
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    for strategy in [
+        Strategy::Sharded,
+        Strategy::Offload,
+        Strategy::OffloadSharded,
+    ] {
+        let dp = if strategy == Strategy::Offload { 1 } else { 2 };
+        let mut copied = Vec::new();
+        for resident in [
+            &[][..],
+            &["text_encoder"][..],
+            &["transformer_2"][..],
+            &["text_encoder", "transformer"][..],
+        ] {
+            let mut o = opts(strategy, dp, 2, false);
+            o.resident_components = names(resident);
+            o.hook = Some(common::jitter(7));
+            let (out, stats) = model.run(requests.clone(), &o).unwrap();
+            let got: Vec<Vec<u32>> = out.iter().map(|o| common::bits(&o.latents)).collect();
+            assert_eq!(got, reference, "{strategy} dp={dp} resident {resident:?}");
+            let kept = stats
+                .peak_device_bytes_by_kind
+                .get("resident_blocks")
+                .copied()
+                .unwrap_or(0);
+            assert_eq!(kept > 0, !resident.is_empty(), "{resident:?}");
+            copied.push(stats.bytes_copied + stats.bytes_gathered);
+        }
+        // Every component kept whole moves fewer bytes per run.
+        assert!(
+            copied[1] < copied[0] && copied[2] < copied[0],
+            "{strategy}: {copied:?}"
+        );
+        assert!(copied[3] < copied[1], "{strategy}: {copied:?}");
+    }
+    // Names that are not streamed components, and keeping everything, are refused.
+    let mut o = opts(Strategy::Offload, 1, 2, false);
+    o.resident_components = names(&["vae"]);
+    expect_err(
+        model.run(requests.clone(), &o),
+        &["vae", "text_encoder, transformer, transformer_2"],
+    );
+    o.resident_components = names(&["text_encoder", "transformer", "transformer_2"]);
+    expect_err(model.run(requests, &o), &["--strategy resident"]);
+}
+
+#[test]
 fn device_weights_stay_flat_in_the_depth_of_every_streamed_component() {
     let dir = tempfile::tempdir().unwrap();
     let mut peaks = Vec::new();

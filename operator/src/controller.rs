@@ -30,7 +30,7 @@ use tracing::{debug, info, warn};
 use crate::autoscaler::{self, Bounds, LoadSource};
 use crate::conditions::{self as cond, set};
 use crate::error::{kube, Error, Result};
-use crate::planner::{self, Limits, NodeShape, Overrides};
+use crate::planner::{self, Candidate, Limits, NodeShape, Overrides};
 use crate::resources::{self, PLAN_ANNOTATION};
 
 /// Removes this deployment's prepare requests from DiffusionNodes before it goes.
@@ -255,13 +255,22 @@ async fn write_status(
     Ok(())
 }
 
+/// What a Node offers pods, from its allocatable resources.
+#[derive(Debug, Clone, Copy)]
+struct Offer {
+    /// Accelerators of the requested resource.
+    devices: u32,
+    /// Memory, when the Node reports it.
+    memory: Option<u64>,
+}
+
 /// Candidate nodes: DiffusionNodes named after Nodes that match the selector and offer the
-/// accelerator, with the accelerators each Node has allocatable; then every other
-/// DiffusionNode (to withdraw stale requests from).
+/// accelerator, with what each Node has allocatable; then every other DiffusionNode (to
+/// withdraw stale requests from).
 async fn nodes(
     dd: &DiffusionDeployment,
     ctx: &Context,
-) -> Result<(Vec<(DiffusionNode, u32)>, Vec<DiffusionNode>)> {
+) -> Result<(Vec<(DiffusionNode, Offer)>, Vec<DiffusionNode>)> {
     let acc = &dd.spec.accelerator;
     let resource = acc.resource();
     let selector = acc
@@ -274,13 +283,17 @@ async fn nodes(
         .list(&ListParams::default().labels(&selector))
         .await
         .map_err(kube("listing nodes"))?;
-    let offered: BTreeMap<String, u32> = nodes
+    let offered: BTreeMap<String, Offer> = nodes
         .items
         .iter()
         .filter_map(|n| {
-            let q = n.status.as_ref()?.allocatable.as_ref()?.get(resource)?;
-            let count = q.0.parse::<u32>().ok().filter(|c| *c > 0)?;
-            Some((n.name_any(), count))
+            let allocatable = n.status.as_ref()?.allocatable.as_ref()?;
+            let q = allocatable.get(resource)?;
+            let devices = q.0.parse::<u32>().ok().filter(|c| *c > 0)?;
+            let memory = allocatable
+                .get("memory")
+                .and_then(|m| crds::quantity_bytes(&m.0));
+            Some((n.name_any(), Offer { devices, memory }))
         })
         .collect();
     let all = Api::<DiffusionNode>::all(ctx.client.clone())
@@ -290,7 +303,7 @@ async fn nodes(
     let (mut candidates, mut others) = (Vec::new(), Vec::new());
     for dn in all.items {
         match offered.get(&dn.name_any()) {
-            Some(count) => candidates.push((dn, *count)),
+            Some(offer) => candidates.push((dn, *offer)),
             None => others.push(dn),
         }
     }
@@ -472,13 +485,13 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     // 2. Wait for profiles.
     let mut profiled = Vec::new();
     let mut failed = Vec::new();
-    for (dn, count) in &candidates {
+    for (dn, offer) in &candidates {
         let Some(m) = dn.status.as_ref().and_then(|s| s.model(&id)) else {
             continue;
         };
         match node_profile(&spec.model.family, m) {
             Err(why) => failed.push(format!("{}: {why}", dn.name_any())),
-            Ok(Some(p)) => profiled.push((dn, *count, m, p)),
+            Ok(Some(p)) => profiled.push((dn, *offer, m, p)),
             Ok(None) => {}
         }
     }
@@ -559,28 +572,34 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     );
 
     // 3. Plan.
-    let shapes: Vec<NodeShape> = profiled
+    // Each node with its own profile, and the memory pods may use there: what its agent
+    // reports (physical or cgroup), never more than the Node's allocatable memory.
+    let shapes: Vec<Candidate> = profiled
         .iter()
-        .filter_map(|(dn, count, m, _)| {
+        .filter_map(|(dn, offer, m, profile)| {
             let st = dn.status.as_ref()?;
             let acc = st
                 .accelerators
                 .iter()
                 .find(|a| a.resource_name == resource)?;
-            Some(NodeShape {
-                name: dn.name_any(),
-                devices: acc.count.min(*count),
-                device_bytes: acc.memory_bytes,
-                host_bytes: st.usable_host_bytes(),
-                fast_peer_link: acc.fast_peer_link,
-                warm: m.state == ModelState::Warm,
+            let host = st.usable_host_bytes();
+            Some(Candidate {
+                node: NodeShape {
+                    name: dn.name_any(),
+                    devices: acc.count.min(offer.devices),
+                    device_bytes: acc.memory_bytes,
+                    host_bytes: offer.memory.map_or(host, |a| a.min(host)),
+                    fast_peer_link: acc.fast_peer_link,
+                    warm: m.state == ModelState::Warm,
+                },
+                profile,
             })
         })
         .collect();
     let limits = ctx.settings.limits.for_spec(spec);
     let overrides = Overrides::of(spec);
     let w = &spec.workload;
-    let plan = match planner::plan(&profile, &shapes, w, &overrides, &limits) {
+    let plan = match planner::plan_candidates(&shapes, w, &overrides, &limits) {
         Ok(plan) => plan,
         Err(refusal) => {
             let reason = refusal.shortage.reason();
@@ -695,8 +714,8 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     // 5. The engine Deployment and Service.
     let warm: Vec<String> = shapes
         .iter()
-        .filter(|s| s.warm && plan.nodes.contains(&s.name))
-        .map(|s| s.name.clone())
+        .filter(|s| s.node.warm && plan.nodes.contains(&s.node.name))
+        .map(|s| s.node.name.clone())
         .collect();
     if ensure_job_key(ctx, dd).await? {
         let note = format!(
@@ -753,7 +772,8 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     let updated = ds.updated_replicas.unwrap_or(0);
     status.replicas = replicas;
     status.ready_replicas = ready;
-    let available = ready >= 1 || replicas == 0;
+    // Available means a request sent now is served: a deployment scaled to zero is not.
+    let available = ready >= 1;
     let pods_msg = format!("{ready} of {replicas} engine pods ready");
     set(
         &mut status.conditions,
@@ -761,6 +781,8 @@ async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
         available,
         if available {
             "EnginesReady"
+        } else if replicas == 0 {
+            "ScaledToZero"
         } else {
             "NoEngineReady"
         },

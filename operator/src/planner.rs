@@ -11,8 +11,10 @@
 use std::fmt;
 
 use crds::{
-    DiffusionDeploymentSpec, MemoryBreakdown, Plan, PlannedStrategy, Profile, Strategy, Workload,
+    ComponentPlacement, ComponentPlan, DiffusionDeploymentSpec, MemoryBreakdown, Plan,
+    PlannedStrategy, Profile, Strategy, Workload,
 };
+use layerwise_engine::memory::{self, Placement};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -79,13 +81,17 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// These allowances, with what `spec` sets in their place (its device overhead).
+    /// These allowances, with what `spec` sets in their place (its device overhead, in
+    /// whole MiB as the engine's `--device-overhead-mib` takes it, rounded up).
     pub fn for_spec(self, spec: &DiffusionDeploymentSpec) -> Limits {
+        const MIB: u64 = 1 << 20;
         Limits {
             device_overhead: spec
                 .engine
                 .device_overhead_bytes
-                .unwrap_or(self.device_overhead),
+                .unwrap_or(self.device_overhead)
+                .div_ceil(MIB)
+                .saturating_mul(MIB),
             ..self
         }
     }
@@ -162,7 +168,7 @@ impl fmt::Display for Refusal {
                 if self.shortage == Shortage::DeviceMemory {
                     "device memory per rank"
                 } else {
-                    "host memory per pod"
+                    "host memory (the model's page-cache copy and one pod)"
                 },
                 self.shortfall(),
                 self.shortfall() as f64 / GIB,
@@ -179,75 +185,73 @@ impl fmt::Display for Refusal {
 pub struct Need {
     pub device: MemoryBreakdown,
     pub host_per_pod: u64,
+    /// Host bytes one node holds once for every pod of the model: its page-cache copy.
+    pub host_shared: u64,
 }
 
 /// Peak activation bytes for the largest allowed request, or `None` when the engine's formula
 /// would overflow (a request no device could hold).
 pub fn activation_bytes(profile: &Profile, w: &Workload) -> Option<u64> {
-    profile.activation.checked_bytes(
-        w.max_width,
-        w.max_height,
-        w.max_frames,
-        w.max_batch,
-        w.guidance,
-    )
+    crate::resources::request_bounds(w).activation_bytes(&profile.activation)
 }
 
-/// Device bytes per rank and host bytes per pod for one option.
+/// What the engine keeps on each device outside the blocks: the prologues and epilogues,
+/// and the decoder when the engine pods decode on the device.
+pub fn outside_bytes(profile: &Profile) -> u64 {
+    profile.outside_block_bytes
+        + if layerwise_engine::bounds::SERVE_DECODES_ON_DEVICE {
+            profile.decoder_bytes
+        } else {
+            0
+        }
+}
+
+/// The engine's strategy for a planned one (the same four, by name).
+pub fn engine_strategy(s: PlannedStrategy) -> layerwise_engine::Strategy {
+    match s {
+        PlannedStrategy::Resident => layerwise_engine::Strategy::Resident,
+        PlannedStrategy::Sharded => layerwise_engine::Strategy::Sharded,
+        PlannedStrategy::Offload => layerwise_engine::Strategy::Offload,
+        PlannedStrategy::OffloadSharded => layerwise_engine::Strategy::OffloadSharded,
+    }
+}
+
+/// Device bytes per rank and host bytes per pod for one option: the engine's memory model
+/// ([`layerwise_engine::memory`]) over the profile's groups, with `resident` marking the
+/// groups kept whole on the device.
 pub fn need(
     profile: &Profile,
     activations: u64,
     strategy: PlannedStrategy,
     dp: u32,
     k: u32,
+    resident: &[bool],
     limits: &Limits,
 ) -> Need {
-    let dp64 = u64::from(dp.max(1));
-    let k64 = u64::from(k);
-    let blocks = profile.blocks as u64;
-    let all_blocks: u64 = profile.block_bytes.iter().sum();
-    let (block_weights, slots, pinned) = match strategy {
-        PlannedStrategy::Resident => (all_blocks, 0, 0),
-        // Every rank keeps its 1/dp of every (padded) block, and gathers into K full slots.
-        PlannedStrategy::Sharded => {
-            let slot = profile.slot_bytes(dp64);
-            (
-                blocks.saturating_mul(slot.div_ceil(dp64)),
-                k64.saturating_mul(slot),
-                0,
-            )
-        }
-        // Every rank copies whole blocks from pinned staging into its K slots.
-        PlannedStrategy::Offload => {
-            let slot = profile.slot_bytes(1);
-            (
-                0,
-                k64.saturating_mul(slot),
-                dp64.saturating_mul(k64).saturating_mul(slot),
-            )
-        }
-        // Every rank copies its 1/dp into a slot, then all-gathers the rest.
-        PlannedStrategy::OffloadSharded => {
-            let slot = profile.slot_bytes(dp64);
-            (0, k64.saturating_mul(slot), k64.saturating_mul(slot))
-        }
+    let placement = Placement {
+        strategy: engine_strategy(strategy),
+        dp: u64::from(dp.max(1)),
+        slots: u64::from(k),
+        resident: resident.to_vec(),
     };
-    let device = MemoryBreakdown {
-        block_weights,
-        slots,
-        resident_weights: profile
-            .outside_block_bytes
-            .saturating_add(profile.vae_bytes),
+    let d = memory::device_bytes(
+        &profile.groups,
+        &placement,
+        outside_bytes(profile),
         activations,
-        overhead: limits.device_overhead,
+        limits.device_overhead,
+    );
+    let device = MemoryBreakdown {
+        block_weights: d.block_weights,
+        slots: d.slots,
+        resident_weights: d.resident_weights,
+        activations: d.activations,
+        overhead: d.overhead,
     };
-    let host_per_pod = profile
-        .total_bytes
-        .saturating_add(pinned)
-        .saturating_add(limits.host_overhead);
     Need {
         device,
-        host_per_pod,
+        host_per_pod: memory::pod_host_bytes(&profile.groups, &placement, limits.host_overhead),
+        host_shared: profile.total_bytes,
     }
 }
 
@@ -263,12 +267,34 @@ fn device_total(b: &MemoryBreakdown) -> u64 {
     .fold(0u64, u64::saturating_add)
 }
 
-/// One (strategy, dp, K) the planner may choose.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One (strategy, dp, K, components kept resident) the planner may choose.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Option_ {
     strategy: PlannedStrategy,
     dp: u32,
     k: u32,
+    /// Components whose blocks stay whole on the device although the strategy streams.
+    resident: Vec<String>,
+}
+
+impl Option_ {
+    fn new(strategy: PlannedStrategy, dp: u32, k: u32) -> Option_ {
+        Option_ {
+            strategy,
+            dp,
+            k,
+            resident: Vec::new(),
+        }
+    }
+
+    /// Per group of `profile`, whether it stays whole on the device.
+    fn resident_groups(&self, profile: &Profile) -> Vec<bool> {
+        profile
+            .groups
+            .iter()
+            .map(|g| self.resident.contains(&g.component))
+            .collect()
+    }
 }
 
 impl fmt::Display for Option_ {
@@ -280,11 +306,30 @@ impl fmt::Display for Option_ {
                 self.strategy.as_str(),
                 self.dp,
                 self.k
-            )
+            )?;
+            if !self.resident.is_empty() {
+                write!(f, ", {} resident", self.resident.join(" and "))?;
+            }
+            Ok(())
         } else {
             write!(f, "{} with dp={}", self.strategy.as_str(), self.dp)
         }
     }
+}
+
+/// The components a streaming plan may keep whole on the device, in the order the planner
+/// tries them: pipeline order, which puts the text encoder first (it runs once per request
+/// on a short sequence, so its copies hide behind the least compute), then the experts.
+/// The last one always streams: a plan that streams nothing is `resident`.
+fn residency_candidates(profile: &Profile) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for g in &profile.groups {
+        if !names.contains(&g.component) {
+            names.push(g.component.clone());
+        }
+    }
+    names.pop();
+    names
 }
 
 /// Strategies in the order the planner prefers them: nothing moves, then only peers talk,
@@ -300,7 +345,7 @@ fn rank(s: PlannedStrategy) -> usize {
 
 /// The (strategy, dp) pairs to try on `node`, best first; each is then tried with K from the
 /// cap down.
-fn candidates(node: &NodeShape, o: &Overrides, limits: &Limits) -> Vec<(PlannedStrategy, u32)> {
+fn options_for(node: &NodeShape, o: &Overrides, limits: &Limits) -> Vec<(PlannedStrategy, u32)> {
     let max_dp = node.devices.min(limits.max_dp).max(1);
     let strategies: Vec<PlannedStrategy> = match o.strategy {
         Strategy::Auto => PREFERENCE.to_vec(),
@@ -333,8 +378,14 @@ fn candidates(node: &NodeShape, o: &Overrides, limits: &Limits) -> Vec<(PlannedS
                 out.push((s, dp));
             }
             (PlannedStrategy::Resident | PlannedStrategy::Offload, None) => out.push((s, 1)),
-            // The fewest ranks whose shards fit: each extra rank is an accelerator taken.
-            (PlannedStrategy::Sharded, None) => out.extend((2..=max_dp).map(|dp| (s, dp))),
+            // The fewest ranks whose shards fit, among those that divide the node's
+            // accelerators first: pods of that dp use every accelerator of the node, where
+            // fewer ranks that do not divide it would leave some idle.
+            (PlannedStrategy::Sharded, None) => {
+                let (tiles, rest): (Vec<u32>, Vec<u32>) =
+                    (2..=max_dp).partition(|dp| node.devices.is_multiple_of(*dp));
+                out.extend(tiles.into_iter().chain(rest).map(|dp| (s, dp)));
+            }
             // Memory per rank does not shrink with dp here, but copy traffic per rank does:
             // use every accelerator of the node (up to the cap).
             (PlannedStrategy::OffloadSharded, None) => {
@@ -345,6 +396,14 @@ fn candidates(node: &NodeShape, o: &Overrides, limits: &Limits) -> Vec<(PlannedS
         }
     }
     out
+}
+
+/// A candidate node with the profile its agent reported and the activation bytes that
+/// profile gives the workload.
+struct Site<'a> {
+    node: &'a NodeShape,
+    profile: &'a Profile,
+    act: u64,
 }
 
 /// A failed check, kept to build the refusal.
@@ -358,19 +417,14 @@ struct Miss {
 }
 
 /// Checks `opt` against `node`: Ok with its need, or the first resource that falls short.
-fn check(
-    profile: &Profile,
-    act: u64,
-    node: &NodeShape,
-    opt: Option_,
-    limits: &Limits,
-) -> Result<Need, Miss> {
+fn check(site: &Site, opt: &Option_, limits: &Limits) -> Result<Need, Miss> {
+    let (profile, act, node) = (site.profile, site.act, site.node);
     let miss = |shortage, needed, available| Miss {
         shortage,
         node: node.name.clone(),
         needed,
         available,
-        option: opt,
+        option: opt.clone(),
     };
     if opt.dp > node.devices {
         return Err(miss(
@@ -379,18 +433,35 @@ fn check(
             u64::from(node.devices),
         ));
     }
-    let n = need(profile, act, opt.strategy, opt.dp, opt.k, limits);
+    let n = need(
+        profile,
+        act,
+        opt.strategy,
+        opt.dp,
+        opt.k,
+        &opt.resident_groups(profile),
+        limits,
+    );
     let dev = device_total(&n.device);
     if dev > node.device_bytes {
         return Err(miss(Shortage::DeviceMemory, dev, node.device_bytes));
     }
-    if n.host_per_pod > node.host_bytes {
-        return Err(miss(Shortage::HostMemory, n.host_per_pod, node.host_bytes));
+    let host = memory::node_host_bytes(n.host_shared, n.host_per_pod, 1);
+    if host > node.host_bytes {
+        return Err(miss(Shortage::HostMemory, host, node.host_bytes));
     }
     Ok(n)
 }
 
-/// Plans one replica of `profile` on the best of `nodes` for requests up to `workload`.
+/// A candidate node and the profile of the model its agent reported.
+#[derive(Debug, Clone)]
+pub struct Candidate<'a> {
+    pub node: NodeShape,
+    pub profile: &'a Profile,
+}
+
+/// Plans one replica of `profile` on the best of `nodes` (every node reporting the same
+/// profile) for requests up to `workload`.
 pub fn plan(
     profile: &Profile,
     nodes: &[NodeShape],
@@ -398,6 +469,25 @@ pub fn plan(
     overrides: &Overrides,
     limits: &Limits,
 ) -> Result<Plan, Refusal> {
+    let candidates: Vec<Candidate> = nodes
+        .iter()
+        .map(|n| Candidate {
+            node: n.clone(),
+            profile,
+        })
+        .collect();
+    plan_candidates(&candidates, workload, overrides, limits)
+}
+
+/// Plans one replica on the best of `candidates`, each sized with its own profile, for
+/// requests up to `workload`. A plan's figures hold on every node it names.
+pub fn plan_candidates(
+    candidates: &[Candidate],
+    workload: &Workload,
+    overrides: &Overrides,
+    limits: &Limits,
+) -> Result<Plan, Refusal> {
+    let nodes: Vec<&NodeShape> = candidates.iter().map(|c| &c.node).collect();
     let spec_refusal = |why: String| Refusal {
         shortage: Shortage::Spec,
         node: None,
@@ -435,80 +525,160 @@ pub fn plan(
             "slots {k}: streaming strategies need at least {min_slots}"
         )));
     }
-    let Some(act) = activation_bytes(profile, workload) else {
-        return Err(Refusal {
-            shortage: Shortage::DeviceMemory,
-            node: None,
-            needed: u64::MAX,
-            available: nodes.iter().map(|n| n.device_bytes).max().unwrap_or(0),
-            option: format!(
-                "activations of a {}x{}x{} request with batch {} (beyond any device)",
-                workload.max_width, workload.max_height, workload.max_frames, workload.max_batch
-            ),
+    let mut sites = Vec::with_capacity(candidates.len());
+    for c in candidates {
+        let Some(act) = activation_bytes(c.profile, workload) else {
+            return Err(Refusal {
+                shortage: Shortage::DeviceMemory,
+                node: Some(c.node.name.clone()),
+                needed: u64::MAX,
+                available: c.node.device_bytes,
+                option: format!(
+                    "activations of a {}x{}x{} request with batch {} (beyond any device)",
+                    workload.max_width,
+                    workload.max_height,
+                    workload.max_frames,
+                    workload.max_batch
+                ),
+            });
+        };
+        if c.profile.groups.is_empty() && c.profile.blocks > 0 {
+            return Err(spec_refusal(format!(
+                "the profile of node {} has no per-group block bytes (its agent predates this operator): upgrade the agents",
+                c.node.name
+            )));
+        }
+        sites.push(Site {
+            node: &c.node,
+            profile: c.profile,
+            act,
         });
-    };
-    let ks: Vec<u32> = match overrides.slots {
-        Some(k) => vec![k],
-        None => (limits.min_slots.max(1)..=limits.max_slots.max(limits.min_slots.max(1)))
-            .rev()
-            .collect(),
-    };
+    }
+    // K to start from; the planner grows it with the memory left once components are placed.
+    let k_first = overrides.slots.unwrap_or(limits.min_slots.max(1));
+    let k_cap = limits.max_slots.max(k_first);
 
-    // Best option per node, and every miss on the way.
+    // Best option per node (with what was decided about each component), and every miss
+    // on the way.
     let mut misses: Vec<Miss> = Vec::new();
-    let mut best: Option<(Option_, Need)> = None;
-    for node in nodes {
-        'node: for (strategy, dp) in candidates(node, overrides, limits) {
-            let ks_here: &[u32] = if strategy.uses_slots() { &ks } else { &[0] };
-            for &k in ks_here {
-                let opt = Option_ { strategy, dp, k };
-                match check(profile, act, node, opt, limits) {
-                    Ok(n) => {
-                        let better = match &best {
-                            None => true,
-                            Some((b, _)) => {
-                                (rank(opt.strategy), opt.dp, u32::MAX - opt.k)
-                                    < (rank(b.strategy), b.dp, u32::MAX - b.k)
-                            }
-                        };
-                        if better {
-                            best = Some((opt, n));
-                        }
-                        break 'node;
+    let mut best: Option<(Option_, Need, Vec<String>, usize)> = None;
+    for (si, site) in sites.iter().enumerate() {
+        let (node, profile) = (site.node, site.profile);
+        for (strategy, dp) in options_for(node, overrides, limits) {
+            let k = if strategy.uses_slots() { k_first } else { 0 };
+            let mut opt = Option_::new(strategy, dp, k);
+            if let Err(m) = check(site, &opt, limits) {
+                misses.push(m);
+                continue;
+            }
+            let mut notes = Vec::new();
+            if strategy.uses_slots() {
+                // Keep whole on the device every component that still fits: it is copied
+                // once at start instead of every pass.
+                for c in residency_candidates(profile) {
+                    let mut trial = opt.clone();
+                    trial.resident.push(c.clone());
+                    match check(site, &trial, limits) {
+                        Ok(_) => opt = trial,
+                        Err(m) => notes.push(format!(
+                            "{c} streams: keeping it whole needs {} bytes per rank, the device has {}",
+                            m.needed, m.available
+                        )),
                     }
-                    Err(m) => misses.push(m),
+                }
+                // More slots with what is left, up to the cap.
+                if overrides.slots.is_none() {
+                    for k in (k_first + 1..=k_cap).rev() {
+                        let trial = Option_ { k, ..opt.clone() };
+                        if check(site, &trial, limits).is_ok() {
+                            opt = trial;
+                            break;
+                        }
+                    }
                 }
             }
+            let n = check(site, &opt, limits).expect("checked above");
+            let key = |o: &Option_| {
+                (
+                    rank(o.strategy),
+                    o.dp,
+                    usize::MAX - o.resident.len(),
+                    u32::MAX - o.k,
+                )
+            };
+            if best.as_ref().is_none_or(|(b, ..)| key(&opt) < key(b)) {
+                best = Some((opt, n, notes, si));
+            }
+            break;
         }
     }
-    let Some((chosen, n)) = best else {
+    let Some((chosen, _, notes, best_site)) = best else {
         return Err(refusal(misses));
     };
 
-    let dev = device_total(&n.device);
-    let fitting: Vec<&NodeShape> = nodes
+    // The nodes the plan fits, each with its own profile; the plan holds the most any of
+    // them needs (they differ only if their agents report different copies of the model).
+    let fits: Vec<(&Site, Need)> = sites
         .iter()
-        .filter(|node| check(profile, act, node, chosen, limits).is_ok())
+        .filter_map(|site| check(site, &chosen, limits).ok().map(|n| (site, n)))
         .collect();
+    let (largest, n) = fits
+        .iter()
+        .max_by_key(|(_, n)| (device_total(&n.device), n.host_per_pod, n.host_shared))
+        .map(|(site, n)| (*site, n.clone()))
+        .expect("the chosen option fits its own node");
+    let profile = sites[best_site].profile;
+    let fitting: Vec<&NodeShape> = fits.iter().map(|(site, _)| site.node).collect();
+    let dev = device_total(&n.device);
+    let mut copies: Vec<(u64, &str)> = fits
+        .iter()
+        .map(|(site, _)| (site.profile.total_bytes, site.node.name.as_str()))
+        .collect();
+    copies.sort();
+    copies.dedup_by_key(|(b, _)| *b);
     let fast = fitting.iter().all(|n| n.fast_peer_link);
     let mut reasons = vec![format!(
-        "{chosen}: {:.2} GiB per rank (block weights {:.2}, slots {:.2}, resident {:.2}, activations {:.2}, overhead {:.2}) and {:.2} GiB host per pod",
+        "{chosen}: {:.2} GiB per rank (block weights {:.2}, slots {:.2}, resident {:.2}, activations {:.2}, overhead {:.2}), {:.2} GiB host per pod beside the model's {:.2} GiB page-cache copy that the pods of a node share",
         dev as f64 / GIB,
         n.device.block_weights as f64 / GIB,
         n.device.slots as f64 / GIB,
         n.device.resident_weights as f64 / GIB,
         n.device.activations as f64 / GIB,
         n.device.overhead as f64 / GIB,
-        n.host_per_pod as f64 / GIB
+        n.host_per_pod as f64 / GIB,
+        n.host_shared as f64 / GIB
     )];
+    if copies.len() > 1 {
+        reasons.push(format!(
+            "the nodes report different copies of the model ({}): the plan holds the largest, {}",
+            copies
+                .iter()
+                .map(|(b, name)| format!("{:.2} GiB on {name}", *b as f64 / GIB))
+                .collect::<Vec<_>>()
+                .join(", "),
+            largest.node.name
+        ));
+    }
     reasons.push(match chosen.strategy {
         PlannedStrategy::Resident => {
             "the whole model and activations fit one device: nothing moves per step".into()
         }
-        PlannedStrategy::Sharded => format!(
-            "1/{} of the blocks plus slots fit each device; the fewest ranks that fit",
-            chosen.dp
-        ),
+        PlannedStrategy::Sharded => {
+            let fewest = (2..chosen.dp).find(|&dp| {
+                let o = Option_::new(chosen.strategy, dp, k_first);
+                fits.iter().any(|(site, _)| check(site, &o, limits).is_ok())
+            });
+            match (fewest, overrides.dp) {
+                (Some(dp), None) => format!(
+                    "1/{} of the blocks plus slots fit each device; {dp} ranks would fit too, but {} divides the node's accelerators, so its pods leave none idle",
+                    chosen.dp, chosen.dp
+                ),
+                _ => format!(
+                    "1/{} of the blocks plus slots fit each device; the fewest ranks that fit",
+                    chosen.dp
+                ),
+            }
+        }
         PlannedStrategy::OffloadSharded => format!(
             "weights stream from the host, each of {} ranks copies 1/{} of a block and all-gathers",
             chosen.dp, chosen.dp
@@ -517,6 +687,12 @@ pub fn plan(
             "weights stream from the host, each rank copies whole blocks".into()
         }
     });
+    for c in &chosen.resident {
+        reasons.push(format!(
+            "{c} stays whole on every device (copied once at start, never streamed): it fits beside the slots"
+        ));
+    }
+    reasons.extend(notes);
     if chosen.strategy.uses_slots() && overrides.slots.is_none() {
         reasons.push(if chosen.k > limits.min_slots {
             format!(
@@ -565,13 +741,32 @@ pub fn plan(
         }
     }
 
+    let groups = chosen.resident_groups(profile);
+    let mut components: Vec<ComponentPlan> = Vec::new();
+    for (g, resident) in profile.groups.iter().zip(groups) {
+        let placement = if resident || chosen.strategy == PlannedStrategy::Resident {
+            ComponentPlacement::Resident
+        } else {
+            ComponentPlacement::Streamed
+        };
+        match components.iter_mut().find(|c| c.name == g.component) {
+            Some(c) => c.block_bytes += g.bytes(),
+            None => components.push(ComponentPlan {
+                name: g.component.clone(),
+                placement,
+                block_bytes: g.bytes(),
+            }),
+        }
+    }
     Ok(Plan {
+        components,
         strategy: chosen.strategy,
         dp: chosen.dp,
         slots: chosen.k,
         fast_peer_link: fast,
         device_bytes_per_rank: dev,
         host_bytes_per_pod: n.host_per_pod,
+        host_bytes_per_node: n.host_shared,
         device_breakdown: n.device,
         nodes: fit_names,
         reasons,

@@ -23,8 +23,10 @@ fn node(name: &str, devices: u32, device_gib: u64, host_gib: u64, fast: bool) ->
     }
 }
 
+/// Host memory for two copies of the largest test model: its mapping, and the pinned copy
+/// of what it streams when the device cannot register the mapping.
 fn a100(name: &str) -> NodeShape {
-    node(name, 8, 80, 1000, true)
+    node(name, 8, 80, 2000, true)
 }
 
 fn auto() -> Overrides {
@@ -90,10 +92,10 @@ fn offload_sharded_when_shards_do_not_fit() {
 
 #[test]
 fn offload_without_a_fast_peer_link_or_with_one_device() {
-    let slow = node("pcie", 8, 80, 1500, false);
+    let slow = node("pcie", 8, 80, 2000, false);
     let p = plan(&huge(), &[slow], &wl(), &auto(), &Limits::default()).unwrap();
     assert_eq!((p.strategy, p.dp), (PlannedStrategy::Offload, 1));
-    let single = node("one", 1, 80, 1500, true);
+    let single = node("one", 1, 80, 2000, true);
     let p = plan(&huge(), &[single], &wl(), &auto(), &Limits::default()).unwrap();
     assert_eq!((p.strategy, p.dp), (PlannedStrategy::Offload, 1));
 }
@@ -105,9 +107,17 @@ fn slots_grow_to_the_cap_when_memory_allows_and_not_beyond() {
     // A device with room for exactly 3 slots gets 3.
     let limits = Limits::default();
     let act = activation_bytes(&huge(), &wl()).unwrap();
-    let three = need(&huge(), act, PlannedStrategy::OffloadSharded, 8, 3, &limits)
-        .device
-        .total();
+    let three = need(
+        &huge(),
+        act,
+        PlannedStrategy::OffloadSharded,
+        8,
+        3,
+        &[],
+        &limits,
+    )
+    .device
+    .total();
     let mut n = a100("tight");
     n.device_bytes = three + GB / 2;
     let p = plan(&huge(), &[n], &wl(), &auto(), &limits).unwrap();
@@ -171,6 +181,7 @@ fn refuses_short_device_memory_with_the_shortfall() {
         PlannedStrategy::Offload,
         1,
         2,
+        &[],
         &Limits::default(),
     )
     .device
@@ -191,7 +202,8 @@ fn refuses_short_host_memory() {
     assert!(err.needed > large().total_bytes);
     assert_eq!(err.available, 16 * GB);
     assert!(
-        err.to_string().contains("host memory per pod short by"),
+        err.to_string()
+            .contains("host memory (the model's page-cache copy and one pod) short by"),
         "{err}"
     );
 }
@@ -309,14 +321,15 @@ proptest! {
             prop_assert_eq!(plan.device_bytes_per_rank, plan.device_breakdown.total());
             let act = activation_bytes(&p, &w).unwrap();
             prop_assert_eq!(plan.device_breakdown.activations, act);
-            let expected = need(&p, act, plan.strategy, plan.dp, plan.slots, &limits);
+            let expected = need(&p, act, plan.strategy, plan.dp, plan.slots, &[], &limits);
             prop_assert_eq!(&plan.device_breakdown, &expected.device);
-            prop_assert!(plan.host_bytes_per_pod >= p.total_bytes, "host counts one copy of the model");
+            prop_assert_eq!(plan.host_bytes_per_node, p.total_bytes, "one copy of the model per node");
+            prop_assert_eq!(plan.host_bytes_per_pod, expected.host_per_pod);
             for name in &plan.nodes {
                 let n = nodes.iter().find(|n| &n.name == name).unwrap();
                 prop_assert!(plan.dp <= n.devices);
                 prop_assert!(plan.device_bytes_per_rank <= n.device_bytes);
-                prop_assert!(plan.host_bytes_per_pod <= n.host_bytes);
+                prop_assert!(plan.host_bytes_per_node + plan.host_bytes_per_pod <= n.host_bytes);
             }
         }
     }
@@ -336,12 +349,12 @@ proptest! {
         let dp = if matches!(s, PlannedStrategy::Sharded | PlannedStrategy::OffloadSharded) { dp.max(2) } else { dp };
         let limits = Limits::default();
         let act = activation_bytes(&p, &w).unwrap();
-        let n = need(&p, act, s, dp, if s.uses_slots() { k } else { 0 }, &limits);
+        let n = need(&p, act, s, dp, if s.uses_slots() { k } else { 0 }, &[], &limits);
         let node = NodeShape {
             name: "fits".into(),
             devices: dp + spare_devices,
             device_bytes: n.device.total(),
-            host_bytes: n.host_per_pod,
+            host_bytes: n.host_shared + n.host_per_pod,
             fast_peer_link: fast,
             warm: false,
         };
@@ -381,4 +394,114 @@ fn fewer_than_the_engines_minimum_slots_is_refused() {
         assert_eq!(err.shortage, Shortage::Spec, "{mode:?}");
         assert!(err.to_string().contains("at least 2"), "{err}");
     }
+}
+
+#[test]
+fn sharded_dp_divides_the_nodes_accelerators_so_none_stay_idle() {
+    // A 115 GiB DiT at 1536² with guidance (32.5 GiB of activations): three ranks' shards
+    // are the fewest that fit an 80 GiB device.
+    let p = profile(48, 2_571_010_048, 269_271_104, 334_615_452);
+    let w = Workload {
+        max_width: 1536,
+        max_height: 1536,
+        guidance: true,
+        ..wl()
+    };
+    // On eight accelerators three ranks would strand two: four, which divides eight.
+    let eight = plan(&p, &[a100("a")], &w, &auto(), &Limits::default()).unwrap();
+    assert_eq!((eight.strategy, eight.dp), (PlannedStrategy::Sharded, 4));
+    assert!(
+        eight
+            .reasons
+            .iter()
+            .any(|r| r.contains("3 ranks would fit too")),
+        "{:?}",
+        eight.reasons
+    );
+    // On six, three divides: the fewest that fit.
+    let six = plan(
+        &p,
+        &[node("b", 6, 80, 2000, true)],
+        &w,
+        &auto(),
+        &Limits::default(),
+    )
+    .unwrap();
+    assert_eq!((six.strategy, six.dp), (PlannedStrategy::Sharded, 3));
+    assert!(
+        six.reasons
+            .iter()
+            .any(|r| r.contains("the fewest ranks that fit")),
+        "{:?}",
+        six.reasons
+    );
+    // A fixed dp is the spec's.
+    let fixed = Overrides {
+        dp: Some(3),
+        ..auto()
+    };
+    let three = plan(&p, &[a100("a")], &w, &fixed, &Limits::default()).unwrap();
+    assert_eq!(three.dp, 3);
+}
+
+#[test]
+fn each_node_is_planned_with_its_own_profile() {
+    // Two copies of a model that differ (a node holds a larger build): the plan holds the
+    // larger need, on both nodes, and says why.
+    let small = medium();
+    let big = profile(57, 420 << 20, GB, 160 << 20);
+    let cands = [
+        Candidate {
+            node: a100("a"),
+            profile: &small,
+        },
+        Candidate {
+            node: a100("b"),
+            profile: &big,
+        },
+    ];
+    let p = plan_candidates(&cands, &wl(), &auto(), &Limits::default()).unwrap();
+    assert_eq!(p.strategy, PlannedStrategy::Resident);
+    assert_eq!(p.nodes, ["a", "b"]);
+    assert_eq!(p.device_breakdown.block_weights, 57 * (420 << 20));
+    assert_eq!(p.host_bytes_per_node, big.total_bytes);
+    assert!(
+        p.reasons
+            .iter()
+            .any(|r| r.contains("different copies of the model")),
+        "{:?}",
+        p.reasons
+    );
+    // A node whose copy does not fit the plan is left out of it.
+    let mut tight = a100("tight");
+    tight.device_bytes = device_total(&p.device_breakdown) - 1;
+    let cands = [
+        Candidate {
+            node: a100("a"),
+            profile: &small,
+        },
+        Candidate {
+            node: tight,
+            profile: &big,
+        },
+    ];
+    let p = plan_candidates(&cands, &wl(), &auto(), &Limits::default()).unwrap();
+    assert_eq!(p.nodes, ["a"]);
+    assert_eq!(p.device_breakdown.block_weights, 57 * (400 << 20));
+}
+
+#[test]
+fn the_page_cache_copy_is_counted_once_per_node() {
+    let p = plan(&large(), &[a100("a")], &wl(), &auto(), &Limits::default()).unwrap();
+    assert_eq!(p.host_bytes_per_node, large().total_bytes);
+    // Sharded pins nothing: a pod needs only the host allowance of its own.
+    assert_eq!(p.strategy, PlannedStrategy::Sharded);
+    assert_eq!(p.host_bytes_per_pod, Limits::default().host_overhead);
+    // A node that holds the copy and one pod's bytes fits; one byte less does not.
+    let mut n = a100("exact");
+    n.host_bytes = p.host_bytes_per_node + p.host_bytes_per_pod;
+    assert!(plan(&large(), &[n.clone()], &wl(), &auto(), &Limits::default()).is_ok());
+    n.host_bytes -= 1;
+    let e = plan(&large(), &[n], &wl(), &auto(), &Limits::default()).unwrap_err();
+    assert_eq!(e.shortage, Shortage::HostMemory, "{e}");
 }

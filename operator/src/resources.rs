@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
-use layerwise_engine::bounds::RequestBounds;
+use layerwise_engine::bounds::{self, RequestBounds};
 
 /// The port the engine serves HTTP (requests, `/metrics`, probes) on.
 pub const ENGINE_PORT: i32 = 8080;
@@ -140,24 +140,46 @@ pub fn deployment(
         .iter()
         .map(|(name, value)| env(name, value))
         .collect();
+    // The plan's device budget and its terms: the engine checks its own need (the same
+    // memory model) against it at start and refuses to start if it is larger.
     envs.push(env(
-        "LAYERWISE_DEVICE_MEMORY_MIB",
+        bounds::ENV_DEVICE_MEMORY_MIB,
         plan.device_bytes_per_rank.div_ceil(1 << 20),
     ));
+    envs.push(env(
+        bounds::ENV_DEVICE_OVERHEAD_MIB,
+        plan.device_breakdown.overhead.div_ceil(1 << 20),
+    ));
+    let resident = plan.resident_components();
+    if !resident.is_empty() {
+        envs.push(env(bounds::ENV_RESIDENT_COMPONENTS, resident.join(",")));
+    }
     envs.extend(engine.env.iter().cloned());
 
     // The plan's accelerators and memory win over anything the spec says for them.
     let mut res = engine.resources.clone().unwrap_or_default();
-    let memory = Quantity(plan.host_bytes_per_pod.to_string());
+    // The request is what the pod needs of its own; the model's page-cache copy is one per
+    // node, shared by its pods (the planner checks the node holds it). The limit leaves room
+    // for the mapped pages a pod faults in itself (a cold cache), which are charged to it.
     let accel = Quantity(plan.dp.to_string());
     let requests = res.requests.get_or_insert_with(BTreeMap::new);
     requests
         .entry("cpu".into())
         .or_insert_with(|| Quantity("1".into()));
-    requests.insert("memory".into(), memory.clone());
+    requests.insert(
+        "memory".into(),
+        Quantity(plan.host_bytes_per_pod.to_string()),
+    );
     requests.insert(resource.clone(), accel.clone());
     let limits = res.limits.get_or_insert_with(BTreeMap::new);
-    limits.insert("memory".into(), memory);
+    limits.insert(
+        "memory".into(),
+        Quantity(
+            plan.host_bytes_per_pod
+                .saturating_add(plan.host_bytes_per_node)
+                .to_string(),
+        ),
+    );
     limits.insert(resource, accel);
     let res = ResourceRequirements { ..res };
 
@@ -435,7 +457,7 @@ pub fn service(dd: &DiffusionDeployment) -> Service {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crds::MemoryBreakdown;
+    use crds::{ComponentPlacement, ComponentPlan, MemoryBreakdown};
     use layerwise_engine::bounds::{
         ENV_GUIDANCE_ALLOWED, ENV_MAX_FRAMES, ENV_MAX_HEIGHT, ENV_MAX_N, ENV_MAX_STEPS,
         ENV_MAX_WIDTH,
@@ -463,8 +485,21 @@ mod tests {
             fast_peer_link: true,
             device_bytes_per_rank: (10 << 30) + 1,
             host_bytes_per_pod: 80 << 30,
+            host_bytes_per_node: 60 << 30,
             device_breakdown: MemoryBreakdown::default(),
             nodes: vec!["n0".into()],
+            components: vec![
+                ComponentPlan {
+                    name: "text_encoder".into(),
+                    placement: ComponentPlacement::Resident,
+                    block_bytes: 10 << 30,
+                },
+                ComponentPlan {
+                    name: "transformer".into(),
+                    placement: ComponentPlacement::Streamed,
+                    block_bytes: 50 << 30,
+                },
+            ],
             reasons: Vec::new(),
             rejected: Vec::new(),
         }
@@ -507,6 +542,18 @@ mod tests {
         );
         assert!(
             env.contains(&("LAYERWISE_DEVICE_MEMORY_MIB".into(), "10241".into())),
+            "{env:?}"
+        );
+        // The plan's component placement reaches the engine; only the resident ones.
+        assert!(
+            env.contains(&(
+                bounds::ENV_RESIDENT_COMPONENTS.into(),
+                "text_encoder".into()
+            )),
+            "{env:?}"
+        );
+        assert!(
+            env.contains(&(bounds::ENV_DEVICE_OVERHEAD_MIB.into(), "0".into())),
             "{env:?}"
         );
         assert!(

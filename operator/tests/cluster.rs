@@ -771,6 +771,14 @@ fn cel(ns: &str) -> Result<()> {
         ),
         (json!({ "dp": 0 }), "dp must be at least 1"),
         (
+            json!({ "autoscaling": { "minReplicas": 0, "maxReplicas": 2 } }),
+            "builtin autoscaling needs minReplicas of at least 1",
+        ),
+        (
+            json!({ "autoscaling": { "mode": "builtin", "minReplicas": 0, "maxReplicas": 2 } }),
+            "builtin autoscaling needs minReplicas of at least 1",
+        ),
+        (
             json!({ "strategy": "sharded", "dp": 1 }),
             "strategy sharded needs dp of at least 2",
         ),

@@ -5,14 +5,16 @@
 
 use std::path::{Path, PathBuf};
 
-use crds::{DiffusionDeployment, Plan, PlannedStrategy, Profile, Strategy};
+use crds::{ComponentPlacement, DiffusionDeployment, Plan, PlannedStrategy, Profile, Strategy};
+use layerwise_engine::bounds;
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::plan::{
     budget_capacity, choose_slots, DeviceNeeds, SlotsChoice,
 };
+use layerwise_engine::memory::Placement;
 use layerwise_engine::tools::synth::{synth, SynthOptions};
-use layerwise_engine::Strategy as EngineStrategy;
 use layerwise_operator::planner::{self, Limits, NodeShape, Overrides, Refusal, Shortage};
+use layerwise_operator::resources;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -83,7 +85,10 @@ fn bytes(n: u64) -> String {
 /// of that plan one node holds (by accelerators and by host memory requests).
 fn row(dd: &DiffusionDeployment, node: &NodeShape, label: &str, plan: &Plan) -> String {
     let w = &dd.spec.workload;
-    let pods = (node.devices / plan.dp).min((node.host_bytes / plan.host_bytes_per_pod) as u32);
+    // One page-cache copy of the model per node, then each pod's own bytes.
+    let pods = (node.devices / plan.dp).min(
+        (node.host_bytes.saturating_sub(plan.host_bytes_per_node) / plan.host_bytes_per_pod) as u32,
+    );
     format!(
         "| {}×{}×{} | {label} | `{}` | {} | {} | {} | {} | {pods} |",
         w.max_width,
@@ -94,6 +99,35 @@ fn row(dd: &DiffusionDeployment, node: &NodeShape, label: &str, plan: &Plan) -> 
         plan.slots,
         bytes(plan.device_bytes_per_rank),
         bytes(plan.host_bytes_per_pod)
+    )
+}
+
+/// The doc's row of where `plan` keeps each component for `dd`'s workload.
+fn placements(dd: &DiffusionDeployment, plan: &Plan) -> String {
+    let w = &dd.spec.workload;
+    let names = |p: ComponentPlacement| {
+        let v: Vec<String> = plan
+            .components
+            .iter()
+            .filter(|c| c.placement == p)
+            .map(|c| format!("`{}`", c.name))
+            .collect();
+        if v.is_empty() {
+            "none".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    format!(
+        "| {}×{}×{} | `{}` dp={}, {} slots | {} | {} |",
+        w.max_width,
+        w.max_height,
+        w.max_frames,
+        plan.strategy.as_str(),
+        plan.dp,
+        plan.slots,
+        names(ComponentPlacement::Resident),
+        names(ComponentPlacement::Streamed)
     )
 }
 
@@ -137,30 +171,24 @@ fn plan_on(profile: &Profile, dd: &DiffusionDeployment, node: &NodeShape) -> Res
 /// at start on a device of `node`'s size under the plan's `LAYERWISE_DEVICE_MEMORY_MIB`.
 /// Returns the engine's device bytes for weights.
 fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, plan: &Plan) -> u64 {
-    let strategy: EngineStrategy = plan.strategy.as_str().parse().unwrap();
-    let layouts = model.layouts(plan.dp as usize).unwrap();
-    // With the decoder on the device: at least what `serve` (which decodes on the CPU) keeps.
-    let needs = DeviceNeeds::of(&layouts, strategy, model.family.resident_bytes(true));
+    let strategy = planner::engine_strategy(plan.strategy);
+    let groups = model.group_bytes().unwrap();
+    let placement = Placement::new(strategy, u64::from(plan.dp), 0, groups.len())
+        .with_resident_components(&groups, &plan.resident_components());
+    // The ranks of `serve` hold what the server keeps on the device.
+    let outside = model.family.resident_bytes(bounds::SERVE_DECODES_ON_DEVICE);
+    let needs = DeviceNeeds::of(&groups, &placement, outside);
     let k = u64::from(plan.slots);
     let b = &plan.device_breakdown;
-    // A slot is the same bytes on both sides: one padded block of any group.
+    // A slot is the same bytes on both sides: one padded block of any streamed group.
     assert_eq!(k * needs.slot, b.slots, "{plan:?}");
-    // Weights kept on the device: the engine charges no more than the planner reserved.
+    // Weights kept on the device: the engine charges exactly what the planner reserved.
     let weights = needs.fixed + k * needs.slot;
     let reserved = b.block_weights + b.slots + b.resident_weights;
-    assert!(weights <= reserved, "engine {weights} > planned {reserved}");
+    assert_eq!(weights, reserved, "engine {weights} vs planned {reserved}");
     // Activations of a request at the pod's bounds: the engine's formula gives the planner's.
-    let w = &dd.spec.workload;
-    let act = model
-        .checkpoint
-        .activation_cost()
-        .checked_bytes(
-            w.max_width,
-            w.max_height,
-            w.max_frames,
-            w.max_batch,
-            w.guidance,
-        )
+    let act = resources::request_bounds(&dd.spec.workload)
+        .activation_bytes(&model.checkpoint.activation_cost())
         .unwrap();
     assert_eq!(act, b.activations);
     assert!(weights + act + b.overhead <= plan.device_bytes_per_rank);
@@ -168,7 +196,8 @@ fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, plan: 
     // The engine starts: on a device of this size, all free, under the cap the operator
     // passes, the plan's K fits (the engine refuses to start otherwise).
     let cap = plan.device_bytes_per_rank.div_ceil(MIB) * MIB;
-    let capacity = budget_capacity(node.device_bytes, node.device_bytes, Some(cap));
+    let weights_cap = cap - act - b.overhead;
+    let capacity = budget_capacity(node.device_bytes, node.device_bytes, Some(weights_cap));
     let k_engine = choose_slots(
         SlotsChoice::Fixed(plan.slots as usize),
         strategy,
@@ -216,10 +245,8 @@ fn the_documented_wan_a14b_plans_are_the_planners_and_fit_the_engines_accounting
             grouped(profile.largest_block_bytes)
         ),
         format!(
-            "{} + {} = {}",
-            grouped(profile.outside_block_bytes),
-            grouped(profile.vae_bytes),
-            grouped(profile.outside_block_bytes + profile.vae_bytes)
+            "| `outsideBlockBytes` | {} |",
+            grouped(profile.outside_block_bytes)
         ),
     ];
 
@@ -244,8 +271,10 @@ fn the_documented_wan_a14b_plans_are_the_planners_and_fit_the_engines_accounting
                     row(dd, node, label, &plan),
                     breakdown(dd, &plan)
                 );
+                println!("{}\n  {:?}", placements(dd, &plan), plan.reasons);
                 expected.push(row(dd, node, label, &plan));
                 expected.push(breakdown(dd, &plan));
+                expected.push(placements(dd, &plan));
             }
             (Err(refusal), None) => {
                 assert_eq!(refusal.shortage, Shortage::DeviceMemory, "{refusal}");

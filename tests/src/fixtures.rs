@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use crds::{ActivationCost, ComponentProfile, Profile};
+use layerwise_engine::memory::GroupBytes;
 
 /// The profile of a DiT checkpoint as an agent would report it: `blocks` bf16 blocks of
 /// `block` bytes, `outside` transformer bytes outside them, a VAE of `vae` bytes and a
@@ -46,5 +47,10 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
             frames_per_latent: 1,
             decoder_frames: 1,
         },
+        decoder_bytes: vae,
+        groups: vec![GroupBytes {
+            component: "transformer".into(),
+            blocks_by_dtype: BTreeMap::from([("BF16".to_string(), vec![block; blocks])]),
+        }],
     }
 }

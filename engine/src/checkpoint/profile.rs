@@ -8,8 +8,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::families::Checkpoint;
-use crate::layout::ALIGN;
-use crate::Result;
+use crate::layout::GroupLayout;
+use crate::memory::{self, GroupBytes, Placement};
+use crate::{Error, Result};
 
 /// Device memory one request needs beside the weights, as a function of its size.
 /// Computed by the engine from the family's shapes (f32 activations), so the planner
@@ -123,15 +124,23 @@ pub struct Profile {
     pub native_width: u64,
     pub native_height: u64,
     pub activation: ActivationCost,
+    /// Bytes of the VAE decoder's weights, which every rank that decodes keeps on its
+    /// device (the rest of the VAE, its encoder, is never loaded).
+    #[serde(default)]
+    pub decoder_bytes: u64,
+    /// Each streamed group's block bytes by dtype (text encoder, transformers), which the
+    /// memory model lays out for any dp ([`crate::memory`]).
+    #[serde(default)]
+    pub groups: Vec<GroupBytes>,
 }
 
 impl Profile {
     /// Profiles the pipeline folder at `root`, reading headers and configs only.
     pub fn read(root: &Path) -> Result<Profile> {
-        Ok(Self::of(&Checkpoint::open(root)?))
+        Self::of(&Checkpoint::open(root)?)
     }
 
-    pub fn of(ck: &Checkpoint) -> Profile {
+    pub fn of(ck: &Checkpoint) -> Result<Profile> {
         let mut by_dtype: BTreeMap<String, u64> = BTreeMap::new();
         let mut components = Vec::new();
         let (mut block_bytes, mut max_by_dtype) = (Vec::new(), BTreeMap::<String, u64>::new());
@@ -178,8 +187,19 @@ impl Profile {
                 .map(|c| c.bytes)
                 .sum()
         };
+        // Each group's bytes as the engine lays it out: one code path for both.
+        let mut group_bytes = Vec::with_capacity(groups.len());
+        for (name, g) in &groups {
+            let (_, c) = ck
+                .components()
+                .into_iter()
+                .find(|(n, _)| n == name)
+                .ok_or_else(|| Error::invalid("profile", format!("no component {name}")))?;
+            let layout = GroupLayout::new(c, &g.block, g.count, |i| g.block_prefix(i), 1)?;
+            group_bytes.push(GroupBytes::of(name, &layout));
+        }
         let (native_width, native_height) = ck.native_size();
-        Profile {
+        Ok(Profile {
             family: ck.name().into(),
             total_bytes: ck.total_bytes(),
             transformer_bytes: sum(&|n| n.starts_with("transformer")),
@@ -195,15 +215,15 @@ impl Profile {
             native_height: native_height as u64,
             activation: ck.activation_cost(),
             components,
-        }
+            decoder_bytes: ck.decoder_bytes(),
+            groups: group_bytes,
+        })
     }
 
-    /// Bytes of one device slot when blocks are split `dp` ways (padding included).
+    /// Bytes of one device slot when blocks are split `dp` ways (padding included) and
+    /// every group streams: the memory model's slot.
     pub fn slot_bytes(&self, dp: u64) -> u64 {
-        let unit = dp.max(1) * ALIGN;
-        self.max_block_bytes_by_dtype
-            .values()
-            .map(|b| b.div_ceil(unit) * unit)
-            .sum()
+        let p = Placement::new(crate::Strategy::Offload, dp, 1, self.groups.len());
+        memory::slot_bytes(&self.groups, &p)
     }
 }

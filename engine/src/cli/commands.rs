@@ -288,6 +288,7 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
         .transpose()?;
     let requests = a.request.requests(&model, init)?;
     let mut opts = a.engine.options(strategy);
+    opts.activations = model.activation_bytes(&requests)?;
     opts.trace = a.trace.as_ref().map(|_| Trace::new(4_000_000));
     let (outputs, stats) = model.run(requests, &opts)?;
     if let (Some(t), Some(p)) = (&opts.trace, &a.trace) {
@@ -357,6 +358,7 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
     for round in 0..a.rounds.max(1) {
         for (i, s) in strategies.iter().enumerate() {
             let mut opts = a.engine.options(*s);
+            opts.activations = model.activation_bytes(&requests)?;
             opts.decode = false;
             let (out, stats) = model.run(requests.clone(), &opts)?;
             eprintln!("round {round}: {s}: {:.3}s/step", stats.step_seconds);

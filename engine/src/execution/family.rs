@@ -22,6 +22,9 @@ pub trait FamilyRuntime: Send + Sync {
     fn layouts(&self, dp: usize) -> Result<Vec<GroupLayout>>;
     /// Each streamed group's mapped component (same order as [`Self::layouts`]).
     fn mappings(&self) -> Vec<Mapped>;
+    /// Each streamed group's pipeline component (`text_encoder`, `transformer`, ...; same
+    /// order as [`Self::layouts`]).
+    fn group_components(&self) -> Vec<String>;
     /// The image size the model was trained at, `(width, height)` in pixels.
     fn native_size(&self) -> (usize, usize);
     /// The number of classes of a class-conditional family.

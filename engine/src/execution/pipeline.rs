@@ -23,6 +23,7 @@ use super::trace::{Lane, Trace};
 use super::weights::Weights;
 use crate::checkpoint::Mapped;
 use crate::layout::{BlockLayout, GroupLayout, Piece, SlotShape};
+use crate::memory::{GroupBytes, Placement};
 use crate::{Error, Result, Strategy};
 
 /// The two kinds of transfer a test hook can slow down.
@@ -113,24 +114,40 @@ pub struct PipelineOptions {
     pub trace: Option<Arc<Trace>>,
 }
 
-/// The groups of blocks a model streams, for one dp: each group's layout and mapped
-/// component, and the slot shape that fits a block of any of them.
+/// The groups of blocks a model streams, for one dp: each group's layout, mapped
+/// component and pipeline component name, which groups stay whole on the device (the
+/// components a plan keeps resident), and the slot shape that fits a block of any group
+/// that streams.
 #[derive(Clone)]
 pub struct Streamed {
     pub layouts: Arc<Vec<GroupLayout>>,
     pub mapped: Vec<Mapped>,
+    /// Per group, the component it belongs to (`text_encoder`, `transformer`, ...).
+    pub components: Vec<String>,
+    /// Per group, whether its blocks stay whole on the device under a streaming strategy.
+    pub resident: Vec<bool>,
     pub shape: SlotShape,
 }
 
 impl Streamed {
-    pub fn new(layouts: Vec<GroupLayout>, mapped: Vec<Mapped>) -> Result<Streamed> {
-        if layouts.len() != mapped.len() || layouts.is_empty() {
+    /// The groups of `layouts` (mapped from `mapped`, belonging to `components`), with the
+    /// groups of `resident_components` kept whole on the device. Names no component of the
+    /// model: an error that lists the ones it has.
+    pub fn new(
+        layouts: Vec<GroupLayout>,
+        mapped: Vec<Mapped>,
+        components: Vec<String>,
+        resident_components: &[String],
+    ) -> Result<Streamed> {
+        if layouts.len() != mapped.len() || layouts.len() != components.len() || layouts.is_empty()
+        {
             return Err(Error::invalid(
                 "groups",
                 format!(
-                    "{} block layouts for {} mapped components",
+                    "{} block layouts for {} mapped components ({} named)",
                     layouts.len(),
-                    mapped.len()
+                    mapped.len(),
+                    components.len()
                 ),
             ));
         }
@@ -138,16 +155,59 @@ impl Streamed {
         if layouts.iter().any(|l| l.dp != dp) {
             return Err(Error::invalid("dp", "block layouts for different dp"));
         }
-        let shape = SlotShape::of(&layouts);
+        for c in resident_components {
+            if !components.contains(c) {
+                let mut names = components.clone();
+                names.dedup();
+                return Err(Error::invalid(
+                    "resident-components",
+                    format!(
+                        "`{c}` is not a streamed component of this model (it has {})",
+                        names.join(", ")
+                    ),
+                ));
+            }
+        }
+        let resident: Vec<bool> = components
+            .iter()
+            .map(|c| resident_components.contains(c))
+            .collect();
+        let shape = SlotShape::of(&layouts, &resident);
         Ok(Streamed {
             layouts: Arc::new(layouts),
             mapped,
+            components,
+            resident,
             shape,
         })
     }
 
     pub fn dp(&self) -> usize {
         self.layouts[0].dp
+    }
+
+    /// Each group's block bytes, for the memory model.
+    pub fn bytes(&self) -> Vec<GroupBytes> {
+        self.layouts
+            .iter()
+            .zip(&self.components)
+            .map(|(l, c)| GroupBytes::of(c, l))
+            .collect()
+    }
+
+    /// Where `strategy` with K = `slots` puts these groups' weights.
+    pub fn placement(&self, strategy: Strategy, slots: usize) -> Placement {
+        Placement {
+            strategy,
+            dp: self.dp() as u64,
+            slots: slots as u64,
+            resident: self.resident.clone(),
+        }
+    }
+
+    /// Whether group `g` stays whole on the device under `strategy`.
+    pub fn is_resident(&self, strategy: Strategy, g: usize) -> bool {
+        strategy == Strategy::Resident || self.resident[g]
     }
 
     /// The largest padded block over every group.
@@ -169,9 +229,11 @@ pub struct Pipeline<B: Backend, C: Collective<B>> {
     copy: Option<B::Stream>,
     gather: Option<B::Stream>,
     slots: Vec<Slot<B::Event>>,
-    /// `sharded`: per group, per region, this rank's shard of every block.
+    /// `sharded`: per group, per region, this rank's shard of every block (empty for a
+    /// group that stays whole).
     store: Vec<Vec<Tensor>>,
-    /// `resident`: per group, per block, per region, the full weights.
+    /// Per group that stays whole on the device (every group under `resident`), per
+    /// block, per region, the full weights; empty for a group that streams.
     resident: Vec<Vec<Vec<Tensor>>>,
     /// Blocks issued but not yet computed: (group, block, slot).
     in_flight: VecDeque<(usize, usize, usize)>,
@@ -200,7 +262,7 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 ),
             ));
         }
-        if opts.strategy.streams() && opts.slots < 2 {
+        if opts.strategy.streams() && opts.slots < crate::strategy::MIN_STREAMING_SLOTS as usize {
             return Err(Error::invalid(
                 "slots",
                 format!("{}: streaming needs at least 2 slots", opts.slots),
@@ -215,61 +277,66 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         let mut store = Vec::new();
         let mut resident = Vec::new();
         let layouts = streamed.layouts.clone();
-        match opts.strategy {
-            Strategy::Resident => {
-                for (gi, layout) in layouts.iter().enumerate() {
-                    let mut blocks = Vec::with_capacity(layout.blocks.len());
-                    for b in &layout.blocks {
-                        let bufs = b
-                            .regions
-                            .iter()
-                            .enumerate()
-                            .map(|(r, reg)| {
-                                alloc(
-                                    "resident_blocks",
-                                    format!("group {gi} block {} weights", b.index),
-                                    layout.dtypes[r],
-                                    reg.padded,
-                                )
-                            })
-                            .collect::<Result<Vec<_>>>()?;
-                        blocks.push(bufs);
-                    }
-                    resident.push(blocks);
-                }
-            }
-            _ => {
-                let shape = &streamed.shape;
-                for s in 0..opts.slots {
-                    let buffers = shape
-                        .capacity
+        // Whole blocks of the groups that stay on the device; under `sharded` this rank's
+        // shard of every block of the others. Each group has an entry (empty if unused).
+        for (gi, layout) in layouts.iter().enumerate() {
+            let (mut blocks, mut regions) = (Vec::new(), Vec::new());
+            if streamed.is_resident(opts.strategy, gi) {
+                for b in &layout.blocks {
+                    let bufs = b
+                        .regions
                         .iter()
-                        .zip(&shape.dtypes)
-                        .map(|(&cap, &dtype)| alloc("slots", format!("slot {s}"), dtype, cap))
-                        .collect::<Result<Vec<_>>>()?;
-                    slots.push(Slot {
-                        buffers,
-                        loaded: backend.new_event(),
-                        ready: backend.new_event(),
-                        free: backend.new_event(),
-                    });
-                }
-                if opts.strategy == Strategy::Sharded {
-                    for (gi, layout) in layouts.iter().enumerate() {
-                        let mut regions = Vec::new();
-                        for (r, &cap) in layout.region_capacity.iter().enumerate() {
-                            let bytes = cap / dp as u64 * layout.blocks.len() as u64;
-                            regions.push(alloc(
-                                "resident_shards",
-                                format!("group {gi} shard store ({:?})", layout.dtypes[r]),
+                        .enumerate()
+                        .map(|(r, reg)| {
+                            alloc(
+                                "resident_blocks",
+                                format!("group {gi} block {} weights", b.index),
                                 layout.dtypes[r],
-                                bytes,
-                            )?);
-                        }
-                        store.push(regions);
-                    }
+                                reg.padded,
+                            )
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    blocks.push(bufs);
+                }
+            } else if opts.strategy == Strategy::Sharded {
+                for (r, &cap) in layout.region_capacity.iter().enumerate() {
+                    let bytes = cap / dp as u64 * layout.blocks.len() as u64;
+                    regions.push(alloc(
+                        "resident_shards",
+                        format!("group {gi} shard store ({:?})", layout.dtypes[r]),
+                        layout.dtypes[r],
+                        bytes,
+                    )?);
                 }
             }
+            resident.push(blocks);
+            store.push(regions);
+        }
+        let streams = (0..layouts.len()).any(|g| !streamed.is_resident(opts.strategy, g));
+        if streams {
+            let shape = &streamed.shape;
+            for s in 0..opts.slots {
+                let buffers = shape
+                    .capacity
+                    .iter()
+                    .zip(&shape.dtypes)
+                    .map(|(&cap, &dtype)| alloc("slots", format!("slot {s}"), dtype, cap))
+                    .collect::<Result<Vec<_>>>()?;
+                slots.push(Slot {
+                    buffers,
+                    loaded: backend.new_event(),
+                    ready: backend.new_event(),
+                    free: backend.new_event(),
+                });
+            }
+        } else if opts.strategy.streams() {
+            return Err(Error::invalid(
+                "resident-components",
+                format!(
+                    "every streamed component is kept resident, so {} would stream nothing: use --strategy resident",
+                    opts.strategy
+                ),
+            ));
         }
         let copy = match opts.strategy {
             Strategy::Sharded => None,
@@ -300,19 +367,34 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         Ok(p)
     }
 
-    /// Loads what stays on the device: whole blocks (resident) or this rank's shards.
+    /// Loads what stays on the device: whole blocks of the resident groups and, under
+    /// `sharded`, this rank's shards of the others.
     fn load_stationary(&mut self) -> Result<()> {
         let rank = self.comm.rank();
-        let stream = match (&self.opts.strategy, &self.copy) {
-            (Strategy::Resident, Some(s)) => s,
-            (Strategy::Sharded, _) => &self.backend.new_stream(&format!("load-r{rank}"))?,
-            _ => return Ok(()),
+        let strategy = self.opts.strategy;
+        let groups = self.streamed.layouts.len();
+        let stationary = (0..groups)
+            .any(|g| self.streamed.is_resident(strategy, g) || strategy == Strategy::Sharded);
+        if !stationary {
+            return Ok(());
+        }
+        let load;
+        let stream = match &self.copy {
+            Some(s) => s,
+            None => {
+                load = self.backend.new_stream(&format!("load-r{rank}"))?;
+                &load
+            }
         };
         for (gi, layout) in self.streamed.layouts.iter().enumerate() {
             let mapped = &self.streamed.mapped[gi];
+            let whole = self.streamed.is_resident(strategy, gi);
+            if !whole && strategy != Strategy::Sharded {
+                continue;
+            }
             for b in &layout.blocks {
                 for (r, reg) in b.regions.iter().enumerate() {
-                    let (dst, runs) = if self.opts.strategy == Strategy::Resident {
+                    let (dst, runs) = if whole {
                         (&self.resident[gi][b.index][r], reg.pieces.clone())
                     } else {
                         // Rank r's shard of block b lands at b × (capacity / dp) in the store.
@@ -467,9 +549,22 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
             )
         })?;
         let l = layout.blocks.len();
-        if self.opts.strategy == Strategy::Resident {
+        let k = self.slots.len();
+        let strategy = self.opts.strategy;
+        // The next pass's blocks to issue ahead, none when it stays resident.
+        let next_len = next
+            .filter(|&g| !self.streamed.is_resident(strategy, g))
+            .map_or(0, |g| layouts[g].blocks.len());
+        if self.streamed.is_resident(strategy, group) {
+            // Nothing of this pass moves: the next pass's first blocks are issued now, so
+            // they arrive while this pass computes.
+            if let Some(g) = next.filter(|_| next_len > 0 && self.in_flight.is_empty()) {
+                for b in 0..k.min(next_len) {
+                    self.issue(g, b);
+                }
+            }
+            let identity: Vec<usize> = (0..layout.dtypes.len()).collect();
             for i in 0..l {
-                let identity: Vec<usize> = (0..layout.dtypes.len()).collect();
                 let w = BlockWeights::view(&self.resident[group][i], &identity, &layout.blocks[i])?;
                 f(i, &w)?;
                 self.stats.blocks_computed += 1;
@@ -485,10 +580,8 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 )));
             }
         }
-        let k = self.slots.len();
         // The issue order from here: the rest of this pass, then the next pass's blocks.
         let mut cursor = (false, self.in_flight.len());
-        let next_len = next.map_or(0, |g| layouts[g].blocks.len());
         for i in 0..l {
             while self.in_flight.len() < k {
                 match cursor {

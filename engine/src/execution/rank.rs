@@ -22,6 +22,7 @@ use super::lockstep::{Coordinator, Flags};
 use super::pipeline::{Hook, Pipeline, PipelineOptions, Streamed};
 use super::trace::{Lane, Trace};
 use super::work::{Output, PassReport, WorkKey, WorkSource};
+use crate::memory::{self, GroupBytes};
 use crate::{Error, Result, Strategy};
 
 /// How the engine runs.
@@ -31,8 +32,17 @@ pub struct EngineOptions {
     pub dp: usize,
     /// K, or `auto`: as many as the device memory holds (on the CPU, `device_memory`).
     pub slots: SlotsChoice,
-    /// Device memory per rank, in bytes (the CPU backend enforces it like a GPU would).
+    /// Device memory per rank, in bytes, for everything: weights, `activations` and
+    /// `overhead` (the CPU backend enforces it like a GPU would). The engine refuses to
+    /// start when the memory model's need is larger.
     pub device_memory: u64,
+    /// Device bytes each rank keeps free for the largest request it accepts
+    /// ([`crate::checkpoint::ActivationCost::checked_bytes`] of its bounds).
+    pub activations: u64,
+    /// Device bytes each rank keeps free for the runtime (context, kernels, allocator).
+    pub overhead: u64,
+    /// Components whose blocks stay whole on every device under a streaming strategy.
+    pub resident_components: Vec<String>,
     /// How weights reach a GPU from the mapped checkpoint; the CPU takes only `auto`.
     pub host: HostMode,
     /// Longest any rank may wait on a transfer or a peer before failing.
@@ -54,6 +64,9 @@ impl Default for EngineOptions {
             dp: 1,
             slots: SlotsChoice::default(),
             device_memory: u64::MAX,
+            activations: 0,
+            overhead: 0,
+            resident_components: Vec::new(),
             host: HostMode::Auto,
             timeout: Duration::from_secs(120),
             hook: None,
@@ -110,9 +123,24 @@ pub fn drive(
     if opts.dp == 0 {
         return Err(Error::invalid("dp", "must be at least 1"));
     }
-    let streamed = Streamed::new(family.layouts(opts.dp)?, family.mappings())?;
+    let streamed = Streamed::new(
+        family.layouts(opts.dp)?,
+        family.mappings(),
+        family.group_components(),
+        &opts.resident_components,
+    )?;
     // Device bytes outside the slots that every rank keeps: prologues, epilogues, decoder.
     let outside = family.resident_bytes(opts.decode);
+    let groups = streamed.bytes();
+    // What the weights may take of the budget: the rest is the activations' and the
+    // runtime's.
+    let weights_budget = (opts.device_memory != u64::MAX).then(|| {
+        opts.device_memory
+            .saturating_sub(opts.activations)
+            .saturating_sub(opts.overhead)
+    });
+    let needs =
+        cuda::plan::DeviceNeeds::of(&groups, &streamed.placement(opts.strategy, 0), outside);
     match cuda::resolve(opts.device, opts.dp)? {
         Resolved::Cpu { why } => {
             tracing::info!(%why, "computing on the CPU");
@@ -125,15 +153,15 @@ pub fn drive(
                     ),
                 ));
             }
-            let budget = (opts.device_memory != u64::MAX).then_some(opts.device_memory);
-            let needs = cuda::plan::DeviceNeeds::of(&streamed.layouts, opts.strategy, outside);
-            let slots = cuda::plan::cpu_slots(opts.slots, opts.strategy, needs, budget)?;
+            let slots = cuda::plan::cpu_slots(opts.slots, opts.strategy, needs, weights_budget)?;
+            check_budget(&groups, &streamed, opts, slots, outside)?;
             let backend = Arc::new(CpuBackend::new(opts.timeout));
             let group = LocalGroup::new(opts.dp, opts.timeout);
+            let capacity = weights_budget.unwrap_or(u64::MAX);
             let ranks = group
                 .comms()
                 .into_iter()
-                .map(|comm| (backend.clone(), comm, opts.device_memory))
+                .map(|comm| (backend.clone(), comm, capacity))
                 .collect();
             let run = Run {
                 family,
@@ -153,12 +181,13 @@ pub fn drive(
                 &cuda::CudaOptions {
                     strategy: opts.strategy,
                     slots: opts.slots,
-                    device_memory: (opts.device_memory != u64::MAX).then_some(opts.device_memory),
+                    weights_budget,
+                    needs,
                     host: opts.host,
                     timeout: opts.timeout,
-                    outside_blocks: outside,
                 },
             )?;
+            check_budget(&groups, &streamed, opts, r.slots, outside)?;
             let ranks = r
                 .ranks
                 .into_iter()
@@ -178,6 +207,45 @@ pub fn drive(
         #[cfg(not(feature = "cuda"))]
         Resolved::Cuda { .. } => unreachable!("resolve never picks CUDA without the feature"),
     }
+}
+
+/// Refuses to start when the memory model's need for this run (K = `slots`) is larger
+/// than the device memory budget, naming both figures and the terms.
+fn check_budget(
+    groups: &[GroupBytes],
+    streamed: &Streamed,
+    opts: &EngineOptions,
+    slots: usize,
+    outside: u64,
+) -> Result<()> {
+    if opts.device_memory == u64::MAX {
+        return Ok(());
+    }
+    let need = memory::device_bytes(
+        groups,
+        &streamed.placement(opts.strategy, slots),
+        outside,
+        opts.activations,
+        opts.overhead,
+    );
+    if need.total() > opts.device_memory {
+        return Err(Error::invalid(
+            "device-memory",
+            format!(
+                "{} with dp {} and {slots} slots needs {} bytes per rank (block weights {}, slots {}, resident {}, activations {}, overhead {}), but the budget is {} bytes (--device-memory-mib)",
+                opts.strategy,
+                opts.dp,
+                need.total(),
+                need.block_weights,
+                need.slots,
+                need.resident_weights,
+                need.activations,
+                need.overhead,
+                opts.device_memory
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// What every rank thread of one run shares.

@@ -145,6 +145,15 @@ impl Checkpoint {
         }
     }
 
+    /// Bytes of the VAE decoder's weights, which every rank that decodes keeps on its
+    /// device. The engine charges exactly this.
+    pub fn decoder_bytes(&self) -> u64 {
+        match &self.family {
+            Family::Dit(c) => c.decoder_bytes(),
+            Family::Wan(c) => c.decoder_bytes(),
+        }
+    }
+
     /// The size the model was trained at, `(width, height)` in pixels.
     pub fn native_size(&self) -> (usize, usize) {
         match &self.family {

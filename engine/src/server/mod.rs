@@ -131,6 +131,20 @@ pub struct ServeArgs {
     pub trace: Option<PathBuf>,
 }
 
+impl ServeArgs {
+    /// The bounds these flags set: what the server admits and the device memory it keeps.
+    pub fn request_bounds(&self) -> RequestBounds {
+        RequestBounds {
+            max_width: self.max_width,
+            max_height: self.max_height,
+            max_frames: self.max_frames,
+            max_steps: self.max_steps,
+            max_n: self.max_n,
+            guidance: self.guidance_allowed,
+        }
+    }
+}
+
 /// How long connections may still take past the grace period at shutdown.
 const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 
@@ -148,9 +162,28 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     }
     let model = Arc::new(Model::open(&a.engine.model)?);
     let trace = a.trace.as_ref().map(|_| Trace::new(1_000_000));
+    // Device memory kept free for the largest request the bounds admit: what the planner
+    // reserved for this pod.
+    let mut reserved = a.request_bounds();
+    if model.family.video().is_none() {
+        // An image family refuses frames, so its largest request is one frame.
+        reserved.max_frames = 1;
+    }
+    let activations = reserved
+        .activation_bytes(&model.checkpoint.activation_cost())
+        .ok_or_else(|| {
+            Error::invalid(
+                "max-width",
+                format!(
+                    "a request at the bounds ({}x{}, {} frames, {} outputs) needs more activation memory than any device holds",
+                    a.max_width, a.max_height, a.max_frames, a.max_n
+                ),
+            )
+        })?;
     let opts = EngineOptions {
-        decode: false,
+        decode: bounds::SERVE_DECODES_ON_DEVICE,
         trace: trace.clone(),
+        activations,
         ..a.engine.options(strategy)
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -254,14 +287,7 @@ async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<Exi
             .unwrap_or_else(|| api::folder_name(&a.engine.model)),
         model,
         bounds: Bounds {
-            request: RequestBounds {
-                max_width: a.max_width,
-                max_height: a.max_height,
-                max_frames: a.max_frames,
-                max_steps: a.max_steps,
-                max_n: a.max_n,
-                guidance: a.guidance_allowed,
-            },
+            request: a.request_bounds(),
             max_prompt_tokens: a.max_prompt_tokens,
             body_limit: a.body_limit,
             body_timeout: Duration::from_secs(a.body_timeout_seconds),

@@ -165,7 +165,16 @@ impl HostMemory {
                     _ => Arc::new(PinnedCopy::new(
                         ctx,
                         &streamed.mapped[g],
-                        Extents::for_rank(layout, strategy, rank),
+                        // A group kept whole is copied once at start: nothing to pin.
+                        Extents::for_rank(
+                            layout,
+                            if streamed.is_resident(strategy, g) {
+                                Strategy::Resident
+                            } else {
+                                strategy
+                            },
+                            rank,
+                        ),
                     )?),
                 };
                 shared = Some(copy.clone());

@@ -138,7 +138,7 @@ mod setup {
         pub backend: Arc<CudaBackend>,
         pub comm: NcclComm,
         /// Capacity for this rank's `DeviceBudget`: free memory at start less the
-        /// activation reserve, capped by `--device-memory-mib`.
+        /// activation reserve, capped by what `--device-memory-mib` leaves the weights.
         pub capacity: u64,
     }
 
@@ -155,12 +155,13 @@ mod setup {
     pub struct CudaOptions {
         pub strategy: Strategy,
         pub slots: SlotsChoice,
-        /// `--device-memory-mib` in bytes, if given.
-        pub device_memory: Option<u64>,
+        /// What the weights may take of `--device-memory-mib` (the rest is the
+        /// activations' and the runtime's), if a budget was given.
+        pub weights_budget: Option<u64>,
+        /// The rank's fixed bytes and slot size, from the memory model.
+        pub needs: DeviceNeeds,
         pub host: HostMode,
         pub timeout: Duration,
-        /// Device bytes outside the blocks that each rank keeps (prologue, epilogue, VAE).
-        pub outside_blocks: u64,
     }
 
     /// Opens GPUs 0..dp, their NCCL group and the host path, and sizes K, failing before
@@ -180,12 +181,12 @@ mod setup {
                 o.timeout,
             )?));
         }
-        let needs = DeviceNeeds::of(&streamed.layouts, o.strategy, o.outside_blocks);
+        let needs = o.needs;
         let mut capacities = Vec::with_capacity(dp);
         let mut slots = usize::MAX;
         for b in &backends {
             let (free, total) = b.mem_info()?;
-            let cap = budget_capacity(free, total, o.device_memory);
+            let cap = budget_capacity(free, total, o.weights_budget);
             let k =
                 choose_slots(o.slots, o.strategy, needs, cap).map_err(|e| crate::Error::Rank {
                     rank: b.rank(),

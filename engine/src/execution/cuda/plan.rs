@@ -6,7 +6,8 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::layout::{GroupLayout, Piece, SlotShape};
+use crate::layout::{GroupLayout, Piece};
+use crate::memory::{self, GroupBytes, Placement};
 use crate::{Error, Result, Strategy};
 
 /// `--device`: where the ranks compute.
@@ -124,35 +125,31 @@ pub fn activation_reserve(total: u64) -> u64 {
     (2u64 << 30).max(total / 16)
 }
 
-/// One rank's fixed device memory and the size of one slot, as the pipeline charges them.
+/// One rank's fixed device memory and the size of one slot, as the pipeline charges them
+/// (from the one memory model, [`crate::memory`]).
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceNeeds {
     /// Everything but the slots: resident prologue/epilogue, VAE, shard store or
     /// resident blocks.
     pub fixed: u64,
-    /// Bytes of one slot (all dtype groups).
+    /// Bytes of one slot (all dtype groups; 0 when nothing streams).
     pub slot: u64,
 }
 
 impl DeviceNeeds {
-    /// What `strategy` keeps on a device besides the slots, plus the slot size, for the
-    /// streamed `groups` (one slot fits a block of any group).
-    pub fn of(groups: &[GroupLayout], strategy: Strategy, outside_blocks: u64) -> DeviceNeeds {
-        let slot = SlotShape::of(groups).bytes();
-        let fixed = outside_blocks
-            + groups
-                .iter()
-                .map(|layout| match strategy {
-                    Strategy::Resident => layout.blocks.iter().map(|b| b.padded_bytes()).sum(),
-                    Strategy::Sharded => layout
-                        .region_capacity
-                        .iter()
-                        .map(|c| c / layout.dp as u64 * layout.blocks.len() as u64)
-                        .sum(),
-                    Strategy::Offload | Strategy::OffloadSharded => 0,
-                })
-                .sum::<u64>();
-        DeviceNeeds { fixed, slot }
+    /// What `placement` keeps on a device besides the slots, plus the slot size, for the
+    /// streamed `groups` (one slot fits a block of any group that streams) and `outside`
+    /// bytes of prologues, epilogues and decoder. `placement.slots` is ignored.
+    pub fn of(groups: &[GroupBytes], placement: &Placement, outside: u64) -> DeviceNeeds {
+        let one = Placement {
+            slots: 1,
+            ..placement.clone()
+        };
+        let b = memory::device_bytes(groups, &one, outside, 0, 0);
+        DeviceNeeds {
+            fixed: b.block_weights + b.resident_weights,
+            slot: b.slots,
+        }
     }
 }
 

@@ -54,6 +54,25 @@ impl DitCheckpoint {
             .sum()
     }
 
+    /// The VAE's decoder tensors (`decoder.*` and `post_quant_conv.*`), which every rank
+    /// that decodes keeps on its device.
+    pub fn decoder_names(&self) -> Vec<String> {
+        self.vae
+            .index
+            .keys()
+            .filter(|n| n.starts_with("decoder.") || n.starts_with("post_quant_conv."))
+            .cloned()
+            .collect()
+    }
+
+    /// Bytes of [`Self::decoder_names`].
+    pub fn decoder_bytes(&self) -> u64 {
+        self.decoder_names()
+            .iter()
+            .map(|n| self.vae.get(n).map_or(0, |(_, t)| t.len))
+            .sum()
+    }
+
     /// The image size the model was trained at, in pixels.
     pub fn native_size(&self) -> (usize, usize) {
         let side = self.config.sample_size * self.vae_config.upscale();

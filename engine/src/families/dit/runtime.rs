@@ -50,25 +50,8 @@ impl DitRuntime {
         self.checkpoint.vae_config.upscale()
     }
 
-    /// Names and bytes of the VAE decoder's weights.
-    fn vae_decoder_weights(&self) -> (Vec<String>, u64) {
-        let names = self
-            .vae
-            .component
-            .index
-            .keys()
-            .filter(|n| n.starts_with("decoder.") || n.starts_with("post_quant_conv."))
-            .cloned()
-            .collect::<Vec<_>>();
-        let bytes = names
-            .iter()
-            .map(|n| self.vae.component.get(n).map_or(0, |(_, t)| t.len))
-            .sum();
-        (names, bytes)
-    }
-
     fn vae_decoder(&self, device: &Device) -> Result<VaeDecoder> {
-        let (names, _) = self.vae_decoder_weights();
+        let names = self.checkpoint.decoder_names();
         let w = weights::load(&self.vae, names.into_iter(), device)?;
         VaeDecoder::load_from(&self.checkpoint.vae_config, &w, &self.vae.component.dir)
     }
@@ -88,6 +71,10 @@ impl FamilyRuntime for DitRuntime {
             DitConfig::block_prefix,
             dp,
         )?])
+    }
+
+    fn group_components(&self) -> Vec<String> {
+        vec!["transformer".into()]
     }
 
     fn mappings(&self) -> Vec<Mapped> {
@@ -187,7 +174,7 @@ impl FamilyRuntime for DitRuntime {
     fn resident_bytes(&self, decode: bool) -> u64 {
         self.checkpoint.resident_device_bytes()
             + if decode {
-                self.vae_decoder_weights().1
+                self.checkpoint.decoder_bytes()
             } else {
                 0
             }

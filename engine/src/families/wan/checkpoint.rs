@@ -242,6 +242,23 @@ impl WanCheckpoint {
             .sum()
     }
 
+    /// The VAE's decoder tensors, which every rank that decodes keeps on its device.
+    pub fn decoder_names(&self) -> Vec<String> {
+        self.vae_config
+            .decoder_specs()
+            .into_iter()
+            .map(|s| s.name)
+            .collect()
+    }
+
+    /// Bytes of [`Self::decoder_names`].
+    pub fn decoder_bytes(&self) -> u64 {
+        self.decoder_names()
+            .iter()
+            .filter_map(|n| self.vae.get(n).map(|(_, t)| t.len))
+            .sum()
+    }
+
     /// WanPipeline's default output size, 832 × 480.
     pub fn native_size(&self) -> (usize, usize) {
         (832, 480)

@@ -60,17 +60,12 @@ impl WanRuntime {
         })
     }
 
-    fn vae_decoder_names(&self) -> Vec<String> {
-        self.checkpoint
-            .vae_config
-            .decoder_specs()
-            .into_iter()
-            .map(|s| s.name)
-            .collect()
-    }
-
     fn vae_decoder(&self, device: &Device) -> Result<WanVaeDecoder> {
-        let w = weights::load(&self.vae, self.vae_decoder_names().into_iter(), device)?;
+        let w = weights::load(
+            &self.vae,
+            self.checkpoint.decoder_names().into_iter(),
+            device,
+        )?;
         WanVaeDecoder::load(&self.checkpoint.vae_config, &w)
     }
 }
@@ -100,6 +95,14 @@ impl FamilyRuntime for WanRuntime {
             .map(|((_, g), m)| {
                 GroupLayout::new(&m.component, &g.block, g.count, |i| g.block_prefix(i), dp)
             })
+            .collect()
+    }
+
+    fn group_components(&self) -> Vec<String> {
+        self.checkpoint
+            .groups()
+            .into_iter()
+            .map(|(c, _)| c.to_string())
             .collect()
     }
 
@@ -200,15 +203,12 @@ impl FamilyRuntime for WanRuntime {
     }
 
     fn resident_bytes(&self, decode: bool) -> u64 {
-        let decoder: u64 = if decode {
-            self.vae_decoder_names()
-                .iter()
-                .filter_map(|n| self.vae.component.get(n).map(|(_, t)| t.len))
-                .sum()
-        } else {
-            0
-        };
-        self.checkpoint.resident_device_bytes() + decoder
+        self.checkpoint.resident_device_bytes()
+            + if decode {
+                self.checkpoint.decoder_bytes()
+            } else {
+                0
+            }
     }
 
     fn load_rank(&self, device: &Device, decode: bool) -> Result<Box<dyn RankModel>> {

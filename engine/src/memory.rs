@@ -1,0 +1,320 @@
+//! The one memory model: how many device bytes a rank and how many host bytes a pod need
+//! for a strategy, from the bytes of the streamed groups' blocks. The engine sizes its
+//! allocations and checks its budget at start with these functions (over the layouts it
+//! builds from the checkpoint), and the planner sizes a plan with them (over the same
+//! figures carried in the node's [`crate::checkpoint::Profile`]); built without the
+//! compute runtime, so the agent, the crds and the operator use exactly this code.
+//!
+//! Device bytes of one rank, term by term (each is what the engine charges to its device
+//! budget, see `execution::pipeline`):
+//! - **block weights**: whole padded blocks of every resident group (all groups under
+//!   `resident`; under a streaming strategy the components the plan keeps resident), and
+//!   under `sharded` this rank's 1/dp of every padded block of the streamed groups;
+//! - **slots**: K slots, each holding per dtype the largest padded region of any streamed
+//!   group;
+//! - **resident weights**: the prologues and epilogues outside the blocks, and the
+//!   decoder;
+//! - **activations**: the largest allowed request's peak
+//!   ([`crate::checkpoint::ActivationCost::checked_bytes`]);
+//! - **overhead**: the runtime's own (context, kernels, allocator slack), a fixed
+//!   allowance.
+//!
+//! A region of a block is padded to a multiple of dp × [`ALIGN`] so it splits into dp
+//! equal, aligned shards ([`crate::layout`]).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::layout::{GroupLayout, ALIGN};
+use crate::Strategy;
+
+/// One streamed group's bytes: per dtype, the unpadded bytes of each block. Enough to lay
+/// the group out for any dp.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct GroupBytes {
+    /// The pipeline component the group belongs to (`text_encoder`, `transformer`, ...).
+    pub component: String,
+    /// Per dtype (safetensors' name, e.g. `BF16`), each block's bytes of that dtype.
+    pub blocks_by_dtype: BTreeMap<String, Vec<u64>>,
+}
+
+fn padded(bytes: u64, dp: u64) -> u64 {
+    let unit = dp.max(1) * ALIGN;
+    bytes.div_ceil(unit) * unit
+}
+
+impl GroupBytes {
+    /// The bytes of `layout`'s blocks (its regions before padding).
+    pub fn of(component: &str, layout: &GroupLayout) -> GroupBytes {
+        let mut blocks_by_dtype = BTreeMap::new();
+        for (r, d) in layout.dtypes.iter().enumerate() {
+            let per_block = layout.blocks.iter().map(|b| b.regions[r].bytes).collect();
+            blocks_by_dtype.insert(format!("{d:?}"), per_block);
+        }
+        GroupBytes {
+            component: component.to_string(),
+            blocks_by_dtype,
+        }
+    }
+
+    /// Number of blocks.
+    pub fn blocks(&self) -> usize {
+        self.blocks_by_dtype
+            .values()
+            .map(Vec::len)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Unpadded bytes of every block.
+    pub fn bytes(&self) -> u64 {
+        self.blocks_by_dtype.values().flatten().sum()
+    }
+
+    /// Per dtype, the largest padded region over the blocks (one slot region) for `dp`.
+    pub fn region_capacity(&self, dp: u64) -> BTreeMap<&str, u64> {
+        self.blocks_by_dtype
+            .iter()
+            .map(|(d, b)| {
+                let cap = b.iter().map(|&x| padded(x, dp)).max().unwrap_or(0);
+                (d.as_str(), cap)
+            })
+            .collect()
+    }
+
+    /// Every block whole, padded for `dp`: what a rank keeps of a resident group.
+    pub fn resident_bytes(&self, dp: u64) -> u64 {
+        self.blocks_by_dtype
+            .values()
+            .flatten()
+            .map(|&x| padded(x, dp))
+            .sum()
+    }
+
+    /// One rank's shard store under `sharded`: 1/dp of one slot region per block.
+    pub fn shard_store_bytes(&self, dp: u64) -> u64 {
+        let blocks = self.blocks() as u64;
+        self.region_capacity(dp)
+            .values()
+            .map(|cap| cap / dp.max(1) * blocks)
+            .sum()
+    }
+}
+
+/// Where a plan puts the weights: the strategy, dp, K, and which groups stay whole on the
+/// device although the strategy streams (a component the plan keeps resident).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub strategy: Strategy,
+    pub dp: u64,
+    /// K; ignored when nothing streams.
+    pub slots: u64,
+    /// Per group (in the order of the groups), whether it stays whole on the device.
+    /// Every group is resident under `resident` whatever this says.
+    pub resident: Vec<bool>,
+}
+
+impl Placement {
+    /// `strategy` with nothing kept resident beyond what the strategy keeps.
+    pub fn new(strategy: Strategy, dp: u64, slots: u64, groups: usize) -> Placement {
+        Placement {
+            strategy,
+            dp,
+            slots,
+            resident: vec![false; groups],
+        }
+    }
+
+    /// Whether group `g` stays whole on the device.
+    pub fn is_resident(&self, g: usize) -> bool {
+        self.strategy == Strategy::Resident || self.resident.get(g).copied().unwrap_or(false)
+    }
+
+    /// Whether any group streams through the slots.
+    pub fn streams(&self, groups: usize) -> bool {
+        self.strategy.streams() && (0..groups).any(|g| !self.is_resident(g))
+    }
+
+    /// Marks the groups of `components` resident.
+    pub fn with_resident_components(
+        mut self,
+        groups: &[GroupBytes],
+        components: &[String],
+    ) -> Self {
+        self.resident = groups
+            .iter()
+            .map(|g| components.contains(&g.component))
+            .collect();
+        self
+    }
+}
+
+/// Device bytes of one rank by purpose (see the module doc for each term).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DeviceBytes {
+    pub block_weights: u64,
+    pub slots: u64,
+    pub resident_weights: u64,
+    pub activations: u64,
+    pub overhead: u64,
+}
+
+impl DeviceBytes {
+    /// Everything the engine allocates for weights (what its device budget is charged).
+    pub fn weights(&self) -> u64 {
+        [self.block_weights, self.slots, self.resident_weights]
+            .into_iter()
+            .fold(0u64, u64::saturating_add)
+    }
+
+    pub fn total(&self) -> u64 {
+        [self.weights(), self.activations, self.overhead]
+            .into_iter()
+            .fold(0u64, u64::saturating_add)
+    }
+}
+
+/// Bytes of one slot for the groups that stream under `p`: per dtype, the largest padded
+/// region of any of them.
+pub fn slot_bytes(groups: &[GroupBytes], p: &Placement) -> u64 {
+    let mut cap: BTreeMap<&str, u64> = BTreeMap::new();
+    for (g, group) in groups.iter().enumerate() {
+        if p.is_resident(g) {
+            continue;
+        }
+        for (d, c) in group.region_capacity(p.dp) {
+            let e = cap.entry(d).or_default();
+            *e = (*e).max(c);
+        }
+    }
+    cap.values().sum()
+}
+
+/// Device bytes one rank needs under `p`: the groups' blocks as placed, `outside` bytes
+/// of resident prologues, epilogues and decoder, `activations` for the largest request
+/// and `overhead` for the runtime.
+pub fn device_bytes(
+    groups: &[GroupBytes],
+    p: &Placement,
+    outside: u64,
+    activations: u64,
+    overhead: u64,
+) -> DeviceBytes {
+    let block_weights = groups
+        .iter()
+        .enumerate()
+        .map(|(g, group)| {
+            if p.is_resident(g) {
+                group.resident_bytes(p.dp)
+            } else if p.strategy == Strategy::Sharded {
+                group.shard_store_bytes(p.dp)
+            } else {
+                0
+            }
+        })
+        .fold(0u64, u64::saturating_add);
+    let slots = if p.streams(groups.len()) {
+        p.slots.saturating_mul(slot_bytes(groups, p))
+    } else {
+        0
+    };
+    DeviceBytes {
+        block_weights,
+        slots,
+        resident_weights: outside,
+        activations,
+        overhead,
+    }
+}
+
+/// Page-locked host bytes a pod holds when the device cannot register the mapping and the
+/// engine falls back to a pinned copy of what it streams: every streamed byte once (the
+/// ranks of `offload` share one copy; under `offload-sharded` each rank pins its 1/dp).
+/// `resident` and `sharded` copy once at start and pin nothing.
+pub fn pinned_host_bytes(groups: &[GroupBytes], p: &Placement) -> u64 {
+    match p.strategy {
+        Strategy::Resident | Strategy::Sharded => 0,
+        Strategy::Offload | Strategy::OffloadSharded => groups
+            .iter()
+            .enumerate()
+            .filter(|(g, _)| !p.is_resident(*g))
+            .map(|(_, group)| group.bytes())
+            .sum(),
+    }
+}
+
+/// Host bytes one pod needs of its own: the pinned fallback and `overhead` for the process.
+/// The model's mapping is page cache, one copy per node that every pod there shares
+/// ([`node_host_bytes`]).
+pub fn pod_host_bytes(groups: &[GroupBytes], p: &Placement, overhead: u64) -> u64 {
+    pinned_host_bytes(groups, p).saturating_add(overhead)
+}
+
+/// Host bytes a node needs for `pods` pods of one model: one page-cache copy of its
+/// `checkpoint_bytes`, however many pods map it, and each pod's own bytes.
+pub fn node_host_bytes(checkpoint_bytes: u64, pod: u64, pods: u64) -> u64 {
+    checkpoint_bytes.saturating_add(pod.saturating_mul(pods))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(component: &str, f32s: &[u64], bf16s: &[u64]) -> GroupBytes {
+        let mut m = BTreeMap::new();
+        m.insert("F32".to_string(), f32s.to_vec());
+        m.insert("BF16".to_string(), bf16s.to_vec());
+        GroupBytes {
+            component: component.into(),
+            blocks_by_dtype: m,
+        }
+    }
+
+    #[test]
+    fn terms_by_strategy() {
+        let te = group("text_encoder", &[100, 100], &[1000, 1000]);
+        let tr = group("transformer", &[300, 200, 300], &[5000, 5000, 4000]);
+        let groups = vec![te, tr];
+        let dp = 2;
+        // Padding unit 512: 100 → 512, 1000 → 1024, 300/200 → 512, 5000 → 5120, 4000 → 4096.
+        let all = |s| Placement::new(s, dp, 3, 2);
+        let resident = device_bytes(&groups, &all(Strategy::Resident), 7, 11, 13);
+        assert_eq!(
+            resident.block_weights,
+            2 * (512 + 1024) + 3 * 512 + 2 * 5120 + 4096
+        );
+        assert_eq!(resident.slots, 0);
+        assert_eq!(resident.total(), resident.block_weights + 7 + 11 + 13);
+        // One slot: per dtype the largest padded region of any group.
+        let slot = 512 + 5120;
+        let offload = device_bytes(&groups, &all(Strategy::Offload), 0, 0, 0);
+        assert_eq!((offload.block_weights, offload.slots), (0, 3 * slot));
+        let sharded = device_bytes(&groups, &all(Strategy::Sharded), 0, 0, 0);
+        assert_eq!(
+            sharded.block_weights,
+            2 * (512 / 2 + 1024 / 2) + 3 * (512 / 2 + 5120 / 2)
+        );
+        // The text encoder kept whole: slots shrink to the transformer's regions.
+        let p = all(Strategy::OffloadSharded)
+            .with_resident_components(&groups, &["text_encoder".to_string()]);
+        let mixed = device_bytes(&groups, &p, 0, 0, 0);
+        assert_eq!(mixed.block_weights, 2 * (512 + 1024));
+        assert_eq!(mixed.slots, 3 * (512 + 5120));
+        assert_eq!(pinned_host_bytes(&groups, &p), 800 + 14000);
+        assert_eq!(
+            pinned_host_bytes(&groups, &all(Strategy::Offload)),
+            200 + 2000 + 800 + 14000
+        );
+        assert_eq!(pinned_host_bytes(&groups, &all(Strategy::Sharded)), 0);
+        // Everything resident under a streaming strategy: no slots.
+        let every = all(Strategy::Offload).with_resident_components(
+            &groups,
+            &["text_encoder".to_string(), "transformer".to_string()],
+        );
+        assert!(!every.streams(2));
+        assert_eq!(device_bytes(&groups, &every, 0, 0, 0).slots, 0);
+    }
+}

@@ -1,0 +1,252 @@
+//! The one memory model, across the boundary: the planner's device bytes per rank for a
+//! plan are exactly what the engine needs to run that plan. For each of the four strategies
+//! a synthetic model runs on the CPU backend (which enforces its device budget as a GPU
+//! would) with device memory capped at exactly the planner's figure, and runs; with one
+//! byte less the engine refuses to start, naming both figures, and the planner refuses the
+//! same node.
+
+use std::path::Path;
+
+use crds::{DiffusionDeployment, Plan, PlannedStrategy, Profile, Strategy};
+use layerwise_engine::bounds;
+use layerwise_engine::engine::Model;
+use layerwise_engine::execution::cuda::SlotsChoice;
+use layerwise_engine::execution::rank::EngineOptions;
+use layerwise_engine::execution::work::{Condition, Request};
+use layerwise_engine::tools::synth::{synth, SynthOptions};
+use layerwise_operator::planner::{self, Limits, NodeShape, Overrides, Shortage};
+use layerwise_operator::resources;
+use safetensors::Dtype;
+
+const GIB: u64 = 1 << 30;
+
+/// A deployment of `family` at a small workload, with the strategy (and dp, K) fixed.
+fn deployment(family: &str, strategy: Strategy, dp: u32, frames: u64) -> DiffusionDeployment {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "layerwise.dev/v1alpha1",
+        "kind": "DiffusionDeployment",
+        "metadata": { "name": "budget", "namespace": "default" },
+        "spec": {
+            "model": { "family": family, "location": { "hostPath": "/models/m" } },
+            "workload": {
+                "maxWidth": 32, "maxHeight": 32, "maxFrames": frames, "maxSteps": 2,
+                "maxBatch": 1, "guidance": true
+            },
+            "strategy": strategy,
+            "dp": dp,
+            "slots": 2,
+        }
+    }))
+    .unwrap()
+}
+
+fn node(device_bytes: u64) -> NodeShape {
+    NodeShape {
+        name: "n".into(),
+        devices: 4,
+        device_bytes,
+        host_bytes: 64 * GIB,
+        fast_peer_link: true,
+        warm: true,
+    }
+}
+
+fn plan_on(
+    profile: &Profile,
+    dd: &DiffusionDeployment,
+    device_bytes: u64,
+) -> Result<Plan, planner::Refusal> {
+    planner::plan(
+        profile,
+        &[node(device_bytes)],
+        &dd.spec.workload,
+        &Overrides::of(&dd.spec),
+        &Limits::default().for_spec(&dd.spec),
+    )
+}
+
+/// The profile as an agent reports it: through the DiffusionNode's JSON.
+fn profile(dir: &Path) -> Profile {
+    let p = Profile::read(dir).unwrap();
+    serde_json::from_value(serde_json::to_value(p).unwrap()).unwrap()
+}
+
+/// The engine options the operator's pod would start with for `plan`, with the device
+/// budget `device_memory` in bytes.
+fn engine_options(
+    model: &Model,
+    dd: &DiffusionDeployment,
+    plan: &Plan,
+    device_memory: u64,
+) -> EngineOptions {
+    let act = resources::request_bounds(&dd.spec.workload)
+        .activation_bytes(&model.checkpoint.activation_cost())
+        .unwrap();
+    EngineOptions {
+        strategy: planner::engine_strategy(plan.strategy),
+        dp: plan.dp as usize,
+        slots: SlotsChoice::Fixed(plan.slots.max(2) as usize),
+        device_memory,
+        activations: act,
+        overhead: plan.device_breakdown.overhead,
+        resident_components: plan.resident_components(),
+        decode: bounds::SERVE_DECODES_ON_DEVICE,
+        ..EngineOptions::default()
+    }
+}
+
+/// A request at the workload's bounds.
+fn request(family: &str, frames: usize) -> Request {
+    let condition = match family {
+        "wan" => Condition::Prompt {
+            prompt: "a red fox in the snow".into(),
+            negative: String::new(),
+        },
+        _ => Condition::Class(3),
+    };
+    Request {
+        steps: 2,
+        guidance: 3.0,
+        frames,
+        ..Request::image(condition, 32, 32)
+    }
+}
+
+/// Plans `dd` for the model at `dir`, runs the plan at exactly its budget and one byte
+/// under it, and checks the planner refuses one byte under it. Returns the plan.
+fn exact_budget(dir: &Path, family: &str, dd: &DiffusionDeployment, frames: usize) -> Plan {
+    let profile = profile(dir);
+    let model = Model::open(dir).unwrap();
+    let plan = plan_on(&profile, dd, 1 << 40).unwrap();
+    let want = dd.spec.strategy;
+    assert_eq!(
+        plan.strategy.as_str(),
+        serde_json::to_value(want).unwrap().as_str().unwrap()
+    );
+    let budget = plan.device_bytes_per_rank;
+    let b = &plan.device_breakdown;
+    assert_eq!(budget, b.total());
+
+    // At exactly the plan's bytes the engine runs, and its device accounting is the
+    // plan's weights to the byte.
+    let opts = engine_options(&model, dd, &plan, budget);
+    let (_, stats) = model
+        .run(vec![request(family, frames)], &opts)
+        .unwrap_or_else(|e| panic!("{plan:?}: the engine refused the planned budget: {e}"));
+    assert_eq!(
+        stats.peak_device_bytes,
+        b.block_weights + b.slots + b.resident_weights,
+        "{} {:?}",
+        plan.strategy.as_str(),
+        stats.peak_device_bytes_by_kind
+    );
+
+    // One byte less: the engine refuses to start, naming its need and the budget.
+    let e = model
+        .run(
+            vec![request(family, frames)],
+            &engine_options(&model, dd, &plan, budget - 1),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("device-memory")
+            && e.contains(&budget.to_string())
+            && e.contains(&(budget - 1).to_string()),
+        "{e}"
+    );
+
+    // And the planner refuses the node one byte short of this plan: nothing it would plan
+    // there is this plan.
+    match plan_on(&profile, dd, budget - 1) {
+        Err(r) => assert_eq!(r.shortage, Shortage::DeviceMemory, "{r}"),
+        Ok(p) => {
+            assert_ne!(
+                p.components, plan.components,
+                "the same plan one byte short"
+            );
+            assert!(p.device_bytes_per_rank < budget);
+        }
+    }
+    plan
+}
+
+#[test]
+fn dit_plans_run_at_exactly_their_budget_for_every_strategy() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("tiny");
+    synth(&dir, &SynthOptions::preset("tiny").unwrap()).unwrap();
+    for (strategy, dp) in [
+        (Strategy::Resident, 1),
+        (Strategy::Sharded, 2),
+        (Strategy::Offload, 1),
+        (Strategy::OffloadSharded, 2),
+    ] {
+        let dd = deployment("dit", strategy, dp, 1);
+        let plan = exact_budget(&dir, "dit", &dd, 1);
+        // One group: nothing to keep resident beyond what the strategy keeps.
+        assert!(plan.resident_components().is_empty());
+    }
+}
+
+#[test]
+fn wan_plans_run_at_exactly_their_budget_with_components_kept_resident() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("wan");
+    // bf16 weights beside the f32 tables and norms Wan keeps: two regions per block.
+    let mut o = SynthOptions::preset("wan-tiny").unwrap();
+    o.dtype = Dtype::BF16;
+    synth(&dir, &o).unwrap();
+    for (strategy, dp) in [
+        (Strategy::Resident, 1),
+        (Strategy::Sharded, 2),
+        (Strategy::Offload, 1),
+        (Strategy::OffloadSharded, 2),
+    ] {
+        let dd = deployment("wan", strategy, dp, 5);
+        let plan = exact_budget(&dir, "wan", &dd, 5);
+        if plan.strategy == PlannedStrategy::Resident {
+            continue;
+        }
+        // Room to spare: every component but the last stays whole on the device.
+        assert_eq!(
+            plan.resident_components(),
+            ["text_encoder", "transformer"],
+            "{:?}",
+            plan.reasons
+        );
+    }
+}
+
+#[test]
+fn a_plan_that_keeps_nothing_resident_also_runs_at_its_budget() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("wan");
+    synth(&dir, &SynthOptions::preset("wan-tiny").unwrap()).unwrap();
+    let dd = deployment("wan", Strategy::OffloadSharded, 2, 5);
+    let profile = profile(&dir);
+    // The smallest device the lean plan fits: the planner streams every component there.
+    let lean = planner::need(
+        &profile,
+        planner::activation_bytes(&profile, &dd.spec.workload).unwrap(),
+        PlannedStrategy::OffloadSharded,
+        2,
+        2,
+        &[],
+        &Limits::default(),
+    )
+    .device
+    .total();
+    let plan = plan_on(&profile, &dd, lean).unwrap();
+    assert!(plan.resident_components().is_empty(), "{:?}", plan.reasons);
+    assert_eq!(plan.device_bytes_per_rank, lean);
+    let model = Model::open(&dir).unwrap();
+    model
+        .run(
+            vec![request("wan", 5)],
+            &engine_options(&model, &dd, &plan, lean),
+        )
+        .unwrap();
+    assert!(plan_on(&profile, &dd, lean - 1).is_err());
+}
