@@ -1,6 +1,7 @@
 //! Types both kinds share: where a model's files are, and the strategy names.
 
 use kube::KubeSchema;
+use layerwise_engine::Strategy;
 use serde::{Deserialize, Serialize};
 
 /// Where a model's pipeline folder is on the nodes. Exactly one of `hostPath` and
@@ -60,19 +61,64 @@ impl ModelLocation {
     }
 }
 
-/// How the engine holds the weights (see ARCHITECTURE.md's strategy table); `auto` lets the
-/// planner choose.
-#[derive(
-    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, Hash,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum Strategy {
+/// `spec.strategy`: `auto` lets the planner choose, or one of the engine's strategies
+/// ([`Strategy`], ARCHITECTURE.md's table). Written as the strategy's name or `auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub enum StrategyChoice {
     #[default]
     Auto,
-    Resident,
-    Sharded,
-    Offload,
-    OffloadSharded,
+    Fixed(Strategy),
+}
+
+impl StrategyChoice {
+    /// Its name: `auto` or the strategy's.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StrategyChoice::Auto => "auto",
+            StrategyChoice::Fixed(s) => s.as_str(),
+        }
+    }
+}
+
+impl Serialize for StrategyChoice {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for StrategyChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        if name == "auto" {
+            return Ok(StrategyChoice::Auto);
+        }
+        name.parse().map(StrategyChoice::Fixed).map_err(|_| {
+            serde::de::Error::custom(format!(
+                "unknown strategy `{name}`: expected auto, {}",
+                strategy_names().join(", ")
+            ))
+        })
+    }
+}
+
+fn strategy_names() -> Vec<&'static str> {
+    Strategy::ALL.iter().map(|s| s.as_str()).collect()
+}
+
+impl schemars::JsonSchema for StrategyChoice {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "StrategyChoice".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let mut names = vec!["auto"];
+        names.extend(strategy_names());
+        schemars::json_schema!({ "type": "string", "enum": names })
+    }
 }
 
 #[cfg(test)]
@@ -158,5 +204,33 @@ mod quantity_tests {
         ] {
             assert_eq!(quantity_bytes(q), want, "{q}");
         }
+    }
+}
+
+#[cfg(test)]
+mod strategy_tests {
+    use super::{Strategy, StrategyChoice};
+
+    #[test]
+    fn a_choice_is_auto_or_an_engine_strategy_by_name() {
+        for s in Strategy::ALL {
+            let json = serde_json::to_value(StrategyChoice::Fixed(s)).unwrap();
+            assert_eq!(json, s.as_str());
+            assert_eq!(
+                serde_json::from_value::<StrategyChoice>(json).unwrap(),
+                StrategyChoice::Fixed(s)
+            );
+        }
+        assert_eq!(
+            serde_json::from_value::<StrategyChoice>("auto".into()).unwrap(),
+            StrategyChoice::Auto
+        );
+        let e = serde_json::from_value::<StrategyChoice>("fastest".into())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("fastest") && e.contains("offload-sharded"),
+            "{e}"
+        );
     }
 }

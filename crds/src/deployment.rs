@@ -12,7 +12,9 @@ use kube::CustomResource;
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{ModelLocation, Strategy};
+use layerwise_engine::Strategy;
+
+use crate::common::{ModelLocation, StrategyChoice};
 
 /// A diffusion model served on the cluster. The operator profiles the checkpoint on candidate
 /// nodes, plans strategy, dp, slots and memory from the profile, the nodes' accelerators and
@@ -80,7 +82,7 @@ pub struct DiffusionDeploymentSpec {
     pub workload: Workload,
     /// `auto` (the planner chooses) or one of resident, sharded, offload, offload-sharded.
     #[serde(default)]
-    pub strategy: Strategy,
+    pub strategy: StrategyChoice,
     /// Fixed ranks (accelerators) per pod; the planner chooses when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1").message("dp must be at least 1"))]
@@ -313,45 +315,12 @@ pub struct DiffusionDeploymentStatus {
     pub last_scale_time: Option<Time>,
 }
 
-/// A strategy the planner chose (never `auto`).
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[serde(rename_all = "kebab-case")]
-pub enum PlannedStrategy {
-    Resident,
-    Sharded,
-    Offload,
-    OffloadSharded,
-}
-
-impl PlannedStrategy {
-    pub const ALL: [PlannedStrategy; 4] = [
-        PlannedStrategy::Resident,
-        PlannedStrategy::Sharded,
-        PlannedStrategy::OffloadSharded,
-        PlannedStrategy::Offload,
-    ];
-
-    /// The name the engine's `--strategy` flag takes.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PlannedStrategy::Resident => "resident",
-            PlannedStrategy::Sharded => "sharded",
-            PlannedStrategy::Offload => "offload",
-            PlannedStrategy::OffloadSharded => "offload-sharded",
-        }
-    }
-
-    /// Whether blocks stream through K slots (all but resident).
-    pub fn uses_slots(self) -> bool {
-        self != PlannedStrategy::Resident
-    }
-}
-
 /// How a replica runs, and why.
 #[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Plan {
-    pub strategy: PlannedStrategy,
+    /// The strategy the planner chose (never `auto`).
+    pub strategy: Strategy,
     /// Ranks (accelerators) per pod.
     pub dp: u32,
     /// Device slots per rank (K); 0 for resident.
@@ -406,7 +375,7 @@ impl Plan {
     /// The components kept whole on the device although the strategy streams: what the
     /// engine's `--resident-components` takes.
     pub fn resident_components(&self) -> Vec<String> {
-        if !self.strategy.uses_slots() {
+        if !self.strategy.streams() {
             return Vec::new();
         }
         self.components

@@ -13,13 +13,14 @@ pub mod common;
 pub mod deployment;
 pub mod node;
 
-pub use common::{quantity_bytes, ModelLocation, PvcSource, Strategy};
+pub use common::{quantity_bytes, ModelLocation, PvcSource, StrategyChoice};
 pub use deployment::{
     Accelerator, Autoscaling, AutoscalingMode, ComponentPlacement, ComponentPlan,
     DiffusionDeployment, DiffusionDeploymentSpec, DiffusionDeploymentStatus, EngineSpec,
-    MemoryBreakdown, ModelSpec, Plan, PlannedStrategy, Workload,
+    MemoryBreakdown, ModelSpec, Plan, Workload,
 };
 pub use layerwise_engine::checkpoint::{ActivationCost, ComponentProfile, Profile};
+pub use layerwise_engine::Strategy;
 pub use node::{
     AcceleratorInventory, DiffusionNode, DiffusionNodeSpec, DiffusionNodeStatus, ModelRequest,
     ModelState, NodeModelStatus,

@@ -13,7 +13,10 @@ use crate::Error;
 /// against this constant).
 pub const MIN_STREAMING_SLOTS: u32 = 2;
 
+/// How the weights live and move: the one strategy type of the engine, the planner and the
+/// DiffusionDeployment's plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum Strategy {
     /// The whole model on every device; nothing moves per step.

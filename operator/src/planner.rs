@@ -11,8 +11,8 @@
 use std::fmt;
 
 use crds::{
-    ComponentPlacement, ComponentPlan, DiffusionDeploymentSpec, MemoryBreakdown, Plan,
-    PlannedStrategy, Profile, Strategy, Workload,
+    ComponentPlacement, ComponentPlan, DiffusionDeploymentSpec, MemoryBreakdown, Plan, Profile,
+    Strategy, StrategyChoice, Workload,
 };
 use layerwise_engine::memory::{self, Placement};
 
@@ -34,10 +34,10 @@ pub struct NodeShape {
     pub warm: bool,
 }
 
-/// What the spec fixes; `Strategy::Auto` and `None` leave the choice to the planner.
+/// What the spec fixes; `StrategyChoice::Auto` and `None` leave the choice to the planner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Overrides {
-    pub strategy: Strategy,
+    pub strategy: StrategyChoice,
     pub dp: Option<u32>,
     pub slots: Option<u32>,
 }
@@ -206,30 +206,20 @@ pub fn outside_bytes(profile: &Profile) -> u64 {
         }
 }
 
-/// The engine's strategy for a planned one (the same four, by name).
-pub fn engine_strategy(s: PlannedStrategy) -> layerwise_engine::Strategy {
-    match s {
-        PlannedStrategy::Resident => layerwise_engine::Strategy::Resident,
-        PlannedStrategy::Sharded => layerwise_engine::Strategy::Sharded,
-        PlannedStrategy::Offload => layerwise_engine::Strategy::Offload,
-        PlannedStrategy::OffloadSharded => layerwise_engine::Strategy::OffloadSharded,
-    }
-}
-
 /// Device bytes per rank and host bytes per pod for one option: the engine's memory model
 /// ([`layerwise_engine::memory`]) over the profile's groups, with `resident` marking the
 /// groups kept whole on the device.
 pub fn need(
     profile: &Profile,
     activations: u64,
-    strategy: PlannedStrategy,
+    strategy: Strategy,
     dp: u32,
     k: u32,
     resident: &[bool],
     limits: &Limits,
 ) -> Need {
     let placement = Placement {
-        strategy: engine_strategy(strategy),
+        strategy,
         dp: u64::from(dp.max(1)),
         slots: u64::from(k),
         resident: resident.to_vec(),
@@ -270,7 +260,7 @@ fn device_total(b: &MemoryBreakdown) -> u64 {
 /// One (strategy, dp, K, components kept resident) the planner may choose.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Option_ {
-    strategy: PlannedStrategy,
+    strategy: Strategy,
     dp: u32,
     k: u32,
     /// Components whose blocks stay whole on the device although the strategy streams.
@@ -278,7 +268,7 @@ struct Option_ {
 }
 
 impl Option_ {
-    fn new(strategy: PlannedStrategy, dp: u32, k: u32) -> Option_ {
+    fn new(strategy: Strategy, dp: u32, k: u32) -> Option_ {
         Option_ {
             strategy,
             dp,
@@ -299,7 +289,7 @@ impl Option_ {
 
 impl fmt::Display for Option_ {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.strategy.uses_slots() {
+        if self.strategy.streams() {
             write!(
                 f,
                 "{} with dp={} and {} slots",
@@ -334,9 +324,14 @@ fn residency_candidates(profile: &Profile) -> Vec<String> {
 
 /// Strategies in the order the planner prefers them: nothing moves, then only peers talk,
 /// then the host feeds all-gathering ranks, then every rank copies whole blocks.
-const PREFERENCE: [PlannedStrategy; 4] = PlannedStrategy::ALL;
+const PREFERENCE: [Strategy; 4] = [
+    Strategy::Resident,
+    Strategy::Sharded,
+    Strategy::OffloadSharded,
+    Strategy::Offload,
+];
 
-fn rank(s: PlannedStrategy) -> usize {
+fn rank(s: Strategy) -> usize {
     PREFERENCE
         .iter()
         .position(|p| *p == s)
@@ -345,50 +340,44 @@ fn rank(s: PlannedStrategy) -> usize {
 
 /// The (strategy, dp) pairs to try on `node`, best first; each is then tried with K from the
 /// cap down.
-fn options_for(node: &NodeShape, o: &Overrides, limits: &Limits) -> Vec<(PlannedStrategy, u32)> {
+fn options_for(node: &NodeShape, o: &Overrides, limits: &Limits) -> Vec<(Strategy, u32)> {
     let max_dp = node.devices.min(limits.max_dp).max(1);
-    let strategies: Vec<PlannedStrategy> = match o.strategy {
-        Strategy::Auto => PREFERENCE.to_vec(),
-        Strategy::Resident => vec![PlannedStrategy::Resident],
-        Strategy::Sharded => vec![PlannedStrategy::Sharded],
-        Strategy::Offload => vec![PlannedStrategy::Offload],
-        Strategy::OffloadSharded => vec![PlannedStrategy::OffloadSharded],
+    let strategies: Vec<Strategy> = match o.strategy {
+        StrategyChoice::Auto => PREFERENCE.to_vec(),
+        StrategyChoice::Fixed(s) => vec![s],
     };
     let mut out = Vec::new();
     for s in strategies {
-        let auto = o.strategy == Strategy::Auto;
+        let auto = o.strategy == StrategyChoice::Auto;
         match (s, o.dp) {
             (_, Some(dp)) => {
-                let gathers = matches!(
-                    s,
-                    PlannedStrategy::Sharded | PlannedStrategy::OffloadSharded
-                );
+                let gathers = matches!(s, Strategy::Sharded | Strategy::OffloadSharded);
                 // In auto mode offload-sharded needs a fast peer link; without it (or with
                 // one rank) every rank copies whole blocks instead.
                 if gathers && dp < 2 {
                     continue;
                 }
-                if auto && s == PlannedStrategy::OffloadSharded && !node.fast_peer_link {
+                if auto && s == Strategy::OffloadSharded && !node.fast_peer_link {
                     continue;
                 }
-                if auto && s == PlannedStrategy::Offload && dp >= 2 && node.fast_peer_link {
+                if auto && s == Strategy::Offload && dp >= 2 && node.fast_peer_link {
                     // offload-sharded moves 1/dp per rank for the same memory: always better.
                     continue;
                 }
                 out.push((s, dp));
             }
-            (PlannedStrategy::Resident | PlannedStrategy::Offload, None) => out.push((s, 1)),
+            (Strategy::Resident | Strategy::Offload, None) => out.push((s, 1)),
             // The fewest ranks whose shards fit, among those that divide the node's
             // accelerators first: pods of that dp use every accelerator of the node, where
             // fewer ranks that do not divide it would leave some idle.
-            (PlannedStrategy::Sharded, None) => {
+            (Strategy::Sharded, None) => {
                 let (tiles, rest): (Vec<u32>, Vec<u32>) =
                     (2..=max_dp).partition(|dp| node.devices.is_multiple_of(*dp));
                 out.extend(tiles.into_iter().chain(rest).map(|dp| (s, dp)));
             }
             // Memory per rank does not shrink with dp here, but copy traffic per rank does:
             // use every accelerator of the node (up to the cap).
-            (PlannedStrategy::OffloadSharded, None) => {
+            (Strategy::OffloadSharded, None) => {
                 if max_dp >= 2 && (node.fast_peer_link || !auto) {
                     out.push((s, max_dp));
                 }
@@ -504,13 +493,13 @@ pub fn plan_candidates(
             option: "no node matches the node selector, offers the accelerator and has reported a profile".into(),
         });
     }
-    if let (Some(dp), Strategy::Sharded | Strategy::OffloadSharded) =
+    if let (Some(dp), StrategyChoice::Fixed(Strategy::Sharded | Strategy::OffloadSharded)) =
         (overrides.dp, overrides.strategy)
     {
         if dp < 2 {
             return Err(spec_refusal(format!(
-                "strategy {:?} needs dp >= 2, got {dp}",
-                overrides.strategy
+                "strategy {} needs dp >= 2, got {dp}",
+                overrides.strategy.as_str()
             )));
         }
     }
@@ -565,14 +554,14 @@ pub fn plan_candidates(
     for (si, site) in sites.iter().enumerate() {
         let (node, profile) = (site.node, site.profile);
         for (strategy, dp) in options_for(node, overrides, limits) {
-            let k = if strategy.uses_slots() { k_first } else { 0 };
+            let k = if strategy.streams() { k_first } else { 0 };
             let mut opt = Option_::new(strategy, dp, k);
             if let Err(m) = check(site, &opt, limits) {
                 misses.push(m);
                 continue;
             }
             let mut notes = Vec::new();
-            if strategy.uses_slots() {
+            if strategy.streams() {
                 // Keep whole on the device every component that still fits: it is copied
                 // once at start instead of every pass.
                 for c in residency_candidates(profile) {
@@ -660,10 +649,10 @@ pub fn plan_candidates(
         ));
     }
     reasons.push(match chosen.strategy {
-        PlannedStrategy::Resident => {
+        Strategy::Resident => {
             "the whole model and activations fit one device: nothing moves per step".into()
         }
-        PlannedStrategy::Sharded => {
+        Strategy::Sharded => {
             let fewest = (2..chosen.dp).find(|&dp| {
                 let o = Option_::new(chosen.strategy, dp, k_first);
                 fits.iter().any(|(site, _)| check(site, &o, limits).is_ok())
@@ -679,11 +668,11 @@ pub fn plan_candidates(
                 ),
             }
         }
-        PlannedStrategy::OffloadSharded => format!(
+        Strategy::OffloadSharded => format!(
             "weights stream from the host, each of {} ranks copies 1/{} of a block and all-gathers",
             chosen.dp, chosen.dp
         ),
-        PlannedStrategy::Offload => {
+        Strategy::Offload => {
             "weights stream from the host, each rank copies whole blocks".into()
         }
     });
@@ -693,7 +682,7 @@ pub fn plan_candidates(
         ));
     }
     reasons.extend(notes);
-    if chosen.strategy.uses_slots() && overrides.slots.is_none() {
+    if chosen.strategy.streams() && overrides.slots.is_none() {
         reasons.push(if chosen.k > limits.min_slots {
             format!(
                 "device memory allows {} slots (cap {}), so more blocks are in flight",
@@ -710,7 +699,10 @@ pub fn plan_candidates(
         nodes.len(),
         fit_names.join(", ")
     ));
-    if overrides.strategy != Strategy::Auto || overrides.dp.is_some() || overrides.slots.is_some() {
+    if overrides.strategy != StrategyChoice::Auto
+        || overrides.dp.is_some()
+        || overrides.slots.is_some()
+    {
         reasons.push("strategy, dp or slots fixed by the spec".into());
     }
 
@@ -744,7 +736,7 @@ pub fn plan_candidates(
     let groups = chosen.resident_groups(profile);
     let mut components: Vec<ComponentPlan> = Vec::new();
     for (g, resident) in profile.groups.iter().zip(groups) {
-        let placement = if resident || chosen.strategy == PlannedStrategy::Resident {
+        let placement = if resident || chosen.strategy == Strategy::Resident {
             ComponentPlacement::Resident
         } else {
             ComponentPlacement::Streamed

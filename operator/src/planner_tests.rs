@@ -1,4 +1,5 @@
-use crds::Strategy as Mode;
+use crds::Strategy as Planned;
+use crds::StrategyChoice as Mode;
 use proptest::prelude::*;
 use proptest::strategy::Strategy;
 
@@ -55,10 +56,7 @@ fn huge() -> Profile {
 #[test]
 fn resident_when_the_model_fits_one_device() {
     let p = plan(&medium(), &[a100("a")], &wl(), &auto(), &Limits::default()).unwrap();
-    assert_eq!(
-        (p.strategy, p.dp, p.slots),
-        (PlannedStrategy::Resident, 1, 0)
-    );
+    assert_eq!((p.strategy, p.dp, p.slots), (Planned::Resident, 1, 0));
     assert_eq!(p.device_breakdown.block_weights, 57 * (400 << 20));
     assert_eq!(p.device_bytes_per_rank, p.device_breakdown.total());
     assert!(
@@ -71,7 +69,7 @@ fn resident_when_the_model_fits_one_device() {
 #[test]
 fn sharded_with_the_fewest_ranks_that_fit() {
     let p = plan(&large(), &[a100("a")], &wl(), &auto(), &Limits::default()).unwrap();
-    assert_eq!((p.strategy, p.dp), (PlannedStrategy::Sharded, 2));
+    assert_eq!((p.strategy, p.dp), (Planned::Sharded, 2));
     assert!(
         p.rejected[0].starts_with("resident: device memory per rank short by"),
         "{:?}",
@@ -85,7 +83,7 @@ fn sharded_with_the_fewest_ranks_that_fit() {
 #[test]
 fn offload_sharded_when_shards_do_not_fit() {
     let p = plan(&huge(), &[a100("a")], &wl(), &auto(), &Limits::default()).unwrap();
-    assert_eq!((p.strategy, p.dp), (PlannedStrategy::OffloadSharded, 8));
+    assert_eq!((p.strategy, p.dp), (Planned::OffloadSharded, 8));
     assert_eq!(p.device_breakdown.block_weights, 0);
     assert!(p.fast_peer_link);
 }
@@ -94,10 +92,10 @@ fn offload_sharded_when_shards_do_not_fit() {
 fn offload_without_a_fast_peer_link_or_with_one_device() {
     let slow = node("pcie", 8, 80, 2000, false);
     let p = plan(&huge(), &[slow], &wl(), &auto(), &Limits::default()).unwrap();
-    assert_eq!((p.strategy, p.dp), (PlannedStrategy::Offload, 1));
+    assert_eq!((p.strategy, p.dp), (Planned::Offload, 1));
     let single = node("one", 1, 80, 2000, true);
     let p = plan(&huge(), &[single], &wl(), &auto(), &Limits::default()).unwrap();
-    assert_eq!((p.strategy, p.dp), (PlannedStrategy::Offload, 1));
+    assert_eq!((p.strategy, p.dp), (Planned::Offload, 1));
 }
 
 #[test]
@@ -107,43 +105,32 @@ fn slots_grow_to_the_cap_when_memory_allows_and_not_beyond() {
     // A device with room for exactly 3 slots gets 3.
     let limits = Limits::default();
     let act = activation_bytes(&huge(), &wl()).unwrap();
-    let three = need(
-        &huge(),
-        act,
-        PlannedStrategy::OffloadSharded,
-        8,
-        3,
-        &[],
-        &limits,
-    )
-    .device
-    .total();
+    let three = need(&huge(), act, Planned::OffloadSharded, 8, 3, &[], &limits)
+        .device
+        .total();
     let mut n = a100("tight");
     n.device_bytes = three + GB / 2;
     let p = plan(&huge(), &[n], &wl(), &auto(), &limits).unwrap();
-    assert_eq!((p.strategy, p.slots), (PlannedStrategy::OffloadSharded, 3));
+    assert_eq!((p.strategy, p.slots), (Planned::OffloadSharded, 3));
     assert_eq!(p.device_bytes_per_rank, three);
 }
 
 #[test]
 fn fixed_settings_are_honoured() {
     let o = Overrides {
-        strategy: Mode::OffloadSharded,
+        strategy: Mode::Fixed(Planned::OffloadSharded),
         dp: Some(4),
         slots: Some(2),
     };
     let p = plan(&medium(), &[a100("a")], &wl(), &o, &Limits::default()).unwrap();
-    assert_eq!(
-        (p.strategy, p.dp, p.slots),
-        (PlannedStrategy::OffloadSharded, 4, 2)
-    );
+    assert_eq!((p.strategy, p.dp, p.slots), (Planned::OffloadSharded, 4, 2));
     let o = Overrides {
         strategy: Mode::Auto,
         dp: Some(4),
         slots: None,
     };
     let p = plan(&large(), &[a100("a")], &wl(), &o, &Limits::default()).unwrap();
-    assert_eq!((p.strategy, p.dp), (PlannedStrategy::Sharded, 4));
+    assert_eq!((p.strategy, p.dp), (Planned::Sharded, 4));
 }
 
 #[test]
@@ -158,7 +145,7 @@ fn the_best_plan_is_kept_to_the_nodes_it_fits() {
         &Limits::default(),
     )
     .unwrap();
-    assert_eq!(p.strategy, PlannedStrategy::Resident);
+    assert_eq!(p.strategy, Planned::Resident);
     assert_eq!(p.nodes, vec!["h200".to_string()]);
 }
 
@@ -178,7 +165,7 @@ fn refuses_short_device_memory_with_the_shortfall() {
     let cheapest = need(
         &medium(),
         act,
-        PlannedStrategy::Offload,
+        Planned::Offload,
         1,
         2,
         &[],
@@ -226,7 +213,7 @@ fn refuses_no_nodes_and_contradictory_settings() {
     let err = plan(&medium(), &[], &wl(), &auto(), &Limits::default()).unwrap_err();
     assert_eq!(err.shortage, Shortage::NoNodes);
     let o = Overrides {
-        strategy: Mode::Sharded,
+        strategy: Mode::Fixed(Planned::Sharded),
         dp: Some(1),
         slots: None,
     };
@@ -277,10 +264,10 @@ fn arb_node() -> impl Strategy<Value = NodeShape> {
 fn arb_overrides() -> impl Strategy<Value = Overrides> {
     let s = prop_oneof![
         Just(Mode::Auto),
-        Just(Mode::Resident),
-        Just(Mode::Sharded),
-        Just(Mode::Offload),
-        Just(Mode::OffloadSharded)
+        Just(Mode::Fixed(Planned::Resident)),
+        Just(Mode::Fixed(Planned::Sharded)),
+        Just(Mode::Fixed(Planned::Offload)),
+        Just(Mode::Fixed(Planned::OffloadSharded))
     ];
     (
         s,
@@ -294,12 +281,12 @@ fn arb_overrides() -> impl Strategy<Value = Overrides> {
         })
 }
 
-fn arb_planned() -> impl Strategy<Value = PlannedStrategy> {
+fn arb_planned() -> impl Strategy<Value = Planned> {
     prop_oneof![
-        Just(PlannedStrategy::Resident),
-        Just(PlannedStrategy::Sharded),
-        Just(PlannedStrategy::Offload),
-        Just(PlannedStrategy::OffloadSharded)
+        Just(Planned::Resident),
+        Just(Planned::Sharded),
+        Just(Planned::Offload),
+        Just(Planned::OffloadSharded)
     ]
 }
 
@@ -346,10 +333,10 @@ proptest! {
         spare_devices in 0u32..4,
         fast in any::<bool>(),
     ) {
-        let dp = if matches!(s, PlannedStrategy::Sharded | PlannedStrategy::OffloadSharded) { dp.max(2) } else { dp };
+        let dp = if matches!(s, Planned::Sharded | Planned::OffloadSharded) { dp.max(2) } else { dp };
         let limits = Limits::default();
         let act = activation_bytes(&p, &w).unwrap();
-        let n = need(&p, act, s, dp, if s.uses_slots() { k } else { 0 }, &[], &limits);
+        let n = need(&p, act, s, dp, if s.streams() { k } else { 0 }, &[], &limits);
         let node = NodeShape {
             name: "fits".into(),
             devices: dp + spare_devices,
@@ -360,13 +347,13 @@ proptest! {
         };
         let fixed = Overrides {
             strategy: match s {
-                PlannedStrategy::Resident => Mode::Resident,
-                PlannedStrategy::Sharded => Mode::Sharded,
-                PlannedStrategy::Offload => Mode::Offload,
-                PlannedStrategy::OffloadSharded => Mode::OffloadSharded,
+                Planned::Resident => Mode::Fixed(Planned::Resident),
+                Planned::Sharded => Mode::Fixed(Planned::Sharded),
+                Planned::Offload => Mode::Fixed(Planned::Offload),
+                Planned::OffloadSharded => Mode::Fixed(Planned::OffloadSharded),
             },
             dp: Some(dp),
-            slots: s.uses_slots().then_some(k),
+            slots: s.streams().then_some(k),
         };
         let got = plan(&p, std::slice::from_ref(&node), &w, &fixed, &limits);
         prop_assert!(got.is_ok(), "fixed {:?} refused: {}", fixed, got.unwrap_err());
@@ -380,9 +367,9 @@ proptest! {
 #[test]
 fn fewer_than_the_engines_minimum_slots_is_refused() {
     for mode in [
-        Mode::Sharded,
-        Mode::Offload,
-        Mode::OffloadSharded,
+        Mode::Fixed(Planned::Sharded),
+        Mode::Fixed(Planned::Offload),
+        Mode::Fixed(Planned::OffloadSharded),
         Mode::Auto,
     ] {
         let o = Overrides {
@@ -409,7 +396,7 @@ fn sharded_dp_divides_the_nodes_accelerators_so_none_stay_idle() {
     };
     // On eight accelerators three ranks would strand two: four, which divides eight.
     let eight = plan(&p, &[a100("a")], &w, &auto(), &Limits::default()).unwrap();
-    assert_eq!((eight.strategy, eight.dp), (PlannedStrategy::Sharded, 4));
+    assert_eq!((eight.strategy, eight.dp), (Planned::Sharded, 4));
     assert!(
         eight
             .reasons
@@ -427,7 +414,7 @@ fn sharded_dp_divides_the_nodes_accelerators_so_none_stay_idle() {
         &Limits::default(),
     )
     .unwrap();
-    assert_eq!((six.strategy, six.dp), (PlannedStrategy::Sharded, 3));
+    assert_eq!((six.strategy, six.dp), (Planned::Sharded, 3));
     assert!(
         six.reasons
             .iter()
@@ -461,7 +448,7 @@ fn each_node_is_planned_with_its_own_profile() {
         },
     ];
     let p = plan_candidates(&cands, &wl(), &auto(), &Limits::default()).unwrap();
-    assert_eq!(p.strategy, PlannedStrategy::Resident);
+    assert_eq!(p.strategy, Planned::Resident);
     assert_eq!(p.nodes, ["a", "b"]);
     assert_eq!(p.device_breakdown.block_weights, 57 * (420 << 20));
     assert_eq!(p.host_bytes_per_node, big.total_bytes);
@@ -495,7 +482,7 @@ fn the_page_cache_copy_is_counted_once_per_node() {
     let p = plan(&large(), &[a100("a")], &wl(), &auto(), &Limits::default()).unwrap();
     assert_eq!(p.host_bytes_per_node, large().total_bytes);
     // Sharded pins nothing: a pod needs only the host allowance of its own.
-    assert_eq!(p.strategy, PlannedStrategy::Sharded);
+    assert_eq!(p.strategy, Planned::Sharded);
     assert_eq!(p.host_bytes_per_pod, Limits::default().host_overhead);
     // A node that holds the copy and one pod's bytes fits; one byte less does not.
     let mut n = a100("exact");

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crds::{DiffusionDeployment, Plan, PlannedStrategy, Workload};
+use crds::{DiffusionDeployment, Plan, Strategy, Workload};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
@@ -128,7 +128,7 @@ pub fn deployment(
         "--dp".into(),
         plan.dp.to_string(),
     ];
-    if plan.strategy != PlannedStrategy::Resident {
+    if plan.strategy != Strategy::Resident {
         args.extend(["--slots".into(), plan.slots.to_string()]);
     }
     args.extend(["--listen".into(), format!("0.0.0.0:{ENGINE_PORT}")]);
@@ -479,7 +479,7 @@ mod tests {
 
     fn plan() -> Plan {
         Plan {
-            strategy: PlannedStrategy::OffloadSharded,
+            strategy: Strategy::OffloadSharded,
             dp: 8,
             slots: 4,
             fast_peer_link: true,

@@ -373,7 +373,7 @@ async fn lifecycle(w: &World) -> Result<()> {
     .await?;
     eprintln!("plan + Available after {:?}", t0.elapsed());
     let plan = status.plan.clone().unwrap();
-    assert_eq!(plan.strategy, crds::PlannedStrategy::Resident, "{plan:?}");
+    assert_eq!(plan.strategy, crds::Strategy::Resident, "{plan:?}");
     assert_eq!(plan.nodes, vec!["h200-0".to_string()]);
     assert!(
         plan.rejected.iter().any(|r| r.starts_with("sharded")),
@@ -456,14 +456,14 @@ async fn lifecycle(w: &World) -> Result<()> {
     let replanned = wait_until("re-plan after a spec change", WAIT, || async {
         let s = status_of(&api, "big").await?;
         Ok(match &s.plan {
-            Some(p) if p.strategy != crds::PlannedStrategy::Resident => Ok(p.clone()),
+            Some(p) if p.strategy != crds::Strategy::Resident => Ok(p.clone()),
             p => Err(format!("{:?}", p.as_ref().map(|p| (p.strategy, p.dp)))),
         })
     })
     .await?;
     assert_eq!(
         (replanned.strategy, replanned.dp),
-        (crds::PlannedStrategy::Sharded, 3),
+        (crds::Strategy::Sharded, 3),
         "{replanned:?}"
     );
     wait_until("rolled pod Running with 3 accelerators", WAIT, || async {

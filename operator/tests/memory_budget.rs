@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use crds::{DiffusionDeployment, Plan, PlannedStrategy, Profile, Strategy};
+use crds::{DiffusionDeployment, Plan, Profile, Strategy, StrategyChoice};
 use layerwise_engine::bounds;
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::SlotsChoice;
@@ -32,7 +32,7 @@ fn deployment(family: &str, strategy: Strategy, dp: u32, frames: u64) -> Diffusi
                 "maxWidth": 32, "maxHeight": 32, "maxFrames": frames, "maxSteps": 2,
                 "maxBatch": 1, "guidance": true
             },
-            "strategy": strategy,
+            "strategy": StrategyChoice::Fixed(strategy),
             "dp": dp,
             "slots": 2,
         }
@@ -83,7 +83,7 @@ fn engine_options(
         .activation_bytes(&model.checkpoint.activation_cost())
         .unwrap();
     EngineOptions {
-        strategy: planner::engine_strategy(plan.strategy),
+        strategy: plan.strategy,
         dp: plan.dp as usize,
         slots: SlotsChoice::Fixed(plan.slots.max(2) as usize),
         device_memory,
@@ -206,7 +206,7 @@ fn wan_plans_run_at_exactly_their_budget_with_components_kept_resident() {
     ] {
         let dd = deployment("wan", strategy, dp, 5);
         let plan = exact_budget(&dir, "wan", &dd, 5);
-        if plan.strategy == PlannedStrategy::Resident {
+        if plan.strategy == Strategy::Resident {
             continue;
         }
         // Room to spare: every component but the last stays whole on the device.
@@ -230,7 +230,7 @@ fn a_plan_that_keeps_nothing_resident_also_runs_at_its_budget() {
     let lean = planner::need(
         &profile,
         planner::activation_bytes(&profile, &dd.spec.workload).unwrap(),
-        PlannedStrategy::OffloadSharded,
+        Strategy::OffloadSharded,
         2,
         2,
         &[],

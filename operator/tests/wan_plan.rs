@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crds::{ComponentPlacement, DiffusionDeployment, Plan, PlannedStrategy, Profile, Strategy};
+use crds::{ComponentPlacement, DiffusionDeployment, Plan, Profile, Strategy, StrategyChoice};
 use layerwise_engine::bounds;
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::plan::{
@@ -171,7 +171,7 @@ fn plan_on(profile: &Profile, dd: &DiffusionDeployment, node: &NodeShape) -> Res
 /// at start on a device of `node`'s size under the plan's `LAYERWISE_DEVICE_MEMORY_MIB`.
 /// Returns the engine's device bytes for weights.
 fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, plan: &Plan) -> u64 {
-    let strategy = planner::engine_strategy(plan.strategy);
+    let strategy = plan.strategy;
     let groups = model.group_bytes().unwrap();
     let placement = Placement::new(strategy, u64::from(plan.dp), 0, groups.len())
         .with_resident_components(&groups, &plan.resident_components());
@@ -224,7 +224,7 @@ fn the_documented_wan_a14b_plans_are_the_planners_and_fit_the_engines_accounting
     (p480.spec.workload.max_width, p480.spec.workload.max_height) = (832, 480);
     // And at 480p with `strategy: offload-sharded`: one pod over all of a node's devices.
     let mut p480_sharded = p480.clone();
-    p480_sharded.spec.strategy = Strategy::OffloadSharded;
+    p480_sharded.spec.strategy = StrategyChoice::Fixed(Strategy::OffloadSharded);
 
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("wan2.2-a14b");
@@ -252,15 +252,11 @@ fn the_documented_wan_a14b_plans_are_the_planners_and_fit_the_engines_accounting
 
     let [a100, l4] = nodes();
     for (dd, (node, label), want) in [
-        (&dd, &a100, Some((PlannedStrategy::Sharded, 2, 4))),
+        (&dd, &a100, Some((Strategy::Sharded, 2, 4))),
         (&dd, &l4, None),
-        (&p480, &a100, Some((PlannedStrategy::Sharded, 2, 4))),
-        (&p480, &l4, Some((PlannedStrategy::Offload, 1, 4))),
-        (
-            &p480_sharded,
-            &l4,
-            Some((PlannedStrategy::OffloadSharded, 8, 4)),
-        ),
+        (&p480, &a100, Some((Strategy::Sharded, 2, 4))),
+        (&p480, &l4, Some((Strategy::Offload, 1, 4))),
+        (&p480_sharded, &l4, Some((Strategy::OffloadSharded, 8, 4))),
     ] {
         match (plan_on(&profile, dd, node), want) {
             (Ok(plan), Some(want)) => {
