@@ -13,11 +13,11 @@ use layerwise_operator::{resources, run, Settings};
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Engine image for deployments that name none.
+    /// Engine image for deployments that name none (the chart passes its own).
     #[arg(
         long,
         env = "LAYERWISE_ENGINE_IMAGE",
-        default_value = "layerwise:latest"
+        default_value = concat!("layerwise-engine-cuda:", env!("CARGO_PKG_VERSION"))
     )]
     engine_image: String,
     /// Device memory per rank kept for the runtime (MiB).
