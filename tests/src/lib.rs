@@ -4,10 +4,12 @@
 //! manager and the scheduler built from source, with kwok playing the kubelet of fake
 //! accelerator nodes. [`cluster::client`] brings it up once per test process (or reuses the
 //! one `KUBECONFIG` names); [`shapes`] reads the fleet it was given; [`net`] checks the rule
-//! that everything the tests start talks only to loopback.
+//! that everything the tests start talks only to loopback; [`images`] runs the
+//! project's container images.
 
 pub mod cluster;
 pub mod fixtures;
+pub mod images;
 pub mod net;
 pub mod runner;
 pub mod shapes;
