@@ -557,7 +557,16 @@ async fn readme_deploy_renders_with_the_images() -> Result<()> {
     let result = async {
         let chart = tools::repo().join("charts/layerwise");
         let chart = chart.to_str().context("repository path is not UTF-8")?;
-        let mut args = vec!["template", "layerwise", chart, "--namespace", &ns];
+        let kube_version = client.apiserver_version().await?.git_version;
+        let mut args = vec![
+            "template",
+            "layerwise",
+            chart,
+            "--namespace",
+            &ns,
+            "--kube-version",
+            &kube_version,
+        ];
         let mut rest = words[4..].iter();
         while let Some(word) = rest.next() {
             match word.as_str() {
@@ -589,7 +598,17 @@ async fn readme_deploy_renders_with_the_images() -> Result<()> {
         )?;
         // The chart's defaults name the images scripts/images builds.
         let defaults = ok(
-            tool("helm", &["template", "layerwise", chart], None)?,
+            tool(
+                "helm",
+                &[
+                    "template",
+                    "layerwise",
+                    chart,
+                    "--kube-version",
+                    &kube_version,
+                ],
+                None,
+            )?,
             "helm template (defaults)",
         )?;
         for name in ["operator", "agent", "engine-cuda"] {
