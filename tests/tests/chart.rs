@@ -1,7 +1,8 @@
 //! The chart as platform teams install it: every value set it documents (the defaults and
 //! `charts/layerwise/ci/*.yaml`) passes `helm lint --strict`, and renders to manifests the
 //! test cluster's apiserver accepts in a server-side dry run; values the schema forbids are
-//! refused by name.
+//! refused by name; README's "Deploy to a cluster" installs the images `scripts/images`
+//! builds.
 
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::PostParams;
 use kube::Api;
 use layerwise_e2e::cluster;
+use layerwise_e2e::images::{self, expect_in};
 use layerwise_e2e::tools::{self, ok, tool};
 
 /// How long the CRDs get to be served.
@@ -178,4 +180,160 @@ fn the_schema_refuses_bad_values_by_name() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// README's "Deploy to a cluster": its `helm install` renders, with the image values it
+/// sets, to manifests the test cluster's apiserver accepts (server-side dry run), whose pods
+/// run the images `scripts/images` builds, by the chart's default names.
+#[tokio::test]
+async fn readme_deploy_renders_with_the_images() -> Result<()> {
+    let readme = std::fs::read_to_string(tools::repo().join("README.md"))?;
+    let section = readme
+        .split("\n## Deploy to a cluster\n")
+        .nth(1)
+        .context("README has no \"## Deploy to a cluster\" section")?;
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let block = section
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .find(|b| b.contains("helm install"))
+        .context("no sh block with `helm install` under \"Deploy to a cluster\"")?;
+    let version = images::app_version()?;
+    // The push loop tags every image the chart runs with the chart's appVersion.
+    let pushed: Vec<&str> = block
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("for image in "))
+        .and_then(|l| l.split(';').next())
+        .context("no `for image in ...` push loop")?
+        .split_whitespace()
+        .collect();
+    ensure!(
+        pushed == ["operator", "agent", "engine-cuda"],
+        "README pushes {pushed:?}"
+    );
+    expect_in(
+        block,
+        &format!("\"layerwise-$image:{version}\""),
+        "README's push loop",
+    )?;
+    let registry = "example.invalid/layerwise";
+    let command = block.replace("\\\n", " ").replace("$registry", registry);
+    let install = command
+        .lines()
+        .find(|l| l.trim_start().starts_with("helm install"))
+        .context("no helm install line")?;
+    let words = shell_words(install);
+    ensure!(
+        words.get(..4)
+            == Some(&["helm", "install", "layerwise", "charts/layerwise"].map(String::from)[..]),
+        "README's helm install starts {words:?}"
+    );
+
+    let client = cluster::client().await?;
+    tools::install_crds(&client, WAIT).await?;
+    let ns = cluster::unique_namespace("readme");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({ "metadata": { "name": ns } }))?,
+        )
+        .await?;
+    let result = async {
+        let chart = tools::repo().join("charts/layerwise");
+        let chart = chart.to_str().context("repository path is not UTF-8")?;
+        let kube_version = client.apiserver_version().await?.git_version;
+        let mut args = vec![
+            "template",
+            "layerwise",
+            chart,
+            "--namespace",
+            &ns,
+            "--kube-version",
+            &kube_version,
+        ];
+        let mut rest = words[4..].iter();
+        while let Some(word) = rest.next() {
+            match word.as_str() {
+                "--create-namespace" => {}
+                "--namespace" => {
+                    rest.next();
+                }
+                "--set" => {
+                    args.push("--set");
+                    args.push(rest.next().context("--set without a value")?);
+                }
+                other => anyhow::bail!(
+                    "README's helm install has {other}, which this test does not know"
+                ),
+            }
+        }
+        let manifests = ok(tool("helm", &args, None)?, "helm template")?;
+        for name in ["operator", "agent", "engine-cuda"] {
+            let image = format!("{registry}/layerwise-{name}:{version}");
+            expect_in(&manifests, &image, "the rendered chart")?;
+        }
+        ok(
+            tool(
+                "kubectl",
+                &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
+                Some(&manifests),
+            )?,
+            "kubectl apply --dry-run=server of README's helm install",
+        )?;
+        // The chart's defaults name the images scripts/images builds.
+        let defaults = ok(
+            tool(
+                "helm",
+                &[
+                    "template",
+                    "layerwise",
+                    chart,
+                    "--kube-version",
+                    &kube_version,
+                ],
+                None,
+            )?,
+            "helm template (defaults)",
+        )?;
+        for name in ["operator", "agent", "engine-cuda"] {
+            let image = format!("\"layerwise-{name}:{version}\"");
+            expect_in(&defaults, &image, "the chart's default images")?;
+        }
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    tools::finish_teardown(&client, &ns, Vec::new()).await?;
+    result
+}
+
+/// Splits a shell command line into words: whitespace outside quotes separates, single and
+/// double quotes group (no escapes or expansions; README's commands need none).
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut quote = None;
+    let mut any = false;
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                any = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if any || !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                    any = false;
+                }
+            }
+            (None, c) => word.push(c),
+        }
+    }
+    if any || !word.is_empty() {
+        words.push(word);
+    }
+    words
 }
