@@ -340,6 +340,10 @@ pub struct Plan {
     pub device_breakdown: MemoryBreakdown,
     /// Nodes the plan fits on (pods are restricted to them).
     pub nodes: Vec<String>,
+    /// Blocks of each streamed component that stay on every device (spread evenly
+    /// through it, copied once and never streamed), from the memory left after the slots.
+    #[serde(default)]
+    pub resident_blocks: u64,
     /// Each component with streamed blocks (text encoder, transformers) and whether its
     /// blocks stay whole on every device or stream through the slots.
     #[serde(default)]

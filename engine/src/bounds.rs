@@ -24,6 +24,8 @@ pub const ENV_DEVICE_MEMORY_MIB: &str = "LAYERWISE_DEVICE_MEMORY_MIB";
 pub const ENV_DEVICE_OVERHEAD_MIB: &str = "LAYERWISE_DEVICE_OVERHEAD_MIB";
 /// Environment variable of the engine's `--resident-components`.
 pub const ENV_RESIDENT_COMPONENTS: &str = "LAYERWISE_RESIDENT_COMPONENTS";
+/// Environment variable of the engine's `--resident-blocks`.
+pub const ENV_RESIDENT_BLOCKS: &str = "LAYERWISE_RESIDENT_BLOCKS";
 
 /// Whether `layerwise serve`'s ranks hold the decoder: no, the server decodes on the host
 /// (its decode thread), so the planner reserves no device memory for the decoder's

@@ -156,6 +156,8 @@ impl Model {
                 .fold(0.0, f64::max),
             bytes_copied: ranks.iter().map(|r| r.bytes_copied).sum(),
             bytes_gathered: ranks.iter().map(|r| r.bytes_gathered).sum(),
+            bytes_copied_per_step: per_step(ranks.iter().map(|r| r.bytes_copied).sum(), steps),
+            bytes_gathered_per_step: per_step(ranks.iter().map(|r| r.bytes_gathered).sum(), steps),
             peak_device_bytes: ranks.iter().map(|r| r.peak).max().unwrap_or(0),
             peak_device_bytes_by_kind: by_kind,
             peak_anon_rss_bytes: rss.peak(),
@@ -193,6 +195,10 @@ pub struct RunStats {
     pub switch_stall_fraction: f64,
     pub bytes_copied: u64,
     pub bytes_gathered: u64,
+    /// Bytes copied (gathered) over all ranks per denoising step they completed, with
+    /// text encoding and expert switches included: what `--resident-blocks` cuts by N/L.
+    pub bytes_copied_per_step: u64,
+    pub bytes_gathered_per_step: u64,
     /// Largest accounted device bytes over ranks.
     pub peak_device_bytes: u64,
     /// Peak accounted device bytes per kind (slots, resident blocks, ...), worst rank.
@@ -202,6 +208,10 @@ pub struct RunStats {
     pub largest_padded_block_bytes: u64,
     /// Images or clips generated.
     pub outputs: usize,
+}
+
+fn per_step(bytes: u64, steps: usize) -> u64 {
+    bytes.checked_div(steps as u64).unwrap_or(0)
 }
 
 /// `run`'s source: requests dealt round-robin up front, outputs collected by index.

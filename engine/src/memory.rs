@@ -85,23 +85,42 @@ impl GroupBytes {
             .collect()
     }
 
-    /// Every block whole, padded for `dp`: what a rank keeps of a resident group.
-    pub fn resident_bytes(&self, dp: u64) -> u64 {
+    /// The blocks `kept` marks, whole and padded for `dp`: what a rank keeps of them.
+    pub fn kept_bytes(&self, dp: u64, kept: &[bool]) -> u64 {
         self.blocks_by_dtype
             .values()
-            .flatten()
-            .map(|&x| padded(x, dp))
+            .flat_map(|b| b.iter().enumerate())
+            .filter(|(i, _)| kept.get(*i).copied().unwrap_or(false))
+            .map(|(_, &x)| padded(x, dp))
             .sum()
     }
 
-    /// One rank's shard store under `sharded`: 1/dp of one slot region per block.
-    pub fn shard_store_bytes(&self, dp: u64) -> u64 {
-        let blocks = self.blocks() as u64;
-        self.region_capacity(dp)
+    /// Unpadded bytes of the blocks `kept` does not mark: what streams.
+    pub fn streamed_bytes(&self, kept: &[bool]) -> u64 {
+        self.blocks_by_dtype
             .values()
-            .map(|cap| cap / dp.max(1) * blocks)
+            .flat_map(|b| b.iter().enumerate())
+            .filter(|(i, _)| !kept.get(*i).copied().unwrap_or(false))
+            .map(|(_, &x)| x)
             .sum()
     }
+
+    /// One rank's shard store under `sharded`: 1/dp of one slot region for each of
+    /// `streamed` blocks.
+    pub fn shard_store_bytes(&self, dp: u64, streamed: u64) -> u64 {
+        self.region_capacity(dp)
+            .values()
+            .map(|cap| cap / dp.max(1) * streamed)
+            .sum()
+    }
+}
+
+/// Which of `blocks` blocks stay on the device when `n` of them do: spread evenly (block b
+/// when ⌊(b+1)·n/L⌋ > ⌊b·n/L⌋), so the copies that remain are spaced evenly between the
+/// computes. All of them when `n` ≥ `blocks`.
+pub fn resident_block_mask(blocks: usize, n: u64) -> Vec<bool> {
+    let (l, n) = (blocks as u64, n.min(blocks as u64));
+    (0..l).map(|b| (b + 1) * n / l > b * n / l).collect()
 }
 
 /// Where a plan puts the weights: the strategy, dp, K, and which groups stay whole on the
@@ -115,6 +134,9 @@ pub struct Placement {
     /// Per group (in the order of the groups), whether it stays whole on the device.
     /// Every group is resident under `resident` whatever this says.
     pub resident: Vec<bool>,
+    /// Blocks of every other group that stay on the device too
+    /// ([`resident_block_mask`]); a group with no more blocks than this is whole.
+    pub resident_blocks: u64,
 }
 
 impl Placement {
@@ -125,17 +147,33 @@ impl Placement {
             dp,
             slots,
             resident: vec![false; groups],
+            resident_blocks: 0,
         }
     }
 
-    /// Whether group `g` stays whole on the device.
-    pub fn is_resident(&self, g: usize) -> bool {
-        self.strategy == Strategy::Resident || self.resident.get(g).copied().unwrap_or(false)
+    /// Whether group `g` of `blocks` blocks stays whole on the device.
+    pub fn is_resident(&self, g: usize, blocks: usize) -> bool {
+        self.strategy == Strategy::Resident
+            || self.resident.get(g).copied().unwrap_or(false)
+            || self.resident_blocks >= blocks as u64
     }
 
-    /// Whether any group streams through the slots.
-    pub fn streams(&self, groups: usize) -> bool {
-        self.strategy.streams() && (0..groups).any(|g| !self.is_resident(g))
+    /// Which blocks of group `g` (of `blocks` blocks) stay on the device.
+    pub fn kept(&self, g: usize, blocks: usize) -> Vec<bool> {
+        if self.is_resident(g, blocks) {
+            vec![true; blocks]
+        } else {
+            resident_block_mask(blocks, self.resident_blocks)
+        }
+    }
+
+    /// Whether any block of `groups` streams through the slots.
+    pub fn streams(&self, groups: &[GroupBytes]) -> bool {
+        self.strategy.streams()
+            && groups
+                .iter()
+                .enumerate()
+                .any(|(g, group)| !self.is_resident(g, group.blocks()))
     }
 
     /// Marks the groups of `components` resident.
@@ -182,7 +220,7 @@ impl DeviceBytes {
 pub fn slot_bytes(groups: &[GroupBytes], p: &Placement) -> u64 {
     let mut cap: BTreeMap<&str, u64> = BTreeMap::new();
     for (g, group) in groups.iter().enumerate() {
-        if p.is_resident(g) {
+        if p.is_resident(g, group.blocks()) {
             continue;
         }
         for (d, c) in group.region_capacity(p.dp) {
@@ -207,16 +245,17 @@ pub fn device_bytes(
         .iter()
         .enumerate()
         .map(|(g, group)| {
-            if p.is_resident(g) {
-                group.resident_bytes(p.dp)
-            } else if p.strategy == Strategy::Sharded {
-                group.shard_store_bytes(p.dp)
+            let kept = p.kept(g, group.blocks());
+            let streamed = kept.iter().filter(|k| !**k).count() as u64;
+            let shards = if p.strategy == Strategy::Sharded {
+                group.shard_store_bytes(p.dp, streamed)
             } else {
                 0
-            }
+            };
+            group.kept_bytes(p.dp, &kept).saturating_add(shards)
         })
         .fold(0u64, u64::saturating_add);
-    let slots = if p.streams(groups.len()) {
+    let slots = if p.streams(groups) {
         p.slots.saturating_mul(slot_bytes(groups, p))
     } else {
         0
@@ -240,8 +279,7 @@ pub fn pinned_host_bytes(groups: &[GroupBytes], p: &Placement) -> u64 {
         Strategy::Offload | Strategy::OffloadSharded => groups
             .iter()
             .enumerate()
-            .filter(|(g, _)| !p.is_resident(*g))
-            .map(|(_, group)| group.bytes())
+            .map(|(g, group)| group.streamed_bytes(&p.kept(g, group.blocks())))
             .sum(),
     }
 }
@@ -271,6 +309,57 @@ mod tests {
             component: component.into(),
             blocks_by_dtype: m,
         }
+    }
+
+    #[test]
+    fn kept_blocks_are_spread_evenly() {
+        let mask = |l, n| {
+            resident_block_mask(l, n)
+                .iter()
+                .map(|k| if *k { 'k' } else { '.' })
+                .collect::<String>()
+        };
+        assert_eq!(mask(10, 0), "..........");
+        assert_eq!(mask(10, 5), ".k.k.k.k.k");
+        assert_eq!(mask(10, 2), "....k....k");
+        assert_eq!(mask(6, 3), ".k.k.k");
+        assert_eq!(mask(4, 9), "kkkk");
+        for l in 1..40 {
+            for n in 0..=l {
+                let m = resident_block_mask(l, n as u64);
+                assert_eq!(m.iter().filter(|k| **k).count(), n, "{l} {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn kept_blocks_move_from_slots_to_block_weights() {
+        let tr = group(
+            "transformer",
+            &[300, 300, 300, 300],
+            &[5000, 5000, 5000, 5000],
+        );
+        let groups = vec![tr];
+        let p = |n| Placement {
+            resident_blocks: n,
+            ..Placement::new(Strategy::OffloadSharded, 2, 2, 1)
+        };
+        let none = device_bytes(&groups, &p(0), 0, 0, 0);
+        let two = device_bytes(&groups, &p(2), 0, 0, 0);
+        assert_eq!(none.block_weights, 0);
+        assert_eq!(two.block_weights, 2 * (512 + 5120));
+        assert_eq!(two.slots, none.slots);
+        assert_eq!(pinned_host_bytes(&groups, &p(2)), 2 * 5300);
+        // Every block kept streams nothing: no slots.
+        assert!(!p(4).streams(&groups));
+        assert_eq!(device_bytes(&groups, &p(4), 0, 0, 0).slots, 0);
+        // Sharded: the store holds only the streamed blocks' shards.
+        let sharded = Placement {
+            resident_blocks: 1,
+            ..Placement::new(Strategy::Sharded, 2, 2, 1)
+        };
+        let b = device_bytes(&groups, &sharded, 0, 0, 0);
+        assert_eq!(b.block_weights, (512 + 5120) + 3 * (256 + 2560));
     }
 
     #[test]
@@ -314,7 +403,7 @@ mod tests {
             &groups,
             &["text_encoder".to_string(), "transformer".to_string()],
         );
-        assert!(!every.streams(2));
+        assert!(!every.streams(&groups));
         assert_eq!(device_bytes(&groups, &every, 0, 0, 0).slots, 0);
     }
 }

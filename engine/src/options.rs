@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::execution::cuda::plan::ResidentBlocks;
 use crate::execution::cuda::{DeviceChoice, HostMode, SlotsChoice};
 use crate::execution::rank::EngineOptions;
 use crate::{bounds, Strategy};
@@ -39,6 +40,11 @@ pub struct EngineArgs {
     /// operator passes the plan's choice.
     #[arg(long, env = bounds::ENV_RESIDENT_COMPONENTS, value_delimiter = ',')]
     pub resident_components: Vec<String>,
+    /// Blocks of each streamed group that stay on every device, spread evenly through the
+    /// group, copied once and never streamed: a number, or `auto` (as many as
+    /// `--device-memory-mib` holds after the slots, the activations and the overhead).
+    #[arg(long, env = bounds::ENV_RESIDENT_BLOCKS, default_value = "0")]
+    pub resident_blocks: ResidentBlocks,
     /// How weights reach a GPU: `auto` (read-only registration of the mapped checkpoint
     /// where the device supports it, else one pinned copy), `register`, `pin` or
     /// `pageable`. The CPU backend reads the mapping directly and takes only `auto`.
@@ -68,6 +74,7 @@ impl EngineArgs {
                 .map(|c| c.trim().to_string())
                 .filter(|c| !c.is_empty())
                 .collect(),
+            resident_blocks: self.resident_blocks,
             host: self.host_memory,
             timeout: Duration::from_secs(self.timeout_seconds),
             device: self.device,

@@ -9,8 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use layerwise_engine::engine::Model;
+use layerwise_engine::execution::cuda::plan::ResidentBlocks;
 use layerwise_engine::execution::cuda::SlotsChoice;
 use layerwise_engine::execution::rank::EngineOptions;
+use layerwise_engine::memory::{self, Placement};
 use layerwise_engine::Strategy;
 
 fn opts(strategy: Strategy, dp: usize, slots: usize) -> EngineOptions {
@@ -67,6 +69,68 @@ fn every_strategy_dp_and_k_gives_identical_latents() {
         }
     }
     assert_eq!(runs, 48);
+}
+
+#[test]
+fn blocks_kept_on_the_device_give_identical_latents_and_cut_the_copies_by_n_over_l() {
+    let dir = tempfile::tempdir().unwrap();
+    let layers = 6u64;
+    let model = Model::open(&common::tiny(dir.path(), layers as usize)).unwrap();
+    let requests = vec![common::request(1, 3, 4.0), common::request(2, 2, 1.0)];
+    let (reference, _) = model
+        .run(requests.clone(), &opts(Strategy::Resident, 1, 2))
+        .unwrap();
+    let reference: Vec<Vec<u32>> = reference.iter().map(|o| common::bits(&o.latents)).collect();
+    for (strategy, dp) in [
+        (Strategy::Sharded, 2),
+        (Strategy::Offload, 1),
+        (Strategy::OffloadSharded, 2),
+    ] {
+        let mut moved = Vec::new();
+        for n in [0u64, 1, 3, 5] {
+            let mut o = opts(strategy, dp, 2);
+            o.resident_blocks = ResidentBlocks::Fixed(n as usize);
+            o.hook = Some(common::jitter(n + 3));
+            let (out, stats) = model.run(requests.clone(), &o).unwrap();
+            let got: Vec<Vec<u32>> = out.iter().map(|o| common::bits(&o.latents)).collect();
+            assert_eq!(got, reference, "{strategy} dp={dp} N={n}");
+            moved.push(stats.bytes_copied + stats.bytes_gathered);
+            assert!(n == 5 || stats.bytes_copied_per_step + stats.bytes_gathered_per_step > 0);
+            assert_eq!(
+                stats
+                    .peak_device_bytes_by_kind
+                    .contains_key("resident_blocks"),
+                n > 0,
+                "{strategy} N={n}"
+            );
+        }
+        // Uniform blocks: what still moves is (L − N)/L of what moved with none kept.
+        for (i, n) in [1u64, 3, 5].into_iter().enumerate() {
+            assert_eq!(
+                moved[i + 1] * layers,
+                moved[0] * (layers - n),
+                "{strategy} N={n}: {moved:?}"
+            );
+        }
+    }
+    // auto keeps as many as the budget holds after the slots, and says it needs a budget.
+    let mut o = opts(Strategy::Offload, 1, 2);
+    o.resident_blocks = ResidentBlocks::Auto;
+    let e = model.run(requests.clone(), &o).err().unwrap().to_string();
+    assert!(e.contains("--device-memory-mib"), "{e}");
+    let groups = model.group_bytes().unwrap();
+    let outside = model.family.resident_bytes(false);
+    let with = |n| {
+        let p = Placement {
+            resident_blocks: n,
+            ..Placement::new(Strategy::Offload, 1, 2, groups.len())
+        };
+        memory::device_bytes(&groups, &p, outside, 0, 0).weights()
+    };
+    o.device_memory = with(4);
+    let (out, stats) = model.run(requests, &o).unwrap();
+    assert_eq!(common::bits(&out[0].latents), reference[0]);
+    assert_eq!(stats.peak_device_bytes, with(4), "auto kept 4 of 6 blocks");
 }
 
 #[test]

@@ -209,24 +209,10 @@ pub fn outside_bytes(profile: &Profile) -> u64 {
 /// Device bytes per rank and host bytes per pod for one option: the engine's memory model
 /// ([`layerwise_engine::memory`]) over the profile's groups, with `resident` marking the
 /// groups kept whole on the device.
-pub fn need(
-    profile: &Profile,
-    activations: u64,
-    strategy: Strategy,
-    dp: u32,
-    k: u32,
-    resident: &[bool],
-    limits: &Limits,
-) -> Need {
-    let placement = Placement {
-        strategy,
-        dp: u64::from(dp.max(1)),
-        slots: u64::from(k),
-        resident: resident.to_vec(),
-    };
+pub fn need(profile: &Profile, activations: u64, placement: &Placement, limits: &Limits) -> Need {
     let d = memory::device_bytes(
         &profile.groups,
-        &placement,
+        placement,
         outside_bytes(profile),
         activations,
         limits.device_overhead,
@@ -240,7 +226,7 @@ pub fn need(
     };
     Need {
         device,
-        host_per_pod: memory::pod_host_bytes(&profile.groups, &placement, limits.host_overhead),
+        host_per_pod: memory::pod_host_bytes(&profile.groups, placement, limits.host_overhead),
         host_shared: profile.total_bytes,
     }
 }
@@ -265,6 +251,8 @@ struct Option_ {
     k: u32,
     /// Components whose blocks stay whole on the device although the strategy streams.
     resident: Vec<String>,
+    /// Blocks of each other streamed group kept on the device.
+    resident_blocks: u64,
 }
 
 impl Option_ {
@@ -274,6 +262,18 @@ impl Option_ {
             dp,
             k,
             resident: Vec::new(),
+            resident_blocks: 0,
+        }
+    }
+
+    /// Where this option puts `profile`'s weights, for the memory model.
+    fn placement(&self, profile: &Profile) -> Placement {
+        Placement {
+            strategy: self.strategy,
+            dp: u64::from(self.dp.max(1)),
+            slots: u64::from(self.k),
+            resident: self.resident_groups(profile),
+            resident_blocks: self.resident_blocks,
         }
     }
 
@@ -299,6 +299,9 @@ impl fmt::Display for Option_ {
             )?;
             if !self.resident.is_empty() {
                 write!(f, ", {} resident", self.resident.join(" and "))?;
+            }
+            if self.resident_blocks > 0 {
+                write!(f, ", {} blocks kept per group", self.resident_blocks)?;
             }
             Ok(())
         } else {
@@ -422,15 +425,7 @@ fn check(site: &Site, opt: &Option_, limits: &Limits) -> Result<Need, Miss> {
             u64::from(node.devices),
         ));
     }
-    let n = need(
-        profile,
-        act,
-        opt.strategy,
-        opt.dp,
-        opt.k,
-        &opt.resident_groups(profile),
-        limits,
-    );
+    let n = need(profile, act, &opt.placement(profile), limits);
     let dev = device_total(&n.device);
     if dev > node.device_bytes {
         return Err(miss(Shortage::DeviceMemory, dev, node.device_bytes));
@@ -585,6 +580,22 @@ pub fn plan_candidates(
                         }
                     }
                 }
+                // Then as many blocks of each streamed group as the rest holds, kept on the
+                // device: each is copied once instead of every pass. A plan keeping every
+                // block would stream nothing.
+                let most = profile.groups.iter().map(|g| g.blocks()).max().unwrap_or(0) as u64;
+                for n in (1..=most).rev() {
+                    let trial = Option_ {
+                        resident_blocks: n,
+                        ..opt.clone()
+                    };
+                    if trial.placement(profile).streams(&profile.groups)
+                        && check(site, &trial, limits).is_ok()
+                    {
+                        opt = trial;
+                        break;
+                    }
+                }
             }
             let n = check(site, &opt, limits).expect("checked above");
             let key = |o: &Option_| {
@@ -593,6 +604,7 @@ pub fn plan_candidates(
                     o.dp,
                     usize::MAX - o.resident.len(),
                     u32::MAX - o.k,
+                    u64::MAX - o.resident_blocks,
                 )
             };
             if best.as_ref().is_none_or(|(b, ..)| key(&opt) < key(b)) {
@@ -682,6 +694,26 @@ pub fn plan_candidates(
         ));
     }
     reasons.extend(notes);
+    if chosen.resident_blocks > 0 {
+        let blocks: Vec<String> = profile
+            .groups
+            .iter()
+            .enumerate()
+            .filter(|(g, group)| !chosen.placement(profile).is_resident(*g, group.blocks()))
+            .map(|(_, group)| {
+                format!(
+                    "{} of {}'s {} blocks",
+                    chosen.resident_blocks.min(group.blocks() as u64),
+                    group.component,
+                    group.blocks()
+                )
+            })
+            .collect();
+        reasons.push(format!(
+            "{} stay on the device, spread evenly (copied once, never streamed): the memory left after the slots holds them, and the bytes copied per step fall by that share",
+            blocks.join(", ")
+        ));
+    }
     if chosen.strategy.streams() && overrides.slots.is_none() {
         reasons.push(if chosen.k > limits.min_slots {
             format!(
@@ -759,6 +791,7 @@ pub fn plan_candidates(
         device_bytes_per_rank: dev,
         host_bytes_per_pod: n.host_per_pod,
         host_bytes_per_node: n.host_shared,
+        resident_blocks: chosen.resident_blocks,
         device_breakdown: n.device,
         nodes: fit_names,
         reasons,

@@ -4,6 +4,7 @@ use proptest::prelude::*;
 use proptest::strategy::Strategy;
 
 use super::*;
+use layerwise_engine::memory::Placement;
 
 const GB: u64 = 1 << 30;
 
@@ -75,16 +76,35 @@ fn sharded_with_the_fewest_ranks_that_fit() {
         "{:?}",
         p.rejected
     );
-    // 1/2 of every block plus K full slots.
-    assert_eq!(p.device_breakdown.block_weights, 100 * GB / 2);
+    // 1/2 of every streamed block, the blocks kept whole with the memory left, and K full
+    // slots; one more kept block would not fit.
+    let n = p.resident_blocks;
+    assert!(n > 0, "{:?}", p.reasons);
+    assert_eq!(
+        p.device_breakdown.block_weights,
+        (100 - n) * GB / 2 + n * GB
+    );
     assert_eq!(p.device_breakdown.slots, u64::from(p.slots) * GB);
+    assert!(
+        p.device_bytes_per_rank + GB / 2 > 80 * GB,
+        "{:?}",
+        p.device_breakdown
+    );
+    assert!(
+        p.reasons.iter().any(|r| r.contains(&format!(
+            "{n} of transformer's 100 blocks stay on the device"
+        ))),
+        "{:?}",
+        p.reasons
+    );
 }
 
 #[test]
 fn offload_sharded_when_shards_do_not_fit() {
     let p = plan(&huge(), &[a100("a")], &wl(), &auto(), &Limits::default()).unwrap();
     assert_eq!((p.strategy, p.dp), (Planned::OffloadSharded, 8));
-    assert_eq!(p.device_breakdown.block_weights, 0);
+    // Nothing but the blocks kept with the memory left after the slots.
+    assert_eq!(p.device_breakdown.block_weights, p.resident_blocks * 8 * GB);
     assert!(p.fast_peer_link);
 }
 
@@ -105,9 +125,14 @@ fn slots_grow_to_the_cap_when_memory_allows_and_not_beyond() {
     // A device with room for exactly 3 slots gets 3.
     let limits = Limits::default();
     let act = activation_bytes(&huge(), &wl()).unwrap();
-    let three = need(&huge(), act, Planned::OffloadSharded, 8, 3, &[], &limits)
-        .device
-        .total();
+    let three = need(
+        &huge(),
+        act,
+        &Placement::new(Planned::OffloadSharded, 8, 3, 1),
+        &limits,
+    )
+    .device
+    .total();
     let mut n = a100("tight");
     n.device_bytes = three + GB / 2;
     let p = plan(&huge(), &[n], &wl(), &auto(), &limits).unwrap();
@@ -165,10 +190,7 @@ fn refuses_short_device_memory_with_the_shortfall() {
     let cheapest = need(
         &medium(),
         act,
-        Planned::Offload,
-        1,
-        2,
-        &[],
+        &Placement::new(Planned::Offload, 1, 2, 1),
         &Limits::default(),
     )
     .device
@@ -308,7 +330,7 @@ proptest! {
             prop_assert_eq!(plan.device_bytes_per_rank, plan.device_breakdown.total());
             let act = activation_bytes(&p, &w).unwrap();
             prop_assert_eq!(plan.device_breakdown.activations, act);
-            let expected = need(&p, act, plan.strategy, plan.dp, plan.slots, &[], &limits);
+            let expected = need(&p, act, &Placement { resident_blocks: plan.resident_blocks, ..Placement::new(plan.strategy, u64::from(plan.dp), u64::from(plan.slots), 1) }, &limits);
             prop_assert_eq!(&plan.device_breakdown, &expected.device);
             prop_assert_eq!(plan.host_bytes_per_node, p.total_bytes, "one copy of the model per node");
             prop_assert_eq!(plan.host_bytes_per_pod, expected.host_per_pod);
@@ -336,7 +358,7 @@ proptest! {
         let dp = if matches!(s, Planned::Sharded | Planned::OffloadSharded) { dp.max(2) } else { dp };
         let limits = Limits::default();
         let act = activation_bytes(&p, &w).unwrap();
-        let n = need(&p, act, s, dp, if s.streams() { k } else { 0 }, &[], &limits);
+        let n = need(&p, act, &Placement::new(s, u64::from(dp), if s.streams() { u64::from(k) } else { 0 }, 1), &limits);
         let node = NodeShape {
             name: "fits".into(),
             devices: dp + spare_devices,

@@ -154,6 +154,9 @@ pub fn deployment(
     if !resident.is_empty() {
         envs.push(env(bounds::ENV_RESIDENT_COMPONENTS, resident.join(",")));
     }
+    if plan.resident_blocks > 0 {
+        envs.push(env(bounds::ENV_RESIDENT_BLOCKS, plan.resident_blocks));
+    }
     envs.extend(engine.env.iter().cloned());
 
     // The plan's accelerators and memory win over anything the spec says for them.
@@ -486,6 +489,7 @@ mod tests {
             device_bytes_per_rank: (10 << 30) + 1,
             host_bytes_per_pod: 80 << 30,
             host_bytes_per_node: 60 << 30,
+            resident_blocks: 3,
             device_breakdown: MemoryBreakdown::default(),
             nodes: vec!["n0".into()],
             components: vec![
@@ -554,6 +558,10 @@ mod tests {
         );
         assert!(
             env.contains(&(bounds::ENV_DEVICE_OVERHEAD_MIB.into(), "0".into())),
+            "{env:?}"
+        );
+        assert!(
+            env.contains(&(bounds::ENV_RESIDENT_BLOCKS.into(), "3".into())),
             "{env:?}"
         );
         assert!(

@@ -10,9 +10,11 @@ use std::path::Path;
 use crds::{DiffusionDeployment, Plan, Profile, Strategy, StrategyChoice};
 use layerwise_engine::bounds;
 use layerwise_engine::engine::Model;
+use layerwise_engine::execution::cuda::plan::ResidentBlocks;
 use layerwise_engine::execution::cuda::SlotsChoice;
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::execution::work::{Condition, Request};
+use layerwise_engine::memory::Placement;
 use layerwise_engine::tools::synth::{synth, SynthOptions};
 use layerwise_operator::planner::{self, Limits, NodeShape, Overrides, Shortage};
 use layerwise_operator::resources;
@@ -90,6 +92,7 @@ fn engine_options(
         activations: act,
         overhead: plan.device_breakdown.overhead,
         resident_components: plan.resident_components(),
+        resident_blocks: ResidentBlocks::Fixed(plan.resident_blocks as usize),
         decode: bounds::SERVE_DECODES_ON_DEVICE,
         ..EngineOptions::default()
     }
@@ -163,7 +166,8 @@ fn exact_budget(dir: &Path, family: &str, dd: &DiffusionDeployment, frames: usiz
         Err(r) => assert_eq!(r.shortage, Shortage::DeviceMemory, "{r}"),
         Ok(p) => {
             assert_ne!(
-                p.components, plan.components,
+                (&p.components, p.resident_blocks, p.slots),
+                (&plan.components, plan.resident_blocks, plan.slots),
                 "the same plan one byte short"
             );
             assert!(p.device_bytes_per_rank < budget);
@@ -209,13 +213,15 @@ fn wan_plans_run_at_exactly_their_budget_with_components_kept_resident() {
         if plan.strategy == Strategy::Resident {
             continue;
         }
-        // Room to spare: every component but the last stays whole on the device.
+        // Room to spare: every component but the last stays whole on the device, and all
+        // but one of the last one's blocks.
         assert_eq!(
             plan.resident_components(),
             ["text_encoder", "transformer"],
             "{:?}",
             plan.reasons
         );
+        assert!(plan.resident_blocks > 0, "{:?}", plan.reasons);
     }
 }
 
@@ -230,10 +236,7 @@ fn a_plan_that_keeps_nothing_resident_also_runs_at_its_budget() {
     let lean = planner::need(
         &profile,
         planner::activation_bytes(&profile, &dd.spec.workload).unwrap(),
-        Strategy::OffloadSharded,
-        2,
-        2,
-        &[],
+        &Placement::new(Strategy::OffloadSharded, 2, 2, profile.groups.len()),
         &Limits::default(),
     )
     .device

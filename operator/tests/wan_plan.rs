@@ -119,7 +119,7 @@ fn placements(dd: &DiffusionDeployment, plan: &Plan) -> String {
         }
     };
     format!(
-        "| {}×{}×{} | `{}` dp={}, {} slots | {} | {} |",
+        "| {}×{}×{} | `{}` dp={}, {} slots | {} | {} | {} |",
         w.max_width,
         w.max_height,
         w.max_frames,
@@ -127,7 +127,8 @@ fn placements(dd: &DiffusionDeployment, plan: &Plan) -> String {
         plan.dp,
         plan.slots,
         names(ComponentPlacement::Resident),
-        names(ComponentPlacement::Streamed)
+        names(ComponentPlacement::Streamed),
+        plan.resident_blocks
     )
 }
 
@@ -173,8 +174,11 @@ fn plan_on(profile: &Profile, dd: &DiffusionDeployment, node: &NodeShape) -> Res
 fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, plan: &Plan) -> u64 {
     let strategy = plan.strategy;
     let groups = model.group_bytes().unwrap();
-    let placement = Placement::new(strategy, u64::from(plan.dp), 0, groups.len())
-        .with_resident_components(&groups, &plan.resident_components());
+    let placement = Placement {
+        resident_blocks: plan.resident_blocks,
+        ..Placement::new(strategy, u64::from(plan.dp), 0, groups.len())
+            .with_resident_components(&groups, &plan.resident_components())
+    };
     // The ranks of `serve` hold what the server keeps on the device.
     let outside = model.family.resident_bytes(bounds::SERVE_DECODES_ON_DEVICE);
     let needs = DeviceNeeds::of(&groups, &placement, outside);

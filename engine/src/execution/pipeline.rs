@@ -126,6 +126,9 @@ pub struct Streamed {
     pub components: Vec<String>,
     /// Per group, whether its blocks stay whole on the device under a streaming strategy.
     pub resident: Vec<bool>,
+    /// Blocks of every other group that stay on the device too, spread evenly
+    /// ([`crate::memory::resident_block_mask`]).
+    pub resident_blocks: usize,
     pub shape: SlotShape,
 }
 
@@ -138,6 +141,7 @@ impl Streamed {
         mapped: Vec<Mapped>,
         components: Vec<String>,
         resident_components: &[String],
+        resident_blocks: usize,
     ) -> Result<Streamed> {
         if layouts.len() != mapped.len() || layouts.len() != components.len() || layouts.is_empty()
         {
@@ -172,12 +176,19 @@ impl Streamed {
             .iter()
             .map(|c| resident_components.contains(c))
             .collect();
-        let shape = SlotShape::of(&layouts, &resident);
+        // A group with no more blocks than are kept is whole: it needs no slot.
+        let whole: Vec<bool> = layouts
+            .iter()
+            .zip(&resident)
+            .map(|(l, &r)| r || resident_blocks >= l.blocks.len())
+            .collect();
+        let shape = SlotShape::of(&layouts, &whole);
         Ok(Streamed {
             layouts: Arc::new(layouts),
             mapped,
             components,
             resident,
+            resident_blocks,
             shape,
         })
     }
@@ -202,12 +213,15 @@ impl Streamed {
             dp: self.dp() as u64,
             slots: slots as u64,
             resident: self.resident.clone(),
+            resident_blocks: self.resident_blocks as u64,
         }
     }
 
-    /// Whether group `g` stays whole on the device under `strategy`.
-    pub fn is_resident(&self, strategy: Strategy, g: usize) -> bool {
-        strategy == Strategy::Resident || self.resident[g]
+    /// Which blocks of group `g` stay on the device under `strategy` (all of them for a
+    /// group kept whole), by the memory model's one rule.
+    pub fn kept(&self, strategy: Strategy, g: usize) -> Vec<bool> {
+        self.placement(strategy, 0)
+            .kept(g, self.layouts[g].blocks.len())
     }
 
     /// The largest padded block over every group.
@@ -232,9 +246,11 @@ pub struct Pipeline<B: Backend, C: Collective<B>> {
     /// `sharded`: per group, per region, this rank's shard of every block (empty for a
     /// group that stays whole).
     store: Vec<Vec<Tensor>>,
-    /// Per group that stays whole on the device (every group under `resident`), per
-    /// block, per region, the full weights; empty for a group that streams.
+    /// Per group, per block that stays on the device (every block under `resident`), per
+    /// region, the full weights; empty for a block that streams.
     resident: Vec<Vec<Vec<Tensor>>>,
+    /// Per group, per block, whether it stays on the device.
+    kept: Vec<Vec<bool>>,
     /// Blocks issued but not yet computed: (group, block, slot).
     in_flight: VecDeque<(usize, usize, usize)>,
     issued: u64,
@@ -277,30 +293,38 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         let mut store = Vec::new();
         let mut resident = Vec::new();
         let layouts = streamed.layouts.clone();
-        // Whole blocks of the groups that stay on the device; under `sharded` this rank's
-        // shard of every block of the others. Each group has an entry (empty if unused).
+        // Whole blocks of what stays on the device (groups kept whole, and the blocks kept
+        // of the others); under `sharded` this rank's shard of every block that streams.
+        // Every group and block has an entry (empty if unused).
+        let kept: Vec<Vec<bool>> = (0..layouts.len())
+            .map(|g| streamed.kept(opts.strategy, g))
+            .collect();
         for (gi, layout) in layouts.iter().enumerate() {
             let (mut blocks, mut regions) = (Vec::new(), Vec::new());
-            if streamed.is_resident(opts.strategy, gi) {
-                for b in &layout.blocks {
-                    let bufs = b
-                        .regions
-                        .iter()
-                        .enumerate()
-                        .map(|(r, reg)| {
-                            alloc(
-                                "resident_blocks",
-                                format!("group {gi} block {} weights", b.index),
-                                layout.dtypes[r],
-                                reg.padded,
-                            )
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    blocks.push(bufs);
+            for b in &layout.blocks {
+                if !kept[gi][b.index] {
+                    blocks.push(Vec::new());
+                    continue;
                 }
-            } else if opts.strategy == Strategy::Sharded {
+                let bufs = b
+                    .regions
+                    .iter()
+                    .enumerate()
+                    .map(|(r, reg)| {
+                        alloc(
+                            "resident_blocks",
+                            format!("group {gi} block {} weights", b.index),
+                            layout.dtypes[r],
+                            reg.padded,
+                        )
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                blocks.push(bufs);
+            }
+            let streaming = kept[gi].iter().filter(|k| !**k).count() as u64;
+            if opts.strategy == Strategy::Sharded && streaming > 0 {
                 for (r, &cap) in layout.region_capacity.iter().enumerate() {
-                    let bytes = cap / dp as u64 * layout.blocks.len() as u64;
+                    let bytes = cap / dp as u64 * streaming;
                     regions.push(alloc(
                         "resident_shards",
                         format!("group {gi} shard store ({:?})", layout.dtypes[r]),
@@ -312,7 +336,7 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
             resident.push(blocks);
             store.push(regions);
         }
-        let streams = (0..layouts.len()).any(|g| !streamed.is_resident(opts.strategy, g));
+        let streams = kept.iter().any(|g| g.iter().any(|k| !*k));
         if streams {
             let shape = &streamed.shape;
             for s in 0..opts.slots {
@@ -358,6 +382,7 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
             slots,
             store,
             resident,
+            kept,
             in_flight: VecDeque::new(),
             issued: 0,
             stats: PipelineStats::default(),
@@ -367,14 +392,12 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         Ok(p)
     }
 
-    /// Loads what stays on the device: whole blocks of the resident groups and, under
-    /// `sharded`, this rank's shards of the others.
+    /// Loads what stays on the device: the blocks kept whole and, under `sharded`, this
+    /// rank's shards of the others.
     fn load_stationary(&mut self) -> Result<()> {
         let rank = self.comm.rank();
         let strategy = self.opts.strategy;
-        let groups = self.streamed.layouts.len();
-        let stationary = (0..groups)
-            .any(|g| self.streamed.is_resident(strategy, g) || strategy == Strategy::Sharded);
+        let stationary = strategy == Strategy::Sharded || self.kept.iter().flatten().any(|k| *k);
         if !stationary {
             return Ok(());
         }
@@ -388,19 +411,21 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         };
         for (gi, layout) in self.streamed.layouts.iter().enumerate() {
             let mapped = &self.streamed.mapped[gi];
-            let whole = self.streamed.is_resident(strategy, gi);
-            if !whole && strategy != Strategy::Sharded {
-                continue;
-            }
             for b in &layout.blocks {
+                let whole = self.kept[gi][b.index];
+                if !whole && strategy != Strategy::Sharded {
+                    continue;
+                }
                 for (r, reg) in b.regions.iter().enumerate() {
                     let (dst, runs) = if whole {
                         (&self.resident[gi][b.index][r], reg.pieces.clone())
                     } else {
-                        // Rank r's shard of block b lands at b × (capacity / dp) in the store.
+                        // Rank r's shard of the n-th streamed block lands at n × (capacity
+                        // / dp) in the store.
                         let cap = layout.region_capacity[r] / layout.dp as u64;
+                        let at = self.store_index(gi, b.index) as u64 * cap;
                         let shift = |p: Piece| Piece {
-                            dst: p.dst - rank as u64 * reg.shard + b.index as u64 * cap,
+                            dst: p.dst - rank as u64 * reg.shard + at,
                             ..p
                         };
                         (
@@ -418,6 +443,12 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
             .compute_wait(&done)
             .map_err(|e| self.rank_error(e))?;
         Ok(())
+    }
+
+    /// Where block `block` of group `group` sits in the shard store: its place among the
+    /// group's streamed blocks.
+    fn store_index(&self, group: usize, block: usize) -> usize {
+        self.kept[group][..block].iter().filter(|k| !**k).count()
     }
 
     fn rank_error(&self, e: Error) -> Error {
@@ -485,7 +516,7 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                     let cap = layout.region_capacity[r] / dp as u64;
                     GatherSource::Buffer {
                         tensor: self.store[group][r].clone(),
-                        offset: block as u64 * cap,
+                        offset: self.store_index(group, block) as u64 * cap,
                     }
                 } else {
                     GatherSource::InPlace
@@ -550,52 +581,51 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         })?;
         let l = layout.blocks.len();
         let k = self.slots.len();
-        let strategy = self.opts.strategy;
-        // The next pass's blocks to issue ahead, none when it stays resident.
-        let next_len = next
-            .filter(|&g| !self.streamed.is_resident(strategy, g))
-            .map_or(0, |g| layouts[g].blocks.len());
-        if self.streamed.is_resident(strategy, group) {
-            // Nothing of this pass moves: the next pass's first blocks are issued now, so
-            // they arrive while this pass computes.
-            if let Some(g) = next.filter(|_| next_len > 0 && self.in_flight.is_empty()) {
-                for b in 0..k.min(next_len) {
-                    self.issue(g, b);
-                }
-            }
-            let identity: Vec<usize> = (0..layout.dtypes.len()).collect();
-            for i in 0..l {
-                let w = BlockWeights::view(&self.resident[group][i], &identity, &layout.blocks[i])?;
-                f(i, &w)?;
-                self.stats.blocks_computed += 1;
-            }
-            return Ok(());
-        }
+        // The blocks of this pass and of the next one that stream; kept blocks compute
+        // from their own buffers while the streamed ones keep arriving.
+        let streamed: Vec<usize> = (0..l).filter(|&b| !self.kept[group][b]).collect();
+        let next_streamed: Vec<usize> = next
+            .map(|g| {
+                (0..self.kept[g].len())
+                    .filter(|&b| !self.kept[g][b])
+                    .collect()
+            })
+            .unwrap_or_default();
         // Blocks of this pass already in flight were prefetched by the pass before.
-        if let Some(&(g, b, _)) = self.in_flight.front() {
-            if g != group || b != 0 {
+        if let (Some(&(g, b, _)), Some(&first)) = (self.in_flight.front(), streamed.first()) {
+            if (g, b) != (group, first) {
                 return Err(self.rank_error(Error::invalid(
                     "pipeline",
                     format!("pass over group {group} but block {b} of group {g} was prefetched"),
                 )));
             }
         }
+        // A pass that streams nothing leaves what is already in flight to the pass it was
+        // issued for, and issues nothing more.
+        let hold = streamed.is_empty() && !self.in_flight.is_empty();
         // The issue order from here: the rest of this pass, then the next pass's blocks.
         let mut cursor = (false, self.in_flight.len());
+        let identity: Vec<usize> = (0..layout.dtypes.len()).collect();
         for i in 0..l {
-            while self.in_flight.len() < k {
+            while !hold && self.in_flight.len() < k {
                 match cursor {
-                    (false, b) if b < l => {
-                        self.issue(group, b);
+                    (false, n) if n < streamed.len() => {
+                        self.issue(group, streamed[n]);
                         cursor.1 += 1;
                     }
                     (false, _) => cursor = (true, 0),
-                    (true, b) if b < next_len => {
-                        self.issue(next.expect("next_len > 0"), b);
+                    (true, n) if n < next_streamed.len() => {
+                        self.issue(next.expect("next has blocks"), next_streamed[n]);
                         cursor.1 += 1;
                     }
                     (true, _) => break,
                 }
+            }
+            if self.kept[group][i] {
+                let w = BlockWeights::view(&self.resident[group][i], &identity, &layout.blocks[i])?;
+                f(i, &w)?;
+                self.stats.blocks_computed += 1;
+                continue;
             }
             let (g, block, s) = self.in_flight.pop_front().expect("issued ahead");
             debug_assert_eq!((g, block), (group, i));

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use super::backend::{Backend, Collective};
 use super::budget::DeviceBudget;
 use super::cpu::{CpuBackend, LocalGroup};
+use super::cuda::plan::ResidentBlocks;
 use super::cuda::{self, DeviceChoice, HostMode, Resolved, SlotsChoice};
 use super::family::{FamilyRuntime, Task};
 use super::lockstep::{Coordinator, Flags};
@@ -43,6 +44,8 @@ pub struct EngineOptions {
     pub overhead: u64,
     /// Components whose blocks stay whole on every device under a streaming strategy.
     pub resident_components: Vec<String>,
+    /// Blocks of each other streamed group that stay on the device, spread evenly.
+    pub resident_blocks: ResidentBlocks,
     /// How weights reach a GPU from the mapped checkpoint; the CPU takes only `auto`.
     pub host: HostMode,
     /// Longest any rank may wait on a transfer or a peer before failing.
@@ -67,6 +70,7 @@ impl Default for EngineOptions {
             activations: 0,
             overhead: 0,
             resident_components: Vec::new(),
+            resident_blocks: ResidentBlocks::default(),
             host: HostMode::Auto,
             timeout: Duration::from_secs(120),
             hook: None,
@@ -123,15 +127,8 @@ pub fn drive(
     if opts.dp == 0 {
         return Err(Error::invalid("dp", "must be at least 1"));
     }
-    let streamed = Streamed::new(
-        family.layouts(opts.dp)?,
-        family.mappings(),
-        family.group_components(),
-        &opts.resident_components,
-    )?;
     // Device bytes outside the slots that every rank keeps: prologues, epilogues, decoder.
     let outside = family.resident_bytes(opts.decode);
-    let groups = streamed.bytes();
     // What the weights may take of the budget: the rest is the activations' and the
     // runtime's.
     let weights_budget = (opts.device_memory != u64::MAX).then(|| {
@@ -139,6 +136,48 @@ pub fn drive(
             .saturating_sub(opts.activations)
             .saturating_sub(opts.overhead)
     });
+    let layouts = family.layouts(opts.dp)?;
+    let streamed_with = |n: usize| {
+        Streamed::new(
+            layouts.clone(),
+            family.mappings(),
+            family.group_components(),
+            &opts.resident_components,
+            n,
+        )
+    };
+    let resident_blocks = match opts.resident_blocks {
+        ResidentBlocks::Fixed(n) => n,
+        ResidentBlocks::Auto if !opts.strategy.streams() => 0,
+        ResidentBlocks::Auto => {
+            let Some(budget) = weights_budget else {
+                return Err(Error::invalid(
+                    "resident-blocks",
+                    "`--resident-blocks auto` keeps as many blocks as the device memory budget holds after the slots: give --device-memory-mib, or a number of blocks",
+                ));
+            };
+            // K first (auto K from the budget with no block kept), then the blocks.
+            let none = streamed_with(0)?;
+            let groups = none.bytes();
+            let needs =
+                cuda::plan::DeviceNeeds::of(&groups, &none.placement(opts.strategy, 0), outside);
+            let k = cuda::plan::cpu_slots(opts.slots, opts.strategy, needs, Some(budget))?;
+            cuda::plan::auto_resident_blocks(
+                &groups,
+                &none.placement(opts.strategy, k),
+                outside,
+                budget,
+            )
+        }
+    };
+    let streamed = streamed_with(resident_blocks)?;
+    if resident_blocks > 0 {
+        tracing::info!(
+            resident_blocks,
+            "blocks of each streamed group kept on the device"
+        );
+    }
+    let groups = streamed.bytes();
     let needs =
         cuda::plan::DeviceNeeds::of(&groups, &streamed.placement(opts.strategy, 0), outside);
     match cuda::resolve(opts.device, opts.dp)? {

@@ -165,16 +165,9 @@ impl HostMemory {
                     _ => Arc::new(PinnedCopy::new(
                         ctx,
                         &streamed.mapped[g],
-                        // A group kept whole is copied once at start: nothing to pin.
-                        Extents::for_rank(
-                            layout,
-                            if streamed.is_resident(strategy, g) {
-                                Strategy::Resident
-                            } else {
-                                strategy
-                            },
-                            rank,
-                        ),
+                        // Blocks kept on the device are copied once at start: nothing
+                        // of them to pin.
+                        Extents::for_rank(layout, strategy, rank, &streamed.kept(strategy, g)),
                     )?),
                 };
                 shared = Some(copy.clone());

@@ -71,6 +71,67 @@ impl fmt::Display for SlotsChoice {
     }
 }
 
+/// `--resident-blocks`: how many blocks of each streamed group stay on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResidentBlocks {
+    Fixed(usize),
+    /// As many as fit the device memory budget after the slots, the activations and the
+    /// overhead ([`auto_resident_blocks`]).
+    Auto,
+}
+
+impl Default for ResidentBlocks {
+    fn default() -> Self {
+        ResidentBlocks::Fixed(0)
+    }
+}
+
+impl FromStr for ResidentBlocks {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        if s == "auto" {
+            return Ok(ResidentBlocks::Auto);
+        }
+        s.parse().map(ResidentBlocks::Fixed).map_err(|_| {
+            Error::invalid(
+                "resident-blocks",
+                format!("`{s}`: expected a number of blocks or `auto`"),
+            )
+        })
+    }
+}
+
+impl fmt::Display for ResidentBlocks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ResidentBlocks::Fixed(n) => write!(f, "{n}"),
+            ResidentBlocks::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+/// The most blocks of each streamed group that stay on the device with `placement`'s K
+/// while its weights (blocks, slots, and `outside` bytes) fit `budget`; 0 when none does.
+pub fn auto_resident_blocks(
+    groups: &[GroupBytes],
+    placement: &Placement,
+    outside: u64,
+    budget: u64,
+) -> usize {
+    let most = groups.iter().map(GroupBytes::blocks).max().unwrap_or(0);
+    (0..=most)
+        .filter(|&n| {
+            let p = Placement {
+                resident_blocks: n as u64,
+                ..placement.clone()
+            };
+            // Keeping every block is the resident strategy, not a streaming one.
+            p.streams(groups) && memory::device_bytes(groups, &p, outside, 0, 0).weights() <= budget
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// `--host-memory`: how weights reach a GPU from the mapped checkpoint (see
 /// `cuda::host`). The CPU backend reads the mapping directly, so it takes only `auto`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -235,11 +296,21 @@ pub struct Extents {
 
 impl Extents {
     /// The runs `strategy` makes rank `rank` copy from the host every step: whole blocks
-    /// (offload) or the rank's shard of each block (offload-sharded). Resident and
-    /// sharded copy only once, at start, so they get no pinned copy.
-    pub fn for_rank(layout: &GroupLayout, strategy: Strategy, rank: usize) -> Extents {
+    /// (offload) or the rank's shard of each block (offload-sharded), of the blocks `kept`
+    /// does not mark. Resident and sharded (and kept blocks) copy only once, at start, so
+    /// they get no pinned copy.
+    pub fn for_rank(
+        layout: &GroupLayout,
+        strategy: Strategy,
+        rank: usize,
+        kept: &[bool],
+    ) -> Extents {
         let mut pieces: Vec<Piece> = Vec::new();
-        for b in &layout.blocks {
+        for b in layout
+            .blocks
+            .iter()
+            .filter(|b| !kept.get(b.index).copied().unwrap_or(false))
+        {
             for g in &b.regions {
                 match strategy {
                     Strategy::Offload => pieces.extend(g.pieces.iter().cloned()),
