@@ -102,9 +102,22 @@ fn row(dd: &DiffusionDeployment, node: &NodeShape, label: &str, plan: &Plan) -> 
     )
 }
 
+/// The first two cells of the doc's per-plan rows: `dd`'s workload and `plan`'s shape.
+fn plan_cells(dd: &DiffusionDeployment, plan: &Plan) -> String {
+    let w = &dd.spec.workload;
+    format!(
+        "| {}×{}×{} | `{}` dp={}, {} slots |",
+        w.max_width,
+        w.max_height,
+        w.max_frames,
+        plan.strategy.as_str(),
+        plan.dp,
+        plan.slots
+    )
+}
+
 /// The doc's row of where `plan` keeps each component for `dd`'s workload.
 fn placements(dd: &DiffusionDeployment, plan: &Plan) -> String {
-    let w = &dd.spec.workload;
     let names = |p: ComponentPlacement| {
         let v: Vec<String> = plan
             .components
@@ -119,13 +132,8 @@ fn placements(dd: &DiffusionDeployment, plan: &Plan) -> String {
         }
     };
     format!(
-        "| {}×{}×{} | `{}` dp={}, {} slots | {} | {} | {} |",
-        w.max_width,
-        w.max_height,
-        w.max_frames,
-        plan.strategy.as_str(),
-        plan.dp,
-        plan.slots,
+        "{} {} | {} | {} |",
+        plan_cells(dd, plan),
         names(ComponentPlacement::Resident),
         names(ComponentPlacement::Streamed),
         plan.resident_blocks
@@ -134,17 +142,11 @@ fn placements(dd: &DiffusionDeployment, plan: &Plan) -> String {
 
 /// The doc's breakdown row (GiB) of `plan` for `dd`'s workload.
 fn breakdown(dd: &DiffusionDeployment, plan: &Plan) -> String {
-    let w = &dd.spec.workload;
     let b = &plan.device_breakdown;
     let gib = |n: u64| format!("{:.2}", n as f64 / GIB as f64);
     format!(
-        "| {}×{}×{} | `{}` dp={}, {} slots | {} | {} | {} | {} | {} | {} |",
-        w.max_width,
-        w.max_height,
-        w.max_frames,
-        plan.strategy.as_str(),
-        plan.dp,
-        plan.slots,
+        "{} {} | {} | {} | {} | {} | {} |",
+        plan_cells(dd, plan),
         gib(b.block_weights),
         gib(b.slots),
         gib(b.resident_weights),
