@@ -1,6 +1,9 @@
 //! The builtin autoscaler: engine pods' load (queued + running requests, read from their
 //! `/metrics`) to a replica count. The formula and the scale-down delay are pure functions;
 //! the load comes through [`LoadSource`] so tests can feed it.
+//!
+//! A pod whose load cannot be read is not idle: what the others report is only a lower
+//! bound of the load, so it may scale up but never down (missing data holds the replicas).
 
 use std::time::Duration;
 
@@ -34,20 +37,30 @@ pub struct Step {
     pub pending_since: Option<Timestamp>,
 }
 
+/// What the autoscaler read of the load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observed {
+    /// Requests queued and running over the pods that answered.
+    pub load: u64,
+    /// Whether every running pod answered.
+    pub complete: bool,
+}
+
 /// Scales up at once; scales down only once the load has wanted fewer replicas for the whole
-/// delay, then to what the load wants now.
+/// delay, then to what the load wants now. With a pod unread the load is a lower bound: it
+/// may scale up, but holds the replicas otherwise and restarts the delay.
 pub fn step(
     current: i32,
-    load: u64,
+    observed: Observed,
     b: &Bounds,
     pending_since: Option<Timestamp>,
     now: Timestamp,
 ) -> Step {
-    let want = desired(load, b);
+    let want = desired(observed.load, b);
     let current = current.clamp(b.min.max(0), b.max.max(b.min.max(0)));
-    if want >= current {
+    if want >= current || !observed.complete {
         return Step {
-            replicas: want,
+            replicas: want.max(current),
             pending_since: None,
         };
     }
@@ -168,6 +181,13 @@ impl LoadSource for HttpLoad {
 mod tests {
     use super::*;
 
+    fn all(load: u64) -> Observed {
+        Observed {
+            load,
+            complete: true,
+        }
+    }
+
     fn b(min: i32, max: i32, target: u32, delay_s: u64) -> Bounds {
         Bounds {
             min,
@@ -193,7 +213,7 @@ mod tests {
     fn scales_up_at_once_and_down_after_the_delay() {
         let bounds = b(1, 8, 2, 60);
         let t0 = Timestamp::from_second(1_000_000).unwrap();
-        let up = step(1, 9, &bounds, None, t0);
+        let up = step(1, all(9), &bounds, None, t0);
         assert_eq!(
             up,
             Step {
@@ -202,7 +222,7 @@ mod tests {
             }
         );
         // Load drops: nothing changes yet, the wait starts.
-        let s1 = step(5, 1, &bounds, None, t0);
+        let s1 = step(5, all(1), &bounds, None, t0);
         assert_eq!(
             s1,
             Step {
@@ -211,10 +231,10 @@ mod tests {
             }
         );
         let t1 = t0 + Duration::from_secs(59);
-        assert_eq!(step(5, 1, &bounds, s1.pending_since, t1).replicas, 5);
+        assert_eq!(step(5, all(1), &bounds, s1.pending_since, t1).replicas, 5);
         let t2 = t0 + Duration::from_secs(60);
         assert_eq!(
-            step(5, 1, &bounds, s1.pending_since, t2),
+            step(5, all(1), &bounds, s1.pending_since, t2),
             Step {
                 replicas: 1,
                 pending_since: None
@@ -222,7 +242,7 @@ mod tests {
         );
         // A load spike while waiting cancels the wait.
         assert_eq!(
-            step(5, 10, &bounds, s1.pending_since, t1),
+            step(5, all(10), &bounds, s1.pending_since, t1),
             Step {
                 replicas: 5,
                 pending_since: None
@@ -231,13 +251,43 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_that_cannot_be_read_holds_the_replicas() {
+        let bounds = b(1, 8, 2, 60);
+        let t0 = Timestamp::from_second(1_000_000).unwrap();
+        let partial = |load| Observed {
+            load,
+            complete: false,
+        };
+        // Idle as far as the readable pods say: no scale-down, no wait started.
+        assert_eq!(
+            step(5, partial(0), &bounds, None, t0),
+            Step {
+                replicas: 5,
+                pending_since: None
+            }
+        );
+        // A wait under way restarts; the delay runs again once every pod answers.
+        let t1 = t0 + Duration::from_secs(120);
+        assert_eq!(
+            step(5, partial(1), &bounds, Some(t0), t1),
+            Step {
+                replicas: 5,
+                pending_since: None
+            }
+        );
+        assert_eq!(step(5, all(1), &bounds, None, t1).replicas, 5);
+        // What the readable pods report already wants more: scale up.
+        assert_eq!(step(2, partial(9), &bounds, None, t0).replicas, 5);
+    }
+
+    #[test]
     fn out_of_bounds_current_is_brought_into_bounds() {
         assert_eq!(
-            step(20, 100, &b(1, 4, 1, 60), None, Timestamp::UNIX_EPOCH).replicas,
+            step(20, all(100), &b(1, 4, 1, 60), None, Timestamp::UNIX_EPOCH).replicas,
             4
         );
         assert_eq!(
-            step(0, 0, &b(2, 4, 1, 60), None, Timestamp::UNIX_EPOCH).replicas,
+            step(0, all(0), &b(2, 4, 1, 60), None, Timestamp::UNIX_EPOCH).replicas,
             2
         );
     }

@@ -1,4 +1,4 @@
-//! Status conditions: the six types a DiffusionDeployment reports, and an upsert that keeps
+//! Status conditions: the types a DiffusionDeployment reports, and an upsert that keeps
 //! `lastTransitionTime` while a condition's status does not change.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -10,6 +10,9 @@ pub const CACHE_WARM: &str = "CacheWarm";
 pub const AVAILABLE: &str = "Available";
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
+/// Builtin autoscaling only: True while some engine pods' load cannot be read (the message
+/// names them); those pods hold the replicas.
+pub const SCRAPE_FAILED: &str = "ScrapeFailed";
 
 /// Sets condition `type_` in `conds` (adding it when missing).
 pub fn set(

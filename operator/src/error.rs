@@ -22,6 +22,16 @@ pub enum Error {
     MissingObjectKey(&'static str),
     #[error("no random bytes for {what}: {msg}")]
     Random { what: &'static str, msg: String },
+    #[error("{0}")]
+    Settings(String),
+    #[error("the Node and DiffusionNode stores are not synced: {0}")]
+    StoresNotSynced(&'static str),
+    #[error("leader election on Lease {lease}: {source}")]
+    Lease {
+        lease: String,
+        #[source]
+        source: kube_lease_manager::LeaseManagerError,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -35,6 +45,9 @@ impl Error {
             Error::Serialize { .. } => "serialize",
             Error::MissingObjectKey(_) => "missing_key",
             Error::Random { .. } => "random",
+            Error::Settings(_) => "settings",
+            Error::StoresNotSynced(_) => "stores_not_synced",
+            Error::Lease { .. } => "lease",
         }
     }
 
@@ -46,6 +59,9 @@ impl Error {
             Error::Serialize { .. } => "InternalError",
             Error::MissingObjectKey(_) => "InvalidObject",
             Error::Random { .. } => "InternalError",
+            Error::Settings(_) => "InvalidSettings",
+            Error::StoresNotSynced(_) => "StoresNotSynced",
+            Error::Lease { .. } => "LeaderElectionFailed",
         }
     }
 }

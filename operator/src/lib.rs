@@ -2,15 +2,28 @@
 //! `DiffusionNode`s, a plan recorded in status, and an engine Deployment plus Service, and
 //! scales the Deployment from the engines' queue depth.
 //!
-//! Decisions are pure functions ([`planner`], [`autoscaler`], [`resources`]); the
-//! [`controller`] does the API calls around them.
+//! Decisions are pure functions ([`planner`], [`placement`], [`autoscaler`], [`resources`]);
+//! the [`controller`] runs a reconcile's [`phases`] over reflector [`stores`] and reports
+//! through one path ([`report`]); [`leader`] decides which replica runs it; [`telemetry`],
+//! [`http`] and the counting [`client`] say what it does.
 
 pub mod autoscaler;
+pub mod client;
 pub mod conditions;
 pub mod controller;
 pub mod error;
+pub mod http;
+pub mod leader;
+pub mod phases;
+pub mod placement;
 pub mod planner;
+pub mod report;
 pub mod resources;
+pub mod stores;
+pub mod telemetry;
+pub mod volume;
 
-pub use controller::{run, Context, Settings};
+pub use controller::{Context, Settings};
 pub use error::{Error, Result};
+pub use leader::{run, Election};
+pub use telemetry::Telemetry;

@@ -1,13 +1,17 @@
-//! `layerwise-operator`: runs the DiffusionDeployment controller until SIGTERM or Ctrl-C.
+//! `layerwise-operator`: serves `/metrics`, `/healthz` and `/readyz`, takes part in leader
+//! election, and runs the DiffusionDeployment controller while it leads, until SIGTERM or
+//! Ctrl-C.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{ensure, Context as _, Result};
 use clap::Parser;
 use layerwise_operator::autoscaler::HttpLoad;
 use layerwise_operator::planner::Limits;
-use layerwise_operator::{resources, run, Settings};
+use layerwise_operator::{client, http, resources, run, Election, Settings, Telemetry};
+use tracing::info;
 
 /// Plans and runs layerwise engine deployments from DiffusionDeployments.
 #[derive(Parser, Debug)]
@@ -43,6 +47,34 @@ struct Args {
     /// Timeout for reading an engine pod's /metrics (milliseconds).
     #[arg(long, env = "LAYERWISE_SCRAPE_TIMEOUT_MS", default_value_t = 2000)]
     scrape_timeout_ms: u64,
+    /// The fewest candidate nodes a deployment asks to profile and warm its model (more
+    /// when its most replicas need more nodes).
+    #[arg(long, env = "LAYERWISE_PREPARE_NODES", default_value_t = 8)]
+    prepare_nodes: usize,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "LAYERWISE_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Take part in leader election: run the controller only while holding the Lease.
+    #[arg(long, env = "LAYERWISE_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Name of the Lease replicas elect a leader on.
+    #[arg(
+        long,
+        env = "LAYERWISE_LEASE_NAME",
+        default_value = "layerwise-operator"
+    )]
+    lease_name: String,
+    /// Namespace of the Lease (the chart passes the operator's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// Seconds a lease lasts after its last renewal (how long a crashed leader's replica
+    /// waits at most before taking over).
+    #[arg(long, env = "LAYERWISE_LEASE_SECONDS", default_value_t = 15)]
+    lease_seconds: u64,
+    /// Seconds before the lease lapses that the leader renews it (also the clock skew
+    /// between replicas it tolerates); less than the lease.
+    #[arg(long, env = "LAYERWISE_LEASE_GRACE_SECONDS", default_value_t = 5)]
+    lease_grace_seconds: u64,
 }
 
 #[tokio::main]
@@ -54,7 +86,24 @@ async fn main() -> Result<()> {
         )
         .init();
     let args = Args::parse();
-    let client = kube::Client::try_default().await?;
+    ensure!(
+        args.lease_grace_seconds >= 1 && args.lease_grace_seconds < args.lease_seconds,
+        "--lease-grace-seconds ({}) must be at least 1 and less than --lease-seconds ({})",
+        args.lease_grace_seconds,
+        args.lease_seconds
+    );
+    let telemetry = Arc::new(Telemetry::default());
+    let config = kube::Config::infer()
+        .await
+        .context("finding the Kubernetes API")?;
+    let client = client::counted(config, telemetry.clone())?;
+    let election = args.leader_elect.then(|| Election {
+        lease: args.lease_name.clone(),
+        namespace: args.lease_namespace.clone(),
+        identity: identity(),
+        lease_seconds: args.lease_seconds,
+        grace_seconds: args.lease_grace_seconds,
+    });
     let settings = Settings {
         engine_image: args.engine_image,
         limits: Limits {
@@ -66,13 +115,52 @@ async fn main() -> Result<()> {
         resync: Duration::from_secs(args.resync_seconds.max(1)),
         namespace: args.namespace,
         model_roots: args.model_roots,
+        prepare_nodes: args.prepare_nodes.max(1),
+        election,
     };
     let load = Arc::new(HttpLoad {
         port: resources::ENGINE_PORT as u16,
         timeout: Duration::from_millis(args.scrape_timeout_ms),
     });
-    run(client, settings, load, shutdown()).await;
-    Ok(())
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    // Probes and scrapes only: a few connections, short deadlines.
+    let limits = layerwise_engine::http::HttpLimits {
+        header_timeout: Duration::from_secs(10),
+        max_connections: 64,
+        drain: Duration::from_secs(5),
+    };
+    let server = tokio::spawn(layerwise_engine::http::serve(
+        listener,
+        http::app(telemetry.clone()),
+        limits,
+        async move {
+            let _ = http_stopped.await;
+        },
+    ));
+    let result = run(client, settings, load, telemetry, shutdown()).await;
+    let _ = stop_http.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    info!("stopped");
+    Ok(result?)
+}
+
+/// This process's identity in the Lease: the pod's name (or the host's) and a random part,
+/// so that a restarted container never takes its predecessor's lease for its own.
+fn identity() -> String {
+    let name = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "layerwise-operator".into());
+    let mut bytes = [0u8; 4];
+    let suffix = match getrandom::fill(&mut bytes) {
+        Ok(()) => u32::from_le_bytes(bytes),
+        Err(_) => std::process::id(),
+    };
+    format!("{name}_{suffix:08x}")
 }
 
 /// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C.

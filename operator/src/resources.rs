@@ -34,6 +34,48 @@ pub const DRAIN_DELAY_SECONDS: i64 = 5;
 pub const PLAN_ANNOTATION: &str = "layerwise.dev/plan";
 const HOSTNAME: &str = "kubernetes.io/hostname";
 
+/// What an engine Deployment's pod template was scheduled by: the plan summary it records,
+/// the nodes it requires and the (warm) nodes it prefers; `None` when it has no plan.
+pub fn scheduling_of(d: &Deployment) -> Option<(String, Vec<String>, Vec<String>)> {
+    let template = &d.spec.as_ref()?.template;
+    let summary = template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(PLAN_ANNOTATION)?
+        .clone();
+    let affinity = template
+        .spec
+        .as_ref()?
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?;
+    let hostnames = |term: &NodeSelectorTerm| -> Vec<String> {
+        term.match_expressions
+            .iter()
+            .flatten()
+            .filter(|r| r.key == HOSTNAME && r.operator == "In")
+            .flat_map(|r| r.values.clone().unwrap_or_default())
+            .collect()
+    };
+    let required = affinity
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?
+        .node_selector_terms
+        .iter()
+        .flat_map(&hostnames)
+        .collect();
+    let preferred = affinity
+        .preferred_during_scheduling_ignored_during_execution
+        .iter()
+        .flatten()
+        .flat_map(|t| hostnames(&t.preference))
+        .collect();
+    Some((summary, required, preferred))
+}
+
 /// Labels that select a deployment's engine pods.
 pub fn selector_labels(dd: &DiffusionDeployment) -> BTreeMap<String, String> {
     BTreeMap::from([
@@ -579,6 +621,19 @@ mod tests {
             unguided.contains(&(ENV_GUIDANCE_ALLOWED.into(), "false".into())),
             "{unguided:?}"
         );
+    }
+
+    #[test]
+    fn a_template_reads_back_the_plan_and_nodes_it_was_scheduled_by() {
+        let d = deployment(&dd(json!({})), &plan(), 1, "img", &["n0".into()]);
+        let (summary, required, preferred) = scheduling_of(&d).expect("a planned template");
+        assert_eq!(summary, plan_summary(&plan()));
+        assert_eq!(
+            (required, preferred),
+            (vec!["n0".into()], vec!["n0".into()])
+        );
+        let cold = deployment(&dd(json!({})), &plan(), 1, "img", &[]);
+        assert_eq!(scheduling_of(&cold).unwrap().2, Vec::<String>::new());
     }
 
     #[test]

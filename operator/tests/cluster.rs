@@ -5,300 +5,25 @@
 //! Every test works in its own namespace, runs a controller that watches only it, and removes
 //! what it made; all traffic goes to the loopback apiserver.
 
+mod world;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
-use crds::{DiffusionDeployment, DiffusionNode, Profile};
-use futures::future::BoxFuture;
+use crds::{DiffusionDeployment, DiffusionNode};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::Api;
 use layerwise_e2e::cluster::{self, wait_until};
-use layerwise_e2e::tools::{self, impersonating, install_crds, ok, repo, tool};
-use layerwise_operator::autoscaler::{LoadSource, PodLoad};
-use layerwise_operator::planner::Limits;
-use layerwise_operator::{run, Settings};
+use layerwise_e2e::tools::{impersonating, install_crds, ok, repo, tool};
 use serde_json::json;
-use tokio::task::JoinHandle;
-
-const WAIT: Duration = Duration::from_secs(90);
-const GIB: u64 = 1 << 30;
-
-/// One test's world: a namespace, the chart (without CRDs) installed as release `release`,
-/// and a controller running as the chart's operator service account.
-struct World {
-    client: Client,
-    ns: String,
-    release: String,
-    controller: JoinHandle<()>,
-    agent: JoinHandle<()>,
-}
-
-impl World {
-    async fn new(test: &str, load: Arc<dyn LoadSource>, profile: Profile) -> Result<World> {
-        let client = cluster::client().await?;
-        install_crds(&client, WAIT).await?;
-        let ns = cluster::unique_namespace(test);
-        let release = format!("lw-{}", &ns[ns.len() - 8..]);
-        let nss: Api<Namespace> = Api::all(client.clone());
-        nss.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({ "metadata": { "name": ns } }))?,
-        )
-        .await?;
-        let chart = repo().join("charts/layerwise");
-        ok(
-            tool(
-                "helm",
-                &[
-                    "install",
-                    &release,
-                    chart.to_str().unwrap(),
-                    "--namespace",
-                    &ns,
-                    "--skip-crds",
-                    "--set",
-                    &format!("operator.watchNamespace={ns}"),
-                ],
-                None,
-            )?,
-            "helm install",
-        )?;
-        // The controller runs here, but with exactly the chart's RBAC.
-        let sa = format!("system:serviceaccount:{ns}:{release}-layerwise-operator");
-        let operator_client = impersonating(&sa).await?;
-        let settings = Settings {
-            engine_image: "layerwise:test".into(),
-            limits: Limits::default(),
-            resync: Duration::from_secs(1),
-            namespace: Some(ns.clone()),
-            model_roots: vec!["/models".into()],
-        };
-        let controller = tokio::spawn(run(
-            operator_client,
-            settings,
-            load,
-            futures::future::pending(),
-        ));
-        let agent = tokio::spawn(fake_agent(client.clone(), ns.clone(), profile));
-        Ok(World {
-            client,
-            ns,
-            release,
-            controller,
-            agent,
-        })
-    }
-
-    /// Removes everything the test made, best effort: every step runs and the first error
-    /// is returned.
-    async fn teardown(self) -> Result<()> {
-        let mut errors: Vec<anyhow::Error> = Vec::new();
-        tools::delete_diffusion_deployments(&self.client, &self.ns, WAIT, &mut errors).await;
-        self.controller.abort();
-        self.agent.abort();
-        // Drop what the fake agent reported for this namespace's models.
-        let dns: Api<DiffusionNode> = Api::all(self.client.clone());
-        for dn in dns
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-        {
-            let patch = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": dn.name_any() } });
-            if let Err(e) = dns
-                .patch_status(
-                    &dn.name_any(),
-                    &PatchParams::apply(&agent_manager(&self.ns)).force(),
-                    &Patch::Apply(&patch),
-                )
-                .await
-            {
-                errors.push(anyhow::Error::from(e).context(format!(
-                    "clearing the fake agent's status on {}",
-                    dn.name_any()
-                )));
-            }
-        }
-        if let Err(e) = tools::helm_uninstall(&self.release, &self.ns) {
-            errors.push(e);
-        }
-        tools::finish_teardown(&self.client, &self.ns, errors).await
-    }
-}
-
-fn agent_manager(ns: &str) -> String {
-    format!("e2e-agent-{ns}")
-}
-
-fn parse_memory(q: &str) -> u64 {
-    let (num, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
-    let n: u64 = num.parse().unwrap_or(0);
-    n * match unit {
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        _ => 1,
-    }
-}
-
-/// Plays the node agent for this namespace's models: makes sure every fake node has a
-/// DiffusionNode reporting its shape, and answers each prepare request from `ns` with
-/// `profile`, warm on the H200 node and warming elsewhere.
-async fn fake_agent(client: Client, ns: String, profile: Profile) {
-    let dns: Api<DiffusionNode> = Api::all(client.clone());
-    let shapes = layerwise_e2e::shapes::load().expect("shapes file");
-    loop {
-        for shape in &shapes {
-            for node in shape.node_names() {
-                let existing = match dns.get_opt(&node).await {
-                    Ok(e) => e,
-                    Err(_) => continue,
-                };
-                if existing.is_none() {
-                    let obj = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": node }, "spec": { "models": [] } });
-                    let _ = dns
-                        .patch(&node, &PatchParams::apply("e2e-agent"), &Patch::Apply(&obj))
-                        .await;
-                }
-                let requested: Vec<String> = existing
-                    .map(|d| {
-                        d.spec
-                            .models
-                            .iter()
-                            .filter(|m| m.id.starts_with(&format!("{ns}/")))
-                            .map(|m| m.id.clone())
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let models: Vec<serde_json::Value> = requested
-                    .iter()
-                    .map(|id| {
-                        let warm = shape.prefix == "h200";
-                        json!({
-                            "id": id,
-                            "state": if warm { "Warm" } else { "Warming" },
-                            "profile": profile,
-                            "residentBytes": if warm { profile.total_bytes } else { 0 },
-                            "totalBytes": profile.total_bytes,
-                        })
-                    })
-                    .collect();
-                let status = json!({
-                    "accelerators": [{
-                        "resourceName": shape.resource,
-                        "product": shape.product,
-                        "count": shape.devices,
-                        "memoryBytes": shape.device_memory_mib << 20,
-                        "fastPeerLink": true,
-                    }],
-                    "hostMemoryBytes": parse_memory(&shape.memory),
-                    "models": models,
-                });
-                let patch = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": node }, "status": status });
-                let _ = dns
-                    .patch_status(
-                        &node,
-                        &PatchParams::apply(&agent_manager(&ns)).force(),
-                        &Patch::Apply(&patch),
-                    )
-                    .await;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// A checkpoint profile with `blocks` blocks of `block` bytes (bf16), 2 GiB outside them, an
-/// SD-sized VAE and DiT-like activations.
-fn profile(blocks: usize, block: u64) -> Profile {
-    layerwise_e2e::fixtures::dit_profile(blocks, block, 2 * GIB, 320 << 20)
-}
-
-fn deployment_manifest(name: &str, extra: serde_json::Value) -> serde_json::Value {
-    let mut dd = json!({
-        "apiVersion": "layerwise.dev/v1alpha1",
-        "kind": "DiffusionDeployment",
-        "metadata": { "name": name },
-        "spec": {
-            "model": { "family": "dit", "location": { "hostPath": "/models/test-dit" } },
-            "workload": { "maxWidth": 1024, "maxHeight": 1024, "maxSteps": 50, "guidance": true },
-        }
-    });
-    merge(&mut dd["spec"], extra);
-    dd
-}
-
-fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
-    match (a, b) {
-        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k).or_insert(serde_json::Value::Null), v);
-            }
-        }
-        (a, b) => *a = b,
-    }
-}
-
-async fn status_of(
-    api: &Api<DiffusionDeployment>,
-    name: &str,
-) -> Result<crds::DiffusionDeploymentStatus> {
-    Ok(api.get(name).await?.status.unwrap_or_default())
-}
-
-fn condition(s: &crds::DiffusionDeploymentStatus, type_: &str) -> Option<(String, String, String)> {
-    s.conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
-/// Pods of the deployment that are Running, with their nodes.
-async fn running_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<(String, String)>> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={name}"));
-    Ok(pods
-        .list(&lp)
-        .await?
-        .items
-        .into_iter()
-        .filter(|p| {
-            p.metadata.deletion_timestamp.is_none()
-                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-        })
-        .map(|p| {
-            (
-                p.name_any(),
-                p.spec.and_then(|s| s.node_name).unwrap_or_default(),
-            )
-        })
-        .collect())
-}
-
-async fn event_reasons(client: &Client, ns: &str) -> Result<Vec<String>> {
-    let evs: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
-    let mut reasons: Vec<String> = evs
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect();
-    let core: Api<CoreEvent> = Api::namespaced(client.clone(), ns);
-    reasons.extend(
-        core.list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .filter_map(|e| e.reason),
-    );
-    Ok(reasons)
-}
+use world::{
+    condition, deployment_manifest, event_reasons, profile, running_pods, status_of, Fixed, World,
+    GIB, WAIT,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plans_runs_replans_and_cleans_up() -> Result<()> {
@@ -625,16 +350,6 @@ async fn job_key(
         other => bail!("the operator's account read a Secret: {other:?}"),
     }
     Ok((secret.metadata.resource_version.unwrap_or_default(), key))
-}
-
-/// Every engine pod reports the same queue.
-struct Fixed(AtomicU64);
-
-impl LoadSource for Fixed {
-    fn load<'a>(&'a self, _pod: &'a Pod) -> BoxFuture<'a, Result<PodLoad, String>> {
-        let queued = self.0.load(Ordering::SeqCst);
-        Box::pin(async move { Ok(PodLoad { queued, running: 0 }) })
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -49,6 +49,10 @@ const SCALE_DOWN_DELAY_S: u64 = 5;
 /// wants the maximum.
 const LOAD_CLIENTS: usize = (MAX_REPLICAS as usize) * (TARGET_QUEUE as usize);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// The chart's default: one operator leads, the other stands by.
+const OPERATOR_REPLICAS: usize = 2;
+/// The chart's default port of the operator's /metrics, /healthz and /readyz.
+const OPERATOR_PORT: u16 = 8080;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apply_prewarm_plan_serve_autoscale_roll_and_clean_up() -> Result<()> {
@@ -396,6 +400,33 @@ spec:
         .await
     }
 
+    /// The operator pods whose /metrics say they lead.
+    async fn operator_leaders(&self, runner: &NodeRunner) -> Result<Vec<String>> {
+        let prefix = format!("{}-layerwise-operator-", self.release);
+        let mut leaders = Vec::new();
+        for r in runner
+            .running()
+            .iter()
+            .filter(|r| r.pod.starts_with(&prefix))
+        {
+            let addr = SocketAddr::new(r.ip, OPERATOR_PORT);
+            let m = http(addr, "GET", "/metrics", None, REQUEST_TIMEOUT).await?;
+            ensure!(
+                m.status == 200,
+                "GET /metrics of {}: HTTP {}",
+                r.pod,
+                m.status
+            );
+            if String::from_utf8_lossy(&m.body)
+                .lines()
+                .any(|l| l == "layerwise_operator_leader 1")
+            {
+                leaders.push(r.pod.clone());
+            }
+        }
+        Ok(leaders)
+    }
+
     fn kubectl_apply(&self, yaml: &str) -> Result<()> {
         ok(
             tool("kubectl", &["apply", "-f", "-"], Some(yaml))?,
@@ -441,15 +472,26 @@ spec:
             )?,
             "helm install",
         )?;
-        // The operator and one agent per GPU node run and are ready.
-        let want = self.gpu_nodes.len() + 1;
-        wait_until("the operator and the agents ready", WAIT, || async {
+        // The operator's two replicas and one agent per GPU node run and are ready; of the
+        // operators, exactly one leads (its /metrics, on the chart's metrics port, says so).
+        let want = self.gpu_nodes.len() + OPERATOR_REPLICAS;
+        wait_until("the operators and the agents ready", WAIT, || async {
             check_runner(runner)?;
             let ready = runner.running().iter().filter(|r| r.ready).count();
             Ok(if ready == want {
                 Ok(())
             } else {
                 Err(format!("{ready} of {want} ready: {:?}", runner.running()))
+            })
+        })
+        .await?;
+        wait_until("one operator leads", WAIT, || async {
+            check_runner(runner)?;
+            let leaders = self.operator_leaders(runner).await?;
+            Ok(if leaders.len() == 1 {
+                Ok(())
+            } else {
+                Err(format!("leaders: {leaders:?}"))
             })
         })
         .await?;

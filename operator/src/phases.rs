@@ -1,0 +1,682 @@
+//! One reconcile of a DiffusionDeployment, as phases in order: admit the spec, ask nodes
+//! to prepare the model, collect their profiles, plan, size the replicas, apply the engine
+//! Deployment and Service, and report what runs. A phase that cannot go on returns
+//! `ControlFlow::Break` with a typed [`Stop`], and [`apply`] records every stop the same
+//! way ([`Report::stop`]); API errors are `Err` and go to the controller's error policy.
+
+use std::collections::BTreeSet;
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use crds::{AutoscalingMode, DiffusionDeployment, ModelState, NodeModelStatus, Plan, Profile};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+use tracing::warn;
+
+use crate::autoscaler::{self, Bounds, Observed};
+use crate::conditions as cond;
+use crate::controller::{add_request, model_id, withdraw, Context, MANAGER};
+use crate::error::{kube, Error, Result};
+use crate::placement::{self, Candidate};
+use crate::planner::{self, NodeShape, Overrides};
+use crate::report::{Report, Stop};
+use crate::resources::{self, PLAN_ANNOTATION};
+use crate::volume::{self, Located};
+
+/// What a phase returns: go on with a `T`, or stop for a reason.
+type Phase<T> = ControlFlow<Stop, T>;
+
+/// The value of a phase, or the reconcile stops with its reason.
+macro_rules! proceed {
+    ($phase:expr) => {
+        match $phase {
+            ControlFlow::Continue(v) => v,
+            ControlFlow::Break(stop) => return Ok(ControlFlow::Break(stop)),
+        }
+    };
+}
+
+/// Reconciles a deployment that is not being deleted.
+pub async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
+    let mut report = Report::new(dd, Timestamp::now());
+    match phases(dd, ctx, &mut report).await {
+        Ok(ControlFlow::Continue(())) => {
+            report.commit(ctx, dd).await?;
+            Ok(Action::requeue(ctx.settings.resync))
+        }
+        Ok(ControlFlow::Break(stop)) => {
+            ctx.telemetry.metrics.stopped(stop.reason());
+            report.stop(&stop);
+            report.commit(ctx, dd).await?;
+            Ok(stop
+                .retry(ctx.settings.resync)
+                .map_or_else(Action::await_change, Action::requeue))
+        }
+        Err(err) => {
+            report.abandon(ctx, dd).await;
+            Err(err)
+        }
+    }
+}
+
+async fn phases(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Result<Phase<()>> {
+    let located = proceed!(locate(dd, ctx).await?);
+    let asked = proceed!(prepare(dd, ctx, &located, r).await?);
+    let profiled = proceed!(profiles(dd, &asked, r));
+    let (plan, warm) = proceed!(plan(dd, ctx, &profiled, r));
+    let (replicas, existing) = replicas(dd, ctx, r).await?;
+    let applied = deploy(dd, ctx, &plan, replicas, existing, &warm, r).await?;
+    observe(&plan, replicas, &warm, &applied, r);
+    Ok(ControlFlow::Continue(()))
+}
+
+/// Where the model is on the nodes (see [`crate::volume`]): a hostPath as it is, a claim
+/// as the folder and nodes of the volume it is bound to. The folder must lie inside the
+/// configured roots: nothing is asked of the nodes and no pod mounts it otherwise.
+async fn locate(dd: &DiffusionDeployment, ctx: &Context) -> Result<Phase<Located>> {
+    let location = &dd.spec.model.location;
+    let located = match (&location.host_path, &location.persistent_volume_claim) {
+        (Some(path), _) => Located {
+            host_path: path.clone(),
+            nodes: None,
+            describe: path.clone(),
+        },
+        (None, Some(claim)) => {
+            let ns = dd.namespace().unwrap_or_default();
+            let pvc = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns)
+                .get_opt(&claim.claim_name)
+                .await
+                .map_err(kube(format!(
+                    "reading PersistentVolumeClaim {} of {}",
+                    claim.claim_name,
+                    model_id(dd)
+                )))?;
+            let bound = pvc
+                .as_ref()
+                .and_then(|c| c.spec.as_ref()?.volume_name.clone())
+                .filter(|v| !v.is_empty());
+            let pv = match &bound {
+                Some(v) => Api::<PersistentVolume>::all(ctx.client.clone())
+                    .get_opt(v)
+                    .await
+                    .map_err(kube(format!("reading PersistentVolume {v}")))?,
+                None => None,
+            };
+            match volume::locate_claim(
+                &claim.claim_name,
+                claim.sub_path.as_deref(),
+                pvc.as_ref(),
+                pv.as_ref(),
+            ) {
+                Ok(located) => located,
+                Err(why) => {
+                    return Ok(ControlFlow::Break(Stop::ClaimUnusable {
+                        reason: why.reason,
+                        message: why.message,
+                    }))
+                }
+            }
+        }
+        (None, None) => {
+            return Ok(ControlFlow::Break(Stop::ClaimUnusable {
+                reason: "NoModelLocation",
+                message: "the model names neither hostPath nor persistentVolumeClaim".into(),
+            }))
+        }
+    };
+    let roots = &ctx.settings.model_roots;
+    if !crds::common::within_roots(&located.host_path, roots) {
+        return Ok(ControlFlow::Break(Stop::ModelOutsideRoots {
+            path: located.host_path,
+            roots: roots.clone(),
+        }));
+    }
+    Ok(ControlFlow::Continue(located))
+}
+
+/// Asks the prepare set to profile and warm the model; withdraws the request from every
+/// other node. Returns the prepare set.
+async fn prepare(
+    dd: &DiffusionDeployment,
+    ctx: &Context,
+    located: &Located,
+    r: &mut Report,
+) -> Result<Phase<Vec<Candidate>>> {
+    let id = model_id(dd);
+    let spec = &dd.spec;
+    let resource = spec.accelerator.resource();
+    let mut nodes = ctx.stores.nodes.state();
+    if let Some(on) = &located.nodes {
+        nodes.retain(|n| volume::node_matches(on, n));
+    }
+    let all = placement::candidates(spec, &nodes, |n| ctx.stores.diffusion_node(n));
+    let plan = r.old.plan.as_ref();
+    let bound = placement::prepare_bound(spec, plan, &all, ctx.settings.prepare_nodes);
+    let chosen: Vec<Candidate> = placement::prepare_set(&all, &id, resource, plan, bound)
+        .into_iter()
+        .map(|i| all[i].clone())
+        .collect();
+    // The agents read host folders: a claim reaches them as its volume's folder.
+    let request = crds::ModelRequest {
+        id: id.clone(),
+        family: spec.model.family.clone(),
+        location: crds::ModelLocation {
+            host_path: Some(located.host_path.clone()),
+            persistent_volume_claim: None,
+        },
+    };
+    let mut asked = Vec::new();
+    for c in &chosen {
+        if !c.dn.spec.models.iter().any(|m| m == &request) {
+            add_request(ctx, &id, &c.name(), &request).await?;
+            asked.push(c.name());
+        }
+    }
+    if !asked.is_empty() {
+        let note = format!(
+            "asked {} to profile and warm {}",
+            asked.join(", "),
+            located.describe
+        );
+        r.event(EventType::Normal, "PrepareRequested", "Prepare", note);
+    }
+    let keep: BTreeSet<String> = chosen.iter().map(Candidate::name).collect();
+    for dn in
+        ctx.stores.diffusion_nodes.state().iter().filter(|dn| {
+            !keep.contains(&dn.name_any()) && dn.spec.models.iter().any(|m| m.id == id)
+        })
+    {
+        withdraw(ctx, &id, dn).await?;
+        let note = format!(
+            "withdrew the prepare request from {} (no longer a candidate)",
+            dn.name_any()
+        );
+        r.event(EventType::Normal, "PrepareWithdrawn", "Prepare", note);
+    }
+    if chosen.is_empty() {
+        return Ok(ControlFlow::Break(Stop::NoCandidateNodes {
+            resource: resource.to_string(),
+            volume: located.nodes.is_some().then(|| located.describe.clone()),
+        }));
+    }
+    Ok(ControlFlow::Continue(chosen))
+}
+
+/// A node of the prepare set that reported a usable profile.
+struct Profiled<'a> {
+    candidate: &'a Candidate,
+    model: &'a NodeModelStatus,
+    profile: &'a Profile,
+}
+
+/// What one candidate node's status of the model gives the planner: a profile of the family
+/// the spec names, nothing yet, or why the node cannot serve it. The agent fails a checkpoint
+/// of another family when it profiles it; a profile reported before the spec changed family
+/// is refused here too, so no plan is ever made from it.
+fn node_profile<'a>(family: &str, m: &'a NodeModelStatus) -> Result<Option<&'a Profile>, String> {
+    match (&m.state, &m.profile) {
+        (ModelState::Failed, _) => Err(m.error.clone().unwrap_or_else(|| "failed".into())),
+        (_, Some(p)) if p.family != family => Err(format!(
+            "the DiffusionDeployment names family `{family}`, but the checkpoint is a `{}` pipeline",
+            p.family
+        )),
+        (_, Some(p)) => Ok(Some(p)),
+        _ => Ok(None),
+    }
+}
+
+/// The nodes of the prepare set that reported a profile; waits while none has.
+fn profiles<'a>(
+    dd: &DiffusionDeployment,
+    asked: &'a [Candidate],
+    r: &mut Report,
+) -> Phase<Vec<Profiled<'a>>> {
+    let id = model_id(dd);
+    let mut profiled = Vec::new();
+    let mut failed = Vec::new();
+    for c in asked {
+        let Some(m) = c.dn.status.as_ref().and_then(|s| s.model(&id)) else {
+            continue;
+        };
+        match node_profile(&dd.spec.model.family, m) {
+            Err(why) => failed.push(format!("{}: {why}", c.name())),
+            Ok(Some(profile)) => profiled.push(Profiled {
+                candidate: c,
+                model: m,
+                profile,
+            }),
+            Ok(None) => {}
+        }
+    }
+    if profiled.is_empty() {
+        return ControlFlow::Break(if !failed.is_empty() && failed.len() == asked.len() {
+            Stop::ProfileFailed { failures: failed }
+        } else {
+            Stop::WaitingForProfile {
+                nodes: asked.len(),
+                location: dd.spec.model.location.describe(),
+            }
+        });
+    }
+    let names: Vec<String> = profiled.iter().map(|p| p.candidate.name()).collect();
+    let profile = profiled[0].profile;
+    let msg = format!(
+        "{} blocks, {:.2} GiB; profiled on {}",
+        profile.blocks,
+        profile.total_bytes as f64 / (1u64 << 30) as f64,
+        names.join(", ")
+    );
+    if !r.was_true(cond::MODEL_PROFILED) {
+        r.event(EventType::Normal, "ModelProfiled", "Profile", msg.clone());
+    }
+    r.set(cond::MODEL_PROFILED, true, "Profiled", msg);
+    ControlFlow::Continue(profiled)
+}
+
+/// Plans from each profiled node's own facts; returns the plan and the planned nodes where
+/// the model is warm.
+fn plan(
+    dd: &DiffusionDeployment,
+    ctx: &Context,
+    profiled: &[Profiled],
+    r: &mut Report,
+) -> Phase<(Plan, Vec<String>)> {
+    let spec = &dd.spec;
+    let resource = spec.accelerator.resource();
+    // Each node with its own profile, and the memory pods may use there: what its agent
+    // reports (physical or cgroup), never more than the Node's allocatable memory.
+    let shapes: Vec<planner::Candidate> = profiled
+        .iter()
+        .filter_map(|p| {
+            let (dn, offer) = (&p.candidate.dn, p.candidate.offer);
+            let st = dn.status.as_ref()?;
+            let acc = st
+                .accelerators
+                .iter()
+                .find(|a| a.resource_name == resource)?;
+            let host = st.usable_host_bytes();
+            Some(planner::Candidate {
+                node: NodeShape {
+                    name: dn.name_any(),
+                    devices: acc.count.min(offer.devices),
+                    device_bytes: acc.memory_bytes,
+                    host_bytes: offer.memory.map_or(host, |a| a.min(host)),
+                    fast_peer_link: acc.fast_peer_link,
+                    warm: p.model.state == ModelState::Warm,
+                },
+                profile: p.profile,
+            })
+        })
+        .collect();
+    let limits = ctx.settings.limits.for_spec(spec);
+    let w = &spec.workload;
+    let plan = match planner::plan_candidates(&shapes, w, &Overrides::of(spec), &limits) {
+        Ok(plan) => plan,
+        Err(refusal) => {
+            let message = format!(
+                "cannot serve {}x{}x{} (batch {}) requests: {refusal}{}",
+                w.max_width,
+                w.max_height,
+                w.max_frames,
+                w.max_batch,
+                if r.status.plan.is_some() {
+                    "; the previous plan keeps running"
+                } else {
+                    ""
+                }
+            );
+            return ControlFlow::Break(Stop::Unplannable {
+                reason: refusal.shortage.reason(),
+                message,
+            });
+        }
+    };
+    let summary = format!(
+        "{}: {:.2} GiB device per rank, {:.2} GiB host per pod, on {}",
+        resources::plan_summary(&plan),
+        plan.device_bytes_per_rank as f64 / (1u64 << 30) as f64,
+        plan.host_bytes_per_pod as f64 / (1u64 << 30) as f64,
+        plan.nodes.join(", ")
+    );
+    if r.old.plan.as_ref() != Some(&plan) {
+        let note = format!(
+            "{summary}. {}",
+            plan.reasons.get(1).cloned().unwrap_or_default()
+        );
+        r.event(EventType::Normal, "Planned", "Plan", note);
+        ctx.telemetry.metrics.planned(plan.strategy.as_str());
+    }
+    r.set(cond::PLANNED, true, "Planned", &summary);
+    r.status.plan = Some(plan.clone());
+    let warm = shapes
+        .iter()
+        .filter(|s| s.node.warm && plan.nodes.contains(&s.node.name))
+        .map(|s| s.node.name.clone())
+        .collect();
+    ControlFlow::Continue((plan, warm))
+}
+
+/// The replicas wanted: the spec's, or the builtin autoscaler's from the engine pods' load.
+/// Returns them with the Deployment as it is now.
+async fn replicas(
+    dd: &DiffusionDeployment,
+    ctx: &Context,
+    r: &mut Report,
+) -> Result<(i32, Option<Deployment>)> {
+    let spec = &dd.spec;
+    let deploys: Api<Deployment> =
+        Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
+    let existing = deploys
+        .get_opt(&dd.name_any())
+        .await
+        .map_err(kube(format!("reading Deployment of {}", model_id(dd))))?;
+    let running = existing.as_ref().and_then(|d| d.spec.as_ref()?.replicas);
+    let builtin = spec
+        .autoscaling
+        .as_ref()
+        .filter(|a| a.mode == AutoscalingMode::Builtin);
+    if builtin.is_none() {
+        r.clear(cond::SCRAPE_FAILED);
+    }
+    let replicas = match (&spec.autoscaling, builtin) {
+        (None, _) => spec.replicas.unwrap_or(1),
+        (Some(a), None) => spec
+            .replicas
+            .unwrap_or(a.min_replicas)
+            .clamp(a.min_replicas, a.max_replicas),
+        (_, Some(a)) => {
+            let bounds = Bounds {
+                min: a.min_replicas,
+                max: a.max_replicas,
+                target: a.target_queue_per_replica,
+                delay: Duration::from_secs(u64::from(a.scale_down_delay_seconds)),
+            };
+            let observed = scrape(dd, ctx, r).await?;
+            let current = running.unwrap_or_else(|| spec.replicas.unwrap_or(a.min_replicas));
+            let step = autoscaler::step(
+                current,
+                observed,
+                &bounds,
+                r.old.scale_down_pending_since.as_ref().map(|t| t.0),
+                r.now,
+            );
+            // Status keeps whole seconds: round up so the stored wait never shortens the delay.
+            r.status.scale_down_pending_since = step.pending_since.map(|t| Time(ceil_second(t)));
+            if running.is_some() && step.replicas != current {
+                let note = format!(
+                    "scaled from {current} to {} replicas: {} requests queued or running, target {} per replica",
+                    step.replicas, observed.load, a.target_queue_per_replica
+                );
+                r.event(EventType::Normal, "Scaled", "Scale", note);
+            }
+            step.replicas
+        }
+    };
+    if running.is_some() && running != Some(replicas) {
+        r.status.last_scale_time = Some(Time(r.now));
+        if builtin.is_none() {
+            let note = format!(
+                "scaled from {} to {replicas} replicas (spec)",
+                running.unwrap_or_default()
+            );
+            r.event(EventType::Normal, "Scaled", "Scale", note);
+        }
+    }
+    Ok((replicas, existing))
+}
+
+/// Reads the load of the deployment's running engine pods. A pod that does not answer is
+/// not counted as idle: the result says the read is incomplete (so replicas hold), the
+/// `ScrapeFailed` condition names the pods, the metric counts them and the log says why.
+async fn scrape(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Result<Observed> {
+    let id = model_id(dd);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
+    let list = pods
+        .list(&ListParams::default().labels(&resources::selector_string(dd)))
+        .await
+        .map_err(kube(format!("listing engine pods of {id}")))?;
+    let running: Vec<&Pod> = list
+        .items
+        .iter()
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+        .collect();
+    let loads = futures::future::join_all(running.iter().map(|p| ctx.load.load(p))).await;
+    let mut load = 0;
+    let mut failed = Vec::new();
+    for (pod, result) in running.iter().zip(loads) {
+        match result {
+            Ok(l) => load += l.total(),
+            Err(why) => failed.push(format!("{}: {why}", pod.name_any())),
+        }
+    }
+    r.status.queue_depth = load;
+    if failed.is_empty() {
+        let msg = format!("read the load of all {} running engine pods", running.len());
+        r.set(cond::SCRAPE_FAILED, false, "AllPodsReported", msg);
+    } else {
+        failed.sort();
+        warn!(deployment = %id, pods = ?failed, "engine pods' load unreadable: replicas held");
+        ctx.telemetry
+            .metrics
+            .scrape_failed(&id, failed.len() as u64);
+        let msg = format!(
+            "could not read the load of {} of {} running engine pods, so replicas are not reduced: {}",
+            failed.len(),
+            running.len(),
+            failed.join("; ")
+        );
+        if r.was(cond::SCRAPE_FAILED) != Some(("ScrapeFailed", msg.as_str())) {
+            r.event(EventType::Warning, "ScrapeFailed", "Scale", msg.clone());
+        }
+        r.set(cond::SCRAPE_FAILED, true, "ScrapeFailed", msg);
+    }
+    Ok(Observed {
+        load,
+        complete: failed.is_empty(),
+    })
+}
+
+/// Applies the engine Deployment and Service (and makes the job-key Secret once); returns
+/// the Deployment as applied.
+async fn deploy(
+    dd: &DiffusionDeployment,
+    ctx: &Context,
+    plan: &Plan,
+    replicas: i32,
+    existing: Option<Deployment>,
+    warm: &[String],
+    r: &mut Report,
+) -> Result<Deployment> {
+    let id = model_id(dd);
+    let ns = dd.namespace().unwrap_or_default();
+    if ensure_job_key(ctx, dd).await? {
+        let note = format!(
+            "created Secret {} with the key the engine pods check job ids with",
+            resources::job_key_secret_name(dd)
+        );
+        r.event(EventType::Normal, "JobKeyCreated", "Deploy", note);
+    }
+    // Any change to the pod template replaces every engine pod, and each new pod loads the
+    // model again. Which nodes are warm changes as agents warm, and a plan's nodes grow as
+    // agents report: neither is a reason to replace pods that run. So while the plan itself
+    // stays, the template keeps the nodes and preference it was made with, unless a node was
+    // dropped from the plan or pods wait for a node (then the plan's nodes may place them).
+    let (placed, warm) = match existing.as_ref().and_then(resources::scheduling_of) {
+        Some((summary, nodes, preferred))
+            if summary == resources::plan_summary(plan)
+                && nodes.iter().all(|n| plan.nodes.contains(n))
+                && (nodes.len() == plan.nodes.len() || all_available(existing.as_ref())) =>
+        {
+            let mut placed = plan.clone();
+            placed.nodes = nodes;
+            (placed, preferred)
+        }
+        _ => (plan.clone(), warm.to_vec()),
+    };
+    let desired = resources::deployment(dd, &placed, replicas, &ctx.settings.engine_image, &warm);
+    let pp = PatchParams::apply(MANAGER).force();
+    let applied = Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
+        .patch(&dd.name_any(), &pp, &Patch::Apply(&desired))
+        .await
+        .map_err(kube(format!("applying Deployment of {id}")))?;
+    Api::<Service>::namespaced(ctx.client.clone(), &ns)
+        .patch(&dd.name_any(), &pp, &Patch::Apply(&resources::service(dd)))
+        .await
+        .map_err(kube(format!("applying Service of {id}")))?;
+    let old_plan = existing.as_ref().and_then(|d| {
+        d.spec
+            .as_ref()?
+            .template
+            .metadata
+            .as_ref()?
+            .annotations
+            .as_ref()?
+            .get(PLAN_ANNOTATION)
+            .cloned()
+    });
+    let summary = resources::plan_summary(plan);
+    match old_plan {
+        None => {
+            let note = format!(
+                "created Deployment and Service {} with {replicas} replica(s): {summary}",
+                dd.name_any(),
+            );
+            r.event(EventType::Normal, "Created", "Deploy", note);
+        }
+        Some(p) if p != summary => {
+            let note = format!("plan changed from {p} to {summary}: rolling the engine pods");
+            r.event(EventType::Normal, "Rolling", "Deploy", note);
+        }
+        Some(_) => {}
+    }
+    Ok(applied)
+}
+
+/// Whether every replica the Deployment wants is available (none waits to be placed).
+fn all_available(d: Option<&Deployment>) -> bool {
+    d.and_then(|d| d.status.as_ref())
+        .is_some_and(|s| s.unavailable_replicas.unwrap_or(0) == 0)
+}
+
+/// Status from what runs.
+fn observe(plan: &Plan, replicas: i32, warm: &[String], applied: &Deployment, r: &mut Report) {
+    let ds = applied.status.clone().unwrap_or_default();
+    let ready = ds.ready_replicas.unwrap_or(0);
+    let updated = ds.updated_replicas.unwrap_or(0);
+    r.status.replicas = replicas;
+    r.status.ready_replicas = ready;
+    // Available means a request sent now is served: a deployment scaled to zero is not.
+    let available = ready >= 1;
+    let pods_msg = format!("{ready} of {replicas} engine pods ready");
+    let reason = if available {
+        "EnginesReady"
+    } else if replicas == 0 {
+        "ScaledToZero"
+    } else {
+        "NoEngineReady"
+    };
+    r.set(cond::AVAILABLE, available, reason, &pods_msg);
+    let rolling = updated < replicas
+        || ready < replicas
+        || ds.observed_generation < applied.metadata.generation;
+    let reason = if rolling {
+        "RollingOut"
+    } else {
+        "RolloutComplete"
+    };
+    r.set(cond::PROGRESSING, rolling, reason, &pods_msg);
+    let all_warm = warm.len() == plan.nodes.len();
+    let warm_msg = format!(
+        "model warm in the page cache of {} of {} planned nodes",
+        warm.len(),
+        plan.nodes.len()
+    );
+    let reason = if all_warm { "Warm" } else { "Warming" };
+    r.set(cond::CACHE_WARM, all_warm, reason, warm_msg);
+    r.set(cond::DEGRADED, false, "AsPlanned", "running as planned");
+    if available && !r.was_true(cond::AVAILABLE) {
+        r.event(EventType::Normal, "Available", "Deploy", pods_msg);
+    }
+}
+
+/// Creates the deployment's job-key Secret unless it is there; true when it made it. An
+/// existing Secret is never rewritten, so the key stays what the running pods have. Create
+/// only: the operator never reads a Secret (its RBAC grants no `get` on them). Once made or
+/// found, this process does not ask again for the same deployment.
+async fn ensure_job_key(ctx: &Context, dd: &DiffusionDeployment) -> Result<bool> {
+    let uid = dd.uid().unwrap_or_default();
+    if ctx.job_keys.lock().expect("not poisoned").contains(&uid) {
+        return Ok(false);
+    }
+    let mut key = [0u8; 32];
+    getrandom::fill(&mut key).map_err(|e| Error::Random {
+        what: "a job-id key",
+        msg: e.to_string(),
+    })?;
+    let key: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let secrets: Api<Secret> =
+        Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
+    let secret = resources::job_key_secret(dd, key);
+    let made = match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(e)) if e.code == 409 => false,
+        Err(e) => {
+            return Err(kube(format!(
+                "creating Secret {} of {}",
+                resources::job_key_secret_name(dd),
+                model_id(dd)
+            ))(e))
+        }
+    };
+    ctx.job_keys.lock().expect("not poisoned").insert(uid);
+    Ok(made)
+}
+
+/// `t` rounded up to a whole second (what a `Time` in status keeps).
+fn ceil_second(t: Timestamp) -> Timestamp {
+    if t.subsec_nanosecond() == 0 {
+        t
+    } else {
+        Timestamp::from_second(t.as_second() + 1).unwrap_or(t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_profile_of_another_family_is_refused_naming_both() {
+        let mut p = layerwise_e2e::fixtures::dit_profile(4, 1 << 20, 0, 0);
+        let status = |state, profile: Option<Profile>, error: Option<&str>| NodeModelStatus {
+            id: "ns/m".into(),
+            state,
+            profile,
+            error: error.map(Into::into),
+            ..Default::default()
+        };
+        let warm = status(ModelState::Warm, Some(p.clone()), None);
+        assert_eq!(node_profile("dit", &warm), Ok(Some(&p)));
+        let why = node_profile("wan", &warm).unwrap_err();
+        assert!(
+            why.contains("names family `wan`") && why.contains("a `dit` pipeline"),
+            "{why}"
+        );
+        p.family = "wan".into();
+        let warm = status(ModelState::Warming, Some(p.clone()), None);
+        assert_eq!(node_profile("wan", &warm), Ok(Some(&p)));
+        let failed = status(ModelState::Failed, Some(p), Some("bad header"));
+        assert_eq!(node_profile("wan", &failed), Err("bad header".into()));
+        let pending = status(ModelState::Profiling, None, None);
+        assert_eq!(node_profile("wan", &pending), Ok(None));
+    }
+}

@@ -1,0 +1,481 @@
+//! An operator a platform team can operate, against the real control plane: leader election
+//! hands the work to a standby when the leader's lease lapses (and at once when it shuts
+//! down); Node and DiffusionNode changes reach the deployments they concern through the
+//! stores' watches, with no list per reconcile; `/metrics` and the probes answer; and an
+//! engine pod whose load cannot be read holds the replicas and is reported.
+
+mod world;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context as _, Result};
+use crds::DiffusionDeployment;
+use futures::future::BoxFuture;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use layerwise_e2e::cluster::wait_until;
+use layerwise_operator::autoscaler::{LoadSource, PodLoad};
+use layerwise_operator::Telemetry;
+use serde_json::json;
+use world::{
+    condition, deployment_manifest, event_reasons, profile, running_pods, status_of, Fixed,
+    Operator, Setup, World, WAIT,
+};
+
+/// ~25 GiB: resident on any of the fleet's GPUs.
+fn small() -> crds::Profile {
+    profile(57, 400 << 20)
+}
+
+fn idle() -> Arc<Fixed> {
+    Arc::new(Fixed(AtomicU64::new(0)))
+}
+
+async fn lease(w: &World) -> Result<k8s_openapi::api::coordination::v1::LeaseSpec> {
+    let leases: Api<Lease> = Api::namespaced(w.client.clone(), &w.ns);
+    Ok(leases
+        .get("layerwise-operator")
+        .await?
+        .spec
+        .unwrap_or_default())
+}
+
+async fn replicas_of(w: &World, name: &str) -> Result<Option<i32>> {
+    let deploys: Api<Deployment> = Api::namespaced(w.client.clone(), &w.ns);
+    Ok(deploys.get_opt(name).await?.and_then(|d| d.spec?.replicas))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_when_the_leaders_lease_lapses() -> Result<()> {
+    let w = World::bare("leader", small()).await?;
+    let mut ops = Vec::new();
+    let result = takeover(&w, &mut ops).await;
+    let torn = w.teardown_with(ops).await;
+    result.and(torn)
+}
+
+async fn takeover(w: &World, ops: &mut Vec<Operator>) -> Result<()> {
+    let setup = |id: &str| Setup {
+        election: Some(w.election(id)),
+        ..Setup::default()
+    };
+    ops.push(w.operator(idle(), setup("replica-a")).await?);
+    wait_until("replica-a leads", WAIT, || async {
+        Ok(if ops[0].leads() {
+            Ok(())
+        } else {
+            Err("standing by".into())
+        })
+    })
+    .await?;
+    ops.push(w.operator(idle(), setup("replica-b")).await?);
+    let (a, b) = (0, 1);
+
+    // The leader plans a deployment; the standby does nothing, not even watch.
+    let api: Api<DiffusionDeployment> = Api::namespaced(w.client.clone(), &w.ns);
+    let selector = json!({ "accelerator": { "nodeSelector": { "node.kubernetes.io/instance-type": "a100" } }, "replicas": 1 });
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(deployment_manifest("small", selector))?,
+    )
+    .await?;
+    wait_until("planned by the leader", WAIT, || async {
+        let s = status_of(&api, "small").await?;
+        Ok(match (&s.plan, replicas_of(w, "small").await?) {
+            (Some(_), Some(1)) => Ok(()),
+            (plan, r) => Err(format!("plan {:?}, replicas {r:?}", plan.is_some())),
+        })
+    })
+    .await?;
+    // Two lease periods: the standby stays one.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let standby = &ops[b].telemetry;
+    ensure!(!ops[b].leads() && ops[a].leads(), "leadership moved");
+    ensure!(ops[a].reconciles() > 0, "the leader did not reconcile");
+    ensure!(
+        ops[b].reconciles() == 0,
+        "the standby reconciled {} times",
+        ops[b].reconciles()
+    );
+    for verb in ["list", "watch"] {
+        ensure!(
+            standby
+                .metrics
+                .api_requests_of(verb, "diffusiondeployments")
+                == 0,
+            "the standby sent {verb} requests for DiffusionDeployments"
+        );
+    }
+    let held = lease(w).await?;
+    ensure!(
+        held.holder_identity.as_deref() == Some("replica-a"),
+        "{held:?}"
+    );
+    let transitions = held.lease_transitions.unwrap_or(0);
+
+    // The leader crashes (no release): the standby takes over once the lease lapses, not
+    // before.
+    ops[a].task.abort();
+    let crashed = Instant::now();
+    let last_renewal = lease(w).await?.renew_time.context("no renewTime")?.0;
+    wait_until("replica-b leads", WAIT, || async {
+        Ok(if ops[b].leads() {
+            Ok(())
+        } else {
+            Err("standing by".into())
+        })
+    })
+    .await?;
+    let took = crashed.elapsed();
+    let now = lease(w).await?;
+    ensure!(
+        now.holder_identity.as_deref() == Some("replica-b"),
+        "{now:?}"
+    );
+    ensure!(
+        now.lease_transitions.unwrap_or(0) > transitions,
+        "transitions {:?} after {transitions}",
+        now.lease_transitions
+    );
+    let acquired = now.acquire_time.context("no acquireTime")?.0;
+    let lapsed = last_renewal + Duration::from_secs(w.election("x").lease_seconds);
+    ensure!(
+        acquired >= lapsed,
+        "replica-b acquired the lease at {acquired}, before it lapsed at {lapsed}"
+    );
+    eprintln!("replica-b took over {took:?} after replica-a crashed");
+
+    // The new leader reconciles: a spec change reaches the Deployment.
+    api.patch(
+        "small",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "replicas": 2 } })),
+    )
+    .await?;
+    wait_until("the new leader applies the change", WAIT, || async {
+        let r = replicas_of(w, "small").await?;
+        Ok(if r == Some(2) {
+            Ok(())
+        } else {
+            Err(format!("replicas {r:?}"))
+        })
+    })
+    .await?;
+    ensure!(ops[b].reconciles() > 0);
+
+    // A leader that shuts down hands the lease over at once.
+    ops[b].shut_down();
+    let stopped = Instant::now();
+    tokio::time::timeout(WAIT, &mut ops[b].task)
+        .await
+        .context("replica-b did not stop")???;
+    let released = lease(w).await?;
+    ensure!(released.holder_identity.is_none(), "{released:?}");
+    ops.push(w.operator(idle(), setup("replica-c")).await?);
+    let c = ops.len() - 1;
+    wait_until("replica-c leads", WAIT, || async {
+        Ok(if ops[c].leads() {
+            Ok(())
+        } else {
+            Err("standing by".into())
+        })
+    })
+    .await?;
+    let handover = stopped.elapsed();
+    eprintln!("replica-c led {handover:?} after replica-b shut down");
+    ensure!(
+        handover < Duration::from_secs(w.election("x").lease_seconds),
+        "the handover took {handover:?}: the lease was not released"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_changes_reach_deployments_through_the_stores_without_lists() -> Result<()> {
+    let w = World::bare("stores", small()).await?;
+    let op = w.operator(idle(), Setup::default()).await?;
+    // A label of this test's own on a fleet node, removed whatever happens.
+    let label = format!("e2e.layerwise.dev/pool-{}", &w.ns[w.ns.len() - 8..]);
+    let result = stores(&w, &op, &label).await;
+    let nodes: Api<Node> = Api::all(w.client.clone());
+    let unlabel = nodes
+        .patch(
+            "a100-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": { label.as_str(): null } } })),
+        )
+        .await;
+    let torn = w.teardown_with(vec![op]).await;
+    result
+        .and(unlabel.map(|_| ()).map_err(anyhow::Error::from))
+        .and(torn)
+}
+
+async fn stores(w: &World, op: &Operator, label: &str) -> Result<()> {
+    let api: Api<DiffusionDeployment> = Api::namespaced(w.client.clone(), &w.ns);
+    let selector = json!({ "accelerator": { "nodeSelector": { label: "yes" } }, "replicas": 1 });
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(deployment_manifest("pooled", selector))?,
+    )
+    .await?;
+    wait_until("no candidate nodes yet", WAIT, || async {
+        let s = status_of(&api, "pooled").await?;
+        Ok(match condition(&s, "ModelProfiled") {
+            Some((st, reason, _)) if st == "False" && reason == "NoCandidateNodes" => Ok(()),
+            other => Err(format!("ModelProfiled {other:?}")),
+        })
+    })
+    .await?;
+
+    // A node joins the pool: the Node watch brings the deployment back well before its
+    // 30 s retry, and it plans on that node.
+    let nodes: Api<Node> = Api::all(w.client.clone());
+    nodes
+        .patch(
+            "a100-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": { label: "yes" } } })),
+        )
+        .await?;
+    let labelled = Instant::now();
+    let plan = wait_until("planned on the labelled node", WAIT, || async {
+        let s = status_of(&api, "pooled").await?;
+        Ok(match s.plan {
+            Some(p) => Ok(p),
+            None => Err(format!(
+                "ModelProfiled {:?}",
+                condition(&s, "ModelProfiled")
+            )),
+        })
+    })
+    .await?;
+    let took = labelled.elapsed();
+    eprintln!("planned {took:?} after the node was labelled");
+    ensure!(plan.nodes == ["a100-1"], "{:?}", plan.nodes);
+    ensure!(
+        took < Duration::from_secs(20),
+        "planned only after {took:?}: the retry, not the Node watch"
+    );
+
+    // Reconciles go on every second; the fleet is listed once, when the stores start.
+    let metrics = &op.telemetry.metrics;
+    let before = op.reconciles();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    ensure!(
+        op.reconciles() >= before + 3,
+        "{} reconciles in 5 s",
+        op.reconciles() - before
+    );
+    for resource in ["nodes", "diffusionnodes"] {
+        ensure!(
+            metrics.api_requests_of("list", resource) == 1,
+            "{} lists of {resource} over {} reconciles",
+            metrics.api_requests_of("list", resource),
+            op.reconciles()
+        );
+    }
+    // A steady reconcile: read the Deployment, apply it and the Service; nothing else.
+    let steady = requests(&op.telemetry);
+    let (r0, before) = (op.reconciles(), steady.values().sum::<u64>());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (r1, after) = (
+        op.reconciles(),
+        requests(&op.telemetry).values().sum::<u64>(),
+    );
+    let per = (after - before) as f64 / (r1 - r0).max(1) as f64;
+    eprintln!(
+        "{:.2} API requests per steady reconcile over {} reconciles",
+        per,
+        r1 - r0
+    );
+    ensure!(per <= 4.0, "{per:.2} requests per steady reconcile");
+
+    // What /metrics and the probes say, over HTTP as a scraper sees them.
+    let (addr, server) = serve(op.telemetry.clone()).await?;
+    let text = get(addr, "/metrics").await?;
+    for want in [
+        "layerwise_operator_reconciles_total",
+        "layerwise_operator_reconcile_duration_seconds_bucket",
+        "layerwise_operator_reconcile_stops_total{reason=\"NoCandidateNodes\"}",
+        &format!(
+            "layerwise_operator_plans_total{{strategy=\"{}\"}}",
+            plan.strategy.as_str()
+        ),
+        "layerwise_operator_leader 1",
+        "layerwise_operator_api_requests_total{verb=\"list\",resource=\"nodes\"} 1",
+    ] {
+        ensure!(text.contains(want), "no `{want}` in /metrics:\n{text}");
+    }
+    ensure!(get(addr, "/healthz").await? == "ok\n");
+    ensure!(get(addr, "/readyz").await? == "leading\n");
+    server.abort();
+    Ok(())
+}
+
+/// Requests so far by "verb resource".
+fn requests(t: &Telemetry) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for line in t.metrics.encode().lines() {
+        let Some(rest) = line.strip_prefix("layerwise_operator_api_requests_total{") else {
+            continue;
+        };
+        if let Some((labels, n)) = rest.rsplit_once("} ") {
+            out.insert(labels.to_string(), n.trim().parse().unwrap_or(0));
+        }
+    }
+    out
+}
+
+/// Serves the operator's endpoints on a loopback port, as `main` does.
+async fn serve(
+    telemetry: Arc<Telemetry>,
+) -> Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let limits = layerwise_engine::http::HttpLimits {
+        header_timeout: Duration::from_secs(5),
+        max_connections: 4,
+        drain: Duration::from_secs(1),
+    };
+    let server = tokio::spawn(layerwise_engine::http::serve(
+        listener,
+        layerwise_operator::http::app(telemetry),
+        limits,
+        futures::future::pending(),
+    ));
+    Ok((addr, server))
+}
+
+/// GET `path`: the body of a 200, an error otherwise.
+async fn get(addr: std::net::SocketAddr, path: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await?;
+    let text = String::from_utf8_lossy(&out);
+    let (head, body) = text.split_once("\r\n\r\n").context("no HTTP response")?;
+    ensure!(
+        head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"),
+        "{path}: {head}"
+    );
+    Ok(body.to_string())
+}
+
+/// One pod's load cannot be read; the others report `queued` each.
+struct Flaky {
+    queued: AtomicU64,
+    failing: Mutex<Option<String>>,
+}
+
+impl LoadSource for Flaky {
+    fn load<'a>(&'a self, pod: &'a Pod) -> BoxFuture<'a, Result<PodLoad, String>> {
+        let fails = self.failing.lock().unwrap().as_deref() == Some(&pod.name_any());
+        let queued = self.queued.load(Ordering::SeqCst);
+        Box::pin(async move {
+            if fails {
+                Err("connecting to its /metrics: connection refused (test)".into())
+            } else {
+                Ok(PodLoad { queued, running: 0 })
+            }
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_load_cannot_be_read_holds_the_replicas() -> Result<()> {
+    let w = World::bare("scrape", small()).await?;
+    let load = Arc::new(Flaky {
+        queued: AtomicU64::new(0),
+        failing: Mutex::new(None),
+    });
+    let op = w.operator(load.clone(), Setup::default()).await?;
+    let result = unreadable(&w, &op, &load).await;
+    let torn = w.teardown_with(vec![op]).await;
+    result.and(torn)
+}
+
+async fn unreadable(w: &World, op: &Operator, load: &Flaky) -> Result<()> {
+    let api: Api<DiffusionDeployment> = Api::namespaced(w.client.clone(), &w.ns);
+    let auto = json!({
+        "autoscaling": { "minReplicas": 1, "maxReplicas": 3, "targetQueuePerReplica": 2, "scaleDownDelaySeconds": 2 },
+        "accelerator": { "nodeSelector": { "node.kubernetes.io/instance-type": "a100" } },
+    });
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(deployment_manifest("flaky", auto))?,
+    )
+    .await?;
+    let replicas = |want: i32| {
+        move || async move {
+            let r = replicas_of(w, "flaky").await?;
+            let pods = running_pods(&w.client, &w.ns, "flaky").await?.len();
+            Ok(if r == Some(want) && pods == want as usize {
+                Ok(())
+            } else {
+                Err(format!("replicas {r:?}, {pods} running"))
+            })
+        }
+    };
+    wait_until("1 replica running", WAIT, replicas(1)).await?;
+    // 5 queued per pod: three replicas.
+    load.queued.store(5, Ordering::SeqCst);
+    wait_until("3 replicas running", WAIT, replicas(3)).await?;
+
+    // The load drops, and one pod stops answering: with its load unknown nothing is
+    // removed, however long past the 2 s delay, and the condition names the pod.
+    let pods = running_pods(&w.client, &w.ns, "flaky").await?;
+    let silent = pods[0].0.clone();
+    *load.failing.lock().unwrap() = Some(silent.clone());
+    load.queued.store(0, Ordering::SeqCst);
+    let failed = wait_until("ScrapeFailed reported", WAIT, || async {
+        let s = status_of(&api, "flaky").await?;
+        Ok(match condition(&s, "ScrapeFailed") {
+            Some((st, _, msg)) if st == "True" => Ok(msg),
+            other => Err(format!("ScrapeFailed {other:?}")),
+        })
+    })
+    .await?;
+    ensure!(
+        failed.contains(&silent) && failed.contains("load of 1 of "),
+        "{failed}"
+    );
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let r = replicas_of(w, "flaky").await?;
+        ensure!(r == Some(3), "scaled to {r:?} with a pod's load unknown");
+    }
+    let counted = op.telemetry.metrics.encode();
+    let series = format!(
+        "layerwise_operator_autoscaler_scrape_failures_total{{deployment=\"{}/flaky\"}}",
+        w.ns
+    );
+    ensure!(counted.contains(&series), "no {series} in\n{counted}");
+    ensure!(
+        event_reasons(&w.client, &w.ns)
+            .await?
+            .iter()
+            .any(|r| r == "ScrapeFailed"),
+        "no ScrapeFailed event"
+    );
+
+    // It answers again: the condition clears and the idle replicas go after the delay.
+    *load.failing.lock().unwrap() = None;
+    wait_until("scaled down to 1", WAIT, replicas(1)).await?;
+    let s = status_of(&api, "flaky").await?;
+    ensure!(
+        condition(&s, "ScrapeFailed").map(|c| (c.0, c.1))
+            == Some(("False".into(), "AllPodsReported".into())),
+        "{:?}",
+        condition(&s, "ScrapeFailed")
+    );
+    Ok(())
+}

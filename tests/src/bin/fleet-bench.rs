@@ -1,0 +1,733 @@
+//! `fleet-bench`: the operator at fleet scale, against the local control plane
+//! (`scripts/bench-fleet` brings up a cluster of its own and runs this; not a test).
+//!
+//! It adds N fake GPU nodes of mixed shapes (kwok keeps them Ready) with their
+//! DiffusionNodes, plays every node agent itself (a prepare request is answered with a warm
+//! profile at once), starts the `layerwise-operator` binary it is given (leader election
+//! on, metrics on a loopback port), creates D DiffusionDeployments at once and reports:
+//! - the time until every deployment has a plan, and how many turn Available (kwok runs
+//!   their engine pods) and when;
+//! - the operator's memory (VmRSS, and VmHWM, its peak);
+//! - API requests per reconcile (the operator counts its own requests by verb and
+//!   resource), while planning and in the steady state after;
+//! - a restart: the time a new operator takes to lead and reconcile every deployment once.
+//!
+//! Loopback only: node N has InternalIP 127.3.x.y and podCIDR 127.(16+N/256).(N%256).0/24.
+//!
+//!   fleet-bench --operator PATH [--nodes 1000] [--deployments 100] [--resync-seconds 15]
+//!               [--steady-seconds 45] [--json FILE]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use crds::{DiffusionDeployment, DiffusionNode, Profile};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, ResourceExt};
+use layerwise_e2e::cluster;
+use layerwise_e2e::fixtures::dit_profile;
+use layerwise_e2e::tools::{install_crds, kubeconfig};
+use layerwise_engine::tools::loadgen::http;
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+const NS: &str = "fleet-bench";
+const AGENT: &str = "fleet-bench-agent";
+const GIB: u64 = 1 << 30;
+/// Requests in flight while the fleet and the deployments are created.
+const PARALLEL: usize = 32;
+const WAIT: Duration = Duration::from_secs(600);
+
+/// A kind of node: `share` of the fleet in percent.
+struct Shape {
+    prefix: &'static str,
+    share: usize,
+    gpus: u32,
+    device_gib: u64,
+    product: &'static str,
+    host_gib: u64,
+}
+
+const SHAPES: [Shape; 6] = [
+    Shape {
+        prefix: "h100",
+        share: 30,
+        gpus: 8,
+        device_gib: 80,
+        product: "NVIDIA-H100-80GB-HBM3",
+        host_gib: 2048,
+    },
+    Shape {
+        prefix: "a100",
+        share: 25,
+        gpus: 8,
+        device_gib: 80,
+        product: "NVIDIA-A100-SXM4-80GB",
+        host_gib: 1024,
+    },
+    Shape {
+        prefix: "l40s",
+        share: 20,
+        gpus: 4,
+        device_gib: 48,
+        product: "NVIDIA-L40S",
+        host_gib: 512,
+    },
+    Shape {
+        prefix: "h200",
+        share: 10,
+        gpus: 8,
+        device_gib: 141,
+        product: "NVIDIA-H200",
+        host_gib: 2048,
+    },
+    Shape {
+        prefix: "a10g",
+        share: 10,
+        gpus: 1,
+        device_gib: 24,
+        product: "NVIDIA-A10G",
+        host_gib: 256,
+    },
+    Shape {
+        prefix: "gb200",
+        share: 5,
+        gpus: 4,
+        device_gib: 186,
+        product: "NVIDIA-GB200",
+        host_gib: 1024,
+    },
+];
+
+/// The model of deployment `k`: four sizes, from resident anywhere to sharded on eight.
+fn model(k: usize) -> Profile {
+    match k % 4 {
+        0 => dit_profile(28, 400 << 20, GIB, 320 << 20),
+        1 => dit_profile(48, GIB, 2 * GIB, 320 << 20),
+        2 => dit_profile(80, 2 * GIB, 2 * GIB, 320 << 20),
+        _ => dit_profile(160, 3 * GIB, 4 * GIB, 320 << 20),
+    }
+}
+
+struct Args {
+    operator: PathBuf,
+    nodes: usize,
+    deployments: usize,
+    resync_seconds: u64,
+    steady_seconds: u64,
+    json: Option<PathBuf>,
+}
+
+fn args() -> Result<Args> {
+    let mut a = Args {
+        operator: PathBuf::new(),
+        nodes: 1000,
+        deployments: 100,
+        resync_seconds: 15,
+        steady_seconds: 45,
+        json: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--operator" => a.operator = value()?.into(),
+            "--nodes" => a.nodes = value()?.parse()?,
+            "--deployments" => a.deployments = value()?.parse()?,
+            "--resync-seconds" => a.resync_seconds = value()?.parse()?,
+            "--steady-seconds" => a.steady_seconds = value()?.parse()?,
+            "--json" => a.json = Some(value()?.into()),
+            other => bail!("unknown argument {other}; see the module documentation"),
+        }
+    }
+    ensure!(
+        a.operator.is_file(),
+        "--operator must name the layerwise-operator binary"
+    );
+    ensure!(a.nodes <= 256 * 4, "at most 1024 nodes (their podCIDRs)");
+    Ok(a)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let a = args()?;
+    let client = cluster::client().await?;
+    install_crds(&client, Duration::from_secs(60)).await?;
+    let nss: Api<Namespace> = Api::all(client.clone());
+    if nss.get_opt(NS).await?.is_none() {
+        nss.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": NS } }))?,
+        )
+        .await?;
+    }
+
+    let t = Instant::now();
+    let fleet = fleet(a.nodes);
+    create_fleet(&client, &fleet).await?;
+    println!(
+        "fleet: {} nodes and DiffusionNodes of {} shapes in {:.1} s",
+        fleet.len(),
+        SHAPES.len(),
+        t.elapsed().as_secs_f64()
+    );
+    let agent = tokio::spawn(agent(client.clone(), fleet.clone()));
+
+    let mut op = Operator::start(&a, "fleet-bench-operator-0").await?;
+    let led = op.wait_leading().await?;
+    println!(
+        "operator: leading and synced {:.2} s after start",
+        led.as_secs_f64()
+    );
+
+    // All deployments at once.
+    let before = op.metrics().await?;
+    let t0 = Instant::now();
+    create_deployments(&client, a.deployments).await?;
+    let (planned, available, available_at) = wait_planned(&client, a.deployments, t0).await?;
+    let after = op.metrics().await?;
+    let mem_planned = op.memory()?;
+    println!(
+        "planned: all {} in {:.2} s (first {:.2} s, median {:.2} s, 90th percentile {:.2} s); {available} Available, the last after {:.2} s",
+        a.deployments,
+        planned.last().copied().unwrap_or_default().as_secs_f64(),
+        planned.first().copied().unwrap_or_default().as_secs_f64(),
+        planned[planned.len() / 2].as_secs_f64(),
+        planned[planned.len() * 9 / 10].as_secs_f64(),
+        available_at.as_secs_f64()
+    );
+    // Each change of an engine Deployment's pod template makes a ReplicaSet (and replaces
+    // its pods): more than one per deployment means plans were rolled while they settled.
+    let replica_sets =
+        Api::<k8s_openapi::api::apps::v1::ReplicaSet>::namespaced(client.clone(), NS)
+            .list_metadata(&ListParams::default())
+            .await?
+            .items
+            .len();
+    println!(
+        "rollouts: {replica_sets} engine ReplicaSets for {} deployments",
+        a.deployments
+    );
+    let planning = Window::between(&before, &after);
+    planning.print("while planning");
+    println!(
+        "memory: VmRSS {:.1} MiB, VmHWM {:.1} MiB",
+        mem_planned.0 as f64 / 1048576.0,
+        mem_planned.1 as f64 / 1048576.0
+    );
+
+    // The steady state: every deployment looked at every resync period.
+    tokio::time::sleep(Duration::from_secs(a.resync_seconds)).await;
+    let s0 = op.metrics().await?;
+    tokio::time::sleep(Duration::from_secs(a.steady_seconds)).await;
+    let s1 = op.metrics().await?;
+    let steady = Window::between(&s0, &s1);
+    steady.print("steady");
+    let mem_steady = op.memory()?;
+    println!(
+        "memory: VmRSS {:.1} MiB, VmHWM {:.1} MiB",
+        mem_steady.0 as f64 / 1048576.0,
+        mem_steady.1 as f64 / 1048576.0
+    );
+
+    // A restart: SIGTERM (the lease is released), a new process leads and reconciles all.
+    op.stop().await?;
+    let t = Instant::now();
+    let mut op2 = Operator::start(&a, "fleet-bench-operator-1").await?;
+    let led2 = op2.wait_leading().await?;
+    let restart = loop {
+        let m = op2.metrics().await?;
+        if m.reconciles >= a.deployments as f64 {
+            break (t.elapsed(), m);
+        }
+        ensure!(
+            t.elapsed() < WAIT,
+            "the new operator did not reconcile every deployment"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let cold = Window::between(&Metrics::default(), &restart.1);
+    println!(
+        "restart: leading {:.2} s after start, every deployment reconciled after {:.2} s",
+        led2.as_secs_f64(),
+        restart.0.as_secs_f64()
+    );
+    cold.print("first pass after a restart");
+    let mem_restart = op2.memory()?;
+    op2.stop().await?;
+    agent.abort();
+
+    if let Some(path) = &a.json {
+        let report = json!({
+            "nodes": fleet.len(),
+            "deployments": a.deployments,
+            "resync_seconds": a.resync_seconds,
+            "operator_lead_seconds": led.as_secs_f64(),
+            "engine_replica_sets": replica_sets,
+            "all_planned_seconds": planned.last().copied().unwrap_or_default().as_secs_f64(),
+            "median_planned_seconds": planned[planned.len() / 2].as_secs_f64(),
+            "available": available,
+            "last_available_seconds": available_at.as_secs_f64(),
+            "planning": planning.json(),
+            "steady": steady.json(),
+            "restart_reconciled_all_seconds": restart.0.as_secs_f64(),
+            "restart": cold.json(),
+            "rss_bytes": { "planned": mem_planned.0, "steady": mem_steady.0, "restart": mem_restart.0 },
+            "hwm_bytes": mem_steady.1.max(mem_planned.1),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(())
+}
+
+/// One fake node: its name, shape and index.
+#[derive(Clone)]
+struct FakeNode {
+    name: String,
+    shape: usize,
+    index: usize,
+}
+
+fn fleet(n: usize) -> Vec<FakeNode> {
+    let mut out = Vec::with_capacity(n);
+    for (s, shape) in SHAPES.iter().enumerate() {
+        let count = if s == SHAPES.len() - 1 {
+            n - out.len()
+        } else {
+            n * shape.share / 100
+        };
+        for i in 0..count {
+            let index = out.len();
+            out.push(FakeNode {
+                name: format!("fleet-{}-{i}", shape.prefix),
+                shape: s,
+                index,
+            });
+        }
+    }
+    out
+}
+
+fn node_object(n: &FakeNode) -> serde_json::Value {
+    let s = &SHAPES[n.shape];
+    let cidr = format!("127.{}.{}.0/24", 16 + n.index / 256, n.index % 256);
+    let ip = format!("127.3.{}.{}", n.index / 250, n.index % 250 + 1);
+    let allocatable = json!({
+        "cpu": "96", "memory": format!("{}Gi", s.host_gib), "pods": "110",
+        "nvidia.com/gpu": s.gpus.to_string(),
+    });
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": n.name,
+            "annotations": { "kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0" },
+            "labels": {
+                "kubernetes.io/hostname": n.name, "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64", "layerwise.dev/fleet-bench": "true",
+                "node.kubernetes.io/instance-type": s.prefix,
+                "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": s.gpus.to_string(),
+                "nvidia.com/gpu.product": s.product,
+                "nvidia.com/gpu.memory": (s.device_gib * 1024).to_string(),
+            },
+        },
+        "spec": { "podCIDR": cidr, "podCIDRs": [cidr] },
+        "status": {
+            "addresses": [{ "type": "InternalIP", "address": ip }, { "type": "Hostname", "address": n.name }],
+            "capacity": allocatable, "allocatable": allocatable,
+        },
+    })
+}
+
+/// The DiffusionNode status the agent of `n` reports, with `models` prepared.
+fn agent_status(n: &FakeNode, models: &[serde_json::Value]) -> serde_json::Value {
+    let s = &SHAPES[n.shape];
+    json!({
+        "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode",
+        "metadata": { "name": n.name },
+        "status": {
+            "accelerators": [{
+                "resourceName": "nvidia.com/gpu", "product": s.product, "count": s.gpus,
+                "memoryBytes": s.device_gib * GIB, "fastPeerLink": s.gpus > 1,
+            }],
+            "hostMemoryBytes": s.host_gib * GIB,
+            "models": models,
+            "modelCount": models.len(),
+        },
+    })
+}
+
+async fn create_fleet(client: &Client, fleet: &[FakeNode]) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let dns: Api<DiffusionNode> = Api::all(client.clone());
+    futures::stream::iter(fleet.iter().map(|n| {
+        let (nodes, dns) = (nodes.clone(), dns.clone());
+        async move {
+            let pp = PatchParams::apply(AGENT).force();
+            nodes
+                .patch(&n.name, &pp, &Patch::Apply(node_object(n)))
+                .await
+                .with_context(|| format!("creating Node {}", n.name))?;
+            let dn = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode",
+                             "metadata": { "name": n.name }, "spec": { "models": [] } });
+            dns.patch(&n.name, &pp, &Patch::Apply(dn)).await?;
+            dns.patch_status(&n.name, &pp, &Patch::Apply(agent_status(n, &[])))
+                .await
+                .with_context(|| format!("reporting DiffusionNode {}", n.name))?;
+            anyhow::Ok(())
+        }
+    }))
+    .buffer_unordered(PARALLEL)
+    .try_collect::<Vec<()>>()
+    .await?;
+    Ok(())
+}
+
+/// Plays every node's agent: a DiffusionNode whose requests differ from what it reports is
+/// answered with every requested model warm and profiled (one status write per change).
+/// Nodes answer concurrently (up to [`PARALLEL`] writes in flight), as real agents, one per
+/// node, do: the operator is what is measured, not a queue of fake agents.
+async fn agent(client: Client, fleet: Vec<FakeNode>) {
+    let by_name: BTreeMap<String, FakeNode> =
+        fleet.into_iter().map(|n| (n.name.clone(), n)).collect();
+    let dns: Api<DiffusionNode> = Api::all(client);
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(PARALLEL));
+    let events = watcher(dns.clone(), watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        let Ok(dn) = event else { continue };
+        let Some(n) = by_name.get(&dn.name_any()) else {
+            continue;
+        };
+        let requested: Vec<String> = dn.spec.models.iter().map(|m| m.id.clone()).collect();
+        let reported: Vec<&str> = dn
+            .status
+            .as_ref()
+            .map(|s| s.models.iter().map(|m| m.id.as_str()).collect())
+            .unwrap_or_default();
+        if requested == reported {
+            continue;
+        }
+        let models: Vec<serde_json::Value> = requested
+            .iter()
+            .map(|id| {
+                let k = id
+                    .rsplit_once("m-")
+                    .and_then(|(_, k)| k.parse::<usize>().ok())
+                    .unwrap_or(0);
+                let p = model(k);
+                json!({ "id": id, "state": "Warm", "profile": p,
+                        "residentBytes": p.total_bytes, "totalBytes": p.total_bytes })
+            })
+            .collect();
+        let status = agent_status(n, &models);
+        let (dns, name) = (dns.clone(), n.name.clone());
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        tokio::spawn(async move {
+            let pp = PatchParams::apply(AGENT).force();
+            // A write that lands after a newer one is stale; the watch then sees the
+            // difference and answers again.
+            if let Err(e) = dns.patch_status(&name, &pp, &Patch::Apply(status)).await {
+                eprintln!("agent: reporting {name}: {e}");
+            }
+            drop(slot);
+        });
+    }
+}
+
+async fn create_deployments(client: &Client, count: usize) -> Result<()> {
+    let api: Api<DiffusionDeployment> = Api::namespaced(client.clone(), NS);
+    futures::stream::iter((0..count).map(|k| {
+        let api = api.clone();
+        async move {
+            let mut spec = json!({
+                "model": { "family": "dit", "location": { "hostPath": format!("/models/m-{k}") } },
+                "workload": { "maxWidth": 1024, "maxHeight": 1024, "maxSteps": 50, "guidance": true },
+            });
+            // The largest models take any GPU node; the others keep to one instance type
+            // each (the 162 GiB one to those with the memory for it).
+            if k % 4 != 3 {
+                let choices: &[usize] = if k % 4 == 2 {
+                    &[0, 1, 2, 3, 5]
+                } else {
+                    &[0, 1, 2, 3, 4, 5]
+                };
+                let shape = &SHAPES[choices[(k / 4) % choices.len()]];
+                spec["accelerator"] =
+                    json!({ "nodeSelector": { "node.kubernetes.io/instance-type": shape.prefix } });
+            }
+            // Mostly fixed replicas; some scaled from outside, some by the builtin autoscaler
+            // (whose scrapes of kwok's pods fail: they hold their replicas).
+            match k % 10 {
+                0 => spec["autoscaling"] = json!({ "minReplicas": 1, "maxReplicas": 4 }),
+                1 | 2 => {
+                    spec["autoscaling"] =
+                        json!({ "mode": "external", "minReplicas": 1, "maxReplicas": 6 })
+                }
+                _ => spec["replicas"] = json!(1 + k % 3),
+            }
+            let dd = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionDeployment",
+                             "metadata": { "name": format!("m-{k}") }, "spec": spec });
+            api.patch(
+                &format!("m-{k}"),
+                &PatchParams::apply(AGENT).force(),
+                &Patch::Apply(dd),
+            )
+            .await
+            .with_context(|| format!("creating DiffusionDeployment m-{k}"))?;
+            anyhow::Ok(())
+        }
+    }))
+    .buffer_unordered(PARALLEL)
+    .try_collect::<Vec<()>>()
+    .await?;
+    Ok(())
+}
+
+/// When each deployment got its plan (sorted); then how many turned Available, and when
+/// the last of them did (within two minutes of the last plan: kwok runs the engine pods,
+/// but a plan's nodes may lack free GPUs for all of them).
+async fn wait_planned(
+    client: &Client,
+    count: usize,
+    t0: Instant,
+) -> Result<(Vec<Duration>, usize, Duration)> {
+    let api: Api<DiffusionDeployment> = Api::namespaced(client.clone(), NS);
+    let mut planned: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut available: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut all_planned: Option<Duration> = None;
+    loop {
+        let list = api.list(&ListParams::default()).await?;
+        let now = t0.elapsed();
+        for dd in &list.items {
+            let st = dd.status.clone().unwrap_or_default();
+            let is = |t: &str| {
+                st.conditions
+                    .iter()
+                    .any(|c| c.type_ == t && c.status == "True")
+            };
+            if st.plan.is_some() && is("Planned") {
+                planned.entry(dd.name_any()).or_insert(now);
+            }
+            if is("Available") {
+                available.entry(dd.name_any()).or_insert(now);
+            }
+        }
+        if planned.len() == count && all_planned.is_none() {
+            all_planned = Some(now);
+        }
+        let settled = all_planned.is_some_and(|t| now > t + Duration::from_secs(120));
+        if available.len() == count || settled {
+            let mut times: Vec<Duration> = planned.into_values().collect();
+            times.sort();
+            let last = available.values().max().copied().unwrap_or_default();
+            return Ok((times, available.len(), last));
+        }
+        if all_planned.is_none() && now > WAIT {
+            let stuck: Vec<String> = list
+                .items
+                .iter()
+                .filter(|d| !planned.contains_key(&d.name_any()))
+                .map(|d| {
+                    let reasons: Vec<String> = d
+                        .status
+                        .iter()
+                        .flat_map(|s| &s.conditions)
+                        .filter(|c| c.status == "False")
+                        .map(|c| format!("{} {}: {}", c.type_, c.reason, c.message))
+                        .collect();
+                    format!("{}: {}", d.name_any(), reasons.join("; "))
+                })
+                .take(5)
+                .collect();
+            bail!(
+                "after {now:?}: {} of {count} planned; {stuck:?}",
+                planned.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What the operator's /metrics say, the parts this benchmark reads.
+#[derive(Default, Clone)]
+struct Metrics {
+    reconciles: f64,
+    /// "verb resource" to requests.
+    requests: BTreeMap<String, f64>,
+}
+
+/// The difference between two readings.
+struct Window {
+    reconciles: f64,
+    requests: BTreeMap<String, f64>,
+}
+
+impl Window {
+    fn between(a: &Metrics, b: &Metrics) -> Window {
+        let requests = b
+            .requests
+            .iter()
+            .map(|(k, v)| (k.clone(), v - a.requests.get(k).copied().unwrap_or(0.0)))
+            .filter(|(_, v)| *v > 0.0)
+            .collect();
+        Window {
+            reconciles: b.reconciles - a.reconciles,
+            requests,
+        }
+    }
+
+    /// Requests other than watches (each watch is one long-lived request).
+    fn calls(&self) -> f64 {
+        self.requests
+            .iter()
+            .filter(|(k, _)| !k.starts_with("watch "))
+            .map(|(_, v)| v)
+            .sum()
+    }
+
+    fn print(&self, what: &str) {
+        let per = self.calls() / self.reconciles.max(1.0);
+        println!(
+            "requests {what}: {:.0} reconciles, {:.0} API requests (watches aside), {per:.2} per reconcile",
+            self.reconciles,
+            self.calls()
+        );
+        let mut top: Vec<(&String, &f64)> = self.requests.iter().collect();
+        top.sort_by(|a, b| b.1.total_cmp(a.1));
+        let top: Vec<String> = top.iter().map(|(k, v)| format!("{k} {v:.0}")).collect();
+        println!("  by verb and resource: {}", top.join(", "));
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "reconciles": self.reconciles,
+            "requests": self.calls(),
+            "requests_per_reconcile": self.calls() / self.reconciles.max(1.0),
+            "by_verb_and_resource": self.requests,
+        })
+    }
+}
+
+/// A running `layerwise-operator`.
+struct Operator {
+    child: Child,
+    addr: SocketAddr,
+    started: Instant,
+}
+
+impl Operator {
+    async fn start(a: &Args, pod: &str) -> Result<Operator> {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            l.local_addr()?.port()
+        };
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+        let log = std::fs::File::create(std::env::temp_dir().join(format!("{pod}.log")))?;
+        let child = Command::new(&a.operator)
+            .env("KUBECONFIG", kubeconfig())
+            .env("LAYERWISE_LISTEN", addr.to_string())
+            .env("POD_NAME", pod)
+            .env("POD_NAMESPACE", NS)
+            .env("LAYERWISE_LEADER_ELECT", "true")
+            .env("LAYERWISE_MODEL_ROOTS", "/models")
+            .env("LAYERWISE_RESYNC_SECONDS", a.resync_seconds.to_string())
+            .env("LAYERWISE_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", a.operator.display()))?;
+        Ok(Operator {
+            child,
+            addr,
+            started: Instant::now(),
+        })
+    }
+
+    /// Waits until it leads with its stores synced; returns how long that took.
+    async fn wait_leading(&mut self) -> Result<Duration> {
+        loop {
+            if let Ok(r) = http(self.addr, "GET", "/readyz", None, Duration::from_secs(2)).await {
+                if r.status == 200 && String::from_utf8_lossy(&r.body).starts_with("leading") {
+                    return Ok(self.started.elapsed());
+                }
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!("the operator exited: {status}");
+            }
+            ensure!(self.started.elapsed() < WAIT, "the operator did not lead");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn metrics(&self) -> Result<Metrics> {
+        let r = http(self.addr, "GET", "/metrics", None, Duration::from_secs(10)).await?;
+        ensure!(r.status == 200, "/metrics: HTTP {}", r.status);
+        let mut m = Metrics::default();
+        for line in String::from_utf8_lossy(&r.body).lines() {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            if series == "layerwise_operator_reconciles_total" {
+                m.reconciles = value;
+            } else if let Some(labels) =
+                series.strip_prefix("layerwise_operator_api_requests_total{")
+            {
+                let label = |name: &str| {
+                    labels
+                        .split(',')
+                        .find_map(|l| l.strip_prefix(&format!("{name}=\"")))
+                        .map(|v| v.trim_end_matches(['"', '}']).to_string())
+                        .unwrap_or_default()
+                };
+                m.requests
+                    .insert(format!("{} {}", label("verb"), label("resource")), value);
+            }
+        }
+        Ok(m)
+    }
+
+    /// VmRSS and VmHWM in bytes.
+    fn memory(&self) -> Result<(u64, u64)> {
+        let pid = self.child.id().context("the operator has exited")?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+                .map(|kb| kb * 1024)
+                .unwrap_or(0)
+        };
+        Ok((field("VmRSS:"), field("VmHWM:")))
+    }
+
+    /// SIGTERM, then waits for it to exit.
+    async fn stop(&mut self) -> Result<()> {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: kill(2) on the pid of a child this process spawned and has not reaped.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGTERM);
+            }
+        }
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .context("the operator did not stop within 30 s of SIGTERM")??;
+        ensure!(status.success(), "the operator exited with {status}");
+        Ok(())
+    }
+}
