@@ -123,6 +123,10 @@ pub fn deployment(
         "serve".to_string(),
         "--model".into(),
         MODEL_MOUNT.into(),
+        // A file of the model that links out of its mount (to the container's own files)
+        // is refused.
+        "--model-roots".into(),
+        MODEL_MOUNT.into(),
         "--strategy".into(),
         plan.strategy.as_str().into(),
         "--dp".into(),
