@@ -133,8 +133,63 @@ fn profile(job: &Job) -> Result<(Profile, Vec<PathBuf>)> {
         layerwise_engine::checkpoint::confine(&roots)?;
     }
     let profile = Profile::read(&job.dir)?;
-    let files = prewarm::files_under(&job.dir)?;
+    let files = model_files(&job.dir, &roots)?;
     Ok((profile, files))
+}
+
+/// The files of the model folder `dir` to warm, sorted: its regular files, and its
+/// symlinks to files or folders that stay inside `roots` (a Hugging Face snapshot links
+/// every file into the cache's blobs), each folder walked once. A symlink that leads
+/// outside the roots fails the model, naming the link, not where it points. With no roots
+/// (an unconfined agent), symlinks are skipped, never followed.
+pub fn model_files(dir: &Path, roots: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    if roots.is_empty() {
+        return prewarm::files_under(dir);
+    }
+    let real_roots: Vec<PathBuf> = roots.iter().filter_map(|r| r.canonicalize().ok()).collect();
+    let inside = |p: &Path| -> Result<PathBuf> {
+        let real = p.canonicalize().map_err(|e| Error::io(p, e))?;
+        if real_roots.iter().any(|r| real.starts_with(r)) {
+            return Ok(real);
+        }
+        Err(Error::Profile(format!(
+            "{}: leads outside the model roots ({}) through a symlink; a model's files must stay inside them",
+            p.display(),
+            roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))
+    };
+    // Folders and files by where they really are: each is walked or listed once, however
+    // many links lead to it (a link cycle included).
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    seen.insert(inside(dir)?);
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).map_err(|e| Error::io(&d, e))? {
+            let entry = entry.map_err(|e| Error::io(&d, e))?;
+            let path = entry.path();
+            let ty = entry.file_type().map_err(|e| Error::io(&path, e))?;
+            if !(ty.is_symlink() || ty.is_dir() || ty.is_file()) {
+                continue;
+            }
+            let real = inside(&path)?;
+            let meta = std::fs::metadata(&real).map_err(|e| Error::io(&path, e))?;
+            if (meta.is_dir() || meta.is_file()) && !seen.insert(real) {
+                continue;
+            }
+            if meta.is_dir() {
+                stack.push(path);
+            } else if meta.is_file() {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 /// The parent's side: profiles `job` in a child process of `exe` under `limits`. A child

@@ -189,12 +189,44 @@ async fn files_that_link_out_of_the_model_roots_are_refused() {
     let inside = roots.join("shared-vae-config.json");
     std::fs::rename(&config, &inside).unwrap();
     std::os::unix::fs::symlink(&inside, &config).unwrap();
-    assert!(profiled(
-        &prepared(&m, "dit", settings(LIMIT, &[&roots])).await
-    ));
+    // A link back up the folder: walked once, no loop.
+    std::os::unix::fs::symlink(&m, m.join("vae/again")).unwrap();
+    let updates = prepared(&m, "dit", settings(LIMIT, &[&roots])).await;
+    let files = updates
+        .iter()
+        .find_map(|u| match u {
+            Update::Profiled { files, .. } => Some(files.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{updates:?}"));
+    // The linked config is warmed with the rest, and nothing is listed twice.
+    let paths: Vec<&PathBuf> = files.iter().map(|(p, _)| p).collect();
+    assert!(paths.contains(&&config), "{paths:?}");
+    let mut unique = paths.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), paths.len(), "{paths:?}");
+    assert!(
+        paths.iter().all(|p| !p.starts_with(m.join("vae/again"))),
+        "{paths:?}"
+    );
 
+    // A file the reader never opens, linked outside: the model is refused all the same,
+    // so nothing outside the roots is warmed.
     let secret = outside.join("secret.json");
     std::fs::write(&secret, b"hunter2!and the rest of a private file").unwrap();
+    let notes = m.join("notes.txt");
+    std::os::unix::fs::symlink(&secret, &notes).unwrap();
+    let e = failure(&prepared(&m, "dit", settings(LIMIT, &[&roots])).await);
+    assert!(
+        e.contains("notes.txt")
+            && e.contains("leads outside the model roots")
+            && !e.contains("hunter2")
+            && !e.contains("secret.json"),
+        "{e}"
+    );
+    std::fs::remove_file(&notes).unwrap();
+
+    // The weights linked outside: the confined reader refuses them before reading a byte.
     let weights = m.join("transformer/diffusion_pytorch_model.safetensors");
     std::fs::remove_file(&weights).unwrap();
     std::os::unix::fs::symlink(&secret, &weights).unwrap();
