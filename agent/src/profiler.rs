@@ -192,6 +192,21 @@ pub fn model_files(dir: &Path, roots: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// Reads `r` to its end, keeping the first `keep` bytes: a child that writes more is still
+/// read, so it never blocks on a full pipe.
+async fn drain(mut r: impl tokio::io::AsyncRead + Unpin, keep: u64) -> std::io::Result<Vec<u8>> {
+    let mut kept = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = r.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(kept);
+        }
+        let room = (keep as usize).saturating_sub(kept.len());
+        kept.extend_from_slice(&buf[..n.min(room)]);
+    }
+}
+
 /// The parent's side: profiles `job` in a child process of `exe` under `limits`. A child
 /// that runs out of memory, out of time or dies otherwise is an error naming the folder and
 /// the cause; the agent itself is untouched.
@@ -210,15 +225,14 @@ pub async fn run(exe: &Path, job: &Job, limits: Limits) -> Result<(Profile, Vec<
         .map_err(|e| fail(format!("starting the profiler {}: {e}", exe.display())))?;
     let text = serde_json::to_string(job).expect("jobs serialize");
     let mut stdin = child.stdin.take().expect("piped stdin");
-    let mut stdout = child.stdout.take().expect("piped stdout").take(REPLY_KEPT);
-    let mut stderr = child.stderr.take().expect("piped stderr").take(STDERR_KEPT);
+    let stdout = child.stdout.take().expect("piped stdout");
+    let stderr = child.stderr.take().expect("piped stderr");
     let finished = tokio::time::timeout(limits.timeout, async {
         // A child that died at once closes its stdin: that shows in its status below.
         let _ = stdin.write_all(format!("{text}\n").as_bytes()).await;
         drop(stdin);
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let (o, e) = tokio::join!(stdout.read_to_end(&mut out), stderr.read_to_end(&mut err));
-        o.and(e)?;
+        let (out, err) = tokio::join!(drain(stdout, REPLY_KEPT), drain(stderr, STDERR_KEPT));
+        let (out, err) = (out?, err?);
         let status = child.wait().await?;
         Ok::<_, std::io::Error>((status, out, err))
     })
