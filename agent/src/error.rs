@@ -25,6 +25,10 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// A checkpoint the profiler process could not profile: the reader's message (file and
+    /// tensor), or why the process ended (its memory or time limit).
+    #[error("{0}")]
+    Profile(String),
     /// The prewarm worker process misbehaved (could not start, died, spoke nonsense).
     #[error("prewarm worker: {0}")]
     Worker(String),
@@ -59,7 +63,7 @@ impl Error {
     pub fn metric_label(&self) -> &'static str {
         match self {
             Error::Io { .. } => "io",
-            Error::Checkpoint(_) => "checkpoint",
+            Error::Checkpoint(_) | Error::Profile(_) => "checkpoint",
             Error::Cgroup { .. } => "cgroup",
             Error::Kube { .. } => "kube",
             Error::Worker(_) => "worker",

@@ -19,6 +19,7 @@ pub mod models;
 pub mod node;
 pub mod pagecache;
 pub mod prewarm;
+pub mod profiler;
 pub mod units;
 pub mod worker;
 

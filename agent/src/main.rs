@@ -18,7 +18,7 @@ use layerwise_agent::node::{self, Context};
 use layerwise_agent::pagecache::{self, Residency};
 use layerwise_agent::prewarm::{self, Options};
 use layerwise_agent::units::parse_bytes;
-use layerwise_agent::{meminfo, worker};
+use layerwise_agent::{meminfo, profiler, worker};
 use tracing::{info, warn};
 
 #[derive(Parser)]
@@ -41,6 +41,14 @@ enum Cmd {
     /// Runs one prewarm job read from stdin (the agent starts this; not for people).
     #[command(name = "prewarm-worker", hide = true)]
     PrewarmWorker,
+    /// Profiles one model read from stdin under a memory limit (the agent starts this; not
+    /// for people).
+    #[command(name = "profile-worker", hide = true)]
+    ProfileWorker {
+        /// The address-space limit the process sets on itself before reading anything.
+        #[arg(long = "memory-limit-bytes")]
+        memory_limit_bytes: u64,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -116,6 +124,17 @@ struct RunArgs {
     /// fails. Unset: any absolute path.
     #[arg(long, env = "LAYERWISE_AGENT_MODEL_ROOTS", value_delimiter = ',')]
     model_roots: Vec<String>,
+    /// Address space of the process that reads a model's checkpoint headers (e.g. `2Gi`):
+    /// a checkpoint that needs more to profile fails, and the agent goes on.
+    #[arg(long, env = "LAYERWISE_AGENT_PROFILE_MEMORY", value_parser = parse_bytes, default_value = "2Gi")]
+    profile_memory: u64,
+    /// Seconds that process may take before it is stopped and the model fails.
+    #[arg(
+        long,
+        env = "LAYERWISE_AGENT_PROFILE_TIMEOUT_SECONDS",
+        default_value_t = 120
+    )]
+    profile_timeout_seconds: u64,
     /// Seconds between inventory and residency refreshes.
     #[arg(
         long,
@@ -146,6 +165,7 @@ fn main() -> Result<()> {
         .init();
     match Cli::parse().cmd {
         Cmd::PrewarmWorker => Ok(worker::serve_stdio()?),
+        Cmd::ProfileWorker { memory_limit_bytes } => Ok(profiler::serve_stdio(memory_limit_bytes)?),
         Cmd::Prewarm(a) => prewarm_once(a),
         Cmd::Run(a) => tokio::runtime::Runtime::new()?.block_on(run(a)),
     }
@@ -170,6 +190,10 @@ async fn run(a: RunArgs) -> Result<()> {
         model_root: a.model_root,
         model_roots: a.model_roots,
         worker_exe: std::env::current_exe().context("locating the agent binary")?,
+        profiler: profiler::Limits {
+            memory_bytes: a.profile_memory,
+            timeout: Duration::from_secs(a.profile_timeout_seconds.max(1)),
+        },
         options: a.warm.options(),
         cgroup,
         budget,

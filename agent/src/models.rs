@@ -10,7 +10,8 @@ use tokio::sync::mpsc;
 
 use crate::cgroup::PrewarmCgroup;
 use crate::pagecache::{self, Identity, Residency};
-use crate::prewarm::{self, Options, Outcome};
+use crate::prewarm::{Options, Outcome};
+use crate::profiler;
 use crate::worker::{self, Job};
 use crate::{Error, Result};
 
@@ -24,8 +25,10 @@ pub struct Settings {
     pub model_root: Option<PathBuf>,
     /// Host folders models may be read from (empty: any).
     pub model_roots: Vec<String>,
-    /// The binary that runs prewarm jobs (this one).
+    /// The binary that runs prewarm and profile jobs (this one).
     pub worker_exe: PathBuf,
+    /// What the profiler process may use.
+    pub profiler: profiler::Limits,
     pub options: Options,
     pub cgroup: Option<Arc<PrewarmCgroup>>,
     /// The page-cache budget, when one is set.
@@ -66,6 +69,23 @@ pub enum Update {
     },
 }
 
+/// A host path as this process sees it: under the node prefix, when there is one.
+fn on_node(model_root: Option<&Path>, p: &Path) -> PathBuf {
+    match model_root {
+        Some(root) => root.join(p.strip_prefix("/").unwrap_or(p)),
+        None => p.to_path_buf(),
+    }
+}
+
+/// The model roots as this process sees them: host paths under the node prefix, or as
+/// given (a pod's mounts are at the host paths; a test harness may hand them over prefixed).
+pub fn root_dirs(model_root: Option<&Path>, roots: &[String]) -> Vec<PathBuf> {
+    roots
+        .iter()
+        .flat_map(|r| [on_node(model_root, Path::new(r)), PathBuf::from(r)])
+        .collect()
+}
+
 /// The folder of a model request on this node.
 ///
 /// With `roots` (the chart's `agent.modelRoots`), the path must lie inside one of them, and
@@ -93,20 +113,11 @@ pub fn resolve(
             msg: format!("hostPath `{host}` must be absolute without `..`"),
         });
     }
-    let on_node = |p: &Path| match model_root {
-        Some(root) => root.join(p.strip_prefix("/").unwrap_or(p)),
-        None => p.to_path_buf(),
-    };
-    let dir = on_node(p);
+    let dir = on_node(model_root, p);
     if roots.is_empty() {
         return Ok(dir);
     }
-    // The roots as this process sees them: host paths under the node prefix, or as given
-    // (a pod's mounts are at the host paths; a test harness may hand them over prefixed).
-    let root_dirs: Vec<PathBuf> = roots
-        .iter()
-        .flat_map(|r| [on_node(Path::new(r)), PathBuf::from(r)])
-        .collect();
+    let root_dirs = root_dirs(model_root, roots);
     if !root_dirs.iter().any(|r| dir.starts_with(r)) {
         return Err(Error::Model {
             id: id.into(),
@@ -227,20 +238,29 @@ pub async fn prepare(
         state: ModelState::Profiling,
     })
     .await;
-    let (d, pid) = (dir.clone(), id.clone());
-    let profiled = tokio::task::spawn_blocking(move || -> Result<_> {
-        let profile = Profile::read(&d)?;
-        check_family(&pid, &family, &d, &profile)?;
-        let files = prewarm::files_under(&d)?;
-        let ids = files
-            .iter()
-            .map(|p| Ok((p.clone(), Identity::of(p)?)))
-            .collect::<Result<Vec<_>>>()?;
-        let residency = pagecache::residency_of(&files)?;
-        Ok((profile, ids, residency))
-    })
-    .await
-    .expect("profile task panicked");
+    // The headers are parsed in a process of its own, bounded in memory and time, and
+    // confined to the model roots: a hostile checkpoint fails its model, not the agent.
+    let job = profiler::Job {
+        dir: dir.clone(),
+        roots: root_dirs(settings.model_root.as_deref(), &settings.model_roots),
+    };
+    let profiled = match profiler::run(&settings.worker_exe, &job, settings.profiler).await {
+        Ok((profile, files)) => {
+            let (d, pid) = (dir.clone(), id.clone());
+            tokio::task::spawn_blocking(move || -> Result<_> {
+                check_family(&pid, &family, &d, &profile)?;
+                let ids = files
+                    .iter()
+                    .map(|p| Ok((p.clone(), Identity::of(p)?)))
+                    .collect::<Result<Vec<_>>>()?;
+                let residency = pagecache::residency_of(&files)?;
+                Ok((profile, ids, residency))
+            })
+            .await
+            .expect("profile task panicked")
+        }
+        Err(e) => Err(e),
+    };
     let (profile, files, residency) = match profiled {
         Ok(x) => x,
         Err(error) => return send(Update::Failed { id, task, error }).await,
@@ -404,45 +424,6 @@ mod tests {
             "{msg}"
         );
         assert_eq!(e.metric_label(), "model");
-    }
-
-    #[tokio::test]
-    async fn a_checkpoint_of_another_family_fails_without_reporting_a_profile_or_warming() {
-        let d = tempfile::tempdir().unwrap();
-        let dir = synth(d.path(), "wan-tiny");
-        let settings = Arc::new(Settings {
-            model_root: None,
-            model_roots: Vec::new(),
-            // Never started: the model fails before warming.
-            worker_exe: PathBuf::from("/nonexistent"),
-            options: Options::default(),
-            cgroup: None,
-            budget: None,
-        });
-        let (tx, mut rx) = mpsc::channel(16);
-        prepare("ns/m".into(), 1, dir, "dit".into(), settings, tx).await;
-        let mut updates = Vec::new();
-        while let Ok(u) = rx.try_recv() {
-            updates.push(u);
-        }
-        assert!(
-            matches!(
-                &updates[..],
-                [
-                    Update::State {
-                        state: ModelState::Profiling,
-                        ..
-                    },
-                    Update::Failed { .. }
-                ]
-            ),
-            "{updates:?}"
-        );
-        let Update::Failed { error, .. } = &updates[1] else {
-            unreachable!()
-        };
-        let msg = error.to_string();
-        assert!(msg.contains("`dit`") && msg.contains("`wan`"), "{msg}");
     }
 
     #[test]

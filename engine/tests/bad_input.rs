@@ -513,3 +513,77 @@ fn nan_weights_fail_the_request_instead_of_a_black_image() {
     };
     assert!(e.contains("NaN") && e.contains("weights"), "{e}");
 }
+
+/// Under `--model-roots` (the operator passes the model's mount), a file of the model
+/// folder that leads outside the roots through a symlink is refused by name, without
+/// showing its bytes or where it points; a link that stays inside the roots is followed,
+/// and without roots the same outside link is read as before.
+#[test]
+fn symlinks_out_of_the_model_roots_are_refused_without_showing_bytes() {
+    let d = tempfile::tempdir().unwrap();
+    let roots = d.path().join("models");
+    let outside = d.path().join("elsewhere");
+    fs::create_dir_all(&roots).unwrap();
+    fs::create_dir_all(&outside).unwrap();
+    let m = common::tiny(&roots, 2);
+    let bin = env!("CARGO_BIN_EXE_layerwise");
+    let inspect = |confined: bool| {
+        let mut c = Command::new(bin);
+        c.env_remove("LAYERWISE_MODEL_ROOTS").arg("inspect").arg(&m);
+        if confined {
+            c.arg("--model-roots").arg(&roots);
+        }
+        c.output().unwrap()
+    };
+    // The VAE's config moved to a shared folder inside the roots: followed.
+    let config = m.join("vae/config.json");
+    let shared = roots.join("shared-vae-config.json");
+    fs::rename(&config, &shared).unwrap();
+    std::os::unix::fs::symlink(&shared, &config).unwrap();
+    let out = inspect(true);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The same config outside the roots: refused when confined, read when not.
+    let moved = outside.join("vae-config.json");
+    fs::rename(&shared, &moved).unwrap();
+    fs::remove_file(&config).unwrap();
+    std::os::unix::fs::symlink(&moved, &config).unwrap();
+    assert!(inspect(false).status.success());
+    let out = inspect(true);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("vae/config.json")
+            && err.contains("leads outside the model roots")
+            && !err.contains("elsewhere"),
+        "{err}"
+    );
+    // Weights that lead to a private file outside: refused before a byte is read.
+    fs::remove_file(&config).unwrap();
+    fs::rename(&moved, &config).unwrap();
+    let secret = outside.join("secret.txt");
+    fs::write(&secret, b"hunter2!and the rest of a private file").unwrap();
+    let w = weights(&m);
+    fs::remove_file(&w).unwrap();
+    std::os::unix::fs::symlink(&secret, &w).unwrap();
+    let out = Command::new(bin)
+        .env("LAYERWISE_MODEL_ROOTS", &roots)
+        .args(["generate", "--out", "/dev/null", "--steps", "1", "--model"])
+        .arg(&m)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let leaked = u64::from_le_bytes(*b"hunter2!").to_string();
+    assert!(
+        !out.status.success()
+            && err.contains("diffusion_pytorch_model.safetensors")
+            && err.contains("leads outside the model roots")
+            && !err.contains("hunter2")
+            && !err.contains(&leaked)
+            && !err.contains("secret.txt"),
+        "{err}"
+    );
+}

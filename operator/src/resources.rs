@@ -165,6 +165,10 @@ pub fn deployment(
         "serve".to_string(),
         "--model".into(),
         MODEL_MOUNT.into(),
+        // A file of the model that links out of its mount (to the container's own files)
+        // is refused.
+        "--model-roots".into(),
+        MODEL_MOUNT.into(),
         "--strategy".into(),
         plan.strategy.as_str().into(),
         "--dp".into(),
@@ -559,6 +563,23 @@ mod tests {
             .flatten()
             .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
             .collect()
+    }
+
+    /// The engine reads the model only inside its mount: a file that links out of it is
+    /// refused (the engine's `--model-roots`).
+    #[test]
+    fn engine_pods_confine_the_model_to_its_mount() {
+        let d = dd(json!({}));
+        let dep = deployment(&d, &plan(), 1, "engine:test", &[]);
+        let pod = dep.spec.unwrap().template.spec.unwrap();
+        let args = pod.containers[0].args.clone().unwrap();
+        let after = |flag: &str| args.windows(2).find(|w| w[0] == flag).map(|w| w[1].clone());
+        assert_eq!(after("--model").as_deref(), Some(MODEL_MOUNT), "{args:?}");
+        assert_eq!(
+            after("--model-roots").as_deref(),
+            Some(MODEL_MOUNT),
+            "{args:?}"
+        );
     }
 
     #[test]

@@ -16,8 +16,9 @@
 //!   [`HOST_ROOT_ENV`];
 //! - `env` takes literal values, the downward API's `fieldRef`s and Secrets' `secretKeyRef`s
 //!   (read from the API when the process starts, as a kubelet does); the service account's
-//!   identity is a kubeconfig impersonating it (unless the pod opts out of the token), in
-//!   place of the projected token volume;
+//!   identity is a kubeconfig impersonating it with its node's name in the user extra, as a
+//!   pod-bound token carries it (unless the pod opts out of the token), in place of the
+//!   projected token volume;
 //! - the pod turns Ready when the readiness probe (HTTP GET) passes, and not Ready when it
 //!   fails or the process exits; an exited process is restarted (`restartPolicy: Always`);
 //! - a deleted pod gets its `preStop` sleep, then SIGTERM, then SIGKILL after the rest of
@@ -397,7 +398,8 @@ fn launch(
     if spec.automount_service_account_token != Some(false) {
         let sa = spec.service_account_name.as_deref().unwrap_or("default");
         let user = format!("system:serviceaccount:{}:{sa}", config.namespace);
-        let kc = tools::impersonating_kubeconfig(&user)?;
+        // A pod-bound token: the apiserver sees the pod's node in the user extra.
+        let kc = tools::impersonating_kubeconfig_on_node(&user, node)?;
         let path = pod_dir.join("kubeconfig");
         std::fs::write(&path, serde_json::to_vec(&kc)?)?;
         env.push(("KUBECONFIG".into(), path.display().to_string()));

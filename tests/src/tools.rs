@@ -211,6 +211,32 @@ pub fn impersonating_kubeconfig(user: &str) -> Result<Kubeconfig> {
     Ok(kc)
 }
 
+/// The user extra the apiserver adds to requests made with a pod-bound service-account
+/// token: the name of the pod's node (Kubernetes 1.30 and later).
+pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+
+/// [`impersonating_kubeconfig`] as a pod on `node` is: with the node's name in the user
+/// extra, as its pod-bound token carries it.
+pub fn impersonating_kubeconfig_on_node(user: &str, node: &str) -> Result<Kubeconfig> {
+    let mut kc = impersonating_kubeconfig(user)?;
+    for named in &mut kc.auth_infos {
+        if let Some(auth) = named.auth_info.as_mut() {
+            auth.impersonate_user_extra = Some(std::collections::HashMap::from([(
+                NODE_NAME_EXTRA.to_string(),
+                vec![node.to_string()],
+            )]));
+        }
+    }
+    Ok(kc)
+}
+
+/// A client that impersonates `user` on `node` (see [`impersonating_kubeconfig_on_node`]).
+pub async fn impersonating_on_node(user: &str, node: &str) -> Result<Client> {
+    let kc = impersonating_kubeconfig_on_node(user, node)?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
 /// A client that impersonates `user` (see [`impersonating_kubeconfig`]).
 pub async fn impersonating(user: &str) -> Result<Client> {
     let kc = impersonating_kubeconfig(user)?;

@@ -161,6 +161,10 @@ fn the_schema_refuses_bad_values_by_name() -> Result<()> {
         ("agent.port=0", "/agent/port"),
         ("agent.modelRoots[0]=models", "/agent/modelRoots/0"),
         ("monitoring.interval=soon", "/monitoring/interval"),
+        (
+            "agent.prewarm.cgroup=kubepods/../..",
+            "/agent/prewarm/cgroup",
+        ),
     ] {
         let args = [
             "template",
@@ -179,6 +183,86 @@ fn the_schema_refuses_bad_values_by_name() -> Result<()> {
             out.status
         );
     }
+    Ok(())
+}
+
+/// The agent DaemonSet as `helm template` renders it with `sets`, as JSON.
+fn agent_daemonset(sets: &[&str]) -> Result<serde_json::Value> {
+    let chart = chart()?;
+    let mut args = vec![
+        "template",
+        "layerwise",
+        &chart,
+        "--kube-version",
+        "1.36.0",
+        "--show-only",
+        "templates/agent-daemonset.yaml",
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    let text = ok(tool("helm", &args, None)?, "helm template of the agent")?;
+    Ok(serde_yaml::from_str(&text)?)
+}
+
+/// The agent container's environment as (name, value) pairs.
+fn env_of(container: &serde_json::Value) -> Vec<(String, String)> {
+    container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| Some((e["name"].as_str()?.into(), e["value"].as_str()?.into())))
+        .collect()
+}
+
+/// By default the chart runs the prewarm readers in a cgroup whose memory limit is the
+/// cache budget, so the budget is enforced by the kernel, and gives the agent what making
+/// that cgroup takes (root, privileged, the host's cgroup tree writable). Without one the
+/// agent is unprivileged and the cgroup tree read-only.
+#[test]
+fn the_agent_enforces_its_cache_budget_in_a_prewarm_cgroup_by_default() -> Result<()> {
+    let ds = agent_daemonset(&["agent.prewarm.cacheBudget=200Gi"])?;
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    let env = env_of(c);
+    let has = |k: &str, v: &str| env.iter().any(|(n, x)| n == k && x == v);
+    ensure!(
+        has("LAYERWISE_AGENT_PREWARM_CGROUP", "layerwise-prewarm")
+            && has("LAYERWISE_AGENT_CACHE_BUDGET", "200Gi"),
+        "{env:?}"
+    );
+    let sc = &c["securityContext"];
+    ensure!(
+        sc["privileged"] == true && sc["runAsUser"] == 0 && sc["readOnlyRootFilesystem"] == true,
+        "{sc}"
+    );
+    let cgroup_mount = |c: &serde_json::Value| {
+        c["volumeMounts"].as_array().and_then(|m| {
+            m.iter()
+                .find(|m| m["mountPath"] == "/sys/fs/cgroup")
+                .cloned()
+        })
+    };
+    let m = cgroup_mount(c).context("no /sys/fs/cgroup mount")?;
+    ensure!(m["readOnly"] == false, "{m}");
+
+    let ds = agent_daemonset(&["agent.prewarm.cgroup="])?;
+    let pod = &ds["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    ensure!(
+        !env_of(c)
+            .iter()
+            .any(|(n, _)| n == "LAYERWISE_AGENT_PREWARM_CGROUP"),
+        "{c}"
+    );
+    let sc = &c["securityContext"];
+    ensure!(
+        sc["privileged"] == false
+            && sc.get("runAsUser").is_none()
+            && pod["securityContext"]["runAsNonRoot"] == true,
+        "{sc}"
+    );
+    let m = cgroup_mount(c).context("no /sys/fs/cgroup mount")?;
+    ensure!(m["readOnly"] == true, "{m}");
     Ok(())
 }
 
@@ -336,4 +420,151 @@ fn shell_words(line: &str) -> Vec<String> {
         words.push(word);
     }
     words
+}
+
+/// The chart's own-node policy against the real apiserver: the agent's service account,
+/// with the node name a pod-bound token carries, may write its own node's DiffusionNode
+/// (object and status) and no other node's; a token that names no node may write none;
+/// other identities are not matched.
+#[tokio::test]
+async fn each_agent_writes_only_its_own_nodes_diffusionnode() -> Result<()> {
+    use crds::DiffusionNode;
+    use kube::api::{Patch, PatchParams};
+    use serde_json::json;
+
+    let client = cluster::client().await?;
+    tools::install_crds(&client, WAIT).await?;
+    let kube_version = client.apiserver_version().await?.git_version;
+    let chart = chart()?;
+    let ns = cluster::unique_namespace("own-node");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": ns } }))?,
+        )
+        .await?;
+    // The release is named after the namespace, so its cluster-scoped objects are this
+    // test's own.
+    let manifests = ok(
+        tool(
+            "helm",
+            &[
+                "template",
+                &ns,
+                &chart,
+                "--namespace",
+                &ns,
+                "--kube-version",
+                &kube_version,
+                "--show-only",
+                "templates/agent-rbac.yaml",
+                "--show-only",
+                "templates/agent-own-node-policy.yaml",
+            ],
+            None,
+        )?,
+        "helm template of the agent's RBAC and policy",
+    )?;
+    ok(
+        tool("kubectl", &["apply", "-f", "-"], Some(&manifests))?,
+        "kubectl apply of the agent's RBAC and policy",
+    )?;
+    let (a, b, c) = (format!("{ns}-a"), format!("{ns}-b"), format!("{ns}-c"));
+    let admin: Api<DiffusionNode> = Api::all(client.clone());
+    let result = async {
+        for name in [&a, &b] {
+            admin
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({
+                        "apiVersion": "layerwise.dev/v1alpha1",
+                        "kind": "DiffusionNode",
+                        "metadata": { "name": name },
+                        "spec": {}
+                    }))?,
+                )
+                .await?;
+        }
+        let agent = format!("system:serviceaccount:{ns}:{ns}-layerwise-agent");
+        let on_a: Api<DiffusionNode> = Api::all(tools::impersonating_on_node(&agent, &a).await?);
+        let no_node: Api<DiffusionNode> = Api::all(tools::impersonating(&agent).await?);
+        let pp = PatchParams::default();
+        let status = |bytes: u64| Patch::Merge(json!({ "status": { "hostMemoryBytes": bytes } }));
+        let label = Patch::Merge(json!({ "metadata": { "labels": { "touched": "yes" } } }));
+
+        // The policy takes effect once the apiserver has loaded it.
+        let refused = cluster::wait_until("the own-node policy to refuse", WAIT, || async {
+            Ok(match on_a.patch_status(&b, &pp, &status(1)).await {
+                Ok(_) => Err("agent A patched B's status".to_string()),
+                Err(e) => Ok(e.to_string()),
+            })
+        })
+        .await?;
+        println!("agent of A writing B's status: {refused}");
+        ensure!(
+            refused.contains(&format!(
+                "the layerwise agent of node {a} may write only that node's DiffusionNode, not {b}"
+            )),
+            "{refused}"
+        );
+        let e = on_a
+            .patch(&b, &pp, &label)
+            .await
+            .err()
+            .context("agent A labelled B")?;
+        ensure!(e.to_string().contains("may write only"), "{e}");
+        let e = on_a
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "layerwise.dev/v1alpha1",
+                    "kind": "DiffusionNode",
+                    "metadata": { "name": c },
+                    "spec": {}
+                }))?,
+            )
+            .await
+            .err()
+            .context("agent A created another node's DiffusionNode")?;
+        ensure!(e.to_string().contains("may write only"), "{e}");
+        // Its own node's: the object and the status.
+        on_a.patch_status(&a, &pp, &status(7)).await?;
+        on_a.patch(&a, &pp, &label).await?;
+        ensure!(
+            admin.get(&a).await?.status.map(|s| s.host_memory_bytes) == Some(7),
+            "A's status was not written"
+        );
+        // A token bound to no node writes nothing.
+        let e = no_node
+            .patch_status(&a, &pp, &status(8))
+            .await
+            .err()
+            .context("a token without a node wrote A's status")?;
+        ensure!(e.to_string().contains("names no node"), "{e}");
+        // Other identities are not the policy's business.
+        admin.patch_status(&b, &pp, &status(9)).await?;
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    let mut errors = Vec::new();
+    for name in [&a, &b, &c] {
+        if let Err(e) = admin.delete(name, &Default::default()).await {
+            if !matches!(&e, kube::Error::Api(s) if s.code == 404) {
+                errors.push(e.into());
+            }
+        }
+    }
+    if let Err(e) = ok(
+        tool(
+            "kubectl",
+            &["delete", "--ignore-not-found", "-f", "-"],
+            Some(&manifests),
+        )?,
+        "kubectl delete of the agent's RBAC and policy",
+    ) {
+        errors.push(e);
+    }
+    tools::finish_teardown(&client, &ns, errors).await?;
+    result
 }

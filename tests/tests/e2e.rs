@@ -442,13 +442,15 @@ spec:
 
         phase("helm install");
         // 1. The chart, as a user installs it (CRDs are already there), with the pods handed
-        //    to the node runner and a short resync so the test is quick.
+        //    to the node runner and a short resync so the test is quick. No prewarm cgroup:
+        //    the runner runs the agents as processes of this machine, and the chart's one
+        //    sits at the root of the cgroup tree.
         let values = self.work.join("values.yaml");
         std::fs::write(
             &values,
             format!(
                 "operator:\n  watchNamespace: {ns}\n  resyncSeconds: 1\n  podAnnotations:\n    {a}: {v}\n\
-                 agent:\n  reinventorySeconds: 2\n  prewarm:\n    memoryFloor: \"0\"\n  podAnnotations:\n    {a}: {v}\n",
+                 agent:\n  reinventorySeconds: 2\n  prewarm:\n    memoryFloor: \"0\"\n    cgroup: \"\"\n  podAnnotations:\n    {a}: {v}\n",
                 ns = self.ns,
                 a = runner::ANNOTATION,
                 v = runner::ANNOTATION_VALUE

@@ -295,10 +295,58 @@ impl ModelFolder {
 /// The largest config, index or tokenizer file read (UMT5's `tokenizer.json` is 16 MiB).
 pub const MAX_SMALL_FILE: u64 = 64 << 20;
 
+/// The folders this process may read model files from, once [`confine`] set them.
+static ROOTS: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+
+/// Confines every model file this process reads to `roots` for the rest of its life: a file
+/// whose path, its symlinks followed, lies outside all of them is refused by
+/// [`regular_file`], which every reader of a model folder goes through. A process serving
+/// models for others calls it once at start (the engine's `--model-roots`, the agent's
+/// profiler); unconfined, files may lead anywhere (a Hugging Face cache's snapshot links).
+/// The roots must exist; confining again to other roots is an error.
+pub fn confine(roots: &[PathBuf]) -> Result<()> {
+    let mut real = roots
+        .iter()
+        .map(|r| r.canonicalize().map_err(|e| Error::io(r, e)))
+        .collect::<Result<Vec<_>>>()?;
+    real.sort();
+    real.dedup();
+    let set = ROOTS.get_or_init(|| real.clone());
+    if *set != real {
+        return Err(Error::Invalid {
+            field: "model roots".into(),
+            msg: format!("already confined to {set:?}, not {real:?}"),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses `path` when the process is confined and the file it leads to lies outside every
+/// root. The error names the file and the roots, never where the link points.
+fn within_roots(path: &Path) -> Result<()> {
+    let Some(roots) = ROOTS.get() else {
+        return Ok(());
+    };
+    let real = path.canonicalize().map_err(|e| Error::io(path, e))?;
+    if roots.iter().any(|r| real.starts_with(r)) {
+        return Ok(());
+    }
+    let names: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+    Err(Error::checkpoint(
+        path,
+        format!(
+            "leads outside the model roots ({}) through a symlink; a model's files must stay inside them",
+            names.join(", ")
+        ),
+    ))
+}
+
 /// Checks that `path` (its symlinks followed) is a regular file, as every file of a model
 /// folder must be: a FIFO would block the reader forever and a device (`/dev/zero`) never
-/// ends. Returns its length.
+/// ends; and that it lies inside the model roots when the process is [`confine`]d. Returns
+/// its length.
 pub fn regular_file(path: &Path) -> Result<u64> {
+    within_roots(path)?;
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
         let what = if meta.is_dir() {

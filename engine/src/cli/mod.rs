@@ -32,6 +32,16 @@ use crate::tools::synth::{synth, SynthModel, SynthOptions};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Folders model files may be read from (comma-separated): a file of the model folder
+    /// that leads outside them through a symlink is refused. The operator passes the
+    /// model's mount. Unset: files may lead anywhere.
+    #[arg(
+        long,
+        global = true,
+        env = "LAYERWISE_MODEL_ROOTS",
+        value_delimiter = ','
+    )]
+    model_roots: Vec<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -214,9 +224,14 @@ pub fn may_use_gpu(args: &[OsString]) -> bool {
     let device = match Cli::try_parse_from(args) {
         Ok(Cli {
             cmd: Cmd::Generate(a),
+            ..
         }) => a.engine.device,
-        Ok(Cli { cmd: Cmd::Bench(a) }) => a.engine.device,
-        Ok(Cli { cmd: Cmd::Serve(a) }) => a.engine.device,
+        Ok(Cli {
+            cmd: Cmd::Bench(a), ..
+        }) => a.engine.device,
+        Ok(Cli {
+            cmd: Cmd::Serve(a), ..
+        }) => a.engine.device,
         _ => return false,
     };
     device != DeviceChoice::Cpu
@@ -241,6 +256,14 @@ pub fn main(args: Vec<OsString>) -> i32 {
             return e.exit_code();
         }
     };
+    let confined = match cli.model_roots.as_slice() {
+        [] => Ok(()),
+        roots => crate::checkpoint::confine(roots),
+    };
+    if let Err(e) = confined {
+        eprintln!("Error: --model-roots: {e}");
+        return 1;
+    }
     match run(cli.cmd) {
         Ok(code) => code,
         Err(e) => {
@@ -325,6 +348,7 @@ mod tests {
         match parse(&all).unwrap() {
             Cli {
                 cmd: Cmd::Generate(a),
+                ..
             } => a.engine,
             _ => unreachable!(),
         }
