@@ -676,12 +676,17 @@ spec:
             "requests failed: {}",
             counters.errors()
         );
-        let dd = dds.get(NAME).await?;
-        ensure!(
-            condition(&dd, "Progressing") == Some(false),
-            "still progressing after the roll: {:?}",
-            dd.status
-        );
+        // The operator records the finished roll at its next reconcile, which the
+        // Deployment's change triggers (debounced by a second).
+        wait_until("Progressing False after the roll", WAIT, || async {
+            let dd = dds.get(NAME).await?;
+            Ok(if condition(&dd, "Progressing") == Some(false) {
+                Ok(())
+            } else {
+                Err(format!("still progressing after the roll: {:?}", dd.status))
+            })
+        })
+        .await?;
 
         phase("delete");
         // 7. Delete: the resource, its Deployment, Service, pods, engine processes and

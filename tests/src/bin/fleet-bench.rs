@@ -188,11 +188,14 @@ async fn main() -> Result<()> {
 
     // All deployments at once.
     let before = op.metrics().await?;
+    let cpu0 = op.cpu_seconds()?;
     let t0 = Instant::now();
     create_deployments(&client, a.deployments).await?;
     let (planned, available, available_at) = wait_planned(&client, a.deployments, t0).await?;
     let after = op.metrics().await?;
     let mem_planned = op.memory()?;
+    let cpu_planning = op.cpu_seconds()? - cpu0;
+    let wall_planning = t0.elapsed().as_secs_f64();
     println!(
         "planned: all {} in {:.2} s (first {:.2} s, median {:.2} s, 90th percentile {:.2} s); {available} Available, the last after {:.2} s",
         a.deployments,
@@ -216,6 +219,16 @@ async fn main() -> Result<()> {
     );
     let planning = Window::between(&before, &after);
     planning.print("while planning");
+    println!(
+        "cpu: the operator used {cpu_planning:.1} s of CPU in {wall_planning:.1} s while planning ({:.0}% of one core; the machine's load average {})",
+        100.0 * cpu_planning / wall_planning.max(1e-9),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     println!(
         "memory: VmRSS {:.1} MiB, VmHWM {:.1} MiB",
         mem_planned.0 as f64 / 1048576.0,
@@ -270,6 +283,7 @@ async fn main() -> Result<()> {
             "resync_seconds": a.resync_seconds,
             "operator_lead_seconds": led.as_secs_f64(),
             "engine_replica_sets": replica_sets,
+            "operator_cpu_seconds_planning": cpu_planning,
             "all_planned_seconds": planned.last().copied().unwrap_or_default().as_secs_f64(),
             "median_planned_seconds": planned[planned.len() / 2].as_secs_f64(),
             "available": available,
@@ -714,6 +728,20 @@ impl Operator {
                 .unwrap_or(0)
         };
         Ok((field("VmRSS:"), field("VmHWM:")))
+    }
+
+    /// CPU time the operator has used (user + system), seconds.
+    fn cpu_seconds(&self) -> Result<f64> {
+        let pid = self.child.id().context("the operator has exited")?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // Fields after the command (which may hold spaces) start at the state, field 3.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        // utime and stime are fields 14 and 15, so 11 and 12 counted from the state.
+        // SAFETY: sysconf reads a constant of the system.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        Ok((ticks(11) + ticks(12)) as f64 / hz)
     }
 
     /// SIGTERM, then waits for it to exit.
