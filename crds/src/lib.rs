@@ -16,8 +16,8 @@ pub mod node;
 pub use common::{quantity_bytes, ModelLocation, PvcSource, StrategyChoice};
 pub use deployment::{
     Accelerator, Autoscaling, AutoscalingMode, ComponentPlacement, ComponentPlan,
-    DiffusionDeployment, DiffusionDeploymentSpec, DiffusionDeploymentStatus, EngineSpec,
-    MemoryBreakdown, ModelSpec, Plan, Workload,
+    DiffusionDeployment, DiffusionDeploymentSpec, DiffusionDeploymentStatus, DisruptionBudget,
+    EngineSpec, MemoryBreakdown, ModelSpec, Plan, Workload,
 };
 pub use layerwise_engine::checkpoint::{ActivationCost, ComponentProfile, Profile};
 pub use layerwise_engine::Strategy;

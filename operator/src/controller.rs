@@ -45,6 +45,9 @@ const MANAGED_BY: &str = "app.kubernetes.io/managed-by=layerwise-operator";
 pub struct Settings {
     /// Engine image for deployments that name none.
     pub engine_image: String,
+    /// What every engine pod gets from the platform (pull secrets, RuntimeClass,
+    /// tolerations).
+    pub engine_pods: crate::resources::EnginePods,
     /// Planner allowances (overhead, slot cap).
     pub limits: Limits,
     /// How often a deployment is looked at again (the autoscaler's period).
@@ -76,6 +79,9 @@ pub struct Context {
     /// Deployments (by uid) whose job-key Secret this process has made or found, so it is
     /// created once, not tried on every reconcile.
     pub job_keys: Mutex<HashSet<String>>,
+    /// Deployments (by uid) whose spec asks for no PodDisruptionBudget and that this process
+    /// has made sure have none, so the delete is sent once, not on every reconcile.
+    pub no_budget: Mutex<HashSet<String>>,
 }
 
 /// Runs the controller until `stop` resolves: the DiffusionDeployment watch, its owned
@@ -109,6 +115,7 @@ pub async fn lead(
         stores: stores.clone(),
         telemetry: telemetry.clone(),
         job_keys: Mutex::new(HashSet::new()),
+        no_budget: Mutex::new(HashSet::new()),
     });
     let run = controller
         .owns(deploys, watcher::Config::default().labels(MANAGED_BY))
@@ -255,6 +262,7 @@ async fn cleanup(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     ctx.telemetry.metrics.forget(&id);
     if let Some(uid) = dd.uid() {
         ctx.job_keys.lock().expect("not poisoned").remove(&uid);
+        ctx.no_budget.lock().expect("not poisoned").remove(&uid);
     }
     if !withdrawn.is_empty() {
         withdrawn.sort();

@@ -10,6 +10,7 @@ use anyhow::{ensure, Context as _, Result};
 use clap::Parser;
 use layerwise_operator::autoscaler::HttpLoad;
 use layerwise_operator::planner::Limits;
+use layerwise_operator::resources::EnginePods;
 use layerwise_operator::{client, http, resources, run, Election, Settings, Telemetry};
 use tracing::info;
 
@@ -24,6 +25,22 @@ struct Args {
         default_value = concat!("layerwise-engine-cuda:", env!("CARGO_PKG_VERSION"))
     )]
     engine_image: String,
+    /// Secrets every engine pod pulls its image with (comma-separated names; the chart
+    /// passes its `imagePullSecrets`). Each must exist in the DiffusionDeployment's namespace.
+    #[arg(
+        long,
+        env = "LAYERWISE_ENGINE_IMAGE_PULL_SECRETS",
+        value_delimiter = ','
+    )]
+    engine_image_pull_secrets: Vec<String>,
+    /// RuntimeClass of engine pods whose DiffusionDeployment names none (for example
+    /// `nvidia`; the chart passes `enginePods.runtimeClassName`). Unset: the cluster's default.
+    #[arg(long, env = "LAYERWISE_ENGINE_RUNTIME_CLASS")]
+    engine_runtime_class: Option<String>,
+    /// Tolerations every engine pod carries, as a JSON list (the chart passes
+    /// `enginePods.tolerations`), beside each DiffusionDeployment's own.
+    #[arg(long, env = "LAYERWISE_ENGINE_TOLERATIONS")]
+    engine_tolerations: Option<String>,
     /// Device memory per rank kept for the runtime (MiB).
     #[arg(long, env = "LAYERWISE_DEVICE_OVERHEAD_MIB", default_value_t = 1024)]
     device_overhead_mib: u64,
@@ -92,6 +109,12 @@ async fn main() -> Result<()> {
         args.lease_grace_seconds,
         args.lease_seconds
     );
+    let engine_pods = EnginePods::from_flags(
+        &args.engine_image_pull_secrets,
+        args.engine_runtime_class.as_deref(),
+        args.engine_tolerations.as_deref(),
+    )
+    .map_err(anyhow::Error::msg)?;
     let telemetry = Arc::new(Telemetry::default());
     let config = kube::Config::infer()
         .await
@@ -106,6 +129,7 @@ async fn main() -> Result<()> {
     });
     let settings = Settings {
         engine_image: args.engine_image,
+        engine_pods,
         limits: Limits {
             device_overhead: args.device_overhead_mib << 20,
             host_overhead: args.host_overhead_mib << 20,

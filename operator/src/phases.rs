@@ -11,9 +11,10 @@ use std::time::Duration;
 use crds::{AutoscalingMode, DiffusionDeployment, ModelState, NodeModelStatus, Plan, Profile};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
@@ -522,7 +523,14 @@ async fn deploy(
         }
         _ => (plan.clone(), warm.to_vec()),
     };
-    let desired = resources::deployment(dd, &placed, replicas, &ctx.settings.engine_image, &warm);
+    let desired = resources::deployment(
+        dd,
+        &placed,
+        replicas,
+        &ctx.settings.engine_image,
+        &ctx.settings.engine_pods,
+        &warm,
+    );
     let pp = PatchParams::apply(MANAGER).force();
     let applied = Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
         .patch(&dd.name_any(), &pp, &Patch::Apply(&desired))
@@ -532,6 +540,7 @@ async fn deploy(
         .patch(&dd.name_any(), &pp, &Patch::Apply(&resources::service(dd)))
         .await
         .map_err(kube(format!("applying Service of {id}")))?;
+    disruption_budget(dd, ctx, r).await?;
     let old_plan = existing.as_ref().and_then(|d| {
         d.spec
             .as_ref()?
@@ -559,6 +568,47 @@ async fn deploy(
         Some(_) => {}
     }
     Ok(applied)
+}
+
+/// Applies the PodDisruptionBudget the spec asks for, or deletes the one a former spec
+/// asked for (once per spec without one: see [`Context::no_budget`]).
+async fn disruption_budget(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Result<()> {
+    let id = model_id(dd);
+    let uid = dd.uid().unwrap_or_default();
+    let pdbs: Api<PodDisruptionBudget> =
+        Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
+    match resources::disruption_budget(dd) {
+        Some(pdb) => {
+            ctx.no_budget.lock().expect("not poisoned").remove(&uid);
+            pdbs.patch(
+                &dd.name_any(),
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&pdb),
+            )
+            .await
+            .map_err(kube(format!("applying PodDisruptionBudget of {id}")))?;
+        }
+        None => {
+            if ctx.no_budget.lock().expect("not poisoned").contains(&uid) {
+                return Ok(());
+            }
+            match pdbs.delete(&dd.name_any(), &DeleteParams::default()).await {
+                Ok(_) => {
+                    let note = format!(
+                        "deleted PodDisruptionBudget {}: the spec asks for none",
+                        dd.name_any()
+                    );
+                    r.event(EventType::Normal, "DisruptionBudgetDeleted", "Deploy", note);
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    return Err(kube(format!("deleting PodDisruptionBudget of {id}"))(e));
+                }
+            }
+            ctx.no_budget.lock().expect("not poisoned").insert(uid);
+        }
+    }
+    Ok(())
 }
 
 /// Whether every replica the Deployment wants is available (none waits to be placed).

@@ -1,5 +1,6 @@
-//! The engine Deployment and Service a DiffusionDeployment runs as, built from its spec and
-//! plan. Pure: the controller applies what these return.
+//! The engine Deployment, Service and PodDisruptionBudget a DiffusionDeployment runs as,
+//! built from its spec, its plan and what the platform gives every engine pod
+//! ([`EnginePods`]). Pure: the controller applies what these return.
 
 use std::collections::BTreeMap;
 
@@ -9,13 +10,14 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, NodeAffinity, NodeSelector,
-    NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
+    HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, LocalObjectReference,
+    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
     PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
     PreferredSchedulingTerm, Probe, ResourceRequirements, SeccompProfile, Secret,
-    SecretKeySelector, SecurityContext, Service, ServicePort, ServiceSpec, SleepAction, Volume,
-    VolumeMount,
+    SecretKeySelector, SecurityContext, Service, ServicePort, ServiceSpec, SleepAction, Toleration,
+    TopologySpreadConstraint, Volume, VolumeMount,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -33,6 +35,62 @@ pub const DRAIN_DELAY_SECONDS: i64 = 5;
 /// The pod template annotation that records the plan (so a new plan rolls the pods).
 pub const PLAN_ANNOTATION: &str = "layerwise.dev/plan";
 const HOSTNAME: &str = "kubernetes.io/hostname";
+
+/// What the platform gives every engine pod, whatever DiffusionDeployment it runs: the
+/// chart's values, passed to the operator. Per-model settings are in the spec's `engine`
+/// and `accelerator`; see [`deployment`] for how the two combine.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EnginePods {
+    /// Secrets every engine pod pulls its image with (the chart's `imagePullSecrets`; each
+    /// must exist in the namespace of the DiffusionDeployment).
+    pub image_pull_secrets: Vec<String>,
+    /// RuntimeClass of engine pods whose spec names none.
+    pub runtime_class_name: Option<String>,
+    /// Tolerations every engine pod carries (the taints of the platform's accelerator
+    /// nodes), beside the spec's `accelerator.tolerations`.
+    pub tolerations: Vec<Toleration>,
+}
+
+impl EnginePods {
+    /// From the operator's flags as the chart passes them: secret names (empty ones
+    /// dropped), a RuntimeClass (empty: none) and tolerations as a JSON list (empty: none).
+    /// A toleration list that is not one is an error naming the flag.
+    pub fn from_flags(
+        image_pull_secrets: &[String],
+        runtime_class_name: Option<&str>,
+        tolerations: Option<&str>,
+    ) -> Result<EnginePods, String> {
+        let tolerations = match tolerations.map(str::trim).filter(|t| !t.is_empty()) {
+            Some(json) => serde_json::from_str(json).map_err(|e| {
+                format!("--engine-tolerations is not a JSON list of tolerations: {e}")
+            })?,
+            None => Vec::new(),
+        };
+        Ok(EnginePods {
+            image_pull_secrets: image_pull_secrets
+                .iter()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            runtime_class_name: runtime_class_name
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from),
+            tolerations,
+        })
+    }
+}
+
+/// `a` then what of `b` is not in it already.
+fn union<T: Clone + PartialEq>(a: &[T], b: &[T]) -> Vec<T> {
+    let mut all = a.to_vec();
+    for x in b {
+        if !all.contains(x) {
+            all.push(x.clone());
+        }
+    }
+    all
+}
 
 /// What an engine Deployment's pod template was scheduled by: the plan summary it records,
 /// the nodes it requires and the (warm) nodes it prefers; `None` when it has no plan.
@@ -150,11 +208,17 @@ fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
 }
 
 /// The engine Deployment for `dd` under `plan`, with `replicas` pods, preferring `warm` nodes.
+///
+/// What the platform gives every engine pod (`platform`) and what the spec asks for this
+/// model combine so: image pull secrets and tolerations are the platform's and then the
+/// spec's (each once); the spec's RuntimeClass wins over the platform's; topology spread is
+/// the spec's alone, a constraint without a label selector counting this model's pods.
 pub fn deployment(
     dd: &DiffusionDeployment,
     plan: &Plan,
     replicas: i32,
     default_image: &str,
+    platform: &EnginePods,
     warm: &[String],
 ) -> Deployment {
     let spec = &dd.spec;
@@ -355,6 +419,29 @@ pub fn deployment(
         ..Default::default()
     };
 
+    let pull_secrets: Vec<LocalObjectReference> = union(
+        &platform
+            .image_pull_secrets
+            .iter()
+            .map(|name| LocalObjectReference { name: name.clone() })
+            .collect::<Vec<_>>(),
+        &engine.image_pull_secrets,
+    );
+    let tolerations = union(&platform.tolerations, &spec.accelerator.tolerations);
+    let spread: Vec<TopologySpreadConstraint> = engine
+        .topology_spread_constraints
+        .iter()
+        .map(|c| TopologySpreadConstraint {
+            label_selector: c.label_selector.clone().or_else(|| {
+                Some(LabelSelector {
+                    match_labels: Some(selector_labels(dd)),
+                    ..Default::default()
+                })
+            }),
+            ..c.clone()
+        })
+        .collect();
+
     Deployment {
         metadata: owned_meta(dd),
         spec: Some(DeploymentSpec {
@@ -393,8 +480,13 @@ pub fn deployment(
                     }),
                     node_selector: (!spec.accelerator.node_selector.is_empty())
                         .then(|| spec.accelerator.node_selector.clone()),
-                    tolerations: (!spec.accelerator.tolerations.is_empty())
-                        .then(|| spec.accelerator.tolerations.clone()),
+                    tolerations: (!tolerations.is_empty()).then_some(tolerations),
+                    image_pull_secrets: (!pull_secrets.is_empty()).then_some(pull_secrets),
+                    runtime_class_name: engine
+                        .runtime_class_name
+                        .clone()
+                        .or_else(|| platform.runtime_class_name.clone()),
+                    topology_spread_constraints: (!spread.is_empty()).then_some(spread),
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
                         run_as_user: Some(65532),
@@ -428,6 +520,25 @@ fn owned_meta(dd: &DiffusionDeployment) -> ObjectMeta {
         owner_references: dd.controller_owner_ref(&()).map(|o| vec![o]),
         ..Default::default()
     }
+}
+
+/// The PodDisruptionBudget of `dd`'s engine pods, when its spec asks for one: same name,
+/// owned by the DiffusionDeployment, selecting the engine pods.
+pub fn disruption_budget(dd: &DiffusionDeployment) -> Option<PodDisruptionBudget> {
+    let budget = dd.spec.engine.disruption_budget.as_ref()?;
+    Some(PodDisruptionBudget {
+        metadata: owned_meta(dd),
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: budget.min_available.clone(),
+            max_unavailable: budget.max_unavailable.clone(),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(dd)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    })
 }
 
 /// The key in the job-key Secret that holds the key.
@@ -570,7 +681,7 @@ mod tests {
     #[test]
     fn engine_pods_confine_the_model_to_its_mount() {
         let d = dd(json!({}));
-        let dep = deployment(&d, &plan(), 1, "engine:test", &[]);
+        let dep = deployment(&d, &plan(), 1, "engine:test", &EnginePods::default(), &[]);
         let pod = dep.spec.unwrap().template.spec.unwrap();
         let args = pod.containers[0].args.clone().unwrap();
         let after = |flag: &str| args.windows(2).find(|w| w[0] == flag).map(|w| w[1].clone());
@@ -591,7 +702,14 @@ mod tests {
             "maxSteps": 40,
             "maxBatch": 2,
         }));
-        let env = envs(&deployment(&d, &plan(), 1, "engine:test", &[]));
+        let env = envs(&deployment(
+            &d,
+            &plan(),
+            1,
+            "engine:test",
+            &EnginePods::default(),
+            &[],
+        ));
         let bounds: Vec<(&str, &str)> = env
             .iter()
             .filter(|(n, _)| n.starts_with("LAYERWISE_MAX_"))
@@ -636,6 +754,7 @@ mod tests {
             &plan(),
             1,
             "engine:test",
+            &EnginePods::default(),
             &[],
         ));
         assert!(
@@ -646,14 +765,28 @@ mod tests {
 
     #[test]
     fn a_template_reads_back_the_plan_and_nodes_it_was_scheduled_by() {
-        let d = deployment(&dd(json!({})), &plan(), 1, "img", &["n0".into()]);
+        let d = deployment(
+            &dd(json!({})),
+            &plan(),
+            1,
+            "img",
+            &EnginePods::default(),
+            &["n0".into()],
+        );
         let (summary, required, preferred) = scheduling_of(&d).expect("a planned template");
         assert_eq!(summary, plan_summary(&plan()));
         assert_eq!(
             (required, preferred),
             (vec!["n0".into()], vec!["n0".into()])
         );
-        let cold = deployment(&dd(json!({})), &plan(), 1, "img", &[]);
+        let cold = deployment(
+            &dd(json!({})),
+            &plan(),
+            1,
+            "img",
+            &EnginePods::default(),
+            &[],
+        );
         assert_eq!(scheduling_of(&cold).unwrap().2, Vec::<String>::new());
     }
 
@@ -686,7 +819,7 @@ mod tests {
             (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
             ("DiffusionDeployment", "uid-1", Some(true))
         );
-        let deploy = deployment(&d, &plan(), 1, "engine:test", &[]);
+        let deploy = deployment(&d, &plan(), 1, "engine:test", &EnginePods::default(), &[]);
         let pod = deploy.spec.unwrap().template.spec.unwrap();
         let env = pod.containers[0].env.clone().unwrap();
         let from = |name: &str| {
@@ -703,6 +836,171 @@ mod tests {
         assert_eq!(
             from("LAYERWISE_POD_IP").field_ref.unwrap().field_path,
             "status.podIP"
+        );
+    }
+
+    fn pod_of(d: &Deployment) -> PodSpec {
+        d.spec.clone().unwrap().template.spec.unwrap()
+    }
+
+    fn toleration(key: &str) -> Toleration {
+        Toleration {
+            key: Some(key.into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        }
+    }
+
+    /// The platform's pull secrets and tolerations come first, then the spec's, each once;
+    /// the spec's RuntimeClass wins over the platform's.
+    #[test]
+    fn engine_pods_take_the_platforms_settings_and_then_the_models() {
+        let platform = EnginePods::from_flags(
+            &["regcred".into(), " ".into()],
+            Some("nvidia"),
+            Some(r#"[{"key":"nvidia.com/gpu","operator":"Exists","effect":"NoSchedule"}]"#),
+        )
+        .unwrap();
+        assert_eq!(platform.image_pull_secrets, ["regcred"]);
+        assert_eq!(platform.tolerations, [toleration("nvidia.com/gpu")]);
+
+        let plain = pod_of(&deployment(
+            &dd(json!({})),
+            &plan(),
+            1,
+            "img",
+            &platform,
+            &[],
+        ));
+        let names = |p: &PodSpec| -> Vec<String> {
+            p.image_pull_secrets
+                .iter()
+                .flatten()
+                .map(|s| s.name.clone())
+                .collect()
+        };
+        assert_eq!(names(&plain), ["regcred"]);
+        assert_eq!(plain.runtime_class_name.as_deref(), Some("nvidia"));
+        assert_eq!(plain.tolerations, Some(vec![toleration("nvidia.com/gpu")]));
+        assert_eq!(plain.topology_spread_constraints, None);
+
+        let mut own = dd(json!({}));
+        own.spec.engine.image_pull_secrets = vec![
+            LocalObjectReference {
+                name: "model-registry".into(),
+            },
+            LocalObjectReference {
+                name: "regcred".into(),
+            },
+        ];
+        own.spec.engine.runtime_class_name = Some("kata-nvidia".into());
+        own.spec.accelerator.tolerations =
+            vec![toleration("dedicated"), toleration("nvidia.com/gpu")];
+        let pod = pod_of(&deployment(&own, &plan(), 1, "img", &platform, &[]));
+        assert_eq!(names(&pod), ["regcred", "model-registry"]);
+        assert_eq!(pod.runtime_class_name.as_deref(), Some("kata-nvidia"));
+        assert_eq!(
+            pod.tolerations,
+            Some(vec![toleration("nvidia.com/gpu"), toleration("dedicated")])
+        );
+
+        // Nothing from the platform and nothing in the spec: none of these fields at all.
+        let bare = pod_of(&deployment(
+            &dd(json!({})),
+            &plan(),
+            1,
+            "img",
+            &EnginePods::default(),
+            &[],
+        ));
+        assert_eq!(
+            (
+                bare.image_pull_secrets,
+                bare.runtime_class_name,
+                bare.tolerations
+            ),
+            (None, None, None)
+        );
+    }
+
+    #[test]
+    fn tolerations_that_are_not_a_list_are_refused_naming_the_flag() {
+        let err = EnginePods::from_flags(&[], None, Some(r#"{"key":"x"}"#)).unwrap_err();
+        assert!(err.contains("--engine-tolerations"), "{err}");
+        let empty = EnginePods::from_flags(&["".into()], Some(""), Some("")).unwrap();
+        assert_eq!(empty, EnginePods::default());
+    }
+
+    /// A spread constraint without a selector counts this model's engine pods; one with a
+    /// selector keeps it.
+    #[test]
+    fn topology_spread_counts_the_models_pods_unless_told_otherwise() {
+        let mut d = dd(json!({}));
+        d.spec.engine.topology_spread_constraints = serde_json::from_value(json!([
+            { "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+              "whenUnsatisfiable": "ScheduleAnyway" },
+            { "maxSkew": 2, "topologyKey": "kubernetes.io/hostname",
+              "whenUnsatisfiable": "DoNotSchedule",
+              "labelSelector": { "matchLabels": { "team": "ml" } } },
+        ]))
+        .unwrap();
+        let pod = pod_of(&deployment(
+            &d,
+            &plan(),
+            1,
+            "img",
+            &EnginePods::default(),
+            &[],
+        ));
+        let spread = pod.topology_spread_constraints.unwrap();
+        assert_eq!(spread.len(), 2);
+        assert_eq!(spread[0].topology_key, "topology.kubernetes.io/zone");
+        assert_eq!(spread[0].when_unsatisfiable, "ScheduleAnyway");
+        assert_eq!(
+            spread[0].label_selector.as_ref().unwrap().match_labels,
+            Some(selector_labels(&d))
+        );
+        assert_eq!(spread[1].max_skew, 2);
+        assert_eq!(
+            spread[1].label_selector.as_ref().unwrap().match_labels,
+            Some(BTreeMap::from([("team".into(), "ml".into())]))
+        );
+    }
+
+    #[test]
+    fn a_disruption_budget_is_made_only_when_the_spec_asks_and_selects_the_engine_pods() {
+        let mut d = dd(json!({}));
+        d.metadata.uid = Some("uid-1".into());
+        assert!(disruption_budget(&d).is_none());
+        d.spec.engine.disruption_budget = Some(crds::DisruptionBudget {
+            min_available: None,
+            max_unavailable: Some(IntOrString::String("25%".into())),
+        });
+        let pdb = disruption_budget(&d).unwrap();
+        assert_eq!(
+            (
+                pdb.metadata.name.as_deref(),
+                pdb.metadata.namespace.as_deref()
+            ),
+            (Some("wan"), Some("ns"))
+        );
+        let owner = &pdb.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.uid.as_str(), owner.controller),
+            ("uid-1", Some(true))
+        );
+        let spec = pdb.spec.unwrap();
+        assert_eq!(
+            spec.max_unavailable,
+            Some(IntOrString::String("25%".into()))
+        );
+        assert_eq!(spec.min_available, None);
+        // It selects exactly what the Deployment's selector selects.
+        let dep = deployment(&d, &plan(), 1, "img", &EnginePods::default(), &[]);
+        assert_eq!(
+            spec.selector.unwrap().match_labels,
+            dep.spec.unwrap().selector.match_labels
         );
     }
 }

@@ -165,6 +165,12 @@ fn the_schema_refuses_bad_values_by_name() -> Result<()> {
             "agent.prewarm.cgroup=kubepods/../..",
             "/agent/prewarm/cgroup",
         ),
+        ("enginePods.runtimeClass=nvidia", "runtimeClass"),
+        (
+            "enginePods.tolerations[0].operator=Maybe",
+            "/enginePods/tolerations/0/operator",
+        ),
+        ("imagePullSecrets[0].nam=regcred", "/imagePullSecrets/0"),
     ] {
         let args = [
             "template",

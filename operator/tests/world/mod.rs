@@ -22,6 +22,7 @@ use layerwise_e2e::cluster;
 use layerwise_e2e::tools::{self, impersonating_kubeconfig, install_crds, ok, repo, tool};
 use layerwise_operator::autoscaler::{LoadSource, PodLoad};
 use layerwise_operator::planner::Limits;
+use layerwise_operator::resources::EnginePods;
 use layerwise_operator::{client, run, Election, Settings, Telemetry};
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -69,6 +70,8 @@ impl Operator {
 pub struct Setup {
     pub resync: Duration,
     pub election: Option<Election>,
+    /// What every engine pod gets from the platform (the chart's values).
+    pub engine_pods: EnginePods,
 }
 
 impl Default for Setup {
@@ -76,6 +79,7 @@ impl Default for Setup {
         Setup {
             resync: Duration::from_secs(1),
             election: None,
+            engine_pods: EnginePods::default(),
         }
     }
 }
@@ -89,6 +93,12 @@ impl World {
     /// The namespace, the chart and the fake agent answering each prepare request with
     /// `answer`'s profile (or failing it with its message); no controller.
     pub async fn answering(test: &str, answer: Answer) -> Result<World> {
+        World::installed(test, answer, &[]).await
+    }
+
+    /// [`World::answering`], with the chart installed with `values` (helm's `--set`,
+    /// `--set-json` and so on) besides.
+    pub async fn installed(test: &str, answer: Answer, values: &[&str]) -> Result<World> {
         let client = cluster::client().await?;
         install_crds(&client, WAIT).await?;
         let ns = cluster::unique_namespace(test);
@@ -100,23 +110,24 @@ impl World {
         )
         .await?;
         let chart = repo().join("charts/layerwise");
-        ok(
-            tool(
-                "helm",
-                &[
-                    "install",
-                    &release,
-                    chart.to_str().unwrap(),
-                    "--namespace",
-                    &ns,
-                    "--skip-crds",
-                    "--set",
-                    &format!("operator.watchNamespace={ns}"),
-                ],
-                None,
-            )?,
-            "helm install",
-        )?;
+        let watch = format!("operator.watchNamespace={ns}");
+        let mut args = vec![
+            "install",
+            &release,
+            chart.to_str().unwrap(),
+            "--namespace",
+            &ns,
+            "--skip-crds",
+            "--set",
+            &watch,
+        ];
+        args.extend(values);
+        if let Err(e) = tool("helm", &args, None).and_then(|out| ok(out, "helm install")) {
+            // A release that did not install leaves nothing but the namespace.
+            return Err(tools::finish_teardown(&client, &ns, vec![e])
+                .await
+                .unwrap_err());
+        }
         let agent = tokio::spawn(fake_agent(client.clone(), ns.clone(), answer));
         Ok(World {
             client,
@@ -154,6 +165,7 @@ impl World {
         let identity = setup.election.as_ref().map(|e| e.identity.clone());
         let settings = Settings {
             engine_image: "layerwise:test".into(),
+            engine_pods: setup.engine_pods,
             limits: Limits::default(),
             resync: setup.resync,
             namespace: Some(self.ns.clone()),
