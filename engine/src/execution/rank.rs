@@ -13,11 +13,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use candle_core::DType;
+
 use super::backend::{Backend, Collective};
 use super::budget::DeviceBudget;
 use super::cpu::{CpuBackend, LocalGroup};
 use super::cuda::plan::ResidentBlocks;
 use super::cuda::{self, DeviceChoice, HostMode, Resolved, SlotsChoice};
+use super::dtype::{self, ComputeDtype};
 use super::family::{FamilyRuntime, Task};
 use super::lockstep::{Coordinator, Flags};
 use super::pipeline::{Hook, Pipeline, PipelineOptions, Streamed};
@@ -58,6 +61,8 @@ pub struct EngineOptions {
     /// Where the ranks compute: the CPU backend, CUDA GPUs (the `cuda` feature), or
     /// whichever is there.
     pub device: DeviceChoice,
+    /// The dtype blocks compute in ([`super::dtype`]).
+    pub compute_dtype: ComputeDtype,
 }
 
 impl Default for EngineOptions {
@@ -77,6 +82,7 @@ impl Default for EngineOptions {
             decode: true,
             trace: None,
             device: DeviceChoice::Cpu,
+            compute_dtype: ComputeDtype::Auto,
         }
     }
 }
@@ -127,8 +133,12 @@ pub fn drive(
     if opts.dp == 0 {
         return Err(Error::invalid("dp", "must be at least 1"));
     }
-    // Device bytes outside the slots that every rank keeps: prologues, epilogues, decoder.
-    let outside = family.resident_bytes(opts.decode);
+    let device = cuda::resolve(opts.device, opts.dp)?;
+    let layouts = family.layouts(opts.dp)?;
+    let dtype = compute_dtype(family, opts.compute_dtype, &device, &layouts)?;
+    // Device bytes outside the slots that every rank keeps: prologues, epilogues, decoder,
+    // at the size they take in the compute dtype.
+    let outside = family.stored_resident_bytes(opts.decode, dtype);
     // What the weights may take of the budget: the rest is the activations' and the
     // runtime's.
     let weights_budget = (opts.device_memory != u64::MAX).then(|| {
@@ -136,7 +146,6 @@ pub fn drive(
             .saturating_sub(opts.activations)
             .saturating_sub(opts.overhead)
     });
-    let layouts = family.layouts(opts.dp)?;
     let streamed_with = |n: usize| {
         Streamed::new(
             layouts.clone(),
@@ -180,7 +189,7 @@ pub fn drive(
     let groups = streamed.bytes();
     let needs =
         cuda::plan::DeviceNeeds::of(&groups, &streamed.placement(opts.strategy, 0), outside);
-    match cuda::resolve(opts.device, opts.dp)? {
+    match device {
         Resolved::Cpu { why } => {
             tracing::info!(%why, "computing on the CPU");
             if opts.host != HostMode::Auto {
@@ -209,6 +218,7 @@ pub fn drive(
                 opts,
                 slots,
                 outside,
+                dtype,
             };
             run.spawn(ranks, &|why| group.poison(why))
         }
@@ -240,12 +250,58 @@ pub fn drive(
                 opts,
                 slots: r.slots,
                 outside,
+                dtype,
             };
             run.spawn(ranks, &|why| group.poison(why))
         }
         #[cfg(not(feature = "cuda"))]
         Resolved::Cuda { .. } => unreachable!("resolve never picks CUDA without the feature"),
     }
+}
+
+/// The dtype a run computes in: `--compute-dtype` resolved for the device and the dtypes
+/// the streamed blocks hold. An explicit dtype the family cannot compute in is refused;
+/// `auto` falls back to f32 for such a family, saying so.
+fn compute_dtype(
+    family: &dyn FamilyRuntime,
+    choice: ComputeDtype,
+    device: &Resolved,
+    layouts: &[crate::layout::GroupLayout],
+) -> Result<DType> {
+    let mut stored: Vec<safetensors::Dtype> = Vec::new();
+    for d in layouts.iter().flat_map(|l| l.dtypes.iter()) {
+        if !stored.contains(d) {
+            stored.push(*d);
+        }
+    }
+    let gpu = matches!(device, Resolved::Cuda { .. });
+    let want = choice.resolve(gpu, &stored);
+    let dtype = if family.compute_dtypes().contains(&want) {
+        want
+    } else if choice == ComputeDtype::Auto {
+        tracing::info!(
+            family = family.name(),
+            checkpoint = dtype::name(want),
+            "the family computes in f32 only: computing in f32"
+        );
+        DType::F32
+    } else {
+        return Err(Error::invalid(
+            "compute-dtype",
+            format!(
+                "{choice}: the {} family computes in {} only",
+                family.name(),
+                family
+                    .compute_dtypes()
+                    .iter()
+                    .map(|d| dtype::name(*d))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    };
+    tracing::info!(compute_dtype = dtype::name(dtype), ?stored, "compute dtype");
+    Ok(dtype)
 }
 
 /// Refuses to start when the memory model's need for this run (K = `slots`) is larger
@@ -296,6 +352,8 @@ struct Run<'a> {
     slots: usize,
     /// Device bytes each rank keeps outside the slots (what it charges for them).
     outside: u64,
+    /// The dtype blocks compute in.
+    dtype: DType,
 }
 
 impl Run<'_> {
@@ -396,7 +454,7 @@ impl Run<'_> {
             "prologues, epilogues and the decoder",
             self.outside,
         )?;
-        let model = self.family.load_rank(&dev, opts.decode)?;
+        let model = self.family.load_rank(&dev, self.dtype, opts.decode)?;
         let mut pipe = Pipeline::new(
             backend,
             comm,
@@ -407,6 +465,7 @@ impl Run<'_> {
                 slots,
                 hook: opts.hook.clone(),
                 trace: opts.trace.clone(),
+                dtype: self.dtype,
             },
         )?;
         source.ready(rank);
