@@ -220,7 +220,16 @@ pub fn drive(
                 outside,
                 dtype,
             };
-            run.spawn(ranks, &|why| group.poison(why))
+            let r = run.spawn(ranks, &|why| group.poison(why));
+            match (r, group.dropped_before_poison()) {
+                (Err(e), Some(rank)) => Err(Error::Rank {
+                    rank,
+                    msg: format!(
+                        "dropped its communicator before the group was poisoned, after the run failed with: {e} (an ordering bug in the rank loop: on a GPU this hangs in ncclCommDestroy)"
+                    ),
+                }),
+                (r, _) => r,
+            }
         }
         #[cfg(feature = "cuda")]
         Resolved::Cuda { devices } => {
@@ -383,27 +392,18 @@ impl Run<'_> {
                                 capacity,
                                 slots: self.slots,
                             };
-                            // A panic is a rank failure like any other: its peers and
-                            // the source hear of it, so in-flight work fails with the
-                            // cause instead of the engine thread dying silently.
-                            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                self.rank_loop(place, coord)
-                            }))
-                            .unwrap_or_else(|p| {
-                                let what = p
-                                    .downcast_ref::<&str>()
-                                    .map(|s| s.to_string())
-                                    .or_else(|| p.downcast_ref::<String>().cloned())
-                                    .unwrap_or_else(|| "a panic".into());
-                                Err(Error::Rank {
-                                    rank,
-                                    msg: format!("panicked: {what}"),
-                                })
-                            });
-                            if let Err(e) = &r {
+                            // Poisons the collective group (which aborts every
+                            // communicator) and the coordinator. Called by the failing
+                            // rank *before* its pipeline and communicator drop: a
+                            // communicator destroyed while peers wait in collectives, or
+                            // with its own still queued, blocks forever.
+                            let fail = |e: &Error| {
                                 tracing::error!(rank, error = %e, "rank failed");
                                 poison(format!("rank {rank} failed: {e}"));
                                 coord.poison(format!("rank {rank} failed: {e}"));
+                            };
+                            let r = self.rank_loop(place, coord, &fail);
+                            if let Err(e) = &r {
                                 self.source.failed(rank, e);
                             }
                             r
@@ -434,10 +434,43 @@ impl Run<'_> {
         Ok(ranks)
     }
 
+    /// One rank from start to exit. On failure (an error or a panic, which is a rank
+    /// failure like any other) `fail` runs while the rank's pipeline — its streams, slots
+    /// and communicator — is still alive, and only then is it dropped.
     fn rank_loop<B: Backend, C: Collective<B>>(
         &self,
         place: Placement<B, C>,
         coord: &Coordinator,
+        fail: &dyn Fn(&Error),
+    ) -> Result<RankResult> {
+        let rank = place.comm.rank();
+        let mut held = None;
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.rank_body(place, coord, &mut held)
+        }))
+        .unwrap_or_else(|p| {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            Err(Error::Rank {
+                rank,
+                msg: format!("panicked: {what}"),
+            })
+        });
+        if let Err(e) = &r {
+            fail(e);
+        }
+        drop(held);
+        r
+    }
+
+    fn rank_body<B: Backend, C: Collective<B>>(
+        &self,
+        place: Placement<B, C>,
+        coord: &Coordinator,
+        held: &mut Option<Pipeline<B, C>>,
     ) -> Result<RankResult> {
         let Placement {
             backend,
@@ -455,7 +488,7 @@ impl Run<'_> {
             self.outside,
         )?;
         let model = self.family.load_rank(&dev, self.dtype, opts.decode)?;
-        let mut pipe = Pipeline::new(
+        let pipe = held.insert(Pipeline::new(
             backend,
             comm,
             self.streamed.clone(),
@@ -467,7 +500,7 @@ impl Run<'_> {
                 trace: opts.trace.clone(),
                 dtype: self.dtype,
             },
-        )?;
+        )?);
         source.ready(rank);
         let mut active: Option<Active> = None;
         let (mut step_time, mut steps, mut busy_time) = (Duration::ZERO, 0usize, Duration::ZERO);
