@@ -100,7 +100,14 @@ fn detect(dp: usize) -> std::result::Result<usize, Unusable> {
         Probe::Present { devices, .. } if devices < dp => Err(unusable(format!(
             "dp={dp} needs {dp} GPUs, this machine has {devices}"
         ))),
-        Probe::Present { devices, .. } => Ok(devices),
+        Probe::Present {
+            devices,
+            driver,
+            capabilities,
+        } => match plan::gpus_usable(driver, &capabilities[..dp]) {
+            Ok(()) => Ok(devices),
+            Err(why) => Err(unusable(why)),
+        },
     }
 }
 
