@@ -211,7 +211,11 @@ mod setup {
             capacities.push(cap);
         }
         let contexts: Vec<_> = backends.iter().map(|b| b.context().clone()).collect();
-        let (group, comms) = NcclGroup::init(&contexts)?;
+        // Only the strategies that gather need NCCL (and the pools' peer access).
+        let (group, comms) = match o.strategy {
+            Strategy::Sharded | Strategy::OffloadSharded => NcclGroup::init(&contexts)?,
+            Strategy::Resident | Strategy::Offload => NcclGroup::without_collectives(&contexts),
+        };
         let ranks = backends
             .into_iter()
             .zip(comms)
