@@ -664,6 +664,14 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         Ok(())
     }
 
+    /// At the end of a run: adds the stall the backend had not reported yet, and
+    /// returns it.
+    pub fn drain_stall(&mut self) -> Result<Duration> {
+        let late = self.backend.drain_stall().map_err(|e| self.rank_error(e))?;
+        self.stats.stall += late;
+        Ok(late)
+    }
+
     pub fn stats(&self) -> &PipelineStats {
         &self.stats
     }

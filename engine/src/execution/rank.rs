@@ -508,6 +508,7 @@ impl Run<'_> {
         // The group of the last pass that ran (busy or not): a different group next is a
         // switch, whose first blocks only a prefetch keeps from stalling.
         let mut last_group: Option<usize> = None;
+        let mut last_busy = false;
         // Compute waiting for weights, counted only in passes where this rank computes: an
         // idle rank also waits on its gathers, but nothing of its own is held up.
         let mut stall = Duration::ZERO;
@@ -594,6 +595,7 @@ impl Run<'_> {
             })?;
             let switched = last_group.is_some_and(|g| g != d.group);
             last_group = Some(d.group);
+            last_busy = busy;
             if busy {
                 let stalled = pipe.stats().stall - stall_before;
                 stall += stalled;
@@ -629,6 +631,12 @@ impl Run<'_> {
                     device_bytes: budget.used(),
                 },
             );
+        }
+        // Stall the device measured but had not reported yet (its timing events are
+        // read back a few blocks late): the last passes', counted when they were busy.
+        let late = pipe.drain_stall()?;
+        if last_busy {
+            stall += late;
         }
         let s = pipe.stats().clone();
         Ok(RankResult {

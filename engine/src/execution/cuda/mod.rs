@@ -216,6 +216,11 @@ mod setup {
             Strategy::Sharded | Strategy::OffloadSharded => NcclGroup::init(&contexts)?,
             Strategy::Resident | Strategy::Offload => NcclGroup::without_collectives(&contexts),
         };
+        // The watchdog of each rank aborts the group when its device stops progressing.
+        for b in &backends {
+            let g = group.clone();
+            b.set_on_stall(Box::new(move |why| g.poison(why)));
+        }
         let ranks = backends
             .into_iter()
             .zip(comms)
