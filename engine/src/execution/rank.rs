@@ -243,6 +243,8 @@ pub fn drive(
                     needs,
                     host: opts.host,
                     timeout: opts.timeout,
+                    dtype,
+                    activations: opts.activations,
                 },
             )?;
             check_budget(&groups, &streamed, opts, r.slots, outside)?;

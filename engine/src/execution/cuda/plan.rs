@@ -278,10 +278,18 @@ pub fn cpu_slots(
     }
 }
 
-/// The capacity a rank's [`super::super::budget::DeviceBudget`] gets: the free memory at start
-/// less the activation reserve, never more than a `--device-memory-mib` cap.
-pub fn budget_capacity(free: u64, total: u64, cap: Option<u64>) -> u64 {
-    let real = free.saturating_sub(activation_reserve(total));
+/// Runtime scratch beside a request's activations (candle's temporaries beyond the
+/// activation model's, allocator fragmentation).
+pub const RUNTIME_SLACK: u64 = 1 << 30;
+
+/// The capacity a rank's [`super::super::budget::DeviceBudget`] gets: the free memory
+/// measured after initialisation less the reserve, never more than a
+/// `--device-memory-mib` cap. The reserve is the fixed floor of [`activation_reserve`], or
+/// more when the largest request's `activations` (from the memory model, which scales
+/// with tokens) plus [`RUNTIME_SLACK`] need more: a fixed reserve ignores resolution.
+pub fn budget_capacity(free: u64, total: u64, cap: Option<u64>, activations: u64) -> u64 {
+    let reserve = activation_reserve(total).max(activations.saturating_add(RUNTIME_SLACK));
+    let real = free.saturating_sub(reserve);
     cap.map_or(real, |c| c.min(real))
 }
 
@@ -458,12 +466,29 @@ mod tests {
     #[test]
     fn budget_leaves_the_activation_reserve() {
         let gib = 1u64 << 30;
-        assert_eq!(budget_capacity(100 * gib, 128 * gib, None), 92 * gib);
+        assert_eq!(budget_capacity(100 * gib, 128 * gib, None, 0), 92 * gib);
         assert_eq!(
-            budget_capacity(100 * gib, 128 * gib, Some(10 * gib)),
+            budget_capacity(100 * gib, 128 * gib, Some(10 * gib), 0),
             10 * gib
         );
-        assert_eq!(budget_capacity(gib, 8 * gib, None), 0);
+        assert_eq!(budget_capacity(gib, 8 * gib, None, 0), 0);
+    }
+
+    #[test]
+    fn the_reserve_grows_with_the_largest_requests_activations() {
+        let gib = 1u64 << 30;
+        // Small requests: the fixed floor (1/16 of 128 GiB) holds.
+        assert_eq!(
+            budget_capacity(100 * gib, 128 * gib, None, 2 * gib),
+            92 * gib
+        );
+        // A large video's 20 GiB of activations, plus the runtime slack, come off.
+        assert_eq!(
+            budget_capacity(100 * gib, 128 * gib, None, 20 * gib),
+            100 * gib - 20 * gib - RUNTIME_SLACK
+        );
+        // Saturates instead of wrapping.
+        assert_eq!(budget_capacity(gib, 8 * gib, None, u64::MAX), 0);
     }
 
     #[test]
