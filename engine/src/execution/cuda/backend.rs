@@ -117,6 +117,14 @@ pub struct CudaBackend {
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         self.watchdog_stop.store(true, Ordering::SeqCst);
+        // Copies still queued read the registered or pinned host memory, which is
+        // unregistered or freed when the last backend's `host` drops, right after this:
+        // let every stream of this device finish first. (After a failure the group has
+        // aborted NCCL, so nothing here waits on a dead peer.)
+        let _ = self.ctx.bind_to_thread();
+        if let Err(e) = self.ctx.synchronize() {
+            tracing::warn!(rank = self.rank, error = ?e, "synchronise before releasing host memory");
+        }
     }
 }
 
