@@ -278,17 +278,15 @@ pub fn cpu_slots(
     }
 }
 
-/// Runtime scratch beside a request's activations (candle's temporaries beyond the
-/// activation model's, allocator fragmentation).
-pub const RUNTIME_SLACK: u64 = 1 << 30;
-
 /// The capacity a rank's [`super::super::budget::DeviceBudget`] gets: the free memory
 /// measured after initialisation less the reserve, never more than a
 /// `--device-memory-mib` cap. The reserve is the fixed floor of [`activation_reserve`], or
-/// more when the largest request's `activations` (from the memory model, which scales
-/// with tokens) plus [`RUNTIME_SLACK`] need more: a fixed reserve ignores resolution.
+/// the largest request's `activations` (from the memory model, which scales with tokens)
+/// when they need more: a fixed reserve ignores resolution. The runtime's own memory
+/// (context, kernels, cuBLAS, NCCL) is already gone from `free`, which setup reads after
+/// a warm-up.
 pub fn budget_capacity(free: u64, total: u64, cap: Option<u64>, activations: u64) -> u64 {
-    let reserve = activation_reserve(total).max(activations.saturating_add(RUNTIME_SLACK));
+    let reserve = activation_reserve(total).max(activations);
     let real = free.saturating_sub(reserve);
     cap.map_or(real, |c| c.min(real))
 }
@@ -482,10 +480,10 @@ mod tests {
             budget_capacity(100 * gib, 128 * gib, None, 2 * gib),
             92 * gib
         );
-        // A large video's 20 GiB of activations, plus the runtime slack, come off.
+        // A large video's 20 GiB of activations come off whole.
         assert_eq!(
             budget_capacity(100 * gib, 128 * gib, None, 20 * gib),
-            100 * gib - 20 * gib - RUNTIME_SLACK
+            80 * gib
         );
         // Saturates instead of wrapping.
         assert_eq!(budget_capacity(gib, 8 * gib, None, u64::MAX), 0);
