@@ -9,6 +9,7 @@ use clap::Args;
 
 use crate::execution::cuda::plan::ResidentBlocks;
 use crate::execution::cuda::{DeviceChoice, HostMode, SlotsChoice};
+use crate::execution::dtype::ComputeDtype;
 use crate::execution::rank::EngineOptions;
 use crate::{bounds, Strategy};
 
@@ -57,6 +58,11 @@ pub struct EngineArgs {
     /// feature) or `auto` (CUDA when usable, else the CPU, saying why).
     #[arg(long, env = "LAYERWISE_DEVICE", default_value = "auto")]
     pub device: DeviceChoice,
+    /// The dtype blocks compute in: `auto` (the checkpoint's on a GPU, bf16 or f16
+    /// tensor-core math; f32 on the CPU), `f32`, `bf16` or `f16`. The sampler and the
+    /// decoder stay f32; outputs are bit-identical across strategies for each dtype.
+    #[arg(long, env = "LAYERWISE_COMPUTE_DTYPE", default_value = "auto")]
+    pub compute_dtype: ComputeDtype,
 }
 
 impl EngineArgs {
@@ -78,6 +84,7 @@ impl EngineArgs {
             host: self.host_memory,
             timeout: Duration::from_secs(self.timeout_seconds),
             device: self.device,
+            compute_dtype: self.compute_dtype,
             ..EngineOptions::default()
         }
     }

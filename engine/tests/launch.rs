@@ -72,3 +72,69 @@ fn a_named_library_that_is_missing_is_named() {
     let (out, err) = run(&missing, &["inspect", m.to_str().unwrap()]);
     assert!(out.status.success() && err.is_empty(), "{err}");
 }
+
+/// `gpu-check --dry-run` lists every command it would run on a GPU machine and the
+/// table's columns, runs nothing, and its commands are ones this executable accepts: the
+/// CPU reference runs it lists (and the synths they need) are run here as printed.
+#[test]
+fn gpu_check_dry_run_prints_commands_this_executable_runs() {
+    let work = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_layerwise");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("gpu-check");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["--dry-run", bin])
+        .env("LAYERWISE_GPU_CHECK_DIR", work.path())
+        .env("LAYERWISE_GPU_CHECK_STEPS", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("table columns: check model strategy dp K dtype host_path result vs_cpu"),
+        "{text}"
+    );
+    let commands: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("  $ "))
+        .collect();
+    for want in [
+        "--host-memory auto",
+        "--host-memory register",
+        "--host-memory pin",
+        "--host-memory pageable",
+        "--dp 2",
+        "--strategy offload-sharded",
+        "--compute-dtype bf16",
+    ] {
+        assert!(
+            commands.iter().any(|c| c.contains(want)),
+            "no `{want}` in\n{text}"
+        );
+    }
+    // Nothing ran: the work folder holds no model and no run.
+    assert!(!work.path().join("tiny-f32").exists());
+    // The synths and CPU runs, as printed, succeed here (Wan's is the slow one: skipped).
+    let mut ran = 0;
+    for c in &commands {
+        let cpu = c.contains("--device cpu") && !c.contains("wan");
+        let synth = c.contains(" synth ") && c.contains("tiny") && !c.contains("wan");
+        if !(cpu || synth) {
+            continue;
+        }
+        std::fs::create_dir_all(work.path().join("runs")).unwrap();
+        let o = Command::new("bash").arg("-c").arg(c).output().unwrap();
+        assert!(
+            o.status.success(),
+            "{c}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        ran += 1;
+    }
+    assert_eq!(ran, 4, "two synths and two CPU references");
+    assert!(work.path().join("runs/cpu-bf16.safetensors").is_file());
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::SlotsChoice;
 use layerwise_engine::execution::rank::EngineOptions;
-use layerwise_engine::execution::work::{Output, Taken, WorkKey, WorkSource};
+use layerwise_engine::execution::work::{Output, Taken, Work, WorkKey, WorkSource};
 use layerwise_engine::{Error, Result, Strategy};
 
 /// Rank 1 panics when it first asks for work; rank 0 finds the source closed.
@@ -70,4 +70,88 @@ fn a_rank_that_panics_fails_the_run_and_tells_the_source() {
             .any(|f| f.starts_with("rank 1:") && f.contains("injected fault")),
         "{failed:?}"
     );
+}
+
+/// Rank 0 works on one 4-step request; rank 1, idle, joins the collectives and panics
+/// when it asks for work the third time, with gathers already issued on its
+/// communicator.
+#[derive(Default)]
+struct MidRunFault {
+    given: Mutex<bool>,
+    asked: Mutex<usize>,
+    failed: Mutex<Vec<String>>,
+}
+
+impl WorkSource for MidRunFault {
+    fn take(&self, rank: usize) -> Result<Taken> {
+        if rank == 1 {
+            let mut n = self.asked.lock().unwrap();
+            *n += 1;
+            if *n == 3 {
+                panic!("injected fault on rank 1 mid-run");
+            }
+            return Ok(Taken {
+                work: None,
+                generation: 0,
+                closed: false,
+            });
+        }
+        let mut given = self.given.lock().unwrap();
+        let work = (!*given).then(|| Work {
+            key: WorkKey { id: 1, index: 0 },
+            req: common::request(3, 4, 1.0),
+            cancel: None,
+        });
+        *given = true;
+        Ok(Taken {
+            work,
+            generation: 0,
+            closed: false,
+        })
+    }
+    fn pending(&self, _rank: usize) -> bool {
+        false
+    }
+    fn wait(&self, _rank: usize, _generation: u64) -> Result<()> {
+        Ok(())
+    }
+    fn finished(&self, _rank: usize, _key: WorkKey, _out: Result<Output>) {}
+    fn failed(&self, rank: usize, error: &Error) {
+        self.failed
+            .lock()
+            .unwrap()
+            .push(format!("rank {rank}: {error}"));
+    }
+}
+
+#[test]
+fn a_rank_failing_mid_run_poisons_the_group_before_its_communicator_drops() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Arc::new(Model::open(&common::tiny(dir.path(), 3)).unwrap());
+    for strategy in [Strategy::OffloadSharded, Strategy::Sharded] {
+        let opts = EngineOptions {
+            strategy,
+            dp: 2,
+            slots: SlotsChoice::Fixed(2),
+            decode: false,
+            timeout: Duration::from_secs(30),
+            ..EngineOptions::default()
+        };
+        let source = MidRunFault::default();
+        let err = match model.drive(&opts, &source) {
+            Ok(_) => panic!("{strategy}: a panicking rank went unnoticed"),
+            Err(e) => e.to_string(),
+        };
+        // The engine checks the CPU group's record of the order: a communicator dropped
+        // before the poison would turn the error into an ordering-bug report.
+        assert!(
+            err.contains("injected fault on rank 1 mid-run") && !err.contains("ordering bug"),
+            "{strategy}: {err}"
+        );
+        let failed = source.failed.lock().unwrap().clone();
+        assert!(
+            failed.iter().any(|f| f.starts_with("rank 0:")),
+            "{failed:?}"
+        );
+    }
 }

@@ -11,9 +11,11 @@ use std::time::Duration;
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::plan::ResidentBlocks;
 use layerwise_engine::execution::cuda::SlotsChoice;
+use layerwise_engine::execution::dtype::ComputeDtype;
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::memory::{self, Placement};
 use layerwise_engine::Strategy;
+use safetensors::Dtype;
 
 fn opts(strategy: Strategy, dp: usize, slots: usize) -> EngineOptions {
     EngineOptions {
@@ -330,4 +332,124 @@ fn a_stalled_transfer_fails_the_run_with_a_clear_error_instead_of_hanging() {
             start.elapsed()
         );
     }
+}
+
+/// Latents of `requests` under every strategy (dp 1 and 2, K 2 and 3, transfers slowed at
+/// random) computed in `dtype`: asserts they are bit-identical and returns them.
+fn identical_across_strategies(
+    model: &Model,
+    requests: &[layerwise_engine::execution::work::Request],
+    dtype: ComputeDtype,
+) -> Vec<Vec<u32>> {
+    let mut reference: Option<Vec<Vec<u32>>> = None;
+    for strategy in Strategy::ALL {
+        for (dp, k) in [(1, 2), (2, 2), (2, 3)] {
+            let mut o = opts(strategy, dp, k);
+            o.compute_dtype = dtype;
+            o.hook = Some(common::jitter(dp as u64 * 10 + k as u64));
+            let (out, _) = model.run(requests.to_vec(), &o).unwrap();
+            let got: Vec<Vec<u32>> = out.iter().map(|o| common::bits(&o.latents)).collect();
+            match &reference {
+                None => reference = Some(got),
+                Some(r) => assert_eq!(&got, r, "{dtype}: {strategy} dp={dp} K={k}"),
+            }
+        }
+    }
+    reference.unwrap()
+}
+
+/// ‖a − b‖ / ‖b‖ over every latent of every request.
+fn relative_difference(a: &[Vec<u32>], b: &[Vec<u32>]) -> f64 {
+    let (mut d, mut n) = (0f64, 0f64);
+    for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+        let (x, y) = (f32::from_bits(*x) as f64, f32::from_bits(*y) as f64);
+        d += (x - y) * (x - y);
+        n += y * y;
+    }
+    (d / n).sqrt()
+}
+
+#[test]
+fn half_precision_compute_is_bit_identical_across_strategies_and_near_f32() {
+    let requests = vec![common::request(1, 3, 4.0), common::request(2, 2, 1.0)];
+    for stored in [Dtype::F32, Dtype::BF16] {
+        let dir = tempfile::tempdir().unwrap();
+        let model = Model::open(&common::tiny_with(dir.path(), 4, |o| o.dtype = stored)).unwrap();
+        let f32 = identical_across_strategies(&model, &requests, ComputeDtype::F32);
+        // The CPU's `auto` is f32.
+        let (auto, _) = model
+            .run(requests.clone(), &opts(Strategy::Offload, 1, 2))
+            .unwrap();
+        let auto: Vec<Vec<u32>> = auto.iter().map(|o| common::bits(&o.latents)).collect();
+        assert_eq!(auto, f32, "{stored:?}: auto on the CPU is f32");
+        for half in [ComputeDtype::Bf16, ComputeDtype::F16] {
+            let got = identical_across_strategies(&model, &requests, half);
+            // The half-precision path ran (the bits differ from f32) and computes the
+            // same function: about 1.6 % off for bf16 (8 significant bits) and 0.2 % for
+            // f16 (11 bits) on this model.
+            let d = relative_difference(&got, &f32);
+            println!("{stored:?} checkpoint, {half} compute: ‖latents − f32 latents‖ / ‖f32 latents‖ = {d:.5}");
+            assert!(d > 0.0, "{stored:?} {half}: identical to f32, so f32 ran");
+            let bound = if half == ComputeDtype::Bf16 {
+                0.05
+            } else {
+                0.01
+            };
+            assert!(d < bound, "{stored:?} {half}: {d} from f32");
+        }
+    }
+}
+
+#[test]
+fn generate_with_bf16_compute_writes_identical_latents_for_every_strategy() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::tiny_with(dir.path(), 3, |o| o.dtype = Dtype::BF16);
+    let mut latents = Vec::new();
+    for strategy in Strategy::ALL {
+        let file = dir.path().join(format!("{strategy}.safetensors"));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_layerwise"))
+            .args(["generate", "--model", model.to_str().unwrap()])
+            .args(["--out", dir.path().join("x.png").to_str().unwrap()])
+            .args(["--save-latents", file.to_str().unwrap()])
+            .args([
+                "--steps", "2", "--seed", "9", "--dp", "2", "--device", "cpu",
+            ])
+            .args([
+                "--compute-dtype",
+                "bf16",
+                "--strategy",
+                &strategy.to_string(),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{strategy}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        latents.push((strategy, std::fs::read(&file).unwrap()));
+    }
+    for (strategy, bytes) in &latents[1..] {
+        assert!(
+            bytes == &latents[0].1,
+            "{strategy} differs from {}",
+            latents[0].0
+        );
+    }
+    // And bf16 is not f32 under another name.
+    let file = dir.path().join("f32.safetensors");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_layerwise"))
+        .args(["generate", "--model", model.to_str().unwrap()])
+        .args(["--out", dir.path().join("x.png").to_str().unwrap()])
+        .args(["--save-latents", file.to_str().unwrap()])
+        .args(["--steps", "2", "--seed", "9", "--device", "cpu"])
+        .args(["--compute-dtype", "f32"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read(&file).unwrap() != latents[0].1);
 }

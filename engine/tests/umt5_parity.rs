@@ -97,8 +97,13 @@ fn encode(dir: &Path, ids: &[Vec<u32>], mask: &[Vec<u32>]) -> Tensor {
     let table = embedding_table(&component).expect("embedding table");
     let mapped = Mapped::map(component).expect("map");
     let dev = Device::Cpu;
-    let resident =
-        weights::load(&mapped, [FINAL_NORM.to_string()].into_iter(), &dev).expect("resident");
+    let resident = weights::load(
+        &mapped,
+        [FINAL_NORM.to_string()].into_iter(),
+        &dev,
+        candle_core::DType::F32,
+    )
+    .expect("resident");
     let encoder = Umt5Encoder::new(cfg.clone(), &resident).expect("encoder");
     let embeddings = Umt5Encoder::embed(&mapped, table, ids, &dev).expect("embed");
     let mut st = encoder.prologue(embeddings, mask).expect("prologue");
@@ -106,11 +111,12 @@ fn encode(dir: &Path, ids: &[Vec<u32>], mask: &[Vec<u32>]) -> Tensor {
     for i in 0..group.count {
         let prefix = group.block_prefix(i);
         let names = group.block.iter().map(|s| format!("{prefix}{}", s.name));
-        let block: HashMap<String, Tensor> = weights::load(&mapped, names, &dev)
-            .expect("block weights")
-            .into_iter()
-            .map(|(n, t)| (n[prefix.len()..].to_string(), t))
-            .collect();
+        let block: HashMap<String, Tensor> =
+            weights::load(&mapped, names, &dev, candle_core::DType::F32)
+                .expect("block weights")
+                .into_iter()
+                .map(|(n, t)| (n[prefix.len()..].to_string(), t))
+                .collect();
         encoder.block(i, &block, &mut st).expect("block");
     }
     encoder.epilogue(st).expect("epilogue")

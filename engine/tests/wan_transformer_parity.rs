@@ -33,13 +33,19 @@ fn compare(dir: &Path) -> (f32, f32) {
     check_tensors(&component, &cfg.all_specs(), |_| None).unwrap();
     let mapped = Mapped::map(component).unwrap();
     let resident_names = cfg.resident_specs().into_iter().map(|s| s.name);
-    let resident = weights::load(&mapped, resident_names, &Device::Cpu).unwrap();
+    let resident = weights::load(
+        &mapped,
+        resident_names,
+        &Device::Cpu,
+        candle_core::DType::F32,
+    )
+    .unwrap();
     let group = cfg.block_group();
     let blocks: Vec<HashMap<String, Tensor>> = (0..group.count)
         .map(|i| {
             let prefix = group.block_prefix(i);
             let full = group.block.iter().map(|s| format!("{prefix}{}", s.name));
-            weights::load(&mapped, full, &Device::Cpu)
+            weights::load(&mapped, full, &Device::Cpu, candle_core::DType::F32)
                 .unwrap()
                 .into_iter()
                 .map(|(name, t)| (name[prefix.len()..].to_string(), t))

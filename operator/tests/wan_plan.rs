@@ -203,7 +203,7 @@ fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, plan: 
     // passes, the plan's K fits (the engine refuses to start otherwise).
     let cap = plan.device_bytes_per_rank.div_ceil(MIB) * MIB;
     let weights_cap = cap - act - b.overhead;
-    let capacity = budget_capacity(node.device_bytes, node.device_bytes, Some(weights_cap));
+    let capacity = budget_capacity(node.device_bytes, node.device_bytes, Some(weights_cap), act);
     let k_engine = choose_slots(
         SlotsChoice::Fixed(plan.slots as usize),
         strategy,

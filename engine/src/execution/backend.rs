@@ -38,6 +38,11 @@ pub trait Backend: Send + Sync + 'static {
     fn compute_wait(&self, event: &Self::Event) -> Result<Duration>;
     /// Marks compute's progress so far.
     fn compute_record(&self, event: &Self::Event);
+    /// At the end of a run: the stall that [`Self::compute_wait`] could not report yet
+    /// (a device measures stalls with timing events read back a few blocks late).
+    fn drain_stall(&self) -> Result<Duration> {
+        Ok(Duration::ZERO)
+    }
     /// A zeroed 1-D device buffer of `bytes` bytes of `dtype`. Accounting is the caller's.
     fn alloc(&self, dtype: DType, bytes: u64) -> Result<Tensor>;
     /// Enqueues host→device copies of `runs` of the mapped checkpoint into `dst`

@@ -142,6 +142,9 @@ struct Round {
     published: usize,
     finished: usize,
     poisoned: Option<String>,
+    /// Ranks whose communicator was dropped, after issuing collectives, while the group
+    /// was not poisoned.
+    dropped_unpoisoned: Vec<usize>,
 }
 
 /// The rendezvous of the dp rank threads of one process.
@@ -174,6 +177,22 @@ impl LocalGroup {
                 issued: AtomicU64::new(0),
             })
             .collect()
+    }
+
+    /// The first rank that dropped its communicator, after issuing collectives, while the
+    /// group was not poisoned. After a failed run there must be none: a failing rank
+    /// poisons the group before its pipeline and communicator drop, because on a GPU
+    /// destroying an NCCL communicator with collectives still queued, or while peers
+    /// wait in them, blocks forever (the CUDA backend's poison aborts every
+    /// communicator). The CPU backend cannot hang that way, so it records the order for
+    /// the engine to check.
+    pub fn dropped_before_poison(&self) -> Option<usize> {
+        self.state
+            .lock()
+            .expect("group lock")
+            .dropped_unpoisoned
+            .first()
+            .copied()
     }
 
     /// Fails every current and future collective (a rank died); wakes all waiters.
@@ -261,6 +280,18 @@ pub struct LocalComm {
 impl LocalComm {
     pub fn group(&self) -> &Arc<LocalGroup> {
         &self.group
+    }
+}
+
+impl Drop for LocalComm {
+    fn drop(&mut self) {
+        if self.issued.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut s = self.group.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.poisoned.is_none() {
+            s.dropped_unpoisoned.push(self.rank);
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 //! two experts per denoising step), and every rank of the pod runs the same pass at the
 //! same time, computing only when its own request wants that group.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::weights::Weights;
 use super::work::{Output, Request};
@@ -45,10 +45,20 @@ pub trait FamilyRuntime: Send + Sync {
     /// Checks a request before it takes a rank (a clear error naming the field).
     fn validate(&self, req: &Request) -> Result<()>;
     /// Device bytes a rank keeps outside the slots: prologues, epilogues and, when
-    /// decoding on the rank, the decoder.
+    /// decoding on the rank, the decoder, at their size in the checkpoint (what the
+    /// planner reads from a profile).
     fn resident_bytes(&self, decode: bool) -> u64;
-    /// Loads one rank's resident weights onto `device`.
-    fn load_rank(&self, device: &Device, decode: bool) -> Result<Box<dyn RankModel>>;
+    /// As [`Self::resident_bytes`], at the size they take once loaded for compute in
+    /// `dtype` (a bf16 checkpoint computed in f32 holds its prologue at twice its file
+    /// size; decoders are held in f32): what a rank charges its device budget.
+    fn stored_resident_bytes(&self, decode: bool, dtype: DType) -> u64;
+    /// The compute dtypes this family's forward passes run in ([`super::dtype`]).
+    fn compute_dtypes(&self) -> &'static [DType] {
+        &[DType::F32]
+    }
+    /// Loads one rank's resident weights onto `device`, for compute in `dtype` (one of
+    /// [`Self::compute_dtypes`]).
+    fn load_rank(&self, device: &Device, dtype: DType, decode: bool) -> Result<Box<dyn RankModel>>;
     /// The decoder alone (for a server's decode thread).
     fn decoder(&self, device: &Device) -> Result<Box<dyn Decoder>>;
     /// The group a new request's first pass runs over (a prefetch hint for queued work).

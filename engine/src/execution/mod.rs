@@ -6,6 +6,7 @@ pub mod backend;
 pub mod budget;
 pub mod cpu;
 pub mod cuda;
+pub mod dtype;
 pub mod family;
 pub mod lockstep;
 pub mod pipeline;

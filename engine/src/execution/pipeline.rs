@@ -61,15 +61,22 @@ pub fn candle_dtype(d: Dtype) -> Result<DType> {
     })
 }
 
-/// The views of one block's tensors in device memory, converted to f32 on request.
+/// The views of one block's tensors in device memory, converted to the compute dtype on
+/// request: a tensor stored in that dtype is used in place, with no cast and no copy.
 pub struct BlockWeights {
     tensors: HashMap<String, Tensor>,
+    dtype: DType,
 }
 
 impl BlockWeights {
     /// Views of `block`'s tensors in `buffers`; `region_of` maps the block's regions to
     /// the buffers (identity for a block's own resident buffers).
-    fn view(buffers: &[Tensor], region_of: &[usize], block: &BlockLayout) -> Result<BlockWeights> {
+    fn view(
+        buffers: &[Tensor],
+        region_of: &[usize],
+        block: &BlockLayout,
+        dtype: DType,
+    ) -> Result<BlockWeights> {
         let mut tensors = HashMap::with_capacity(block.tensors.len());
         for t in &block.tensors {
             let buf = &buffers[region_of[t.region]];
@@ -80,7 +87,7 @@ impl BlockWeights {
                 .reshape(t.shape.as_slice())?;
             tensors.insert(t.name.clone(), v);
         }
-        Ok(BlockWeights { tensors })
+        Ok(BlockWeights { tensors, dtype })
     }
 }
 
@@ -89,7 +96,8 @@ impl Weights for BlockWeights {
         let t = self.tensors.get(name).ok_or_else(|| {
             Error::invalid("block weights", format!("no tensor `{name}` in this block"))
         })?;
-        Ok(t.to_dtype(DType::F32)?)
+        // candle's to_dtype hands back the same storage when the dtype already matches.
+        Ok(t.to_dtype(self.dtype)?)
     }
 }
 
@@ -112,6 +120,8 @@ pub struct PipelineOptions {
     pub hook: Option<Hook>,
     /// Records copy and gather spans from inside the streams' work.
     pub trace: Option<Arc<Trace>>,
+    /// The dtype blocks' weights are handed to compute in ([`super::dtype`]).
+    pub dtype: DType,
 }
 
 /// The groups of blocks a model streams, for one dp: each group's layout, mapped
@@ -622,7 +632,12 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 }
             }
             if self.kept[group][i] {
-                let w = BlockWeights::view(&self.resident[group][i], &identity, &layout.blocks[i])?;
+                let w = BlockWeights::view(
+                    &self.resident[group][i],
+                    &identity,
+                    &layout.blocks[i],
+                    self.opts.dtype,
+                )?;
                 f(i, &w)?;
                 self.stats.blocks_computed += 1;
                 continue;
@@ -638,6 +653,7 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 &self.slots[s].buffers,
                 &self.streamed.shape.region_of[group],
                 &layout.blocks[i],
+                self.opts.dtype,
             )?;
             let r = f(i, &w);
             drop(w);
@@ -646,6 +662,14 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
             r?;
         }
         Ok(())
+    }
+
+    /// At the end of a run: adds the stall the backend had not reported yet, and
+    /// returns it.
+    pub fn drain_stall(&mut self) -> Result<Duration> {
+        let late = self.backend.drain_stall().map_err(|e| self.rank_error(e))?;
+        self.stats.stall += late;
+        Ok(late)
     }
 
     pub fn stats(&self) -> &PipelineStats {

@@ -13,11 +13,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use candle_core::DType;
+
 use super::backend::{Backend, Collective};
 use super::budget::DeviceBudget;
 use super::cpu::{CpuBackend, LocalGroup};
 use super::cuda::plan::ResidentBlocks;
 use super::cuda::{self, DeviceChoice, HostMode, Resolved, SlotsChoice};
+use super::dtype::{self, ComputeDtype};
 use super::family::{FamilyRuntime, Task};
 use super::lockstep::{Coordinator, Flags};
 use super::pipeline::{Hook, Pipeline, PipelineOptions, Streamed};
@@ -58,6 +61,8 @@ pub struct EngineOptions {
     /// Where the ranks compute: the CPU backend, CUDA GPUs (the `cuda` feature), or
     /// whichever is there.
     pub device: DeviceChoice,
+    /// The dtype blocks compute in ([`super::dtype`]).
+    pub compute_dtype: ComputeDtype,
 }
 
 impl Default for EngineOptions {
@@ -77,6 +82,7 @@ impl Default for EngineOptions {
             decode: true,
             trace: None,
             device: DeviceChoice::Cpu,
+            compute_dtype: ComputeDtype::Auto,
         }
     }
 }
@@ -127,8 +133,12 @@ pub fn drive(
     if opts.dp == 0 {
         return Err(Error::invalid("dp", "must be at least 1"));
     }
-    // Device bytes outside the slots that every rank keeps: prologues, epilogues, decoder.
-    let outside = family.resident_bytes(opts.decode);
+    let device = cuda::resolve(opts.device, opts.dp)?;
+    let layouts = family.layouts(opts.dp)?;
+    let dtype = compute_dtype(family, opts.compute_dtype, &device, &layouts)?;
+    // Device bytes outside the slots that every rank keeps: prologues, epilogues, decoder,
+    // at the size they take in the compute dtype.
+    let outside = family.stored_resident_bytes(opts.decode, dtype);
     // What the weights may take of the budget: the rest is the activations' and the
     // runtime's.
     let weights_budget = (opts.device_memory != u64::MAX).then(|| {
@@ -136,7 +146,6 @@ pub fn drive(
             .saturating_sub(opts.activations)
             .saturating_sub(opts.overhead)
     });
-    let layouts = family.layouts(opts.dp)?;
     let streamed_with = |n: usize| {
         Streamed::new(
             layouts.clone(),
@@ -180,7 +189,7 @@ pub fn drive(
     let groups = streamed.bytes();
     let needs =
         cuda::plan::DeviceNeeds::of(&groups, &streamed.placement(opts.strategy, 0), outside);
-    match cuda::resolve(opts.device, opts.dp)? {
+    match device {
         Resolved::Cpu { why } => {
             tracing::info!(%why, "computing on the CPU");
             if opts.host != HostMode::Auto {
@@ -209,8 +218,18 @@ pub fn drive(
                 opts,
                 slots,
                 outside,
+                dtype,
             };
-            run.spawn(ranks, &|why| group.poison(why))
+            let r = run.spawn(ranks, &|why| group.poison(why));
+            match (r, group.dropped_before_poison()) {
+                (Err(e), Some(rank)) => Err(Error::Rank {
+                    rank,
+                    msg: format!(
+                        "dropped its communicator before the group was poisoned, after the run failed with: {e} (an ordering bug in the rank loop: on a GPU this hangs in ncclCommDestroy)"
+                    ),
+                }),
+                (r, _) => r,
+            }
         }
         #[cfg(feature = "cuda")]
         Resolved::Cuda { devices } => {
@@ -224,6 +243,8 @@ pub fn drive(
                     needs,
                     host: opts.host,
                     timeout: opts.timeout,
+                    dtype,
+                    activations: opts.activations,
                 },
             )?;
             check_budget(&groups, &streamed, opts, r.slots, outside)?;
@@ -240,12 +261,58 @@ pub fn drive(
                 opts,
                 slots: r.slots,
                 outside,
+                dtype,
             };
             run.spawn(ranks, &|why| group.poison(why))
         }
         #[cfg(not(feature = "cuda"))]
         Resolved::Cuda { .. } => unreachable!("resolve never picks CUDA without the feature"),
     }
+}
+
+/// The dtype a run computes in: `--compute-dtype` resolved for the device and the dtypes
+/// the streamed blocks hold. An explicit dtype the family cannot compute in is refused;
+/// `auto` falls back to f32 for such a family, saying so.
+fn compute_dtype(
+    family: &dyn FamilyRuntime,
+    choice: ComputeDtype,
+    device: &Resolved,
+    layouts: &[crate::layout::GroupLayout],
+) -> Result<DType> {
+    let mut stored: Vec<safetensors::Dtype> = Vec::new();
+    for d in layouts.iter().flat_map(|l| l.dtypes.iter()) {
+        if !stored.contains(d) {
+            stored.push(*d);
+        }
+    }
+    let gpu = matches!(device, Resolved::Cuda { .. });
+    let want = choice.resolve(gpu, &stored);
+    let dtype = if family.compute_dtypes().contains(&want) {
+        want
+    } else if choice == ComputeDtype::Auto {
+        tracing::info!(
+            family = family.name(),
+            checkpoint = dtype::name(want),
+            "the family computes in f32 only: computing in f32"
+        );
+        DType::F32
+    } else {
+        return Err(Error::invalid(
+            "compute-dtype",
+            format!(
+                "{choice}: the {} family computes in {} only",
+                family.name(),
+                family
+                    .compute_dtypes()
+                    .iter()
+                    .map(|d| dtype::name(*d))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    };
+    tracing::info!(compute_dtype = dtype::name(dtype), ?stored, "compute dtype");
+    Ok(dtype)
 }
 
 /// Refuses to start when the memory model's need for this run (K = `slots`) is larger
@@ -296,6 +363,8 @@ struct Run<'a> {
     slots: usize,
     /// Device bytes each rank keeps outside the slots (what it charges for them).
     outside: u64,
+    /// The dtype blocks compute in.
+    dtype: DType,
 }
 
 impl Run<'_> {
@@ -325,27 +394,18 @@ impl Run<'_> {
                                 capacity,
                                 slots: self.slots,
                             };
-                            // A panic is a rank failure like any other: its peers and
-                            // the source hear of it, so in-flight work fails with the
-                            // cause instead of the engine thread dying silently.
-                            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                self.rank_loop(place, coord)
-                            }))
-                            .unwrap_or_else(|p| {
-                                let what = p
-                                    .downcast_ref::<&str>()
-                                    .map(|s| s.to_string())
-                                    .or_else(|| p.downcast_ref::<String>().cloned())
-                                    .unwrap_or_else(|| "a panic".into());
-                                Err(Error::Rank {
-                                    rank,
-                                    msg: format!("panicked: {what}"),
-                                })
-                            });
-                            if let Err(e) = &r {
+                            // Poisons the collective group (which aborts every
+                            // communicator) and the coordinator. Called by the failing
+                            // rank *before* its pipeline and communicator drop: a
+                            // communicator destroyed while peers wait in collectives, or
+                            // with its own still queued, blocks forever.
+                            let fail = |e: &Error| {
                                 tracing::error!(rank, error = %e, "rank failed");
                                 poison(format!("rank {rank} failed: {e}"));
                                 coord.poison(format!("rank {rank} failed: {e}"));
+                            };
+                            let r = self.rank_loop(place, coord, &fail);
+                            if let Err(e) = &r {
                                 self.source.failed(rank, e);
                             }
                             r
@@ -376,10 +436,43 @@ impl Run<'_> {
         Ok(ranks)
     }
 
+    /// One rank from start to exit. On failure (an error or a panic, which is a rank
+    /// failure like any other) `fail` runs while the rank's pipeline — its streams, slots
+    /// and communicator — is still alive, and only then is it dropped.
     fn rank_loop<B: Backend, C: Collective<B>>(
         &self,
         place: Placement<B, C>,
         coord: &Coordinator,
+        fail: &dyn Fn(&Error),
+    ) -> Result<RankResult> {
+        let rank = place.comm.rank();
+        let mut held = None;
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.rank_body(place, coord, &mut held)
+        }))
+        .unwrap_or_else(|p| {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            Err(Error::Rank {
+                rank,
+                msg: format!("panicked: {what}"),
+            })
+        });
+        if let Err(e) = &r {
+            fail(e);
+        }
+        drop(held);
+        r
+    }
+
+    fn rank_body<B: Backend, C: Collective<B>>(
+        &self,
+        place: Placement<B, C>,
+        coord: &Coordinator,
+        held: &mut Option<Pipeline<B, C>>,
     ) -> Result<RankResult> {
         let Placement {
             backend,
@@ -396,8 +489,8 @@ impl Run<'_> {
             "prologues, epilogues and the decoder",
             self.outside,
         )?;
-        let model = self.family.load_rank(&dev, opts.decode)?;
-        let mut pipe = Pipeline::new(
+        let model = self.family.load_rank(&dev, self.dtype, opts.decode)?;
+        let pipe = held.insert(Pipeline::new(
             backend,
             comm,
             self.streamed.clone(),
@@ -407,8 +500,9 @@ impl Run<'_> {
                 slots,
                 hook: opts.hook.clone(),
                 trace: opts.trace.clone(),
+                dtype: self.dtype,
             },
-        )?;
+        )?);
         source.ready(rank);
         let mut active: Option<Active> = None;
         let (mut step_time, mut steps, mut busy_time) = (Duration::ZERO, 0usize, Duration::ZERO);
@@ -416,6 +510,7 @@ impl Run<'_> {
         // The group of the last pass that ran (busy or not): a different group next is a
         // switch, whose first blocks only a prefetch keeps from stalling.
         let mut last_group: Option<usize> = None;
+        let mut last_busy = false;
         // Compute waiting for weights, counted only in passes where this rank computes: an
         // idle rank also waits on its gathers, but nothing of its own is held up.
         let mut stall = Duration::ZERO;
@@ -502,6 +597,7 @@ impl Run<'_> {
             })?;
             let switched = last_group.is_some_and(|g| g != d.group);
             last_group = Some(d.group);
+            last_busy = busy;
             if busy {
                 let stalled = pipe.stats().stall - stall_before;
                 stall += stalled;
@@ -537,6 +633,12 @@ impl Run<'_> {
                     device_bytes: budget.used(),
                 },
             );
+        }
+        // Stall the device measured but had not reported yet (its timing events are
+        // read back a few blocks late): the last passes', counted when they were busy.
+        let late = pipe.drain_stall()?;
+        if last_busy {
+            stall += late;
         }
         let s = pipe.stats().clone();
         Ok(RankResult {

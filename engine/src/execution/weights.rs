@@ -5,7 +5,8 @@ use candle_core::Tensor;
 
 use crate::Result;
 
-/// A set of named tensors on the compute device, in the compute dtype (f32).
+/// A set of named tensors on the compute device, in the run's compute dtype
+/// ([`super::dtype`]).
 pub trait Weights {
     /// The tensor called `name` (relative to this set's prefix), shaped as stored.
     fn get(&self, name: &str) -> Result<Tensor>;
@@ -19,12 +20,14 @@ impl Weights for std::collections::HashMap<String, Tensor> {
     }
 }
 
-/// Loads named tensors of a mapped component onto `device`, converted to f32 (for
-/// weights that stay resident: prologues, epilogues, decoders).
+/// Loads named tensors of a mapped component onto `device`, converted to `dtype` (for
+/// weights that stay resident: prologues and epilogues in the compute dtype, decoders in
+/// f32).
 pub fn load(
     mapped: &crate::checkpoint::Mapped,
     names: impl Iterator<Item = String>,
     device: &candle_core::Device,
+    dtype: candle_core::DType,
 ) -> Result<std::collections::HashMap<String, Tensor>> {
     let mut out = std::collections::HashMap::new();
     for name in names {
@@ -32,10 +35,10 @@ pub fn load(
             crate::Error::tensor(&mapped.component.dir, &name, "missing from the checkpoint")
         })?;
         let bytes = mapped.bytes(&name).expect("indexed tensor");
-        let dtype = super::pipeline::candle_dtype(info.dtype)
+        let stored = super::pipeline::candle_dtype(info.dtype)
             .map_err(|e| crate::Error::tensor(&h.path, &name, e.to_string()))?;
-        let t = Tensor::from_raw_buffer(bytes, dtype, &info.shape, device)?;
-        out.insert(name, t.to_dtype(candle_core::DType::F32)?);
+        let t = Tensor::from_raw_buffer(bytes, stored, &info.shape, device)?;
+        out.insert(name, t.to_dtype(dtype)?);
     }
     Ok(out)
 }

@@ -9,8 +9,8 @@
 //! afterwards carries the error, so whoever waits learns of it instead of hanging, as on
 //! the CPU backend.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use candle_core::cuda_backend::cudarc::driver::{
@@ -77,6 +77,26 @@ struct Timing {
 /// Timing pairs in flight per rank.
 const TIMING_PAIRS: usize = 32;
 
+/// How many blocks' weight waits the host may queue on the compute stream before it waits
+/// for the oldest itself. The device already orders each block's kernels after its
+/// weights (`cuStreamWaitEvent`); the host only keeps itself from running unboundedly
+/// ahead (and the queue of launches from growing), so a few slots' worth suffices.
+const HOST_AHEAD: usize = 8;
+
+/// Weight waits the compute stream has been given and the host has not seen complete,
+/// oldest first, with when each was queued; the watchdog's view of device progress.
+#[derive(Default)]
+struct Pending {
+    waits: std::collections::VecDeque<(CudaEvent, Instant)>,
+    /// Set once the watchdog has fired.
+    expired: Option<String>,
+}
+
+/// What the watchdog calls when the device has made no progress for the timeout (the
+/// setup gives it the NCCL group's poison, which aborts the communicators, so the
+/// device work stuck on a dead peer ends).
+pub type OnStall = Box<dyn Fn(String) + Send + Sync>;
+
 /// One rank's GPU.
 pub struct CudaBackend {
     rank: usize,
@@ -88,6 +108,24 @@ pub struct CudaBackend {
     timing: Mutex<Timing>,
     /// Bytes copied from pageable memory (outside the pinned or registered set).
     pageable_bytes: AtomicU64,
+    pending: Arc<Mutex<Pending>>,
+    on_stall: Arc<OnceLock<OnStall>>,
+    /// Stops the watchdog thread when the backend drops.
+    watchdog_stop: Arc<AtomicBool>,
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        self.watchdog_stop.store(true, Ordering::SeqCst);
+        // Copies still queued read the registered or pinned host memory, which is
+        // unregistered or freed when the last backend's `host` drops, right after this:
+        // let every stream of this device finish first. (After a failure the group has
+        // aborted NCCL, so nothing here waits on a dead peer.)
+        let _ = self.ctx.bind_to_thread();
+        if let Err(e) = self.ctx.synchronize() {
+            tracing::warn!(rank = self.rank, error = ?e, "synchronise before releasing host memory");
+        }
+    }
 }
 
 impl CudaBackend {
@@ -109,7 +147,7 @@ impl CudaBackend {
             };
             pairs.push((t()?, t()?, false));
         }
-        Ok(CudaBackend {
+        let be = CudaBackend {
             rank,
             device,
             ctx,
@@ -118,7 +156,72 @@ impl CudaBackend {
             timeout,
             timing: Mutex::new(Timing { pairs, next: 0 }),
             pageable_bytes: AtomicU64::new(0),
-        })
+            pending: Arc::default(),
+            on_stall: Arc::default(),
+            watchdog_stop: Arc::default(),
+        };
+        be.spawn_watchdog()?;
+        Ok(be)
+    }
+
+    /// What to do when the device makes no progress for the timeout (set once, by the
+    /// setup, once the NCCL group exists).
+    pub fn set_on_stall(&self, f: OnStall) {
+        let _ = self.on_stall.set(f);
+    }
+
+    /// The watchdog: a thread that looks at the oldest weight wait the compute stream
+    /// holds and, when it has not completed within the timeout, records the failure and
+    /// calls `on_stall`. The host no longer waits on every block's event, so without it
+    /// a dead peer would surface only as a hang in some later synchronising read.
+    fn spawn_watchdog(&self) -> Result<()> {
+        let (pending, on_stall, stop) = (
+            self.pending.clone(),
+            self.on_stall.clone(),
+            self.watchdog_stop.clone(),
+        );
+        let (rank, timeout, ctx) = (self.rank, self.timeout, self.ctx.clone());
+        std::thread::Builder::new()
+            .name(format!("watchdog-r{rank}"))
+            .spawn(move || {
+                let _ = ctx.bind_to_thread();
+                let tick = (timeout / 20).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                while !stop.load(Ordering::SeqCst) {
+                    std::thread::sleep(tick);
+                    let mut p = pending.lock().unwrap_or_else(|e| e.into_inner());
+                    while let Some((ev, _)) = p.waits.front() {
+                        match &ev.0.ev {
+                            Ok(e) if e.try_is_complete().unwrap_or(false) => {
+                                p.waits.pop_front();
+                            }
+                            Err(_) => {
+                                p.waits.pop_front();
+                            }
+                            Ok(_) => break,
+                        }
+                    }
+                    let stuck = p
+                        .waits
+                        .front()
+                        .is_some_and(|(_, since)| since.elapsed() >= timeout);
+                    if stuck && p.expired.is_none() {
+                        let why = format!(
+                            "rank {rank}: the device made no progress for {timeout:?} (its weights never arrived: a stalled copy or a dead peer)"
+                        );
+                        tracing::error!(rank, "{why}");
+                        p.expired = Some(why.clone());
+                        drop(p);
+                        if let Some(f) = on_stall.get() {
+                            f(why);
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Error::Rank {
+                rank: self.rank,
+                msg: format!("cannot start the watchdog thread: {e}"),
+            })?;
+        Ok(())
     }
 
     pub fn context(&self) -> &Arc<CudaContext> {
@@ -397,17 +500,46 @@ impl Backend for CudaBackend {
             t.next = (i + 1) % TIMING_PAIRS;
         }
         drop(t);
-        // The device already orders compute after the event; the host waits too, with a
-        // timeout, so that a failed peer or copy surfaces here (with the stream's error)
-        // instead of hanging a later synchronising read. The host then runs at most one
-        // block ahead of the weights, which costs the device nothing: compute of the
-        // previous block is already queued behind the wait.
-        self.host_wait(ev)
-            .map_err(|e| fail(event.error().unwrap_or(e)))?;
+        // The device orders compute after the event; the host goes on queueing kernels.
+        // It waits itself only for the oldest of more than HOST_AHEAD outstanding waits
+        // (bounded by the timeout), and the watchdog watches the oldest meanwhile, so a
+        // failed peer or copy still surfaces as an error instead of a hang.
+        let oldest = {
+            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(why) = &p.expired {
+                return Err(fail(why.clone()));
+            }
+            p.waits.push_back((event.clone(), Instant::now()));
+            if p.waits.len() > HOST_AHEAD {
+                p.waits.pop_front()
+            } else {
+                None
+            }
+        };
+        if let Some((old, _)) = oldest {
+            if let Ok(ev) = &old.0.ev {
+                self.host_wait(ev)
+                    .map_err(|e| fail(old.error().unwrap_or(e)))?;
+            }
+            if let Some(e) = old.error() {
+                return Err(fail(e));
+            }
+        }
         if let Some(e) = event.error() {
             return Err(fail(e));
         }
         Ok(stalled)
+    }
+
+    fn drain_stall(&self) -> Result<Duration> {
+        // The end of a run: every timing pair still in flight completes once compute
+        // has, so wait for the compute stream and read them all.
+        self.compute.synchronize().map_err(|e| Error::Rank {
+            rank: self.rank,
+            msg: format!("compute stream synchronise: {e:?}"),
+        })?;
+        let mut t = self.timing.lock().expect("timing lock");
+        Ok(Self::harvest(&mut t))
     }
 
     fn compute_record(&self, event: &CudaEvent) {

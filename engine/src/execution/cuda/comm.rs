@@ -5,9 +5,10 @@
 //! the send buffer is the rank's own region of the receive buffer).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, TryLockError};
+use std::time::{Duration, Instant};
 
-use candle_core::cuda_backend::cudarc::driver::CudaContext;
+use candle_core::cuda_backend::cudarc::driver::{sys, CudaContext};
 use candle_core::cuda_backend::cudarc::nccl::{result as nccl, sys as nccl_sys};
 use candle_core::cuda_backend::CudaStorage;
 use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
@@ -17,16 +18,35 @@ use super::host::cuda;
 use crate::execution::backend::{Collective, GatherSource};
 use crate::Result;
 
-/// What every rank of the group shares: the first failure.
+/// What every rank of the group shares: the first failure, and every communicator, so
+/// that a failure aborts them all.
 #[derive(Default)]
 pub struct NcclGroup {
     poisoned: AtomicBool,
     why: Mutex<Option<String>>,
+    /// Every rank's communicator, set once at init.
+    handles: OnceLock<Handles>,
+    /// Set once, by the first poison, before the communicators are aborted.
+    aborted: AtomicBool,
+    /// Held shared by a rank while it checks the poison and enqueues a collective
+    /// (shared, because NCCL's first collective may block until every rank has entered
+    /// it), exclusively by the abort, so that no rank enqueues on an aborted communicator.
+    gate: RwLock<()>,
 }
 
+struct Handles(Vec<nccl_sys::ncclComm_t>);
+
+// SAFETY: the handles are aborted once by `poison` (behind the exclusive gate when it can
+// be had), used for enqueues by their own rank's thread behind the shared gate, and
+// destroyed once by their owner only when not aborted.
+unsafe impl Send for Handles {}
+unsafe impl Sync for Handles {}
+
 impl NcclGroup {
-    /// Creates one communicator per context, rank i on `contexts[i]`.
+    /// Creates one communicator per context, rank i on `contexts[i]`, after granting every
+    /// device access to its peers' memory pools ([`grant_peer_access`]).
     pub fn init(contexts: &[Arc<CudaContext>]) -> Result<(Arc<NcclGroup>, Vec<NcclComm>)> {
+        grant_peer_access(contexts)?;
         let n = contexts.len();
         let ordinals: Vec<i32> = contexts.iter().map(|c| c.ordinal() as i32).collect();
         let mut comms = vec![std::ptr::null_mut(); n];
@@ -34,6 +54,7 @@ impl NcclGroup {
         unsafe { nccl::comm_init_all(comms.as_mut_ptr(), n as i32, ordinals.as_ptr()) }
             .map_err(|e| cuda(&format!("ncclCommInitAll over devices {ordinals:?}"), e))?;
         let group = Arc::new(NcclGroup::default());
+        let _ = group.handles.set(Handles(comms.clone()));
         let comms = comms
             .into_iter()
             .zip(contexts)
@@ -49,11 +70,72 @@ impl NcclGroup {
         Ok((group, comms))
     }
 
-    /// Fails every later collective of every rank (a rank died). Collectives already
-    /// queued are left to the waiters' timeouts.
+    /// Communicators for strategies that never gather (`resident`, `offload`): no NCCL
+    /// at all, so no NCCL initialisation cost, memory or failure mode; a collective on
+    /// them is an error.
+    pub fn without_collectives(contexts: &[Arc<CudaContext>]) -> (Arc<NcclGroup>, Vec<NcclComm>) {
+        let group = Arc::new(NcclGroup::default());
+        let n = contexts.len();
+        let comms = contexts
+            .iter()
+            .enumerate()
+            .map(|(rank, ctx)| NcclComm {
+                comm: std::ptr::null_mut(),
+                rank,
+                size: n,
+                ctx: ctx.clone(),
+                group: group.clone(),
+            })
+            .collect();
+        (group, comms)
+    }
+
+    /// A rank died: fails every later collective of every rank, then aborts every
+    /// communicator (`ncclCommAbort`), which ends the collectives already queued —
+    /// peers' gathers waiting for the dead rank would otherwise never finish, and a
+    /// later `ncclCommDestroy` or stream synchronisation would block forever. The rank
+    /// loop calls this before any pipeline or communicator is dropped.
     pub fn poison(&self, why: String) {
         self.why.lock().expect("group lock").get_or_insert(why);
         self.poisoned.store(true, Ordering::SeqCst);
+        if self.aborted.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // An enqueue stuck inside NCCL (a first collective waiting for the dead rank)
+        // would hold the shared gate for ever: after a second, abort without it.
+        let start = Instant::now();
+        let _gate = loop {
+            match self.gate.try_write() {
+                Ok(g) => break Some(g),
+                Err(TryLockError::Poisoned(p)) => break Some(p.into_inner()),
+                Err(TryLockError::WouldBlock) if start.elapsed() < Duration::from_secs(1) => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(TryLockError::WouldBlock) => {
+                    tracing::warn!("a rank is inside an NCCL call: aborting without waiting");
+                    break None;
+                }
+            }
+        };
+        for (rank, &c) in self
+            .handles
+            .get()
+            .map_or(&[][..], |h| &h.0)
+            .iter()
+            .enumerate()
+        {
+            // SAFETY: created by ncclCommInitAll and aborted once (the flag above); no
+            // rank enqueues on it afterwards (enqueues check the poison, set above,
+            // behind the gate), and its NcclComm skips ncclCommDestroy.
+            if let Err(e) = unsafe { nccl::comm_abort(c) } {
+                tracing::error!(rank, error = ?e, "ncclCommAbort failed");
+            }
+        }
+        tracing::warn!("aborted every NCCL communicator of the group");
+    }
+
+    fn aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
     }
 
     fn check(&self) -> std::result::Result<(), String> {
@@ -68,6 +150,74 @@ impl NcclGroup {
         }
         Ok(())
     }
+}
+
+/// Lets every device read and write the memory pool of every other device it can reach
+/// over a peer link.
+///
+/// Why: slots and the shard store are candle tensors, which cudarc allocates with
+/// `cuMemAllocAsync` from the device's current stream-ordered memory pool. Unlike
+/// `cuMemAlloc` memory, pool memory is not accessible to peer devices until the *pool*
+/// grants access (`cuMemPoolSetAccess`; `cuCtxEnablePeerAccess` does not cover pools). NCCL
+/// with every rank in one process uses its P2P transport with direct pointers: for large
+/// messages the peer's kernel reads and writes this rank's user buffer itself. Without the
+/// grant, the first large all-gather (dp ≥ 2, sharded strategies) is an illegal memory
+/// access. We grant rather than allocate slots outside the pool (that would bypass
+/// candle's allocator and its event tracking) or set NCCL_P2P_DIRECT_DISABLE (an extra
+/// copy through NCCL's staging buffers on every gather). Pairs without a peer link are
+/// left alone: NCCL then moves data through host memory and never touches peer buffers.
+pub fn grant_peer_access(contexts: &[Arc<CudaContext>]) -> Result<()> {
+    if contexts.len() < 2 {
+        return Ok(());
+    }
+    for owner in contexts {
+        if !owner.has_async_alloc() {
+            // No pools: cudarc falls back to cuMemAlloc, which NCCL maps itself.
+            continue;
+        }
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `pool` is a valid out-pointer and the device handle is the context's.
+        unsafe { sys::cuDeviceGetMemPool(&mut pool, owner.cu_device()) }
+            .result()
+            .map_err(|e| cuda(&format!("cuDeviceGetMemPool of GPU {}", owner.ordinal()), e))?;
+        let mut access = Vec::new();
+        for peer in contexts.iter().filter(|c| c.ordinal() != owner.ordinal()) {
+            let mut can = 0;
+            // SAFETY: `can` is a valid out-pointer; both handles are live devices.
+            unsafe { sys::cuDeviceCanAccessPeer(&mut can, peer.cu_device(), owner.cu_device()) }
+                .result()
+                .map_err(|e| cuda("cuDeviceCanAccessPeer", e))?;
+            tracing::info!(
+                owner = owner.ordinal(),
+                peer = peer.ordinal(),
+                p2p = can != 0,
+                "memory pool peer access"
+            );
+            if can != 0 {
+                // The CUDA 13.0 layout of CUmemLocation (cuda-check pins the toolkit).
+                access.push(sys::CUmemAccessDesc {
+                    location: sys::CUmemLocation {
+                        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                        id: peer.cu_device(),
+                    },
+                    flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                });
+            }
+        }
+        if access.is_empty() {
+            continue;
+        }
+        // SAFETY: `access` holds `access.len()` initialised descriptors of live devices.
+        unsafe { sys::cuMemPoolSetAccess(pool, access.as_ptr(), access.len()) }
+            .result()
+            .map_err(|e| {
+                cuda(
+                    &format!("cuMemPoolSetAccess on GPU {}'s pool", owner.ordinal()),
+                    e,
+                )
+            })?;
+    }
+    Ok(())
 }
 
 /// One rank's communicator.
@@ -91,8 +241,13 @@ impl NcclComm {
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
+        if self.comm.is_null() || self.group.aborted() {
+            // No NCCL, or ncclCommAbort has freed it.
+            return;
+        }
         // SAFETY: created by ncclCommInitAll and destroyed once; the pipeline that issued
-        // collectives on it has been dropped, and destroy waits for them to finish.
+        // collectives on it has been dropped, and destroy waits for them to finish (they
+        // do: no rank failed, or the group would have been aborted).
         unsafe {
             let _ = nccl::comm_destroy(self.comm);
         }
@@ -109,7 +264,15 @@ struct GatherOp<'a> {
 impl GatherOp<'_> {
     fn run(&self, storage: &mut CudaStorage, layout: &Layout) -> std::result::Result<(), String> {
         let c = self.comm;
+        // Held until the collective is enqueued: a concurrent poison aborts the
+        // communicators either before (and the check fails) or after.
+        let _gate = c.group.gate.read().unwrap_or_else(|p| p.into_inner());
         c.group.check()?;
+        if c.comm.is_null() {
+            return Err(
+                "all-gather on a group created without NCCL (a strategy that never gathers)".into(),
+            );
+        }
         c.ctx
             .bind_to_thread()
             .map_err(|e| format!("bind context: {e:?}"))?;

@@ -10,6 +10,13 @@
 //!
 //! `auto` tries registration and falls back to the pinned copy, saying why. Pageable
 //! copies are the last resort for bytes outside the streamed set (one-time loads).
+//!
+//! `--host-memory pageable` streams from pageable memory and gives up the overlap the
+//! pipeline is built for: the driver stages a pageable `cuMemcpyHtoDAsync` through its
+//! own pinned buffer and returns only once the source has been read, so the copy stream's
+//! host thread (and with it the issue of later blocks) waits for each copy, and the link
+//! runs at the staging rate. It exists to measure that difference and as a fallback where
+//! neither registration nor pinning is allowed, not for serving.
 
 use std::fmt;
 use std::sync::Arc;

@@ -100,7 +100,14 @@ fn detect(dp: usize) -> std::result::Result<usize, Unusable> {
         Probe::Present { devices, .. } if devices < dp => Err(unusable(format!(
             "dp={dp} needs {dp} GPUs, this machine has {devices}"
         ))),
-        Probe::Present { devices, .. } => Ok(devices),
+        Probe::Present {
+            devices,
+            driver,
+            capabilities,
+        } => match plan::gpus_usable(driver, &capabilities[..dp]) {
+            Ok(()) => Ok(devices),
+            Err(why) => Err(unusable(why)),
+        },
     }
 }
 
@@ -126,6 +133,9 @@ mod setup {
     use std::time::Duration;
 
     use candle_core::cuda_backend::cudarc::driver::CudaContext;
+    use candle_core::{DType, Device, Tensor};
+
+    use crate::execution::backend::Backend;
 
     use super::host::cuda;
     use super::plan::{budget_capacity, choose_slots, DeviceNeeds, SlotsChoice};
@@ -162,6 +172,31 @@ mod setup {
         pub needs: DeviceNeeds,
         pub host: HostMode,
         pub timeout: Duration,
+        /// The compute dtype, which the warm-up runs in.
+        pub dtype: DType,
+        /// Activation bytes of the largest request this rank accepts (0: unknown), which
+        /// the reserve grows to cover.
+        pub activations: u64,
+    }
+
+    /// Runs one of each kind of kernel the families use (fill, cast, unary, binary,
+    /// affine, reduce, softmax, indexing, convolution, cuBLAS GEMM) on `device` in
+    /// `dtype`, so their modules are loaded and cuBLAS has its handle and workspace
+    /// before free memory is measured.
+    fn warm_up(device: &Device, dtype: DType) -> candle_core::Result<()> {
+        let x = Tensor::ones((2, 4, 8, 8), dtype, device)?;
+        let w = Tensor::ones((4, 4, 2, 2), dtype, device)?;
+        let y = x.conv2d(&w, 0, 2, 1, 1)?.flatten_from(1)?;
+        let z = y.matmul(&y.t()?)?.to_dtype(DType::F32)?;
+        let p = candle_nn::ops::softmax_last_dim(&z)?;
+        let g = ((p.gelu_erf()?.silu()? + 1.0)?.sqrt()? * 0.5)?;
+        let r = g.mean_keepdim(1)?.broadcast_add(&g)?.exp()?;
+        let idx = Tensor::new(&[1u32, 0], device)?;
+        let _ = r
+            .index_select(&idx, 0)?
+            .to_dtype(dtype)?
+            .to_device(&Device::Cpu)?;
+        device.synchronize()
     }
 
     /// Opens GPUs 0..dp, their NCCL group and the host path, and sizes K, failing before
@@ -181,12 +216,30 @@ mod setup {
                 o.timeout,
             )?));
         }
+        let contexts: Vec<_> = backends.iter().map(|b| b.context().clone()).collect();
+        // Only the strategies that gather need NCCL (and the pools' peer access).
+        let (group, comms) = match o.strategy {
+            Strategy::Sharded | Strategy::OffloadSharded => NcclGroup::init(&contexts)?,
+            Strategy::Resident | Strategy::Offload => NcclGroup::without_collectives(&contexts),
+        };
+        // The watchdog of each rank aborts the group when its device stops progressing.
+        for b in &backends {
+            let g = group.clone();
+            b.set_on_stall(Box::new(move |why| g.poison(why)));
+        }
+        // Free memory is read only now: after NCCL's buffers, and after a warm-up has
+        // loaded the kernel modules and created the cuBLAS handle and workspace, which
+        // all come out of the same memory the slots would be sized into.
         let needs = o.needs;
         let mut capacities = Vec::with_capacity(dp);
         let mut slots = usize::MAX;
         for b in &backends {
+            warm_up(b.device(), o.dtype).map_err(|e| crate::Error::Rank {
+                rank: b.rank(),
+                msg: format!("warm-up: {e}"),
+            })?;
             let (free, total) = b.mem_info()?;
-            let cap = budget_capacity(free, total, o.weights_budget);
+            let cap = budget_capacity(free, total, o.weights_budget, o.activations);
             let k =
                 choose_slots(o.slots, o.strategy, needs, cap).map_err(|e| crate::Error::Rank {
                     rank: b.rank(),
@@ -198,13 +251,11 @@ mod setup {
                 total,
                 capacity = cap,
                 slots = k,
-                "device memory"
+                "device memory after initialisation"
             );
             slots = slots.min(k);
             capacities.push(cap);
         }
-        let contexts: Vec<_> = backends.iter().map(|b| b.context().clone()).collect();
-        let (group, comms) = NcclGroup::init(&contexts)?;
         let ranks = backends
             .into_iter()
             .zip(comms)

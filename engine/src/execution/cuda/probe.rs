@@ -2,7 +2,9 @@
 //! the driver library loaded to run at all, which the executable checks before it loads
 //! the CUDA library (see `crate::launch`); the `dlopen` here finds it so, and a failure
 //! still reads as a sentence. `cuInit` failing (no device node, a driver too old) and a
-//! driver that sees no device are the usual answers on a machine without a GPU.
+//! driver that sees no device are the usual answers on a machine without a GPU. The
+//! probe also reads the driver version and each device's compute capability, which
+//! [`super::plan::gpus_usable`] judges before any kernel module loads.
 
 use candle_core::cuda_backend::cudarc::driver::result;
 
@@ -15,7 +17,10 @@ pub enum Probe {
     Absent(String),
     Present {
         devices: usize,
+        /// `cuDriverGetVersion` (13000 for CUDA 13.0).
         driver: i32,
+        /// Compute capability (major, minor) of each device, by ordinal.
+        capabilities: Vec<(i32, i32)>,
     },
 }
 
@@ -31,13 +36,34 @@ pub fn probe() -> Probe {
     }
     let driver = driver_version().unwrap_or(0);
     match result::device::get_count() {
-        Ok(n) if n > 0 => Probe::Present {
-            devices: n as usize,
-            driver,
+        Ok(n) if n > 0 => match capabilities(n) {
+            Ok(capabilities) => Probe::Present {
+                devices: n as usize,
+                driver,
+                capabilities,
+            },
+            Err(why) => Probe::Absent(why),
         },
         Ok(_) => Probe::Absent("the NVIDIA driver reports no CUDA device".into()),
         Err(e) => Probe::Absent(format!("cannot count CUDA devices: {e:?}")),
     }
+}
+
+/// Compute capability of devices `0..n`.
+fn capabilities(n: i32) -> Result<Vec<(i32, i32)>, String> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute as A;
+    (0..n)
+        .map(|i| {
+            let dev = result::device::get(i).map_err(|e| format!("cuDeviceGet({i}): {e:?}"))?;
+            // SAFETY: `dev` is a live device handle from cuDeviceGet.
+            let attr = |a| unsafe { result::device::get_attribute(dev, a) };
+            let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+                .map_err(|e| format!("compute capability of GPU {i}: {e:?}"))?;
+            let minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+                .map_err(|e| format!("compute capability of GPU {i}: {e:?}"))?;
+            Ok((major, minor))
+        })
+        .collect()
 }
 
 fn driver_version() -> Option<i32> {

@@ -54,6 +54,27 @@ impl DitCheckpoint {
             .sum()
     }
 
+    /// [`Self::resident_device_bytes`] once loaded at `elem` bytes per element.
+    pub fn resident_stored_bytes(&self, elem: u64) -> u64 {
+        self.config
+            .resident_specs()
+            .iter()
+            .map(|s| {
+                self.transformer
+                    .get(&s.name)
+                    .map_or(0, |(_, t)| t.numel() as u64 * elem)
+            })
+            .sum()
+    }
+
+    /// [`Self::decoder_bytes`] once loaded at `elem` bytes per element.
+    pub fn decoder_stored_bytes(&self, elem: u64) -> u64 {
+        self.decoder_names()
+            .iter()
+            .map(|n| self.vae.get(n).map_or(0, |(_, t)| t.numel() as u64 * elem))
+            .sum()
+    }
+
     /// The VAE's decoder tensors (`decoder.*` and `post_quant_conv.*`), which every rank
     /// that decodes keeps on its device.
     pub fn decoder_names(&self) -> Vec<String> {

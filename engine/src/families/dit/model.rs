@@ -2,10 +2,16 @@
 //! position embedding) and epilogue (final adaLN layer, unpatchify) on resident weights,
 //! and one function per block that takes the block's weights from wherever they are.
 //! Follows diffusers' `DiTTransformer2DModel` operation for operation.
+//!
+//! Computes in the dtype of its weights (the run's compute dtype): activations are cast
+//! to it on entry, the normalisation statistics and the attention softmax are taken in f32
+//! and cast back (as PyTorch's half-precision kernels accumulate in f32), and the output
+//! leaves in f32 for the sampler.
 
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::Linear;
 
+use crate::execution::dtype::product;
 use crate::execution::weights::Weights;
 use crate::families::dit::{DitConfig, TIMESTEP_CHANNELS};
 use crate::{Error, Result};
@@ -15,16 +21,25 @@ const ADA_EPS: f64 = 1e-6;
 
 fn linear(w: &dyn Weights, name: &str, x: &Tensor) -> Result<Tensor> {
     let weight = w.get(&format!("{name}.weight"))?;
-    let bias = w.get(&format!("{name}.bias")).ok();
-    Ok(Linear::new(weight, bias).forward(x)?)
+    match w.get(&format!("{name}.bias")).ok() {
+        Some(bias) => product(&[x, &weight, &bias], |t| {
+            Ok(Linear::new(t[1].clone(), Some(t[2].clone())).forward(&t[0])?)
+        }),
+        None => product(&[x, &weight], |t| {
+            Ok(Linear::new(t[1].clone(), None).forward(&t[0])?)
+        }),
+    }
 }
 
-/// LayerNorm over the last dimension without affine parameters (biased variance).
+/// LayerNorm over the last dimension without affine parameters (biased variance),
+/// computed in f32 and returned in `x`'s dtype.
 fn layer_norm(x: &Tensor, eps: f64) -> Result<Tensor> {
+    let dtype = x.dtype();
+    let x = x.to_dtype(DType::F32)?;
     let mean = x.mean_keepdim(D::Minus1)?;
     let xc = x.broadcast_sub(&mean)?;
     let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
-    Ok(xc.broadcast_div(&(var + eps)?.sqrt()?)?)
+    Ok(xc.broadcast_div(&(var + eps)?.sqrt()?)?.to_dtype(dtype)?)
 }
 
 /// `x * (1 + scale) + shift` with per-sample `scale`, `shift` of shape [B, D].
@@ -117,18 +132,20 @@ impl Dit {
         let dev = latents.device();
         let wt = self.resident.get("pos_embed.proj.weight")?;
         let bias = self.resident.get("pos_embed.proj.bias")?;
-        let x = latents
-            .conv2d(&wt, 0, p, 1, 1)?
-            .broadcast_add(&bias.reshape((1, (), 1, 1))?)?;
+        let dtype = wt.dtype();
+        let x = product(&[&latents.to_dtype(dtype)?, &wt], |t| {
+            Ok(t[0].conv2d(&t[1], 0, p, 1, 1)?)
+        })?
+        .broadcast_add(&bias.reshape((1, (), 1, 1))?)?;
         let (gh, gw) = (h / p, w / p);
         let x = x.flatten_from(2)?.transpose(1, 2)?;
         let base = self.cfg.sample_size / p;
         let x = x
-            .broadcast_add(&pos_embedding(self.cfg.hidden(), gh, gw, base, dev)?)?
+            .broadcast_add(&pos_embedding(self.cfg.hidden(), gh, gw, base, dev)?.to_dtype(dtype)?)?
             .contiguous()?;
         Ok(DitState {
             x,
-            t_proj: timestep_embedding(&vec![t; b], dev)?,
+            t_proj: timestep_embedding(&vec![t; b], dev)?.to_dtype(dtype)?,
             labels: Tensor::from_slice(labels, b, dev)?,
             cond0: None,
             grid: (gh, gw),
@@ -158,9 +175,13 @@ impl Dit {
             heads("attn1.to_k")?,
             heads("attn1.to_v")?,
         );
-        let scores = (q.matmul(&k.t()?)? * (1.0 / (hd as f64).sqrt()))?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-        let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
+        let scores =
+            (product(&[&q, &k.t()?], |t| Ok(t[0].matmul(&t[1])?))? * (1.0 / (hd as f64).sqrt()))?;
+        let probs =
+            candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?.to_dtype(x.dtype())?;
+        let o = product(&[&probs, &v], |t| Ok(t[0].matmul(&t[1])?))?
+            .transpose(1, 2)?
+            .reshape((b, t, d))?;
         linear(w, "attn1.to_out.0", &o)
     }
 

@@ -52,7 +52,8 @@ impl DitRuntime {
 
     fn vae_decoder(&self, device: &Device) -> Result<VaeDecoder> {
         let names = self.checkpoint.decoder_names();
-        let w = weights::load(&self.vae, names.into_iter(), device)?;
+        // The decoder runs once per image and in f32 whatever the blocks compute in.
+        let w = weights::load(&self.vae, names.into_iter(), device, DType::F32)?;
         VaeDecoder::load_from(&self.checkpoint.vae_config, &w, &self.vae.component.dir)
     }
 }
@@ -180,10 +181,24 @@ impl FamilyRuntime for DitRuntime {
             }
     }
 
-    fn load_rank(&self, device: &Device, decode: bool) -> Result<Box<dyn RankModel>> {
+    fn stored_resident_bytes(&self, decode: bool, dtype: DType) -> u64 {
+        self.checkpoint
+            .resident_stored_bytes(dtype.size_in_bytes() as u64)
+            + if decode {
+                self.checkpoint.decoder_stored_bytes(4)
+            } else {
+                0
+            }
+    }
+
+    fn compute_dtypes(&self) -> &'static [DType] {
+        &[DType::F32, DType::BF16, DType::F16]
+    }
+
+    fn load_rank(&self, device: &Device, dtype: DType, decode: bool) -> Result<Box<dyn RankModel>> {
         let cfg = self.config().clone();
         let names = cfg.resident_specs().into_iter().map(|s| s.name);
-        let resident = weights::load(&self.transformer, names, device)?;
+        let resident = weights::load(&self.transformer, names, device, dtype)?;
         let vae = decode.then(|| self.vae_decoder(device)).transpose()?;
         Ok(Box::new(DitRank(Arc::new(RankShared {
             dit: Dit::new(cfg, Box::new(resident)),

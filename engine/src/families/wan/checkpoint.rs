@@ -242,6 +242,26 @@ impl WanCheckpoint {
             .sum()
     }
 
+    /// [`Self::resident_device_bytes`] once loaded at `elem` bytes per element.
+    pub fn resident_stored_bytes(&self, elem: u64) -> u64 {
+        let comps = self.components();
+        self.resident_device_names()
+            .iter()
+            .filter_map(|(comp, name)| {
+                let c = comps.iter().find(|(n, _)| n == comp)?.1;
+                c.get(name).map(|(_, t)| t.numel() as u64 * elem)
+            })
+            .sum()
+    }
+
+    /// [`Self::decoder_bytes`] once loaded at `elem` bytes per element.
+    pub fn decoder_stored_bytes(&self, elem: u64) -> u64 {
+        self.decoder_names()
+            .iter()
+            .filter_map(|n| self.vae.get(n).map(|(_, t)| t.numel() as u64 * elem))
+            .sum()
+    }
+
     /// The VAE's decoder tensors, which every rank that decodes keeps on its device.
     pub fn decoder_names(&self) -> Vec<String> {
         self.vae_config

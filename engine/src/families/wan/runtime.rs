@@ -65,6 +65,7 @@ impl WanRuntime {
             &self.vae,
             self.checkpoint.decoder_names().into_iter(),
             device,
+            DType::F32,
         )?;
         WanVaeDecoder::load(&self.checkpoint.vae_config, &w)
     }
@@ -211,7 +212,20 @@ impl FamilyRuntime for WanRuntime {
             }
     }
 
-    fn load_rank(&self, device: &Device, decode: bool) -> Result<Box<dyn RankModel>> {
+    fn stored_resident_bytes(&self, decode: bool, dtype: DType) -> u64 {
+        self.checkpoint
+            .resident_stored_bytes(dtype.size_in_bytes() as u64)
+            + if decode {
+                self.checkpoint.decoder_stored_bytes(4)
+            } else {
+                0
+            }
+    }
+
+    // Wan computes in f32 only (the default `compute_dtypes`): its transformer and text
+    // encoder build f32 activations throughout; half precision for them is future work.
+
+    fn load_rank(&self, device: &Device, dtype: DType, decode: bool) -> Result<Box<dyn RankModel>> {
         let ck = &self.checkpoint;
         let names = ck.resident_device_names();
         let of = |comp: &str| {
@@ -225,6 +239,7 @@ impl FamilyRuntime for WanRuntime {
             &self.streamed[TEXT_ENCODER],
             of("text_encoder").into_iter(),
             device,
+            dtype,
         )?;
         let mut experts = Vec::new();
         for (g, comp) in [
@@ -232,7 +247,7 @@ impl FamilyRuntime for WanRuntime {
             (TRANSFORMER_2, "transformer_2"),
         ] {
             if let Some(m) = self.streamed.get(g) {
-                let w = weights::load(m, of(comp).into_iter(), device)?;
+                let w = weights::load(m, of(comp).into_iter(), device, dtype)?;
                 experts.push(WanTransformer::new(
                     ck.transformer_config.clone(),
                     Box::new(w),

@@ -27,7 +27,7 @@ fn load(dir: &Path) -> (WanVaeConfig, WanVaeDecoder) {
     check_tensors(&component, &cfg.tensor_specs(), |_| None).unwrap();
     let mapped = Mapped::map(component).unwrap();
     let names = cfg.decoder_specs().into_iter().map(|s| s.name);
-    let w = weights::load(&mapped, names, &Device::Cpu).unwrap();
+    let w = weights::load(&mapped, names, &Device::Cpu, candle_core::DType::F32).unwrap();
     let vae = WanVaeDecoder::load_from(&cfg, &w, dir).unwrap();
     (cfg, vae)
 }
