@@ -207,12 +207,7 @@ async fn run(a: RunArgs) -> Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut http_stop = stop_rx.clone();
     let app = http::app(state.clone());
-    // Probes and scrapes only: a few connections, short deadlines.
-    let limits = layerwise_engine::http::HttpLimits {
-        header_timeout: Duration::from_secs(10),
-        max_connections: 64,
-        drain: Duration::from_secs(5),
-    };
+    let limits = layerwise_engine::http::HttpLimits::PROBES;
     let server = tokio::spawn(layerwise_engine::http::serve(
         listener,
         app,

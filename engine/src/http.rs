@@ -28,6 +28,16 @@ pub struct HttpLimits {
     pub drain: Duration,
 }
 
+impl HttpLimits {
+    /// For a server of probes and scrapes only (the agent's and the operator's): a few
+    /// connections, short deadlines.
+    pub const PROBES: HttpLimits = HttpLimits {
+        header_timeout: Duration::from_secs(10),
+        max_connections: 64,
+        drain: Duration::from_secs(5),
+    };
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves, then drains open connections for at
 /// most `limits.drain` and closes the rest.
 pub async fn serve(

@@ -152,12 +152,7 @@ async fn main() -> Result<()> {
         .with_context(|| format!("listening on {}", args.listen))?;
     info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    // Probes and scrapes only: a few connections, short deadlines.
-    let limits = layerwise_engine::http::HttpLimits {
-        header_timeout: Duration::from_secs(10),
-        max_connections: 64,
-        drain: Duration::from_secs(5),
-    };
+    let limits = layerwise_engine::http::HttpLimits::PROBES;
     let server = tokio::spawn(layerwise_engine::http::serve(
         listener,
         http::app(telemetry.clone()),

@@ -136,9 +136,16 @@ pub fn drive(
     let device = cuda::resolve(opts.device, opts.dp)?;
     let layouts = family.layouts(opts.dp)?;
     let dtype = compute_dtype(family, opts.compute_dtype, &device, &layouts)?;
-    // Device bytes outside the slots that every rank keeps: prologues, epilogues, decoder,
-    // at the size they take in the compute dtype.
-    let outside = family.stored_resident_bytes(opts.decode, dtype);
+    // Device bytes outside the slots that every rank keeps (prologues, epilogues, decoder),
+    // in the memory model's term: the profile's file sizes, which the operator's plan uses,
+    // so that a plan it records is one this engine starts with and accounts to the byte.
+    let outside = family.resident_bytes(opts.decode);
+    // The same weights at the size they take in the compute dtype (a bf16 Wan computes in
+    // f32 and holds them at twice their file size). `--slots auto` sizes K from this, so it
+    // never overcommits; the profile has no per-dtype figure for them yet, so the planner
+    // and the start check cannot.
+    #[cfg(feature = "cuda")]
+    let stored_outside = family.stored_resident_bytes(opts.decode, dtype);
     // What the weights may take of the budget: the rest is the activations' and the
     // runtime's.
     let weights_budget = (opts.device_memory != u64::MAX).then(|| {
@@ -187,8 +194,13 @@ pub fn drive(
         );
     }
     let groups = streamed.bytes();
-    let needs =
-        cuda::plan::DeviceNeeds::of(&groups, &streamed.placement(opts.strategy, 0), outside);
+    // On a GPU, K is sized from what the weights take in the compute dtype.
+    #[cfg(feature = "cuda")]
+    let needs = cuda::plan::DeviceNeeds::of(
+        &groups,
+        &streamed.placement(opts.strategy, 0),
+        stored_outside,
+    );
     match device {
         Resolved::Cpu { why } => {
             tracing::info!(%why, "computing on the CPU");
@@ -201,7 +213,13 @@ pub fn drive(
                     ),
                 ));
             }
-            let slots = cuda::plan::cpu_slots(opts.slots, opts.strategy, needs, weights_budget)?;
+            // On the CPU, K comes from the plan's budget in the plan's terms.
+            let planned = cuda::plan::DeviceNeeds::of(
+                &groups,
+                &streamed.placement(opts.strategy, 0),
+                outside,
+            );
+            let slots = cuda::plan::cpu_slots(opts.slots, opts.strategy, planned, weights_budget)?;
             check_budget(&groups, &streamed, opts, slots, outside)?;
             let backend = Arc::new(CpuBackend::new(opts.timeout));
             let group = LocalGroup::new(opts.dp, opts.timeout);
