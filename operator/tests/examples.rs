@@ -151,13 +151,10 @@ async fn a_claim_is_served_from_its_volumes_node_and_other_claims_are_refused() 
         claims(&w, &names).await
     }
     .await;
+    let client = w.client.clone();
     let torn = w.teardown().await;
-    let gone = delete_volumes(&cluster_client().await?, &names).await;
+    let gone = delete_volumes(&client, &names).await;
     result.and(torn).and(gone)
-}
-
-async fn cluster_client() -> Result<Client> {
-    layerwise_e2e::cluster::client().await
 }
 
 async fn claims(w: &World, pvs: &[String]) -> Result<()> {
@@ -295,8 +292,9 @@ async fn every_shipped_example_reaches_available() -> Result<()> {
         .await?;
     let pv = format!("{}-model-store", w.ns);
     let result = examples(&w, root.path(), &pv).await;
+    let client = w.client.clone();
     let torn = w.teardown_with(vec![op]).await;
-    let gone = delete_volumes(&cluster_client().await?, &[pv]).await;
+    let gone = delete_volumes(&client, &[pv]).await;
     result.and(torn).and(gone)
 }
 
