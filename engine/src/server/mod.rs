@@ -309,28 +309,35 @@ async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<Exi
     let controller = tokio::spawn(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");
-        let failed = tokio::select! {
-            _ = term.recv() => false,
-            _ = tokio::signal::ctrl_c() => false,
-            _ = shared.fatal.notified() => true,
+        // `Some(why)` when the engine failed. The reason is kept here as well as sent to
+        // the scheduler: the exit message must not depend on the actor having handled it.
+        let failed: Option<String> = tokio::select! {
+            _ = term.recv() => None,
+            _ = tokio::signal::ctrl_c() => None,
+            _ = shared.fatal.notified() => Some(String::new()),
             r = &mut engine_rx => {
-                if let Ok(Err(e)) = r { sched2.send(Msg::Fatal { msg: e.to_string() }).await; }
-                true
+                let why = match r {
+                    Ok(Err(e)) => e.to_string(),
+                    Ok(Ok(())) => "the engine stopped while serving".to_string(),
+                    Err(_) => "the engine thread ended without a result".to_string(),
+                };
+                sched2.send(Msg::Fatal { msg: why.clone() }).await;
+                Some(why)
             }
         };
         // Stop accepting and fail what is queued; running requests get the grace period.
         sched2.send(Msg::Close).await;
         let _ = stop_tx.send(());
-        if failed {
-            return (true, None);
+        if let Some(why) = failed {
+            return (Some(why), None);
         }
         tracing::info!(?grace, "shutting down: draining running requests");
         let deadline = Instant::now() + grace;
         tokio::select! {
-            r = &mut engine_rx => (false, Some(r)),
+            r = &mut engine_rx => (None, Some(r)),
             _ = tokio::time::sleep_until(deadline.into()) => {
                 sched2.send(Msg::Abort).await;
-                (false, tokio::time::timeout(opts.timeout, engine_rx).await.ok())
+                (None, tokio::time::timeout(opts.timeout, engine_rx).await.ok())
             }
         }
     });
@@ -349,22 +356,26 @@ async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<Exi
         .await
         .map_err(|e| Error::invalid("shutdown", e.to_string()))?;
     watchdog.abort();
-    let engine_failed = matches!(engine, Some(Ok(Err(_))));
-    if let Some(Ok(Err(e))) = &engine {
-        tracing::error!(error = %e, "engine failed");
+    let engine_err = match &engine {
+        Some(Ok(Err(e))) => {
+            tracing::error!(error = %e, "engine failed");
+            Some(e.to_string())
+        }
+        _ => None,
+    };
+    // The first reason recorded wins: the scheduler's (a stalled rank, the watchdog), then
+    // the one the controller saw, then the engine's own result after draining.
+    let recorded = sched.shared.failed.lock().expect("shared lock").clone();
+    if recorded.is_none() && failed.is_none() && engine_err.is_none() {
+        return Ok(0);
     }
-    if failed || engine_failed || sched.shared.failed.lock().expect("shared lock").is_some() {
-        let why = sched
-            .shared
-            .failed
-            .lock()
-            .expect("shared lock")
-            .clone()
-            .unwrap_or_default();
-        eprintln!("layerwise: engine failed: {why}");
-        return Ok(1);
-    }
-    Ok(0)
+    let why = [recorded, failed, engine_err]
+        .into_iter()
+        .flatten()
+        .find(|w| !w.is_empty())
+        .unwrap_or_else(|| "no reason was recorded".to_string());
+    eprintln!("layerwise: engine failed: {why}");
+    Ok(1)
 }
 
 /// Fails the pod when requests are running but no rank has finished a pass for the
