@@ -46,6 +46,9 @@ pub struct SlotTensor {
     /// Byte offset within the slot region.
     pub offset: u64,
     pub len: u64,
+    /// For an fp8 weight's scale ([`crate::checkpoint::fp8`]), which travels in the
+    /// block's F32 region: the weight it scales (relative name).
+    pub scales: Option<String>,
 }
 
 /// One dtype's bytes of one block.
@@ -131,30 +134,46 @@ impl GroupLayout {
         let mut per_block = Vec::with_capacity(num_blocks);
         for i in 0..num_blocks {
             let pre = prefix(i);
-            // (dtype) → [(file, src, len, spec index)]
+            // (dtype) → [(file, src, len, entry index)]; an entry is (relative name,
+            // shape, the weight a scale scales).
             let mut by_dtype: BTreeMap<Dtype, Vec<(usize, u64, u64, usize)>> = BTreeMap::new();
-            for (si, spec) in specs.iter().enumerate() {
+            let mut entries: Vec<(String, Vec<usize>, Option<String>)> = Vec::new();
+            for spec in specs {
                 let name = format!("{pre}{}", spec.name);
-                let &(file, ti) = component.index.get(&name).ok_or_else(|| {
-                    Error::tensor(&component.dir, &name, "missing from the checkpoint")
-                })?;
-                let info = &component.files[file].tensors[ti];
-                by_dtype
-                    .entry(info.dtype)
-                    .or_default()
-                    .push((file, info.offset, info.len, si));
-                if !dtypes.contains(&info.dtype) {
-                    dtypes.push(info.dtype);
+                let mut add = |name: &str, entry: (String, Vec<usize>, Option<String>)| {
+                    let &(file, ti) = component.index.get(name).ok_or_else(|| {
+                        Error::tensor(&component.dir, name, "missing from the checkpoint")
+                    })?;
+                    let info = &component.files[file].tensors[ti];
+                    by_dtype.entry(info.dtype).or_default().push((
+                        file,
+                        info.offset,
+                        info.len,
+                        entries.len(),
+                    ));
+                    entries.push(entry);
+                    if !dtypes.contains(&info.dtype) {
+                        dtypes.push(info.dtype);
+                    }
+                    Ok::<_, Error>(info.dtype)
+                };
+                let dtype = add(&name, (spec.name.clone(), spec.shape.clone(), None))?;
+                // An fp8 weight's scale travels with its block (its bytes are the block's).
+                if dtype == Dtype::F8_E4M3 {
+                    let scale = crate::checkpoint::fp8::scale_of(component, &name)?;
+                    let (_, info) = component.get(&scale).expect("checked");
+                    let rel = scale[pre.len()..].to_string();
+                    add(&scale, (rel, info.shape.clone(), Some(spec.name.clone())))?;
                 }
             }
-            per_block.push(by_dtype);
+            per_block.push((by_dtype, entries));
         }
         // Widest dtype first keeps every region aligned for its element type.
         dtypes.sort_by_key(|d| std::cmp::Reverse(dtype_size(*d).unwrap_or(1)));
         let unit = dp as u64 * ALIGN;
         let mut blocks = Vec::with_capacity(num_blocks);
         let mut region_capacity = vec![0u64; dtypes.len()];
-        for (i, mut by_dtype) in per_block.into_iter().enumerate() {
+        for (i, (mut by_dtype, entries)) in per_block.into_iter().enumerate() {
             let mut regions = Vec::with_capacity(dtypes.len());
             let mut tensors = Vec::with_capacity(specs.len());
             for (gi, dtype) in dtypes.iter().enumerate() {
@@ -162,13 +181,15 @@ impl GroupLayout {
                 items.sort();
                 let mut pieces: Vec<Piece> = Vec::new();
                 let mut at = 0u64;
-                for (file, src, len, si) in items {
+                for (file, src, len, ei) in items {
+                    let (name, shape, scales) = entries[ei].clone();
                     tensors.push(SlotTensor {
-                        name: specs[si].name.clone(),
-                        shape: specs[si].shape.clone(),
+                        name,
+                        shape,
                         region: gi,
                         offset: at,
                         len,
+                        scales,
                     });
                     match pieces.last_mut() {
                         Some(p)

@@ -1,11 +1,12 @@
 //! Checking a component's tensors against what its config implies: every expected name
-//! present with its shape and a float dtype, nothing unexpected beside them.
+//! present with its shape and a float dtype, nothing unexpected beside them. A linear
+//! weight may be stored fp8 with its scale beside it ([`super::fp8`]).
 
 use std::collections::BTreeSet;
 
 use safetensors::Dtype;
 
-use super::Component;
+use super::{fp8, Component};
 use crate::families::TensorSpec;
 use crate::{Error, Result};
 
@@ -52,12 +53,21 @@ pub fn check_tensors(
                 ),
             ));
         }
-        if !WEIGHT_DTYPES.contains(&info.dtype) {
+        if info.dtype == Dtype::F8_E4M3 {
+            if !fp8::is_linear(&spec.name, &spec.shape) {
+                return Err(Error::tensor(
+                    &h.path,
+                    &name,
+                    "stored F8_E4M3 but is not a linear layer's weight; fp8 is supported on 2-D `.weight` tensors of linear layers only",
+                ));
+            }
+            seen.insert(fp8::scale_of(c, &name)?);
+        } else if !WEIGHT_DTYPES.contains(&info.dtype) {
             return Err(Error::tensor(
                 &h.path,
                 &name,
                 format!(
-                    "dtype {:?} is not a float weight dtype (F32, F16, BF16)",
+                    "dtype {:?} is not a float weight dtype (F32, F16, BF16; F8_E4M3 with a scale on linear weights)",
                     info.dtype
                 ),
             ));
@@ -65,6 +75,13 @@ pub fn check_tensors(
         seen.insert(name);
     }
     if let Some(extra) = c.index.keys().find(|n| !seen.contains(*n)) {
+        if fp8::is_scale_name(extra) {
+            return Err(Error::tensor(
+                c.path_of(extra),
+                extra,
+                "a scale beside a weight that is not stored F8_E4M3 (or not expected)",
+            ));
+        }
         return Err(Error::tensor(
             c.path_of(extra),
             extra,

@@ -6,6 +6,7 @@
 //! weights are shared page cache, never copied whole into anonymous memory.
 
 pub mod check;
+pub mod fp8;
 pub mod header;
 pub mod profile;
 

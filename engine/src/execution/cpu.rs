@@ -35,7 +35,8 @@ fn bytes_mut(s: &mut CpuStorage) -> Result<&mut [u8], String> {
         CpuStorage::F32(v) => bytemuck::cast_slice_mut(v),
         CpuStorage::F16(v) => bytemuck::cast_slice_mut(v),
         CpuStorage::BF16(v) => bytemuck::cast_slice_mut(v),
-        _ => return Err("device buffers hold F32, F16 or BF16 only".into()),
+        CpuStorage::F8E4M3(v) => bytemuck::cast_slice_mut(v),
+        _ => return Err("device buffers hold F32, F16, BF16 or F8E4M3 only".into()),
     })
 }
 
@@ -44,7 +45,8 @@ fn bytes_of(s: &CpuStorage) -> Result<&[u8], String> {
         CpuStorage::F32(v) => bytemuck::cast_slice(v),
         CpuStorage::F16(v) => bytemuck::cast_slice(v),
         CpuStorage::BF16(v) => bytemuck::cast_slice(v),
-        _ => return Err("device buffers hold F32, F16 or BF16 only".into()),
+        CpuStorage::F8E4M3(v) => bytemuck::cast_slice(v),
+        _ => return Err("device buffers hold F32, F16, BF16 or F8E4M3 only".into()),
     })
 }
 

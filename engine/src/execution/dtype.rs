@@ -34,7 +34,8 @@ impl ComputeDtype {
     /// The dtype a run computes in, on a GPU (`gpu`) or the CPU, for a model whose
     /// streamed blocks hold `weights` (every dtype any block holds). `auto` takes the
     /// half-precision dtype the blocks are stored in (bf16 before f16 when a checkpoint
-    /// mixes them; f32 norms beside bf16 matrices are the usual mix, and count as bf16).
+    /// mixes them; f32 norms beside bf16 matrices are the usual mix, and count as bf16;
+    /// fp8 weights count as bf16).
     pub fn resolve(self, gpu: bool, weights: &[Dtype]) -> DType {
         match self {
             ComputeDtype::F32 => DType::F32,
@@ -42,7 +43,9 @@ impl ComputeDtype {
             ComputeDtype::F16 => DType::F16,
             ComputeDtype::Auto if !gpu => DType::F32,
             ComputeDtype::Auto => {
-                if weights.contains(&Dtype::BF16) {
+                // fp8 weights are dequantized into bf16, the dtype fp8 checkpoints are
+                // published from and the one their GPUs compute in.
+                if weights.contains(&Dtype::BF16) || weights.contains(&Dtype::F8_E4M3) {
                     DType::BF16
                 } else if weights.contains(&Dtype::F16) {
                     DType::F16
@@ -109,6 +112,26 @@ pub fn product(xs: &[&Tensor], f: impl FnOnce(&[Tensor]) -> Result<Tensor>) -> R
         .map(|x| x.to_dtype(DType::F32))
         .collect::<candle_core::Result<Vec<_>>>()?;
     Ok(f(&wide)?.to_dtype(DType::BF16)?)
+}
+
+/// An fp8 weight in the compute dtype: `f32(w) × scale`, then cast to `dtype`
+/// ([`crate::checkpoint::fp8`]). Every step is exact or one IEEE rounding (E4M3 → f32 is
+/// exact, the product is one f32 rounding, the cast one more), so the CPU and a GPU give
+/// the same bits, and so does a checkpoint holding `f32(w) × scale` as f32 weights.
+/// `scale` is a one-element F32 tensor on `w`'s device (no host round trip).
+pub fn dequantize(w: &Tensor, scale: &Tensor, dtype: DType) -> Result<Tensor> {
+    let scale = scale.to_dtype(DType::F32)?.reshape((1, 1))?;
+    let wide = w.to_dtype(DType::F32)?;
+    let wide = match wide.rank() {
+        2 => wide,
+        _ => {
+            return Err(Error::invalid(
+                "fp8 weight",
+                format!("shape {:?}: fp8 weights are 2-D", w.dims()),
+            ))
+        }
+    };
+    Ok(wide.broadcast_mul(&scale)?.to_dtype(dtype)?)
 }
 
 /// Bytes a tensor of `numel` elements takes once loaded for compute in `compute`: weights
@@ -178,6 +201,39 @@ mod tests {
         // f32 passes through untouched.
         let same = product(&[&a, &b], |x| Ok(x[0].matmul(&x[1])?)).unwrap();
         assert_eq!(same.dtype(), DType::F32);
+    }
+
+    #[test]
+    fn fp8_counts_as_bf16_on_a_gpu() {
+        let a = ComputeDtype::Auto;
+        assert_eq!(a.resolve(true, &[Dtype::F32, Dtype::F8_E4M3]), DType::BF16);
+        assert_eq!(a.resolve(false, &[Dtype::F8_E4M3]), DType::F32);
+    }
+
+    #[test]
+    fn dequantize_is_the_f32_product_cast_once() {
+        let dev = candle_core::Device::Cpu;
+        let codes = [0x00u8, 0x38, 0xb8, 0x7e, 0x01, 0x55, 0xd3, 0x40];
+        let w: Vec<float8::F8E4M3> = codes
+            .iter()
+            .map(|&b| float8::F8E4M3::from_bits(b))
+            .collect();
+        let w = Tensor::from_vec(w, (2, 4), &dev).unwrap();
+        let scale = Tensor::new(&[0.037f32], &dev).unwrap();
+        let want: Vec<f32> = codes
+            .iter()
+            .map(|&b| float8::F8E4M3::from_bits(b).to_f32() * 0.037f32)
+            .collect();
+        let got = dequantize(&w, &scale, DType::F32).unwrap();
+        assert_eq!(got.flatten_all().unwrap().to_vec1::<f32>().unwrap(), want);
+        // 1.0 (0x38), 448 (0x7e): exact.
+        assert_eq!((want[1], want[3]), (0.037, 448.0 * 0.037));
+        let got = dequantize(&w, &scale, DType::BF16).unwrap();
+        let want16: Vec<half::bf16> = want.iter().map(|&x| half::bf16::from_f32(x)).collect();
+        assert_eq!(
+            got.flatten_all().unwrap().to_vec1::<half::bf16>().unwrap(),
+            want16
+        );
     }
 
     #[test]

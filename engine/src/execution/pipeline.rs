@@ -52,6 +52,7 @@ pub fn candle_dtype(d: Dtype) -> Result<DType> {
         Dtype::F32 => DType::F32,
         Dtype::F16 => DType::F16,
         Dtype::BF16 => DType::BF16,
+        Dtype::F8_E4M3 => DType::F8E4M3,
         other => {
             return Err(Error::invalid(
                 "dtype",
@@ -62,9 +63,12 @@ pub fn candle_dtype(d: Dtype) -> Result<DType> {
 }
 
 /// The views of one block's tensors in device memory, converted to the compute dtype on
-/// request: a tensor stored in that dtype is used in place, with no cast and no copy.
+/// request: a tensor stored in that dtype is used in place, with no cast and no copy; an
+/// fp8 weight is dequantized with its scale from the same slot, right before compute.
 pub struct BlockWeights {
     tensors: HashMap<String, Tensor>,
+    /// fp8 weights' scales, by the weight's name.
+    scales: HashMap<String, Tensor>,
     dtype: DType,
 }
 
@@ -78,6 +82,7 @@ impl BlockWeights {
         dtype: DType,
     ) -> Result<BlockWeights> {
         let mut tensors = HashMap::with_capacity(block.tensors.len());
+        let mut scales = HashMap::new();
         for t in &block.tensors {
             let buf = &buffers[region_of[t.region]];
             let esz = buf.dtype().size_in_bytes() as u64;
@@ -85,9 +90,16 @@ impl BlockWeights {
             let v = buf
                 .narrow(0, (t.offset / esz) as usize, numel)?
                 .reshape(t.shape.as_slice())?;
-            tensors.insert(t.name.clone(), v);
+            match &t.scales {
+                Some(w) => scales.insert(w.clone(), v),
+                None => tensors.insert(t.name.clone(), v),
+            };
         }
-        Ok(BlockWeights { tensors, dtype })
+        Ok(BlockWeights {
+            tensors,
+            scales,
+            dtype,
+        })
     }
 }
 
@@ -96,6 +108,12 @@ impl Weights for BlockWeights {
         let t = self.tensors.get(name).ok_or_else(|| {
             Error::invalid("block weights", format!("no tensor `{name}` in this block"))
         })?;
+        if t.dtype() == DType::F8E4M3 {
+            let scale = self.scales.get(name).ok_or_else(|| {
+                Error::invalid("block weights", format!("fp8 `{name}` has no scale"))
+            })?;
+            return super::dtype::dequantize(t, scale, self.dtype);
+        }
         // candle's to_dtype hands back the same storage when the dtype already matches.
         Ok(t.to_dtype(self.dtype)?)
     }

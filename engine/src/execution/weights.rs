@@ -38,7 +38,16 @@ pub fn load(
         let stored = super::pipeline::candle_dtype(info.dtype)
             .map_err(|e| crate::Error::tensor(&h.path, &name, e.to_string()))?;
         let t = Tensor::from_raw_buffer(bytes, stored, &info.shape, device)?;
-        out.insert(name, t.to_dtype(dtype)?);
+        let t = if stored == candle_core::DType::F8E4M3 {
+            // An fp8 linear weight outside the blocks: dequantized once, at load.
+            let scale = crate::checkpoint::fp8::scale_of(&mapped.component, &name)?;
+            let s = mapped.bytes(&scale).expect("indexed tensor");
+            let s = Tensor::from_raw_buffer(s, candle_core::DType::F32, &[1], device)?;
+            super::dtype::dequantize(&t, &s, dtype)?
+        } else {
+            t.to_dtype(dtype)?
+        };
+        out.insert(name, t);
     }
     Ok(out)
 }

@@ -309,7 +309,12 @@ pub(super) fn slot_mut<'a>(
             let (p, g) = v.device_ptr_mut(stream);
             (p, n, g)
         }
-        _ => return Err("device buffers hold F32, F16 or BF16 only".into()),
+        CudaStorageSlice::F8E4M3(v) => {
+            let n = v.num_bytes();
+            let (p, g) = v.device_ptr_mut(stream);
+            (p, n, g)
+        }
+        _ => return Err("device buffers hold F32, F16, BF16 or F8E4M3 only".into()),
     })
 }
 
@@ -324,7 +329,8 @@ pub(super) fn buffer<'a>(
         CudaStorageSlice::F32(v) => with_len(v.device_ptr(stream), v.num_bytes()),
         CudaStorageSlice::F16(v) => with_len(v.device_ptr(stream), v.num_bytes()),
         CudaStorageSlice::BF16(v) => with_len(v.device_ptr(stream), v.num_bytes()),
-        _ => return Err("device buffers hold F32, F16 or BF16 only".into()),
+        CudaStorageSlice::F8E4M3(v) => with_len(v.device_ptr(stream), v.num_bytes()),
+        _ => return Err("device buffers hold F32, F16, BF16 or F8E4M3 only".into()),
     })
 }
 
