@@ -430,10 +430,14 @@ fn a_wan_model_quantizes_and_runs_identically_across_strategies() {
             32,
         )
     };
-    let reference = latents(&model, &[request.clone()], &opts(Strategy::Resident, 1, 2));
+    let reference = latents(
+        &model,
+        std::slice::from_ref(&request),
+        &opts(Strategy::Resident, 1, 2),
+    );
     for (s, dp) in [(Strategy::Offload, 1), (Strategy::OffloadSharded, 2)] {
         assert_eq!(
-            latents(&model, &[request.clone()], &opts(s, dp, 2)),
+            latents(&model, std::slice::from_ref(&request), &opts(s, dp, 2)),
             reference,
             "{s}"
         );
@@ -468,4 +472,43 @@ fn an_fp8_linear_outside_the_blocks_is_dequantized_at_load() {
     let got = latents(&Model::open(&outside).unwrap(), &requests, &o);
     assert_eq!(got, latents(&Model::open(&deq).unwrap(), &requests, &o));
     assert_ne!(got, latents(&Model::open(&fp8).unwrap(), &requests, &o));
+}
+
+/// DiT-XL/2 shapes (28 blocks 1152 wide, seeded weights, the SD VAE) at 256 px: how far
+/// fp8 weights move the image from f32 ones, and the bytes a step streams. Takes minutes
+/// and 4 GB of disk, so it runs on request:
+/// `cargo test -p layerwise-engine --test fp8 xl -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn xl_shaped_fp8_psnr_and_bytes_per_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("xl");
+    let mut o = layerwise_engine::tools::synth::SynthOptions::preset("xl").unwrap();
+    o.seed = 3;
+    layerwise_engine::tools::synth::synth(&src, &o).unwrap();
+    let fp8 = quantized(&src);
+    let streamed = |m: &Path| Profile::read(m).unwrap().block_bytes.iter().sum::<u64>();
+    // The bf16 twin streams half the f32 bytes.
+    let (bf16, q) = (streamed(&src) / 2, streamed(&fp8));
+    println!(
+        "DiT-XL/2 shapes: bytes streamed per step: bf16 {bf16}, fp8 {q} ({:.4} of bf16)",
+        q as f64 / bf16 as f64
+    );
+    let requests = vec![Request {
+        seed: 1,
+        steps: 2,
+        guidance: 4.0,
+        ..Request::image(
+            layerwise_engine::execution::work::Condition::Class(207),
+            256,
+            256,
+        )
+    }];
+    let db = psnr(
+        &Model::open(&fp8).unwrap(),
+        &Model::open(&src).unwrap(),
+        &requests,
+    );
+    println!("DiT-XL/2 shapes, 256 px, 2 steps: fp8 vs f32 weights: PSNR {db:.1} dB");
+    assert!(db.is_finite() && db > 20.0, "PSNR {db}");
 }

@@ -24,6 +24,8 @@ pub fn is_linear(name: &str, shape: &[usize]) -> bool {
         && name.ends_with(".weight")
         && !name.contains("embedding")
         && !name.contains("relative_attention_bias")
+        && name != "shared.weight"
+        && !name.ends_with("embed_tokens.weight")
 }
 
 /// The names a scale of weight `name` may have (none unless it ends in `.weight`).
@@ -99,6 +101,12 @@ mod tests {
         assert!(!is_linear(
             "class_embedder.embedding_table.weight",
             &[10, 8]
+        ));
+        assert!(!is_linear("shared.weight", &[10, 8]));
+        assert!(!is_linear("encoder.embed_tokens.weight", &[10, 8]));
+        assert!(is_linear(
+            "condition_embedder.time_embedder.linear_1.weight",
+            &[8, 4]
         ));
         assert_eq!(
             scale_names("a.b.weight"),
