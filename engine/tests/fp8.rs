@@ -237,6 +237,14 @@ fn quantize_writes_fp8_linear_weights_with_scales_and_inspect_shows_bytes_per_dt
         .unwrap();
     assert!(!r.status.success());
     assert!(String::from_utf8_lossy(&r.stderr).contains("exists"));
+    // A transformer split into shards keeps its files and gets an index naming the scales.
+    let sharded = common::tiny_with(dir.path(), 4, |o| o.max_shard_bytes = Some(64 << 10));
+    let q = quantized(&sharded);
+    let files = |m: &Path| Component::open(&m.join("transformer")).unwrap().files.len();
+    assert!(files(&sharded) > 1);
+    assert_eq!(files(&q), files(&sharded));
+    let p = Profile::read(&q).unwrap();
+    assert!(p.bytes_by_dtype["F8_E4M3"] > 0);
 }
 
 #[test]
