@@ -550,24 +550,33 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 let h = h.clone();
                 be.host_fn(copy, Box::new(move || h(Stage::Copy)));
             }
-            let span = self.span_begin(copy, Lane::Copy, block);
-            let mut staged = Vec::new();
-            for (r, reg) in b.regions.iter().enumerate() {
-                let runs = match self.opts.strategy {
+            let runs: Vec<Vec<Piece>> = b
+                .regions
+                .iter()
+                .map(|reg| match self.opts.strategy {
                     Strategy::OffloadSharded => reg.shard_pieces(rank),
                     _ => reg.pieces.clone(),
-                };
-                let n = runs.iter().map(|p| p.len).sum::<u64>();
-                self.stats.bytes_copied += n;
-                if self.ring.is_some() {
-                    self.stats.bytes_staged += n;
-                    staged.push((&slot.buffers[region_of[r]], runs));
-                } else {
-                    be.copy_to_device(copy, &slot.buffers[region_of[r]], mapped, runs);
+                })
+                .collect();
+            let n: u64 = runs.iter().flatten().map(|p| p.len).sum();
+            self.stats.bytes_copied += n;
+            // The ring's fill and the copy stream's wait for it come before the span, so
+            // the copy lane times the transfers alone.
+            let filled = self.ring.as_mut().map(|ring| {
+                self.stats.bytes_staged += n;
+                ring.fill(be, copy, mapped, &runs)
+            });
+            let span = self.span_begin(copy, Lane::Copy, block);
+            let dsts: Vec<&Tensor> = (0..runs.len())
+                .map(|r| &slot.buffers[region_of[r]])
+                .collect();
+            match (filled, &self.ring) {
+                (Some(f), Some(ring)) => ring.copy(be, copy, f, &dsts),
+                _ => {
+                    for (dst, runs) in dsts.into_iter().zip(runs) {
+                        be.copy_to_device(copy, dst, mapped, runs);
+                    }
                 }
-            }
-            if let Some(ring) = self.ring.as_mut() {
-                ring.stage(be, copy, mapped, staged);
             }
             self.span_end(copy, span, Lane::Copy, block);
             let done = if self.gather.is_some() {

@@ -177,38 +177,39 @@ impl<B: Backend> Ring<B> {
         self.buffers[0].host.len() as u64
     }
 
-    /// Stages `regions` (per device buffer, the runs of the mapping to land in it) through
-    /// the next buffer of the ring: enqueues its fill on the fill stream and, on `copy`, the
-    /// wait for it, the copies out of it into `dsts[i]`, and the record that frees it.
-    /// The caller checked at start that a block's runs fit one buffer.
-    pub fn stage(
+    /// Fills the next buffer of the ring with `regions` (per device buffer, the runs of
+    /// the mapping that land in it): enqueues the fill on the fill stream, once the copy
+    /// that last read the buffer is done, and on `copy` the wait for the fill. The caller
+    /// checked at start that a block's runs fit one buffer; [`Ring::copy`] then enqueues
+    /// the copies out of it.
+    pub fn fill(
         &mut self,
         backend: &B,
         copy: &B::Stream,
         src: &Mapped,
-        regions: Vec<(&candle_core::Tensor, Vec<Piece>)>,
-    ) {
+        regions: &[Vec<Piece>],
+    ) -> Filled {
         let j = self.next;
         self.next = (j + 1) % self.buffers.len();
         let buf = &self.buffers[j];
         let mut at = 0u64;
         let mut fills: Vec<(usize, u64, u64, u64)> = Vec::new();
-        let mut copies = Vec::with_capacity(regions.len());
-        for (dst, runs) in regions {
-            let staged: Vec<Staged> = runs
-                .iter()
-                .map(|p| {
-                    fills.push((p.file, p.src, p.len, at));
-                    let s = Staged {
-                        at,
-                        dst: p.dst,
-                        len: p.len,
-                    };
-                    at += p.len;
-                    s
-                })
-                .collect();
-            copies.push((dst, staged));
+        let mut staged = Vec::with_capacity(regions.len());
+        for runs in regions {
+            staged.push(
+                runs.iter()
+                    .map(|p| {
+                        fills.push((p.file, p.src, p.len, at));
+                        let s = Staged {
+                            at,
+                            dst: p.dst,
+                            len: p.len,
+                        };
+                        at += p.len;
+                        s
+                    })
+                    .collect(),
+            );
         }
         let (host, mapped) = (buf.host.clone(), src.clone());
         backend.wait(&self.fill, &buf.consumed);
@@ -224,11 +225,30 @@ impl<B: Backend> Ring<B> {
         );
         backend.record(&self.fill, &buf.filled);
         backend.wait(copy, &buf.filled);
-        for (dst, staged) in copies {
+        Filled { buffer: j, staged }
+    }
+
+    /// Enqueues on `copy` the copies out of a filled buffer, region i into `dsts[i]`, and
+    /// the record that frees the buffer for its next fill.
+    pub fn copy(
+        &self,
+        backend: &B,
+        copy: &B::Stream,
+        filled: Filled,
+        dsts: &[&candle_core::Tensor],
+    ) {
+        let buf = &self.buffers[filled.buffer];
+        for (dst, staged) in dsts.iter().zip(filled.staged) {
             backend.copy_staged(copy, dst, buf.host.clone(), staged);
         }
         backend.record(copy, &buf.consumed);
     }
+}
+
+/// A buffer whose fill is enqueued: which one, and per region the runs to copy out of it.
+pub struct Filled {
+    buffer: usize,
+    staged: Vec<Vec<Staged>>,
 }
 
 /// The bytes rank `rank` copies of one block under `offload-sharded` (its shards) or
