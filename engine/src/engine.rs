@@ -158,6 +158,8 @@ impl Model {
             bytes_gathered: ranks.iter().map(|r| r.bytes_gathered).sum(),
             bytes_copied_per_step: per_step(ranks.iter().map(|r| r.bytes_copied).sum(), steps),
             bytes_gathered_per_step: per_step(ranks.iter().map(|r| r.bytes_gathered).sum(), steps),
+            bytes_staged: ranks.iter().map(|r| r.bytes_staged).sum(),
+            peak_pinned_host_bytes: ranks.iter().map(|r| r.pinned_host_bytes).max().unwrap_or(0),
             peak_device_bytes: ranks.iter().map(|r| r.peak).max().unwrap_or(0),
             peak_device_bytes_by_kind: by_kind,
             peak_anon_rss_bytes: rss.peak(),
@@ -199,6 +201,11 @@ pub struct RunStats {
     /// text encoding and expert switches included: what `--resident-blocks` cuts by N/L.
     pub bytes_copied_per_step: u64,
     pub bytes_gathered_per_step: u64,
+    /// Bytes of `bytes_copied` staged through the ranks' rings (`--host-memory pin`).
+    pub bytes_staged: u64,
+    /// Page-locked host bytes a rank held for staging at its peak, worst rank (its ring
+    /// under `--host-memory pin`; 0 when copies read the mapping or its registration).
+    pub peak_pinned_host_bytes: u64,
     /// Largest accounted device bytes over ranks.
     pub peak_device_bytes: u64,
     /// Peak accounted device bytes per kind (slots, resident blocks, ...), worst rank.

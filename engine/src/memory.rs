@@ -269,22 +269,39 @@ pub fn device_bytes(
     }
 }
 
-/// Page-locked host bytes a pod holds when the device cannot register the mapping and the
-/// engine falls back to a pinned copy of what it streams: every streamed byte once (the
-/// ranks of `offload` share one copy; under `offload-sharded` each rank pins its 1/dp).
-/// `resident` and `sharded` copy once at start and pin nothing.
-pub fn pinned_host_bytes(groups: &[GroupBytes], p: &Placement) -> u64 {
+/// Buffers in a rank's staging ring: one being copied to the device, one being filled,
+/// one filled ahead. The engine's default (`EngineOptions::staging_buffers`) and the
+/// planner's figure.
+pub const STAGING_BUFFERS: u64 = 3;
+
+/// Bytes of one staging buffer: the largest unit a rank copies from the host at once,
+/// one block's worth of what it streams (a whole slot under `offload`, its 1/dp shard of
+/// one under `offload-sharded`). 0 where nothing streams from the host.
+pub fn staging_buffer_bytes(groups: &[GroupBytes], p: &Placement) -> u64 {
+    if !p.streams(groups) {
+        return 0;
+    }
     match p.strategy {
         Strategy::Resident | Strategy::Sharded => 0,
-        Strategy::Offload | Strategy::OffloadSharded => groups
-            .iter()
-            .enumerate()
-            .map(|(g, group)| group.streamed_bytes(&p.kept(g, group.blocks())))
-            .sum(),
+        Strategy::Offload => slot_bytes(groups, p),
+        // Every dtype's slot region is a multiple of dp × ALIGN, so this is exact.
+        Strategy::OffloadSharded => slot_bytes(groups, p) / p.dp.max(1),
     }
 }
 
-/// Host bytes one pod needs of its own: the pinned fallback and `overhead` for the process.
+/// Page-locked host bytes of one rank's staging ring of `buffers` buffers.
+pub fn staging_ring_bytes(groups: &[GroupBytes], p: &Placement, buffers: u64) -> u64 {
+    staging_buffer_bytes(groups, p).saturating_mul(buffers)
+}
+
+/// Page-locked host bytes a pod holds when the device cannot register the mapping and the
+/// engine stages through rings instead: dp rings of [`STAGING_BUFFERS`] buffers, whatever
+/// the model's depth. `resident` and `sharded` copy once at start and pin nothing.
+pub fn pinned_host_bytes(groups: &[GroupBytes], p: &Placement) -> u64 {
+    staging_ring_bytes(groups, p, STAGING_BUFFERS).saturating_mul(p.dp.max(1))
+}
+
+/// Host bytes one pod needs of its own: the staging rings and `overhead` for the process.
 /// The model's mapping is page cache, one copy per node that every pod there shares
 /// ([`node_host_bytes`]).
 pub fn pod_host_bytes(groups: &[GroupBytes], p: &Placement, overhead: u64) -> u64 {
@@ -349,7 +366,8 @@ mod tests {
         assert_eq!(none.block_weights, 0);
         assert_eq!(two.block_weights, 2 * (512 + 5120));
         assert_eq!(two.slots, none.slots);
-        assert_eq!(pinned_host_bytes(&groups, &p(2)), 2 * 5300);
+        // The rings do not grow or shrink with the blocks kept: one shard per buffer.
+        assert_eq!(pinned_host_bytes(&groups, &p(2)), 2 * 3 * (512 + 5120) / 2);
         // Every block kept streams nothing: no slots.
         assert!(!p(4).streams(&groups));
         assert_eq!(device_bytes(&groups, &p(4), 0, 0, 0).slots, 0);
@@ -392,12 +410,15 @@ mod tests {
         let mixed = device_bytes(&groups, &p, 0, 0, 0);
         assert_eq!(mixed.block_weights, 2 * (512 + 1024));
         assert_eq!(mixed.slots, 3 * (512 + 5120));
-        assert_eq!(pinned_host_bytes(&groups, &p), 800 + 14000);
+        // Per rank a ring of 3 shards of one slot; per pod dp rings.
+        assert_eq!(staging_buffer_bytes(&groups, &p), (512 + 5120) / 2);
+        assert_eq!(pinned_host_bytes(&groups, &p), 2 * 3 * (512 + 5120) / 2);
         assert_eq!(
             pinned_host_bytes(&groups, &all(Strategy::Offload)),
-            200 + 2000 + 800 + 14000
+            2 * 3 * slot
         );
         assert_eq!(pinned_host_bytes(&groups, &all(Strategy::Sharded)), 0);
+        assert_eq!(pinned_host_bytes(&groups, &all(Strategy::Resident)), 0);
         // Everything resident under a streaming strategy: no slots.
         let every = all(Strategy::Offload).with_resident_components(
             &groups,
@@ -405,5 +426,22 @@ mod tests {
         );
         assert!(!every.streams(&groups));
         assert_eq!(device_bytes(&groups, &every, 0, 0, 0).slots, 0);
+        assert_eq!(pinned_host_bytes(&groups, &every), 0);
+    }
+
+    #[test]
+    fn the_staging_ring_does_not_grow_with_depth() {
+        // 8 and 32 blocks of the same shape: the same ring, where a pinned copy of what
+        // streams would be four times larger.
+        let deep = |l: usize| group("transformer", &vec![300; l], &vec![5000; l]);
+        for dp in [1u64, 2, 4] {
+            let p = Placement::new(Strategy::OffloadSharded, dp, 2, 1);
+            let (g8, g32) = (vec![deep(8)], vec![deep(32)]);
+            let ring = pinned_host_bytes(&g8, &p);
+            assert_eq!(ring, pinned_host_bytes(&g32, &p));
+            assert_eq!(ring, STAGING_BUFFERS * slot_bytes(&g8, &p));
+            assert!(ring < g32[0].bytes(), "{ring} vs {}", g32[0].bytes());
+            assert_eq!(staging_ring_bytes(&g8, &p, 2), 2 * slot_bytes(&g8, &p) / dp);
+        }
     }
 }

@@ -46,9 +46,12 @@ pub struct EngineArgs {
     /// `--device-memory-mib` holds after the slots, the activations and the overhead).
     #[arg(long, env = bounds::ENV_RESIDENT_BLOCKS, default_value = "0")]
     pub resident_blocks: ResidentBlocks,
-    /// How weights reach a GPU: `auto` (read-only registration of the mapped checkpoint
-    /// where the device supports it, else one pinned copy), `register`, `pin` or
-    /// `pageable`. The CPU backend reads the mapping directly and takes only `auto`.
+    /// How weights reach the device: `auto` (on a GPU: the mapped checkpoint registered
+    /// read-only, else a private writable mapping of it registered, else a staging ring),
+    /// `register` (one of the two registrations, or fail), `pin` (a ring of a few pinned
+    /// buffers per rank, filled ahead of the copies; never a pinned copy of the model) or
+    /// `pageable`. The CPU backend reads the mapping under `auto`, stages through the ring
+    /// under `pin`, and refuses the other two.
     #[arg(long, env = "LAYERWISE_HOST_MEMORY", default_value = "auto")]
     pub host_memory: HostMode,
     /// Seconds any rank may wait on a transfer, a peer or a step before failing.

@@ -385,12 +385,14 @@ fn cli_names_bad_slots_and_host_memory() {
         err.contains("--slots auto") && err.contains("--device-memory-mib"),
         "{err}"
     );
-    let (code, err) = generate(&["--host-memory", "pin"]);
-    assert_eq!(code, Some(1), "{err}");
-    assert!(
-        err.contains("--host-memory pin") && err.contains("CPU"),
-        "{err}"
-    );
+    for mode in ["register", "pageable"] {
+        let (code, err) = generate(&["--host-memory", mode]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.contains(&format!("--host-memory {mode}")) && err.contains("CPU"),
+            "{err}"
+        );
+    }
     let (code, err) = generate(&["--slots", "auto", "--device-memory-mib", "256"]);
     assert_eq!(code, Some(0), "{err}");
     let s: serde_json::Value = serde_json::from_slice(&fs::read(&stats).unwrap()).unwrap();

@@ -25,8 +25,7 @@ fn node(name: &str, devices: u32, device_gib: u64, host_gib: u64, fast: bool) ->
     }
 }
 
-/// Host memory for two copies of the largest test model: its mapping, and the pinned copy
-/// of what it streams when the device cannot register the mapping.
+/// Host memory well beyond the largest test model's mapping and its pods' staging rings.
 fn a100(name: &str) -> NodeShape {
     node(name, 8, 80, 2000, true)
 }

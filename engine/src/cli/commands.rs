@@ -317,7 +317,7 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
 
 fn print_stats(s: &RunStats) {
     println!(
-        "{} dp={} K={}: {:.2}s wall, {:.3}s/step, stall {:.1}% ({:.1}% across group switches), copied {}, gathered {}, peak device {}, peak anon RSS {} (checkpoint {})",
+        "{} dp={} K={}: {:.2}s wall, {:.3}s/step, stall {:.1}% ({:.1}% across group switches), copied {}, gathered {}, peak device {}, pinned host {} per rank, peak anon RSS {} (checkpoint {})",
         s.strategy,
         s.dp,
         s.slots,
@@ -328,6 +328,7 @@ fn print_stats(s: &RunStats) {
         gib(s.bytes_copied),
         gib(s.bytes_gathered),
         gib(s.peak_device_bytes),
+        gib(s.peak_pinned_host_bytes),
         gib(s.peak_anon_rss_bytes),
         gib(s.checkpoint_bytes),
     );
@@ -388,7 +389,7 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
         a.rounds
     );
     println!(
-        "{:<16} {:>3} {:>10} {:>12} {:>8} {:>13} {:>14} {:>14} {:>10}",
+        "{:<16} {:>3} {:>10} {:>12} {:>8} {:>13} {:>14} {:>14} {:>14} {:>10}",
         "strategy",
         "K",
         "s/step",
@@ -396,6 +397,7 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
         "stall",
         "switch stall",
         "peak device",
+        "pinned host",
         "anon RSS",
         "identical"
     );
@@ -414,7 +416,7 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
             });
         all_same &= same;
         println!(
-            "{:<16} {:>3} {:>10.3} {:>11.3}x {:>7.1}% {:>12.1}% {:>14} {:>14} {:>10}",
+            "{:<16} {:>3} {:>10.3} {:>11.3}x {:>7.1}% {:>12.1}% {:>14} {:>14} {:>14} {:>10}",
             s.strategy,
             s.slots,
             s.step_seconds,
@@ -422,6 +424,7 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
             100.0 * s.stall_fraction,
             100.0 * s.switch_stall_fraction,
             gib(s.peak_device_bytes),
+            gib(s.peak_pinned_host_bytes),
             gib(s.peak_anon_rss_bytes),
             if same { "yes" } else { "NO" }
         );

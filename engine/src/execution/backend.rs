@@ -7,10 +7,12 @@
 //! `compute_wait` makes compute hold for an event and `compute_record` marks compute's
 //! progress for the copy and gather streams to wait on.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
 
+use super::staging::{HostBuffer, Staged};
 use crate::checkpoint::Mapped;
 use crate::layout::Piece;
 use crate::Result;
@@ -48,7 +50,18 @@ pub trait Backend: Send + Sync + 'static {
     /// Enqueues host→device copies of `runs` of the mapped checkpoint into `dst`
     /// (`dst` offsets of the runs are byte offsets into `dst`).
     fn copy_to_device(&self, stream: &Self::Stream, dst: &Tensor, src: &Mapped, runs: Vec<Piece>);
-    /// Enqueues a host function (instrumentation and test hooks).
+    /// A host buffer of `bytes` bytes for the staging ring: page-locked on a GPU, plain
+    /// page-aligned memory on the CPU.
+    fn alloc_staging(&self, bytes: u64) -> Result<HostBuffer>;
+    /// Enqueues host→device copies of `runs` of the staging buffer `src` into `dst`.
+    fn copy_staged(
+        &self,
+        stream: &Self::Stream,
+        dst: &Tensor,
+        src: Arc<HostBuffer>,
+        runs: Vec<Staged>,
+    );
+    /// Enqueues a host function (instrumentation, test hooks, the staging ring's fills).
     fn host_fn(&self, stream: &Self::Stream, f: Box<dyn FnOnce() + Send>);
 }
 

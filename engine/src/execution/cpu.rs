@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Storage, Tensor};
 
 use super::backend::{Backend, Collective, GatherSource};
+use super::staging::{HostBuffer, Staged};
 use super::stream::{CpuStream, Event};
 use crate::checkpoint::Mapped;
 use crate::layout::Piece;
@@ -84,6 +85,42 @@ impl InplaceOp1 for CopyIn {
     }
 }
 
+/// Host→device copy out of a staging buffer.
+struct CopyStaged {
+    src: Arc<HostBuffer>,
+    runs: Vec<Staged>,
+}
+
+impl InplaceOp1 for CopyStaged {
+    fn name(&self) -> &'static str {
+        "layerwise-copy-staged"
+    }
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        whole(layout).map_err(candle_core::Error::msg)?;
+        let dst = bytes_mut(storage).map_err(candle_core::Error::msg)?;
+        for r in &self.runs {
+            let (d, n) = (r.dst as usize, r.len as usize);
+            let Some(out) = dst.get_mut(d..d + n) else {
+                candle_core::bail!(
+                    "copy of {n} bytes at {d} overruns a {}-byte buffer",
+                    dst.len()
+                );
+            };
+            // SAFETY: the copy stream waited for the buffer's `filled` event and the fill
+            // stream waits for the `consumed` event recorded after this copy.
+            let Some(from) = (unsafe { self.src.read(r.at, r.len) }) else {
+                candle_core::bail!(
+                    "staged run of {n} bytes at {} overruns a {}-byte staging buffer",
+                    r.at,
+                    self.src.len()
+                );
+            };
+            out.copy_from_slice(from);
+        }
+        Ok(())
+    }
+}
+
 impl Backend for CpuBackend {
     type Stream = CpuStream;
     type Event = Event;
@@ -125,6 +162,22 @@ impl Backend for CpuBackend {
         stream.enqueue(Box::new(move || {
             dst.inplace_op1(&op)
                 .map_err(|e| format!("host-to-device copy: {e}"))
+        }));
+    }
+    fn alloc_staging(&self, bytes: u64) -> Result<HostBuffer> {
+        HostBuffer::page_aligned(bytes as usize)
+    }
+    fn copy_staged(
+        &self,
+        stream: &CpuStream,
+        dst: &Tensor,
+        src: Arc<HostBuffer>,
+        runs: Vec<Staged>,
+    ) {
+        let (dst, op) = (dst.clone(), CopyStaged { src, runs });
+        stream.enqueue(Box::new(move || {
+            dst.inplace_op1(&op)
+                .map_err(|e| format!("host-to-device copy from the staging ring: {e}"))
         }));
     }
     fn host_fn(&self, stream: &CpuStream, f: Box<dyn FnOnce() + Send>) {

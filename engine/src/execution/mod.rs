@@ -12,6 +12,7 @@ pub mod lockstep;
 pub mod pipeline;
 pub mod rank;
 pub mod rss;
+pub mod staging;
 pub mod stream;
 pub mod trace;
 pub mod weights;

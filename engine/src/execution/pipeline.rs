@@ -19,6 +19,7 @@ use safetensors::Dtype;
 
 use super::backend::{Backend, Collective, GatherSource};
 use super::budget::{Allocation, DeviceBudget};
+use super::staging::{block_copy_bytes, Ring};
 use super::trace::{Lane, Trace};
 use super::weights::Weights;
 use crate::checkpoint::Mapped;
@@ -45,6 +46,10 @@ pub struct PipelineStats {
     pub bytes_copied: u64,
     pub bytes_gathered: u64,
     pub blocks_computed: u64,
+    /// Bytes copied through the staging ring (all of `bytes_copied` when it is on).
+    pub bytes_staged: u64,
+    /// Page-locked host bytes this rank holds for staging (its ring; 0 without one).
+    pub pinned_host_bytes: u64,
 }
 
 pub fn candle_dtype(d: Dtype) -> Result<DType> {
@@ -140,6 +145,9 @@ pub struct PipelineOptions {
     pub trace: Option<Arc<Trace>>,
     /// The dtype blocks' weights are handed to compute in ([`super::dtype`]).
     pub dtype: DType,
+    /// Stage the copies from the host through a ring of this many buffers
+    /// ([`super::staging`]) instead of copying from the mapping (`--host-memory pin`).
+    pub staging: Option<usize>,
 }
 
 /// The groups of blocks a model streams, for one dp: each group's layout, mapped
@@ -283,6 +291,8 @@ pub struct Pipeline<B: Backend, C: Collective<B>> {
     in_flight: VecDeque<(usize, usize, usize)>,
     issued: u64,
     stats: PipelineStats,
+    /// The staging ring, when copies from the host stage through one.
+    ring: Option<Ring<B>>,
     _allocs: Vec<Allocation>,
 }
 
@@ -400,6 +410,22 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
             }
             _ => None,
         };
+        let ring = match (opts.staging, &copy) {
+            (Some(depth), Some(_)) if streams => {
+                Some(Self::ring(&*backend, &streamed, &kept, &opts, rank, depth)?)
+            }
+            _ => None,
+        };
+        let mut stats = PipelineStats::default();
+        if let Some(r) = &ring {
+            stats.pinned_host_bytes = r.bytes();
+            tracing::info!(
+                rank,
+                buffers = opts.staging,
+                bytes = r.bytes(),
+                "staging copies from the host through a ring"
+            );
+        }
         let mut p = Pipeline {
             backend,
             comm,
@@ -413,11 +439,45 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
             kept,
             in_flight: VecDeque::new(),
             issued: 0,
-            stats: PipelineStats::default(),
+            stats,
+            ring,
             _allocs: allocs,
         };
         p.load_stationary()?;
         Ok(p)
+    }
+
+    /// This rank's staging ring of `depth` buffers, each sized by the memory model
+    /// ([`crate::memory::staging_buffer_bytes`]); refuses to start when a block this rank
+    /// streams would not fit one buffer.
+    fn ring(
+        backend: &B,
+        streamed: &Streamed,
+        kept: &[Vec<bool>],
+        opts: &PipelineOptions,
+        rank: usize,
+        depth: usize,
+    ) -> Result<Ring<B>> {
+        let size = crate::memory::staging_buffer_bytes(
+            &streamed.bytes(),
+            &streamed.placement(opts.strategy, opts.slots),
+        );
+        let sharded = opts.strategy == Strategy::OffloadSharded;
+        for (g, layout) in streamed.layouts.iter().enumerate() {
+            for b in layout.blocks.iter().filter(|b| !kept[g][b.index]) {
+                let need = block_copy_bytes(b, sharded, rank);
+                if need > size {
+                    return Err(Error::invalid(
+                        "staging",
+                        format!(
+                            "rank {rank} copies {need} bytes of block {} of group {g}, more than a {size}-byte staging buffer",
+                            b.index
+                        ),
+                    ));
+                }
+            }
+        }
+        Ring::new(backend, &format!("fill-r{rank}"), depth, size)
     }
 
     /// Loads what stays on the device: the blocks kept whole and, under `sharded`, this
@@ -508,14 +568,33 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
                 let h = h.clone();
                 be.host_fn(copy, Box::new(move || h(Stage::Copy)));
             }
-            let span = self.span_begin(copy, Lane::Copy, block);
-            for (r, reg) in b.regions.iter().enumerate() {
-                let runs = match self.opts.strategy {
+            let runs: Vec<Vec<Piece>> = b
+                .regions
+                .iter()
+                .map(|reg| match self.opts.strategy {
                     Strategy::OffloadSharded => reg.shard_pieces(rank),
                     _ => reg.pieces.clone(),
-                };
-                self.stats.bytes_copied += runs.iter().map(|p| p.len).sum::<u64>();
-                be.copy_to_device(copy, &slot.buffers[region_of[r]], mapped, runs);
+                })
+                .collect();
+            let n: u64 = runs.iter().flatten().map(|p| p.len).sum();
+            self.stats.bytes_copied += n;
+            // The ring's fill and the copy stream's wait for it come before the span, so
+            // the copy lane times the transfers alone.
+            let filled = self.ring.as_mut().map(|ring| {
+                self.stats.bytes_staged += n;
+                ring.fill(be, copy, mapped, &runs)
+            });
+            let span = self.span_begin(copy, Lane::Copy, block);
+            let dsts: Vec<&Tensor> = (0..runs.len())
+                .map(|r| &slot.buffers[region_of[r]])
+                .collect();
+            match (filled, &self.ring) {
+                (Some(f), Some(ring)) => ring.copy(be, copy, f, &dsts),
+                _ => {
+                    for (dst, runs) in dsts.into_iter().zip(runs) {
+                        be.copy_to_device(copy, dst, mapped, runs);
+                    }
+                }
             }
             self.span_end(copy, span, Lane::Copy, block);
             let done = if self.gather.is_some() {

@@ -49,8 +49,13 @@ pub struct EngineOptions {
     pub resident_components: Vec<String>,
     /// Blocks of each other streamed group that stay on the device, spread evenly.
     pub resident_blocks: ResidentBlocks,
-    /// How weights reach a GPU from the mapped checkpoint; the CPU takes only `auto`.
+    /// How weights reach the device from the mapped checkpoint. The CPU takes `auto`
+    /// (copy from the mapping) and `pin` (stage through the ring, as a GPU that cannot
+    /// register the mapping does).
     pub host: HostMode,
+    /// Buffers in each rank's staging ring when copies stage through one
+    /// ([`memory::STAGING_BUFFERS`], the planner's figure, unless a test asks otherwise).
+    pub staging_buffers: usize,
     /// Longest any rank may wait on a transfer or a peer before failing.
     pub timeout: Duration,
     pub hook: Option<Hook>,
@@ -77,6 +82,7 @@ impl Default for EngineOptions {
             resident_components: Vec::new(),
             resident_blocks: ResidentBlocks::default(),
             host: HostMode::Auto,
+            staging_buffers: memory::STAGING_BUFFERS as usize,
             timeout: Duration::from_secs(120),
             hook: None,
             decode: true,
@@ -104,6 +110,10 @@ pub struct RankResult {
     pub switch_time: Duration,
     pub bytes_copied: u64,
     pub bytes_gathered: u64,
+    /// Bytes of `bytes_copied` that went through the staging ring.
+    pub bytes_staged: u64,
+    /// Page-locked host bytes this rank held for staging, at their peak.
+    pub pinned_host_bytes: u64,
     pub peak: u64,
     pub peak_by_kind: BTreeMap<&'static str, u64>,
 }
@@ -204,15 +214,19 @@ pub fn drive(
     match device {
         Resolved::Cpu { why } => {
             tracing::info!(%why, "computing on the CPU");
-            if opts.host != HostMode::Auto {
-                return Err(Error::invalid(
-                    "host-memory",
-                    format!(
-                        "`--host-memory {}` applies to CUDA devices, but the ranks compute on the CPU ({why}), which reads weights from the mapped checkpoint; use auto",
-                        opts.host
-                    ),
-                ));
-            }
+            let staging = match opts.host {
+                HostMode::Auto => None,
+                HostMode::Pin => Some(opts.staging_buffers),
+                HostMode::Register | HostMode::Pageable => {
+                    return Err(Error::invalid(
+                        "host-memory",
+                        format!(
+                            "`--host-memory {}` applies to CUDA devices, but the ranks compute on the CPU ({why}), which reads weights from the mapped checkpoint; use auto, or pin to stage them through a ring",
+                            opts.host
+                        ),
+                    ))
+                }
+            };
             // On the CPU, K comes from the plan's budget in the plan's terms.
             let planned = cuda::plan::DeviceNeeds::of(
                 &groups,
@@ -237,6 +251,7 @@ pub fn drive(
                 slots,
                 outside,
                 dtype,
+                staging,
             };
             let r = run.spawn(ranks, &|why| group.poison(why));
             match (r, group.dropped_before_poison()) {
@@ -272,6 +287,7 @@ pub fn drive(
                 .map(|x| (x.backend, x.comm, x.capacity))
                 .collect();
             let group = r.group;
+            let staging = r.host.stages().then_some(opts.staging_buffers);
             let run = Run {
                 family,
                 streamed,
@@ -280,6 +296,7 @@ pub fn drive(
                 slots: r.slots,
                 outside,
                 dtype,
+                staging,
             };
             run.spawn(ranks, &|why| group.poison(why))
         }
@@ -383,6 +400,8 @@ struct Run<'a> {
     outside: u64,
     /// The dtype blocks compute in.
     dtype: DType,
+    /// Buffers of each rank's staging ring, when copies stage through one.
+    staging: Option<usize>,
 }
 
 impl Run<'_> {
@@ -519,6 +538,7 @@ impl Run<'_> {
                 hook: opts.hook.clone(),
                 trace: opts.trace.clone(),
                 dtype: self.dtype,
+                staging: self.staging,
             },
         )?);
         source.ready(rank);
@@ -669,6 +689,8 @@ impl Run<'_> {
             switch_time,
             bytes_copied: s.bytes_copied,
             bytes_gathered: s.bytes_gathered,
+            bytes_staged: s.bytes_staged,
+            pinned_host_bytes: s.pinned_host_bytes,
             peak: budget.peak(),
             peak_by_kind: budget.peak_by_kind(),
         })

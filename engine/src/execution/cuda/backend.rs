@@ -19,9 +19,10 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::cuda_backend::{CudaStorage, CudaStorageSlice};
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
 
-use super::host::{cuda, HostMemory};
+use super::host::{alloc_pinned, cuda, HostMemory};
 use crate::checkpoint::Mapped;
 use crate::execution::backend::Backend;
+use crate::execution::staging::{HostBuffer, Staged};
 use crate::layout::Piece;
 use crate::{Error, Result};
 
@@ -106,7 +107,7 @@ pub struct CudaBackend {
     host: Arc<HostMemory>,
     timeout: Duration,
     timing: Mutex<Timing>,
-    /// Bytes copied from pageable memory (outside the pinned or registered set).
+    /// Bytes copied from pageable memory (outside the registered set).
     pageable_bytes: AtomicU64,
     pending: Arc<Mutex<Pending>>,
     on_stall: Arc<OnceLock<OnStall>>,
@@ -117,8 +118,8 @@ pub struct CudaBackend {
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         self.watchdog_stop.store(true, Ordering::SeqCst);
-        // Copies still queued read the registered or pinned host memory, which is
-        // unregistered or freed when the last backend's `host` drops, right after this:
+        // Copies still queued read the registered host memory, which is unregistered
+        // when the last backend's `host` drops, right after this:
         // let every stream of this device finish first. (After a failure the group has
         // aborted NCCL, so nothing here waits on a dead peer.)
         let _ = self.ctx.bind_to_thread();
@@ -371,7 +372,7 @@ impl CopyIn<'_> {
                     "copy of {len} bytes at {d} overruns a {n}-byte buffer"
                 ));
             }
-            let host = match be.host.source(be.rank, self.src, p.file, p.src, p.len) {
+            let host = match be.host.source(self.src, p.file, p.src, p.len) {
                 Some(h) => h,
                 None => {
                     be.pageable_bytes.fetch_add(p.len, Ordering::Relaxed);
@@ -401,6 +402,68 @@ impl CopyIn<'_> {
 impl InplaceOp1 for CopyIn<'_> {
     fn name(&self) -> &'static str {
         "layerwise-copy-in"
+    }
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> candle_core::Result<()> {
+        candle_core::bail!("the CUDA backend's copy ran on a CPU tensor")
+    }
+    fn cuda_fwd(&self, storage: &mut CudaStorage, layout: &Layout) -> candle_core::Result<()> {
+        self.run(storage, layout).map_err(candle_core::Error::msg)
+    }
+}
+
+/// Host→device copy out of a staging buffer, enqueued on the copy stream.
+struct CopyStaged<'a> {
+    backend: &'a CudaBackend,
+    stream: &'a CudaStream,
+    src: &'a HostBuffer,
+    runs: Vec<Staged>,
+}
+
+impl CopyStaged<'_> {
+    fn run(&self, storage: &mut CudaStorage, layout: &Layout) -> std::result::Result<(), String> {
+        self.backend
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| format!("bind context: {e:?}"))?;
+        let stream = &self.stream.inner;
+        let (base, n, _written) = slot_mut(storage, layout, stream)?;
+        for r in &self.runs {
+            let (d, len) = (r.dst as usize, r.len as usize);
+            if d + len > n {
+                return Err(format!(
+                    "copy of {len} bytes at {d} overruns a {n}-byte buffer"
+                ));
+            }
+            if r.at + r.len > self.src.len() as u64 {
+                return Err(format!(
+                    "staged run of {len} bytes at {} overruns a {}-byte staging buffer",
+                    r.at,
+                    self.src.len()
+                ));
+            }
+            // SAFETY: the destination is inside the slot (checked above), which lives
+            // until the pipeline's streams drain; the source is inside the page-locked
+            // staging buffer (checked above), which the ring keeps until the pipeline
+            // drops (and cuMemFreeHost synchronises first). The copy stream waited for the
+            // buffer's fill; the fill stream waits for the event recorded after this copy.
+            let res = unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    base + d as u64,
+                    self.src.as_ptr().add(r.at as usize) as *const _,
+                    len,
+                    stream.cu_stream(),
+                )
+            };
+            res.result()
+                .map_err(|e| format!("cuMemcpyHtoDAsync of {len} staged bytes: {e:?}"))?;
+        }
+        Ok(())
+    }
+}
+
+impl InplaceOp1 for CopyStaged<'_> {
+    fn name(&self) -> &'static str {
+        "layerwise-copy-staged"
     }
     fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> candle_core::Result<()> {
         candle_core::bail!("the CUDA backend's copy ran on a CPU tensor")
@@ -573,6 +636,31 @@ impl Backend for CudaBackend {
         };
         if let Err(e) = dst.inplace_op1(&op) {
             stream.poison(format!("host-to-device copy: {e}"));
+        }
+    }
+
+    fn alloc_staging(&self, bytes: u64) -> Result<HostBuffer> {
+        alloc_pinned(&self.ctx, bytes)
+    }
+
+    fn copy_staged(
+        &self,
+        stream: &CudaStream,
+        dst: &Tensor,
+        src: Arc<HostBuffer>,
+        runs: Vec<Staged>,
+    ) {
+        if stream.error().is_some() {
+            return;
+        }
+        let op = CopyStaged {
+            backend: self,
+            stream,
+            src: &src,
+            runs,
+        };
+        if let Err(e) = dst.inplace_op1(&op) {
+            stream.poison(format!("host-to-device copy from the staging ring: {e}"));
         }
     }
 

@@ -1,15 +1,19 @@
 //! How weights reach the device from the mapped checkpoint. DMA needs page-locked host
-//! memory; there are two ways to get it without a copy per rank:
+//! memory; in order of preference:
 //!
 //! - **registered**: the checkpoint's mappings themselves are page-locked with
 //!   `cuMemHostRegister(READ_ONLY)`, so copies read straight from the page cache. Only
 //!   where the device reports read-only registration support.
-//! - **pinned**: one `cuMemHostAlloc` copy of the bytes each rank streams (its shards for
-//!   offload-sharded, shared by all ranks for offload), without write-combining since the
-//!   host writes it once and the DMA engine reads it.
+//! - **registered-private**: where read-only registration is refused, a second, private
+//!   writable mapping (`MAP_PRIVATE`, `PROT_READ | PROT_WRITE`) of the same files is
+//!   registered without the flag. Nothing writes it, so its pages are the page cache's.
+//! - **staging-ring**: else each rank stages its copies through a bounded ring of
+//!   `cuMemHostAlloc` buffers (`crate::execution::staging`), a few shards, filled ahead of
+//!   the copies by a host thread. Never a pinned copy of the whole model.
 //!
-//! `auto` tries registration and falls back to the pinned copy, saying why. Pageable
-//! copies are the last resort for bytes outside the streamed set (one-time loads).
+//! `auto` tries them in this order and says which it took and why; `register` takes one of
+//! the first two or fails; `pin` forces the ring. Pageable copies are the last resort for
+//! bytes outside the registered set (one-time loads, and every load under the ring).
 //!
 //! `--host-memory pageable` streams from pageable memory and gives up the overlap the
 //! pipeline is built for: the driver stages a pageable `cuMemcpyHtoDAsync` through its
@@ -23,98 +27,81 @@ use std::sync::Arc;
 
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaContext};
 
-use super::plan::{Extents, HostMode};
+use super::plan::HostMode;
 use crate::checkpoint::Mapped;
 use crate::execution::pipeline::Streamed;
+use crate::execution::staging::HostBuffer;
 use crate::{Error, Result, Strategy};
 
 /// What was used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostPath {
+    /// The checkpoint's mappings, registered read-only.
     Registered,
-    Pinned,
+    /// Private writable mappings of the same files, registered.
+    RegisteredPrivate,
+    /// A staging ring per rank.
+    Staged,
     Pageable,
 }
 
 impl fmt::Display for HostPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // One word first: engine/gpu-check reads the path from the log by it.
         f.write_str(match self {
-            HostPath::Registered => "registered page cache",
-            HostPath::Pinned => "pinned copy",
+            HostPath::Registered => "registered (the mapped page cache, read-only)",
+            HostPath::RegisteredPrivate => "registered-private (a private writable mapping)",
+            HostPath::Staged => "staging-ring (a few pinned shards per rank)",
             HostPath::Pageable => "pageable",
         })
     }
 }
 
-/// One page-locked copy of a set of checkpoint runs.
-pub struct PinnedCopy {
-    ptr: *mut u8,
-    extents: Extents,
+/// A page-locked staging buffer of `bytes` bytes in `ctx` (PORTABLE, without
+/// write-combining: the host writes it and the DMA engine reads it).
+pub fn alloc_pinned(ctx: &Arc<CudaContext>, bytes: u64) -> Result<HostBuffer> {
+    let len = bytes as usize;
+    ctx.bind_to_thread().map_err(|e| cuda("bind context", e))?;
+    let mut p = std::ptr::null_mut();
+    // SAFETY: cuMemHostAlloc writes a pointer to `len` page-locked bytes (or fails).
+    let r = unsafe { sys::cuMemHostAlloc(&mut p, len.max(1), sys::CU_MEMHOSTALLOC_PORTABLE) };
+    r.result()
+        .map_err(|e| cuda(&format!("cuMemHostAlloc of {len} bytes"), e))?;
+    let ctx = ctx.clone();
+    let release = Box::new(move |p: *mut u8| {
+        let _ = ctx.bind_to_thread();
+        // SAFETY: allocated by cuMemHostAlloc above and freed once; cuMemFreeHost
+        // synchronises with the device first, so no copy out of it is still running.
+        let _ = unsafe { sys::cuMemFreeHost(p as *mut _) };
+    });
+    // SAFETY: `p` holds `len` bytes until `release` frees them, once, when the ring drops.
+    Ok(unsafe { HostBuffer::from_raw(p as *mut u8, len, release) })
 }
 
-// SAFETY: the buffer is written once, before the copy is shared, and only read after;
-// the raw pointer is owned by this value and freed once, in Drop.
-unsafe impl Send for PinnedCopy {}
-// SAFETY: as above: shared access is read-only.
-unsafe impl Sync for PinnedCopy {}
-
-impl PinnedCopy {
-    fn new(ctx: &Arc<CudaContext>, mapped: &Mapped, extents: Extents) -> Result<PinnedCopy> {
-        let bytes = extents.total() as usize;
-        ctx.bind_to_thread().map_err(|e| cuda("bind context", e))?;
-        let mut p = std::ptr::null_mut();
-        // SAFETY: cuMemHostAlloc writes a pointer to `bytes` page-locked bytes (or fails);
-        // PORTABLE makes it page-locked for every rank's context. No write-combining.
-        let r = unsafe { sys::cuMemHostAlloc(&mut p, bytes.max(1), sys::CU_MEMHOSTALLOC_PORTABLE) };
-        r.result()
-            .map_err(|e| cuda(&format!("cuMemHostAlloc of {bytes} bytes"), e))?;
-        let ptr = p as *mut u8;
-        for &(file, src, len, off) in extents.runs() {
-            let from = mapped.range(file, src, len);
-            // SAFETY: `off + len ≤ total` by construction of the extents, and the fresh
-            // allocation does not overlap the mapping.
-            unsafe {
-                std::ptr::copy_nonoverlapping(from.as_ptr(), ptr.add(off as usize), len as usize)
-            };
-        }
-        Ok(PinnedCopy { ptr, extents })
-    }
-
-    /// The page-locked address of `[src, src + len)` of `file`, if this copy holds it.
-    pub fn locate(&self, file: usize, src: u64, len: u64) -> Option<*const u8> {
-        // SAFETY: `locate` only answers for ranges inside the allocation.
-        self.extents
-            .locate(file, src, len)
-            .map(|off| unsafe { self.ptr.add(off as usize) } as *const u8)
-    }
-
-    pub fn bytes(&self) -> u64 {
-        self.extents.total()
-    }
+/// Private writable mappings of one component's files, registered.
+struct PrivateMaps {
+    maps: Vec<memmap2::MmapMut>,
 }
 
-impl Drop for PinnedCopy {
-    fn drop(&mut self) {
-        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once; no copy reads it any
-        // more (the pipelines that used it have been dropped and their streams drained).
-        unsafe {
-            let _ = sys::cuMemFreeHost(self.ptr as *mut _);
-        }
-    }
-}
-
-/// The process's host memory for weights: registration of the mappings, or one pinned
-/// copy per distinct set of streamed bytes.
+/// The process's host memory for weights: registration of the mappings (or of private
+/// mappings of the same files), or the ranks' staging rings, which each pipeline allocates
+/// ([`crate::execution::staging`]).
 pub struct HostMemory {
     pub path: HostPath,
     /// Why the path was chosen (for the startup log).
     pub reason: String,
+    /// Registered (address, length) ranges.
     registered: Vec<(usize, usize)>,
-    /// Per rank, per streamed group (shared when ranks stream the same bytes).
-    pinned: Vec<Vec<Arc<PinnedCopy>>>,
     /// Each streamed group's mapping.
     mapped: Vec<Mapped>,
+    /// Under `registered-private`, per streamed group, the registered private mappings.
+    private: Vec<PrivateMaps>,
 }
+
+// SAFETY: the private mappings are only read (by the DMA engine and `source`) after setup.
+unsafe impl Send for HostMemory {}
+// SAFETY: as above.
+unsafe impl Sync for HostMemory {}
 
 /// Whether `a` and `b` are the same mapping (not merely the same files).
 fn same_mapping(a: &Mapped, b: &Mapped) -> bool {
@@ -123,21 +110,20 @@ fn same_mapping(a: &Mapped, b: &Mapped) -> bool {
 }
 
 impl HostMemory {
-    /// Chooses and sets up the host path for `dp` ranks. Call once per process, with the
-    /// first rank's context (registrations and allocations are PORTABLE).
+    /// Chooses and sets up the host path for the process's ranks. Call once per process,
+    /// with the first rank's context (registrations are PORTABLE).
     pub fn setup(
         ctx: &Arc<CudaContext>,
         streamed: &Streamed,
         strategy: Strategy,
         mode: HostMode,
     ) -> Result<HostMemory> {
-        let dp = streamed.dp();
         let mut hm = HostMemory {
             path: HostPath::Pageable,
             reason: String::new(),
             registered: Vec::new(),
-            pinned: vec![Vec::new(); dp],
             mapped: streamed.mapped.clone(),
+            private: Vec::new(),
         };
         if !matches!(strategy, Strategy::Offload | Strategy::OffloadSharded) {
             hm.reason = format!("{strategy} copies from the host only at start");
@@ -148,44 +134,73 @@ impl HostMemory {
                 hm.reason = "asked for".into();
                 return Ok(hm);
             }
-            HostMode::Pin => hm.reason = "asked for".into(),
-            HostMode::Auto | HostMode::Register => match hm.register(ctx) {
-                Ok(()) => {
-                    hm.path = HostPath::Registered;
-                    hm.reason = "the device supports read-only registration".into();
-                    return Ok(hm);
-                }
-                Err(why) if mode == HostMode::Register => {
-                    return Err(Error::invalid(
-                        "host-memory",
-                        format!("cannot register the checkpoint: {why}"),
-                    ))
-                }
-                Err(why) => hm.reason = format!("registration unavailable ({why}); fell back"),
-            },
-        }
-        for (g, layout) in streamed.layouts.iter().enumerate() {
-            let mut shared: Option<Arc<PinnedCopy>> = None;
-            for rank in 0..dp {
-                let copy = match (&shared, strategy) {
-                    (Some(c), Strategy::Offload) => c.clone(),
-                    _ => Arc::new(PinnedCopy::new(
-                        ctx,
-                        &streamed.mapped[g],
-                        // Blocks kept on the device are copied once at start: nothing
-                        // of them to pin.
-                        Extents::for_rank(layout, strategy, rank, &streamed.kept(strategy, g)),
-                    )?),
-                };
-                shared = Some(copy.clone());
-                hm.pinned[rank].push(copy);
+            HostMode::Pin => {
+                hm.path = HostPath::Staged;
+                hm.reason = "asked for".into();
+                return Ok(hm);
             }
+            HostMode::Auto | HostMode::Register => {}
         }
-        hm.path = HostPath::Pinned;
+        let read_only = match hm.register_read_only(ctx) {
+            Ok(()) => {
+                hm.path = HostPath::Registered;
+                hm.reason = "the device supports read-only registration".into();
+                return Ok(hm);
+            }
+            Err(why) => why,
+        };
+        let private = match hm.register_private(ctx) {
+            Ok(()) => {
+                hm.path = HostPath::RegisteredPrivate;
+                hm.reason = format!(
+                    "read-only registration unavailable ({read_only}); registered a private writable mapping of the same files, which nothing writes"
+                );
+                return Ok(hm);
+            }
+            Err(why) => why,
+        };
+        if mode == HostMode::Register {
+            return Err(Error::invalid(
+                "host-memory",
+                format!(
+                    "cannot register the checkpoint: read-only: {read_only}; private writable mapping: {private}"
+                ),
+            ));
+        }
+        hm.path = HostPath::Staged;
+        hm.reason = format!(
+            "registration unavailable (read-only: {read_only}; private writable mapping: {private}); staging through a ring per rank"
+        );
         Ok(hm)
     }
 
-    fn register(&mut self, ctx: &Arc<CudaContext>) -> std::result::Result<(), String> {
+    /// Whether the ranks stage their copies through rings.
+    pub fn stages(&self) -> bool {
+        self.path == HostPath::Staged
+    }
+
+    /// Registers `len` bytes at `p` with `flags`, or says why not.
+    fn register_range(
+        &mut self,
+        p: usize,
+        len: usize,
+        flags: u32,
+        what: &std::path::Path,
+    ) -> std::result::Result<(), String> {
+        // SAFETY: `p .. p + len` is a live mapping that `self` keeps alive until Drop
+        // unregisters it; READ_ONLY is only passed for a read-only mapping.
+        let r = unsafe { sys::cuMemHostRegister_v2(p as *mut _, len, flags) };
+        r.result().map_err(|e| {
+            format!(
+                "cuMemHostRegister of {} ({len} bytes): {e:?}",
+                what.display()
+            )
+        })?;
+        self.registered.push((p, len));
+        Ok(())
+    }
+
+    fn register_read_only(&mut self, ctx: &Arc<CudaContext>) -> std::result::Result<(), String> {
         let supported = ctx
             .attribute(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED,
@@ -196,72 +211,83 @@ impl HostMemory {
         }
         ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
         let all = self.mapped.clone();
-        for (file, h, mapped) in all.iter().flat_map(|m| {
-            m.component
-                .files
-                .iter()
-                .enumerate()
-                .map(move |(f, h)| (f, h, m))
-        }) {
-            let m = mapped.range(file, 0, h.file_len);
-            let (p, n) = (m.as_ptr() as usize, m.len());
-            let flags = sys::CU_MEMHOSTREGISTER_READ_ONLY | sys::CU_MEMHOSTREGISTER_PORTABLE;
-            // SAFETY: registers a live, read-only mapping that `self.mapped` keeps alive
-            // until Drop unregisters it; READ_ONLY matches the mapping's protection.
-            let r = unsafe { sys::cuMemHostRegister_v2(p as *mut _, n, flags) };
-            if let Err(e) = r.result() {
-                self.unregister();
-                return Err(format!(
-                    "cuMemHostRegister of {} ({n} bytes): {e:?}",
-                    h.path.display()
-                ));
+        for m in &all {
+            for (file, h) in m.component.files.iter().enumerate() {
+                let r = m.range(file, 0, h.file_len);
+                let flags = sys::CU_MEMHOSTREGISTER_READ_ONLY | sys::CU_MEMHOSTREGISTER_PORTABLE;
+                if let Err(e) = self.register_range(r.as_ptr() as usize, r.len(), flags, &h.path) {
+                    self.unregister();
+                    return Err(e);
+                }
             }
-            self.registered.push((p, n));
+        }
+        Ok(())
+    }
+
+    /// Maps every streamed file again, privately and writable, and registers that.
+    fn register_private(&mut self, ctx: &Arc<CudaContext>) -> std::result::Result<(), String> {
+        ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
+        let all = self.mapped.clone();
+        for m in &all {
+            let mut maps = Vec::with_capacity(m.component.files.len());
+            for h in &m.component.files {
+                let f = std::fs::File::open(&h.path)
+                    .map_err(|e| format!("open {}: {e}", h.path.display()))?;
+                // SAFETY: a copy-on-write mapping: writes (there are none) would stay
+                // private, and the checkpoint files are not modified while the engine runs
+                // (the same promise the read-only mapping relies on).
+                let map = unsafe { memmap2::MmapOptions::new().map_copy(&f) }
+                    .map_err(|e| format!("map {} privately: {e}", h.path.display()))?;
+                maps.push(map);
+            }
+            let regs: Vec<(usize, usize, std::path::PathBuf)> = maps
+                .iter()
+                .zip(&m.component.files)
+                .map(|(map, h)| (map.as_ptr() as usize, map.len(), h.path.clone()))
+                .collect();
+            self.private.push(PrivateMaps { maps });
+            for (p, n, path) in regs {
+                if let Err(e) = self.register_range(p, n, sys::CU_MEMHOSTREGISTER_PORTABLE, &path) {
+                    self.unregister();
+                    self.private.clear();
+                    return Err(e);
+                }
+            }
         }
         Ok(())
     }
 
     fn unregister(&mut self) {
         for (p, _) in self.registered.drain(..) {
-            // SAFETY: `p` was registered by `register` and is unregistered once.
+            // SAFETY: `p` was registered by `register_range` and is unregistered once.
             unsafe {
                 let _ = sys::cuMemHostUnregister(p as *mut _);
             }
         }
     }
 
-    /// Rank `rank`'s page-locked source for `[off, off + len)` of file `file` of `src`, or
-    /// None (the copy is pageable: bytes outside the streamed set, or another mapping).
-    pub fn source(
-        &self,
-        rank: usize,
-        src: &Mapped,
-        file: usize,
-        off: u64,
-        len: u64,
-    ) -> Option<*const u8> {
-        let host = src.range(file, off, len).as_ptr();
+    /// The page-locked source for `[off, off + len)` of file `file` of `src`, or None (the
+    /// copy is pageable: bytes outside the registered set, or the path registers nothing).
+    pub fn source(&self, src: &Mapped, file: usize, off: u64, len: u64) -> Option<*const u8> {
         match self.path {
             HostPath::Registered => {
+                let host = src.range(file, off, len).as_ptr();
                 let (a, n) = (host as usize, len as usize);
                 self.registered
                     .iter()
                     .any(|&(p, m)| a >= p && a + n <= p + m)
                     .then_some(host)
             }
-            HostPath::Pinned => {
+            HostPath::RegisteredPrivate => {
                 let g = self.mapped.iter().position(|m| same_mapping(m, src))?;
-                self.pinned.get(rank)?.get(g)?.locate(file, off, len)
+                let map = self.private.get(g)?.maps.get(file)?;
+                let end = off.checked_add(len)? as usize;
+                // SAFETY: inside the private mapping of the same file, which lives as
+                // long as `self`.
+                (end <= map.len()).then(|| unsafe { map.as_ptr().add(off as usize) })
             }
-            HostPath::Pageable => None,
+            HostPath::Staged | HostPath::Pageable => None,
         }
-    }
-
-    /// Page-locked bytes held for rank `rank` (0 when registered: the page cache is it).
-    pub fn pinned_bytes(&self, rank: usize) -> u64 {
-        self.pinned
-            .get(rank)
-            .map_or(0, |p| p.iter().map(|c| c.bytes()).sum())
     }
 }
 

@@ -1,12 +1,13 @@
 //! The CUDA backend (cargo feature `cuda`): the pipeline's three kinds of work on three
 //! CUDA streams per rank (candle's compute stream, a copy stream, a gather stream),
 //! ordered only by events; slots allocated once as candle tensors and written in place;
-//! weights read from the mapped checkpoint through registered or pinned host memory; the
-//! dp ranks' shards all-gathered with NCCL. One process drives dp GPUs, one thread each.
+//! weights read from the mapped checkpoint through registered host memory or a staging
+//! ring; the dp ranks' shards all-gathered with NCCL. One process drives dp GPUs, one
+//! thread each.
 //!
-//! [`plan`] holds the decisions (device choice, `--slots auto`, `--host-memory`, pinned
-//! extents) and is compiled and tested without the feature. [`resolve`] answers "CPU or
-//! GPU?" in every build: a build with the feature probes for the driver library before
+//! [`plan`] holds the decisions (device choice, `--slots auto`, `--host-memory`) and is
+//! compiled and tested without the feature. [`resolve`] answers "CPU or GPU?" in every
+//! build: a build with the feature probes for the driver library before
 //! touching CUDA; the `layerwise` executable, which links no CUDA (see `crate::launch`),
 //! reports why the CUDA library beside it could not run, or that there is none.
 
@@ -206,7 +207,7 @@ mod setup {
         // The first rank's context chooses and prepares the host path for every rank.
         let first = CudaContext::new(0).map_err(|e| cuda("open GPU 0", e))?;
         let host = Arc::new(HostMemory::setup(&first, streamed, o.strategy, o.host)?);
-        tracing::info!(path = %host.path, reason = %host.reason, pinned_bytes = host.pinned_bytes(0), "host memory for weights");
+        tracing::info!(path = %host.path, reason = %host.reason, "host memory for weights");
         let mut backends = Vec::with_capacity(dp);
         for rank in 0..dp {
             backends.push(Arc::new(CudaBackend::new(

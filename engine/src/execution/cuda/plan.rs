@@ -1,12 +1,10 @@
-//! The CUDA backend's decisions, kept free of CUDA so the default build tests them: which
-//! bytes of the checkpoint a rank ever copies (the extent of its pinned copy), how many
-//! slots fit in the free device memory (`--slots auto`), which device to run on and how
-//! weights reach it (`--host-memory`).
+//! The CUDA backend's decisions, kept free of CUDA so the default build tests them: how
+//! many slots fit in the free device memory (`--slots auto`), which device to run on and
+//! how weights reach it (`--host-memory`).
 
 use std::fmt;
 use std::str::FromStr;
 
-use crate::layout::{GroupLayout, Piece};
 use crate::memory::{self, GroupBytes, Placement};
 use crate::{Error, Result, Strategy};
 
@@ -133,15 +131,18 @@ pub fn auto_resident_blocks(
 }
 
 /// `--host-memory`: how weights reach a GPU from the mapped checkpoint (see
-/// `cuda::host`). The CPU backend reads the mapping directly, so it takes only `auto`.
+/// `cuda::host`). The CPU backend reads the mapping directly under `auto` and stages
+/// through the ring under `pin`; it refuses the other two.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HostMode {
-    /// Registration where the device supports it, else one pinned copy; says which.
+    /// Register the mapping read-only, else a private writable mapping of the same files,
+    /// else stage through a ring per rank; says which and why.
     #[default]
     Auto,
-    /// Register the mapping read-only, or fail.
+    /// Register (read-only, else the private writable mapping), or fail.
     Register,
-    /// One pinned copy of the bytes each rank streams.
+    /// Stage through a bounded ring of pinned buffers per rank
+    /// ([`crate::execution::staging`]).
     Pin,
     /// Plain pageable copies (slow; for comparison).
     Pageable,
@@ -291,86 +292,6 @@ pub fn budget_capacity(free: u64, total: u64, cap: Option<u64>, activations: u64
     cap.map_or(real, |c| c.min(real))
 }
 
-/// Which of the checkpoint's bytes one rank copies to its device in steady state, merged
-/// into sorted, disjoint runs per file, with where each run lands in a pinned copy.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Extents {
-    /// (file, start, len, offset in the pinned copy), sorted by (file, start).
-    runs: Vec<(usize, u64, u64, u64)>,
-    total: u64,
-}
-
-impl Extents {
-    /// The runs `strategy` makes rank `rank` copy from the host every step: whole blocks
-    /// (offload) or the rank's shard of each block (offload-sharded), of the blocks `kept`
-    /// does not mark. Resident and sharded (and kept blocks) copy only once, at start, so
-    /// they get no pinned copy.
-    pub fn for_rank(
-        layout: &GroupLayout,
-        strategy: Strategy,
-        rank: usize,
-        kept: &[bool],
-    ) -> Extents {
-        let mut pieces: Vec<Piece> = Vec::new();
-        for b in layout
-            .blocks
-            .iter()
-            .filter(|b| !kept.get(b.index).copied().unwrap_or(false))
-        {
-            for g in &b.regions {
-                match strategy {
-                    Strategy::Offload => pieces.extend(g.pieces.iter().cloned()),
-                    Strategy::OffloadSharded => pieces.extend(g.shard_pieces(rank)),
-                    Strategy::Resident | Strategy::Sharded => {}
-                }
-            }
-        }
-        Extents::merge(pieces.iter().map(|p| (p.file, p.src, p.len)))
-    }
-
-    /// Merges (file, start, len) runs; overlapping and touching runs become one.
-    pub fn merge(runs: impl Iterator<Item = (usize, u64, u64)>) -> Extents {
-        let mut v: Vec<(usize, u64, u64)> = runs.filter(|r| r.2 > 0).collect();
-        v.sort_unstable();
-        let mut merged: Vec<(usize, u64, u64)> = Vec::with_capacity(v.len());
-        for (f, s, l) in v {
-            match merged.last_mut() {
-                Some((lf, ls, ll)) if *lf == f && s <= *ls + *ll => *ll = (*ll).max(s + l - *ls),
-                _ => merged.push((f, s, l)),
-            }
-        }
-        let mut total = 0;
-        let runs = merged
-            .into_iter()
-            .map(|(f, s, l)| {
-                let off = total;
-                total += l;
-                (f, s, l, off)
-            })
-            .collect();
-        Extents { runs, total }
-    }
-
-    /// Bytes of the pinned copy.
-    pub fn total(&self) -> u64 {
-        self.total
-    }
-
-    /// (file, start, len, offset) of every run.
-    pub fn runs(&self) -> &[(usize, u64, u64, u64)] {
-        &self.runs
-    }
-
-    /// Where bytes `[src, src + len)` of `file` sit in the pinned copy, if wholly inside.
-    pub fn locate(&self, file: usize, src: u64, len: u64) -> Option<u64> {
-        let i = self
-            .runs
-            .partition_point(|&(f, s, _, _)| (f, s) <= (file, src));
-        let &(f, s, l, off) = self.runs.get(i.checked_sub(1)?)?;
-        (f == file && src + len <= s + l).then(|| off + (src - s))
-    }
-}
-
 /// The oldest driver that loads the PTX this build ships: CUDA 13.0's PTX (candle's
 /// kernels, the engine's own, NVRTC's) needs a driver that supports CUDA 13.0, the
 /// 580 series (`cuDriverGetVersion` reports 13000).
@@ -408,32 +329,6 @@ pub fn gpus_usable(driver: i32, capabilities: &[(i32, i32)]) -> std::result::Res
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn extents_merge_and_locate() {
-        let e = Extents::merge(
-            [
-                (0, 100, 50),
-                (1, 0, 10),
-                (0, 150, 10),
-                (0, 120, 5),
-                (0, 300, 4),
-            ]
-            .into_iter(),
-        );
-        assert_eq!(
-            e.runs(),
-            &[(0, 100, 60, 0), (0, 300, 4, 60), (1, 0, 10, 64)]
-        );
-        assert_eq!(e.total(), 74);
-        assert_eq!(e.locate(0, 100, 60), Some(0));
-        assert_eq!(e.locate(0, 155, 5), Some(55));
-        assert_eq!(e.locate(0, 155, 6), None, "runs past the extent's end");
-        assert_eq!(e.locate(0, 301, 3), Some(61));
-        assert_eq!(e.locate(1, 5, 5), Some(69));
-        assert_eq!(e.locate(0, 90, 4), None);
-        assert_eq!(e.locate(2, 0, 1), None);
-    }
 
     #[test]
     fn auto_slots_fill_free_memory_up_to_the_cap() {
