@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 use anyhow::{bail, ensure, Context, Result};
 
@@ -54,18 +54,35 @@ pub fn app_version() -> Result<String> {
 /// Makes sure the images are there: runs `scripts/images` once per process, or, when
 /// `LAYERWISE_IMAGES_BUILT=1`, checks that each tag exists.
 pub fn ensure_built() -> Result<()> {
-    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| build().map_err(|e| format!("{e:#}")))
-        .clone()
-        .map_err(anyhow::Error::msg)
+    let names: Vec<&str> = NAMES
+        .into_iter()
+        .filter(|n| *n != "engine-cuda" || cuda_enabled())
+        .collect();
+    ensure(&names)
 }
 
-fn build() -> Result<()> {
+/// Makes sure images `names` are there: runs `scripts/images NAMES` for those this process
+/// has not made sure of yet, or, when `LAYERWISE_IMAGES_BUILT=1`, checks that each tag
+/// exists.
+pub fn ensure(names: &[&str]) -> Result<()> {
+    static DONE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    let todo: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| !done.iter().any(|d| d == n))
+        .collect();
+    if todo.is_empty() {
+        return Ok(());
+    }
+    for name in &todo {
+        ensure!(NAMES.contains(name), "{name} is not one of the images");
+    }
     if std::env::var("LAYERWISE_IMAGES_BUILT").as_deref() != Ok("1") {
         let script = repo().join("scripts/images");
-        eprintln!("images: running {}", script.display());
+        eprintln!("images: running {} {}", script.display(), todo.join(" "));
         let status = Command::new(&script)
+            .args(&todo)
             .stdin(Stdio::null())
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit())
@@ -73,16 +90,14 @@ fn build() -> Result<()> {
             .with_context(|| format!("running {}", script.display()))?;
         ensure!(status.success(), "{} failed ({status})", script.display());
     }
-    for name in NAMES {
-        if name == "engine-cuda" && !cuda_enabled() {
-            continue;
-        }
+    for name in todo {
         let tag = tag(name)?;
         let out = podman(&["image", "exists", &tag])?;
         ensure!(
             out.status.success(),
             "image {tag} is missing: run scripts/images"
         );
+        done.push(name.to_string());
     }
     Ok(())
 }
@@ -159,39 +174,7 @@ impl Container {
     pub fn check_user_and_read_only_root(&self) -> Result<()> {
         let pid = self.pid()?;
         ensure!(pid != 0, "{} is not running:\n{}", self.name, self.logs());
-        let proc = PathBuf::from(format!("/proc/{pid}"));
-        let status = std::fs::read_to_string(proc.join("status"))?;
-        for key in ["Uid:", "Gid:"] {
-            let ids: Vec<&str> = status
-                .lines()
-                .find_map(|l| l.strip_prefix(key))
-                .with_context(|| format!("{key} in /proc/{pid}/status"))?
-                .split_whitespace()
-                .collect();
-            ensure!(
-                ids.len() == 4 && ids.iter().all(|id| *id == USER.to_string()),
-                "{}: {key} {ids:?}, want {USER} four times",
-                self.name
-            );
-        }
-        let groups = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Groups:"))
-            .unwrap_or_default()
-            .split_whitespace()
-            .filter(|g| *g != USER.to_string())
-            .collect::<Vec<_>>();
-        ensure!(
-            groups.is_empty(),
-            "{}: supplementary groups {groups:?}",
-            self.name
-        );
-        ensure!(
-            root_is_read_only(&proc.join("mountinfo"))?,
-            "{}: its root file system is mounted read-write",
-            self.name
-        );
-        Ok(())
+        check_user_and_read_only_root(pid, &self.name)
     }
 
     /// Stops the container (SIGTERM, then SIGKILL after `grace_seconds`) and returns its exit
@@ -209,6 +192,70 @@ impl Drop for Container {
     fn drop(&mut self) {
         let _ = podman(&["rm", "-f", "-t", "0", &self.name]);
     }
+}
+
+/// Checks, from /proc, that process `pid` (`what`, for messages) runs as [`USER`]:[`USER`]
+/// (real, effective, saved and file-system ids, and no supplementary group but its own) with
+/// a read-only root file system.
+pub fn check_user_and_read_only_root(pid: u32, what: &str) -> Result<()> {
+    let proc = PathBuf::from(format!("/proc/{pid}"));
+    let status = std::fs::read_to_string(proc.join("status"))
+        .with_context(|| format!("{what}: reading /proc/{pid}/status"))?;
+    for key in ["Uid:", "Gid:"] {
+        let ids: Vec<&str> = status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .with_context(|| format!("{key} in /proc/{pid}/status"))?
+            .split_whitespace()
+            .collect();
+        ensure!(
+            ids.len() == 4 && ids.iter().all(|id| *id == USER.to_string()),
+            "{what}: {key} {ids:?}, want {USER} four times"
+        );
+    }
+    let groups = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter(|g| *g != USER.to_string())
+        .collect::<Vec<_>>();
+    ensure!(groups.is_empty(), "{what}: supplementary groups {groups:?}");
+    ensure!(
+        root_is_read_only(&proc.join("mountinfo"))?,
+        "{what}: its root file system is mounted read-write"
+    );
+    Ok(())
+}
+
+/// Checks, from /proc, that process `pid` (`what`, for messages) runs with the chart's
+/// security context: [`check_user_and_read_only_root`], no capabilities at all (permitted,
+/// effective, bounding or ambient), no new privileges, and the runtime's seccomp filter.
+pub fn check_chart_security(pid: u32, what: &str) -> Result<()> {
+    check_user_and_read_only_root(pid, what)?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("{what}: reading /proc/{pid}/status"))?;
+    let field = |key: &str| -> Result<String> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.trim().to_string())
+            .with_context(|| format!("{what}: no {key} in /proc/{pid}/status"))
+    };
+    for key in ["CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+        let caps = u64::from_str_radix(&field(key)?, 16)
+            .with_context(|| format!("{what}: {key} is not hexadecimal"))?;
+        ensure!(caps == 0, "{what}: {key} {caps:#x}, want no capabilities");
+    }
+    ensure!(
+        field("NoNewPrivs:")? == "1",
+        "{what}: NoNewPrivs is not set (allowPrivilegeEscalation: false)"
+    );
+    ensure!(
+        field("Seccomp:")? == "2",
+        "{what}: no seccomp filter (seccompProfile: RuntimeDefault)"
+    );
+    Ok(())
 }
 
 /// Whether the mount at `/` in a mountinfo file is read-only.

@@ -1,60 +1,93 @@
 //! The node runner: a test-side kubelet for the fake (kwok) nodes, so that pods the cluster
-//! schedules there run as real processes of this workspace's binaries.
+//! schedules there run in real containers, from their images, under podman.
 //!
 //! It acts on pods annotated [`ANNOTATION`]`=node-runner` (kwok leaves those to it, see
 //! `tests/cluster/node-runner-stages.yaml`) in one namespace, on nodes it was given a root
-//! folder for. For each such pod, once kwok has given it an IP, it starts the container's
-//! `command` with the container's `args` and `env`, the way a kubelet would, within what a
-//! process without its own mount and network namespaces can do:
-//! - the image is not pulled: `command[0]` names one of the workspace's binaries;
-//! - the pod's network namespace is its IP: a listen address `0.0.0.0:<port>` in an argument
-//!   or an environment value becomes `<pod IP>:<port>`, and probes dial the pod IP;
+//! folder for. For each such pod, once kwok has given it an IP, it starts the pod's (one)
+//! container with `podman run` (`images/containers.conf`: runc, cgroupfs) and applies what a
+//! kubelet applies:
+//! - the image, which must be in podman's local store (nothing is ever pulled: a missing image
+//!   fails the pod with `ErrImageNeverPull`), its `command` as the entrypoint and its `args`;
+//! - the `securityContext`, the container's over the pod's: `runAsUser`/`runAsGroup` and
+//!   `supplementalGroups` as the process's ids, `runAsNonRoot` checked against them (or the
+//!   image's user) before the start, `readOnlyRootFilesystem` (and no tmpfs in its place),
+//!   `capabilities` dropped and added, `allowPrivilegeEscalation: false` as no-new-privileges,
+//!   `seccompProfile` (RuntimeDefault: the runtime's profile; unset or Unconfined: none, as a
+//!   kubelet without `--seccomp-default`). This kubelet does not allow privileged containers;
+//! - the network is the host's, and the pod's network namespace is its loopback IP: a listen
+//!   address `0.0.0.0:<port>` in an argument or an environment value becomes
+//!   `<pod IP>:<port>`, and probes dial the pod IP;
 //! - a fake node's host filesystem is its root folder: a `hostPath` volume is that path under
-//!   the root, an `emptyDir` a fresh folder, and an argument or environment value under a
-//!   container mount path is rewritten to the folder behind it. Programs that resolve host
-//!   paths they read from the API (the agent's model requests) get the root in
-//!   [`HOST_ROOT_ENV`];
+//!   the root (its `type` checked as a kubelet checks it), an `emptyDir` a fresh folder
+//!   (mode 0777, as a kubelet makes it; `medium: Memory` is a folder too), each bind-mounted at
+//!   its `mountPath` (and `subPath`), read-only where the mount says `readOnly`;
+//! - the projected service-account volume (`kube-api-access-*`, or the default path when the
+//!   pod has none and does not opt out of the token) holds, in place of the token, a
+//!   `kubeconfig` impersonating the service account with its node's name in the user extra (as
+//!   a pod-bound token carries it), with `ca.crt` and `namespace`; the file is the container
+//!   user's, mode 0600, as a kubelet makes a token file, and `KUBECONFIG` names it;
 //! - `env` takes literal values, the downward API's `fieldRef`s and Secrets' `secretKeyRef`s
-//!   (read from the API when the process starts, as a kubelet does); the service account's
-//!   identity is a kubeconfig impersonating it with its node's name in the user extra, as a
-//!   pod-bound token carries it (unless the pod opts out of the token), in place of the
-//!   projected token volume;
-//! - the pod turns Ready when the readiness probe (HTTP GET) passes, and not Ready when it
-//!   fails or the process exits; an exited process is restarted (`restartPolicy: Always`);
-//! - a deleted pod gets its `preStop` sleep, then SIGTERM, then SIGKILL after the rest of
-//!   its grace period; the runner then deletes the pod object, as a kubelet does.
+//!   (read from the API when the container starts, as a kubelet does);
+//! - probes (HTTP GET or TCP) dial the pod IP: the startup probe gates the others and restarts
+//!   the container when its `failureThreshold × periodSeconds` runs out; the liveness probe,
+//!   every `periodSeconds`, restarts it after `failureThreshold` failures in a row; the
+//!   readiness probe turns the pod Ready and not Ready (every 250 ms rather than every
+//!   `periodSeconds`, so that tests do not wait on it);
+//! - an exited container is removed and started again after a back-off (`restartPolicy`);
+//! - a deleted pod gets its `preStop` sleep, then `podman stop` with the rest of its grace
+//!   period (SIGTERM, SIGKILL when it runs out); the runner removes the container and then
+//!   deletes the pod object, as a kubelet does.
 //!
-//! Every process's output goes to `<work>/<pod>.log`; every exit is recorded for the test to
-//! check.
+//! What the runner cannot honour fails the pod visibly, as a kubelet would: the container's
+//! status says `waiting` with the kubelet's reason (`ErrImageNeverPull`,
+//! `CreateContainerConfigError`, `RunContainerError`) and a message, a Warning event is
+//! posted, and [`NodeRunner::failures`] lists it for the test to fail on. Not applied: resource
+//! requests and limits (no cgroup limits), `$(VAR)` expansion, and volume kinds other than the
+//! three above (such a pod fails).
+//!
+//! Every container's output goes to `<work>/<pod>.log` (podman's `k8s-file` log, the CRI log
+//! format); every exit is recorded for the test to check. Containers carry the labels
+//! [`CLUSTER_LABEL`] and [`RUNNER_LABEL`]: `tests/cluster/down` removes a cluster's, and a new
+//! runner removes those a dead test process left.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::Output;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, Pod, Secret};
+use k8s_openapi::api::core::v1::{
+    Container, Event, Pod, PodSecurityContext, Probe as ProbeSpec, Secret, SecurityContext,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::tools;
+use crate::{cluster, tools};
 
 /// The pod annotation that hands a pod to the runner (kwok then leaves its readiness and
 /// deletion alone).
 pub const ANNOTATION: &str = "e2e.layerwise.dev/kubelet";
 /// The annotation's value.
 pub const ANNOTATION_VALUE: &str = "node-runner";
-/// The environment variable that tells a process where its fake node's host filesystem is.
-pub const HOST_ROOT_ENV: &str = "LAYERWISE_AGENT_MODEL_ROOT";
+/// The label of every container the runner starts: the cluster's state folder.
+pub const CLUSTER_LABEL: &str = "e2e.layerwise.dev/cluster";
+/// The label of every container the runner starts: the pid of the test process.
+pub const RUNNER_LABEL: &str = "e2e.layerwise.dev/runner-pid";
+/// The label of every container the runner starts: the pod's namespace.
+const NAMESPACE_LABEL: &str = "e2e.layerwise.dev/namespace";
+/// Where a pod's service-account credentials are mounted when it has no projected volume.
+const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 const PROBE_EVERY: Duration = Duration::from_millis(250);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -67,34 +100,44 @@ pub struct Config {
     pub namespace: String,
     /// Fake node name to the folder that plays its host filesystem.
     pub node_roots: BTreeMap<String, PathBuf>,
-    /// `command[0]` to the binary that runs it.
-    pub binaries: BTreeMap<String, PathBuf>,
-    /// Where logs, kubeconfigs and `emptyDir` folders go.
+    /// Where logs, service-account files and `emptyDir` folders go (made traversable by
+    /// every user, for the containers' users).
     pub work: PathBuf,
 }
 
-/// One process that ended.
+/// One container that ended.
 #[derive(Debug, Clone)]
 pub struct Exit {
     pub pod: String,
     pub node: String,
+    /// The container's `command[0]`.
     pub command: String,
-    /// The exit code; `None` when a signal ended it.
+    /// The exit code as the runtime reports it (128 + the signal's number when a signal
+    /// ended it); `None` when it could not be read.
     pub code: Option<i32>,
-    /// Whether the pod was being deleted (an expected stop) rather than the process dying.
+    /// Whether the pod was being deleted (an expected stop) rather than the container dying
+    /// or being killed by a failed probe.
     pub stopping: bool,
+    /// Why it ended, when the runner ended it for a failed probe.
+    pub reason: Option<String>,
     /// The tail of its log.
     pub log_tail: String,
 }
 
-/// A process the runner started, as the test sees it.
+/// A container the runner started, as the test sees it.
 #[derive(Debug, Clone)]
 pub struct Running {
     pub pod: String,
     pub node: String,
     pub ip: IpAddr,
+    /// The container's name in podman.
+    pub container: String,
+    pub image: String,
+    /// The host pid of the container's process.
+    pub pid: u32,
+    /// `command[1..]` and `args`, as the process got them.
     pub args: Vec<String>,
-    /// The container's environment as the process got it (the pod's `env`, resolved).
+    /// The container's environment from the pod spec, resolved (the image's own comes too).
     pub env: Vec<(String, String)>,
     pub ready: bool,
 }
@@ -103,7 +146,7 @@ pub struct Running {
 struct State {
     running: BTreeMap<String, Running>,
     exits: Vec<Exit>,
-    /// Pods whose process failed to start, with why.
+    /// Pods the runner could not run, with the kubelet's reason and why.
     failures: Vec<String>,
 }
 
@@ -112,42 +155,121 @@ pub struct NodeRunner {
     state: Arc<Mutex<State>>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
+    namespace: String,
 }
 
 impl NodeRunner {
     /// Starts watching `config.namespace` with `client` (which must be allowed to patch pod
-    /// status and delete pods there).
+    /// status, delete pods and create events there). Removes first the containers of runners
+    /// whose test process is gone.
     pub fn start(client: Client, config: Config) -> Result<NodeRunner> {
         std::fs::create_dir_all(&config.work)
             .with_context(|| format!("creating {}", config.work.display()))?;
+        traversable(&config.work)?;
+        remove_orphans()?;
         let state = Arc::new(Mutex::new(State::default()));
         let (stop, stop_rx) = watch::channel(false);
+        let namespace = config.namespace.clone();
         let task = tokio::spawn(watch_pods(client, Arc::new(config), state.clone(), stop_rx));
-        Ok(NodeRunner { state, stop, task })
+        Ok(NodeRunner {
+            state,
+            stop,
+            task,
+            namespace,
+        })
     }
 
-    /// The processes running now.
+    /// The containers running now.
     pub fn running(&self) -> Vec<Running> {
         let s = self.state.lock().expect("runner state");
         s.running.values().cloned().collect()
     }
 
-    /// Every process that has ended so far.
+    /// Every container that has ended so far.
     pub fn exits(&self) -> Vec<Exit> {
         self.state.lock().expect("runner state").exits.clone()
     }
 
-    /// Pods the runner could not start, with why.
+    /// Pods the runner could not run, each with the kubelet's reason and why.
     pub fn failures(&self) -> Vec<String> {
         self.state.lock().expect("runner state").failures.clone()
     }
 
-    /// Stops watching and kills whatever still runs (after the test has deleted what it
-    /// wanted stopped cleanly).
+    /// Stops watching, stops what still runs, and removes every container it started (after
+    /// the test has deleted what it wanted stopped cleanly).
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(30), self.task).await;
+        let label = format!("label={NAMESPACE_LABEL}={}", self.namespace);
+        if let Ok(out) = podman(&["ps", "-aq", "--filter", &label]).await {
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = podman(&["rm", "-f", "-t", "0", id]).await;
+            }
+        }
     }
+}
+
+/// Makes `dir` and the folders above it traversable by every user (a tempdir is its
+/// creator's alone), so the containers' users reach what is mounted from under it.
+fn traversable(dir: &Path) -> Result<()> {
+    for d in dir
+        .ancestors()
+        .filter(|d| d.starts_with(std::env::temp_dir()))
+    {
+        if d == std::env::temp_dir() {
+            break;
+        }
+        let mode = std::fs::metadata(d)?.permissions().mode();
+        if mode & 0o011 != 0o011 {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode | 0o011))
+                .with_context(|| format!("making {} traversable", d.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes the containers of runners whose test process has ended.
+fn remove_orphans() -> Result<()> {
+    let format = format!("{{{{.ID}}}} {{{{index .Labels \"{RUNNER_LABEL}\"}}}}");
+    let filter = format!("label={RUNNER_LABEL}");
+    let out = crate::images::podman_ok(&["ps", "-a", "--filter", &filter, "--format", &format])?;
+    for line in out.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(id), Some(pid)) = (words.next(), words.next()) else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid).exists() {
+            let _ = crate::images::podman(&["rm", "-f", "-t", "0", id]);
+        }
+    }
+    Ok(())
+}
+
+/// `podman ARGS` with the project's containers.conf, without blocking the runtime.
+async fn podman(args: &[&str]) -> Result<Output> {
+    Command::new("podman")
+        .args(args)
+        .env(
+            "CONTAINERS_CONF",
+            tools::repo().join("images/containers.conf"),
+        )
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .context("running podman (scripts/images installs it)")
+}
+
+/// `podman ARGS`, which must succeed: its stdout, or an error with what it said.
+async fn podman_ok(args: &[&str]) -> Result<String> {
+    let out = podman(args).await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "podman {} failed ({}): {}",
+        args.first().copied().unwrap_or_default(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Watches the namespace's pods and hands each of ours to a supervisor.
@@ -169,7 +291,7 @@ async fn watch_pods(
         let pods: Vec<Pod> = match event {
             Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => vec![p],
             Some(Ok(watcher::Event::Delete(p))) => {
-                // Gone without us (a forced delete): the supervisor stops its process.
+                // Gone without us (a forced delete): the supervisor stops its container.
                 if let Some((tx, _)) = p.uid().and_then(|u| supervised.get(&u)) {
                     let _ = tx.send(true);
                 }
@@ -223,7 +345,7 @@ async fn watch_pods(
         }
         supervised.retain(|_, (_, task)| !task.is_finished());
     }
-    // Shut down: every process goes, without waiting for grace periods.
+    // Shut down: every container goes.
     for (tx, _) in supervised.values() {
         let _ = tx.send(true);
     }
@@ -232,17 +354,99 @@ async fn watch_pods(
     }
 }
 
-/// What a container runs as: binary, arguments, environment, the readiness probe's address
-/// and path, and its stop timings.
+/// Why a pod cannot run: the kubelet's reason for it and a message.
+#[derive(Debug)]
+struct Refusal {
+    reason: &'static str,
+    message: String,
+}
+
+impl Refusal {
+    fn config(message: impl Into<String>) -> Refusal {
+        Refusal {
+            reason: "CreateContainerConfigError",
+            message: message.into(),
+        }
+    }
+}
+
+impl From<anyhow::Error> for Refusal {
+    fn from(e: anyhow::Error) -> Refusal {
+        Refusal::config(format!("{e:#}"))
+    }
+}
+
+/// Fails with a [`Refusal::config`] unless `cond`.
+macro_rules! refuse_unless {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(Refusal::config(format!($($msg)+)));
+        }
+    };
+}
+
+/// A probe as the runner runs it.
+#[derive(Debug, Clone)]
+struct Probe {
+    /// The address it dials and, for HTTP, the path it GETs.
+    addr: SocketAddr,
+    http_path: Option<String>,
+    period: Duration,
+    initial_delay: Duration,
+    failure_threshold: u32,
+}
+
+impl Probe {
+    async fn passes(&self) -> bool {
+        match &self.http_path {
+            Some(path) => {
+                layerwise_engine::tools::loadgen::http(self.addr, "GET", path, None, PROBE_TIMEOUT)
+                    .await
+                    .is_ok_and(|r| (200..400).contains(&r.status))
+            }
+            None => matches!(
+                tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(self.addr))
+                    .await,
+                Ok(Ok(_))
+            ),
+        }
+    }
+
+    /// How long it may fail before the container counts as failed.
+    fn window(&self) -> Duration {
+        self.initial_delay + self.period * self.failure_threshold
+    }
+}
+
+/// What a container runs as: the `podman run` options, image and arguments, and how the
+/// runner watches and stops it.
 struct Launch {
-    binary: PathBuf,
+    container: String,
+    image: String,
     command: String,
+    /// `command[1..]` and `args`, rewritten.
     args: Vec<String>,
+    /// The pod's `env`, resolved.
     env: Vec<(String, String)>,
-    probe: Option<(SocketAddr, String)>,
+    /// `podman run` options (before the image).
+    options: Vec<String>,
+    /// The user the spec asks for; `None`: the image's.
+    run_as_user: Option<i64>,
+    run_as_non_root: bool,
+    readiness: Option<Probe>,
+    liveness: Option<Probe>,
+    startup: Option<Probe>,
+    restart: RestartPolicy,
     pre_stop: Duration,
     grace: Duration,
     log: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum RestartPolicy {
+    Always,
+    OnFailure,
+    Never,
 }
 
 /// A Secret's key as a container's `secretKeyRef` names it: (Secret, key).
@@ -287,126 +491,226 @@ async fn secret_values(
     Ok(values)
 }
 
-/// Builds the process for the pod's (only) container.
+/// The security settings of the container: its own over the pod's.
+struct Security {
+    user: Option<i64>,
+    group: Option<i64>,
+    non_root: bool,
+}
+
+/// Translates the pod's and container's security contexts into `podman run` options,
+/// refusing what this kubelet does not do.
+fn security(
+    pod_sc: Option<&PodSecurityContext>,
+    sc: Option<&SecurityContext>,
+    options: &mut Vec<String>,
+) -> Result<Security, Refusal> {
+    let pod_sc = pod_sc.cloned().unwrap_or_default();
+    let sc = sc.cloned().unwrap_or_default();
+    refuse_unless!(
+        sc.privileged != Some(true),
+        "privileged containers are not allowed on this node"
+    );
+    refuse_unless!(
+        pod_sc.fs_group.is_none() && pod_sc.fs_group_change_policy.is_none(),
+        "securityContext.fsGroup is not supported by the node runner"
+    );
+    refuse_unless!(
+        sc.se_linux_options.is_none() && pod_sc.se_linux_options.is_none(),
+        "securityContext.seLinuxOptions: this node has no SELinux"
+    );
+    refuse_unless!(
+        pod_sc.sysctls.as_ref().is_none_or(Vec::is_empty),
+        "securityContext.sysctls are not supported by the node runner"
+    );
+    refuse_unless!(
+        sc.proc_mount.as_deref().unwrap_or("Default") == "Default",
+        "securityContext.procMount {:?} is not supported",
+        sc.proc_mount
+    );
+    let user = sc.run_as_user.or(pod_sc.run_as_user);
+    let group = sc.run_as_group.or(pod_sc.run_as_group);
+    match (user, group) {
+        (Some(u), Some(g)) => options.push(format!("--user={u}:{g}")),
+        (Some(u), None) => options.push(format!("--user={u}")),
+        (None, Some(_)) => {
+            return Err(Refusal::config(
+                "runAsGroup without runAsUser is not supported by the node runner",
+            ))
+        }
+        (None, None) => {}
+    }
+    for g in pod_sc.supplemental_groups.iter().flatten() {
+        options.push(format!("--group-add={g}"));
+    }
+    if sc.read_only_root_filesystem == Some(true) {
+        // A kubelet mounts nothing writable in the root's place.
+        options.extend(["--read-only".into(), "--read-only-tmpfs=false".into()]);
+    }
+    if let Some(caps) = &sc.capabilities {
+        for c in caps.drop.iter().flatten() {
+            options.push(format!("--cap-drop={c}"));
+        }
+        for c in caps.add.iter().flatten() {
+            options.push(format!("--cap-add={c}"));
+        }
+    }
+    if sc.allow_privilege_escalation == Some(false) {
+        options.push("--security-opt=no-new-privileges".into());
+    }
+    let seccomp = sc
+        .seccomp_profile
+        .as_ref()
+        .or(pod_sc.seccomp_profile.as_ref());
+    match seccomp.map(|p| p.type_.as_str()) {
+        // The runtime's default profile, which podman applies unless told otherwise.
+        Some("RuntimeDefault") => {}
+        // A kubelet without --seccomp-default runs containers unconfined.
+        None | Some("Unconfined") => options.push("--security-opt=seccomp=unconfined".into()),
+        Some(other) => {
+            return Err(Refusal::config(format!(
+                "seccompProfile {other} is not supported by the node runner"
+            )))
+        }
+    }
+    let apparmor = sc
+        .app_armor_profile
+        .as_ref()
+        .or(pod_sc.app_armor_profile.as_ref());
+    refuse_unless!(
+        apparmor.is_none_or(|p| p.type_ != "Localhost"),
+        "appArmorProfile Localhost is not supported by the node runner"
+    );
+    Ok(Security {
+        user,
+        group,
+        non_root: sc.run_as_non_root.or(pod_sc.run_as_non_root) == Some(true),
+    })
+}
+
+/// The probe `spec` of `container`, dialing `ip`.
+fn probe(
+    container: &Container,
+    ip: IpAddr,
+    spec: Option<&ProbeSpec>,
+    which: &str,
+) -> Result<Option<Probe>, Refusal> {
+    let Some(spec) = spec else { return Ok(None) };
+    let named = |port: &IntOrString| -> Result<u16, Refusal> {
+        let port = match port {
+            IntOrString::Int(p) => *p,
+            IntOrString::String(named) => container
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(named))
+                .map(|p| p.container_port)
+                .ok_or_else(|| {
+                    Refusal::config(format!("{which} probe: port {named} is not declared"))
+                })?,
+        };
+        u16::try_from(port)
+            .map_err(|_| Refusal::config(format!("{which} probe: port {port} is out of range")))
+    };
+    let (port, http_path) = if let Some(get) = &spec.http_get {
+        refuse_unless!(
+            get.scheme.as_deref().unwrap_or("HTTP") == "HTTP"
+                && get.host.is_none()
+                && get.http_headers.as_ref().is_none_or(Vec::is_empty),
+            "{which} probe: only plain HTTP GETs of the pod IP are supported by the node runner"
+        );
+        (
+            named(&get.port)?,
+            Some(get.path.clone().unwrap_or_else(|| "/".into())),
+        )
+    } else if let Some(tcp) = &spec.tcp_socket {
+        refuse_unless!(
+            tcp.host.is_none(),
+            "{which} probe: a TCP probe of another host"
+        );
+        (named(&tcp.port)?, None)
+    } else {
+        return Err(Refusal::config(format!(
+            "{which} probe: only httpGet and tcpSocket probes are supported by the node runner"
+        )));
+    };
+    let secs =
+        |v: Option<i32>, default: i32| Duration::from_secs(v.unwrap_or(default).max(0) as u64);
+    Ok(Some(Probe {
+        addr: SocketAddr::new(ip, port),
+        http_path,
+        period: secs(spec.period_seconds, 10).max(Duration::from_secs(1)),
+        initial_delay: secs(spec.initial_delay_seconds, 0),
+        failure_threshold: spec.failure_threshold.unwrap_or(3).max(1) as u32,
+    }))
+}
+
+/// Builds the container for the pod's (only) container: stages its volumes and resolves its
+/// environment.
 fn launch(
     config: &Config,
     pod: &Pod,
     node: &str,
     ip: IpAddr,
     secrets: &BTreeMap<SecretKey, String>,
-) -> Result<Launch> {
+) -> Result<Launch, Refusal> {
     let name = pod.name_any();
-    let spec = pod.spec.as_ref().context("pod without spec")?;
+    let spec = pod
+        .spec
+        .as_ref()
+        .ok_or_else(|| Refusal::config("pod without spec"))?;
     let [container]: &[Container; 1] = spec
         .containers
         .as_slice()
         .try_into()
-        .map_err(|_| anyhow::anyhow!("pod {name}: the runner runs pods of one container"))?;
-    let command = container
-        .command
-        .as_ref()
-        .and_then(|c| c.first())
-        .with_context(|| format!("pod {name}: container has no command"))?
-        .clone();
-    let binary = config
-        .binaries
-        .get(&command)
-        .with_context(|| format!("pod {name}: no binary for command {command:?}"))?
-        .clone();
+        .map_err(|_| Refusal::config("the node runner runs pods of one container"))?;
+    refuse_unless!(
+        spec.init_containers.as_ref().is_none_or(Vec::is_empty),
+        "init containers are not supported by the node runner"
+    );
+    refuse_unless!(
+        spec.host_network != Some(true) && spec.host_pid != Some(true) && spec.host_ipc != Some(true),
+        "hostNetwork, hostPID and hostIPC are not supported by the node runner (every pod has its own loopback IP)"
+    );
+    refuse_unless!(
+        spec.share_process_namespace != Some(true),
+        "shareProcessNamespace is not supported by the node runner"
+    );
+    refuse_unless!(
+        container.env_from.as_ref().is_none_or(Vec::is_empty),
+        "envFrom is not supported by the node runner"
+    );
+    let image = container
+        .image
+        .clone()
+        .ok_or_else(|| Refusal::config("the container has no image"))?;
+    let uid = pod.uid().unwrap_or_default();
+    let container_name = format!("{name}-{}", &uid[..uid.len().min(8)]);
     let root = &config.node_roots[node];
     let pod_dir = config.work.join(&name);
-    std::fs::create_dir_all(&pod_dir)?;
+    std::fs::create_dir_all(&pod_dir).map_err(anyhow::Error::from)?;
+    traversable(&pod_dir)?;
 
-    // Mount path -> the folder behind it.
-    let mut mounts: Vec<(String, PathBuf)> = Vec::new();
-    for m in container.volume_mounts.iter().flatten() {
-        let volume = spec
-            .volumes
-            .iter()
-            .flatten()
-            .find(|v| v.name == m.name)
-            .with_context(|| format!("pod {name}: mount of unknown volume {}", m.name))?;
-        let mut dir = if let Some(h) = &volume.host_path {
-            let dir = root.join(h.path.trim_start_matches('/'));
-            match h.type_.as_deref() {
-                Some("DirectoryOrCreate") => std::fs::create_dir_all(&dir)?,
-                Some("Directory") if !dir.is_dir() => {
-                    bail!(
-                        "pod {name}: hostPath {} is not a directory on {node}",
-                        h.path
-                    )
-                }
-                _ => {}
-            }
-            dir
-        } else if volume
-            .projected
-            .as_ref()
-            .and_then(|p| p.sources.as_ref())
-            .is_some_and(|s| s.iter().any(|s| s.service_account_token.is_some()))
-        {
-            // The service account token: its identity is the kubeconfig given below.
-            continue;
-        } else if volume.empty_dir.is_some() {
-            let dir = pod_dir.join("volumes").join(&volume.name);
-            std::fs::create_dir_all(&dir)?;
-            dir
-        } else {
-            bail!(
-                "pod {name}: volume {} is of a kind the runner does not mount",
-                volume.name
-            )
-        };
-        if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            dir = dir.join(sub);
-        }
-        mounts.push((m.mount_path.trim_end_matches('/').to_string(), dir));
-    }
-    mounts.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
-    let rewrite = |v: &str| -> String {
-        if let Some(port) = v.strip_prefix("0.0.0.0:") {
-            return format!("{ip}:{port}");
-        }
-        for (path, dir) in &mounts {
-            if v == path {
-                return dir.display().to_string();
-            }
-            if let Some(rest) = v.strip_prefix(&format!("{path}/")) {
-                return dir.join(rest).display().to_string();
-            }
-        }
-        v.to_string()
-    };
-
-    let args: Vec<String> = container
-        .command
-        .iter()
-        .flatten()
-        .skip(1)
-        .chain(container.args.iter().flatten())
-        .map(|a| rewrite(a))
-        .collect();
-
-    let mut env: Vec<(String, String)> = vec![
-        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
-        ("HOME".into(), pod_dir.display().to_string()),
-        (HOST_ROOT_ENV.into(), root.display().to_string()),
+    let mut options: Vec<String> = vec![
+        "--network=host".into(),
+        format!("--hostname={name}"),
+        "--pull=never".into(),
+        "--log-driver=k8s-file".into(),
     ];
-    if let Some((_, tmp)) = mounts.iter().find(|(p, _)| p == "/tmp") {
-        env.push(("TMPDIR".into(), tmp.display().to_string()));
-    }
-    if spec.automount_service_account_token != Some(false) {
-        let sa = spec.service_account_name.as_deref().unwrap_or("default");
-        let user = format!("system:serviceaccount:{}:{sa}", config.namespace);
-        // A pod-bound token: the apiserver sees the pod's node in the user extra.
-        let kc = tools::impersonating_kubeconfig_on_node(&user, node)?;
-        let path = pod_dir.join("kubeconfig");
-        std::fs::write(&path, serde_json::to_vec(&kc)?)?;
-        env.push(("KUBECONFIG".into(), path.display().to_string()));
-    }
-    if container.env_from.is_some() {
-        bail!("pod {name}: envFrom is not supported by the runner");
-    }
+    let sec = security(
+        spec.security_context.as_ref(),
+        container.security_context.as_ref(),
+        &mut options,
+    )?;
+
+    // The container's environment from the spec.
+    let rewrite = |v: &str| -> String {
+        match v.strip_prefix("0.0.0.0:") {
+            Some(port) => format!("{ip}:{port}"),
+            None => v.to_string(),
+        }
+    };
+    let mut env: Vec<(String, String)> = Vec::new();
     for e in container.env.iter().flatten() {
         let value = match (&e.value, &e.value_from) {
             (Some(v), _) => rewrite(v),
@@ -415,25 +719,34 @@ fn launch(
                 secrets
                     .get(&(r.name.clone(), r.key.clone()))
                     .cloned()
-                    .with_context(|| format!("pod {name}: env {} not read", e.name))?
+                    .ok_or_else(|| Refusal::config(format!("env {} not read", e.name)))?
             }
             (None, Some(from)) => {
                 let field = from
                     .field_ref
                     .as_ref()
                     .map(|f| f.field_path.as_str())
-                    .with_context(|| {
-                        format!(
-                            "pod {name}: env {} comes from a source the runner lacks",
+                    .ok_or_else(|| {
+                        Refusal::config(format!(
+                            "env {} comes from a source the node runner lacks",
                             e.name
-                        )
+                        ))
                     })?;
                 match field {
                     "spec.nodeName" => node.to_string(),
                     "metadata.name" => name.clone(),
                     "metadata.namespace" => config.namespace.clone(),
+                    "metadata.uid" => uid.clone(),
                     "status.podIP" => ip.to_string(),
-                    other => bail!("pod {name}: env {} from unknown field {other}", e.name),
+                    "spec.serviceAccountName" => {
+                        spec.service_account_name.clone().unwrap_or_default()
+                    }
+                    other => {
+                        return Err(Refusal::config(format!(
+                            "env {} from unknown field {other}",
+                            e.name
+                        )))
+                    }
                 }
             }
             (None, None) => String::new(),
@@ -441,53 +754,294 @@ fn launch(
         env.push((e.name.clone(), value));
     }
 
-    let probe = match container
-        .readiness_probe
-        .as_ref()
-        .and_then(|p| p.http_get.as_ref())
-    {
-        None => None,
-        Some(get) => {
-            use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-            let port = match &get.port {
-                IntOrString::Int(p) => *p,
-                IntOrString::String(named) => container
-                    .ports
-                    .iter()
-                    .flatten()
-                    .find(|p| p.name.as_deref() == Some(named))
-                    .map(|p| p.container_port)
-                    .with_context(|| format!("pod {name}: probe port {named} is not declared"))?,
-            };
-            Some((
-                SocketAddr::new(ip, u16::try_from(port)?),
-                get.path.clone().unwrap_or_else(|| "/".into()),
-            ))
+    // Volumes.
+    let mut token_mounted = false;
+    for m in container.volume_mounts.iter().flatten() {
+        let volume = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == m.name)
+            .ok_or_else(|| Refusal::config(format!("mount of unknown volume {}", m.name)))?;
+        let mut dir = if let Some(h) = &volume.host_path {
+            let dir = root.join(h.path.trim_start_matches('/'));
+            match h.type_.as_deref().unwrap_or("") {
+                "DirectoryOrCreate" => {
+                    std::fs::create_dir_all(&dir).map_err(anyhow::Error::from)?
+                }
+                "Directory" => refuse_unless!(
+                    dir.is_dir(),
+                    "hostPath {} is not a directory on {node}",
+                    h.path
+                ),
+                "File" => {
+                    refuse_unless!(dir.is_file(), "hostPath {} is not a file on {node}", h.path)
+                }
+                "" => {}
+                other => {
+                    return Err(Refusal::config(format!(
+                        "hostPath type {other} is not supported by the node runner"
+                    )))
+                }
+            }
+            dir
+        } else if volume
+            .projected
+            .as_ref()
+            .and_then(|p| p.sources.as_ref())
+            .is_some_and(|s| s.iter().any(|s| s.service_account_token.is_some()))
+        {
+            token_mounted = true;
+            let dir = pod_dir.join("volumes").join(&volume.name);
+            service_account_files(config, spec, node, &dir, &sec)?;
+            env.push((
+                "KUBECONFIG".into(),
+                format!("{}/kubeconfig", m.mount_path.trim_end_matches('/')),
+            ));
+            dir
+        } else if volume.empty_dir.is_some() {
+            let dir = pod_dir.join("volumes").join(&volume.name);
+            std::fs::create_dir_all(&dir).map_err(anyhow::Error::from)?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))
+                .map_err(anyhow::Error::from)?;
+            dir
+        } else {
+            return Err(Refusal::config(format!(
+                "volume {} is of a kind the node runner does not mount",
+                volume.name
+            )));
+        };
+        if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            dir = dir.join(sub);
+            std::fs::create_dir_all(&dir).map_err(anyhow::Error::from)?;
         }
+        let dir = dir.to_str().context("a volume path is not UTF-8")?;
+        refuse_unless!(
+            !dir.contains([':', ',']) && !m.mount_path.contains([':', ',']),
+            "mount {} at {}: paths with ':' or ',' are not supported",
+            m.name,
+            m.mount_path
+        );
+        let ro = if m.read_only == Some(true) { ",ro" } else { "" };
+        options.push(format!(
+            "--mount=type=bind,source={dir},destination={}{ro}",
+            m.mount_path
+        ));
+    }
+    if !token_mounted && spec.automount_service_account_token != Some(false) {
+        // No projected volume (no ServiceAccount admission): the default path.
+        let dir = pod_dir.join("volumes").join("serviceaccount");
+        service_account_files(config, spec, node, &dir, &sec)?;
+        options.push(format!(
+            "--mount=type=bind,source={},destination={SERVICE_ACCOUNT_DIR},ro",
+            dir.display()
+        ));
+        env.push((
+            "KUBECONFIG".into(),
+            format!("{SERVICE_ACCOUNT_DIR}/kubeconfig"),
+        ));
+    }
+    for (k, v) in &env {
+        options.push(format!("--env={k}={v}"));
+    }
+    if let Some(dir) = &container.working_dir {
+        options.push(format!("--workdir={dir}"));
+    }
+
+    let mut command = container.command.clone().unwrap_or_default().into_iter();
+    let entry = command.next();
+    if let Some(entry) = &entry {
+        options.push(format!("--entrypoint={entry}"));
+    }
+    let args: Vec<String> = command
+        .chain(container.args.iter().flatten().cloned())
+        .map(|a| rewrite(&a))
+        .collect();
+
+    let restart = match spec.restart_policy.as_deref().unwrap_or("Always") {
+        "Always" => RestartPolicy::Always,
+        "OnFailure" => RestartPolicy::OnFailure,
+        _ => RestartPolicy::Never,
     };
-    let pre_stop = container
+    let pre_stop = match container
         .lifecycle
         .as_ref()
         .and_then(|l| l.pre_stop.as_ref())
-        .and_then(|h| h.sleep.as_ref())
-        .map_or(Duration::ZERO, |s| {
+    {
+        None => Duration::ZERO,
+        Some(h) => {
+            let s = h.sleep.as_ref().ok_or_else(|| {
+                Refusal::config("preStop: only the sleep action is supported by the node runner")
+            })?;
             Duration::from_secs(s.seconds.max(0) as u64)
-        });
+        }
+    };
     let grace =
         Duration::from_secs(spec.termination_grace_period_seconds.unwrap_or(30).max(0) as u64);
+    let log = config.work.join(format!("{name}.log"));
+    options.push(format!("--log-opt=path={}", log.display()));
+    options.extend([
+        format!(
+            "--label={CLUSTER_LABEL}={}",
+            cluster::cluster_dir().display()
+        ),
+        format!("--label={RUNNER_LABEL}={}", std::process::id()),
+        format!("--label={NAMESPACE_LABEL}={}", config.namespace),
+    ]);
     Ok(Launch {
-        binary,
-        command,
+        container: container_name,
+        image,
+        command: entry.unwrap_or_default(),
         args,
         env,
-        probe,
+        options,
+        run_as_user: sec.user,
+        run_as_non_root: sec.non_root,
+        readiness: probe(
+            container,
+            ip,
+            container.readiness_probe.as_ref(),
+            "readiness",
+        )?,
+        liveness: probe(container, ip, container.liveness_probe.as_ref(), "liveness")?,
+        startup: probe(container, ip, container.startup_probe.as_ref(), "startup")?,
+        restart,
         pre_stop,
         grace,
-        log: config.work.join(format!("{name}.log")),
+        log,
     })
 }
 
-/// Runs one pod's process until the pod is deleted (then stops it as a kubelet would and
+/// Writes the service account's credentials into `dir`: a kubeconfig impersonating it on
+/// `node` (what its pod-bound token would be), the cluster's CA and the namespace. The
+/// kubeconfig is the container user's, mode 0600, as a kubelet makes the token file.
+fn service_account_files(
+    config: &Config,
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    node: &str,
+    dir: &Path,
+    sec: &Security,
+) -> Result<(), Refusal> {
+    use base64::Engine as _;
+    std::fs::create_dir_all(dir).map_err(anyhow::Error::from)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+        .map_err(anyhow::Error::from)?;
+    let sa = spec.service_account_name.as_deref().unwrap_or("default");
+    let user = format!("system:serviceaccount:{}:{sa}", config.namespace);
+    let kc = tools::impersonating_kubeconfig_on_node(&user, node)?;
+    let ca = kc
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.as_ref())
+        .and_then(|c| c.certificate_authority_data.clone())
+        .unwrap_or_default();
+    let ca = base64::engine::general_purpose::STANDARD
+        .decode(ca.trim())
+        .map_err(|e| Refusal::config(format!("the cluster's CA: {e}")))?;
+    let path = dir.join("kubeconfig");
+    std::fs::write(&path, serde_json::to_vec(&kc).map_err(anyhow::Error::from)?)
+        .map_err(anyhow::Error::from)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .map_err(anyhow::Error::from)?;
+    let owner = sec.user.map(|u| u as u32);
+    let group = sec.group.map(|g| g as u32).or(owner);
+    std::os::unix::fs::chown(&path, owner, group)
+        .with_context(|| format!("chown {}", path.display()))?;
+    std::fs::write(dir.join("ca.crt"), ca).map_err(anyhow::Error::from)?;
+    std::fs::write(dir.join("namespace"), &config.namespace).map_err(anyhow::Error::from)?;
+    Ok(())
+}
+
+/// Checks that the image is in the local store and that its user satisfies `runAsNonRoot`.
+async fn check_image(l: &Launch) -> Result<(), Refusal> {
+    let out = podman(&["image", "inspect", "--format", "{{.Config.User}}", &l.image])
+        .await
+        .map_err(Refusal::from)?;
+    if !out.status.success() {
+        return Err(Refusal {
+            reason: "ErrImageNeverPull",
+            message: format!(
+                "Container image {:?} is not present on the node and the node runner never pulls (build it with scripts/images)",
+                l.image
+            ),
+        });
+    }
+    if l.run_as_non_root {
+        let image_user = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let uid = match l.run_as_user {
+            Some(u) => u,
+            None => {
+                let user = image_user.split(':').next().unwrap_or_default();
+                match user {
+                    "" => 0,
+                    u => u.parse::<i64>().map_err(|_| {
+                        Refusal::config(format!(
+                            "container has runAsNonRoot and image has non-numeric user ({u}), cannot verify user is non-root"
+                        ))
+                    })?,
+                }
+            }
+        };
+        refuse_unless!(
+            uid != 0,
+            "container has runAsNonRoot and image will run as root"
+        );
+    }
+    Ok(())
+}
+
+/// Marks the pod's container as unable to run, as a kubelet does: a waiting state with the
+/// reason and message, not Ready, and a Warning event.
+async fn refuse(client: &Client, pod: &Pod, node: &str, refusal: &Refusal) {
+    let name = pod.name_any();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let container = pod.spec.as_ref().map(|s| s.containers[0].clone());
+    let (container_name, image) = container
+        .map(|c| (c.name, c.image.unwrap_or_default()))
+        .unwrap_or_default();
+    let status = json!({
+        "name": container_name, "image": image, "imageID": "", "ready": false,
+        "started": false, "restartCount": 0,
+        "state": { "waiting": { "reason": refusal.reason, "message": refusal.message } }
+    });
+    if let Err(e) = set_ready(&pods, &name, false, status).await {
+        tracing::warn!(error = %e, pod = %name, "node runner: recording a refusal");
+    }
+    let events: Api<Event> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let now = Timestamp::now().to_string();
+    let event = json!({
+        "metadata": { "generateName": format!("{name}.") },
+        "involvedObject": {
+            "apiVersion": "v1", "kind": "Pod", "name": name, "namespace": pod.namespace(),
+            "uid": pod.uid(), "fieldPath": format!("spec.containers{{{container_name}}}"),
+        },
+        "reason": "Failed",
+        "message": format!("Error: {}: {}", refusal.reason, refusal.message),
+        "type": "Warning",
+        "source": { "component": "kubelet", "host": node },
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    });
+    match serde_json::from_value::<Event>(event) {
+        Ok(event) => {
+            if let Err(e) = events.create(&PostParams::default(), &event).await {
+                tracing::warn!(error = %e, pod = %name, "node runner: posting an event");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "node runner: building an event"),
+    }
+}
+
+/// How a container's run ended.
+enum Ended {
+    /// The pod was deleted.
+    Deleted,
+    /// The process exited by itself.
+    Exited,
+    /// A probe failed: the runner killed it, for this reason.
+    Killed(String),
+}
+
+/// Runs one pod's container until the pod is deleted (then stops it as a kubelet would and
 /// deletes the pod) or the runner shuts down.
 async fn supervise(
     client: Client,
@@ -500,34 +1054,39 @@ async fn supervise(
 ) {
     let name = pod.name_any();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
-    let launch = match secret_values(&client, &config.namespace, &pod)
-        .await
-        .and_then(|secrets| launch(&config, &pod, &node, ip, &secrets))
-    {
+    let prepared = match secret_values(&client, &config.namespace, &pod).await {
+        Ok(secrets) => launch(&config, &pod, &node, ip, &secrets),
+        Err(e) => Err(Refusal::from(e)),
+    };
+    let prepared = match prepared {
+        Ok(l) => check_image(&l).await.map(|_| l),
+        Err(r) => Err(r),
+    };
+    let launch = match prepared {
         Ok(l) => l,
-        Err(e) => {
-            state
-                .lock()
-                .expect("runner state")
-                .failures
-                .push(format!("{e:#}"));
+        Err(refusal) => {
+            fail(&client, &state, &pod, &node, &refusal).await;
+            let _ = deleted.changed().await;
+            let _ = delete_now(&client, &pod).await;
             return;
         }
     };
     let container = pod.spec.as_ref().map(|s| s.containers[0].clone());
-    let (container_name, image) = container
-        .map(|c| (c.name, c.image.unwrap_or_default()))
-        .unwrap_or_default();
+    let container_name = container.map(|c| c.name).unwrap_or_default();
+    let image = launch.image.clone();
     let mut restarts = 0;
     loop {
-        let mut child = match spawn(&launch) {
-            Ok(c) => c,
+        let pid = match start(&launch).await {
+            Ok(pid) => pid,
             Err(e) => {
-                state
-                    .lock()
-                    .expect("runner state")
-                    .failures
-                    .push(format!("pod {name}: starting {}: {e:#}", launch.command));
+                let refusal = Refusal {
+                    reason: "RunContainerError",
+                    message: format!("{e:#}"),
+                };
+                fail(&client, &state, &pod, &node, &refusal).await;
+                let _ = podman(&["rm", "-f", "-t", "0", &launch.container]).await;
+                let _ = deleted.changed().await;
+                let _ = delete_now(&client, &pod).await;
                 return;
             }
         };
@@ -537,59 +1096,104 @@ async fn supervise(
                 pod: name.clone(),
                 node: node.clone(),
                 ip,
+                container: launch.container.clone(),
+                image: image.clone(),
+                pid,
                 args: launch.args.clone(),
                 env: launch.env.clone(),
                 ready: false,
             },
         );
         let started = Timestamp::now();
-        let container_status = |ready: bool| {
+        let started_at = Instant::now();
+        let container_status = |ready: bool, has_started: bool| {
             json!({
                 "name": container_name, "image": image, "imageID": "", "ready": ready,
-                "started": true, "restartCount": restarts,
+                "started": has_started, "restartCount": restarts,
+                "containerID": format!("podman://{}", launch.container),
                 "state": { "running": { "startedAt": started.to_string() } }
             })
         };
-        let _ = set_ready(&pods, &name, false, container_status(false)).await;
+        if let Err(e) = set_ready(&pods, &name, false, container_status(false, false)).await {
+            // The runner's own fault: the test fails on it rather than waiting.
+            let why = format!("pod {name}: recording its container running: {e:#}");
+            state.lock().expect("runner state").failures.push(why);
+        }
         let mut ready = false;
+        let mut startup_done = launch.startup.is_none();
+        let mut liveness_failures = 0u32;
+        let mut liveness_next = Instant::now();
         let mut probe_tick = tokio::time::interval(PROBE_EVERY);
-        let stopping = loop {
+        let ended = loop {
             tokio::select! {
-                _ = deleted.changed() => break true,
-                status = child.wait() => {
-                    let _ = status;
-                    break false;
+                _ = deleted.changed() => break Ended::Deleted,
+                _ = probe_tick.tick() => {}
+            }
+            if !alive(pid) {
+                break Ended::Exited;
+            }
+            if !startup_done {
+                let p = launch.startup.as_ref().expect("startup probe");
+                if started_at.elapsed() >= p.initial_delay && p.passes().await {
+                    startup_done = true;
+                    liveness_next = Instant::now();
+                    let _ = set_ready(&pods, &name, false, container_status(false, true)).await;
+                } else if started_at.elapsed() > p.window() {
+                    break Ended::Killed(format!("startup probe failed for {:?}", p.window()));
                 }
-                _ = probe_tick.tick() => {
-                    let now_ready = match &launch.probe {
-                        None => true,
-                        Some((addr, path)) => probe(*addr, path).await,
-                    };
-                    if now_ready != ready
-                        && set_ready(&pods, &name, now_ready, container_status(now_ready))
-                            .await
-                            .is_ok()
-                    {
-                        ready = now_ready;
-                        if let Some(r) = state.lock().expect("runner state").running.get_mut(&name) {
-                            r.ready = ready;
+                continue;
+            }
+            if let Some(p) = &launch.liveness {
+                if started_at.elapsed() >= p.initial_delay && Instant::now() >= liveness_next {
+                    liveness_next = Instant::now() + p.period;
+                    if p.passes().await {
+                        liveness_failures = 0;
+                    } else {
+                        liveness_failures += 1;
+                        if liveness_failures >= p.failure_threshold {
+                            break Ended::Killed(format!(
+                                "liveness probe failed {liveness_failures} times"
+                            ));
                         }
                     }
                 }
             }
+            let now_ready = match &launch.readiness {
+                None => true,
+                Some(p) => started_at.elapsed() >= p.initial_delay && p.passes().await,
+            };
+            if now_ready != ready
+                && set_ready(&pods, &name, now_ready, container_status(now_ready, true))
+                    .await
+                    .is_ok()
+            {
+                ready = now_ready;
+                if let Some(r) = state.lock().expect("runner state").running.get_mut(&name) {
+                    r.ready = ready;
+                }
+            }
         };
-        let code = if stopping {
-            let _ = set_ready(&pods, &name, false, container_status(false)).await;
-            stop(&mut child, launch.pre_stop, launch.grace).await
-        } else {
-            child.wait().await.ok().and_then(|s| s.code())
+        let stopping = matches!(ended, Ended::Deleted);
+        if !matches!(ended, Ended::Exited) {
+            let _ = set_ready(&pods, &name, false, container_status(false, true)).await;
+        }
+        let code = match &ended {
+            Ended::Exited => wait(&launch.container).await,
+            Ended::Deleted | Ended::Killed(_) => {
+                stop(&launch.container, pid, launch.pre_stop, launch.grace).await
+            }
         };
+        let _ = podman(&["rm", "-f", "-t", "0", &launch.container]).await;
         let exit = Exit {
             pod: name.clone(),
             node: node.clone(),
             command: launch.command.clone(),
             code,
             stopping,
+            reason: match &ended {
+                Ended::Killed(why) => Some(why.clone()),
+                _ => None,
+            },
             log_tail: tail(&launch.log, 2048),
         };
         {
@@ -601,17 +1205,36 @@ async fn supervise(
             let _ = delete_now(&client, &pod).await;
             return;
         }
-        // The process died on its own: not ready, then restarted after a back-off, unless
-        // the pod is deleted meanwhile.
+        // The container ended on its own or for a failed probe: not ready, then started
+        // again after a back-off when the policy says so, unless the pod is deleted.
         restarts += 1;
-        let terminated = json!({
-            "name": container_name, "image": image, "imageID": "", "ready": false,
-            "started": false, "restartCount": restarts,
-            "state": { "waiting": { "reason": "CrashLoopBackOff" } },
-            "lastState": { "terminated": { "exitCode": code.unwrap_or(137),
-                "startedAt": started.to_string(), "finishedAt": Timestamp::now().to_string() } }
-        });
-        let _ = set_ready(&pods, &name, false, terminated).await;
+        let again = match launch.restart {
+            RestartPolicy::Always => true,
+            RestartPolicy::OnFailure => code != Some(0),
+            RestartPolicy::Never => false,
+        };
+        let terminated = json!({ "exitCode": code.unwrap_or(137),
+            "startedAt": started.to_string(), "finishedAt": Timestamp::now().to_string() });
+        let status = if again {
+            json!({
+                "name": container_name, "image": image, "imageID": "", "ready": false,
+                "started": false, "restartCount": restarts,
+                "state": { "waiting": { "reason": "CrashLoopBackOff" } },
+                "lastState": { "terminated": terminated }
+            })
+        } else {
+            json!({
+                "name": container_name, "image": image, "imageID": "", "ready": false,
+                "started": false, "restartCount": restarts - 1,
+                "state": { "terminated": terminated }
+            })
+        };
+        let _ = set_ready(&pods, &name, false, status).await;
+        if !again {
+            let _ = deleted.changed().await;
+            let _ = delete_now(&client, &pod).await;
+            return;
+        }
         tokio::select! {
             _ = deleted.changed() => {
                 let _ = delete_now(&client, &pod).await;
@@ -622,51 +1245,59 @@ async fn supervise(
     }
 }
 
-fn spawn(l: &Launch) -> Result<Child> {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&l.log)
-        .with_context(|| format!("opening {}", l.log.display()))?;
-    Command::new(&l.binary)
-        .args(&l.args)
-        .env_clear()
-        .envs(l.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("spawning {}", l.binary.display()))
+/// Records a pod the runner cannot run, for the test and in the pod's status.
+async fn fail(client: &Client, state: &Mutex<State>, pod: &Pod, node: &str, refusal: &Refusal) {
+    state.lock().expect("runner state").failures.push(format!(
+        "pod {}: {}: {}",
+        pod.name_any(),
+        refusal.reason,
+        refusal.message
+    ));
+    refuse(client, pod, node, refusal).await;
 }
 
-/// A kubelet's stop: the preStop sleep, SIGTERM, and SIGKILL when the rest of the grace
-/// period runs out. Returns the exit code (`None` for a signal).
-async fn stop(child: &mut Child, pre_stop: Duration, grace: Duration) -> Option<i32> {
-    let started = Instant::now();
-    // The process keeps serving through the preStop sleep (it may also exit by itself).
-    if let Ok(status) = tokio::time::timeout(pre_stop, child.wait()).await {
-        return status.ok().and_then(|s| s.code());
+/// `podman run -d` of the container; returns the host pid of its process.
+async fn start(l: &Launch) -> Result<u32> {
+    let mut args: Vec<&str> = vec!["run", "-d", "--replace", "--name", &l.container];
+    args.extend(l.options.iter().map(String::as_str));
+    args.push(&l.image);
+    args.extend(l.args.iter().map(String::as_str));
+    podman_ok(&args).await?;
+    let pid = podman_ok(&["inspect", "--format", "{{.State.Pid}}", &l.container]).await?;
+    pid.trim()
+        .parse()
+        .with_context(|| format!("the pid of {}: {pid:?}", l.container))
+}
+
+/// Whether the container's process still runs (its monitor reaps it when it ends).
+fn alive(pid: u32) -> bool {
+    pid != 0 && Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The container's exit code once it has stopped.
+async fn wait(container: &str) -> Option<i32> {
+    podman_ok(&["wait", container])
+        .await
+        .ok()
+        .and_then(|code| code.trim().parse().ok())
+}
+
+/// A kubelet's stop: the preStop sleep, then SIGTERM and SIGKILL when the rest of the grace
+/// period runs out. Returns the exit code.
+async fn stop(container: &str, pid: u32, pre_stop: Duration, grace: Duration) -> Option<i32> {
+    let began = Instant::now();
+    // The container keeps serving through the preStop sleep (it may also exit by itself).
+    while began.elapsed() < pre_stop && alive(pid) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    if let Some(pid) = child.id() {
-        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    }
-    let left = grace.saturating_sub(started.elapsed());
-    match tokio::time::timeout(left, child.wait()).await {
-        Ok(status) => status.ok().and_then(|s| s.code()),
-        Err(_) => {
-            let _ = child.kill().await;
-            None
+    if alive(pid) {
+        let left = grace.saturating_sub(began.elapsed());
+        let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+        if let Err(e) = podman_ok(&["stop", "-t", &secs.to_string(), container]).await {
+            tracing::warn!(error = %e, container, "node runner: stopping");
         }
     }
-}
-
-/// GET `path` at `addr`; ready on 2xx or 3xx, as a kubelet's HTTP probe.
-async fn probe(addr: SocketAddr, path: &str) -> bool {
-    layerwise_engine::tools::loadgen::http(addr, "GET", path, None, PROBE_TIMEOUT)
-        .await
-        .is_ok_and(|r| (200..400).contains(&r.status))
+    wait(container).await
 }
 
 /// Sets the pod's Ready and ContainersReady conditions and its container's status.
@@ -717,9 +1348,30 @@ async fn delete_now(client: &Client, pod: &Pod) -> Result<()> {
     }
 }
 
-/// The last `max` bytes of a log file.
+/// The last `max` bytes of a container's log, without the CRI log format's timestamp,
+/// stream and tag before each line.
 pub fn tail(path: &Path, max: usize) -> String {
     let bytes = std::fs::read(path).unwrap_or_default();
-    let from = bytes.len().saturating_sub(max);
-    String::from_utf8_lossy(&bytes[from..]).into_owned()
+    let text = String::from_utf8_lossy(&bytes);
+    let mut out = String::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(4, ' ');
+        let (_, stream, tag, rest) = (parts.next(), parts.next(), parts.next(), parts.next());
+        match (stream, tag, rest) {
+            (Some("stdout" | "stderr"), Some("P"), Some(rest)) => out.push_str(rest),
+            (Some("stdout" | "stderr"), Some(_), Some(rest)) => {
+                out.push_str(rest);
+                out.push('\n');
+            }
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    let mut from = out.len().saturating_sub(max);
+    while !out.is_char_boundary(from) {
+        from += 1;
+    }
+    out[from..].to_string()
 }

@@ -1,9 +1,12 @@
 //! The whole system end to end, as a platform team would run it, on the local control plane:
 //! the chart installed with `helm`, a DiffusionDeployment applied with `kubectl`, and every
-//! pod the cluster schedules onto the fake GPU nodes run as a real process by the node runner
-//! (`layerwise_e2e::runner`): the chart's operator and its agent DaemonSet (one agent per GPU
-//! node, each with its own model folder made by `layerwise synth`), and a `layerwise serve`
-//! per engine pod, bound to the pod's loopback IP.
+//! pod the cluster schedules onto the fake GPU nodes run in a container from the project's
+//! images (`scripts/images`) by the node runner (`layerwise_e2e::runner`), with the pod's
+//! security context: the chart's operator and its agent DaemonSet (one agent per GPU node,
+//! each with its own model folder made by `layerwise synth`), and a `layerwise serve` per
+//! engine pod (the CPU engine image: the fake GPU nodes have no GPU), bound to the pod's
+//! loopback IP. Every container is checked, from /proc, to run as the chart says: 65532,
+//! read-only root, no capabilities, no new privileges, the runtime's seccomp filter.
 //!
 //! The scenario: the agents profile and warm the model, the operator plans and creates the
 //! engine Deployment, the engines turn Ready and `Available` turns true; requests go to each
@@ -14,6 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,6 +31,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use layerwise_e2e::cluster::{self, wait_until};
+use layerwise_e2e::images;
 use layerwise_e2e::runner::{self, NodeRunner};
 use layerwise_e2e::tools::{self, ok, tool};
 use layerwise_engine::tools::loadgen::http;
@@ -53,10 +58,13 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 const OPERATOR_REPLICAS: usize = 2;
 /// The chart's default port of the operator's /metrics, /healthz and /readyz.
 const OPERATOR_PORT: u16 = 8080;
+/// The images the pods run: the chart's operator and agent, and the CPU engine.
+const IMAGES: [&str; 3] = ["operator", "agent", "engine"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apply_prewarm_plan_serve_autoscale_roll_and_clean_up() -> Result<()> {
     phase("start");
+    images::ensure(&IMAGES)?;
     let client = cluster::client().await?;
     tools::install_crds(&client, WAIT).await?;
     let ns = cluster::unique_namespace("e2e");
@@ -71,6 +79,8 @@ async fn apply_prewarm_plan_serve_autoscale_roll_and_clean_up() -> Result<()> {
     let work = tempfile::Builder::new()
         .prefix("layerwise-e2e-")
         .tempdir()?;
+    // The containers' user reaches the node roots and the runner's folders under it.
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755))?;
 
     // Every fake node gets a root folder; the GPU nodes get the model, each its own copy.
     let nodes: Api<Node> = Api::all(client.clone());
@@ -93,16 +103,11 @@ async fn apply_prewarm_plan_serve_autoscale_roll_and_clean_up() -> Result<()> {
         node_roots.insert(n.name_any(), root);
     }
     ensure!(!gpu_nodes.is_empty(), "the test cluster has no GPU nodes");
-    let binaries = ["layerwise", "layerwise-operator", "layerwise-agent"]
-        .into_iter()
-        .map(|b| Ok((b.to_string(), tools::workspace_bin(b)?)))
-        .collect::<Result<BTreeMap<_, _>>>()?;
     let runner = NodeRunner::start(
         client.clone(),
         runner::Config {
             namespace: ns.clone(),
             node_roots,
-            binaries,
             work: work.path().join("pods"),
         },
     )?;
@@ -114,7 +119,7 @@ async fn apply_prewarm_plan_serve_autoscale_roll_and_clean_up() -> Result<()> {
         work: work.path().to_path_buf(),
         gpu_nodes,
     };
-    phase("binaries built, models made");
+    phase("images built, models made");
     let result = world.scenario(&runner).await;
     phase("teardown");
     let teardown = world.teardown(runner).await;
@@ -138,27 +143,61 @@ fn phase(what: &str) {
     eprintln!("e2e: {:>6.1}s {what}", t.as_secs_f64());
 }
 
-/// `layerwise synth --preset PRESET` into `dir`.
+/// `layerwise synth --preset PRESET` into `dir`, in the engine image (as 65532, so `dir`
+/// is made writable for it; what it writes is readable by all).
 fn synth(preset: &str, dir: &Path) -> Result<()> {
-    let out = std::process::Command::new(tools::workspace_bin("layerwise")?)
-        .args(["synth", "--preset", preset, "--out"])
-        .arg(dir)
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "layerwise synth failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
+    let mount = format!("{}:/out", path_str(dir)?);
+    images::podman_ok(&[
+        "run",
+        "--rm",
+        "--read-only",
+        "--network",
+        "none",
+        "-v",
+        &mount,
+        &images::tag("engine")?,
+        "synth",
+        "--preset",
+        preset,
+        "--out",
+        "/out",
+    ])
+    .with_context(|| format!("layerwise synth --preset {preset} in the engine image"))?;
     Ok(())
 }
 
-/// Every DiffusionDeployment's `spec.engine` here: pods the node runner runs.
+/// Every DiffusionDeployment's `spec.engine` here: pods the node runner runs, of the image
+/// the operator gives them (the chart's `operator.engineImage`).
 fn engine_yaml() -> String {
     format!(
-        "  engine:\n    image: layerwise:e2e\n    podAnnotations:\n      {}: {}\n",
+        "  engine:\n    podAnnotations:\n      {}: {}\n",
         runner::ANNOTATION,
         runner::ANNOTATION_VALUE
     )
+}
+
+/// Checks that every container running now whose pod name starts with `prefix` runs from
+/// image `image` (short name) with the chart's security context; returns how many there are.
+fn check_containers(runner: &NodeRunner, prefix: &str, image: &str) -> Result<usize> {
+    let tag = images::tag(image)?;
+    let mut n = 0;
+    for r in runner
+        .running()
+        .iter()
+        .filter(|r| r.pod.starts_with(prefix))
+    {
+        ensure!(
+            r.image == tag,
+            "pod {} runs image {}, not {tag}",
+            r.pod,
+            r.image
+        );
+        images::check_chart_security(r.pid, &format!("pod {} ({})", r.pod, r.container))?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 struct World {
@@ -442,14 +481,14 @@ spec:
 
         phase("helm install");
         // 1. The chart, as a user installs it (CRDs are already there), with the pods handed
-        //    to the node runner and a short resync so the test is quick. No prewarm cgroup:
-        //    the runner runs the agents as processes of this machine, and the chart's one
-        //    sits at the root of the cgroup tree.
+        //    to the node runner, a short resync so the test is quick, and the CPU engine
+        //    image. No prewarm cgroup: it needs a privileged agent, which the runner does not
+        //    run, and the chart's one sits at the root of this machine's cgroup tree.
         let values = self.work.join("values.yaml");
         std::fs::write(
             &values,
             format!(
-                "operator:\n  watchNamespace: {ns}\n  resyncSeconds: 1\n  podAnnotations:\n    {a}: {v}\n\
+                "operator:\n  watchNamespace: {ns}\n  resyncSeconds: 1\n  engineImage:\n    repository: layerwise-engine\n  podAnnotations:\n    {a}: {v}\n\
                  agent:\n  reinventorySeconds: 2\n  prewarm:\n    memoryFloor: \"0\"\n    cgroup: \"\"\n  podAnnotations:\n    {a}: {v}\n",
                 ns = self.ns,
                 a = runner::ANNOTATION,
@@ -487,6 +526,21 @@ spec:
             })
         })
         .await?;
+        // Each from its image, with the chart's security context.
+        let operators = check_containers(
+            runner,
+            &format!("{}-layerwise-operator-", self.release),
+            "operator",
+        )?;
+        let agents = check_containers(
+            runner,
+            &format!("{}-layerwise-agent-", self.release),
+            "agent",
+        )?;
+        ensure!(
+            (operators, agents) == (OPERATOR_REPLICAS, self.gpu_nodes.len()),
+            "{operators} operator and {agents} agent containers"
+        );
         wait_until("one operator leads", WAIT, || async {
             check_runner(runner)?;
             let leaders = self.operator_leaders(runner).await?;
@@ -583,6 +637,11 @@ spec:
                 r.args
             );
         }
+        let engine_containers = check_containers(runner, NAME, "engine")?;
+        ensure!(
+            engine_containers >= MIN_REPLICAS as usize,
+            "{engine_containers} engine containers"
+        );
 
         phase("a video through each Wan engine");
         // 3b. Text to video: a second deployment, of a tiny Wan 2.2, beside the image one.
@@ -823,19 +882,20 @@ fn path_str(p: &Path) -> Result<&str> {
         .with_context(|| format!("{} is not UTF-8", p.display()))
 }
 
-/// Fails the wait at once when the runner could not start a pod or a process died.
+/// Fails the wait at once when the runner could not run a pod or a container ended.
 fn check_runner(runner: &NodeRunner) -> Result<()> {
     let failures = runner.failures();
     if !failures.is_empty() {
-        bail!("the node runner could not start pods: {failures:#?}");
+        bail!("the node runner could not run pods: {failures:#?}");
     }
     if let Some(e) = runner.exits().iter().find(|e| !e.stopping) {
         bail!(
-            "{} in pod {} on {} exited by itself ({:?}): {}",
+            "{} in pod {} on {} ended ({:?}, {}): {}",
             e.command,
             e.pod,
             e.node,
             e.code,
+            e.reason.as_deref().unwrap_or("exited by itself"),
             e.log_tail
         );
     }
