@@ -191,7 +191,8 @@ async fn main() -> Result<()> {
     let cpu0 = op.cpu_seconds()?;
     let t0 = Instant::now();
     create_deployments(&client, a.deployments).await?;
-    let (planned, available, available_at) = wait_planned(&client, a.deployments, t0).await?;
+    let (planned, available, available_at, slowest) =
+        wait_planned(&client, a.deployments, t0).await?;
     let after = op.metrics().await?;
     let mem_planned = op.memory()?;
     let cpu_planning = op.cpu_seconds()? - cpu0;
@@ -205,6 +206,18 @@ async fn main() -> Result<()> {
         planned[planned.len() * 9 / 10].as_secs_f64(),
         available_at.as_secs_f64()
     );
+    // Where the tail's time went: what the slowest deployments waited on before their plan.
+    for (name, at, waited) in &slowest {
+        println!(
+            "  slow: {name} planned after {:.2} s; waited on {}",
+            at.as_secs_f64(),
+            if waited.is_empty() {
+                "nothing reported".to_string()
+            } else {
+                waited.join(", ")
+            }
+        );
+    }
     // Each change of an engine Deployment's pod template makes a ReplicaSet (and replaces
     // its pods): more than one per deployment means plans were rolled while they settled.
     let replica_sets =
@@ -507,17 +520,22 @@ async fn create_deployments(client: &Client, count: usize) -> Result<()> {
     Ok(())
 }
 
+/// What the slowest deployments waited on: name, when planned, and each not-True
+/// condition's `type reason` seen before the plan, with when it was first seen.
+type Slowest = Vec<(String, Duration, Vec<String>)>;
+
 /// When each deployment got its plan (sorted); then how many turned Available, and when
 /// the last of them did (within two minutes of the last plan: kwok runs the engine pods,
-/// but a plan's nodes may lack free GPUs for all of them).
+/// but a plan's nodes may lack free GPUs for all of them); and the five slowest to plan.
 async fn wait_planned(
     client: &Client,
     count: usize,
     t0: Instant,
-) -> Result<(Vec<Duration>, usize, Duration)> {
+) -> Result<(Vec<Duration>, usize, Duration, Slowest)> {
     let api: Api<DiffusionDeployment> = Api::namespaced(client.clone(), NS);
     let mut planned: BTreeMap<String, Duration> = BTreeMap::new();
     let mut available: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut waited: BTreeMap<String, BTreeMap<String, Duration>> = BTreeMap::new();
     let mut all_planned: Option<Duration> = None;
     loop {
         let list = api.list(&ListParams::default()).await?;
@@ -531,6 +549,12 @@ async fn wait_planned(
             };
             if st.plan.is_some() && is("Planned") {
                 planned.entry(dd.name_any()).or_insert(now);
+            } else {
+                let seen = waited.entry(dd.name_any()).or_default();
+                for c in st.conditions.iter().filter(|c| c.status != "True") {
+                    seen.entry(format!("{} {}", c.type_, c.reason))
+                        .or_insert(now);
+                }
             }
             if is("Available") {
                 available.entry(dd.name_any()).or_insert(now);
@@ -541,10 +565,26 @@ async fn wait_planned(
         }
         let settled = all_planned.is_some_and(|t| now > t + Duration::from_secs(120));
         if available.len() == count || settled {
-            let mut times: Vec<Duration> = planned.into_values().collect();
-            times.sort();
+            let mut by_time: Vec<(String, Duration)> = planned.into_iter().collect();
+            by_time.sort_by_key(|(_, t)| *t);
+            let slowest = by_time
+                .iter()
+                .rev()
+                .take(5)
+                .map(|(name, at)| {
+                    let seen = waited.remove(name).unwrap_or_default();
+                    let mut seen: Vec<(String, Duration)> = seen.into_iter().collect();
+                    seen.sort_by_key(|(_, t)| *t);
+                    let seen = seen
+                        .into_iter()
+                        .map(|(why, t)| format!("{why} (from {:.1} s)", t.as_secs_f64()))
+                        .collect();
+                    (name.clone(), *at, seen)
+                })
+                .collect();
+            let times = by_time.into_iter().map(|(_, t)| t).collect();
             let last = available.values().max().copied().unwrap_or_default();
-            return Ok((times, available.len(), last));
+            return Ok((times, available.len(), last, slowest));
         }
         if all_planned.is_none() && now > WAIT {
             let stuck: Vec<String> = list
