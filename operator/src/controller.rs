@@ -26,6 +26,7 @@ use crate::leader::Election;
 use crate::phases;
 use crate::planner::Limits;
 use crate::report::Report;
+use crate::settle::settle;
 use crate::stores::{self, Stores};
 use crate::telemetry::Telemetry;
 
@@ -35,8 +36,12 @@ pub const FINALIZER: &str = "layerwise.dev/prepare-requests";
 /// deployment owns under its own manager so that they merge).
 pub const MANAGER: &str = "layerwise-operator";
 pub(crate) const API_VERSION: &str = "layerwise.dev/v1alpha1";
-/// How long a deployment's triggers are gathered into one reconcile.
-const DEBOUNCE: Duration = Duration::from_secs(1);
+/// A deployment's Node and DiffusionNode triggers are gathered into one reconcile once they
+/// have been quiet this long...
+const SETTLE_QUIET: Duration = Duration::from_secs(1);
+/// ...or this long after the first of them, so a deployment that matches a busy fleet is
+/// still planned (see [`crate::settle`]).
+const SETTLE_LONGEST: Duration = Duration::from_secs(3);
 /// The label the operator puts on what it creates (its owned Deployments are watched by it).
 const MANAGED_BY: &str = "app.kubernetes.io/managed-by=layerwise-operator";
 
@@ -119,11 +124,10 @@ pub async fn lead(
     });
     let run = controller
         .owns(deploys, watcher::Config::default().labels(MANAGED_BY))
-        .reconcile_on(triggers)
         // Agents report a deployment's profiles node by node, within a second or so of each
         // other; one reconcile after they settle plans on all of them at once, instead of
-        // recording (and rolling the engine pods to) a plan per report.
-        .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE))
+        // recording a plan per report.
+        .reconcile_on(settle(triggers, SETTLE_QUIET, SETTLE_LONGEST))
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
@@ -167,6 +171,8 @@ pub fn request_manager(id: &str) -> String {
 
 pub async fn reconcile(dd: Arc<DiffusionDeployment>, ctx: Arc<Context>) -> Result<Action> {
     let started = Instant::now();
+    // At debug, with the runtime's span: which object and what caused this reconcile.
+    debug!("reconcile starts");
     let result = async {
         ctx.stores.ready().await?;
         let ns = dd

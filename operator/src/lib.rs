@@ -19,6 +19,7 @@ pub mod placement;
 pub mod planner;
 pub mod report;
 pub mod resources;
+pub mod settle;
 pub mod stores;
 pub mod telemetry;
 pub mod volume;

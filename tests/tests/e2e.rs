@@ -736,7 +736,7 @@ spec:
             counters.errors()
         );
         // The operator records the finished roll at its next reconcile, which the
-        // Deployment's change triggers (debounced by a second).
+        // Deployment's change triggers.
         wait_until("Progressing False after the roll", WAIT, || async {
             let dd = dds.get(NAME).await?;
             Ok(if condition(&dd, "Progressing") == Some(false) {

@@ -695,7 +695,10 @@ impl Operator {
             .env("LAYERWISE_LEADER_ELECT", "true")
             .env("LAYERWISE_MODEL_ROOTS", "/models")
             .env("LAYERWISE_RESYNC_SECONDS", a.resync_seconds.to_string())
-            .env("LAYERWISE_LOG", "warn")
+            .env(
+                "LAYERWISE_LOG",
+                std::env::var("LAYERWISE_FLEET_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
