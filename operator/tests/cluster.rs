@@ -459,13 +459,8 @@ fn kubectl_apply(ns: &str, manifest: &str, dry_run: bool) -> Result<(bool, Strin
 async fn invalid_specs_are_rejected_with_the_cel_message_and_examples_are_valid() -> Result<()> {
     let client = cluster::client().await?;
     install_crds(&client, WAIT).await?;
-    let ns = cluster::unique_namespace("cel");
+    let ns = cluster::create_namespace(&client, "cel").await?;
     let nss: Api<Namespace> = Api::all(client.clone());
-    nss.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({ "metadata": { "name": ns } }))?,
-    )
-    .await?;
     let result = cel(&ns);
     nss.delete(&ns, &DeleteParams::default()).await?;
     result

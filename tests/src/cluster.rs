@@ -125,6 +125,20 @@ pub fn unique_namespace(test: &str) -> String {
     format!("e2e-{test}-{}-{nanos:x}", std::process::id())
 }
 
+/// Creates a namespace of its own for `test` (see [`unique_namespace`]) and returns its
+/// name; the test deletes it when done.
+pub async fn create_namespace(client: &Client, test: &str) -> Result<String> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let ns = unique_namespace(test);
+    let mut object = Namespace::default();
+    object.metadata.name = Some(ns.clone());
+    kube::Api::<Namespace>::all(client.clone())
+        .create(&Default::default(), &object)
+        .await
+        .with_context(|| format!("creating namespace {ns}"))?;
+    Ok(ns)
+}
+
 /// Polls `check` every half second until it yields `Some`, or fails after `timeout`
 /// with `what` and the last thing `check` saw.
 pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>

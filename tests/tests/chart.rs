@@ -7,7 +7,6 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use k8s_openapi::api::core::v1::Namespace;
 use kube::api::PostParams;
 use kube::Api;
 use layerwise_e2e::cluster;
@@ -104,14 +103,7 @@ async fn every_value_set_lints_renders_and_passes_a_server_side_dry_run() -> Res
     }
     let kube_version = client.apiserver_version().await?.git_version;
     let chart = chart()?;
-    let ns = cluster::unique_namespace("chart");
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({ "metadata": { "name": ns } }))?,
-        )
-        .await?;
+    let ns = cluster::create_namespace(&client, "chart").await?;
     let result = async {
         for set in value_sets()? {
             let what = set.as_deref().unwrap_or("the defaults");
@@ -322,14 +314,7 @@ async fn readme_deploy_renders_with_the_images() -> Result<()> {
 
     let client = cluster::client().await?;
     tools::install_crds(&client, WAIT).await?;
-    let ns = cluster::unique_namespace("readme");
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({ "metadata": { "name": ns } }))?,
-        )
-        .await?;
+    let ns = cluster::create_namespace(&client, "readme").await?;
     let result = async {
         let chart = tools::repo().join("charts/layerwise");
         let chart = chart.to_str().context("repository path is not UTF-8")?;
@@ -442,14 +427,7 @@ async fn each_agent_writes_only_its_own_nodes_diffusionnode() -> Result<()> {
     tools::install_crds(&client, WAIT).await?;
     let kube_version = client.apiserver_version().await?.git_version;
     let chart = chart()?;
-    let ns = cluster::unique_namespace("own-node");
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({ "metadata": { "name": ns } }))?,
-        )
-        .await?;
+    let ns = cluster::create_namespace(&client, "own-node").await?;
     // The release is named after the namespace, so its cluster-scoped objects are this
     // test's own.
     let manifests = ok(

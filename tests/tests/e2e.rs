@@ -27,8 +27,8 @@ use anyhow::{bail, ensure, Context, Result};
 use base64::Engine as _;
 use crds::{DiffusionDeployment, DiffusionNode, ModelState};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
-use kube::api::{DeleteParams, ListParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use kube::api::{DeleteParams, ListParams};
 use kube::{Api, Client, ResourceExt};
 use layerwise_e2e::cluster::{self, wait_until};
 use layerwise_e2e::images;
@@ -67,15 +67,8 @@ async fn apply_prewarm_plan_serve_autoscale_roll_and_clean_up() -> Result<()> {
     images::ensure(&IMAGES)?;
     let client = cluster::client().await?;
     tools::install_crds(&client, WAIT).await?;
-    let ns = cluster::unique_namespace("e2e");
+    let ns = cluster::create_namespace(&client, "e2e").await?;
     let release = format!("lw-{}", &ns[ns.len() - 8..]);
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({ "metadata": { "name": ns } }))?,
-        )
-        .await?;
     let work = tempfile::Builder::new()
         .prefix("layerwise-e2e-")
         .tempdir()?;

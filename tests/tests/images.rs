@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use crds::{DiffusionDeployment, DiffusionNode, DiffusionNodeSpec, ModelRequest, ModelState};
-use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
 use layerwise_e2e::cluster::{self, wait_until};
@@ -425,14 +424,7 @@ async fn operator_image_reconciles_in_the_test_cluster() -> Result<()> {
     tools::install_crds(&client, START).await?;
     let work = tempfile::tempdir()?;
     let kubeconfig = container_kubeconfig(work.path())?;
-    let ns = cluster::unique_namespace("images");
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({ "metadata": { "name": ns } }))?,
-        )
-        .await?;
+    let ns = cluster::create_namespace(&client, "images").await?;
     let mut errors = Vec::new();
     let tag = images::tag("operator")?;
     let watch = format!("LAYERWISE_WATCH_NAMESPACE={ns}");

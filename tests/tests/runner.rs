@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use layerwise_e2e::cluster::{self, wait_until};
@@ -57,14 +57,7 @@ async fn runs_what_it_can_and_fails_the_rest_visibly() -> Result<()> {
     images::ensure(&["engine"])?;
     let engine = images::tag("engine")?;
     let client = cluster::client().await?;
-    let ns = cluster::unique_namespace("runner");
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({ "metadata": { "name": ns } }))?,
-        )
-        .await?;
+    let ns = cluster::create_namespace(&client, "runner").await?;
     let work = tempfile::Builder::new()
         .prefix("layerwise-runner-")
         .tempdir()?;

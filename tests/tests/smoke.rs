@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, Client};
 use layerwise_e2e::{cluster, net};
@@ -17,11 +17,8 @@ const REPLICAS: usize = 2;
 #[tokio::test]
 async fn gpu_deployment_runs_on_fake_gpu_nodes_and_goes_away() -> Result<()> {
     let client = cluster::client().await?;
-    let ns = cluster::unique_namespace("smoke");
+    let ns = cluster::create_namespace(&client, "smoke").await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let mut object = Namespace::default();
-    object.metadata.name = Some(ns.clone());
-    namespaces.create(&PostParams::default(), &object).await?;
 
     let result = run(client, &ns).await;
     // Clean up whatever happened above; the namespace takes anything left with it.

@@ -14,8 +14,8 @@ use std::time::Duration;
 use anyhow::Result;
 use crds::{DiffusionDeployment, DiffusionNode, ModelRequest, Profile};
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace, Pod};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::config::KubeConfigOptions;
 use kube::{Api, Client, Config, ResourceExt};
 use layerwise_e2e::cluster;
@@ -101,14 +101,8 @@ impl World {
     pub async fn installed(test: &str, answer: Answer, values: &[&str]) -> Result<World> {
         let client = cluster::client().await?;
         install_crds(&client, WAIT).await?;
-        let ns = cluster::unique_namespace(test);
+        let ns = cluster::create_namespace(&client, test).await?;
         let release = format!("lw-{}", &ns[ns.len() - 8..]);
-        let nss: Api<Namespace> = Api::all(client.clone());
-        nss.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({ "metadata": { "name": ns } }))?,
-        )
-        .await?;
         let chart = repo().join("charts/layerwise");
         let watch = format!("operator.watchNamespace={ns}");
         let mut args = vec![
