@@ -112,12 +112,14 @@ impl Model {
             queues: queues.into_iter().map(Mutex::new).collect(),
             outputs: Mutex::new(Vec::new()),
             error: Mutex::new(None),
+            step_seconds: Mutex::new(Vec::new()),
         };
         let ranks = self.drive(opts, &source)?;
         if let Some(e) = source.error.into_inner().expect("source lock") {
             return Err(e);
         }
         let wall = start.elapsed();
+        let step_seconds_each = source.step_seconds.into_inner().expect("source lock");
         let mut outputs = source.outputs.into_inner().expect("source lock");
         outputs.sort_by_key(|(i, _)| *i);
         let steps: usize = ranks.iter().map(|r| r.steps).sum();
@@ -142,6 +144,7 @@ impl Model {
             } else {
                 0.0
             },
+            step_seconds_each,
             stall_seconds: stall.as_secs_f64(),
             // The worst rank's share of its own busy time spent waiting for weights.
             stall_fraction: ranks
@@ -186,6 +189,8 @@ pub struct RunStats {
     pub wall_seconds: f64,
     /// Mean wall time of a denoising step (a pass that completed a step).
     pub step_seconds: f64,
+    /// Wall time of each denoising step, every rank's, in the order they completed.
+    pub step_seconds_each: Vec<f64>,
     /// Compute waiting for weights, worst rank.
     pub stall_seconds: f64,
     /// The worst rank's stall over the time of the passes it computed in (denoising
@@ -226,6 +231,7 @@ struct FixedSource {
     queues: Vec<Mutex<VecDeque<(usize, Request)>>>,
     outputs: Mutex<Vec<(usize, Output)>>,
     error: Mutex<Option<Error>>,
+    step_seconds: Mutex<Vec<f64>>,
 }
 
 impl WorkSource for FixedSource {
@@ -250,6 +256,12 @@ impl WorkSource for FixedSource {
     }
     fn wait(&self, _rank: usize, _generation: u64) -> Result<()> {
         Ok(())
+    }
+    fn step_done(&self, _rank: usize, _key: WorkKey, _step: usize, _total: usize, took: Duration) {
+        self.step_seconds
+            .lock()
+            .expect("source lock")
+            .push(took.as_secs_f64());
     }
     fn finished(&self, _rank: usize, key: WorkKey, out: Result<Output>) {
         match out {

@@ -362,7 +362,16 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
             opts.activations = model.activation_bytes(&requests)?;
             opts.decode = false;
             let (out, stats) = model.run(requests.clone(), &opts)?;
-            eprintln!("round {round}: {s}: {:.3}s/step", stats.step_seconds);
+            let each: Vec<String> = stats
+                .step_seconds_each
+                .iter()
+                .map(|t| format!("{t:.3}"))
+                .collect();
+            eprintln!(
+                "round {round}: {s}: {:.3}s/step (steps: {})",
+                stats.step_seconds,
+                each.join(" ")
+            );
             if best[i]
                 .as_ref()
                 .is_none_or(|(b, _)| stats.step_seconds < b.step_seconds)

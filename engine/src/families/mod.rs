@@ -6,6 +6,8 @@
 pub mod attention;
 pub mod autoencoder_kl;
 pub mod dit;
+#[cfg(feature = "runtime")]
+pub mod fused;
 pub mod umt5;
 pub mod wan;
 

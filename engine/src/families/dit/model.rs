@@ -8,12 +8,13 @@
 //! and cast back (as PyTorch's half-precision kernels accumulate in f32), and the output
 //! leaves in f32 for the sampler.
 
-use candle_core::{DType, Device, Module, Tensor, D};
+use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Linear;
 
 use crate::execution::dtype::product;
 use crate::execution::weights::Weights;
 use crate::families::dit::{DitConfig, TIMESTEP_CHANNELS};
+use crate::families::fused;
 use crate::{Error, Result};
 
 /// eps of the LayerNorm inside adaLN-Zero and of the final norm (fixed in diffusers).
@@ -29,24 +30,6 @@ fn linear(w: &dyn Weights, name: &str, x: &Tensor) -> Result<Tensor> {
             Ok(Linear::new(t[1].clone(), None).forward(&t[0])?)
         }),
     }
-}
-
-/// LayerNorm over the last dimension without affine parameters (biased variance),
-/// computed in f32 and returned in `x`'s dtype.
-fn layer_norm(x: &Tensor, eps: f64) -> Result<Tensor> {
-    let dtype = x.dtype();
-    let x = x.to_dtype(DType::F32)?;
-    let mean = x.mean_keepdim(D::Minus1)?;
-    let xc = x.broadcast_sub(&mean)?;
-    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
-    Ok(xc.broadcast_div(&(var + eps)?.sqrt()?)?.to_dtype(dtype)?)
-}
-
-/// `x * (1 + scale) + shift` with per-sample `scale`, `shift` of shape [B, D].
-fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
-    let scale = (scale.unsqueeze(1)? + 1.0)?;
-    Ok(x.broadcast_mul(&scale)?
-        .broadcast_add(&shift.unsqueeze(1)?)?)
 }
 
 /// diffusers' `get_timestep_embedding` with flip_sin_to_cos=True, downscale_freq_shift=1.
@@ -175,10 +158,8 @@ impl Dit {
             heads("attn1.to_k")?,
             heads("attn1.to_v")?,
         );
-        let scores =
-            (product(&[&q, &k.t()?], |t| Ok(t[0].matmul(&t[1])?))? * (1.0 / (hd as f64).sqrt()))?;
-        let probs =
-            candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?.to_dtype(x.dtype())?;
+        let scores = product(&[&q, &k.t()?], |t| Ok(t[0].matmul(&t[1])?))?;
+        let probs = fused::softmax_scaled(&scores, 1.0 / (hd as f64).sqrt())?;
         let o = product(&[&probs, &v], |t| Ok(t[0].matmul(&t[1])?))?
             .transpose(1, 2)?
             .reshape((b, t, d))?;
@@ -196,18 +177,18 @@ impl Dit {
             st.cond0 = Some(cond);
         }
         let x = &st.x;
-        let h = modulate(&layer_norm(x, ADA_EPS)?, shift_msa, scale_msa)?;
+        let h = fused::layer_norm_modulate(x, shift_msa, scale_msa, ADA_EPS)?;
         let a = self.attention(w, &h)?;
-        let x = (x + a.broadcast_mul(&gate_msa.unsqueeze(1)?)?)?;
-        let h = modulate(&layer_norm(&x, self.cfg.norm_eps)?, shift_mlp, scale_mlp)?;
+        let x = fused::gated_residual(x, &a, gate_msa)?;
+        let h = fused::layer_norm_modulate(&x, shift_mlp, scale_mlp, self.cfg.norm_eps)?;
         let h = linear(w, "ff.net.0.proj", &h)?;
         let h = if self.cfg.activation_fn == "gelu" {
             h.gelu_erf()?
         } else {
-            h.gelu()?
+            fused::gelu_tanh(&h)?
         };
         let f = linear(w, "ff.net.2", &h)?;
-        st.x = (x + f.broadcast_mul(&gate_mlp.unsqueeze(1)?)?)?;
+        st.x = fused::gated_residual(&x, &f, gate_mlp)?;
         Ok(())
     }
 
@@ -218,7 +199,7 @@ impl Dit {
             .ok_or_else(|| Error::invalid("pipeline", "epilogue before block 0 ran"))?;
         let ss = linear(self.resident.as_ref(), "proj_out_1", &cond.silu()?)?;
         let m = ss.chunk(2, 1)?;
-        let x = modulate(&layer_norm(&st.x, ADA_EPS)?, &m[0], &m[1])?;
+        let x = fused::layer_norm_modulate(&st.x, &m[0], &m[1], ADA_EPS)?;
         let x = linear(self.resident.as_ref(), "proj_out_2", &x)?;
         let (b, _, _) = x.dims3()?;
         let (p, c) = (self.cfg.patch(), self.cfg.out());
