@@ -66,6 +66,7 @@ fn one_row_per_strategy_and_kept_blocks_with_copies_cut_by_n_over_l() {
     assert_eq!(rows.len(), 3, "{rows:#?}");
     let reference = row(&rows, "resident", "-");
     assert_eq!(reference["vs_resident"], 1.0);
+    assert_eq!(reference["vs_resident_paired"], 1.0);
     assert_eq!(per_step(reference, "bytes_copied_per_step"), 0);
     let none = row(&rows, "offload", "0");
     let half = row(&rows, "offload", "L/2");
@@ -156,6 +157,8 @@ fn one_row_per_strategy_and_kept_blocks_with_copies_cut_by_n_over_l() {
     for col in [
         "strategy",
         "N",
+        "vs resident",
+        "paired med",
         "copied/step",
         "gathered/step",
         "stall",

@@ -86,8 +86,11 @@ struct Row {
     /// `--resident-blocks` as asked (`-` for `resident`); `resident_blocks` below is what
     /// the engine kept.
     resident_blocks_asked: String,
-    /// Step time over the reference's (`resident`'s, else the first row's).
+    /// Best step time over the reference's best (`resident`'s, else the first row's).
     vs_resident: f64,
+    /// The median over rounds of step time over the reference's in the same round: on a
+    /// machine whose load changes from minute to minute, the steadier figure.
+    vs_resident_paired: f64,
     /// Latents bit-identical to the reference's.
     identical: bool,
     host_memory: String,
@@ -185,6 +188,8 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
     let requests = a.request.requests(&model, None)?;
     let activations = model.activation_bytes(&requests)?;
     let mut best: Vec<Option<(RunStats, Vec<Tensor>)>> = vec![None; configs.len()];
+    // Every round's step time, per configuration.
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     for round in 0..a.rounds.max(1) {
         for (i, c) in configs.iter().enumerate() {
             let kept = c
@@ -204,6 +209,7 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
                 "round {round}: {} N={}: {:.3}s/step",
                 c.strategy, stats.resident_blocks, stats.step_seconds
             );
+            times[i].push(stats.step_seconds);
             if best[i]
                 .as_ref()
                 .is_none_or(|(b, _)| stats.step_seconds < b.step_seconds)
@@ -219,12 +225,27 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
         .unwrap_or(0);
     let ref_step = best[reference].0.step_seconds;
     let ref_bits = bits(&best[reference].1);
+    let paired = |i: usize| {
+        let mut r: Vec<f64> = times[i]
+            .iter()
+            .zip(&times[reference])
+            .map(|(t, base)| t / base)
+            .collect();
+        r.sort_by(f64::total_cmp);
+        match r.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => r[n / 2],
+            n => (r[n / 2 - 1] + r[n / 2]) / 2.0,
+        }
+    };
     let rows: Vec<Row> = configs
         .iter()
         .zip(best)
-        .map(|(c, (stats, latents))| Row {
+        .enumerate()
+        .map(|(i, (c, (stats, latents)))| Row {
             resident_blocks_asked: c.kept.map_or("-".into(), |k| k.to_string()),
             vs_resident: stats.step_seconds / ref_step,
+            vs_resident_paired: paired(i),
             identical: ref_bits.is_some() && bits(&latents) == ref_bits,
             host_memory: a.engine.host_memory.to_string(),
             stats,
@@ -267,6 +288,7 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
 }
 
 /// The table: one line per configuration; the gathered column only where ranks gather.
+/// `vs resident` is best over best; `paired med` the median of the rounds' own ratios.
 fn print_table(rows: &[Row], gathers: bool) {
     let gathered = |s: String| {
         if gathers {
@@ -276,12 +298,13 @@ fn print_table(rows: &[Row], gathers: bool) {
         }
     };
     println!(
-        "{:<16} {:>9} {:>3} {:>9} {:>11} {:>7} {:>12} {:>14}{} {:>13} {:>13} {:>5} {:>13} {:>9}",
+        "{:<16} {:>9} {:>3} {:>9} {:>11} {:>11} {:>7} {:>12} {:>14}{} {:>13} {:>13} {:>5} {:>13} {:>9}",
         "strategy",
         "N",
         "K",
         "s/step",
         "vs resident",
+        "paired med",
         "stall",
         "switch stall",
         "copied/step",
@@ -301,12 +324,13 @@ fn print_table(rows: &[Row], gathers: bool) {
             asked => format!("{asked}={}", s.resident_blocks),
         };
         println!(
-            "{:<16} {:>9} {:>3} {:>9.3} {:>10.3}x {:>6.1}% {:>11.1}% {:>14}{} {:>13} {:>13} {:>5} {:>13} {:>9}",
+            "{:<16} {:>9} {:>3} {:>9.3} {:>10.3}x {:>10.3}x {:>6.1}% {:>11.1}% {:>14}{} {:>13} {:>13} {:>5} {:>13} {:>9}",
             s.strategy,
             n,
             s.slots,
             s.step_seconds,
             r.vs_resident,
+            r.vs_resident_paired,
             100.0 * s.stall_fraction,
             100.0 * s.switch_stall_fraction,
             mib(s.bytes_copied_per_step),
