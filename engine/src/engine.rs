@@ -138,6 +138,11 @@ impl Model {
             strategy: opts.strategy.to_string(),
             dp: opts.dp,
             slots: ranks.first().map_or(0, |r| r.slots),
+            resident_blocks: if opts.strategy.streams() {
+                ranks.first().map_or(0, |r| r.resident_blocks)
+            } else {
+                0
+            },
             wall_seconds: wall.as_secs_f64(),
             step_seconds: if steps > 0 {
                 step_time.as_secs_f64() / steps as f64
@@ -186,6 +191,9 @@ pub struct RunStats {
     pub dp: usize,
     /// K the ranks ran with (what `--slots auto` chose).
     pub slots: usize,
+    /// Blocks of each streamed group a streaming strategy kept on the device (what
+    /// `--resident-blocks auto` chose); 0 under `resident`, which keeps every block.
+    pub resident_blocks: usize,
     pub wall_seconds: f64,
     /// Mean wall time of a denoising step (a pass that completed a step).
     pub step_seconds: f64,

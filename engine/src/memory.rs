@@ -115,12 +115,16 @@ impl GroupBytes {
     }
 }
 
-/// Which of `blocks` blocks stay on the device when `n` of them do: spread evenly (block b
-/// when ⌊(b+1)·n/L⌋ > ⌊b·n/L⌋), so the copies that remain are spaced evenly between the
-/// computes. All of them when `n` ≥ `blocks`.
+/// Which of `blocks` blocks stay on the device when `n` of them do: spread evenly, each
+/// stride starting with a kept block (block b when ⌊(L−b)·n/L⌋ > ⌊(L−b−1)·n/L⌋), so the
+/// copies that remain are spaced evenly between the computes and the first of a pass has
+/// a kept block's compute to hide behind even when nothing was prefetched (a request's
+/// first pass). All of them when `n` ≥ `blocks`.
 pub fn resident_block_mask(blocks: usize, n: u64) -> Vec<bool> {
     let (l, n) = (blocks as u64, n.min(blocks as u64));
-    (0..l).map(|b| (b + 1) * n / l > b * n / l).collect()
+    (0..l)
+        .map(|b| (l - b) * n / l > (l - b - 1) * n / l)
+        .collect()
 }
 
 /// Where a plan puts the weights: the strategy, dp, K, and which groups stay whole on the
@@ -337,9 +341,11 @@ mod tests {
                 .collect::<String>()
         };
         assert_eq!(mask(10, 0), "..........");
-        assert_eq!(mask(10, 5), ".k.k.k.k.k");
-        assert_eq!(mask(10, 2), "....k....k");
-        assert_eq!(mask(6, 3), ".k.k.k");
+        assert_eq!(mask(10, 5), "k.k.k.k.k.");
+        assert_eq!(mask(10, 2), "k....k....");
+        assert_eq!(mask(6, 3), "k.k.k.");
+        assert_eq!(mask(12, 11), "kkkkkkkkkkk.");
+        assert_eq!(mask(12, 1), "k...........");
         assert_eq!(mask(4, 9), "kkkk");
         for l in 1..40 {
             for n in 0..=l {

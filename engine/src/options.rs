@@ -41,11 +41,6 @@ pub struct EngineArgs {
     /// operator passes the plan's choice.
     #[arg(long, env = bounds::ENV_RESIDENT_COMPONENTS, value_delimiter = ',')]
     pub resident_components: Vec<String>,
-    /// Blocks of each streamed group that stay on every device, spread evenly through the
-    /// group, copied once and never streamed: a number, or `auto` (as many as
-    /// `--device-memory-mib` holds after the slots, the activations and the overhead).
-    #[arg(long, env = bounds::ENV_RESIDENT_BLOCKS, default_value = "0")]
-    pub resident_blocks: ResidentBlocks,
     /// How weights reach the device: `auto` (on a GPU: the mapped checkpoint registered
     /// read-only, else a private writable mapping of it registered, else a staging ring),
     /// `register` (one of the two registrations, or fail), `pin` (a ring of a few pinned
@@ -68,9 +63,21 @@ pub struct EngineArgs {
     pub compute_dtype: ComputeDtype,
 }
 
+/// `--resident-blocks` of the commands that run one configuration (`generate`, `serve`);
+/// `bench` takes a list of them instead, one row each.
+#[derive(Args, Debug, Clone)]
+pub struct ResidentBlocksArgs {
+    /// Blocks of each streamed group that stay on every device, spread evenly through the
+    /// group, copied once and never streamed: a number, or `auto` (as many as
+    /// `--device-memory-mib` holds after the slots, the activations and the overhead).
+    #[arg(long, env = bounds::ENV_RESIDENT_BLOCKS, default_value = "0")]
+    pub resident_blocks: ResidentBlocks,
+}
+
 impl EngineArgs {
-    /// The engine options these flags describe, for `strategy`.
-    pub fn options(&self, strategy: Strategy) -> EngineOptions {
+    /// The engine options these flags describe, for `strategy` with `resident_blocks`
+    /// blocks of each streamed group kept on the device.
+    pub fn options(&self, strategy: Strategy, resident_blocks: ResidentBlocks) -> EngineOptions {
         EngineOptions {
             strategy,
             dp: self.dp,
@@ -83,7 +90,7 @@ impl EngineArgs {
                 .map(|c| c.trim().to_string())
                 .filter(|c| !c.is_empty())
                 .collect(),
-            resident_blocks: self.resident_blocks,
+            resident_blocks,
             host: self.host_memory,
             timeout: Duration::from_secs(self.timeout_seconds),
             device: self.device,

@@ -95,9 +95,19 @@ fn gpu_check_dry_run_prints_commands_this_executable_runs() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        text.contains("table columns: check model strategy dp K dtype host_path result vs_cpu"),
+        text.contains("table columns: check model strategy dp K N dtype host_path result vs_cpu"),
         "{text}"
     );
+    for col in [
+        "copied_MiB_step",
+        "gathered_MiB_step",
+        "h2d_GBps",
+        "h2d_peak_GBps",
+        "h2d_of_peak",
+        "pinned_GiB",
+    ] {
+        assert!(text.contains(col), "no column {col} in\n{text}");
+    }
     let commands: Vec<&str> = text
         .lines()
         .filter_map(|l| l.strip_prefix("  $ "))
@@ -115,6 +125,19 @@ fn gpu_check_dry_run_prints_commands_this_executable_runs() {
             commands.iter().any(|c| c.contains(want)),
             "no `{want}` in\n{text}"
         );
+    }
+    // The kept-blocks matrix: offload and offload-sharded, each with N = 0, auto and L/2.
+    for s in ["offload", "offload-sharded"] {
+        for n in ["0", "auto", "14"] {
+            let want = format!("--strategy {s} ");
+            let kept = format!("--resident-blocks {n} --device-memory-mib ");
+            assert!(
+                commands
+                    .iter()
+                    .any(|c| c.contains(&want) && c.contains(&kept)),
+                "no {s} with N = {n} in\n{text}"
+            );
+        }
     }
     // Nothing ran: the work folder holds no model and no run.
     assert!(!work.path().join("tiny-f32").exists());

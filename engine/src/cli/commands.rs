@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use safetensors::Dtype;
 
-use super::{BenchArgs, GenerateArgs, RequestArgs};
+use super::{GenerateArgs, RequestArgs};
 use crate::checkpoint::header::{encode_header, Header};
 use crate::checkpoint::Profile;
 use crate::engine::{Model, RunStats};
@@ -33,7 +33,7 @@ fn parse_size(s: &str) -> Result<(usize, usize)> {
 }
 
 impl RequestArgs {
-    fn requests(&self, model: &Model, init: Option<Tensor>) -> Result<Vec<Request>> {
+    pub(super) fn requests(&self, model: &Model, init: Option<Tensor>) -> Result<Vec<Request>> {
         let (width, height) = self
             .size
             .as_deref()
@@ -209,7 +209,7 @@ fn numbered(path: &Path, i: usize, n: usize) -> PathBuf {
     path.with_file_name(format!("{stem}-{i}{ext}"))
 }
 
-fn gib(b: u64) -> String {
+pub(super) fn gib(b: u64) -> String {
     format!("{:.3} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
@@ -287,7 +287,7 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
         .map(|p| read_latents(p, a.request.n))
         .transpose()?;
     let requests = a.request.requests(&model, init)?;
-    let mut opts = a.engine.options(strategy);
+    let mut opts = a.engine.options(strategy, a.kept.resident_blocks);
     opts.activations = model.activation_bytes(&requests)?;
     opts.trace = a.trace.as_ref().map(|_| Trace::new(4_000_000));
     let (outputs, stats) = model.run(requests, &opts)?;
@@ -332,116 +332,6 @@ fn print_stats(s: &RunStats) {
         gib(s.peak_anon_rss_bytes),
         gib(s.checkpoint_bytes),
     );
-}
-
-pub(super) fn bench(a: BenchArgs) -> Result<()> {
-    let strategies = a
-        .strategies
-        .iter()
-        .map(|s| s.parse::<Strategy>())
-        .collect::<Result<Vec<_>, _>>()?;
-    let model = Model::open(&a.engine.model)?;
-    // Bring the checkpoint into the page cache first so no strategy pays the disk; read
-    // through one small buffer, so the warm-up holds no copy of the model.
-    let mut buf = vec![0u8; 8 << 20];
-    for h in model
-        .checkpoint
-        .components()
-        .into_iter()
-        .flat_map(|(_, c)| c.files.iter())
-    {
-        let mut f = std::fs::File::open(&h.path)
-            .with_context(|| format!("reading {}", h.path.display()))?;
-        while std::io::Read::read(&mut f, &mut buf)? > 0 {}
-    }
-    let requests = a.request.requests(&model, None)?;
-    let mut best: Vec<Option<(RunStats, Vec<Tensor>)>> = vec![None; strategies.len()];
-    for round in 0..a.rounds.max(1) {
-        for (i, s) in strategies.iter().enumerate() {
-            let mut opts = a.engine.options(*s);
-            opts.activations = model.activation_bytes(&requests)?;
-            opts.decode = false;
-            let (out, stats) = model.run(requests.clone(), &opts)?;
-            let each: Vec<String> = stats
-                .step_seconds_each
-                .iter()
-                .map(|t| format!("{t:.3}"))
-                .collect();
-            eprintln!(
-                "round {round}: {s}: {:.3}s/step (steps: {})",
-                stats.step_seconds,
-                each.join(" ")
-            );
-            if best[i]
-                .as_ref()
-                .is_none_or(|(b, _)| stats.step_seconds < b.step_seconds)
-            {
-                best[i] = Some((stats, out.into_iter().map(|o| o.latents).collect()));
-            }
-        }
-    }
-    let best: Vec<(RunStats, Vec<Tensor>)> = best.into_iter().map(|b| b.expect("ran")).collect();
-    let reference = best
-        .iter()
-        .position(|(s, _)| s.strategy == "resident")
-        .unwrap_or(0);
-    let ref_step = best[reference].0.step_seconds;
-    let ref_latents = &best[reference].1;
-    println!(
-        "model {} ({}), dp={}, --slots {}, {} output(s) of {} steps, best of {} rounds",
-        a.engine.model.display(),
-        gib(best[0].0.checkpoint_bytes),
-        a.engine.dp,
-        a.engine.slots,
-        a.request.n,
-        requests.first().map_or(0, |r| r.steps),
-        a.rounds
-    );
-    println!(
-        "{:<16} {:>3} {:>10} {:>12} {:>8} {:>13} {:>14} {:>14} {:>14} {:>10}",
-        "strategy",
-        "K",
-        "s/step",
-        "vs resident",
-        "stall",
-        "switch stall",
-        "peak device",
-        "pinned host",
-        "anon RSS",
-        "identical"
-    );
-    let mut all_same = true;
-    for (s, lat) in &best {
-        let same = lat.len() == ref_latents.len()
-            && lat.iter().zip(ref_latents).all(|(x, y)| {
-                x.flatten_all()
-                    .and_then(|x| x.to_vec1::<f32>())
-                    .ok()
-                    .map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
-                    == y.flatten_all()
-                        .and_then(|y| y.to_vec1::<f32>())
-                        .ok()
-                        .map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
-            });
-        all_same &= same;
-        println!(
-            "{:<16} {:>3} {:>10.3} {:>11.3}x {:>7.1}% {:>12.1}% {:>14} {:>14} {:>14} {:>10}",
-            s.strategy,
-            s.slots,
-            s.step_seconds,
-            s.step_seconds / ref_step,
-            100.0 * s.stall_fraction,
-            100.0 * s.switch_stall_fraction,
-            gib(s.peak_device_bytes),
-            gib(s.peak_pinned_host_bytes),
-            gib(s.peak_anon_rss_bytes),
-            if same { "yes" } else { "NO" }
-        );
-    }
-    if !all_same {
-        bail!("strategies produced different latents");
-    }
-    Ok(())
 }
 
 pub(super) fn trace_svg(trace: &Path, out: Option<PathBuf>) -> Result<()> {

@@ -6,6 +6,7 @@
 //! executable, which links no CUDA, and the CUDA library it hands device commands to
 //! when a GPU driver is present (see [`crate::launch`]).
 
+mod bench;
 mod commands;
 
 use std::ffi::OsString;
@@ -17,7 +18,7 @@ use safetensors::Dtype;
 
 use crate::execution::cuda::DeviceChoice;
 use crate::execution::work::DEFAULT_MAX_SEQUENCE_LENGTH;
-use crate::options::EngineArgs;
+use crate::options::{EngineArgs, ResidentBlocksArgs};
 use crate::server::{serve, ServeArgs};
 use crate::tools::loadgen::LoadgenArgs;
 use crate::tools::soak::SoakArgs;
@@ -72,7 +73,8 @@ enum Cmd {
     },
     /// Generate images.
     Generate(GenerateArgs),
-    /// Run the same request under each strategy and compare step time, stalls and memory.
+    /// Run the same request under each strategy and number of blocks kept on the device,
+    /// and compare step time, stalls, bytes moved per step and memory.
     Bench(BenchArgs),
     /// Serve the HTTP API (images, jobs, metrics) until SIGTERM.
     Serve(ServeArgs),
@@ -181,6 +183,8 @@ pub(crate) struct GenerateArgs {
     #[command(flatten)]
     engine: EngineArgs,
     #[command(flatten)]
+    kept: ResidentBlocksArgs,
+    #[command(flatten)]
     request: RequestArgs,
     /// resident, sharded, offload or offload-sharded.
     #[arg(long, env = "LAYERWISE_STRATEGY", default_value = "offload-sharded")]
@@ -224,9 +228,24 @@ pub(crate) struct BenchArgs {
         value_delimiter = ','
     )]
     strategies: Vec<String>,
-    /// Rounds over all strategies; each strategy's best round is reported.
+    /// Blocks of each streamed group kept on the device, one row per value for each
+    /// streaming strategy (comma-separated; `resident` runs once, as the reference): a
+    /// number, `auto` (as many as `--device-memory-mib` holds after the slots, the
+    /// activations and the overhead) or `L/k` (the deepest streamed group's blocks ÷ k,
+    /// rounded down), e.g. `0,auto,L/2`.
+    #[arg(
+        long,
+        env = crate::bounds::ENV_RESIDENT_BLOCKS,
+        default_value = "0",
+        value_delimiter = ','
+    )]
+    resident_blocks: Vec<bench::KeptBlocks>,
+    /// Rounds over all configurations; each configuration's best round is reported.
     #[arg(long, env = "LAYERWISE_ROUNDS", default_value_t = 2)]
     rounds: usize,
+    /// Print the rows as JSON (every figure of each run, bytes exact) instead of a table.
+    #[arg(long, env = "LAYERWISE_JSON")]
+    json: bool,
 }
 
 /// Whether the command `args` asks for may compute on a GPU: `generate`, `bench` and
@@ -306,7 +325,7 @@ fn run(cmd: Cmd) -> Result<i32> {
             );
         }
         Cmd::Generate(a) => commands::generate(a)?,
-        Cmd::Bench(a) => commands::bench(a)?,
+        Cmd::Bench(a) => bench::bench(a)?,
         Cmd::Serve(a) => return Ok(serve(a)?),
         Cmd::TraceSvg { trace, out } => commands::trace_svg(&trace, out)?,
         Cmd::Loadgen(a) => commands::loadgen(&a)?,
@@ -396,7 +415,7 @@ mod tests {
             (a.slots, a.host_memory),
             (SlotsChoice::Fixed(5), HostMode::Register)
         );
-        let o = a.options(crate::Strategy::Offload);
+        let o = a.options(crate::Strategy::Offload, Default::default());
         assert_eq!(
             (o.slots, o.host),
             (SlotsChoice::Fixed(5), HostMode::Register)

@@ -97,6 +97,9 @@ impl Default for EngineOptions {
 pub struct RankResult {
     /// K this rank ran with.
     pub slots: usize,
+    /// Blocks of each streamed group this rank kept on the device (what
+    /// `--resident-blocks auto` chose).
+    pub resident_blocks: usize,
     /// Compute waiting for weights, in passes where this rank had work.
     pub stall: Duration,
     /// Time of this rank's denoising steps (passes that completed a step).
@@ -681,6 +684,7 @@ impl Run<'_> {
         let s = pipe.stats().clone();
         Ok(RankResult {
             slots,
+            resident_blocks: self.streamed.resident_blocks,
             stall,
             step_time,
             steps,

@@ -30,7 +30,7 @@ use crate::execution::work::DEFAULT_MAX_SEQUENCE_LENGTH;
 use crate::http;
 use crate::media::image::encode_png;
 use crate::media::video::{self, Clip, VideoFormat};
-use crate::options::EngineArgs;
+use crate::options::{EngineArgs, ResidentBlocksArgs};
 use crate::{Error, Result, Strategy};
 use api::{AppState, Bounds};
 use forward::Forwarding;
@@ -52,6 +52,8 @@ impl From<Error> for ApiError {
 pub struct ServeArgs {
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub kept: ResidentBlocksArgs,
     /// resident, sharded, offload or offload-sharded.
     #[arg(long, env = "LAYERWISE_STRATEGY", default_value = "offload-sharded")]
     pub strategy: String,
@@ -184,7 +186,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         decode: bounds::SERVE_DECODES_ON_DEVICE,
         trace: trace.clone(),
         activations,
-        ..a.engine.options(strategy)
+        ..a.engine.options(strategy, a.kept.resident_blocks)
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

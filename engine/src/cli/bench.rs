@@ -1,0 +1,378 @@
+//! `layerwise bench`: the same requests under each strategy and, for the streaming ones,
+//! each number of blocks kept on the device, run interleaved round by round so that the
+//! machine's noise falls on every configuration alike. Each configuration's best round is
+//! reported against `resident`'s: step time, stalls, bytes moved per step, device and
+//! pinned host bytes, and whether its latents are bit-identical to the reference.
+
+use std::fmt;
+use std::str::FromStr;
+
+use anyhow::{bail, Context, Result};
+use candle_core::Tensor;
+use serde::Serialize;
+
+use super::commands::gib;
+use super::BenchArgs;
+use crate::engine::{Model, RunStats};
+use crate::execution::cuda::plan::ResidentBlocks;
+use crate::memory::GroupBytes;
+use crate::Strategy;
+
+/// One value of bench's `--resident-blocks`: blocks of each streamed group kept on the
+/// device, as a number, `auto`, or a share of the deepest group (`L/k`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeptBlocks {
+    Fixed(usize),
+    /// As many as the device memory budget holds (the engine's `--resident-blocks auto`).
+    Auto,
+    /// The deepest streamed group's blocks ÷ k, rounded down.
+    Share(usize),
+}
+
+impl FromStr for KeptBlocks {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s == "auto" {
+            return Ok(KeptBlocks::Auto);
+        }
+        if let Some(k) = s.strip_prefix("L/") {
+            return match k.parse::<usize>() {
+                Ok(k) if k > 0 => Ok(KeptBlocks::Share(k)),
+                _ => Err(format!(
+                    "`{s}`: expected L/k with k ≥ 1 (the deepest group's blocks ÷ k)"
+                )),
+            };
+        }
+        s.parse()
+            .map(KeptBlocks::Fixed)
+            .map_err(|_| format!("`{s}`: expected a number of blocks, `auto` or L/k (e.g. L/2)"))
+    }
+}
+
+impl fmt::Display for KeptBlocks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeptBlocks::Fixed(n) => write!(f, "{n}"),
+            KeptBlocks::Auto => f.write_str("auto"),
+            KeptBlocks::Share(k) => write!(f, "L/{k}"),
+        }
+    }
+}
+
+impl KeptBlocks {
+    /// The engine's `--resident-blocks` for a model whose deepest streamed group has
+    /// `deepest` blocks.
+    pub fn resolve(self, deepest: usize) -> ResidentBlocks {
+        match self {
+            KeptBlocks::Fixed(n) => ResidentBlocks::Fixed(n),
+            KeptBlocks::Auto => ResidentBlocks::Auto,
+            KeptBlocks::Share(k) => ResidentBlocks::Fixed(deepest / k),
+        }
+    }
+}
+
+/// One configuration bench runs: a strategy and, when it streams, the blocks it keeps.
+#[derive(Debug, Clone, Copy)]
+struct Config {
+    strategy: Strategy,
+    /// `None` for `resident`, which keeps every block whatever the flag says.
+    kept: Option<KeptBlocks>,
+}
+
+/// One row of the table (and of `--json`): a configuration's best round.
+#[derive(Serialize)]
+struct Row {
+    /// `--resident-blocks` as asked (`-` for `resident`); `resident_blocks` below is what
+    /// the engine kept.
+    resident_blocks_asked: String,
+    /// Best step time over the reference's best (`resident`'s, else the first row's).
+    vs_resident: f64,
+    /// The median over rounds of step time over the reference's in the same round: on a
+    /// machine whose load changes from minute to minute, the steadier figure.
+    vs_resident_paired: f64,
+    /// Latents bit-identical to the reference's.
+    identical: bool,
+    host_memory: String,
+    #[serde(flatten)]
+    stats: RunStats,
+}
+
+/// What `bench --json` prints.
+#[derive(Serialize)]
+struct Report {
+    model: String,
+    dp: usize,
+    outputs: usize,
+    steps: usize,
+    rounds: usize,
+    rows: Vec<Row>,
+}
+
+/// The configurations `a` asks for, in the order they run and print: `resident` once,
+/// every other strategy once per `--resident-blocks` value. A fixed number that keeps
+/// every block of every group is refused before anything runs: that is `resident`.
+fn configs(a: &BenchArgs, deepest: usize) -> Result<Vec<Config>> {
+    let strategies = a
+        .strategies
+        .iter()
+        .map(|s| s.parse::<Strategy>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let kept = if a.resident_blocks.is_empty() {
+        vec![KeptBlocks::Fixed(0)]
+    } else {
+        a.resident_blocks.clone()
+    };
+    let mut out = Vec::new();
+    for strategy in strategies {
+        if !strategy.streams() {
+            out.push(Config {
+                strategy,
+                kept: None,
+            });
+            continue;
+        }
+        for &k in &kept {
+            if let ResidentBlocks::Fixed(n) = k.resolve(deepest) {
+                if n >= deepest {
+                    bail!(
+                        "--resident-blocks {k}: keeps {n} blocks, every block of the deepest group ({deepest}), so {strategy} would stream nothing; `resident` is the row that keeps them all"
+                    );
+                }
+            }
+            out.push(Config {
+                strategy,
+                kept: Some(k),
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn bits(latents: &[Tensor]) -> Option<Vec<Vec<u32>>> {
+    latents
+        .iter()
+        .map(|t| {
+            let v = t.flatten_all().ok()?.to_vec1::<f32>().ok()?;
+            Some(v.iter().map(|f| f.to_bits()).collect())
+        })
+        .collect()
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+pub(super) fn bench(a: BenchArgs) -> Result<()> {
+    let model = Model::open(&a.engine.model)?;
+    let deepest = model
+        .group_bytes()?
+        .iter()
+        .map(GroupBytes::blocks)
+        .max()
+        .unwrap_or(0);
+    let configs = configs(&a, deepest)?;
+    // Bring the checkpoint into the page cache first so no configuration pays the disk;
+    // read through one small buffer, so the warm-up holds no copy of the model.
+    let mut buf = vec![0u8; 8 << 20];
+    for h in model
+        .checkpoint
+        .components()
+        .into_iter()
+        .flat_map(|(_, c)| c.files.iter())
+    {
+        let mut f = std::fs::File::open(&h.path)
+            .with_context(|| format!("reading {}", h.path.display()))?;
+        while std::io::Read::read(&mut f, &mut buf)? > 0 {}
+    }
+    let requests = a.request.requests(&model, None)?;
+    let activations = model.activation_bytes(&requests)?;
+    let mut best: Vec<Option<(RunStats, Vec<Tensor>)>> = vec![None; configs.len()];
+    // Every round's step time, per configuration.
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    for round in 0..a.rounds.max(1) {
+        for (i, c) in configs.iter().enumerate() {
+            let kept = c
+                .kept
+                .map_or(ResidentBlocks::Fixed(0), |k| k.resolve(deepest));
+            let mut opts = a.engine.options(c.strategy, kept);
+            opts.activations = activations;
+            opts.decode = false;
+            let (out, stats) =
+                model
+                    .run(requests.clone(), &opts)
+                    .with_context(|| match c.kept {
+                        Some(k) => format!("{} with --resident-blocks {k}", c.strategy),
+                        None => c.strategy.to_string(),
+                    })?;
+            let each: Vec<String> = stats
+                .step_seconds_each
+                .iter()
+                .map(|t| format!("{t:.3}"))
+                .collect();
+            eprintln!(
+                "round {round}: {} N={}: {:.3}s/step (steps: {})",
+                c.strategy,
+                stats.resident_blocks,
+                stats.step_seconds,
+                each.join(" ")
+            );
+            times[i].push(stats.step_seconds);
+            if best[i]
+                .as_ref()
+                .is_none_or(|(b, _)| stats.step_seconds < b.step_seconds)
+            {
+                best[i] = Some((stats, out.into_iter().map(|o| o.latents).collect()));
+            }
+        }
+    }
+    let best: Vec<(RunStats, Vec<Tensor>)> = best.into_iter().map(|b| b.expect("ran")).collect();
+    let reference = configs
+        .iter()
+        .position(|c| c.strategy == Strategy::Resident)
+        .unwrap_or(0);
+    let ref_step = best[reference].0.step_seconds;
+    let ref_bits = bits(&best[reference].1);
+    let paired = |i: usize| {
+        let mut r: Vec<f64> = times[i]
+            .iter()
+            .zip(&times[reference])
+            .map(|(t, base)| t / base)
+            .collect();
+        r.sort_by(f64::total_cmp);
+        match r.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => r[n / 2],
+            n => (r[n / 2 - 1] + r[n / 2]) / 2.0,
+        }
+    };
+    let rows: Vec<Row> = configs
+        .iter()
+        .zip(best)
+        .enumerate()
+        .map(|(i, (c, (stats, latents)))| Row {
+            resident_blocks_asked: c.kept.map_or("-".into(), |k| k.to_string()),
+            vs_resident: stats.step_seconds / ref_step,
+            vs_resident_paired: paired(i),
+            identical: ref_bits.is_some() && bits(&latents) == ref_bits,
+            host_memory: a.engine.host_memory.to_string(),
+            stats,
+        })
+        .collect();
+    let steps = requests.first().map_or(0, |r| r.steps);
+    if a.json {
+        let report = Report {
+            model: a.engine.model.display().to_string(),
+            dp: a.engine.dp,
+            outputs: a.request.n,
+            steps,
+            rounds: a.rounds.max(1),
+            rows,
+        };
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        if !report.rows.iter().all(|r| r.identical) {
+            bail!("configurations produced different latents");
+        }
+        return Ok(());
+    }
+    println!(
+        "model {} ({}, {deepest} blocks in its deepest group), dp={}, --slots {}, --host-memory {}, device memory {}, {} output(s) of {steps} steps, best of {} rounds",
+        a.engine.model.display(),
+        gib(rows[0].stats.checkpoint_bytes),
+        a.engine.dp,
+        a.engine.slots,
+        a.engine.host_memory,
+        a.engine
+            .device_memory_mib
+            .map_or("unbounded".into(), |m| format!("{m} MiB")),
+        a.request.n,
+        a.rounds.max(1)
+    );
+    print_table(&rows, a.engine.dp > 1);
+    if !rows.iter().all(|r| r.identical) {
+        bail!("configurations produced different latents");
+    }
+    Ok(())
+}
+
+/// The table: one line per configuration; the gathered column only where ranks gather.
+/// `vs resident` is best over best; `paired med` the median of the rounds' own ratios.
+fn print_table(rows: &[Row], gathers: bool) {
+    let gathered = |s: String| {
+        if gathers {
+            format!(" {s:>14}")
+        } else {
+            String::new()
+        }
+    };
+    println!(
+        "{:<16} {:>9} {:>3} {:>9} {:>11} {:>11} {:>7} {:>12} {:>14}{} {:>13} {:>13} {:>5} {:>13} {:>9}",
+        "strategy",
+        "N",
+        "K",
+        "s/step",
+        "vs resident",
+        "paired med",
+        "stall",
+        "switch stall",
+        "copied/step",
+        gathered("gathered/step".into()),
+        "peak device",
+        "pinned host",
+        "host",
+        "anon RSS",
+        "identical"
+    );
+    for r in rows {
+        let s = &r.stats;
+        // What auto or L/k resolved to, beside what was asked.
+        let n = match r.resident_blocks_asked.as_str() {
+            "-" => "-".to_string(),
+            asked if asked == s.resident_blocks.to_string() => asked.to_string(),
+            asked => format!("{asked}={}", s.resident_blocks),
+        };
+        println!(
+            "{:<16} {:>9} {:>3} {:>9.3} {:>10.3}x {:>10.3}x {:>6.1}% {:>11.1}% {:>14}{} {:>13} {:>13} {:>5} {:>13} {:>9}",
+            s.strategy,
+            n,
+            s.slots,
+            s.step_seconds,
+            r.vs_resident,
+            r.vs_resident_paired,
+            100.0 * s.stall_fraction,
+            100.0 * s.switch_stall_fraction,
+            mib(s.bytes_copied_per_step),
+            gathered(mib(s.bytes_gathered_per_step)),
+            gib(s.peak_device_bytes),
+            gib(s.peak_pinned_host_bytes),
+            r.host_memory,
+            gib(s.peak_anon_rss_bytes),
+            if r.identical { "yes" } else { "NO" }
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_blocks_parse_and_resolve() {
+        for (s, want, resolved) in [
+            ("0", KeptBlocks::Fixed(0), ResidentBlocks::Fixed(0)),
+            ("5", KeptBlocks::Fixed(5), ResidentBlocks::Fixed(5)),
+            ("auto", KeptBlocks::Auto, ResidentBlocks::Auto),
+            ("L/2", KeptBlocks::Share(2), ResidentBlocks::Fixed(6)),
+            (" L/5 ", KeptBlocks::Share(5), ResidentBlocks::Fixed(2)),
+        ] {
+            let k: KeptBlocks = s.parse().unwrap();
+            assert_eq!(k, want, "{s}");
+            assert_eq!(k.resolve(12), resolved, "{s}");
+            assert_eq!(k.to_string().parse::<KeptBlocks>().unwrap(), k);
+        }
+        for bad in ["L/0", "L/x", "half", "-1", "L"] {
+            let e = bad.parse::<KeptBlocks>().unwrap_err();
+            assert!(e.contains(bad.trim()), "{e}");
+        }
+    }
+}
