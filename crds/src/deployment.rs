@@ -440,17 +440,26 @@ pub struct MemoryBreakdown {
     pub block_weights: u64,
     /// K slots of one full (padded) block of any streamed component each.
     pub slots: u64,
-    /// Weights outside the blocks (prologues, epilogues; the decoder when the engine
-    /// decodes on the device), always resident.
+    /// Weights outside the blocks (prologues, epilogues), always resident.
     pub resident_weights: u64,
     /// Activations of the largest allowed request.
     pub activations: u64,
     /// Runtime overhead per device.
     pub overhead: u64,
+    /// The VAE decoder where the engine decodes on the device (a GPU): its weights and
+    /// the decode of the largest allowed output, beside the rank; 0 where it decodes on
+    /// the host.
+    #[serde(default)]
+    pub decoder: u64,
 }
 
 impl MemoryBreakdown {
     pub fn total(&self) -> u64 {
-        self.block_weights + self.slots + self.resident_weights + self.activations + self.overhead
+        self.block_weights
+            + self.slots
+            + self.resident_weights
+            + self.activations
+            + self.overhead
+            + self.decoder
     }
 }

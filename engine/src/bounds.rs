@@ -27,11 +27,6 @@ pub const ENV_RESIDENT_COMPONENTS: &str = "LAYERWISE_RESIDENT_COMPONENTS";
 /// Environment variable of the engine's `--resident-blocks`.
 pub const ENV_RESIDENT_BLOCKS: &str = "LAYERWISE_RESIDENT_BLOCKS";
 
-/// Whether `layerwise serve`'s ranks hold the decoder: no, the server decodes on the host
-/// (its decode thread), so the planner reserves no device memory for the decoder's
-/// weights. One constant for the server and the planner.
-pub const SERVE_DECODES_ON_DEVICE: bool = false;
-
 /// What one request may ask for, beyond what the model itself can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestBounds {

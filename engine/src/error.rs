@@ -49,6 +49,10 @@ pub enum Error {
     /// A rank, stream or collective that failed; carries the first cause.
     #[error("rank {rank}: {msg}")]
     Rank { rank: usize, msg: String },
+    /// Decoding one output on a device failed (out of device memory, a kernel error);
+    /// only that output's job fails.
+    #[error("decoding on {device}: {msg}")]
+    Decode { device: String, msg: String },
     /// A request body that is not the JSON object the API expects.
     #[error("bad request: {msg}")]
     BadRequest { msg: String },
@@ -173,6 +177,7 @@ impl Error {
             Error::Transfer(_) => "transfer_failed",
             Error::OutOfDeviceMemory { .. } => "out_of_device_memory",
             Error::NotFinite { .. } => "not_finite",
+            Error::Decode { .. } => "decode_failed",
             _ => "internal",
         }
     }

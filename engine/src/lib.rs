@@ -8,6 +8,7 @@ pub mod bounds;
 pub mod checkpoint;
 #[cfg(feature = "runtime")]
 pub mod cli;
+pub mod decode;
 #[cfg(feature = "runtime")]
 pub mod engine;
 pub mod error;

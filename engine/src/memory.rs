@@ -17,7 +17,10 @@
 //! - **activations**: the largest allowed request's peak
 //!   ([`crate::checkpoint::ActivationCost::checked_bytes`]);
 //! - **overhead**: the runtime's own (context, kernels, allocator slack), a fixed
-//!   allowance.
+//!   allowance;
+//! - **decoder**: where `serve` decodes on the ranks' devices ([`crate::decode`]), the
+//!   decoder's weights and the peak of decoding the largest allowed output, which runs
+//!   beside the rank's passes; 0 where it decodes on the host.
 //!
 //! A region of a block is padded to a multiple of dp × [`ALIGN`] so it splits into dp
 //! equal, aligned shards ([`crate::layout`]).
@@ -202,10 +205,22 @@ pub struct DeviceBytes {
     pub resident_weights: u64,
     pub activations: u64,
     pub overhead: u64,
+    /// The decoder beside the ranks: its weights and its decode peak
+    /// ([`crate::decode::DecoderBytes::total`]).
+    pub decoder: u64,
 }
 
 impl DeviceBytes {
-    /// Everything the engine allocates for weights (what its device budget is charged).
+    /// These bytes with a decoder of `d` beside the rank.
+    pub fn with_decoder(self, d: crate::decode::DecoderBytes) -> DeviceBytes {
+        DeviceBytes {
+            decoder: d.total(),
+            ..self
+        }
+    }
+
+    /// Everything the rank allocates for weights (what its device budget is charged; the
+    /// decoder beside it is not the rank's).
     pub fn weights(&self) -> u64 {
         [self.block_weights, self.slots, self.resident_weights]
             .into_iter()
@@ -213,9 +228,14 @@ impl DeviceBytes {
     }
 
     pub fn total(&self) -> u64 {
-        [self.weights(), self.activations, self.overhead]
-            .into_iter()
-            .fold(0u64, u64::saturating_add)
+        [
+            self.weights(),
+            self.activations,
+            self.overhead,
+            self.decoder,
+        ]
+        .into_iter()
+        .fold(0u64, u64::saturating_add)
     }
 }
 
@@ -270,6 +290,7 @@ pub fn device_bytes(
         resident_weights: outside,
         activations,
         overhead,
+        decoder: 0,
     }
 }
 
@@ -401,6 +422,15 @@ mod tests {
         );
         assert_eq!(resident.slots, 0);
         assert_eq!(resident.total(), resident.block_weights + 7 + 11 + 13);
+        // A decoder beside the rank adds its weights and peak to the total, not to what
+        // the rank charges for weights.
+        let d = crate::decode::DecoderBytes {
+            weights: 17,
+            peak: 19,
+        };
+        let decoding = resident.with_decoder(d);
+        assert_eq!(decoding.weights(), resident.weights());
+        assert_eq!(decoding.total(), resident.total() + 17 + 19);
         // One slot: per dtype the largest padded region of any group.
         let slot = 512 + 5120;
         let offload = device_bytes(&groups, &all(Strategy::Offload), 0, 0, 0);

@@ -2,8 +2,9 @@
 //! workload bounds (plus any fixed strategy, dp or slots) to a plan or a refusal.
 //!
 //! Memory is counted per rank on the device (block weights kept there, K slots of one padded
-//! block, prologue/epilogue and VAE, activations of the largest allowed request, runtime
-//! overhead) and per pod on the host (one copy of the model, mapped, plus pinned staging
+//! block, prologue/epilogue, activations of the largest allowed request, runtime overhead,
+//! and the VAE decoder with its largest decode where the pods decode on the device) and per
+//! pod on the host (one copy of the model, mapped, plus pinned staging
 //! buffers for the offload strategies, plus runtime). Slot sizes and activation cost come
 //! from the engine's [`Profile`], so there is one formula. A plan is only ever recorded for
 //! nodes it fits; a refusal names the resource that falls short and by how many bytes.
@@ -14,6 +15,7 @@ use crds::{
     ComponentPlacement, ComponentPlan, DiffusionDeploymentSpec, MemoryBreakdown, Plan, Profile,
     Strategy, StrategyChoice, Workload,
 };
+use layerwise_engine::decode::{DecodeSite, DecoderBytes};
 use layerwise_engine::memory::{self, Placement};
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -66,6 +68,9 @@ pub struct Limits {
     pub max_slots: u32,
     /// The most ranks per pod the planner chooses on its own.
     pub max_dp: u32,
+    /// Where the engine pods decode ([`DecodeSite::for_resource`] of the accelerator): on
+    /// the device, the planner reserves the decoder's weights and largest decode there.
+    pub decode: DecodeSite,
 }
 
 impl Default for Limits {
@@ -76,16 +81,19 @@ impl Default for Limits {
             min_slots: layerwise_engine::strategy::MIN_STREAMING_SLOTS,
             max_slots: 4,
             max_dp: 8,
+            decode: DecodeSite::for_resource(crds::Accelerator::DEFAULT_RESOURCE),
         }
     }
 }
 
 impl Limits {
     /// These allowances, with what `spec` sets in their place (its device overhead, in
-    /// whole MiB as the engine's `--device-overhead-mib` takes it, rounded up).
+    /// whole MiB as the engine's `--device-overhead-mib` takes it, rounded up; where its
+    /// accelerator makes the pods decode).
     pub fn for_spec(self, spec: &DiffusionDeploymentSpec) -> Limits {
         const MIB: u64 = 1 << 20;
         Limits {
+            decode: DecodeSite::for_resource(spec.accelerator.resource()),
             device_overhead: spec
                 .engine
                 .device_overhead_bytes
@@ -195,34 +203,43 @@ pub fn activation_bytes(profile: &Profile, w: &Workload) -> Option<u64> {
     crate::resources::request_bounds(w).activation_bytes(&profile.activation)
 }
 
-/// What the engine keeps on each device outside the blocks: the prologues and epilogues,
-/// and the decoder when the engine pods decode on the device.
-pub fn outside_bytes(profile: &Profile) -> u64 {
-    profile.outside_block_bytes
-        + if layerwise_engine::bounds::SERVE_DECODES_ON_DEVICE {
-            profile.decoder_bytes
-        } else {
-            0
-        }
+/// What the engine pods' decoder keeps on each device where they decode (`site`): its
+/// weights and the decode of the largest output `w` allows, by the engine's own
+/// [`DecodeSite::decoder_bytes`]; nothing where they decode on the host. `None` when
+/// that decode would overflow (an output no device could decode).
+pub fn decoder_bytes(profile: &Profile, w: &Workload, site: DecodeSite) -> Option<DecoderBytes> {
+    site.decoder_bytes(
+        profile.decoder_bytes,
+        &profile.activation,
+        &crate::resources::request_bounds(w),
+    )
 }
 
 /// Device bytes per rank and host bytes per pod for one option: the engine's memory model
 /// ([`layerwise_engine::memory`]) over the profile's groups, with `resident` marking the
-/// groups kept whole on the device.
-pub fn need(profile: &Profile, activations: u64, placement: &Placement, limits: &Limits) -> Need {
+/// groups kept whole on the device, and `decoder` beside the rank.
+pub fn need(
+    profile: &Profile,
+    activations: u64,
+    decoder: DecoderBytes,
+    placement: &Placement,
+    limits: &Limits,
+) -> Need {
     let d = memory::device_bytes(
         &profile.groups,
         placement,
-        outside_bytes(profile),
+        profile.outside_block_bytes,
         activations,
         limits.device_overhead,
-    );
+    )
+    .with_decoder(decoder);
     let device = MemoryBreakdown {
         block_weights: d.block_weights,
         slots: d.slots,
         resident_weights: d.resident_weights,
         activations: d.activations,
         overhead: d.overhead,
+        decoder: d.decoder,
     };
     Need {
         device,
@@ -238,6 +255,7 @@ fn device_total(b: &MemoryBreakdown) -> u64 {
         b.resident_weights,
         b.activations,
         b.overhead,
+        b.decoder,
     ]
     .into_iter()
     .fold(0u64, u64::saturating_add)
@@ -396,6 +414,7 @@ struct Site<'a> {
     node: &'a NodeShape,
     profile: &'a Profile,
     act: u64,
+    decoder: DecoderBytes,
 }
 
 /// A failed check, kept to build the refusal.
@@ -425,7 +444,7 @@ fn check(site: &Site, opt: &Option_, limits: &Limits) -> Result<Need, Miss> {
             u64::from(node.devices),
         ));
     }
-    let n = need(profile, act, &opt.placement(profile), limits);
+    let n = need(profile, act, site.decoder, &opt.placement(profile), limits);
     let dev = device_total(&n.device);
     if dev > node.device_bytes {
         return Err(miss(Shortage::DeviceMemory, dev, node.device_bytes));
@@ -464,8 +483,34 @@ pub fn plan(
 }
 
 /// Plans one replica on the best of `candidates`, each sized with its own profile, for
-/// requests up to `workload`. A plan's figures hold on every node it names.
+/// requests up to `workload`. A plan's figures hold on every node it names. Where the pods
+/// would decode on the device and no option fits with the decoder there, the pods decode
+/// on the host instead (the plan's `decoder` term is then 0, and the operator tells the
+/// engine so), and the reasons say why.
 pub fn plan_candidates(
+    candidates: &[Candidate],
+    workload: &Workload,
+    overrides: &Overrides,
+    limits: &Limits,
+) -> Result<Plan, Refusal> {
+    match plan_decoding(candidates, workload, overrides, limits) {
+        Err(r) if limits.decode == DecodeSite::Device && r.shortage == Shortage::DeviceMemory => {
+            let host = Limits {
+                decode: DecodeSite::Host,
+                ..*limits
+            };
+            let mut p = plan_decoding(candidates, workload, overrides, &host)?;
+            p.reasons.push(format!(
+                "the pods decode on the host's CPU: no option fits with the VAE decoder beside the ranks on the device ({r})"
+            ));
+            Ok(p)
+        }
+        r => r,
+    }
+}
+
+/// [`plan_candidates`] with the pods decoding where `limits` says.
+fn plan_decoding(
     candidates: &[Candidate],
     workload: &Workload,
     overrides: &Overrides,
@@ -526,6 +571,18 @@ pub fn plan_candidates(
                 ),
             });
         };
+        let Some(decoder) = decoder_bytes(c.profile, workload, limits.decode) else {
+            return Err(Refusal {
+                shortage: Shortage::DeviceMemory,
+                node: Some(c.node.name.clone()),
+                needed: u64::MAX,
+                available: c.node.device_bytes,
+                option: format!(
+                    "decoding a {}x{} output on the device (beyond any device)",
+                    workload.max_width, workload.max_height
+                ),
+            });
+        };
         if c.profile.groups.is_empty() && c.profile.blocks > 0 {
             return Err(spec_refusal(format!(
                 "the profile of node {} has no per-group block bytes (its agent predates this operator): upgrade the agents",
@@ -536,6 +593,7 @@ pub fn plan_candidates(
             node: &c.node,
             profile: c.profile,
             act,
+            decoder,
         });
     }
     // K to start from; the planner grows it with the memory left once components are placed.
@@ -639,13 +697,15 @@ pub fn plan_candidates(
     copies.dedup_by_key(|(b, _)| *b);
     let fast = fitting.iter().all(|n| n.fast_peer_link);
     let mut reasons = vec![format!(
-        "{chosen}: {:.2} GiB per rank (block weights {:.2}, slots {:.2}, resident {:.2}, activations {:.2}, overhead {:.2}), {:.2} GiB host per pod beside the model's {:.2} GiB page-cache copy that the pods of a node share",
+        "{chosen}: {:.2} GiB per rank (block weights {:.2}, slots {:.2}, resident {:.2}, activations {:.2}, overhead {:.2}, decoder {:.2} decoding on the {}), {:.2} GiB host per pod beside the model's {:.2} GiB page-cache copy that the pods of a node share",
         dev as f64 / GIB,
         n.device.block_weights as f64 / GIB,
         n.device.slots as f64 / GIB,
         n.device.resident_weights as f64 / GIB,
         n.device.activations as f64 / GIB,
         n.device.overhead as f64 / GIB,
+        n.device.decoder as f64 / GIB,
+        limits.decode,
         n.host_per_pod as f64 / GIB,
         n.host_shared as f64 / GIB
     )];

@@ -127,6 +127,7 @@ fn slots_grow_to_the_cap_when_memory_allows_and_not_beyond() {
     let three = need(
         &huge(),
         act,
+        decoder_bytes(&huge(), &wl(), limits.decode).unwrap(),
         &Placement::new(Planned::OffloadSharded, 8, 3, 1),
         &limits,
     )
@@ -186,9 +187,12 @@ fn refuses_short_device_memory_with_the_shortfall() {
     assert_eq!(err.node.as_deref(), Some("a"));
     assert_eq!(err.available, 80 * GB);
     let act = activation_bytes(&medium(), &w).unwrap();
+    // Refused with the decoder on the device and on the host: the host's figure, the
+    // smaller.
     let cheapest = need(
         &medium(),
         act,
+        DecoderBytes::default(),
         &Placement::new(Planned::Offload, 1, 2, 1),
         &Limits::default(),
     )
@@ -329,7 +333,8 @@ proptest! {
             prop_assert_eq!(plan.device_bytes_per_rank, plan.device_breakdown.total());
             let act = activation_bytes(&p, &w).unwrap();
             prop_assert_eq!(plan.device_breakdown.activations, act);
-            let expected = need(&p, act, &Placement { resident_blocks: plan.resident_blocks, ..Placement::new(plan.strategy, u64::from(plan.dp), u64::from(plan.slots), 1) }, &limits);
+            let decoder = decoder_bytes(&p, &w, crate::resources::decode_site(&plan)).unwrap();
+            let expected = need(&p, act, decoder, &Placement { resident_blocks: plan.resident_blocks, ..Placement::new(plan.strategy, u64::from(plan.dp), u64::from(plan.slots), 1) }, &limits);
             prop_assert_eq!(&plan.device_breakdown, &expected.device);
             prop_assert_eq!(plan.host_bytes_per_node, p.total_bytes, "one copy of the model per node");
             prop_assert_eq!(plan.host_bytes_per_pod, expected.host_per_pod);
@@ -357,7 +362,7 @@ proptest! {
         let dp = if matches!(s, Planned::Sharded | Planned::OffloadSharded) { dp.max(2) } else { dp };
         let limits = Limits::default();
         let act = activation_bytes(&p, &w).unwrap();
-        let n = need(&p, act, &Placement::new(s, u64::from(dp), if s.streams() { u64::from(k) } else { 0 }, 1), &limits);
+        let n = need(&p, act, decoder_bytes(&p, &w, limits.decode).unwrap(), &Placement::new(s, u64::from(dp), if s.streams() { u64::from(k) } else { 0 }, 1), &limits);
         let node = NodeShape {
             name: "fits".into(),
             devices: dp + spare_devices,
@@ -415,8 +420,13 @@ fn sharded_dp_divides_the_nodes_accelerators_so_none_stay_idle() {
         guidance: true,
         ..wl()
     };
+    // Pods that decode on the host, so the ranks' figures are the transformer's alone.
+    let host = Limits {
+        decode: DecodeSite::Host,
+        ..Limits::default()
+    };
     // On eight accelerators three ranks would strand two: four, which divides eight.
-    let eight = plan(&p, &[a100("a")], &w, &auto(), &Limits::default()).unwrap();
+    let eight = plan(&p, &[a100("a")], &w, &auto(), &host).unwrap();
     assert_eq!((eight.strategy, eight.dp), (Planned::Sharded, 4));
     assert!(
         eight
@@ -427,14 +437,7 @@ fn sharded_dp_divides_the_nodes_accelerators_so_none_stay_idle() {
         eight.reasons
     );
     // On six, three divides: the fewest that fit.
-    let six = plan(
-        &p,
-        &[node("b", 6, 80, 2000, true)],
-        &w,
-        &auto(),
-        &Limits::default(),
-    )
-    .unwrap();
+    let six = plan(&p, &[node("b", 6, 80, 2000, true)], &w, &auto(), &host).unwrap();
     assert_eq!((six.strategy, six.dp), (Planned::Sharded, 3));
     assert!(
         six.reasons
@@ -448,7 +451,7 @@ fn sharded_dp_divides_the_nodes_accelerators_so_none_stay_idle() {
         dp: Some(3),
         ..auto()
     };
-    let three = plan(&p, &[a100("a")], &w, &fixed, &Limits::default()).unwrap();
+    let three = plan(&p, &[a100("a")], &w, &fixed, &host).unwrap();
     assert_eq!(three.dp, 3);
 }
 

@@ -23,6 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 use layerwise_engine::bounds::{self, RequestBounds};
+use layerwise_engine::decode::{self, DecodeSite};
 
 /// The port the engine serves HTTP (requests, `/metrics`, probes) on.
 pub const ENGINE_PORT: i32 = 8080;
@@ -185,6 +186,16 @@ pub fn request_bounds(w: &Workload) -> RequestBounds {
     }
 }
 
+/// Where `plan`'s pods decode: on the device exactly when it reserved the decoder there
+/// ([`crate::planner::decoder_bytes`]).
+pub fn decode_site(plan: &Plan) -> DecodeSite {
+    if plan.device_breakdown.decoder > 0 {
+        DecodeSite::Device
+    } else {
+        DecodeSite::Host
+    }
+}
+
 fn env(name: &str, value: impl ToString) -> EnvVar {
     EnvVar {
         name: name.into(),
@@ -260,6 +271,9 @@ pub fn deployment(
         bounds::ENV_DEVICE_OVERHEAD_MIB,
         plan.device_breakdown.overhead.div_ceil(1 << 20),
     ));
+    // Where the pods decode: the planner's decision, which the budget above reserves the
+    // decoder's bytes for (its `decoder` term is 0 where they decode on the host).
+    envs.push(env(decode::ENV_DECODE, decode_site(plan)));
     let resident = plan.resident_components();
     if !resident.is_empty() {
         envs.push(env(bounds::ENV_RESIDENT_COMPONENTS, resident.join(",")));
@@ -647,7 +661,10 @@ mod tests {
             host_bytes_per_pod: 80 << 30,
             host_bytes_per_node: 60 << 30,
             resident_blocks: 3,
-            device_breakdown: MemoryBreakdown::default(),
+            device_breakdown: MemoryBreakdown {
+                decoder: 1 << 30,
+                ..MemoryBreakdown::default()
+            },
             nodes: vec!["n0".into()],
             components: vec![
                 ComponentPlan {
@@ -744,6 +761,26 @@ mod tests {
         assert!(
             env.contains(&(bounds::ENV_RESIDENT_BLOCKS.into(), "3".into())),
             "{env:?}"
+        );
+        // The plan reserved the decoder on the device: the pods decode there; a plan
+        // that did not has them decode on the host.
+        assert!(
+            env.contains(&(decode::ENV_DECODE.into(), "device".into())),
+            "{env:?}"
+        );
+        let mut host = plan();
+        host.device_breakdown.decoder = 0;
+        let host_env = envs(&deployment(
+            &d,
+            &host,
+            1,
+            "engine:test",
+            &EnginePods::default(),
+            &[],
+        ));
+        assert!(
+            host_env.contains(&(decode::ENV_DECODE.into(), "host".into())),
+            "{host_env:?}"
         );
         assert!(
             env.contains(&(ENV_GUIDANCE_ALLOWED.into(), "true".into())),

@@ -3,15 +3,16 @@
 //! a synthetic model runs on the CPU backend (which enforces its device budget as a GPU
 //! would) with device memory capped at exactly the planner's figure, and runs; with one
 //! byte less the engine refuses to start, naming both figures, and the planner refuses the
-//! same node.
+//! same node. Where the pods decode on the device (NVIDIA GPUs), the decoder's weights and
+//! largest decode are in both figures; where they decode on the host, in neither.
 
 use std::path::Path;
 
 use crds::{DiffusionDeployment, Plan, Profile, Strategy, StrategyChoice};
-use layerwise_engine::bounds;
+use layerwise_engine::decode::{DecodeChoice, DecodeSite, DecoderBytes};
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::plan::ResidentBlocks;
-use layerwise_engine::execution::cuda::SlotsChoice;
+use layerwise_engine::execution::cuda::{DeviceChoice, SlotsChoice};
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::execution::work::{Condition, Request};
 use layerwise_engine::memory::Placement;
@@ -22,7 +23,8 @@ use safetensors::Dtype;
 
 const GIB: u64 = 1 << 30;
 
-/// A deployment of `family` at a small workload, with the strategy (and dp, K) fixed.
+/// A deployment of `family` at a small workload, with the strategy (and dp, K) fixed, on
+/// the default accelerator (NVIDIA GPUs).
 fn deployment(family: &str, strategy: Strategy, dp: u32, frames: u64) -> DiffusionDeployment {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "layerwise.dev/v1alpha1",
@@ -73,6 +75,21 @@ fn profile(dir: &Path) -> Profile {
     serde_json::from_value(serde_json::to_value(p).unwrap()).unwrap()
 }
 
+/// What the pod's decoder keeps on each rank's device: the engine's own figure
+/// (`serve`'s), at the site the operator passes for the plan.
+fn engine_decoder(model: &Model, dd: &DiffusionDeployment, plan: &Plan) -> DecoderBytes {
+    let env: DecodeChoice = resources::decode_site(plan).to_string().parse().unwrap();
+    layerwise_engine::server::decode_placement(
+        model,
+        env,
+        DeviceChoice::Cpu,
+        plan.dp as usize,
+        &resources::request_bounds(&dd.spec.workload),
+    )
+    .unwrap()
+    .1
+}
+
 /// The engine options the operator's pod would start with for `plan`, with the device
 /// budget `device_memory` in bytes.
 fn engine_options(
@@ -85,6 +102,7 @@ fn engine_options(
         .activation_bytes(&model.checkpoint.activation_cost())
         .unwrap();
     EngineOptions {
+        decoder: engine_decoder(model, dd, plan),
         strategy: plan.strategy,
         dp: plan.dp as usize,
         slots: SlotsChoice::Fixed(plan.slots.max(2) as usize),
@@ -93,7 +111,7 @@ fn engine_options(
         overhead: plan.device_breakdown.overhead,
         resident_components: plan.resident_components(),
         resident_blocks: ResidentBlocks::Fixed(plan.resident_blocks as usize),
-        decode: bounds::SERVE_DECODES_ON_DEVICE,
+        decode: false,
         ..EngineOptions::default()
     }
 }
@@ -129,6 +147,12 @@ fn exact_budget(dir: &Path, family: &str, dd: &DiffusionDeployment, frames: usiz
     let budget = plan.device_bytes_per_rank;
     let b = &plan.device_breakdown;
     assert_eq!(budget, b.total());
+    // The decoder term: the engine's figure is the planner's, and there exactly when the
+    // pods decode on the device.
+    let decoder = engine_decoder(&model, dd, &plan);
+    assert_eq!(b.decoder, decoder.total());
+    let on_device = DecodeSite::for_resource(dd.spec.accelerator.resource()) == DecodeSite::Device;
+    assert_eq!(b.decoder > 0, on_device, "{:?}", b);
 
     // At exactly the plan's bytes the engine runs, and its device accounting is the
     // plan's weights to the byte.
@@ -166,8 +190,18 @@ fn exact_budget(dir: &Path, family: &str, dd: &DiffusionDeployment, frames: usiz
         Err(r) => assert_eq!(r.shortage, Shortage::DeviceMemory, "{r}"),
         Ok(p) => {
             assert_ne!(
-                (&p.components, p.resident_blocks, p.slots),
-                (&plan.components, plan.resident_blocks, plan.slots),
+                (
+                    &p.components,
+                    p.resident_blocks,
+                    p.slots,
+                    p.device_breakdown.decoder
+                ),
+                (
+                    &plan.components,
+                    plan.resident_blocks,
+                    plan.slots,
+                    plan.device_breakdown.decoder
+                ),
                 "the same plan one byte short"
             );
             assert!(p.device_bytes_per_rank < budget);
@@ -236,6 +270,7 @@ fn a_plan_that_keeps_nothing_resident_also_runs_at_its_budget() {
     let lean = planner::need(
         &profile,
         planner::activation_bytes(&profile, &dd.spec.workload).unwrap(),
+        planner::decoder_bytes(&profile, &dd.spec.workload, Limits::default().decode).unwrap(),
         &Placement::new(Strategy::OffloadSharded, 2, 2, profile.groups.len()),
         &Limits::default(),
     )
@@ -251,5 +286,89 @@ fn a_plan_that_keeps_nothing_resident_also_runs_at_its_budget() {
             &engine_options(&model, &dd, &plan, lean),
         )
         .unwrap();
-    assert!(plan_on(&profile, &dd, lean - 1).is_err());
+    // One byte short, the decoder no longer fits beside the ranks: they decode on the host.
+    let host = plan_on(&profile, &dd, lean - 1).unwrap();
+    assert_eq!(host.device_breakdown.decoder, 0, "{:?}", host.reasons);
+}
+
+#[test]
+fn pods_that_decode_on_the_host_reserve_nothing_for_the_decoder_on_either_side() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("tiny");
+    synth(&dir, &SynthOptions::preset("tiny").unwrap()).unwrap();
+    // An accelerator the engine has no backend for: its pods compute on the CPU backend,
+    // which decodes on the host.
+    let mut dd = deployment("dit", Strategy::OffloadSharded, 2, 1);
+    dd.spec.accelerator.resource_name = Some("example.com/npu".into());
+    assert_eq!(
+        DecodeSite::for_resource(dd.spec.accelerator.resource()),
+        DecodeSite::Host
+    );
+    let plan = exact_budget(&dir, "dit", &dd, 1);
+    assert_eq!(plan.device_breakdown.decoder, 0);
+    // The same deployment on NVIDIA GPUs: the decoder's bytes on top, and nothing else
+    // changes.
+    let gpu = exact_budget(
+        &dir,
+        "dit",
+        &deployment("dit", Strategy::OffloadSharded, 2, 1),
+        1,
+    );
+    let profile = profile(&dir);
+    let want = planner::decoder_bytes(&profile, &dd.spec.workload, DecodeSite::Device).unwrap();
+    assert_eq!(want.weights, profile.decoder_bytes);
+    assert_eq!(gpu.device_breakdown.decoder, want.total());
+    assert_eq!(
+        gpu.device_bytes_per_rank,
+        plan.device_bytes_per_rank + want.total()
+    );
+}
+
+#[test]
+fn where_the_decoder_does_not_fit_beside_the_ranks_the_pods_decode_on_the_host() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("tiny");
+    synth(&dir, &SynthOptions::preset("tiny").unwrap()).unwrap();
+    let dd = deployment("dit", Strategy::Offload, 1, 1);
+    let profile = profile(&dir);
+    let act = planner::activation_bytes(&profile, &dd.spec.workload).unwrap();
+    let decoder = planner::decoder_bytes(&profile, &dd.spec.workload, DecodeSite::Device).unwrap();
+    assert!(decoder.weights > 0 && decoder.peak > 0);
+    // The leanest plan the spec allows (nothing kept on the device beyond two slots), with
+    // and without the decoder beside the rank.
+    let lean = |decoder| {
+        planner::need(
+            &profile,
+            act,
+            decoder,
+            &Placement::new(Strategy::Offload, 1, 2, profile.groups.len()),
+            &Limits::default(),
+        )
+        .device
+        .total()
+    };
+    let gpu = plan_on(&profile, &dd, lean(decoder)).unwrap();
+    assert_eq!(gpu.device_breakdown.decoder, decoder.total());
+    assert_eq!(resources::decode_site(&gpu), DecodeSite::Device);
+    // One byte short of it, the decoder does not fit beside the rank: the pods decode on
+    // the host, and the reasons say why.
+    let node = lean(decoder) - 1;
+    let host = plan_on(&profile, &dd, node).unwrap();
+    assert_eq!(host.device_breakdown.decoder, 0);
+    assert_eq!(resources::decode_site(&host), DecodeSite::Host);
+    assert!(host.device_bytes_per_rank <= node);
+    assert!(
+        host.reasons
+            .iter()
+            .any(|r| r.contains("decode on the host")),
+        "{:?}",
+        host.reasons
+    );
+    // And the engine runs it at exactly its budget, with nothing for the decoder.
+    let model = Model::open(&dir).unwrap();
+    let opts = engine_options(&model, &dd, &host, host.device_bytes_per_rank);
+    assert_eq!(opts.decoder, DecoderBytes::default());
+    model.run(vec![request("dit", 1)], &opts).unwrap();
+    // Short of even that: refused.
+    assert!(plan_on(&profile, &dd, lean(DecoderBytes::default()) - 1).is_err());
 }

@@ -6,11 +6,12 @@
 use std::path::{Path, PathBuf};
 
 use crds::{ComponentPlacement, DiffusionDeployment, Plan, Profile, Strategy, StrategyChoice};
-use layerwise_engine::bounds;
+use layerwise_engine::decode::{DecodeChoice, DecodeSite};
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::plan::{
     budget_capacity, choose_slots, DeviceNeeds, SlotsChoice,
 };
+use layerwise_engine::execution::cuda::DeviceChoice;
 use layerwise_engine::memory::Placement;
 use layerwise_engine::tools::synth::{synth, SynthOptions};
 use layerwise_operator::planner::{self, Limits, NodeShape, Overrides, Refusal, Shortage};
@@ -145,13 +146,14 @@ fn breakdown(dd: &DiffusionDeployment, plan: &Plan) -> String {
     let b = &plan.device_breakdown;
     let gib = |n: u64| format!("{:.2}", n as f64 / GIB as f64);
     format!(
-        "{} {} | {} | {} | {} | {} | {} |",
+        "{} {} | {} | {} | {} | {} | {} | {} |",
         plan_cells(dd, plan),
         gib(b.block_weights),
         gib(b.slots),
         gib(b.resident_weights),
         gib(b.activations),
         gib(b.overhead),
+        gib(b.decoder),
         gib(plan.device_bytes_per_rank)
     )
 }
@@ -181,8 +183,8 @@ fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, plan: 
         ..Placement::new(strategy, u64::from(plan.dp), 0, groups.len())
             .with_resident_components(&groups, &plan.resident_components())
     };
-    // The ranks of `serve` hold what the server keeps on the device.
-    let outside = model.family.resident_bytes(bounds::SERVE_DECODES_ON_DEVICE);
+    // The ranks of `serve` never hold the decoder: it runs beside them.
+    let outside = model.family.resident_bytes(false);
     let needs = DeviceNeeds::of(&groups, &placement, outside);
     let k = u64::from(plan.slots);
     let b = &plan.device_breakdown;
@@ -197,13 +199,36 @@ fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, plan: 
         .activation_bytes(&model.checkpoint.activation_cost())
         .unwrap();
     assert_eq!(act, b.activations);
-    assert!(weights + act + b.overhead <= plan.device_bytes_per_rank);
+    // The decoder beside each rank where the plan has room for it: the engine's figure,
+    // from the site the operator passes, is the planner's.
+    let site = resources::decode_site(plan);
+    let (_, decoder) = layerwise_engine::server::decode_placement(
+        model,
+        DecodeChoice::Fixed(site),
+        DeviceChoice::Cpu,
+        plan.dp as usize,
+        &resources::request_bounds(&dd.spec.workload),
+    )
+    .unwrap();
+    assert_eq!(decoder.total(), b.decoder);
+    assert_eq!(
+        site == DecodeSite::Device,
+        decoder.weights > 0 && decoder.peak > 0
+    );
+    assert!(weights + act + b.overhead + b.decoder <= plan.device_bytes_per_rank);
     assert!(plan.device_bytes_per_rank <= node.device_bytes);
-    // The engine starts: on a device of this size, all free, under the cap the operator
-    // passes, the plan's K fits (the engine refuses to start otherwise).
+    // The engine starts: on a device of this size, free but for the decoder's weights
+    // (loaded before the ranks measure), under the cap the operator passes, the plan's K
+    // fits (the engine refuses to start otherwise).
     let cap = plan.device_bytes_per_rank.div_ceil(MIB) * MIB;
-    let weights_cap = cap - act - b.overhead;
-    let capacity = budget_capacity(node.device_bytes, node.device_bytes, Some(weights_cap), act);
+    let weights_cap = cap - act - b.overhead - decoder.total();
+    let free = node.device_bytes - decoder.weights;
+    let capacity = budget_capacity(
+        free,
+        node.device_bytes,
+        Some(weights_cap),
+        act + decoder.peak,
+    );
     let k_engine = choose_slots(
         SlotsChoice::Fixed(plan.slots as usize),
         strategy,
@@ -258,7 +283,7 @@ fn the_documented_wan_a14b_plans_are_the_planners_and_fit_the_engines_accounting
 
     let [a100, l4] = nodes();
     for (dd, (node, label), want) in [
-        (&dd, &a100, Some((Strategy::Sharded, 2, 4))),
+        (&dd, &a100, Some((Strategy::Sharded, 2, 3))),
         (&dd, &l4, None),
         (&p480, &a100, Some((Strategy::Sharded, 2, 4))),
         (&p480, &l4, Some((Strategy::Offload, 1, 4))),

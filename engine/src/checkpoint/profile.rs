@@ -74,9 +74,23 @@ impl ActivationCost {
             * (self.bytes_per_token as u128 * tokens
                 + self.bytes_per_token_pair as u128 * tokens * tokens)
             + self.attention_bytes as u128;
-        let vae = self.vae_bytes_per_pixel as u128 * pixels * self.decoder_frames.max(1) as u128;
-        let peak = transformer.max(vae);
+        let peak = transformer.max(self.decode_peak(width, height));
         (peak <= (u64::MAX / 4) as u128).then_some(peak as u64)
+    }
+
+    /// Peak bytes of decoding one output of `width × height` (an image, or a clip of any
+    /// length: the decoder holds one chunk of frames and its cache at a time): the VAE
+    /// term of [`Self::checked_bytes`], and what a decoder beside the ranks keeps free on
+    /// their device ([`crate::decode::DecoderBytes::peak`]). `None` as there.
+    pub fn decode_bytes(&self, width: u64, height: u64) -> Option<u64> {
+        let peak = self.decode_peak(width, height);
+        (peak <= (u64::MAX / 4) as u128).then_some(peak as u64)
+    }
+
+    fn decode_peak(&self, width: u64, height: u64) -> u128 {
+        let pixels = width as u128 * height as u128;
+        (self.vae_bytes_per_pixel as u128 * self.decoder_frames.max(1) as u128)
+            .saturating_mul(pixels)
     }
 }
 

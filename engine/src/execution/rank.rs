@@ -26,6 +26,7 @@ use super::lockstep::{Coordinator, Flags};
 use super::pipeline::{Hook, Pipeline, PipelineOptions, Streamed};
 use super::trace::{Lane, Trace};
 use super::work::{Output, PassReport, WorkKey, WorkSource};
+use crate::decode::DecoderBytes;
 use crate::memory::{self, GroupBytes};
 use crate::{Error, Result, Strategy};
 
@@ -61,6 +62,11 @@ pub struct EngineOptions {
     pub hook: Option<Hook>,
     /// Decode latents into pixels on the ranks.
     pub decode: bool,
+    /// Device bytes each rank's device keeps for a decoder beside the ranks (`serve`
+    /// decoding on the device, [`crate::decode`]): its weights, loaded before the ranks
+    /// start, and its decode peak, kept free. Counted in `device_memory`; zero when
+    /// nothing decodes beside the ranks on their devices.
+    pub decoder: DecoderBytes,
     /// Record copy, gather and compute spans here.
     pub trace: Option<Arc<Trace>>,
     /// Where the ranks compute: the CPU backend, CUDA GPUs (the `cuda` feature), or
@@ -86,6 +92,7 @@ impl Default for EngineOptions {
             timeout: Duration::from_secs(120),
             hook: None,
             decode: true,
+            decoder: DecoderBytes::default(),
             trace: None,
             device: DeviceChoice::Cpu,
             compute_dtype: ComputeDtype::Auto,
@@ -159,12 +166,13 @@ pub fn drive(
     // and the start check cannot.
     #[cfg(feature = "cuda")]
     let stored_outside = family.stored_resident_bytes(opts.decode, dtype);
-    // What the weights may take of the budget: the rest is the activations' and the
-    // runtime's.
+    // What the weights may take of the budget: the rest is the activations', the
+    // runtime's and the decoder's beside the ranks.
     let weights_budget = (opts.device_memory != u64::MAX).then(|| {
         opts.device_memory
             .saturating_sub(opts.activations)
             .saturating_sub(opts.overhead)
+            .saturating_sub(opts.decoder.total())
     });
     let streamed_with = |n: usize| {
         Streamed::new(
@@ -280,7 +288,10 @@ pub fn drive(
                     host: opts.host,
                     timeout: opts.timeout,
                     dtype,
-                    activations: opts.activations,
+                    // The decoder's weights are on the device already (the server loads
+                    // them before the ranks start), so free memory has them gone; its
+                    // decode peak runs beside the passes and stays free with theirs.
+                    activations: opts.activations.saturating_add(opts.decoder.peak),
                 },
             )?;
             check_budget(&groups, &streamed, opts, r.slots, outside)?;
@@ -371,12 +382,13 @@ fn check_budget(
         outside,
         opts.activations,
         opts.overhead,
-    );
+    )
+    .with_decoder(opts.decoder);
     if need.total() > opts.device_memory {
         return Err(Error::invalid(
             "device-memory",
             format!(
-                "{} with dp {} and {slots} slots needs {} bytes per rank (block weights {}, slots {}, resident {}, activations {}, overhead {}), but the budget is {} bytes (--device-memory-mib)",
+                "{} with dp {} and {slots} slots needs {} bytes per rank (block weights {}, slots {}, resident {}, activations {}, overhead {}, decoder {}), but the budget is {} bytes (--device-memory-mib)",
                 opts.strategy,
                 opts.dp,
                 need.total(),
@@ -385,6 +397,7 @@ fn check_budget(
                 need.resident_weights,
                 need.activations,
                 need.overhead,
+                need.decoder,
                 opts.device_memory
             ),
         ));

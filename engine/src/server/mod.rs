@@ -2,9 +2,10 @@
 //! metrics, pipeline traces, graceful shutdown and a watchdog.
 //!
 //! Threads: the tokio runtime (HTTP and the scheduler task), one engine thread driving the
-//! rank loop of [`crate::execution::rank`] (which starts one thread per rank), and one
-//! decode thread that turns finished latents into PNGs and MP4s so the VAE never holds the
-//! other ranks' collectives hostage.
+//! rank loop of [`crate::execution::rank`] (which starts one thread per rank), and decode
+//! threads that turn finished latents into PNGs and MP4s so the VAE never holds the other
+//! ranks' collectives hostage: one on the host's CPU, or one per rank on that rank's GPU
+//! ([`crate::decode`] decides which).
 
 pub mod actor;
 pub mod api;
@@ -15,14 +16,16 @@ pub mod scheduler;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 use clap::Args;
 
 use crate::bounds::{self, RequestBounds};
+use crate::decode::{self, DecodeChoice, DecodeSite, DecoderBytes};
 use crate::engine::Model;
+use crate::execution::cuda::{self, DeviceChoice};
 use crate::execution::family::Decoder;
 use crate::execution::rank::EngineOptions;
 use crate::execution::trace::Trace;
@@ -131,6 +134,13 @@ pub struct ServeArgs {
     /// Record every copy, gather and compute span into this Chrome trace file (at exit).
     #[arg(long, env = "LAYERWISE_TRACE")]
     pub trace: Option<PathBuf>,
+    /// Where finished latents are decoded into pixels: `auto` (on each rank's GPU when the
+    /// ranks compute on CUDA, on the host's CPU otherwise), `device` (each rank's device;
+    /// on the CPU backend that is the CPU, counted in its budget) or `host`. On the device
+    /// the decoder's weights and the decode of the largest output the bounds admit count
+    /// in `--device-memory-mib`. The operator passes its plan's decision.
+    #[arg(long, env = decode::ENV_DECODE, default_value = "auto")]
+    pub decode: DecodeChoice,
 }
 
 impl ServeArgs {
@@ -182,8 +192,13 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
                 ),
             )
         })?;
+    let (site, decoder) =
+        decode_placement(&model, a.decode, a.engine.device, a.engine.dp, &reserved)?;
+    tracing::info!(decode = %site, decoder_weights = decoder.weights, decode_peak = decoder.peak, "decoder placement");
     let opts = EngineOptions {
-        decode: bounds::SERVE_DECODES_ON_DEVICE,
+        // The ranks never decode: the decode threads do, beside them.
+        decode: false,
+        decoder,
         trace: trace.clone(),
         activations,
         ..a.engine.options(strategy, a.kept.resident_blocks)
@@ -193,7 +208,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         .enable_all()
         .build()
         .map_err(|e| Error::invalid("runtime", format!("cannot start tokio: {e}")))?;
-    let code = rt.block_on(run(a.clone(), model, opts))?;
+    let code = rt.block_on(run(a.clone(), model, opts, site))?;
     if let (Some(t), Some(path)) = (&trace, &a.trace) {
         t.write(path)?;
         eprintln!("wrote trace {} ({} spans)", path.display(), t.len());
@@ -203,31 +218,85 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     Ok(code)
 }
 
+/// Where `serve` decodes (`choice` for the backend that `dp` ranks on `device` resolve to)
+/// and what the decoder keeps on each rank's device there for outputs within `bounds`:
+/// the engine's side of the figure the planner reserves from the profile, by the same
+/// [`DecodeSite::decoder_bytes`].
+pub fn decode_placement(
+    model: &Model,
+    choice: DecodeChoice,
+    device: DeviceChoice,
+    dp: usize,
+    bounds: &RequestBounds,
+) -> Result<(DecodeSite, DecoderBytes)> {
+    let site = choice.resolve(cuda::resolve(device, dp)?.kind());
+    let decoder = site
+        .decoder_bytes(
+            model.checkpoint.decoder_bytes(),
+            &model.checkpoint.activation_cost(),
+            bounds,
+        )
+        .ok_or_else(|| {
+            Error::invalid(
+                "max-width",
+                format!(
+                    "decoding an output at the bounds ({}x{}) on the device needs more memory than any device holds",
+                    bounds.max_width, bounds.max_height
+                ),
+            )
+        })?;
+    Ok((site, decoder))
+}
+
 /// A started engine: the scheduler's handle and the engine thread's outcome.
 pub struct Engine {
     pub scheduler: Scheduler,
     pub done: tokio::sync::oneshot::Receiver<Result<()>>,
 }
 
-/// Starts the scheduler task (on the current tokio runtime), the decode thread and the
+/// Starts the scheduler task (on the current tokio runtime), the decode threads and the
 /// engine thread with its ranks. The server and the in-process tests both start here.
+/// With `decode` on the device, each rank's device gets its decoder now, before the ranks
+/// measure what memory is left them; a decoder that does not load fails the start.
 pub fn start(
     model: Arc<Model>,
     opts: EngineOptions,
+    decode: DecodeSite,
     max_queue: usize,
     retention: Retention,
     ids: JobIds,
 ) -> Result<Engine> {
+    let decoders = match decode {
+        DecodeSite::Host => Vec::new(),
+        DecodeSite::Device => {
+            let resolved = cuda::resolve(opts.device, opts.dp)?;
+            (0..opts.dp)
+                .map(|rank| {
+                    let device = resolved.rank_device(rank)?;
+                    let vae = model.decoder(&device).map_err(|e| Error::Rank {
+                        rank,
+                        msg: format!("cannot load the VAE decoder on its device: {e}"),
+                    })?;
+                    Ok(DeviceDecoder { rank, device, vae })
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+    };
     // Admission keeps at most max_queue + dp outputs past the queue (see the actor's
-    // `submit`), so the decoder's channel always has room for what a rank finishes.
+    // `submit`), so the decoders' channel always has room for what a rank finishes.
     let (decode_tx, decode_rx) = std::sync::mpsc::sync_channel::<DecodeJob>(max_queue + opts.dp);
     let (scheduler, source) = actor::start(opts.dp, max_queue, retention, ids, decode_tx);
-    spawn_decoder(
-        model.clone(),
-        scheduler.clone(),
-        decode_rx,
-        tokio::runtime::Handle::current(),
-    );
+    let rt = tokio::runtime::Handle::current();
+    if decoders.is_empty() {
+        spawn_decoder(model.clone(), scheduler.clone(), decode_rx, rt);
+    } else {
+        // One queue, a decoder per device: an output goes to whichever is free, and each
+        // device decodes one output at a time (the peak its budget keeps free).
+        let queue = Arc::new(Mutex::new(decode_rx));
+        for d in decoders {
+            spawn_device_decoder(d, scheduler.clone(), queue.clone(), rt.clone())?;
+        }
+    }
     let (engine_tx, done) = tokio::sync::oneshot::channel::<Result<()>>();
     std::thread::Builder::new()
         .name("engine".into())
@@ -257,7 +326,12 @@ fn job_ids(a: &ServeArgs, bound: SocketAddr) -> Result<JobIds> {
     Ok(JobIds::keyed(key, SocketAddr::new(ip, bound.port())))
 }
 
-async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<ExitCode> {
+async fn run(
+    a: ServeArgs,
+    model: Arc<Model>,
+    opts: EngineOptions,
+    decode: DecodeSite,
+) -> Result<ExitCode> {
     // Bound first: job ids name the port actually listened on.
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
@@ -272,6 +346,7 @@ async fn run(a: ServeArgs, model: Arc<Model>, opts: EngineOptions) -> Result<Exi
     } = start(
         model.clone(),
         opts.clone(),
+        decode,
         a.max_queue,
         Retention {
             keep_finished: a.keep_finished,
@@ -426,6 +501,68 @@ fn spawn_decoder(
         .expect("spawn decode thread");
 }
 
+/// A decoder on one rank's device.
+struct DeviceDecoder {
+    rank: usize,
+    device: Device,
+    vae: Box<dyn Decoder>,
+}
+
+impl DeviceDecoder {
+    /// Decodes one output's host `latents` on this device into its media. A failure names
+    /// the device (`name`), except latents the decoder refuses, which answer as they do
+    /// on the host.
+    fn decode(
+        &self,
+        name: &str,
+        latents: &Tensor,
+        kind: Kind,
+        progress: impl FnMut(usize),
+    ) -> Result<Media> {
+        latents
+            .to_device(&self.device)
+            .map_err(Error::from)
+            .and_then(|l| make_media(self.vae.as_ref(), &l, kind, progress))
+            .map_err(|e| match e {
+                e @ Error::Invalid { .. } => e,
+                e => Error::Decode {
+                    device: name.to_string(),
+                    msg: e.to_string(),
+                },
+            })
+    }
+}
+
+/// A decode thread on rank `d.rank`'s device, taking outputs from the shared `queue`. An
+/// output that fails to decode there (out of device memory, a kernel error, latents the
+/// decoder refuses) fails its job alone, naming the device; the thread carries on.
+fn spawn_device_decoder(
+    d: DeviceDecoder,
+    sched: Scheduler,
+    queue: Arc<Mutex<std::sync::mpsc::Receiver<DecodeJob>>>,
+    rt: tokio::runtime::Handle,
+) -> Result<()> {
+    let name = match d.device {
+        Device::Cpu => format!("the CPU (rank {})", d.rank),
+        _ => format!("GPU {}", d.rank),
+    };
+    std::thread::Builder::new()
+        .name(format!("decode-{}", d.rank))
+        .spawn(move || loop {
+            // The guard is dropped at the end of the statement: the others wait on the
+            // queue only while this one does.
+            let job = queue.lock().expect("decode queue lock").recv();
+            let Ok((key, latents, kind)) = job else {
+                return;
+            };
+            let progress = |done| rt.block_on(sched.send(Msg::Frames { key, done }));
+            let media = d.decode(&name, &latents, kind, progress);
+            rt.block_on(sched.send(Msg::Decoded { key, media }));
+        })
+        .map_err(|e| Error::invalid("decode", format!("cannot start a decode thread: {e}")))?;
+    Ok(())
+}
+
 /// Decodes one output's latents into what the API serves: a PNG for an image; for a clip,
 /// an MP4 and its first frame as a PNG thumbnail. `progress` hears the frames decoded so far.
 pub fn make_media(
@@ -436,6 +573,8 @@ pub fn make_media(
 ) -> Result<Media> {
     let (mut frames, mut first, mut size) = (Vec::new(), None, (0, 0));
     vae.decode_frames(latents, &mut |batch| {
+        // Frames decoded on a GPU come to the host once, to be encoded there.
+        let batch = batch.to_device(&Device::Cpu)?;
         let (_, _, h, w) = batch.dims4()?;
         size = (w, h);
         if first.is_none() {
@@ -470,4 +609,55 @@ pub fn make_media(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A decoder that fails as a device would, or refuses the latents.
+    struct Failing {
+        refuse: bool,
+    }
+
+    impl Decoder for Failing {
+        fn decode(&self, _: &Tensor) -> Result<Tensor> {
+            Err(if self.refuse {
+                Error::invalid("latents", "expected [1, 16, frames, height, width]")
+            } else {
+                candle_core::Error::Msg("CUDA_ERROR_OUT_OF_MEMORY: out of memory".into()).into()
+            })
+        }
+    }
+
+    #[test]
+    fn a_failed_decode_on_a_device_names_the_device_and_refused_latents_answer_as_on_the_host() {
+        let latents = Tensor::zeros((1, 4, 2, 2), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let oom = DeviceDecoder {
+            rank: 1,
+            device: Device::Cpu,
+            vae: Box::new(Failing { refuse: false }),
+        };
+        let e = oom
+            .decode("GPU 1", &latents, Kind::Image, |_| {})
+            .unwrap_err();
+        assert!(matches!(e, Error::Decode { .. }), "{e:?}");
+        assert_eq!(e.label(), "decode_failed");
+        assert_eq!(e.http_status(), 500);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("decoding on GPU 1") && msg.contains("out of memory"),
+            "{msg}"
+        );
+        let bad = DeviceDecoder {
+            rank: 0,
+            device: Device::Cpu,
+            vae: Box::new(Failing { refuse: true }),
+        };
+        let e = bad
+            .decode("GPU 0", &latents, Kind::Image, |_| {})
+            .unwrap_err();
+        assert_eq!(e.field(), Some("latents"), "{e}");
+        assert_eq!(e.http_status(), 422);
+    }
 }

@@ -10,6 +10,7 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
 
+use layerwise_engine::decode::DecodeSite;
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::SlotsChoice;
 use layerwise_engine::execution::pipeline::{Hook, Stage};
@@ -44,6 +45,15 @@ pub struct Setup {
 
 /// Starts the engine (offload-sharded, two slots) and waits until every rank is ready.
 pub async fn start(model: Arc<Model>, s: Setup) -> (Router, Scheduler) {
+    start_decoding(model, s, DecodeSite::Host).await
+}
+
+/// As [`start`], decoding at `decode`.
+pub async fn start_decoding(
+    model: Arc<Model>,
+    s: Setup,
+    decode: DecodeSite,
+) -> (Router, Scheduler) {
     let opts = EngineOptions {
         strategy: Strategy::OffloadSharded,
         dp: s.dp,
@@ -56,6 +66,7 @@ pub async fn start(model: Arc<Model>, s: Setup) -> (Router, Scheduler) {
     let e = server::start(
         model.clone(),
         opts,
+        decode,
         s.max_queue,
         s.retention,
         JobIds::local(),

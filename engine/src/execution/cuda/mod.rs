@@ -37,6 +37,7 @@ pub use plan::{DeviceChoice, HostMode, SlotsChoice};
 
 use std::sync::{Once, OnceLock};
 
+use crate::decode::DeviceKind;
 use crate::{Error, Result};
 
 /// Where the ranks will compute.
@@ -44,6 +45,36 @@ use crate::{Error, Result};
 pub enum Resolved {
     Cpu { why: String },
     Cuda { devices: usize },
+}
+
+impl Resolved {
+    /// The kind of device the ranks compute on.
+    pub fn kind(&self) -> DeviceKind {
+        match self {
+            Resolved::Cpu { .. } => DeviceKind::Cpu,
+            Resolved::Cuda { .. } => DeviceKind::Cuda,
+        }
+    }
+
+    /// The device rank `rank` computes on, for work beside the ranks (the server's
+    /// decoder): the CPU, or GPU `rank` with a stream of its own, so that work runs beside
+    /// the rank's passes rather than between them.
+    pub fn rank_device(&self, rank: usize) -> Result<candle_core::Device> {
+        #[cfg(not(feature = "cuda"))]
+        let _ = rank;
+        match self {
+            Resolved::Cpu { .. } => Ok(candle_core::Device::Cpu),
+            #[cfg(feature = "cuda")]
+            Resolved::Cuda { .. } => {
+                candle_core::Device::new_cuda_with_stream(rank).map_err(|e| Error::Rank {
+                    rank,
+                    msg: format!("open GPU {rank} beside the rank: {e}"),
+                })
+            }
+            #[cfg(not(feature = "cuda"))]
+            Resolved::Cuda { .. } => unreachable!("resolve never picks CUDA without the feature"),
+        }
+    }
 }
 
 /// Why there is no GPU, and whether one could have been used: a build with a CUDA
