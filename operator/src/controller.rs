@@ -42,6 +42,9 @@ const SETTLE_QUIET: Duration = Duration::from_secs(1);
 /// ...or this long after the first of them, so a deployment that matches a busy fleet is
 /// still planned (see [`crate::settle`]).
 const SETTLE_LONGEST: Duration = Duration::from_secs(3);
+/// How long any trigger of a deployment waits for the next before it reconciles (a
+/// debounce: it restarts with each trigger).
+const DEBOUNCE: Duration = Duration::from_secs(1);
 /// The label the operator puts on what it creates (its owned Deployments are watched by it).
 const MANAGED_BY: &str = "app.kubernetes.io/managed-by=layerwise-operator";
 
@@ -128,6 +131,10 @@ pub async fn lead(
         // other; one reconcile after they settle plans on all of them at once, instead of
         // recording a plan per report.
         .reconcile_on(settle(triggers, SETTLE_QUIET, SETTLE_LONGEST))
+        // A deployment's own changes and its engine Deployment's come in bursts too (status
+        // writes, a rollout's steps); one reconcile per burst. The settled triggers above
+        // come at most every SETTLE_LONGEST, so this debounce never starves them.
+        .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE))
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
