@@ -201,3 +201,12 @@ impl Error {
         }
     }
 }
+
+/// What a caught panic said (its `&str` or `String` payload), for the error it becomes.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
+}

@@ -504,14 +504,9 @@ impl Run<'_> {
             self.rank_body(place, coord, &mut held)
         }))
         .unwrap_or_else(|p| {
-            let what = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".into());
             Err(Error::Rank {
                 rank,
-                msg: format!("panicked: {what}"),
+                msg: format!("panicked: {}", crate::error::panic_message(p.as_ref())),
             })
         });
         if let Err(e) = &r {

@@ -494,7 +494,9 @@ fn spawn_decoder(
             };
             for (key, latents, kind) in rx {
                 let progress = |done| rt.block_on(sched.send(Msg::Frames { key, done }));
-                let media = make_media(vae.as_ref(), &latents, kind, progress);
+                let media = guarded("the CPU", || {
+                    make_media(vae.as_ref(), &latents, kind, progress)
+                });
                 rt.block_on(sched.send(Msg::Decoded { key, media }));
             }
         })
@@ -533,6 +535,21 @@ impl DeviceDecoder {
     }
 }
 
+/// Runs one output's decode on `device`. A panic in it fails that output alone, naming the
+/// device, and the decode thread goes on to the next (a panic would otherwise end the
+/// thread and leave its job, and every one queued behind it, waiting forever).
+fn guarded(device: &str, decode: impl FnOnce() -> Result<Media>) -> Result<Media> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode)).unwrap_or_else(|p| {
+        Err(Error::Decode {
+            device: device.to_string(),
+            msg: format!(
+                "the decoder panicked: {}",
+                crate::error::panic_message(p.as_ref())
+            ),
+        })
+    })
+}
+
 /// A decode thread on rank `d.rank`'s device, taking outputs from the shared `queue`. An
 /// output that fails to decode there (out of device memory, a kernel error, latents the
 /// decoder refuses) fails its job alone, naming the device; the thread carries on.
@@ -556,7 +573,7 @@ fn spawn_device_decoder(
                 return;
             };
             let progress = |done| rt.block_on(sched.send(Msg::Frames { key, done }));
-            let media = d.decode(&name, &latents, kind, progress);
+            let media = guarded(&name, || d.decode(&name, &latents, kind, progress));
             rt.block_on(sched.send(Msg::Decoded { key, media }));
         })
         .map_err(|e| Error::invalid("decode", format!("cannot start a decode thread: {e}")))?;
@@ -628,6 +645,43 @@ mod tests {
                 candle_core::Error::Msg("CUDA_ERROR_OUT_OF_MEMORY: out of memory".into()).into()
             })
         }
+    }
+
+    /// A decoder with a bug.
+    struct Panicking;
+
+    impl Decoder for Panicking {
+        fn decode(&self, _: &Tensor) -> Result<Tensor> {
+            panic!("index out of bounds: the len is 3 but the index is 7")
+        }
+    }
+
+    #[test]
+    fn a_decoder_that_panics_fails_its_output_alone() {
+        let latents = Tensor::zeros((1, 4, 2, 2), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let d = DeviceDecoder {
+            rank: 0,
+            device: Device::Cpu,
+            vae: Box::new(Panicking),
+        };
+        let e = guarded("GPU 0", || d.decode("GPU 0", &latents, Kind::Image, |_| {})).unwrap_err();
+        assert_eq!(e.label(), "decode_failed");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("GPU 0") && msg.contains("panicked") && msg.contains("index is 7"),
+            "{msg}"
+        );
+        // The same thread decodes the next output.
+        let ok = DeviceDecoder {
+            rank: 0,
+            device: Device::Cpu,
+            vae: Box::new(Failing { refuse: true }),
+        };
+        let e = guarded("GPU 0", || {
+            ok.decode("GPU 0", &latents, Kind::Image, |_| {})
+        })
+        .unwrap_err();
+        assert_eq!(e.http_status(), 422, "{e}");
     }
 
     #[test]
