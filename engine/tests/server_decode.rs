@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use serde_json::json;
 
-use common::server::{call, get_json, post, Setup};
+use common::server::{call, get_json, Setup};
 use layerwise_engine::bounds::RequestBounds;
 use layerwise_engine::decode::{DecodeChoice, DecodeSite, DecoderBytes};
 use layerwise_engine::engine::Model;
@@ -110,26 +110,7 @@ async fn decoding_on_each_ranks_device_serves_the_bytes_the_host_decoder_makes()
         ("image", request("a red kite", 32, 32, 1, 2)),
         ("video", request("waves at dusk", 32, 48, 5, 3)),
     ];
-    let mut ids = Vec::new();
-    for (kind, r) in &jobs {
-        let Condition::Prompt { prompt, .. } = &r.condition else {
-            unreachable!()
-        };
-        let mut body = json!({
-            "prompt": prompt, "size": format!("{}x{}", r.width, r.height), "steps": r.steps,
-            "guidance": r.guidance, "guidance_2": r.guidance_2, "seed": r.seed,
-        });
-        let uri = if *kind == "video" {
-            body["frames"] = json!(r.frames);
-            body["fps"] = json!(16);
-            "/v1/videos"
-        } else {
-            "/v1/jobs"
-        };
-        let (s, _, v) = post(&app, uri, body).await;
-        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
-        ids.push(v["id"].as_str().unwrap().to_string());
-    }
+    let ids = common::server::submit(&app, &jobs).await;
     let opts = EngineOptions {
         strategy: Strategy::Resident,
         dp: 1,

@@ -451,26 +451,7 @@ async fn mixed_images_and_videos_at_dp2_match_each_alone() {
             request("rain on a window", 32, 32, 13, 3, (3.0, 0.0), 5),
         ),
     ];
-    let mut ids = Vec::new();
-    for (kind, r) in &jobs {
-        let Condition::Prompt { prompt, .. } = &r.condition else {
-            unreachable!()
-        };
-        let mut body = json!({
-            "prompt": prompt, "size": format!("{}x{}", r.width, r.height), "steps": r.steps,
-            "guidance": r.guidance, "guidance_2": r.guidance_2, "seed": r.seed,
-        });
-        let uri = if *kind == "video" {
-            body["frames"] = json!(r.frames);
-            body["fps"] = json!(16);
-            "/v1/videos"
-        } else {
-            "/v1/jobs"
-        };
-        let (s, _, v) = post(&app, uri, body).await;
-        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
-        ids.push(v["id"].as_str().unwrap().to_string());
-    }
+    let ids = common::server::submit(&app, &jobs).await;
     let opts = EngineOptions {
         strategy: Strategy::Resident,
         dp: 1,

@@ -556,32 +556,25 @@ fn plan_decoding(
     }
     let mut sites = Vec::with_capacity(candidates.len());
     for c in candidates {
+        // A figure that overflows: more than any device holds.
+        let beyond_any_device = |what: String| Refusal {
+            shortage: Shortage::DeviceMemory,
+            node: Some(c.node.name.clone()),
+            needed: u64::MAX,
+            available: c.node.device_bytes,
+            option: format!("{what} (beyond any device)"),
+        };
         let Some(act) = activation_bytes(c.profile, workload) else {
-            return Err(Refusal {
-                shortage: Shortage::DeviceMemory,
-                node: Some(c.node.name.clone()),
-                needed: u64::MAX,
-                available: c.node.device_bytes,
-                option: format!(
-                    "activations of a {}x{}x{} request with batch {} (beyond any device)",
-                    workload.max_width,
-                    workload.max_height,
-                    workload.max_frames,
-                    workload.max_batch
-                ),
-            });
+            return Err(beyond_any_device(format!(
+                "activations of a {}x{}x{} request with batch {}",
+                workload.max_width, workload.max_height, workload.max_frames, workload.max_batch
+            )));
         };
         let Some(decoder) = decoder_bytes(c.profile, workload, limits.decode) else {
-            return Err(Refusal {
-                shortage: Shortage::DeviceMemory,
-                node: Some(c.node.name.clone()),
-                needed: u64::MAX,
-                available: c.node.device_bytes,
-                option: format!(
-                    "decoding a {}x{} output on the device (beyond any device)",
-                    workload.max_width, workload.max_height
-                ),
-            });
+            return Err(beyond_any_device(format!(
+                "decoding a {}x{} output on the device",
+                workload.max_width, workload.max_height
+            )));
         };
         if c.profile.groups.is_empty() && c.profile.blocks > 0 {
             return Err(spec_refusal(format!(

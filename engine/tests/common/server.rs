@@ -124,6 +124,37 @@ pub async fn post(app: &Router, uri: &str, v: Value) -> (StatusCode, HeaderMap, 
     (s, h, serde_json::from_slice(&b).unwrap_or(Value::Null))
 }
 
+/// Submits each prompt request as the API's clients do, to `/v1/videos` where its kind is
+/// "video" (with its frames, at 16 fps) and to `/v1/jobs` otherwise; returns the job ids.
+#[allow(dead_code)] // Not every test binary that includes this module submits jobs.
+pub async fn submit(
+    app: &Router,
+    jobs: &[(&str, layerwise_engine::execution::work::Request)],
+) -> Vec<String> {
+    use layerwise_engine::execution::work::Condition;
+    let mut ids = Vec::new();
+    for (kind, r) in jobs {
+        let Condition::Prompt { prompt, .. } = &r.condition else {
+            panic!("submit takes prompt requests");
+        };
+        let mut body = serde_json::json!({
+            "prompt": prompt, "size": format!("{}x{}", r.width, r.height), "steps": r.steps,
+            "guidance": r.guidance, "guidance_2": r.guidance_2, "seed": r.seed,
+        });
+        let uri = if *kind == "video" {
+            body["frames"] = serde_json::json!(r.frames);
+            body["fps"] = serde_json::json!(16);
+            "/v1/videos"
+        } else {
+            "/v1/jobs"
+        };
+        let (s, _, v) = post(app, uri, body).await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+        ids.push(v["id"].as_str().unwrap().to_string());
+    }
+    ids
+}
+
 pub async fn get_json(app: &Router, uri: &str) -> Value {
     let (s, _, b) = call(app, "GET", uri, None).await;
     assert_eq!(s, StatusCode::OK, "{uri}: {}", String::from_utf8_lossy(&b));
