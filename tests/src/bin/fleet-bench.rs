@@ -354,9 +354,13 @@ fn node_object(n: &FakeNode) -> serde_json::Value {
         "metadata": {
             "name": n.name,
             "annotations": { "kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0" },
+            // With the deprecated beta OS and architecture labels a kubelet sets at
+            // registration: without them kube-controller-manager adds them node by node for
+            // minutes, and each addition is a label change that concerns deployments.
             "labels": {
                 "kubernetes.io/hostname": n.name, "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64", "layerwise.dev/fleet-bench": "true",
+                "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64",
                 "node.kubernetes.io/instance-type": s.prefix,
                 "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": s.gpus.to_string(),
                 "nvidia.com/gpu.product": s.product,
