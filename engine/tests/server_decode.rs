@@ -18,7 +18,7 @@ use layerwise_engine::decode::{DecodeChoice, DecodeSite, DecoderBytes};
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::DeviceChoice;
 use layerwise_engine::execution::rank::EngineOptions;
-use layerwise_engine::execution::work::{Condition, Request, DEFAULT_MAX_SEQUENCE_LENGTH};
+use layerwise_engine::execution::work::Request;
 use layerwise_engine::server::api::Bounds;
 use layerwise_engine::server::scheduler::{Kind, Retention};
 use layerwise_engine::server::{decode_placement, make_media};
@@ -73,22 +73,8 @@ fn the_cpu_backend_decodes_on_the_host_and_reserves_nothing_for_it() {
 }
 
 fn request(prompt: &str, w: usize, h: usize, frames: usize, seed: u64) -> Request {
-    Request {
-        seed,
-        steps: 2,
-        guidance: 4.0,
-        guidance_2: Some(2.0),
-        frames,
-        max_sequence_length: DEFAULT_MAX_SEQUENCE_LENGTH.min(bounds().max_prompt_tokens),
-        ..Request::image(
-            Condition::Prompt {
-                prompt: prompt.into(),
-                negative: String::new(),
-            },
-            w,
-            h,
-        )
-    }
+    let tokens = bounds().max_prompt_tokens;
+    common::server::prompt_request(prompt, (w, h, frames), 2, (4.0, 2.0), seed, tokens)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,7 +20,7 @@ use common::server::{assert_field, call, get_json, post, send, slow_copies, Setu
 use layerwise_engine::bounds::RequestBounds;
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::rank::EngineOptions;
-use layerwise_engine::execution::work::{Condition, Request, DEFAULT_MAX_SEQUENCE_LENGTH};
+use layerwise_engine::execution::work::Request;
 use layerwise_engine::server::api::Bounds;
 use layerwise_engine::server::make_media;
 use layerwise_engine::server::scheduler::{Kind, Retention};
@@ -405,22 +405,8 @@ fn request(
     g: (f32, f32),
     seed: u64,
 ) -> Request {
-    Request {
-        seed,
-        steps,
-        guidance: g.0,
-        guidance_2: Some(g.1),
-        frames,
-        max_sequence_length: DEFAULT_MAX_SEQUENCE_LENGTH.min(bounds().max_prompt_tokens),
-        ..Request::image(
-            Condition::Prompt {
-                prompt: prompt.into(),
-                negative: String::new(),
-            },
-            w,
-            h,
-        )
-    }
+    let tokens = bounds().max_prompt_tokens;
+    common::server::prompt_request(prompt, (w, h, frames), steps, g, seed, tokens)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -124,6 +124,37 @@ pub async fn post(app: &Router, uri: &str, v: Value) -> (StatusCode, HeaderMap, 
     (s, h, serde_json::from_slice(&b).unwrap_or(Value::Null))
 }
 
+/// A prompt request of `size` (width, height, frames) and `steps`, guided by `g` (the
+/// first expert's scale, the second's), its prompt cut to the server's token bound.
+#[allow(dead_code)] // Not every test binary that includes this module builds requests.
+pub fn prompt_request(
+    prompt: &str,
+    size: (usize, usize, usize),
+    steps: usize,
+    g: (f32, f32),
+    seed: u64,
+    max_prompt_tokens: usize,
+) -> layerwise_engine::execution::work::Request {
+    use layerwise_engine::execution::work::{Condition, Request, DEFAULT_MAX_SEQUENCE_LENGTH};
+    let (w, h, frames) = size;
+    Request {
+        seed,
+        steps,
+        guidance: g.0,
+        guidance_2: Some(g.1),
+        frames,
+        max_sequence_length: DEFAULT_MAX_SEQUENCE_LENGTH.min(max_prompt_tokens),
+        ..Request::image(
+            Condition::Prompt {
+                prompt: prompt.into(),
+                negative: String::new(),
+            },
+            w,
+            h,
+        )
+    }
+}
+
 /// Submits each prompt request as the API's clients do, to `/v1/videos` where its kind is
 /// "video" (with its frames, at 16 fps) and to `/v1/jobs` otherwise; returns the job ids.
 #[allow(dead_code)] // Not every test binary that includes this module submits jobs.
