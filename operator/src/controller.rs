@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use crds::{DiffusionDeployment, DiffusionNode};
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{EventType, Recorder, Reporter};
@@ -27,7 +26,7 @@ use crate::phases;
 use crate::planner::Limits;
 use crate::report::Report;
 use crate::settle::settle;
-use crate::stores::{self, Stores};
+use crate::stores::{self, Applied, Stores};
 use crate::telemetry::Telemetry;
 
 /// Removes this deployment's prepare requests from DiffusionNodes before it goes.
@@ -45,8 +44,6 @@ const SETTLE_LONGEST: Duration = Duration::from_secs(3);
 /// How long any trigger of a deployment waits for the next before it reconciles (a
 /// debounce: it restarts with each trigger).
 const DEBOUNCE: Duration = Duration::from_secs(1);
-/// The label the operator puts on what it creates (its owned Deployments are watched by it).
-const MANAGED_BY: &str = "app.kubernetes.io/managed-by=layerwise-operator";
 
 /// How the operator runs; the CLI fills it from flags.
 #[derive(Debug, Clone)]
@@ -90,6 +87,8 @@ pub struct Context {
     /// Deployments (by uid) whose spec asks for no PodDisruptionBudget and that this process
     /// has made sure have none, so the delete is sent once, not on every reconcile.
     pub no_budget: Mutex<HashSet<String>>,
+    /// What this process last applied of each engine Deployment and Service.
+    pub applied: Applied,
 }
 
 /// Runs the controller until `stop` resolves: the DiffusionDeployment watch, its owned
@@ -102,19 +101,17 @@ pub async fn lead(
     telemetry: Arc<Telemetry>,
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (dds, deploys): (Api<DiffusionDeployment>, Api<Deployment>) = match &settings.namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
+    let dds: Api<DiffusionDeployment> = match &settings.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
     };
     let reporter = Reporter {
         controller: MANAGER.into(),
         instance: std::env::var("POD_NAME").ok(),
     };
     let controller = Controller::new(dds, watcher::Config::default());
-    let (stores, triggers, sync) = stores::watch(&client, controller.store());
+    let watches = stores::watch(&client, controller.store(), settings.namespace.as_deref());
+    let (stores, sync) = (watches.stores, watches.synced);
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
@@ -124,13 +121,16 @@ pub async fn lead(
         telemetry: telemetry.clone(),
         job_keys: Mutex::new(HashSet::new()),
         no_budget: Mutex::new(HashSet::new()),
+        applied: Applied::default(),
     });
     let run = controller
-        .owns(deploys, watcher::Config::default().labels(MANAGED_BY))
+        // The engine Deployments and Services, from the stores' own watches.
+        .owns_stream(watches.engines)
+        .owns_stream(watches.services)
         // Agents report a deployment's profiles node by node, within a second or so of each
         // other; one reconcile after they settle plans on all of them at once, instead of
         // recording a plan per report.
-        .reconcile_on(settle(triggers, SETTLE_QUIET, SETTLE_LONGEST))
+        .reconcile_on(settle(watches.triggers, SETTLE_QUIET, SETTLE_LONGEST))
         // A deployment's own changes and its engine Deployment's come in bursts too (status
         // writes, a rollout's steps); one reconcile per burst. The settled triggers above
         // come at most every SETTLE_LONGEST, so this debounce never starves them.
@@ -276,6 +276,7 @@ async fn cleanup(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     if let Some(uid) = dd.uid() {
         ctx.job_keys.lock().expect("not poisoned").remove(&uid);
         ctx.no_budget.lock().expect("not poisoned").remove(&uid);
+        ctx.applied.forget(&uid);
     }
     if !withdrawn.is_empty() {
         withdrawn.sort();

@@ -371,12 +371,7 @@ async fn replicas(
     r: &mut Report,
 ) -> Result<(i32, Option<Deployment>)> {
     let spec = &dd.spec;
-    let deploys: Api<Deployment> =
-        Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
-    let existing = deploys
-        .get_opt(&dd.name_any())
-        .await
-        .map_err(kube(format!("reading Deployment of {}", model_id(dd))))?;
+    let existing = engine_deployment(dd, ctx).await?;
     let running = existing.as_ref().and_then(|d| d.spec.as_ref()?.replicas);
     let builtin = spec
         .autoscaling
@@ -430,6 +425,34 @@ async fn replicas(
         }
     }
     Ok((replicas, existing))
+}
+
+/// What [`crate::stores::Applied`] calls the engine Deployment and Service.
+const DEPLOYMENT: &str = "Deployment";
+const SERVICE: &str = "Service";
+
+/// The deployment's engine Deployment, from the store; from the API only when the store
+/// has not yet seen this process's last apply of it, so a reconcile never takes an older
+/// template for the one in force.
+async fn engine_deployment(dd: &DiffusionDeployment, ctx: &Context) -> Result<Option<Deployment>> {
+    let (ns, name) = (dd.namespace().unwrap_or_default(), dd.name_any());
+    let stored = ctx.stores.engine(&ns, &name);
+    let wrote = ctx
+        .applied
+        .version(&dd.uid().unwrap_or_default(), DEPLOYMENT)
+        .and_then(|v| v.parse::<i64>().ok());
+    let behind = match (wrote, &stored) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(w), Some(d)) => d.metadata.generation.unwrap_or(0) < w,
+    };
+    if !behind {
+        return Ok(stored.map(|d| (*d).clone()));
+    }
+    Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&name)
+        .await
+        .map_err(kube(format!("reading Deployment of {}", model_id(dd))))
 }
 
 /// Reads the load of the deployment's running engine pods. A pod that does not answer is
@@ -531,16 +554,6 @@ async fn deploy(
         &ctx.settings.engine_pods,
         &warm,
     );
-    let pp = PatchParams::apply(MANAGER).force();
-    let applied = Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
-        .patch(&dd.name_any(), &pp, &Patch::Apply(&desired))
-        .await
-        .map_err(kube(format!("applying Deployment of {id}")))?;
-    Api::<Service>::namespaced(ctx.client.clone(), &ns)
-        .patch(&dd.name_any(), &pp, &Patch::Apply(&resources::service(dd)))
-        .await
-        .map_err(kube(format!("applying Service of {id}")))?;
-    disruption_budget(dd, ctx, r).await?;
     let old_plan = existing.as_ref().and_then(|d| {
         d.spec
             .as_ref()?
@@ -552,6 +565,47 @@ async fn deploy(
             .get(PLAN_ANNOTATION)
             .cloned()
     });
+    // Each is applied only when it differs from what this process last applied, or the
+    // object moved since (see [`crate::stores::Applied`]).
+    let uid = dd.uid().unwrap_or_default();
+    let pp = PatchParams::apply(MANAGER).force();
+    let generation = existing
+        .as_ref()
+        .and_then(|d| d.metadata.generation)
+        .map(|g| g.to_string());
+    let applied = match existing {
+        Some(d)
+            if ctx
+                .applied
+                .unchanged(&uid, DEPLOYMENT, &desired, generation.as_deref()) =>
+        {
+            d
+        }
+        _ => {
+            let applied = Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
+                .patch(&dd.name_any(), &pp, &Patch::Apply(&desired))
+                .await
+                .map_err(kube(format!("applying Deployment of {id}")))?;
+            let version = applied.metadata.generation.unwrap_or(0).to_string();
+            ctx.applied.record(&uid, DEPLOYMENT, &desired, version);
+            applied
+        }
+    };
+    let service = resources::service(dd);
+    let stored = ctx.stores.service(&ns, &dd.name_any());
+    let version = stored.and_then(|s| s.metadata.resource_version.clone());
+    if !ctx
+        .applied
+        .unchanged(&uid, SERVICE, &service, version.as_deref())
+    {
+        let applied = Api::<Service>::namespaced(ctx.client.clone(), &ns)
+            .patch(&dd.name_any(), &pp, &Patch::Apply(&service))
+            .await
+            .map_err(kube(format!("applying Service of {id}")))?;
+        let version = applied.metadata.resource_version.unwrap_or_default();
+        ctx.applied.record(&uid, SERVICE, &service, version);
+    }
+    disruption_budget(dd, ctx, r).await?;
     let summary = resources::plan_summary(plan);
     match old_plan {
         None => {

@@ -1,5 +1,9 @@
 //! The leader's view of the fleet: reflector stores of Nodes and DiffusionNodes that every
-//! reconcile reads instead of listing them, and the reconciles their changes cause.
+//! reconcile reads instead of listing them, and the reconciles their changes cause; and
+//! stores of the engine Deployments and Services the operator made, which a reconcile reads
+//! instead of getting them (their changes reconcile their owner, as `Controller::owns`
+//! does), with what it last applied of each ([`Applied`]) so an unchanged object is not
+//! applied again.
 //!
 //! Each kind is watched once. Its watch stream fills the store and, past the first full
 //! list, turns a change that matters into reconciles of the deployments it concerns:
@@ -18,8 +22,11 @@ use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use crds::{DiffusionDeployment, DiffusionNode};
-use futures::{stream, Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus};
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::{stream, FutureExt, Stream, StreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Service};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
@@ -32,18 +39,27 @@ use crate::placement::selector_matches;
 /// How long a reconcile waits for the stores' first list before it gives up (and is retried).
 const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The label the operator puts on what it creates; its owned Deployments and Services are
+/// watched by it.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by=layerwise-operator";
+
 /// The stores every reconcile reads.
 #[derive(Clone)]
 pub struct Stores {
     pub nodes: Store<Node>,
     pub diffusion_nodes: Store<DiffusionNode>,
-    /// True once both hold their first full list. (A reflector store's own readiness wakes
-    /// only one of the tasks waiting on it; every reconcile waits here instead.)
+    /// The engine Deployments the operator made (label [`MANAGED_BY`]).
+    pub engines: Store<Deployment>,
+    /// The engine Services the operator made.
+    pub services: Store<Service>,
+    /// True once all four hold their first full list. (A reflector store's own readiness
+    /// wakes only one of the tasks waiting on it; every reconcile waits here instead.)
     synced: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Stores {
-    /// Waits until both stores hold their first full list.
+    /// Waits until every store holds its first full list: a reconcile that read an empty
+    /// store of engine Deployments would take a running one for missing.
     pub async fn ready(&self) -> Result<()> {
         let mut synced = self.synced.clone();
         let waited = tokio::time::timeout(SYNC_TIMEOUT, synced.wait_for(|s| *s))
@@ -65,35 +81,135 @@ impl Stores {
     pub fn node(&self, name: &str) -> Option<std::sync::Arc<Node>> {
         self.nodes.get(&ObjectRef::new(name))
     }
+
+    /// An engine Deployment the operator made, from the store.
+    pub fn engine(&self, ns: &str, name: &str) -> Option<std::sync::Arc<Deployment>> {
+        self.engines.get(&ObjectRef::new(name).within(ns))
+    }
+
+    /// An engine Service the operator made, from the store.
+    pub fn service(&self, ns: &str, name: &str) -> Option<std::sync::Arc<Service>> {
+        self.services.get(&ObjectRef::new(name).within(ns))
+    }
 }
 
-/// Builds the stores, the trigger stream that fills them, and a future that resolves once
-/// both are synced (and marks them so); `deployments` is the controller's own store of
-/// DiffusionDeployments (for mapping changes to them).
+/// What the operator last applied of each object it owns: a hash of the object it sent
+/// and the version the apiserver answered with (a Deployment's `generation`, which any
+/// change to its spec moves; a Service's `resourceVersion`, which any change moves). While
+/// the stored object is still at that version and the desired object hashes the same, an
+/// apply would change nothing, so it is not sent: a steady reconcile writes nothing.
+/// Anything else that changes the object moves its version, and the next reconcile applies
+/// again. Kept in memory: a new leader applies everything once.
+#[derive(Default)]
+pub struct Applied(std::sync::Mutex<HashMap<AppliedKey, (u64, String)>>);
+
+/// The owning deployment's uid and the kind applied.
+type AppliedKey = (String, &'static str);
+
+impl Applied {
+    /// Whether `desired` (of `kind`, owned by the deployment `uid`) is what was applied last
+    /// and the stored object is still at the version that apply made.
+    pub fn unchanged(
+        &self,
+        uid: &str,
+        kind: &'static str,
+        desired: &impl Serialize,
+        stored: Option<&str>,
+    ) -> bool {
+        let map = self.0.lock().expect("not poisoned");
+        map.get(&(uid.to_string(), kind))
+            .is_some_and(|(hash, version)| {
+                *hash == hash_of(desired) && Some(version.as_str()) == stored
+            })
+    }
+
+    /// The version the last apply of `kind` for `uid` made, if this process made one.
+    pub fn version(&self, uid: &str, kind: &'static str) -> Option<String> {
+        let map = self.0.lock().expect("not poisoned");
+        map.get(&(uid.to_string(), kind)).map(|(_, v)| v.clone())
+    }
+
+    /// Records that `desired` was applied and the apiserver answered with `version`.
+    pub fn record(&self, uid: &str, kind: &'static str, desired: &impl Serialize, version: String) {
+        let mut map = self.0.lock().expect("not poisoned");
+        map.insert((uid.to_string(), kind), (hash_of(desired), version));
+    }
+
+    /// Forgets a deployment that is gone.
+    pub fn forget(&self, uid: &str) {
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .retain(|(u, _), _| u != uid);
+    }
+}
+
+/// What [`watch`] starts: the stores, the reconciles that Node and DiffusionNode changes
+/// cause, the owned objects' watch streams (for `Controller::owns_stream`, which maps each
+/// change to its owner), and a future that resolves once every store is synced.
+pub struct Watches {
+    pub stores: Stores,
+    pub triggers: BoxStream<'static, ObjectRef<DiffusionDeployment>>,
+    pub engines: BoxStream<'static, Result<Deployment, watcher::Error>>,
+    pub services: BoxStream<'static, Result<Service, watcher::Error>>,
+    pub synced: BoxFuture<'static, ()>,
+}
+
+/// Builds the stores and their watches; `deployments` is the controller's own store of
+/// DiffusionDeployments (for mapping changes to them), `namespace` the one the operator
+/// serves (`None`: all).
 pub fn watch(
     client: &Client,
     deployments: Store<DiffusionDeployment>,
-) -> (
-    Stores,
-    impl Stream<Item = ObjectRef<DiffusionDeployment>> + Send + 'static,
-    impl std::future::Future<Output = ()> + Send + 'static,
-) {
+    namespace: Option<&str>,
+) -> Watches {
     let (nodes, node_writer) = reflector::store::<Node>();
     let (dns, dn_writer) = reflector::store::<DiffusionNode>();
+    let (engines, engine_writer) = reflector::store::<Deployment>();
+    let (services, service_writer) = reflector::store::<Service>();
     let (synced_tx, synced) = tokio::sync::watch::channel(false);
     let stores = Stores {
         nodes,
         diffusion_nodes: dns,
+        engines,
+        services,
         synced,
     };
-    let (n, d) = (stores.nodes.clone(), stores.diffusion_nodes.clone());
+    let st = stores.clone();
     let synced = async move {
-        if n.wait_until_ready().await.is_ok() && d.wait_until_ready().await.is_ok() {
+        let ready = st.nodes.wait_until_ready().await.is_ok()
+            && st.diffusion_nodes.wait_until_ready().await.is_ok()
+            && st.engines.wait_until_ready().await.is_ok()
+            && st.services.wait_until_ready().await.is_ok();
+        if ready {
             let _ = synced_tx.send(true);
         }
         // Keeps the sender: dropping it would end every wait with an error.
         futures::future::pending::<()>().await
     };
+
+    let owned = watcher::Config::default().labels(MANAGED_BY);
+    let (engine_api, service_api) = match namespace {
+        Some(ns) => (
+            Api::<Deployment>::namespaced(client.clone(), ns),
+            Api::<Service>::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    // Touched, not only applied: a deleted engine Deployment or Service reconciles its
+    // owner, which makes it again.
+    let engine_events = watcher(engine_api, owned.clone())
+        .default_backoff()
+        .modify(|d: &mut Deployment| d.managed_fields_mut().clear())
+        .reflect(engine_writer)
+        .touched_objects()
+        .boxed();
+    let service_events = watcher(service_api, owned)
+        .default_backoff()
+        .modify(|s: &mut Service| s.managed_fields_mut().clear())
+        .reflect(service_writer)
+        .touched_objects()
+        .boxed();
 
     let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
@@ -136,7 +252,13 @@ pub fn watch(
         },
     );
 
-    (stores, stream::select(node_triggers, dn_triggers), synced)
+    Watches {
+        stores,
+        triggers: stream::select(node_triggers, dn_triggers).boxed(),
+        engines: engine_events,
+        services: service_events,
+        synced: synced.boxed(),
+    }
 }
 
 /// Keeps what placement reads of a Node: name, labels, schedulability and taints,
@@ -155,7 +277,7 @@ fn trim_node(n: &mut Node) {
     });
 }
 
-fn hash_of(v: &impl Serialize) -> u64 {
+pub(crate) fn hash_of(v: &impl Serialize) -> u64 {
     let mut h = DefaultHasher::new();
     serde_json::to_string(v).unwrap_or_default().hash(&mut h);
     h.finish()

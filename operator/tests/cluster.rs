@@ -409,8 +409,21 @@ async fn autoscale(w: &World, load: &Fixed) -> Result<()> {
     load.0.store(5, Ordering::SeqCst);
     wait_until("scale up to 3", Duration::from_secs(30), replicas(3)).await?;
     eprintln!("scaled up after {:?}", t.elapsed());
-    let s = status_of(&api, "small").await?;
-    assert!(s.queue_depth >= 5, "queue depth {}", s.queue_depth);
+    // The reconcile that scaled writes the status after the Deployment: not at the same
+    // instant.
+    wait_until(
+        "the queue depth in status",
+        Duration::from_secs(10),
+        || async {
+            let depth = status_of(&api, "small").await?.queue_depth;
+            Ok(if depth >= 5 {
+                Ok(())
+            } else {
+                Err(format!("queue depth {depth}"))
+            })
+        },
+    )
+    .await?;
 
     let t = Instant::now();
     load.0.store(0, Ordering::SeqCst);

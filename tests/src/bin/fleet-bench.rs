@@ -190,9 +190,14 @@ async fn main() -> Result<()> {
     let before = op.metrics().await?;
     let cpu0 = op.cpu_seconds()?;
     let t0 = Instant::now();
+    // Watching before the first is created, so every deployment's first change is seen.
+    let waiting = tokio::spawn({
+        let client = client.clone();
+        let count = a.deployments;
+        async move { wait_planned(&client, count, t0).await }
+    });
     create_deployments(&client, a.deployments).await?;
-    let (planned, available, available_at, slowest) =
-        wait_planned(&client, a.deployments, t0).await?;
+    let (planned, available, available_at, slowest) = waiting.await??;
     let after = op.metrics().await?;
     let mem_planned = op.memory()?;
     let cpu_planning = op.cpu_seconds()? - cpu0;
@@ -531,6 +536,9 @@ type Slowest = Vec<(String, Duration, Vec<String>)>;
 /// When each deployment got its plan (sorted); then how many turned Available, and when
 /// the last of them did (within two minutes of the last plan: kwok runs the engine pods,
 /// but a plan's nodes may lack free GPUs for all of them); and the five slowest to plan.
+/// Follows a watch of the deployments, so each time is when the change reached the
+/// apiserver's watch cache, and the benchmark adds no LISTs of its own to what the control
+/// plane serves while the operator is measured.
 async fn wait_planned(
     client: &Client,
     count: usize,
@@ -540,33 +548,51 @@ async fn wait_planned(
     let mut planned: BTreeMap<String, Duration> = BTreeMap::new();
     let mut available: BTreeMap<String, Duration> = BTreeMap::new();
     let mut waited: BTreeMap<String, BTreeMap<String, Duration>> = BTreeMap::new();
+    let mut latest: BTreeMap<String, DiffusionDeployment> = BTreeMap::new();
     let mut all_planned: Option<Duration> = None;
+    let events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    let mut events = std::pin::pin!(events);
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
-        let list = api.list(&ListParams::default()).await?;
-        let now = t0.elapsed();
-        for dd in &list.items {
-            let st = dd.status.clone().unwrap_or_default();
-            let is = |t: &str| {
-                st.conditions
-                    .iter()
-                    .any(|c| c.type_ == t && c.status == "True")
-            };
-            if st.plan.is_some() && is("Planned") {
-                planned.entry(dd.name_any()).or_insert(now);
-            } else {
-                let seen = waited.entry(dd.name_any()).or_default();
-                for c in st.conditions.iter().filter(|c| c.status != "True") {
-                    seen.entry(format!("{} {}", c.type_, c.reason))
-                        .or_insert(now);
+        tokio::select! {
+            event = events.next() => {
+                let dd = match event {
+                    Some(Ok(dd)) => dd,
+                    Some(Err(e)) => {
+                        eprintln!("watching the deployments: {e}");
+                        continue;
+                    }
+                    None => bail!("the watch of the deployments ended"),
+                };
+                let now = t0.elapsed();
+                let st = dd.status.clone().unwrap_or_default();
+                let is = |t: &str| {
+                    st.conditions
+                        .iter()
+                        .any(|c| c.type_ == t && c.status == "True")
+                };
+                if st.plan.is_some() && is("Planned") {
+                    planned.entry(dd.name_any()).or_insert(now);
+                } else {
+                    let seen = waited.entry(dd.name_any()).or_default();
+                    for c in st.conditions.iter().filter(|c| c.status != "True") {
+                        seen.entry(format!("{} {}", c.type_, c.reason))
+                            .or_insert(now);
+                    }
+                }
+                if is("Available") {
+                    available.entry(dd.name_any()).or_insert(now);
+                }
+                latest.insert(dd.name_any(), dd);
+                if planned.len() == count && all_planned.is_none() {
+                    all_planned = Some(now);
                 }
             }
-            if is("Available") {
-                available.entry(dd.name_any()).or_insert(now);
-            }
+            _ = tick.tick() => {}
         }
-        if planned.len() == count && all_planned.is_none() {
-            all_planned = Some(now);
-        }
+        let now = t0.elapsed();
         let settled = all_planned.is_some_and(|t| now > t + Duration::from_secs(120));
         if available.len() == count || settled {
             let mut by_time: Vec<(String, Duration)> = planned.into_iter().collect();
@@ -591,9 +617,8 @@ async fn wait_planned(
             return Ok((times, available.len(), last, slowest));
         }
         if all_planned.is_none() && now > WAIT {
-            let stuck: Vec<String> = list
-                .items
-                .iter()
+            let stuck: Vec<String> = latest
+                .values()
                 .filter(|d| !planned.contains_key(&d.name_any()))
                 .map(|d| {
                     let reasons: Vec<String> = d
@@ -612,7 +637,6 @@ async fn wait_planned(
                 planned.len()
             );
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
