@@ -427,10 +427,6 @@ async fn replicas(
     Ok((replicas, existing))
 }
 
-/// What [`crate::stores::Applied`] calls the engine Deployment and Service.
-const DEPLOYMENT: &str = "Deployment";
-const SERVICE: &str = "Service";
-
 /// The deployment's engine Deployment, from the store; from the API only when the store
 /// has not yet seen this process's last apply of it, so a reconcile never takes an older
 /// template for the one in force.
@@ -439,7 +435,10 @@ async fn engine_deployment(dd: &DiffusionDeployment, ctx: &Context) -> Result<Op
     let stored = ctx.stores.engine(&ns, &name);
     let wrote = ctx
         .applied
-        .version(&dd.uid().unwrap_or_default(), DEPLOYMENT)
+        .version(
+            &dd.uid().unwrap_or_default(),
+            <Deployment as k8s_openapi::Resource>::KIND,
+        )
         .and_then(|v| v.parse::<i64>().ok());
     let behind = match (wrote, &stored) {
         (None, _) => false,
@@ -568,43 +567,17 @@ async fn deploy(
     // Each is applied only when it differs from what this process last applied, or the
     // object moved since (see [`crate::stores::Applied`]).
     let uid = dd.uid().unwrap_or_default();
-    let pp = PatchParams::apply(MANAGER).force();
-    let generation = existing
-        .as_ref()
-        .and_then(|d| d.metadata.generation)
-        .map(|g| g.to_string());
-    let applied = match existing {
-        Some(d)
-            if ctx
-                .applied
-                .unchanged(&uid, DEPLOYMENT, &desired, generation.as_deref()) =>
-        {
-            d
-        }
-        _ => {
-            let applied = Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
-                .patch(&dd.name_any(), &pp, &Patch::Apply(&desired))
-                .await
-                .map_err(kube(format!("applying Deployment of {id}")))?;
-            let version = applied.metadata.generation.unwrap_or(0).to_string();
-            ctx.applied.record(&uid, DEPLOYMENT, &desired, version);
-            applied
-        }
-    };
+    let name = dd.name_any();
+    let generation = |d: &Deployment| d.metadata.generation.map(|g| g.to_string());
+    let applied = apply_if_changed(ctx, &ns, &name, &uid, &desired, existing, generation)
+        .await
+        .map_err(kube(format!("applying Deployment of {id}")))?;
     let service = resources::service(dd);
-    let stored = ctx.stores.service(&ns, &dd.name_any());
-    let version = stored.and_then(|s| s.metadata.resource_version.clone());
-    if !ctx
-        .applied
-        .unchanged(&uid, SERVICE, &service, version.as_deref())
-    {
-        let applied = Api::<Service>::namespaced(ctx.client.clone(), &ns)
-            .patch(&dd.name_any(), &pp, &Patch::Apply(&service))
-            .await
-            .map_err(kube(format!("applying Service of {id}")))?;
-        let version = applied.metadata.resource_version.unwrap_or_default();
-        ctx.applied.record(&uid, SERVICE, &service, version);
-    }
+    let stored = ctx.stores.service(&ns, &name).map(|s| (*s).clone());
+    let resource_version = |s: &Service| s.metadata.resource_version.clone();
+    apply_if_changed(ctx, &ns, &name, &uid, &service, stored, resource_version)
+        .await
+        .map_err(kube(format!("applying Service of {id}")))?;
     disruption_budget(dd, ctx, r).await?;
     let summary = resources::plan_summary(plan);
     match old_plan {
@@ -621,6 +594,46 @@ async fn deploy(
         }
         Some(_) => {}
     }
+    Ok(applied)
+}
+
+/// Server-side applies `desired` (owned by the deployment `uid`) unless it is what this
+/// process last applied and the `stored` object is still at the version that apply made;
+/// returns the object as applied, or as stored when nothing was sent. `version` reads the
+/// version an edit moves: a Deployment's `generation` (any spec edit), another kind's
+/// `resourceVersion` (any edit). See [`crate::stores::Applied`].
+async fn apply_if_changed<K>(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    uid: &str,
+    desired: &K,
+    stored: Option<K>,
+    version: impl Fn(&K) -> Option<String>,
+) -> std::result::Result<K, kube::Error>
+where
+    K: k8s_openapi::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    if let Some(stored) = stored {
+        let at = version(&stored);
+        if at.is_some() && ctx.applied.unchanged(uid, K::KIND, desired, at.as_deref()) {
+            return Ok(stored);
+        }
+    }
+    let applied = Api::<K>::namespaced(ctx.client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(desired),
+        )
+        .await?;
+    let at = version(&applied).unwrap_or_default();
+    ctx.applied.record(uid, K::KIND, desired, at);
     Ok(applied)
 }
 

@@ -157,10 +157,8 @@ pub fn selector_string(dd: &DiffusionDeployment) -> String {
 
 fn labels(dd: &DiffusionDeployment) -> BTreeMap<String, String> {
     let mut l = selector_labels(dd);
-    l.insert(
-        "app.kubernetes.io/managed-by".into(),
-        "layerwise-operator".into(),
-    );
+    let (key, value) = crate::stores::MANAGED_BY;
+    l.insert(key.into(), value.into());
     l
 }
 

@@ -39,9 +39,9 @@ use crate::placement::selector_matches;
 /// How long a reconcile waits for the stores' first list before it gives up (and is retried).
 const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The label the operator puts on what it creates; its owned Deployments and Services are
-/// watched by it.
-pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by=layerwise-operator";
+/// The label the operator puts on what it creates (key and value); its owned Deployments
+/// and Services are watched by it.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "layerwise-operator");
 
 /// The stores every reconcile reads.
 #[derive(Clone)]
@@ -188,7 +188,7 @@ pub fn watch(
         futures::future::pending::<()>().await
     };
 
-    let owned = watcher::Config::default().labels(MANAGED_BY);
+    let owned = watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
     let (engine_api, service_api) = match namespace {
         Some(ns) => (
             Api::<Deployment>::namespaced(client.clone(), ns),

@@ -81,7 +81,13 @@ pub fn ensure(names: &[&str]) -> Result<()> {
     if std::env::var("LAYERWISE_IMAGES_BUILT").as_deref() != Ok("1") {
         let script = repo().join("scripts/images");
         eprintln!("images: running {} {}", script.display(), todo.join(" "));
-        let status = Command::new(&script)
+        let mut cmd = Command::new(&script);
+        // The binaries of this test build's own profile (a test in target/debug: the dev
+        // build `cargo test` just made, so nothing is compiled a second time).
+        if std::env::var_os("LAYERWISE_IMAGES_PROFILE").is_none() {
+            cmd.env("LAYERWISE_IMAGES_PROFILE", crate::tools::cargo_profile()?);
+        }
+        let status = cmd
             .args(&todo)
             .stdin(Stdio::null())
             .stdout(Stdio::inherit())

@@ -7,7 +7,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
@@ -270,6 +270,18 @@ fn profile_dir() -> Result<PathBuf> {
         .with_context(|| format!("{} is not in a target folder", exe.display()))
 }
 
+/// The Cargo profile this test binary was built with: `dev` in `target/debug` (`cargo test`
+/// with no profile given; the test targets' `test` profile inherits it), `release` in
+/// `target/release`.
+pub fn cargo_profile() -> Result<&'static str> {
+    let dir = profile_dir()?;
+    match dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => Ok("dev"),
+        Some("release") => Ok("release"),
+        _ => bail!("{}: not a debug or release folder", dir.display()),
+    }
+}
+
 /// `cargo build` of the binaries, once per process. It selects what `cargo test --workspace`
 /// builds (every package's bins and tests), so features resolve the same way and this is a
 /// no-op right after that; run alone, it rebuilds what changed.
@@ -278,12 +290,9 @@ fn build_workspace_bins() -> Result<()> {
     BUILT
         .get_or_init(|| {
             let dir = profile_dir().map_err(|e| e.to_string())?;
-            // `cargo test` picks the profile by the same rule: none given is dev (and test
-            // for the test targets), `--release` is release.
-            let profile: &[&str] = match dir.file_name().and_then(|n| n.to_str()) {
-                Some("debug") => &[],
-                Some("release") => &["--release"],
-                _ => return Err(format!("{}: not a debug or release folder", dir.display())),
+            let profile: &[&str] = match cargo_profile().map_err(|e| e.to_string())? {
+                "dev" => &[],
+                _ => &["--release"],
             };
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
             let mut cmd = Command::new(cargo);
