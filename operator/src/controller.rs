@@ -26,7 +26,7 @@ use crate::phases;
 use crate::planner::Limits;
 use crate::report::Report;
 use crate::settle::settle;
-use crate::stores::{self, Applied, Stores};
+use crate::stores::{self, Applied, Requests, Stores, Write};
 use crate::telemetry::Telemetry;
 
 /// Removes this deployment's prepare requests from DiffusionNodes before it goes.
@@ -89,6 +89,8 @@ pub struct Context {
     pub no_budget: Mutex<HashSet<String>>,
     /// What this process last applied of each engine Deployment and Service.
     pub applied: Applied,
+    /// The prepare-request writes this process made, until the store shows them.
+    pub requests: Requests,
 }
 
 /// Runs the controller until `stop` resolves: the DiffusionDeployment watch, its owned
@@ -122,6 +124,7 @@ pub async fn lead(
         job_keys: Mutex::new(HashSet::new()),
         no_budget: Mutex::new(HashSet::new()),
         applied: Applied::default(),
+        requests: Requests::default(),
     });
     let run = controller
         // The engine Deployments and Services, from the stores' own watches.
@@ -224,8 +227,8 @@ pub(crate) async fn add_request(
     .await
     .map_err(kube(format!(
         "adding prepare request {id} to DiffusionNode {node}"
-    )))?;
-    Ok(())
+    )))
+    .map(|dn| ctx.requests.record(id, &dn, Write::asked(request)))
 }
 
 /// Removes this deployment's prepare request from `dn`. A JSON patch that first tests the
@@ -255,24 +258,22 @@ pub(crate) async fn withdraw(ctx: &Context, id: &str, dn: &DiffusionNode) -> Res
     .map_err(kube(format!(
         "withdrawing prepare request {id} from DiffusionNode {}",
         dn.name_any()
-    )))?;
-    Ok(())
+    )))
+    .map(|dn| ctx.requests.record(id, &dn, Write::Withdrawn))
 }
 
 async fn cleanup(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     let id = model_id(dd);
     let mut withdrawn = Vec::new();
-    for dn in ctx
-        .stores
-        .diffusion_nodes
-        .state()
-        .iter()
-        .filter(|dn| dn.spec.models.iter().any(|m| m.id == id))
-    {
+    for dn in ctx.stores.diffusion_nodes.state().iter().filter(|dn| {
+        dn.spec.models.iter().any(|m| m.id == id)
+            && !ctx.requests.in_flight(dn, &id, Write::Withdrawn)
+    }) {
         withdraw(ctx, &id, dn).await?;
         withdrawn.push(dn.name_any());
     }
     ctx.telemetry.metrics.forget(&id);
+    ctx.requests.forget(&id);
     if let Some(uid) = dd.uid() {
         ctx.job_keys.lock().expect("not poisoned").remove(&uid);
         ctx.no_budget.lock().expect("not poisoned").remove(&uid);

@@ -28,6 +28,7 @@ use crate::placement::{self, Candidate};
 use crate::planner::{self, NodeShape, Overrides};
 use crate::report::{Report, Stop};
 use crate::resources::{self, PLAN_ANNOTATION};
+use crate::stores::Write;
 use crate::volume::{self, Located};
 
 /// What a phase returns: go on with a `T`, or stop for a reason.
@@ -172,13 +173,22 @@ async fn prepare(
             persistent_volume_claim: None,
         },
     };
-    let mut asked = Vec::new();
-    for c in &chosen {
-        if !c.dn.spec.models.iter().any(|m| m == &request) {
-            add_request(ctx, &id, &c.name(), &request).await?;
-            asked.push(c.name());
-        }
-    }
+    // The asks go out together: a new deployment's first reconcile asks its whole prepare
+    // set, and each node's agent starts on its request as soon as it lands.
+    let asked: Vec<String> = chosen
+        .iter()
+        .filter(|c| {
+            !c.dn.spec.models.iter().any(|m| m == &request)
+                && !ctx.requests.in_flight(&c.dn, &id, Write::asked(&request))
+        })
+        .map(Candidate::name)
+        .collect();
+    futures::future::try_join_all(
+        asked
+            .iter()
+            .map(|node| add_request(ctx, &id, node, &request)),
+    )
+    .await?;
     if !asked.is_empty() {
         let note = format!(
             "asked {} to profile and warm {}",
@@ -188,11 +198,11 @@ async fn prepare(
         r.event(EventType::Normal, "PrepareRequested", "Prepare", note);
     }
     let keep: BTreeSet<String> = chosen.iter().map(Candidate::name).collect();
-    for dn in
-        ctx.stores.diffusion_nodes.state().iter().filter(|dn| {
-            !keep.contains(&dn.name_any()) && dn.spec.models.iter().any(|m| m.id == id)
-        })
-    {
+    for dn in ctx.stores.diffusion_nodes.state().iter().filter(|dn| {
+        !keep.contains(&dn.name_any())
+            && dn.spec.models.iter().any(|m| m.id == id)
+            && !ctx.requests.in_flight(dn, &id, Write::Withdrawn)
+    }) {
         withdraw(ctx, &id, dn).await?;
         let note = format!(
             "withdrew the prepare request from {} (no longer a candidate)",
