@@ -7,7 +7,10 @@
 //! on, metrics on a loopback port), creates D DiffusionDeployments at once and reports:
 //! - the time until every deployment has a plan, and how many turn Available (kwok runs
 //!   their engine pods) and when;
-//! - the operator's memory (VmRSS, and VmHWM, its peak);
+//! - the operator's memory (VmRSS, and VmHWM, its peak), and the CPU it and the rest of the
+//!   machine (etcd, kube-apiserver, the controller manager, the scheduler, kwok, this
+//!   benchmark's fake agents) used: idle for 10 s before the deployments, and until the
+//!   last plan;
 //! - API requests per reconcile (the operator counts its own requests by verb and
 //!   resource), while planning and in the steady state after;
 //! - a restart: the time a new operator takes to lead and reconcile every deployment once.
@@ -186,9 +189,20 @@ async fn main() -> Result<()> {
         led.as_secs_f64()
     );
 
+    // What the control plane costs with nothing to do but keep the fleet: kwok's lease
+    // renewals and node heartbeats for every node.
+    let idle = Duration::from_secs(10);
+    let (c0, t) = (control_plane_cpu(), Instant::now());
+    tokio::time::sleep(idle).await;
+    println!(
+        "cpu before the deployments: {}",
+        cpu_between(&c0, &control_plane_cpu(), t.elapsed().as_secs_f64())
+    );
+
     // All deployments at once.
     let before = op.metrics().await?;
     let cpu0 = op.cpu_seconds()?;
+    let cp0 = control_plane_cpu();
     let t0 = Instant::now();
     // Watching before the first is created, so every deployment's first change is seen.
     let waiting = tokio::spawn({
@@ -197,11 +211,17 @@ async fn main() -> Result<()> {
         async move { wait_planned(&client, count, t0).await }
     });
     create_deployments(&client, a.deployments).await?;
-    let (planned, available, available_at, slowest) = waiting.await??;
+    let (planned, available, available_at, slowest, cpu_planned) = waiting.await??;
     let after = op.metrics().await?;
     let mem_planned = op.memory()?;
     let cpu_planning = op.cpu_seconds()? - cpu0;
     let wall_planning = t0.elapsed().as_secs_f64();
+    // Until the last plan: what the rest of the machine did while the operator planned.
+    let cp_planning = cpu_between(
+        &cp0,
+        &cpu_planned,
+        planned.last().copied().unwrap_or_default().as_secs_f64(),
+    );
     println!(
         "planned: all {} in {:.2} s (first {:.2} s, median {:.2} s, 90th percentile {:.2} s); {available} Available, the last after {:.2} s",
         a.deployments,
@@ -247,6 +267,7 @@ async fn main() -> Result<()> {
             .collect::<Vec<_>>()
             .join(" ")
     );
+    println!("cpu until the last plan, the rest of the machine: {cp_planning}");
     println!(
         "memory: VmRSS {:.1} MiB, VmHWM {:.1} MiB",
         mem_planned.0 as f64 / 1048576.0,
@@ -533,9 +554,13 @@ async fn create_deployments(client: &Client, count: usize) -> Result<()> {
 /// condition's `type reason` seen before the plan, with when it was first seen.
 type Slowest = Vec<(String, Duration, Vec<String>)>;
 
+/// CPU seconds by part of the machine (see [`control_plane_cpu`]).
+type Cpu = BTreeMap<&'static str, f64>;
+
 /// When each deployment got its plan (sorted); then how many turned Available, and when
 /// the last of them did (within two minutes of the last plan: kwok runs the engine pods,
-/// but a plan's nodes may lack free GPUs for all of them); and the five slowest to plan.
+/// but a plan's nodes may lack free GPUs for all of them); the five slowest to plan; and
+/// the CPU each part of the machine had used when the last deployment was planned.
 /// Follows a watch of the deployments, so each time is when the change reached the
 /// apiserver's watch cache, and the benchmark adds no LISTs of its own to what the control
 /// plane serves while the operator is measured.
@@ -543,13 +568,14 @@ async fn wait_planned(
     client: &Client,
     count: usize,
     t0: Instant,
-) -> Result<(Vec<Duration>, usize, Duration, Slowest)> {
+) -> Result<(Vec<Duration>, usize, Duration, Slowest, Cpu)> {
     let api: Api<DiffusionDeployment> = Api::namespaced(client.clone(), NS);
     let mut planned: BTreeMap<String, Duration> = BTreeMap::new();
     let mut available: BTreeMap<String, Duration> = BTreeMap::new();
     let mut waited: BTreeMap<String, BTreeMap<String, Duration>> = BTreeMap::new();
     let mut latest: BTreeMap<String, DiffusionDeployment> = BTreeMap::new();
     let mut all_planned: Option<Duration> = None;
+    let mut cpu_planned = BTreeMap::new();
     let events = watcher(api, watcher::Config::default())
         .default_backoff()
         .applied_objects();
@@ -588,6 +614,7 @@ async fn wait_planned(
                 latest.insert(dd.name_any(), dd);
                 if planned.len() == count && all_planned.is_none() {
                     all_planned = Some(now);
+                    cpu_planned = control_plane_cpu();
                 }
             }
             _ = tick.tick() => {}
@@ -614,7 +641,7 @@ async fn wait_planned(
                 .collect();
             let times = by_time.into_iter().map(|(_, t)| t).collect();
             let last = available.values().max().copied().unwrap_or_default();
-            return Ok((times, available.len(), last, slowest));
+            return Ok((times, available.len(), last, slowest, cpu_planned));
         }
         if all_planned.is_none() && now > WAIT {
             let stuck: Vec<String> = latest
@@ -804,15 +831,9 @@ impl Operator {
     /// CPU time the operator has used (user + system), seconds.
     fn cpu_seconds(&self) -> Result<f64> {
         let pid = self.child.id().context("the operator has exited")?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-        // Fields after the command (which may hold spaces) start at the state, field 3.
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        // utime and stime are fields 14 and 15, so 11 and 12 counted from the state.
-        // SAFETY: sysconf reads a constant of the system.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-        Ok((ticks(11) + ticks(12)) as f64 / hz)
+        Ok(process_cpu(&pid.to_string())
+            .context("reading the operator's /proc stat")?
+            .1)
     }
 
     /// SIGTERM, then waits for it to exit.
@@ -829,4 +850,66 @@ impl Operator {
         ensure!(status.success(), "the operator exited with {status}");
         Ok(())
     }
+}
+
+/// A process's command name (`comm`, at most 15 characters) and the CPU time it has used
+/// (user + system), seconds; `pid` is a /proc entry ("self" for this process).
+fn process_cpu(pid: &str) -> Option<(String, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (head, rest) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_string();
+    // Fields after the command (which may hold spaces) start at the state, field 3; utime
+    // and stime are fields 14 and 15, so 11 and 12 counted from the state.
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // SAFETY: sysconf reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some((comm, (ticks(11) + ticks(12)) as f64 / hz))
+}
+
+/// CPU seconds used so far by each part of the machine's control plane (the processes of
+/// these names) and by this benchmark (its fake agents and watches).
+fn control_plane_cpu() -> Cpu {
+    const PARTS: [(&str, &str); 5] = [
+        ("etcd", "etcd"),
+        ("kube-apiserver", "apiserver"),
+        ("kube-controller", "controller-manager"),
+        ("kube-scheduler", "scheduler"),
+        ("kwok", "kwok"),
+    ];
+    let mut out: Cpu = PARTS.iter().map(|(_, n)| (*n, 0.0)).collect();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        if let Some((comm, secs)) = process_cpu(pid) {
+            if let Some((_, part)) = PARTS.iter().find(|(c, _)| *c == comm) {
+                *out.entry(part).or_default() += secs;
+            }
+        }
+    }
+    out.insert("benchmark", process_cpu("self").map_or(0.0, |(_, s)| s));
+    out
+}
+
+/// What each part used between two samples of [`control_plane_cpu`], as a line.
+fn cpu_between(a: &Cpu, b: &Cpu, wall: f64) -> String {
+    let mut total = 0.0;
+    let parts: Vec<String> = b
+        .iter()
+        .map(|(k, v)| {
+            let used = v - a.get(k).copied().unwrap_or(0.0);
+            total += used;
+            format!("{k} {used:.1} s")
+        })
+        .collect();
+    format!(
+        "{} in {wall:.1} s ({:.2} cores)",
+        parts.join(", "),
+        total / wall.max(1e-9)
+    )
 }
