@@ -356,20 +356,11 @@ fn plan(
         plan.nodes.join(", ")
     );
     if r.old.plan.as_ref() != Some(&plan) {
-        // An event when the plan is new, its strategy or shape changed, or it lost a node.
-        // Nodes it only gained (agents report one by one while a fleet prepares) show in the
-        // status and the condition's message: an event each would be a write each.
-        let news = r.old.plan.as_ref().is_none_or(|old| {
-            resources::plan_summary(old) != resources::plan_summary(&plan)
-                || old.nodes.iter().any(|n| !plan.nodes.contains(n))
-        });
-        if news {
-            let note = format!(
-                "{summary}. {}",
-                plan.reasons.get(1).cloned().unwrap_or_default()
-            );
-            r.event(EventType::Normal, "Planned", "Plan", note);
-        }
+        let note = format!(
+            "{summary}. {}",
+            plan.reasons.get(1).cloned().unwrap_or_default()
+        );
+        r.event(EventType::Normal, "Planned", "Plan", note);
         ctx.telemetry.metrics.planned(plan.strategy.as_str());
     }
     r.set(cond::PLANNED, true, "Planned", &summary);

@@ -230,22 +230,19 @@ impl Report {
     }
 }
 
-/// Publishes `events` about `dd`, together (each is its own write); a failure is logged,
-/// never fatal.
+/// Publishes `events` about `dd`; a failure is logged, never fatal.
 pub async fn publish(ctx: &Context, dd: &DiffusionDeployment, events: Vec<Event>) {
     let reference = dd.object_ref(&());
-    let reference = &reference;
-    futures::future::join_all(events.into_iter().map(|ev| async move {
+    for ev in events {
         let note = ev.note.as_deref().unwrap_or_default();
         match ev.type_ {
             EventType::Warning => warn!(deployment = %model_id(dd), reason = %ev.reason, "{note}"),
             EventType::Normal => info!(deployment = %model_id(dd), reason = %ev.reason, "{note}"),
         }
-        if let Err(err) = ctx.recorder.publish(&ev, reference).await {
+        if let Err(err) = ctx.recorder.publish(&ev, &reference).await {
             warn!(deployment = %model_id(dd), error = %err, "publishing event {}", ev.reason);
         }
-    }))
-    .await;
+    }
 }
 
 fn truncate(mut s: String, max: usize) -> String {
