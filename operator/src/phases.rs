@@ -74,7 +74,8 @@ async fn phases(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Resu
     let (plan, warm) = proceed!(plan(dd, ctx, &profiled, r));
     let (replicas, existing) = replicas(dd, ctx, r).await?;
     let applied = deploy(dd, ctx, &plan, replicas, existing, &warm, r).await?;
-    observe(&plan, replicas, &warm, &applied, r);
+    let unplaced = unscheduled(dd, ctx, replicas, &applied).await?;
+    observe(&plan, replicas, &warm, &applied, &unplaced, r);
     Ok(ControlFlow::Continue(()))
 }
 
@@ -694,8 +695,66 @@ fn all_available(d: Option<&Deployment>) -> bool {
         .is_some_and(|s| s.unavailable_replicas.unwrap_or(0) == 0)
 }
 
-/// Status from what runs.
-fn observe(plan: &Plan, replicas: i32, warm: &[String], applied: &Deployment, r: &mut Report) {
+/// The engine pods the scheduler could not place, each with the scheduler's reason (`<pod>:
+/// <message>`, sorted). Asked of the API only while fewer pods are ready than wanted, so a
+/// deployment that runs as planned costs no request here.
+async fn unscheduled(
+    dd: &DiffusionDeployment,
+    ctx: &Context,
+    replicas: i32,
+    applied: &Deployment,
+) -> Result<Vec<String>> {
+    let ready = applied
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0);
+    if ready >= replicas {
+        return Ok(Vec::new());
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
+    let list = pods
+        .list(&ListParams::default().labels(&resources::selector_string(dd)))
+        .await
+        .map_err(kube(format!("listing engine pods of {}", model_id(dd))))?;
+    let mut unplaced: Vec<String> = list
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let c = p
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .find(|c| c.type_ == "PodScheduled")?;
+            (c.status == "False" && c.reason.as_deref() == Some("Unschedulable")).then(|| {
+                format!(
+                    "{}: {}",
+                    p.name_any(),
+                    c.message.as_deref().unwrap_or("no reason given")
+                )
+            })
+        })
+        .collect();
+    unplaced.sort();
+    Ok(unplaced)
+}
+
+/// Status from what runs. `unplaced` are the engine pods the scheduler could not place
+/// ([`unscheduled`]): named in `Available` and `Progressing` (reason `Unschedulable`), with
+/// a warning event when that is news. The plan fits the nodes' allocatable capacity, so
+/// what keeps them out is what else runs there (or a taint, or a quota), which only the
+/// scheduler's reason says.
+fn observe(
+    plan: &Plan,
+    replicas: i32,
+    warm: &[String],
+    applied: &Deployment,
+    unplaced: &[String],
+    r: &mut Report,
+) {
     let ds = applied.status.clone().unwrap_or_default();
     let ready = ds.ready_replicas.unwrap_or(0);
     let updated = ds.updated_replicas.unwrap_or(0);
@@ -703,11 +762,20 @@ fn observe(plan: &Plan, replicas: i32, warm: &[String], applied: &Deployment, r:
     r.status.ready_replicas = ready;
     // Available means a request sent now is served: a deployment scaled to zero is not.
     let available = ready >= 1;
-    let pods_msg = format!("{ready} of {replicas} engine pods ready");
+    let mut pods_msg = format!("{ready} of {replicas} engine pods ready");
+    if !unplaced.is_empty() {
+        pods_msg = format!(
+            "{pods_msg}; {} cannot be scheduled: {}",
+            unplaced.len(),
+            unplaced.join("; ")
+        );
+    }
     let reason = if available {
         "EnginesReady"
     } else if replicas == 0 {
         "ScaledToZero"
+    } else if !unplaced.is_empty() {
+        "Unschedulable"
     } else {
         "NoEngineReady"
     };
@@ -715,11 +783,16 @@ fn observe(plan: &Plan, replicas: i32, warm: &[String], applied: &Deployment, r:
     let rolling = updated < replicas
         || ready < replicas
         || ds.observed_generation < applied.metadata.generation;
-    let reason = if rolling {
+    let reason = if !unplaced.is_empty() {
+        "Unschedulable"
+    } else if rolling {
         "RollingOut"
     } else {
         "RolloutComplete"
     };
+    if !unplaced.is_empty() && r.was(cond::PROGRESSING) != Some((reason, pods_msg.as_str())) {
+        r.event(EventType::Warning, reason, "Deploy", pods_msg.clone());
+    }
     r.set(cond::PROGRESSING, rolling, reason, &pods_msg);
     let all_warm = warm.len() == plan.nodes.len();
     let warm_msg = format!(

@@ -307,9 +307,17 @@ async fn examples(w: &World, root: &Path, pv: &str) -> Result<()> {
     files.sort();
     let mut deployments = BTreeMap::new();
     let mut synthesized = BTreeMap::new();
+    // The files of the claim (model-store.yaml) and of the deployment served from it go
+    // first, and that deployment is Available before the others are applied: its pod needs
+    // all eight GPUs of the volume's node, and the scheduler spreads the others' one-GPU
+    // pods over every node, that one included, when they come first (see "Unschedulable"
+    // below).
+    let mut first: Vec<(PathBuf, Vec<String>)> = Vec::new();
+    let mut rest: Vec<(PathBuf, Vec<String>)> = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file)?;
         let mut docs = Vec::new();
+        let mut on_claim = false;
         for doc in serde_yaml::Deserializer::from_str(&text) {
             let mut v: serde_json::Value = serde::Deserialize::deserialize(doc)?;
             match v["kind"].as_str() {
@@ -327,6 +335,7 @@ async fn examples(w: &World, root: &Path, pv: &str) -> Result<()> {
                                 "{}: a claim other than model-store.yaml's",
                                 file.display()
                             );
+                            on_claim = true;
                             format!("/models/store/{}", c["subPath"].as_str().unwrap_or(""))
                         }
                     };
@@ -351,43 +360,123 @@ async fn examples(w: &World, root: &Path, pv: &str) -> Result<()> {
                 // model-store.yaml: the volume on a node of this cluster, bound to this
                 // namespace's claim, under a name of this test.
                 Some("PersistentVolume") => {
+                    on_claim = true;
                     v["metadata"]["name"] = json!(pv);
                     v["spec"]["claimRef"]["namespace"] = json!(w.ns);
                     v["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]
                         ["matchExpressions"][0]["values"] = json!(["a100-0"]);
                 }
-                Some("PersistentVolumeClaim") => v["spec"]["volumeName"] = json!(pv),
+                Some("PersistentVolumeClaim") => {
+                    on_claim = true;
+                    v["spec"]["volumeName"] = json!(pv);
+                }
                 other => anyhow::bail!("{}: an example of kind {other:?}", file.display()),
             }
             docs.push(serde_json::to_string(&v)?);
         }
-        for doc in docs {
-            ok(
-                tool("kubectl", &["apply", "-n", &w.ns, "-f", "-"], Some(&doc))?,
-                &format!("kubectl apply {}", file.display()),
-            )?;
+        if on_claim {
+            first.push((file.clone(), docs));
+        } else {
+            rest.push((file.clone(), docs));
         }
     }
     ensure!(
         deployments.len() >= 5,
         "expected an example per strategy and one on a claim, found {deployments:?}"
     );
+    let on_claim: Vec<&String> = deployments
+        .iter()
+        .filter(|(_, p)| p.starts_with("/models/store/"))
+        .map(|(name, _)| name)
+        .collect();
     ensure!(
-        deployments
-            .values()
-            .any(|p| p.starts_with("/models/store/")),
+        !on_claim.is_empty(),
         "no example serves a model from a claim"
     );
     let api: Api<DiffusionDeployment> = Api::namespaced(w.client.clone(), &w.ns);
-    for (name, path) in &deployments {
-        let plan = available(&api, name).await?;
-        eprintln!(
-            "{name} ({path}, {}): {:?} dp {} on {:?}",
-            synthesized[path], plan.strategy, plan.dp, plan.nodes
-        );
-        if path.starts_with("/models/store/") {
-            ensure!(plan.nodes == ["a100-0"], "{name}: {:?}", plan.nodes);
+    let mut seen = BTreeMap::new();
+    for group in [first, rest] {
+        for (file, docs) in &group {
+            for doc in docs {
+                ok(
+                    tool("kubectl", &["apply", "-n", &w.ns, "-f", "-"], Some(doc))?,
+                    &format!("kubectl apply {}", file.display()),
+                )?;
+            }
+        }
+        for (name, path) in &deployments {
+            if seen.contains_key(name) || !applied(&group, name) {
+                continue;
+            }
+            let plan = available(&api, name).await?;
+            eprintln!(
+                "{name} ({path}, {}): {:?} dp {} on {:?}",
+                synthesized[path], plan.strategy, plan.dp, plan.nodes
+            );
+            if path.starts_with("/models/store/") {
+                ensure!(plan.nodes == ["a100-0"], "{name}: {:?}", plan.nodes);
+            }
+            seen.insert(name.clone(), plan);
         }
     }
+    ensure!(
+        seen.len() == deployments.len(),
+        "not all examples were applied"
+    );
+    unschedulable(w, &api, on_claim[0], &seen[on_claim[0]]).await
+}
+
+/// Whether one of `group`'s documents is the DiffusionDeployment `name`.
+fn applied(group: &[(PathBuf, Vec<String>)], name: &str) -> bool {
+    group.iter().flat_map(|(_, docs)| docs).any(|d| {
+        serde_json::from_str::<serde_json::Value>(d)
+            .is_ok_and(|v| v["kind"] == "DiffusionDeployment" && v["metadata"]["name"] == name)
+    })
+}
+
+/// A second replica of the whole-node deployment on the claim cannot be placed (its one
+/// node's devices are all taken): the deployment stays Available with its first pod, and
+/// `Progressing` says `Unschedulable` with the scheduler's reason, with a Warning event.
+async fn unschedulable(
+    w: &World,
+    api: &Api<DiffusionDeployment>,
+    name: &str,
+    plan: &crds::Plan,
+) -> Result<()> {
+    ensure!(
+        plan.nodes.len() == 1,
+        "{name}: planned on {:?}, expected its volume's one node",
+        plan.nodes
+    );
+    api.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({ "spec": { "replicas": 2 } })),
+    )
+    .await?;
+    let msg = wait_until(&format!("{name} Unschedulable"), WAIT, || async {
+        let s = status_of(api, name).await?;
+        Ok(
+            match (condition(&s, "Progressing"), condition(&s, "Available")) {
+                (Some((p, r, msg)), Some((a, ..)))
+                    if p == "True" && r == "Unschedulable" && a == "True" =>
+                {
+                    Ok(msg)
+                }
+                other => Err(format!("Progressing, Available: {other:?}")),
+            },
+        )
+    })
+    .await?;
+    ensure!(
+        msg.starts_with("1 of 2 engine pods ready; 1 cannot be scheduled: ")
+            && msg.contains("Insufficient nvidia.com/gpu"),
+        "{msg}"
+    );
+    let reasons = world::event_reasons(&w.client, &w.ns).await?;
+    ensure!(
+        reasons.iter().any(|r| r == "Unschedulable"),
+        "no Unschedulable event: {reasons:?}"
+    );
     Ok(())
 }
