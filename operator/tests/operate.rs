@@ -167,7 +167,15 @@ async fn takeover(w: &World, ops: &mut Vec<Operator>) -> Result<()> {
         })
     })
     .await?;
-    ensure!(ops[b].reconciles() > 0);
+    // Counted when a reconcile ends, which is after it applied the Deployment.
+    wait_until("the new leader's reconcile ends", WAIT, || async {
+        Ok(if ops[b].reconciles() > 0 {
+            Ok(())
+        } else {
+            Err("no reconcile counted".into())
+        })
+    })
+    .await?;
 
     // A leader that shuts down hands the lease over at once.
     ops[b].shut_down();
