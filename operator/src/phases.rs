@@ -72,9 +72,10 @@ async fn phases(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Resu
     let asked = proceed!(prepare(dd, ctx, &located, r).await?);
     let profiled = proceed!(profiles(dd, &asked, r));
     let (plan, warm) = proceed!(plan(dd, ctx, &profiled, r));
-    let (replicas, existing) = replicas(dd, ctx, r).await?;
+    let mut pods = EnginePods::default();
+    let (replicas, existing) = replicas(dd, ctx, &mut pods, r).await?;
     let applied = deploy(dd, ctx, &plan, replicas, existing, &warm, r).await?;
-    let unplaced = unscheduled(dd, ctx, replicas, &applied).await?;
+    let unplaced = unscheduled(dd, ctx, &mut pods, replicas, &applied).await?;
     observe(&plan, replicas, &warm, &applied, &unplaced, r);
     Ok(ControlFlow::Continue(()))
 }
@@ -379,6 +380,7 @@ fn plan(
 async fn replicas(
     dd: &DiffusionDeployment,
     ctx: &Context,
+    pods: &mut EnginePods,
     r: &mut Report,
 ) -> Result<(i32, Option<Deployment>)> {
     let spec = &dd.spec;
@@ -404,7 +406,7 @@ async fn replicas(
                 target: a.target_queue_per_replica,
                 delay: Duration::from_secs(u64::from(a.scale_down_delay_seconds)),
             };
-            let observed = scrape(dd, ctx, r).await?;
+            let observed = scrape(dd, ctx, pods, r).await?;
             let current = running.unwrap_or_else(|| spec.replicas.unwrap_or(a.min_replicas));
             let step = autoscaler::step(
                 current,
@@ -468,15 +470,16 @@ async fn engine_deployment(dd: &DiffusionDeployment, ctx: &Context) -> Result<Op
 /// Reads the load of the deployment's running engine pods. A pod that does not answer is
 /// not counted as idle: the result says the read is incomplete (so replicas hold), the
 /// `ScrapeFailed` condition names the pods, the metric counts them and the log says why.
-async fn scrape(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Result<Observed> {
+async fn scrape(
+    dd: &DiffusionDeployment,
+    ctx: &Context,
+    pods: &mut EnginePods,
+    r: &mut Report,
+) -> Result<Observed> {
     let id = model_id(dd);
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
-    let list = pods
-        .list(&ListParams::default().labels(&resources::selector_string(dd)))
-        .await
-        .map_err(kube(format!("listing engine pods of {id}")))?;
-    let running: Vec<&Pod> = list
-        .items
+    let running: Vec<&Pod> = pods
+        .get(dd, ctx)
+        .await?
         .iter()
         .filter(|p| {
             p.metadata.deletion_timestamp.is_none()
@@ -695,12 +698,33 @@ fn all_available(d: Option<&Deployment>) -> bool {
         .is_some_and(|s| s.unavailable_replicas.unwrap_or(0) == 0)
 }
 
+/// The deployment's engine pods, listed once per reconcile and only when a phase asks: the
+/// builtin autoscaler's scrape and [`unscheduled`] read the same list.
+#[derive(Default)]
+struct EnginePods(Option<Vec<Pod>>);
+
+impl EnginePods {
+    async fn get(&mut self, dd: &DiffusionDeployment, ctx: &Context) -> Result<&[Pod]> {
+        if self.0.is_none() {
+            let api: Api<Pod> =
+                Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
+            let list = api
+                .list(&ListParams::default().labels(&resources::selector_string(dd)))
+                .await
+                .map_err(kube(format!("listing engine pods of {}", model_id(dd))))?;
+            self.0 = Some(list.items);
+        }
+        Ok(self.0.as_deref().unwrap_or_default())
+    }
+}
+
 /// The engine pods the scheduler could not place, each with the scheduler's reason (`<pod>:
-/// <message>`, sorted). Asked of the API only while fewer pods are ready than wanted, so a
+/// <message>`, sorted). Looked at only while fewer pods are ready than wanted, so a
 /// deployment that runs as planned costs no request here.
 async fn unscheduled(
     dd: &DiffusionDeployment,
     ctx: &Context,
+    pods: &mut EnginePods,
     replicas: i32,
     applied: &Deployment,
 ) -> Result<Vec<String>> {
@@ -712,13 +736,9 @@ async fn unscheduled(
     if ready >= replicas {
         return Ok(Vec::new());
     }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
-    let list = pods
-        .list(&ListParams::default().labels(&resources::selector_string(dd)))
-        .await
-        .map_err(kube(format!("listing engine pods of {}", model_id(dd))))?;
-    let mut unplaced: Vec<String> = list
-        .items
+    let mut unplaced: Vec<String> = pods
+        .get(dd, ctx)
+        .await?
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter_map(|p| {
@@ -762,8 +782,9 @@ fn observe(
     r.status.ready_replicas = ready;
     // Available means a request sent now is served: a deployment scaled to zero is not.
     let available = ready >= 1;
+    let unschedulable = !unplaced.is_empty();
     let mut pods_msg = format!("{ready} of {replicas} engine pods ready");
-    if !unplaced.is_empty() {
+    if unschedulable {
         pods_msg = format!(
             "{pods_msg}; {} cannot be scheduled: {}",
             unplaced.len(),
@@ -774,7 +795,7 @@ fn observe(
         "EnginesReady"
     } else if replicas == 0 {
         "ScaledToZero"
-    } else if !unplaced.is_empty() {
+    } else if unschedulable {
         "Unschedulable"
     } else {
         "NoEngineReady"
@@ -783,14 +804,14 @@ fn observe(
     let rolling = updated < replicas
         || ready < replicas
         || ds.observed_generation < applied.metadata.generation;
-    let reason = if !unplaced.is_empty() {
+    let reason = if unschedulable {
         "Unschedulable"
     } else if rolling {
         "RollingOut"
     } else {
         "RolloutComplete"
     };
-    if !unplaced.is_empty() && r.was(cond::PROGRESSING) != Some((reason, pods_msg.as_str())) {
+    if unschedulable && r.was(cond::PROGRESSING) != Some((reason, pods_msg.as_str())) {
         r.event(EventType::Warning, reason, "Deploy", pods_msg.clone());
     }
     r.set(cond::PROGRESSING, rolling, reason, &pods_msg);

@@ -312,11 +312,13 @@ async fn examples(w: &World, root: &Path, pv: &str) -> Result<()> {
     // all eight GPUs of the volume's node, and the scheduler spreads the others' one-GPU
     // pods over every node, that one included, when they come first (see "Unschedulable"
     // below).
-    let mut first: Vec<(PathBuf, Vec<String>)> = Vec::new();
-    let mut rest: Vec<(PathBuf, Vec<String>)> = Vec::new();
+    // Each: the file, its documents, the DiffusionDeployments among them.
+    let mut first: Vec<(PathBuf, Vec<String>, Vec<String>)> = Vec::new();
+    let mut rest: Vec<(PathBuf, Vec<String>, Vec<String>)> = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file)?;
         let mut docs = Vec::new();
+        let mut names = Vec::new();
         let mut on_claim = false;
         for doc in serde_yaml::Deserializer::from_str(&text) {
             let mut v: serde_json::Value = serde::Deserialize::deserialize(doc)?;
@@ -355,7 +357,8 @@ async fn examples(w: &World, root: &Path, pv: &str) -> Result<()> {
                         synth(&root.join(path.trim_start_matches('/')), &opts)?;
                         synthesized.insert(path.clone(), preset);
                     }
-                    deployments.insert(name, path);
+                    deployments.insert(name.clone(), path);
+                    names.push(name);
                 }
                 // model-store.yaml: the volume on a node of this cluster, bound to this
                 // namespace's claim, under a name of this test.
@@ -374,11 +377,8 @@ async fn examples(w: &World, root: &Path, pv: &str) -> Result<()> {
             }
             docs.push(serde_json::to_string(&v)?);
         }
-        if on_claim {
-            first.push((file.clone(), docs));
-        } else {
-            rest.push((file.clone(), docs));
-        }
+        let group = if on_claim { &mut first } else { &mut rest };
+        group.push((file.clone(), docs, names));
     }
     ensure!(
         deployments.len() >= 5,
@@ -394,9 +394,9 @@ async fn examples(w: &World, root: &Path, pv: &str) -> Result<()> {
         "no example serves a model from a claim"
     );
     let api: Api<DiffusionDeployment> = Api::namespaced(w.client.clone(), &w.ns);
-    let mut seen = BTreeMap::new();
+    let mut plans = BTreeMap::new();
     for group in [first, rest] {
-        for (file, docs) in &group {
+        for (file, docs, _) in &group {
             for doc in docs {
                 ok(
                     tool("kubectl", &["apply", "-n", &w.ns, "-f", "-"], Some(doc))?,
@@ -404,10 +404,8 @@ async fn examples(w: &World, root: &Path, pv: &str) -> Result<()> {
                 )?;
             }
         }
-        for (name, path) in &deployments {
-            if seen.contains_key(name) || !applied(&group, name) {
-                continue;
-            }
+        for name in group.iter().flat_map(|(_, _, names)| names) {
+            let path = &deployments[name];
             let plan = available(&api, name).await?;
             eprintln!(
                 "{name} ({path}, {}): {:?} dp {} on {:?}",
@@ -416,22 +414,10 @@ async fn examples(w: &World, root: &Path, pv: &str) -> Result<()> {
             if path.starts_with("/models/store/") {
                 ensure!(plan.nodes == ["a100-0"], "{name}: {:?}", plan.nodes);
             }
-            seen.insert(name.clone(), plan);
+            plans.insert(name.clone(), plan);
         }
     }
-    ensure!(
-        seen.len() == deployments.len(),
-        "not all examples were applied"
-    );
-    unschedulable(w, &api, on_claim[0], &seen[on_claim[0]]).await
-}
-
-/// Whether one of `group`'s documents is the DiffusionDeployment `name`.
-fn applied(group: &[(PathBuf, Vec<String>)], name: &str) -> bool {
-    group.iter().flat_map(|(_, docs)| docs).any(|d| {
-        serde_json::from_str::<serde_json::Value>(d)
-            .is_ok_and(|v| v["kind"] == "DiffusionDeployment" && v["metadata"]["name"] == name)
-    })
+    unschedulable(w, &api, on_claim[0], &plans[on_claim[0]]).await
 }
 
 /// A second replica of the whole-node deployment on the claim cannot be placed (its one
