@@ -6,6 +6,7 @@
 
 use std::collections::BTreeSet;
 use std::ops::ControlFlow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crds::{AutoscalingMode, DiffusionDeployment, ModelState, NodeModelStatus, Plan, Profile};
@@ -14,7 +15,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, S
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
@@ -28,7 +29,7 @@ use crate::placement::{self, Candidate};
 use crate::planner::{self, NodeShape, Overrides};
 use crate::report::{Report, Stop};
 use crate::resources::{self, PLAN_ANNOTATION};
-use crate::stores::Write;
+use crate::stores::{self, Write};
 use crate::volume::{self, Located};
 
 /// What a phase returns: go on with a `T`, or stop for a reason.
@@ -72,10 +73,9 @@ async fn phases(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Resu
     let asked = proceed!(prepare(dd, ctx, &located, r).await?);
     let profiled = proceed!(profiles(dd, &asked, r));
     let (plan, warm) = proceed!(plan(dd, ctx, &profiled, r));
-    let mut pods = EnginePods::default();
-    let (replicas, existing) = replicas(dd, ctx, &mut pods, r).await?;
+    let (replicas, existing) = replicas(dd, ctx, r).await?;
     let applied = deploy(dd, ctx, &plan, replicas, existing, &warm, r).await?;
-    let unplaced = unscheduled(dd, ctx, &mut pods, replicas, &applied).await?;
+    let unplaced = unscheduled(dd, ctx, replicas, &applied);
     observe(&plan, replicas, &warm, &applied, &unplaced, r);
     Ok(ControlFlow::Continue(()))
 }
@@ -380,7 +380,6 @@ fn plan(
 async fn replicas(
     dd: &DiffusionDeployment,
     ctx: &Context,
-    pods: &mut EnginePods,
     r: &mut Report,
 ) -> Result<(i32, Option<Deployment>)> {
     let spec = &dd.spec;
@@ -406,7 +405,7 @@ async fn replicas(
                 target: a.target_queue_per_replica,
                 delay: Duration::from_secs(u64::from(a.scale_down_delay_seconds)),
             };
-            let observed = scrape(dd, ctx, pods, r).await?;
+            let observed = scrape(dd, ctx, r).await;
             let current = running.unwrap_or_else(|| spec.replicas.unwrap_or(a.min_replicas));
             let step = autoscaler::step(
                 current,
@@ -470,17 +469,12 @@ async fn engine_deployment(dd: &DiffusionDeployment, ctx: &Context) -> Result<Op
 /// Reads the load of the deployment's running engine pods. A pod that does not answer is
 /// not counted as idle: the result says the read is incomplete (so replicas hold), the
 /// `ScrapeFailed` condition names the pods, the metric counts them and the log says why.
-async fn scrape(
-    dd: &DiffusionDeployment,
-    ctx: &Context,
-    pods: &mut EnginePods,
-    r: &mut Report,
-) -> Result<Observed> {
+async fn scrape(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Observed {
     let id = model_id(dd);
+    let pods = engine_pods(dd, ctx);
     let running: Vec<&Pod> = pods
-        .get(dd, ctx)
-        .await?
         .iter()
+        .map(|p| p.as_ref())
         .filter(|p| {
             p.metadata.deletion_timestamp.is_none()
                 && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
@@ -516,10 +510,10 @@ async fn scrape(
         }
         r.set(cond::SCRAPE_FAILED, true, "ScrapeFailed", msg);
     }
-    Ok(Observed {
+    Observed {
         load,
         complete: failed.is_empty(),
-    })
+    }
 }
 
 /// Applies the engine Deployment and Service (and makes the job-key Secret once); returns
@@ -698,68 +692,39 @@ fn all_available(d: Option<&Deployment>) -> bool {
         .is_some_and(|s| s.unavailable_replicas.unwrap_or(0) == 0)
 }
 
-/// The deployment's engine pods, listed once per reconcile and only when a phase asks: the
-/// builtin autoscaler's scrape and [`unscheduled`] read the same list.
-#[derive(Default)]
-struct EnginePods(Option<Vec<Pod>>);
-
-impl EnginePods {
-    async fn get(&mut self, dd: &DiffusionDeployment, ctx: &Context) -> Result<&[Pod]> {
-        if self.0.is_none() {
-            let api: Api<Pod> =
-                Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
-            let list = api
-                .list(&ListParams::default().labels(&resources::selector_string(dd)))
-                .await
-                .map_err(kube(format!("listing engine pods of {}", model_id(dd))))?;
-            self.0 = Some(list.items);
-        }
-        Ok(self.0.as_deref().unwrap_or_default())
-    }
+/// The deployment's engine pods, from the operator's store of them (no request).
+fn engine_pods(dd: &DiffusionDeployment, ctx: &Context) -> Vec<Arc<Pod>> {
+    ctx.stores.pods_of(
+        &dd.namespace().unwrap_or_default(),
+        &resources::selector_labels(dd),
+    )
 }
 
 /// The engine pods the scheduler could not place, each with the scheduler's reason (`<pod>:
-/// <message>`, sorted). Looked at only while fewer pods are ready than wanted, so a
-/// deployment that runs as planned costs no request here.
-async fn unscheduled(
+/// <message>`, sorted). Looked at only while fewer pods are ready than wanted. A pod the
+/// scheduler turns away (or places after all) reconciles its deployment (see
+/// [`crate::stores`]), so the message follows the scheduler's.
+fn unscheduled(
     dd: &DiffusionDeployment,
     ctx: &Context,
-    pods: &mut EnginePods,
     replicas: i32,
     applied: &Deployment,
-) -> Result<Vec<String>> {
+) -> Vec<String> {
     let ready = applied
         .status
         .as_ref()
         .and_then(|s| s.ready_replicas)
         .unwrap_or(0);
     if ready >= replicas {
-        return Ok(Vec::new());
+        return Vec::new();
     }
-    let mut unplaced: Vec<String> = pods
-        .get(dd, ctx)
-        .await?
+    let mut unplaced: Vec<String> = engine_pods(dd, ctx)
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| {
-            let c = p
-                .status
-                .as_ref()?
-                .conditions
-                .as_ref()?
-                .iter()
-                .find(|c| c.type_ == "PodScheduled")?;
-            (c.status == "False" && c.reason.as_deref() == Some("Unschedulable")).then(|| {
-                format!(
-                    "{}: {}",
-                    p.name_any(),
-                    c.message.as_deref().unwrap_or("no reason given")
-                )
-            })
-        })
+        .filter_map(|p| Some(format!("{}: {}", p.name_any(), stores::unschedulable(p)?)))
         .collect();
     unplaced.sort();
-    Ok(unplaced)
+    unplaced
 }
 
 /// Status from what runs. `unplaced` are the engine pods the scheduler could not place

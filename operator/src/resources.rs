@@ -142,7 +142,7 @@ pub fn selector_labels(dd: &DiffusionDeployment) -> BTreeMap<String, String> {
             "app.kubernetes.io/name".to_string(),
             "layerwise-engine".to_string(),
         ),
-        ("app.kubernetes.io/instance".to_string(), dd.name_any()),
+        (crate::stores::INSTANCE.to_string(), dd.name_any()),
     ])
 }
 

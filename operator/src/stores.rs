@@ -3,7 +3,8 @@
 //! stores of the engine Deployments and Services the operator made, which a reconcile reads
 //! instead of getting them (their changes reconcile their owner, as `Controller::owns`
 //! does), with what it last applied of each ([`Applied`]) so an unchanged object is not
-//! applied again.
+//! applied again; and a store of the engine pods, which the builtin autoscaler's scrape and
+//! the unschedulable check read instead of listing them.
 //!
 //! Each kind is watched once. Its watch stream fills the store and, past the first full
 //! list, turns a change that matters into reconciles of the deployments it concerns:
@@ -11,14 +12,18 @@
 //!   the deployments whose node selector matches it, and those that asked it to prepare;
 //! - a DiffusionNode whose model requests or reports change: the deployments they name;
 //!   when its inventory (accelerators, memory) changes, or it is new: also the deployments
-//!   whose selector matches its Node.
+//!   whose selector matches its Node;
+//! - an engine pod the scheduler turns away, or that it places after all (or that goes while
+//!   turned away): its deployment. Nothing else about a pod reconciles: its readiness
+//!   reaches the deployment through its engine Deployment's status.
 //!
 //! The agents' periodic rewrites (`updatedAt`) and kubelet heartbeats change nothing that
 //! matters and cause nothing. Stored objects are trimmed to what placement reads.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crds::{DiffusionDeployment, DiffusionNode};
@@ -26,7 +31,7 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{stream, FutureExt, Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Service};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, PodStatus, Service};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
@@ -52,7 +57,10 @@ pub struct Stores {
     pub engines: Store<Deployment>,
     /// The engine Services the operator made.
     pub services: Store<Service>,
-    /// True once all four hold their first full list. (A reflector store's own readiness
+    /// The engine pods (label [`MANAGED_BY`], which their template carries), trimmed to
+    /// what the scrape and the unschedulable check read ([`trim_pod`]).
+    pub pods: Store<Pod>,
+    /// True once all five hold their first full list. (A reflector store's own readiness
     /// wakes only one of the tasks waiting on it; every reconcile waits here instead.)
     synced: tokio::sync::watch::Receiver<bool>,
 }
@@ -80,6 +88,18 @@ impl Stores {
     /// A Node, from the store.
     pub fn node(&self, name: &str) -> Option<std::sync::Arc<Node>> {
         self.nodes.get(&ObjectRef::new(name))
+    }
+
+    /// The engine pods in `ns` whose labels include `selector`'s, from the store.
+    pub fn pods_of(&self, ns: &str, selector: &BTreeMap<String, String>) -> Vec<Arc<Pod>> {
+        self.pods
+            .state()
+            .into_iter()
+            .filter(|p| {
+                p.metadata.namespace.as_deref() == Some(ns)
+                    && selector.iter().all(|(k, v)| p.labels().get(k) == Some(v))
+            })
+            .collect()
     }
 
     /// An engine Deployment the operator made, from the store.
@@ -232,12 +252,14 @@ pub fn watch(
     let (dns, dn_writer) = reflector::store::<DiffusionNode>();
     let (engines, engine_writer) = reflector::store::<Deployment>();
     let (services, service_writer) = reflector::store::<Service>();
+    let (pods, pod_writer) = reflector::store::<Pod>();
     let (synced_tx, synced) = tokio::sync::watch::channel(false);
     let stores = Stores {
         nodes,
         diffusion_nodes: dns,
         engines,
         services,
+        pods,
         synced,
     };
     let st = stores.clone();
@@ -245,7 +267,8 @@ pub fn watch(
         let ready = st.nodes.wait_until_ready().await.is_ok()
             && st.diffusion_nodes.wait_until_ready().await.is_ok()
             && st.engines.wait_until_ready().await.is_ok()
-            && st.services.wait_until_ready().await.is_ok();
+            && st.services.wait_until_ready().await.is_ok()
+            && st.pods.wait_until_ready().await.is_ok();
         if ready {
             let _ = synced_tx.send(true);
         }
@@ -254,12 +277,17 @@ pub fn watch(
     };
 
     let owned = watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
-    let (engine_api, service_api) = match namespace {
+    let (engine_api, service_api, pod_api) = match namespace {
         Some(ns) => (
             Api::<Deployment>::namespaced(client.clone(), ns),
             Api::<Service>::namespaced(client.clone(), ns),
+            Api::<Pod>::namespaced(client.clone(), ns),
         ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
+        None => (
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+        ),
     };
     // Touched, not only applied: a deleted engine Deployment or Service reconciles its
     // owner, which makes it again.
@@ -269,12 +297,24 @@ pub fn watch(
         .reflect(engine_writer)
         .touched_objects()
         .boxed();
-    let service_events = watcher(service_api, owned)
+    let service_events = watcher(service_api, owned.clone())
         .default_backoff()
         .modify(|s: &mut Service| s.managed_fields_mut().clear())
         .reflect(service_writer)
         .touched_objects()
         .boxed();
+    let pod_events = watcher(pod_api, owned)
+        .default_backoff()
+        .modify(trim_pod)
+        .reflect(pod_writer);
+    let pod_triggers = changes(
+        pod_events,
+        "Pod",
+        Baseline::Facts(UNSEEN_POD),
+        unscheduled_facts,
+        |_| 0,
+        |pod, _| pod_refs(pod),
+    );
 
     let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
@@ -284,6 +324,7 @@ pub fn watch(
     let node_triggers = changes(
         node_events,
         "Node",
+        Baseline::New,
         node_facts,
         |_| 0,
         move |node, _| {
@@ -309,6 +350,7 @@ pub fn watch(
     let dn_triggers = changes(
         dn_events,
         "DiffusionNode",
+        Baseline::New,
         inventory_facts,
         model_facts,
         move |dn, wide| {
@@ -319,7 +361,7 @@ pub fn watch(
 
     Watches {
         stores,
-        triggers: stream::select(node_triggers, dn_triggers).boxed(),
+        triggers: stream::select(stream::select(node_triggers, dn_triggers), pod_triggers).boxed(),
         engines: engine_events,
         services: service_events,
         synced: synced.boxed(),
@@ -341,6 +383,58 @@ fn trim_node(n: &mut Node) {
         ..Default::default()
     });
 }
+
+/// Keeps what the scrape and the unschedulable check read of an engine pod: its name,
+/// namespace, labels and deletion, its phase and IP, and the scheduler's condition.
+fn trim_pod(p: &mut Pod) {
+    p.managed_fields_mut().clear();
+    p.annotations_mut().clear();
+    p.metadata.owner_references = None;
+    p.spec = None;
+    p.status = p.status.take().map(|s| PodStatus {
+        phase: s.phase,
+        pod_ip: s.pod_ip,
+        conditions: s.conditions.map(|c| {
+            c.into_iter()
+                .filter(|c| c.type_ == "PodScheduled")
+                .collect()
+        }),
+        ..Default::default()
+    });
+}
+
+/// The scheduler's reason when it turned the pod away (`None` otherwise).
+pub fn unschedulable(p: &Pod) -> Option<&str> {
+    let c = p
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled")?;
+    (c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+        .then(|| c.message.as_deref().unwrap_or("no reason given"))
+}
+
+/// An engine pod's facts: whether the scheduler turned it away, and why. A pod seen for the
+/// first time counts as one that was placed ([`UNSEEN_POD`]): a new pod reconciles nothing
+/// until the scheduler turns it away.
+fn unscheduled_facts(p: &Pod) -> u64 {
+    unschedulable(p).map_or(UNSEEN_POD.0, |why| hash_of(&why))
+}
+const UNSEEN_POD: (u64, u64) = (0, 0);
+
+/// The deployment an engine pod belongs to (its `app.kubernetes.io/instance` label, in its
+/// namespace).
+fn pod_refs(pod: &Pod) -> Vec<ObjectRef<DiffusionDeployment>> {
+    match (pod.namespace(), pod.labels().get(INSTANCE)) {
+        (Some(ns), Some(name)) => vec![ObjectRef::new(name).within(&ns)],
+        _ => Vec::new(),
+    }
+}
+
+/// The label that names an engine pod's deployment (see [`crate::resources`]).
+pub const INSTANCE: &str = "app.kubernetes.io/instance";
 
 pub(crate) fn hash_of(v: &impl Serialize) -> u64 {
     let mut h = DefaultHasher::new();
@@ -415,6 +509,16 @@ pub fn dn_refs(
         .collect()
 }
 
+/// What an object not seen before counts as.
+#[derive(Clone, Copy)]
+enum Baseline {
+    /// A change in itself: a new (or deleted) object reconciles what it concerns.
+    New,
+    /// An object with these facts (`(wide, narrow)`): a new object reconciles only when its
+    /// facts differ from them, a deleted one only when its last facts did.
+    Facts((u64, u64)),
+}
+
 /// Turns a reflected watch stream into the reconciles its changes cause. `wide` and
 /// `narrow` hash what matters of an object; `map(obj, wide_changed)` names the deployments.
 /// The first full list only fills the store (the controller reconciles every deployment at
@@ -423,6 +527,7 @@ pub fn dn_refs(
 fn changes<K, S>(
     events: S,
     kind: &'static str,
+    baseline: Baseline,
     wide: fn(&K) -> u64,
     narrow: fn(&K) -> u64,
     map: impl Fn(&K, bool) -> Vec<ObjectRef<DiffusionDeployment>> + Send + 'static,
@@ -431,14 +536,19 @@ where
     K: kube::Resource + Send + 'static,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
 {
-    let mut seen: HashMap<String, (u64, u64)> = HashMap::new();
+    let mut seen: HashMap<(Option<String>, String), (u64, u64)> = HashMap::new();
     let mut listed_once = false;
     let mut relisted: Vec<ObjectRef<DiffusionDeployment>> = Vec::new();
+    let key = |obj: &K| (obj.namespace(), obj.name_any());
+    let unseen = match baseline {
+        Baseline::New => None,
+        Baseline::Facts(facts) => Some(facts),
+    };
     events
         .map(move |event| {
-            let diff = |obj: &K, seen: &mut HashMap<String, (u64, u64)>| {
+            let diff = |obj: &K, seen: &mut HashMap<_, (u64, u64)>| {
                 let now = (wide(obj), narrow(obj));
-                match seen.insert(obj.name_any(), now) {
+                match seen.insert(key(obj), now).or(unseen) {
                     Some(before) if before == now => None,
                     Some(before) => Some(map(obj, before.0 != now.0)),
                     None => Some(map(obj, true)),
@@ -447,8 +557,11 @@ where
             let refs = match event {
                 Ok(watcher::Event::Apply(obj)) => diff(&obj, &mut seen).unwrap_or_default(),
                 Ok(watcher::Event::Delete(obj)) => {
-                    seen.remove(&obj.name_any());
-                    map(&obj, true)
+                    let last = seen.remove(&key(&obj));
+                    match unseen {
+                        Some(facts) if last.is_none_or(|l| l == facts) => Vec::new(),
+                        _ => map(&obj, true),
+                    }
                 }
                 Ok(watcher::Event::Init) => Vec::new(),
                 Ok(watcher::Event::InitApply(obj)) => {
@@ -613,12 +726,100 @@ mod tests {
         let mapped = changes(
             stream::iter(events),
             "Node",
+            Baseline::New,
             node_facts,
             |_| 0,
             |n: &Node, wide| vec![ObjectRef::new(&format!("{}-{wide}", n.name_any())).within("ns")],
         );
         let got = names(mapped.collect().await);
         assert_eq!(got, ["ns/n1-true", "ns/n2-true", "ns/n1-true"]);
+    }
+
+    fn pod(name: &str, instance: &str, scheduled: Option<(&str, &str)>) -> Pod {
+        let conditions = scheduled.map(|(status, message)| {
+            let reason = if status == "False" {
+                "Unschedulable"
+            } else {
+                ""
+            };
+            serde_json::json!([{ "type": "PodScheduled", "status": status, "reason": reason,
+                                 "message": message }])
+        });
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name, "namespace": "ns", "labels": { INSTANCE: instance } },
+            "status": { "phase": "Pending", "conditions": conditions },
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_engine_pod_reconciles_its_deployment_only_when_the_scheduler_turns_it_away_or_places_it_after_all(
+    ) {
+        use watcher::Event::*;
+        let full = Some((
+            "False",
+            "0/5 nodes are available: 1 Insufficient nvidia.com/gpu",
+        ));
+        let events = vec![
+            Ok(Init),
+            Ok(InitApply(pod("a-1", "a", None))),
+            Ok(InitDone),
+            // New pods, placed or not yet looked at: nothing (their Deployment's status
+            // tells their deployment).
+            Ok(Apply(pod("b-1", "b", None))),
+            Ok(Apply(pod("b-1", "b", Some(("True", ""))))),
+            Ok(Apply(pod("c-1", "c", None))),
+            // Turned away: its deployment; again with the same reason: nothing.
+            Ok(Apply(pod("c-1", "c", full))),
+            Ok(Apply(pod("c-1", "c", full))),
+            // Another reason: again.
+            Ok(Apply(pod("c-1", "c", Some(("False", "0/5 nodes: taint"))))),
+            // Placed after all: its deployment.
+            Ok(Apply(pod("c-1", "c", Some(("True", ""))))),
+            // A placed pod goes: nothing; one that goes while turned away: its deployment.
+            Ok(Delete(pod("b-1", "b", Some(("True", ""))))),
+            Ok(Apply(pod("d-1", "d", full))),
+            Ok(Delete(pod("d-1", "d", full))),
+            // Turned away when first seen: its deployment.
+            Ok(Apply(pod("e-1", "e", full))),
+        ];
+        let mapped = changes(
+            stream::iter(events),
+            "Pod",
+            Baseline::Facts(UNSEEN_POD),
+            unscheduled_facts,
+            |_| 0,
+            |p: &Pod, _| pod_refs(p),
+        );
+        let got = names(mapped.collect().await);
+        assert_eq!(got, ["ns/c", "ns/c", "ns/c", "ns/d", "ns/d", "ns/e"]);
+    }
+
+    #[test]
+    fn a_trimmed_pod_keeps_what_the_scrape_and_the_unschedulable_check_read() {
+        let mut p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "e-1", "namespace": "ns", "labels": { INSTANCE: "e" },
+                          "annotations": { "x": "y" }, "managedFields": [{ "manager": "k" }],
+                          "deletionTimestamp": "2026-01-01T00:00:00Z" },
+            "spec": { "containers": [{ "name": "engine", "image": "layerwise-engine:0.1.0" }] },
+            "status": { "phase": "Running", "podIP": "127.1.0.5", "conditions": [
+                { "type": "Ready", "status": "True" },
+                { "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                  "message": "0/5 nodes are available" }],
+                "containerStatuses": [{ "name": "engine", "image": "i", "imageID": "",
+                    "ready": true, "restartCount": 0 }] },
+        }))
+        .unwrap();
+        trim_pod(&mut p);
+        assert!(p.spec.is_none() && p.annotations().is_empty() && p.managed_fields().is_empty());
+        assert!(p.metadata.deletion_timestamp.is_some());
+        assert_eq!(pod_refs(&p), [ObjectRef::new("e").within("ns")]);
+        let st = p.status.as_ref().unwrap();
+        assert_eq!(st.phase.as_deref(), Some("Running"));
+        assert_eq!(st.pod_ip.as_deref(), Some("127.1.0.5"));
+        assert!(st.container_statuses.is_none());
+        assert_eq!(st.conditions.as_ref().unwrap().len(), 1);
+        assert_eq!(unschedulable(&p), Some("0/5 nodes are available"));
     }
 
     #[test]
