@@ -291,9 +291,15 @@ async fn stores(w: &World, op: &Operator, label: &str) -> Result<()> {
     }
     // A steady reconcile reads the engine Deployment and Service from the stores and sends
     // nothing: neither has changed since it applied them.
+    // At least three reconciles, however slow the machine: each is a 1 s resync plus the
+    // 1 s debounce and the reconcile itself, so 5 s held only two on a loaded machine.
     let steady = requests(&op.telemetry);
     let (r0, before) = (op.reconciles(), steady.values().sum::<u64>());
+    let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(5)).await;
+    while op.reconciles() < r0 + 3 && started.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let now = requests(&op.telemetry);
     let (r1, after) = (op.reconciles(), now.values().sum::<u64>());
     let sent: BTreeMap<&String, u64> = now
