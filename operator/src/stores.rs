@@ -97,7 +97,7 @@ impl Stores {
             .into_iter()
             .filter(|p| {
                 p.metadata.namespace.as_deref() == Some(ns)
-                    && selector.iter().all(|(k, v)| p.labels().get(k) == Some(v))
+                    && selector_matches(selector, p.labels())
             })
             .collect()
     }
