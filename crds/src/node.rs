@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::ModelLocation;
 
-/// The models a node should prepare. Each entry is owned (server-side apply) by the
-/// DiffusionDeployment that asked for it, so requests from many deployments merge.
+/// The models a node should prepare: one entry per DiffusionDeployment that asked, keyed by
+/// its id. The operator changes only the entries it names (a JSON patch that tests each
+/// entry it replaces or removes at its index first), so other writers' entries stay.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[kube(
     group = "layerwise.dev",

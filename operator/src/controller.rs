@@ -8,31 +8,29 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crds::{DiffusionDeployment, DiffusionNode};
+use crds::DiffusionDeployment;
 use futures::StreamExt;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{finalizer, Event as Finalizer};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use serde_json::json;
 use tracing::{debug, warn};
 
 use crate::autoscaler::LoadSource;
-use crate::error::{kube, Error, Result};
+use crate::error::{Error, Result};
 use crate::leader::Election;
 use crate::phases;
 use crate::planner::Limits;
 use crate::report::Report;
+use crate::requests::{Change, Requests};
 use crate::settle::settle;
-use crate::stores::{self, Applied, Requests, Stores, Write};
+use crate::stores::{self, Applied, Stores};
 use crate::telemetry::Telemetry;
 
 /// Removes this deployment's prepare requests from DiffusionNodes before it goes.
 pub const FINALIZER: &str = "layerwise.dev/prepare-requests";
-/// Field manager of everything the operator applies (except prepare requests, which each
-/// deployment owns under its own manager so that they merge).
+/// Field manager of everything the operator writes.
 pub const MANAGER: &str = "layerwise-operator";
 pub(crate) const API_VERSION: &str = "layerwise.dev/v1alpha1";
 /// A deployment's Node and DiffusionNode triggers are gathered into one reconcile once they
@@ -89,7 +87,7 @@ pub struct Context {
     pub no_budget: Mutex<HashSet<String>>,
     /// What this process last applied of each engine Deployment and Service.
     pub applied: Applied,
-    /// The prepare-request writes this process made, until the store shows them.
+    /// The prepare requests on DiffusionNodes, written by one writer per node.
     pub requests: Requests,
 }
 
@@ -114,6 +112,7 @@ pub async fn lead(
     let controller = Controller::new(dds, watcher::Config::default());
     let watches = stores::watch(&client, controller.store(), settings.namespace.as_deref());
     let (stores, sync) = (watches.stores, watches.synced);
+    let requests = Requests::new(client.clone(), stores.diffusion_nodes.clone(), MANAGER);
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
@@ -124,7 +123,7 @@ pub async fn lead(
         job_keys: Mutex::new(HashSet::new()),
         no_budget: Mutex::new(HashSet::new()),
         applied: Applied::default(),
-        requests: Requests::default(),
+        requests,
     });
     let run = controller
         // The engine Deployments and Services, from the stores' own watches.
@@ -165,20 +164,6 @@ pub fn model_id(dd: &DiffusionDeployment) -> String {
     format!("{}/{}", dd.namespace().unwrap_or_default(), dd.name_any())
 }
 
-/// The field manager that owns one deployment's prepare requests (at most 128 characters,
-/// stable across restarts).
-pub fn request_manager(id: &str) -> String {
-    let full = format!("{MANAGER}/{id}");
-    if full.len() <= 128 {
-        return full;
-    }
-    // FNV-1a: stable across Rust versions, unlike the std hasher.
-    let hash = id.bytes().fold(0xcbf29ce484222325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
-    });
-    format!("{MANAGER}/{hash:016x}")
-}
-
 pub async fn reconcile(dd: Arc<DiffusionDeployment>, ctx: Arc<Context>) -> Result<Action> {
     let started = Instant::now();
     // At debug, with the runtime's span: which object and what caused this reconcile.
@@ -209,71 +194,23 @@ pub fn error_policy(dd: Arc<DiffusionDeployment>, err: &Error, _ctx: Arc<Context
     Action::requeue(Duration::from_secs(5))
 }
 
-/// Adds this deployment's prepare request to `node` (server-side apply under the
-/// deployment's own field manager, so requests of many deployments merge).
-pub(crate) async fn add_request(
-    ctx: &Context,
-    id: &str,
-    node: &str,
-    request: &crds::ModelRequest,
-) -> Result<()> {
-    let api: Api<DiffusionNode> = Api::all(ctx.client.clone());
-    let patch = json!({ "apiVersion": API_VERSION, "kind": "DiffusionNode", "metadata": { "name": node }, "spec": { "models": [request] } });
-    api.patch(
-        node,
-        &PatchParams::apply(&request_manager(id)).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(kube(format!(
-        "adding prepare request {id} to DiffusionNode {node}"
-    )))
-    .map(|dn| ctx.requests.record(id, &dn, Write::asked(request)))
-}
-
-/// Removes this deployment's prepare request from `dn`. A JSON patch that first tests the
-/// entry's id, so a concurrent change fails it (and the next reconcile retries) instead of
-/// removing someone else's entry; unlike withdrawing by apply, it leaves an empty list
-/// rather than dropping the required spec when ours was the last request.
-pub(crate) async fn withdraw(ctx: &Context, id: &str, dn: &DiffusionNode) -> Result<()> {
-    let Some(i) = dn.spec.models.iter().position(|m| m.id == id) else {
-        return Ok(());
-    };
-    let api: Api<DiffusionNode> = Api::all(ctx.client.clone());
-    let ops = json!([
-        { "op": "test", "path": format!("/spec/models/{i}/id"), "value": id },
-        { "op": "remove", "path": format!("/spec/models/{i}") },
-    ]);
-    let patch: json_patch::Patch =
-        serde_json::from_value(ops).map_err(|source| Error::Serialize {
-            what: "withdraw patch",
-            source,
-        })?;
-    api.patch(
-        &dn.name_any(),
-        &PatchParams::default(),
-        &Patch::Json::<()>(patch),
-    )
-    .await
-    .map_err(kube(format!(
-        "withdrawing prepare request {id} from DiffusionNode {}",
-        dn.name_any()
-    )))
-    .map(|dn| ctx.requests.record(id, &dn, Write::Withdrawn))
-}
-
 async fn cleanup(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     let id = model_id(dd);
-    let mut withdrawn = Vec::new();
-    for dn in ctx.stores.diffusion_nodes.state().iter().filter(|dn| {
-        dn.spec.models.iter().any(|m| m.id == id)
-            && !ctx.requests.in_flight(dn, &id, Write::Withdrawn)
-    }) {
-        withdraw(ctx, &id, dn).await?;
-        withdrawn.push(dn.name_any());
-    }
+    let mut withdrawn: Vec<String> = ctx
+        .stores
+        .diffusion_nodes
+        .state()
+        .iter()
+        .filter(|dn| ctx.requests.asked(dn, &id).is_some())
+        .map(|dn| dn.name_any())
+        .collect();
+    futures::future::try_join_all(
+        withdrawn
+            .iter()
+            .map(|node| ctx.requests.change(node, Change::Withdraw(id.clone()))),
+    )
+    .await?;
     ctx.telemetry.metrics.forget(&id);
-    ctx.requests.forget(&id);
     if let Some(uid) = dd.uid() {
         ctx.job_keys.lock().expect("not poisoned").remove(&uid);
         ctx.no_budget.lock().expect("not poisoned").remove(&uid);

@@ -26,6 +26,9 @@ pub enum Error {
     Settings(String),
     #[error("the Node and DiffusionNode stores are not synced: {0}")]
     StoresNotSynced(&'static str),
+    /// An error shared by every reconcile whose change one write carried.
+    #[error(transparent)]
+    Shared(std::sync::Arc<Error>),
     #[error("leader election on Lease {lease}: {source}")]
     Lease {
         lease: String,
@@ -48,6 +51,7 @@ impl Error {
             Error::Settings(_) => "settings",
             Error::StoresNotSynced(_) => "stores_not_synced",
             Error::Lease { .. } => "lease",
+            Error::Shared(e) => e.metric_label(),
         }
     }
 
@@ -62,6 +66,7 @@ impl Error {
             Error::Settings(_) => "InvalidSettings",
             Error::StoresNotSynced(_) => "StoresNotSynced",
             Error::Lease { .. } => "LeaderElectionFailed",
+            Error::Shared(e) => e.reason(),
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod phases;
 pub mod placement;
 pub mod planner;
 pub mod report;
+pub mod requests;
 pub mod resources;
 pub mod settle;
 pub mod stores;

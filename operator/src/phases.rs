@@ -23,13 +23,14 @@ use tracing::warn;
 
 use crate::autoscaler::{self, Bounds, Observed};
 use crate::conditions as cond;
-use crate::controller::{add_request, model_id, withdraw, Context, MANAGER};
+use crate::controller::{model_id, Context, MANAGER};
 use crate::error::{kube, Error, Result};
 use crate::placement::{self, Candidate};
 use crate::planner::{self, NodeShape, Overrides};
 use crate::report::{Report, Stop};
+use crate::requests::Change;
 use crate::resources::{self, PLAN_ANNOTATION};
-use crate::stores::{self, Write};
+use crate::stores;
 use crate::volume::{self, Located};
 
 /// What a phase returns: go on with a `T`, or stop for a reason.
@@ -159,7 +160,11 @@ async fn prepare(
     if let Some(on) = &located.nodes {
         nodes.retain(|n| volume::node_matches(on, n));
     }
-    let all = placement::candidates(spec, &nodes, |n| ctx.stores.diffusion_node(n));
+    let all = placement::candidates(spec, &nodes, |n| {
+        ctx.stores
+            .diffusion_node(n)
+            .map(|dn| ctx.requests.current(dn))
+    });
     let plan = r.old.plan.as_ref();
     let bound = placement::prepare_bound(spec, plan, &all, ctx.settings.prepare_nodes);
     let chosen: Vec<Candidate> = placement::prepare_set(&all, &id, resource, plan, bound)
@@ -175,22 +180,33 @@ async fn prepare(
             persistent_volume_claim: None,
         },
     };
-    // The asks go out together: a new deployment's first reconcile asks its whole prepare
-    // set, and each node's agent starts on its request as soon as it lands.
+    // The asks and withdraws go out together, each through its node's writer: a new
+    // deployment's first reconcile asks its whole prepare set, and each node's agent starts
+    // on its request as soon as it lands.
     let asked: Vec<String> = chosen
         .iter()
-        .filter(|c| {
-            !c.dn.spec.models.iter().any(|m| m == &request)
-                && !ctx.requests.in_flight(&c.dn, &id, Write::asked(&request))
-        })
+        .filter(|c| ctx.requests.asked(&c.dn, &id).as_ref() != Some(&request))
         .map(Candidate::name)
         .collect();
-    futures::future::try_join_all(
-        asked
-            .iter()
-            .map(|node| add_request(ctx, &id, node, &request)),
-    )
-    .await?;
+    let keep: BTreeSet<String> = chosen.iter().map(Candidate::name).collect();
+    let withdrawn: Vec<String> = ctx
+        .stores
+        .diffusion_nodes
+        .state()
+        .iter()
+        .filter(|dn| !keep.contains(&dn.name_any()) && ctx.requests.asked(dn, &id).is_some())
+        .map(|dn| dn.name_any())
+        .collect();
+    let changes = asked
+        .iter()
+        .map(|node| (node, Change::Ask(request.clone())))
+        .chain(
+            withdrawn
+                .iter()
+                .map(|node| (node, Change::Withdraw(id.clone()))),
+        );
+    futures::future::try_join_all(changes.map(|(node, change)| ctx.requests.change(node, change)))
+        .await?;
     if !asked.is_empty() {
         let note = format!(
             "asked {} to profile and warm {}",
@@ -199,17 +215,8 @@ async fn prepare(
         );
         r.event(EventType::Normal, "PrepareRequested", "Prepare", note);
     }
-    let keep: BTreeSet<String> = chosen.iter().map(Candidate::name).collect();
-    for dn in ctx.stores.diffusion_nodes.state().iter().filter(|dn| {
-        !keep.contains(&dn.name_any())
-            && dn.spec.models.iter().any(|m| m.id == id)
-            && !ctx.requests.in_flight(dn, &id, Write::Withdrawn)
-    }) {
-        withdraw(ctx, &id, dn).await?;
-        let note = format!(
-            "withdrew the prepare request from {} (no longer a candidate)",
-            dn.name_any()
-        );
+    for node in &withdrawn {
+        let note = format!("withdrew the prepare request from {node} (no longer a candidate)");
         r.event(EventType::Normal, "PrepareWithdrawn", "Prepare", note);
     }
     if chosen.is_empty() {

@@ -164,71 +164,6 @@ impl Applied {
     }
 }
 
-/// The prepare-request writes this process made to DiffusionNodes, each with the generation
-/// the apiserver answered. The DiffusionNode store follows its watch and can be behind a
-/// write: a reconcile in that window would find its request missing (or a withdrawn one
-/// still there) and write again, a patch and an event for nothing, and a withdraw's JSON
-/// patch would fail its test. While the stored DiffusionNode (same uid) is older than the
-/// write's generation, the write stands for it. Once the store has caught up, what it holds
-/// is the truth: a request someone removed since is asked again. Kept in memory: a new
-/// leader starts from the store.
-#[derive(Default)]
-pub struct Requests(std::sync::Mutex<HashMap<(String, String), Written>>);
-
-/// A prepare-request write: the request added (the hash of what it asked, see
-/// [`Write::asked`]), or withdrawn.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Write {
-    Asked(u64),
-    Withdrawn,
-}
-
-impl Write {
-    pub fn asked(request: &crds::ModelRequest) -> Self {
-        Self::Asked(hash_of(request))
-    }
-}
-
-struct Written {
-    uid: Option<String>,
-    generation: i64,
-    write: Write,
-}
-
-impl Requests {
-    /// Whether this process made `write` for the deployment `id` on `dn` and the store's
-    /// `dn` does not show it yet.
-    pub fn in_flight(&self, dn: &DiffusionNode, id: &str, write: Write) -> bool {
-        let map = self.0.lock().expect("not poisoned");
-        map.get(&(dn.name_any(), id.to_string())).is_some_and(|w| {
-            w.write == write
-                && w.uid == dn.metadata.uid
-                && dn.metadata.generation.unwrap_or(0) < w.generation
-        })
-    }
-
-    /// Records `write` for `id`, answered with the DiffusionNode `answered`.
-    pub fn record(&self, id: &str, answered: &DiffusionNode, write: Write) {
-        let mut map = self.0.lock().expect("not poisoned");
-        map.insert(
-            (answered.name_any(), id.to_string()),
-            Written {
-                uid: answered.metadata.uid.clone(),
-                generation: answered.metadata.generation.unwrap_or(0),
-                write,
-            },
-        );
-    }
-
-    /// Forgets a deployment that is gone.
-    pub fn forget(&self, id: &str) {
-        self.0
-            .lock()
-            .expect("not poisoned")
-            .retain(|(_, i), _| i != id);
-    }
-}
-
 /// What [`watch`] starts: the stores, the reconciles that Node and DiffusionNode changes
 /// cause, the owned objects' watch streams (for `Controller::owns_stream`, which maps each
 /// change to its owner), and a future that resolves once every store is synced.
@@ -626,42 +561,6 @@ mod tests {
             })).collect::<Vec<_>>() },
         }))
         .unwrap()
-    }
-
-    #[test]
-    fn a_write_stands_for_the_store_until_the_store_reaches_its_generation() {
-        let at = |generation: i64, uid: &str, asked_by: &[&str]| {
-            let mut d = dn("n1", asked_by);
-            d.metadata.generation = Some(generation);
-            d.metadata.uid = Some(uid.into());
-            d
-        };
-        let asked = at(5, "u1", &["ns/a"]);
-        let request = asked.spec.models[0].clone();
-        let mut other = request.clone();
-        other.location.host_path = Some("/models/other".into());
-        let requests = Requests::default();
-        let stale = at(4, "u1", &[]);
-        assert!(!requests.in_flight(&stale, "ns/a", Write::asked(&request)));
-
-        requests.record("ns/a", &asked, Write::asked(&request));
-        // The store still holds generation 4: the ask stands, for this request only.
-        assert!(requests.in_flight(&stale, "ns/a", Write::asked(&request)));
-        assert!(!requests.in_flight(&stale, "ns/a", Write::asked(&other)));
-        assert!(!requests.in_flight(&stale, "ns/b", Write::asked(&request)));
-        assert!(!requests.in_flight(&stale, "ns/a", Write::Withdrawn));
-        // Caught up (and someone removed it since), or a new object of the same name: the
-        // store is the truth again.
-        assert!(!requests.in_flight(&at(5, "u1", &[]), "ns/a", Write::asked(&request)));
-        assert!(!requests.in_flight(&at(6, "u1", &[]), "ns/a", Write::asked(&request)));
-        assert!(!requests.in_flight(&at(1, "u2", &[]), "ns/a", Write::asked(&request)));
-
-        // A withdraw replaces the ask.
-        requests.record("ns/a", &at(6, "u1", &[]), Write::Withdrawn);
-        assert!(requests.in_flight(&asked, "ns/a", Write::Withdrawn));
-        assert!(!requests.in_flight(&asked, "ns/a", Write::asked(&request)));
-        requests.forget("ns/a");
-        assert!(!requests.in_flight(&asked, "ns/a", Write::Withdrawn));
     }
 
     fn names(refs: Vec<ObjectRef<DiffusionDeployment>>) -> Vec<String> {

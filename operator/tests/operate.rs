@@ -12,15 +12,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _, Result};
-use crds::DiffusionDeployment;
+use crds::{DiffusionDeployment, DiffusionNode, ModelRequest};
 use futures::future::BoxFuture;
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use layerwise_e2e::cluster::wait_until;
 use layerwise_operator::autoscaler::{LoadSource, PodLoad};
+use layerwise_operator::requests::{Change, Requests};
 use layerwise_operator::Telemetry;
 use serde_json::json;
 use world::{
@@ -538,5 +542,182 @@ async fn unreadable(w: &World, op: &Operator, load: &Flaky) -> Result<()> {
         "{:?}",
         condition(&s, "ScrapeFailed")
     );
+    Ok(())
+}
+
+/// Many deployments asking one node at once: their changes go out in a few writes, not one
+/// each, beside the agent's status writes; another writer's entries are kept, and its
+/// changes that move the entries under this process fail its stale patch, which is
+/// computed again from a fresh read instead of removing the wrong entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_requests_to_one_node_go_out_together_and_keep_other_writers_entries() -> Result<()>
+{
+    let w = World::bare("requests", small()).await?;
+    let node = format!("{}-node", w.ns);
+    let result = one_node(&w, &node).await;
+    let dns: Api<DiffusionNode> = Api::all(w.client.clone());
+    let deleted = dns
+        .delete(&node, &Default::default())
+        .await
+        .map(|_| ())
+        .map_err(anyhow::Error::from);
+    let torn = w.teardown().await;
+    result.and(deleted).and(torn)
+}
+
+async fn one_node(w: &World, node: &str) -> Result<()> {
+    let dns: Api<DiffusionNode> = Api::all(w.client.clone());
+    let request = |id: &str, path: &str| ModelRequest {
+        id: id.into(),
+        family: "dit".into(),
+        location: crds::ModelLocation {
+            host_path: Some(path.into()),
+            persistent_volume_claim: None,
+        },
+    };
+    // Another writer's JSON patch (an operator serving other namespaces, or a person).
+    let other = |ops: serde_json::Value| {
+        let dns = dns.clone();
+        async move {
+            let patch: json_patch::Patch = serde_json::from_value(ops)?;
+            dns.patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .await?;
+            anyhow::Ok(())
+        }
+    };
+    let created = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode",
+                          "metadata": { "name": node }, "spec": { "models": [] } });
+    dns.patch(
+        node,
+        &PatchParams::apply("e2e-agent"),
+        &Patch::Apply(&created),
+    )
+    .await?;
+    other(json!([{ "op": "add", "path": "/spec/models/-", "value": request("other/x", "/m/x") }]))
+        .await?;
+
+    // The leader's store of this one DiffusionNode.
+    let (store, writer) = reflector::store::<DiffusionNode>();
+    let watch = watcher(
+        dns.clone(),
+        watcher::Config::default().fields(&format!("metadata.name={node}")),
+    )
+    .default_backoff()
+    .reflect(writer)
+    .applied_objects()
+    .for_each(|_| async {});
+    let watch = tokio::spawn(watch);
+    let seen = |models: usize| {
+        let store = store.clone();
+        async move {
+            wait_until("the store sees the node", WAIT, || async {
+                let n = store
+                    .get(&ObjectRef::new(node))
+                    .map_or(0, |d| d.spec.models.len());
+                Ok(if n == models {
+                    Ok(())
+                } else {
+                    Err(format!("{n} requests"))
+                })
+            })
+            .await
+        }
+    };
+    seen(1).await?;
+    let generation = |dn: &DiffusionNode| dn.metadata.generation.unwrap_or(0);
+    let g0 = generation(&dns.get(node).await?);
+
+    // The agent reports all along, as it does while it profiles.
+    let reporting = {
+        let dns = dns.clone();
+        let node = node.to_string();
+        tokio::spawn(async move {
+            for i in 0..40u64 {
+                let status = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode",
+                                     "status": { "hostMemoryBytes": (i + 1) << 30 } });
+                let _ = dns
+                    .patch_status(
+                        &node,
+                        &PatchParams::apply("e2e-agent").force(),
+                        &Patch::Apply(&status),
+                    )
+                    .await;
+            }
+        })
+    };
+    let requests = Requests::new(w.client.clone(), store.clone(), "layerwise-operator");
+    let ids: Vec<String> = (0..30).map(|i| format!("{}/d{i}", w.ns)).collect();
+    futures::future::try_join_all(
+        ids.iter()
+            .map(|id| requests.change(node, Change::Ask(request(id, &format!("/m/{id}"))))),
+    )
+    .await?;
+    reporting.await?;
+    let dn = dns.get(node).await?;
+    let writes = generation(&dn) - g0;
+    eprintln!("30 asks in {writes} writes");
+    ensure!(
+        dn.spec.models.len() == 31 && dn.spec.models[0].id == "other/x",
+        "{:?}",
+        dn.spec.models.iter().map(|m| &m.id).collect::<Vec<_>>()
+    );
+    ensure!(writes <= 4, "30 asks to one node took {writes} writes");
+    for id in &ids {
+        let stored = seen(31).await.map(|_| store.get(&ObjectRef::new(node)));
+        let stored = stored?.context("the node left the store")?;
+        ensure!(
+            requests.asked(&stored, id) == Some(request(id, &format!("/m/{id}"))),
+            "{id} is not asked"
+        );
+    }
+
+    // The other writer removes its entry, which moves every index this process knows. A
+    // writer whose store still shows the node as it was (a snapshot taken before) computes
+    // a patch whose tests fail, and computes it again from a fresh read.
+    let (behind, mut snapshot) = reflector::store::<DiffusionNode>();
+    snapshot.apply_watcher_event(&watcher::Event::Apply(dns.get(node).await?));
+    other(
+        json!([{ "op": "test", "path": "/spec/models/0/id", "value": "other/x" },
+                 { "op": "remove", "path": "/spec/models/0" }]),
+    )
+    .await?;
+    let requests = Requests::new(w.client.clone(), behind, "layerwise-operator");
+    let (d3, d5, d17) = (&ids[3], &ids[5], &ids[17]);
+    futures::future::try_join_all([
+        requests.change(node, Change::Withdraw(d5.clone())),
+        requests.change(node, Change::Withdraw(d17.clone())),
+        requests.change(node, Change::Ask(request(d3, "/m/moved"))),
+    ])
+    .await?;
+    let models = dns.get(node).await?.spec.models;
+    let names: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
+    ensure!(
+        models.len() == 28
+            && !names.contains(&"other/x")
+            && !names.contains(&d5.as_str())
+            && !names.contains(&d17.as_str())
+            && models.iter().any(|m| m == &request(d3, "/m/moved")),
+        "{names:?}"
+    );
+
+    // Its appends move no index: a withdraw right after one goes through and keeps it.
+    other(json!([{ "op": "add", "path": "/spec/models/-", "value": request("other/y", "/m/y") }]))
+        .await?;
+    requests
+        .change(node, Change::Withdraw(ids[0].clone()))
+        .await?;
+    let names: Vec<String> = dns
+        .get(node)
+        .await?
+        .spec
+        .models
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    ensure!(
+        names.len() == 28 && names.contains(&"other/y".to_string()) && !names.contains(&ids[0]),
+        "{names:?}"
+    );
+    watch.abort();
     Ok(())
 }
