@@ -26,6 +26,8 @@ pub enum Error {
     Settings(String),
     #[error("the Node and DiffusionNode stores are not synced: {0}")]
     StoresNotSynced(&'static str),
+    #[error("the writer of DiffusionNode {0}'s prepare requests stopped before it wrote")]
+    WriterStopped(String),
     /// An error shared by every reconcile whose change one write carried.
     #[error(transparent)]
     Shared(std::sync::Arc<Error>),
@@ -51,6 +53,7 @@ impl Error {
             Error::Settings(_) => "settings",
             Error::StoresNotSynced(_) => "stores_not_synced",
             Error::Lease { .. } => "lease",
+            Error::WriterStopped(_) => "writer_stopped",
             Error::Shared(e) => e.metric_label(),
         }
     }
@@ -66,6 +69,7 @@ impl Error {
             Error::Settings(_) => "InvalidSettings",
             Error::StoresNotSynced(_) => "StoresNotSynced",
             Error::Lease { .. } => "LeaderElectionFailed",
+            Error::WriterStopped(_) => "InternalError",
             Error::Shared(e) => e.reason(),
         }
     }

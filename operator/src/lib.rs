@@ -3,8 +3,9 @@
 //! scales the Deployment from the engines' queue depth.
 //!
 //! Decisions are pure functions ([`planner`], [`placement`], [`autoscaler`], [`resources`]);
-//! the [`controller`] runs a reconcile's [`phases`] over reflector [`stores`] and reports
-//! through one path ([`report`]); [`leader`] decides which replica runs it; [`telemetry`],
+//! the [`controller`] runs a reconcile's [`phases`] over reflector [`stores`], writes
+//! prepare requests through one writer per node ([`requests`]) and reports through one path
+//! ([`report`]); [`leader`] decides which replica runs it; [`telemetry`],
 //! [`http`] and the counting [`client`] say what it does.
 
 pub mod autoscaler;

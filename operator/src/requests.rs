@@ -197,9 +197,7 @@ impl Requests {
         }
         match rx.await {
             Ok(answer) => answer.map_err(Error::Shared),
-            Err(_) => Err(Error::Shared(Arc::new(Error::Settings(format!(
-                "the writer of DiffusionNode {node}'s prepare requests stopped"
-            ))))),
+            Err(_) => Err(Error::WriterStopped(node.to_string())),
         }
     }
 
