@@ -183,9 +183,10 @@ async fn prepare(
     // The asks and withdraws go out together, each through its node's writer: a new
     // deployment's first reconcile asks its whole prepare set, and each node's agent starts
     // on its request as soon as it lands.
+    // Each candidate's DiffusionNode already shows this process's own writes.
     let asked: Vec<String> = chosen
         .iter()
-        .filter(|c| ctx.requests.asked(&c.dn, &id).as_ref() != Some(&request))
+        .filter(|c| !c.dn.spec.models.contains(&request))
         .map(Candidate::name)
         .collect();
     let keep: BTreeSet<String> = chosen.iter().map(Candidate::name).collect();

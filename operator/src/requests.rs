@@ -24,6 +24,7 @@
 //! request someone removed since is asked again. Kept in memory: a new leader starts from
 //! the store.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -118,19 +119,16 @@ impl Version {
 }
 
 type Answer = std::result::Result<(), Arc<Error>>;
-
-/// A node's changes waiting for its writer, and whether the writer runs.
-#[derive(Default)]
-struct Queue {
-    pending: Vec<(Change, oneshot::Sender<Answer>)>,
-    writing: bool,
-}
+/// A change waiting for its node's writer, with the reconcile waiting for its answer.
+type Pending = (Change, oneshot::Sender<Answer>);
 
 struct Inner {
     api: Api<DiffusionNode>,
     store: Store<DiffusionNode>,
     manager: String,
-    queues: Mutex<HashMap<String, Queue>>,
+    /// Per node whose writer runs, the changes waiting for it (a node has an entry exactly
+    /// while its writer runs).
+    queues: Mutex<HashMap<String, Vec<Pending>>>,
     /// Per node, what this process last wrote (or read while retrying) and the store may not
     /// show yet.
     written: Mutex<HashMap<String, Version>>,
@@ -186,11 +184,21 @@ impl Requests {
     /// (or there was nothing to write).
     pub async fn change(&self, node: &str, change: Change) -> Result<()> {
         let (tx, rx) = oneshot::channel();
-        let start = {
-            let mut queues = self.0.queues.lock().expect("not poisoned");
-            let queue = queues.entry(node.to_string()).or_default();
-            queue.pending.push((change, tx));
-            !std::mem::replace(&mut queue.writing, true)
+        let start = match self
+            .0
+            .queues
+            .lock()
+            .expect("not poisoned")
+            .entry(node.to_string())
+        {
+            Entry::Occupied(mut pending) => {
+                pending.get_mut().push((change, tx));
+                false
+            }
+            Entry::Vacant(queue) => {
+                queue.insert(vec![(change, tx)]);
+                true
+            }
         };
         if start {
             tokio::spawn(self.clone().write_queue(node.to_string()));
@@ -206,14 +214,14 @@ impl Requests {
         loop {
             let batch = {
                 let mut queues = self.0.queues.lock().expect("not poisoned");
-                let Some(queue) = queues.get_mut(&node) else {
+                let Some(pending) = queues.get_mut(&node) else {
                     return;
                 };
-                if queue.pending.is_empty() {
+                if pending.is_empty() {
                     queues.remove(&node);
                     return;
                 }
-                std::mem::take(&mut queue.pending)
+                std::mem::take(pending)
             };
             let (changes, waiters): (Vec<Change>, Vec<_>) = batch.into_iter().unzip();
             let answer = self.write(&node, &changes).await.map_err(Arc::new);
@@ -227,14 +235,9 @@ impl Requests {
     /// One write of `changes` to `node`'s list: computed from the newest version this
     /// process knows, and once more from a fresh read if someone else changed the list.
     async fn write(&self, node: &str, changes: &[Change]) -> Result<()> {
-        let known = self.0.store.get(&ObjectRef::new(node)).map(|dn| {
-            match self.0.written.lock().expect("not poisoned").get(node) {
-                Some(w) if w.newer_than(&dn) => w.clone(),
-                _ => Version::of(&dn),
-            }
-        });
+        let known = self.0.store.get(&ObjectRef::new(node));
         let mut base = match known {
-            Some(version) => version,
+            Some(dn) => Version::of(&self.current(dn)),
             None => self.read(node).await?,
         };
         let mut retried = false;
