@@ -19,7 +19,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::autoscaler::{self, Bounds, Observed};
 use crate::conditions as cond;
@@ -55,6 +55,7 @@ pub async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
             Ok(Action::requeue(ctx.settings.resync))
         }
         Ok(ControlFlow::Break(stop)) => {
+            debug!(reason = stop.reason(), "reconcile stops");
             ctx.telemetry.metrics.stopped(stop.reason());
             report.stop(&stop);
             report.commit(ctx, dd).await?;
@@ -74,6 +75,9 @@ async fn phases(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Resu
     let asked = proceed!(prepare(dd, ctx, &located, r).await?);
     let profiled = proceed!(profiles(dd, &asked, r));
     let (plan, warm) = proceed!(plan(dd, ctx, &profiled, r));
+    if r.old.plan.as_ref() != Some(&plan) || !r.was_true(cond::PLANNED) {
+        r.record(ctx, dd).await?;
+    }
     let (replicas, existing) = replicas(dd, ctx, r).await?;
     let applied = deploy(dd, ctx, &plan, replicas, existing, &warm, r).await?;
     let unplaced = unscheduled(dd, ctx, replicas, &applied);
@@ -585,16 +589,28 @@ async fn deploy(
     let uid = dd.uid().unwrap_or_default();
     let name = dd.name_any();
     let generation = |d: &Deployment| d.metadata.generation.map(|g| g.to_string());
-    let applied = apply_if_changed(ctx, &ns, &name, &uid, &desired, existing, generation)
-        .await
-        .map_err(kube(format!("applying Deployment of {id}")))?;
+    // The three are independent: applied together, so the slowest (a new Service waits its
+    // turn for a ClusterIP) is the only wait.
     let service = resources::service(dd);
     let stored = ctx.stores.service(&ns, &name).map(|s| (*s).clone());
     let resource_version = |s: &Service| s.metadata.resource_version.clone();
-    apply_if_changed(ctx, &ns, &name, &uid, &service, stored, resource_version)
-        .await
-        .map_err(kube(format!("applying Service of {id}")))?;
-    disruption_budget(dd, ctx, r).await?;
+    let (applied, _, budget) = futures::future::try_join3(
+        async {
+            apply_if_changed(ctx, &ns, &name, &uid, &desired, existing, generation)
+                .await
+                .map_err(kube(format!("applying Deployment of {id}")))
+        },
+        async {
+            apply_if_changed(ctx, &ns, &name, &uid, &service, stored, resource_version)
+                .await
+                .map_err(kube(format!("applying Service of {id}")))
+        },
+        disruption_budget(dd, ctx),
+    )
+    .await?;
+    if let Some(note) = budget {
+        r.event(EventType::Normal, "DisruptionBudgetDeleted", "Deploy", note);
+    }
     let summary = resources::plan_summary(plan);
     match old_plan {
         None => {
@@ -654,8 +670,9 @@ where
 }
 
 /// Applies the PodDisruptionBudget the spec asks for, or deletes the one a former spec
-/// asked for (once per spec without one: see [`Context::no_budget`]).
-async fn disruption_budget(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Result<()> {
+/// asked for (once per spec without one: see [`Context::no_budget`]); returns the event's
+/// note when it deleted one.
+async fn disruption_budget(dd: &DiffusionDeployment, ctx: &Context) -> Result<Option<String>> {
     let id = model_id(dd);
     let uid = dd.uid().unwrap_or_default();
     let pdbs: Api<PodDisruptionBudget> =
@@ -670,28 +687,26 @@ async fn disruption_budget(dd: &DiffusionDeployment, ctx: &Context, r: &mut Repo
             )
             .await
             .map_err(kube(format!("applying PodDisruptionBudget of {id}")))?;
+            Ok(None)
         }
         None => {
             if ctx.no_budget.lock().expect("not poisoned").contains(&uid) {
-                return Ok(());
+                return Ok(None);
             }
-            match pdbs.delete(&dd.name_any(), &DeleteParams::default()).await {
-                Ok(_) => {
-                    let note = format!(
-                        "deleted PodDisruptionBudget {}: the spec asks for none",
-                        dd.name_any()
-                    );
-                    r.event(EventType::Normal, "DisruptionBudgetDeleted", "Deploy", note);
-                }
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
+            let deleted = match pdbs.delete(&dd.name_any(), &DeleteParams::default()).await {
+                Ok(_) => Some(format!(
+                    "deleted PodDisruptionBudget {}: the spec asks for none",
+                    dd.name_any()
+                )),
+                Err(kube::Error::Api(e)) if e.code == 404 => None,
                 Err(e) => {
                     return Err(kube(format!("deleting PodDisruptionBudget of {id}"))(e));
                 }
-            }
+            };
             ctx.no_budget.lock().expect("not poisoned").insert(uid);
+            Ok(deleted)
         }
     }
-    Ok(())
 }
 
 /// Whether every replica the Deployment wants is available (none waits to be placed).

@@ -1,6 +1,7 @@
 //! What a reconcile tells people, and the one path it takes: conditions set on a
 //! [`Report`] as the phases go, events queued beside them, and one [`Report::commit`] that
-//! publishes the events and writes the status (only when it changed). A phase that cannot
+//! writes the status (only when it changed) and publishes the events. A new plan is
+//! written before the engine objects are applied ([`Report::record`]). A phase that cannot
 //! go on returns a typed [`Stop`]; [`Report::stop`] turns it into its condition, `Degraded`
 //! and a warning event, the same way for every reason.
 
@@ -124,6 +125,8 @@ pub struct Report {
     pub now: Timestamp,
     generation: Option<i64>,
     events: Vec<Event>,
+    /// The status this reconcile has written so far ([`Report::record`]), if any.
+    written: Option<DiffusionDeploymentStatus>,
 }
 
 impl Report {
@@ -138,6 +141,7 @@ impl Report {
             now,
             generation: dd.metadata.generation,
             events: Vec::new(),
+            written: None,
         }
     }
 
@@ -205,29 +209,56 @@ impl Report {
         self.set(cond::DEGRADED, stop.degraded(), reason, message);
     }
 
-    /// Publishes the queued events, then writes the status if it changed.
-    pub async fn commit(self, ctx: &Context, dd: &DiffusionDeployment) -> Result<()> {
-        publish(ctx, dd, self.events).await;
-        if self.status == self.old {
-            return Ok(());
+    /// Writes the status as it stands now, if it changed, and publishes the events queued so
+    /// far; the reconcile goes on. A new plan is recorded this way as soon as it is made:
+    /// applying the engine objects after it can wait seconds on a busy control plane (the
+    /// apiserver hands out one Service ClusterIP at a time), and the plan is a decision
+    /// people read whether or not its pods exist yet.
+    pub async fn record(&mut self, ctx: &Context, dd: &DiffusionDeployment) -> Result<()> {
+        if self.written.as_ref().unwrap_or(&self.old) != &self.status {
+            write_status(ctx, dd, &self.status).await?;
+            self.written = Some(self.status.clone());
         }
-        let api: Api<DiffusionDeployment> =
-            Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
-        let patch = json!({ "apiVersion": API_VERSION, "kind": "DiffusionDeployment", "status": self.status });
-        api.patch_status(
-            &dd.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(kube(format!("writing status of {}", model_id(dd))))?;
+        publish(ctx, dd, std::mem::take(&mut self.events)).await;
         Ok(())
+    }
+
+    /// Writes the status if it changed, then publishes the queued events (also when the
+    /// write fails: what happened stays told).
+    pub async fn commit(self, ctx: &Context, dd: &DiffusionDeployment) -> Result<()> {
+        let written = if self.written.as_ref().unwrap_or(&self.old) == &self.status {
+            Ok(())
+        } else {
+            write_status(ctx, dd, &self.status).await
+        };
+        publish(ctx, dd, self.events).await;
+        written
     }
 
     /// Publishes the queued events and drops the status (the reconcile failed part way).
     pub async fn abandon(self, ctx: &Context, dd: &DiffusionDeployment) {
         publish(ctx, dd, self.events).await;
     }
+}
+
+/// Server-side applies `status` as the whole status of `dd`.
+async fn write_status(
+    ctx: &Context,
+    dd: &DiffusionDeployment,
+    status: &DiffusionDeploymentStatus,
+) -> Result<()> {
+    let api: Api<DiffusionDeployment> =
+        Api::namespaced(ctx.client.clone(), &dd.namespace().unwrap_or_default());
+    let patch =
+        json!({ "apiVersion": API_VERSION, "kind": "DiffusionDeployment", "status": status });
+    api.patch_status(
+        &dd.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(kube(format!("writing status of {}", model_id(dd))))?;
+    Ok(())
 }
 
 /// Publishes `events` about `dd`; a failure is logged, never fatal.

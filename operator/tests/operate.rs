@@ -721,3 +721,83 @@ async fn one_node(w: &World, node: &str) -> Result<()> {
     watch.abort();
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_plan_is_recorded_before_its_engine_objects_are_applied() -> Result<()> {
+    let w = World::bare("record", small()).await?;
+    let op = w.operator(idle(), Setup::default()).await?;
+    let result = recorded_first(&w).await;
+    let torn = w.teardown_with(vec![op]).await;
+    result.and(torn)
+}
+
+/// The first resource version at which `api` shows an object named `name` that `done`
+/// accepts. The test cluster has one etcd, whose revisions order writes across kinds.
+fn first_version<K>(
+    api: Api<K>,
+    name: &'static str,
+    done: fn(&K) -> bool,
+) -> tokio::task::JoinHandle<Result<u64>>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    tokio::spawn(async move {
+        let events = watcher(
+            api,
+            watcher::Config::default().fields(&format!("metadata.name={name}")),
+        )
+        .applied_objects();
+        let mut events = std::pin::pin!(events);
+        let found = tokio::time::timeout(WAIT, async {
+            while let Some(obj) = events.next().await {
+                let obj = obj?;
+                if done(&obj) {
+                    return Ok(obj.resource_version().unwrap_or_default());
+                }
+            }
+            anyhow::bail!("the watch of {name} ended")
+        })
+        .await
+        .with_context(|| format!("{name} not seen within {WAIT:?}"))??;
+        found
+            .parse::<u64>()
+            .with_context(|| format!("resource version {found:?}"))
+    })
+}
+
+/// A deployment's first plan reaches its status before its engine Deployment and Service
+/// exist: applying them can wait on the control plane (a new Service waits its turn for a
+/// ClusterIP), and the plan does not wait with them.
+async fn recorded_first(w: &World) -> Result<()> {
+    const NAME: &str = "recorded";
+    let dds: Api<DiffusionDeployment> = Api::namespaced(w.client.clone(), &w.ns);
+    let planned = first_version(dds.clone(), NAME, |dd: &DiffusionDeployment| {
+        dd.status.as_ref().is_some_and(|s| s.plan.is_some())
+    });
+    let deployment = first_version(
+        Api::<Deployment>::namespaced(w.client.clone(), &w.ns),
+        NAME,
+        |_| true,
+    );
+    let service = first_version(
+        Api::<Service>::namespaced(w.client.clone(), &w.ns),
+        NAME,
+        |_| true,
+    );
+    // The watches start before the deployment exists.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    dds.create(
+        &PostParams::default(),
+        &serde_json::from_value(deployment_manifest(NAME, json!({ "replicas": 1 })))?,
+    )
+    .await?;
+    let (planned, deployment, service) = (planned.await??, deployment.await??, service.await??);
+    eprintln!(
+        "plan written at {planned}, Deployment created at {deployment}, Service at {service}"
+    );
+    ensure!(
+        planned < deployment && planned < service,
+        "the plan was written at revision {planned}, after the Deployment ({deployment}) or the Service ({service})"
+    );
+    Ok(())
+}

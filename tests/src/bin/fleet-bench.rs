@@ -47,6 +47,20 @@ const GIB: u64 = 1 << 30;
 const PARALLEL: usize = 32;
 const WAIT: Duration = Duration::from_secs(600);
 
+/// When each model (by its request id, `namespace/name`) first reached a fake agent, and
+/// when the first report with its profile was written: with the plan's time, where a
+/// deployment's wait went (the operator's ask, the agents' report, or the operator's plan).
+#[derive(Default)]
+struct Stages {
+    asked: BTreeMap<String, Duration>,
+    reported: BTreeMap<String, Duration>,
+    /// When the agents' own watch first showed a profile of the model: how far behind the
+    /// write the apiserver's watch delivers it.
+    seen: BTreeMap<String, Duration>,
+}
+
+type SharedStages = std::sync::Arc<std::sync::Mutex<Stages>>;
+
 /// A kind of node: `share` of the fleet in percent.
 struct Shape {
     prefix: &'static str,
@@ -180,7 +194,15 @@ async fn main() -> Result<()> {
         SHAPES.len(),
         t.elapsed().as_secs_f64()
     );
-    let agent = tokio::spawn(agent(client.clone(), fleet.clone()));
+    // The agents start timing with the deployments (t0 below); nothing is asked before.
+    let stages = SharedStages::default();
+    let epoch = std::sync::Arc::new(std::sync::OnceLock::<Instant>::new());
+    let agent = tokio::spawn(agent(
+        client.clone(),
+        fleet.clone(),
+        stages.clone(),
+        epoch.clone(),
+    ));
 
     let mut op = Operator::start(&a, "fleet-bench-operator-0").await?;
     let led = op.wait_leading().await?;
@@ -204,6 +226,7 @@ async fn main() -> Result<()> {
     let cpu0 = op.cpu_seconds()?;
     let cp0 = control_plane_cpu();
     let t0 = Instant::now();
+    epoch.set(t0).ok();
     // Watching before the first is created, so every deployment's first change is seen.
     let waiting = tokio::spawn({
         let client = client.clone();
@@ -211,7 +234,9 @@ async fn main() -> Result<()> {
         async move { wait_planned(&client, count, t0).await }
     });
     create_deployments(&client, a.deployments).await?;
-    let (planned, available, available_at, slowest, cpu_planned) = waiting.await??;
+    let (planned_by_name, available, available_at, slowest, cpu_planned) = waiting.await??;
+    let mut planned: Vec<Duration> = planned_by_name.values().copied().collect();
+    planned.sort();
     let after = op.metrics().await?;
     let mem_planned = op.memory()?;
     let cpu_planning = op.cpu_seconds()? - cpu0;
@@ -233,8 +258,16 @@ async fn main() -> Result<()> {
     );
     // Where the tail's time went: what the slowest deployments waited on before their plan.
     for (name, at, waited) in &slowest {
+        let (asked, reported) = {
+            let st = stages.lock().unwrap();
+            let id = format!("{NS}/{name}");
+            let secs = |t: Option<&Duration>| {
+                t.map_or("never".to_string(), |t| format!("{:.1} s", t.as_secs_f64()))
+            };
+            (secs(st.asked.get(&id)), secs(st.reported.get(&id)))
+        };
         println!(
-            "  slow: {name} planned after {:.2} s; waited on {}",
+            "  slow: {name} planned after {:.2} s (first ask seen {asked}, first profile reported {reported}); waited on {}",
             at.as_secs_f64(),
             if waited.is_empty() {
                 "nothing reported".to_string()
@@ -243,6 +276,7 @@ async fn main() -> Result<()> {
             }
         );
     }
+    print_stages(&stages, &planned_by_name);
     // Each change of an engine Deployment's pod template makes a ReplicaSet (and replaces
     // its pods): more than one per deployment means plans were rolled while they settled.
     let replica_sets =
@@ -337,6 +371,48 @@ async fn main() -> Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
     }
     Ok(())
+}
+
+/// Where the deployments' time to plan went, by stage (median, 90th percentile and
+/// largest, in seconds): created to their first ask reaching an agent, that ask to the first
+/// report of the model's profile written, that report to the plan, and that report to the
+/// agents' own watch showing it.
+fn print_stages(stages: &SharedStages, planned: &BTreeMap<String, Duration>) {
+    let st = stages.lock().unwrap();
+    let (mut ask, mut report, mut plan) = (Vec::new(), Vec::new(), Vec::new());
+    let mut seen = Vec::new();
+    for (name, at) in planned {
+        let id = format!("{NS}/{name}");
+        let (Some(a), Some(r)) = (st.asked.get(&id), st.reported.get(&id)) else {
+            continue;
+        };
+        ask.push(a.as_secs_f64());
+        report.push(r.saturating_sub(*a).as_secs_f64());
+        plan.push(at.saturating_sub(*r).as_secs_f64());
+        if let Some(s) = st.seen.get(&id) {
+            seen.push(s.saturating_sub(*r).as_secs_f64());
+        }
+    }
+    let summary = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => "none".to_string(),
+            n => format!(
+                "median {:.1} s, 90th percentile {:.1} s, largest {:.1} s",
+                v[n / 2],
+                v[n * 9 / 10],
+                v[n - 1]
+            ),
+        }
+    };
+    println!(
+        "stages of {} deployments: created to first ask {}; ask to first profile reported {}; report to plan {}; report to the agents' watch showing it {}",
+        ask.len(),
+        summary(&mut ask),
+        summary(&mut report),
+        summary(&mut plan),
+        summary(&mut seen)
+    );
 }
 
 /// One fake node: its name, shape and index.
@@ -446,14 +522,20 @@ async fn create_fleet(client: &Client, fleet: &[FakeNode]) -> Result<()> {
 }
 
 /// Plays every node's agent: a DiffusionNode whose requests differ from what it reports is
-/// answered with every requested model warm and profiled (one status write per change).
-/// Nodes answer concurrently (up to [`PARALLEL`] writes in flight), as real agents, one per
-/// node, do: the operator is what is measured, not a queue of fake agents.
-async fn agent(client: Client, fleet: Vec<FakeNode>) {
+/// answered with every requested model warm and profiled. Each node has one writer, as a
+/// real agent's node loop is: its reports go out one at a time, the latest requests when
+/// the last write is answered (concurrent writes of one node could land out of order and
+/// take back a profile already reported), and all nodes answer concurrently.
+async fn agent(
+    client: Client,
+    fleet: Vec<FakeNode>,
+    stages: SharedStages,
+    epoch: std::sync::Arc<std::sync::OnceLock<Instant>>,
+) {
     let by_name: BTreeMap<String, FakeNode> =
         fleet.into_iter().map(|n| (n.name.clone(), n)).collect();
     let dns: Api<DiffusionNode> = Api::all(client);
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(PARALLEL));
+    let mut writers: BTreeMap<String, tokio::sync::watch::Sender<Vec<String>>> = BTreeMap::new();
     let events = watcher(dns.clone(), watcher::Config::default())
         .default_backoff()
         .applied_objects();
@@ -464,6 +546,15 @@ async fn agent(client: Client, fleet: Vec<FakeNode>) {
             continue;
         };
         let requested: Vec<String> = dn.spec.models.iter().map(|m| m.id.clone()).collect();
+        if let Some(t0) = epoch.get() {
+            let mut st = stages.lock().unwrap();
+            for id in &requested {
+                st.asked.entry(id.clone()).or_insert_with(|| t0.elapsed());
+            }
+            for m in dn.status.iter().flat_map(|s| &s.models) {
+                st.seen.entry(m.id.clone()).or_insert_with(|| t0.elapsed());
+            }
+        }
         let reported: Vec<&str> = dn
             .status
             .as_ref()
@@ -472,32 +563,73 @@ async fn agent(client: Client, fleet: Vec<FakeNode>) {
         if requested == reported {
             continue;
         }
-        let models: Vec<serde_json::Value> = requested
-            .iter()
-            .map(|id| {
-                let k = id
-                    .rsplit_once("m-")
-                    .and_then(|(_, k)| k.parse::<usize>().ok())
-                    .unwrap_or(0);
-                let p = model(k);
-                json!({ "id": id, "state": "Warm", "profile": p,
-                        "residentBytes": p.total_bytes, "totalBytes": p.total_bytes })
-            })
-            .collect();
-        let status = agent_status(n, &models);
-        let (dns, name) = (dns.clone(), n.name.clone());
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        tokio::spawn(async move {
-            let pp = PatchParams::apply(AGENT).force();
-            // A write that lands after a newer one is stale; the watch then sees the
-            // difference and answers again.
-            if let Err(e) = dns.patch_status(&name, &pp, &Patch::Apply(status)).await {
-                eprintln!("agent: reporting {name}: {e}");
-            }
-            drop(slot);
+        let writer = writers.entry(n.name.clone()).or_insert_with(|| {
+            // The fleet was created reporting no model.
+            let (tx, rx) = tokio::sync::watch::channel(Vec::new());
+            tokio::spawn(report(
+                dns.clone(),
+                n.clone(),
+                rx,
+                stages.clone(),
+                epoch.clone(),
+            ));
+            tx
         });
+        writer.send_if_modified(|latest| {
+            let changed = *latest != requested;
+            if changed {
+                latest.clone_from(&requested);
+            }
+            changed
+        });
+    }
+}
+
+/// One node's writer: reports the latest requested models, one write at a time (a failed
+/// write is tried again unless newer requests came meanwhile). Ends with the agent.
+async fn report(
+    dns: Api<DiffusionNode>,
+    n: FakeNode,
+    mut requested: tokio::sync::watch::Receiver<Vec<String>>,
+    stages: SharedStages,
+    epoch: std::sync::Arc<std::sync::OnceLock<Instant>>,
+) {
+    let pp = PatchParams::apply(AGENT).force();
+    while requested.changed().await.is_ok() {
+        loop {
+            let ids = requested.borrow_and_update().clone();
+            let models: Vec<serde_json::Value> = ids
+                .iter()
+                .map(|id| {
+                    let k = id
+                        .rsplit_once("m-")
+                        .and_then(|(_, k)| k.parse::<usize>().ok())
+                        .unwrap_or(0);
+                    let p = model(k);
+                    json!({ "id": id, "state": "Warm", "profile": p,
+                            "residentBytes": p.total_bytes, "totalBytes": p.total_bytes })
+                })
+                .collect();
+            let status = agent_status(&n, &models);
+            match dns.patch_status(&n.name, &pp, &Patch::Apply(status)).await {
+                Ok(_) => {
+                    if let Some(t0) = epoch.get() {
+                        let mut st = stages.lock().unwrap();
+                        for id in ids {
+                            st.reported.entry(id).or_insert_with(|| t0.elapsed());
+                        }
+                    }
+                    break;
+                }
+                Err(e) => {
+                    eprintln!("agent: reporting {}: {e}", n.name);
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    if requested.has_changed().unwrap_or(true) {
+                        break;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -568,7 +700,7 @@ async fn wait_planned(
     client: &Client,
     count: usize,
     t0: Instant,
-) -> Result<(Vec<Duration>, usize, Duration, Slowest, Cpu)> {
+) -> Result<(BTreeMap<String, Duration>, usize, Duration, Slowest, Cpu)> {
     let api: Api<DiffusionDeployment> = Api::namespaced(client.clone(), NS);
     let mut planned: BTreeMap<String, Duration> = BTreeMap::new();
     let mut available: BTreeMap<String, Duration> = BTreeMap::new();
@@ -622,7 +754,8 @@ async fn wait_planned(
         let now = t0.elapsed();
         let settled = all_planned.is_some_and(|t| now > t + Duration::from_secs(120));
         if available.len() == count || settled {
-            let mut by_time: Vec<(String, Duration)> = planned.into_iter().collect();
+            let mut by_time: Vec<(String, Duration)> =
+                planned.iter().map(|(n, t)| (n.clone(), *t)).collect();
             by_time.sort_by_key(|(_, t)| *t);
             let slowest = by_time
                 .iter()
@@ -639,9 +772,8 @@ async fn wait_planned(
                     (name.clone(), *at, seen)
                 })
                 .collect();
-            let times = by_time.into_iter().map(|(_, t)| t).collect();
             let last = available.values().max().copied().unwrap_or_default();
-            return Ok((times, available.len(), last, slowest, cpu_planned));
+            return Ok((planned, available.len(), last, slowest, cpu_planned));
         }
         if all_planned.is_none() && now > WAIT {
             let stuck: Vec<String> = latest
