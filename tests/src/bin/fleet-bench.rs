@@ -3,10 +3,12 @@
 //!
 //! It adds N fake GPU nodes of mixed shapes (kwok keeps them Ready) with their
 //! DiffusionNodes, plays every node agent itself (a prepare request is answered with a warm
-//! profile at once), starts the `layerwise-operator` binary it is given (leader election
-//! on, metrics on a loopback port), creates D DiffusionDeployments at once and reports:
+//! profile at once, one report at a time per node), starts the `layerwise-operator` binary
+//! it is given (leader election on, metrics on a loopback port), creates D
+//! DiffusionDeployments at once and reports:
 //! - the time until every deployment has a plan, and how many turn Available (kwok runs
 //!   their engine pods) and when;
+//! - where the time to plan went, by stage (see [`print_stages`]);
 //! - the operator's memory (VmRSS, and VmHWM, its peak), and the CPU it and the rest of the
 //!   machine (etcd, kube-apiserver, the controller manager, the scheduler, kwok, this
 //!   benchmark's fake agents) used: idle for 10 s before the deployments, and until the
