@@ -215,24 +215,27 @@ impl Report {
     /// apiserver hands out one Service ClusterIP at a time), and the plan is a decision
     /// people read whether or not its pods exist yet.
     pub async fn record(&mut self, ctx: &Context, dd: &DiffusionDeployment) -> Result<()> {
-        if self.written.as_ref().unwrap_or(&self.old) != &self.status {
-            write_status(ctx, dd, &self.status).await?;
-            self.written = Some(self.status.clone());
-        }
+        self.write_if_changed(ctx, dd).await?;
         publish(ctx, dd, std::mem::take(&mut self.events)).await;
         Ok(())
     }
 
     /// Writes the status if it changed, then publishes the queued events (also when the
     /// write fails: what happened stays told).
-    pub async fn commit(self, ctx: &Context, dd: &DiffusionDeployment) -> Result<()> {
-        let written = if self.written.as_ref().unwrap_or(&self.old) == &self.status {
-            Ok(())
-        } else {
-            write_status(ctx, dd, &self.status).await
-        };
+    pub async fn commit(mut self, ctx: &Context, dd: &DiffusionDeployment) -> Result<()> {
+        let written = self.write_if_changed(ctx, dd).await;
         publish(ctx, dd, self.events).await;
         written
+    }
+
+    /// Writes the status unless it is what this reconcile last wrote (or, before any
+    /// write, what the deployment already had).
+    async fn write_if_changed(&mut self, ctx: &Context, dd: &DiffusionDeployment) -> Result<()> {
+        if self.written.as_ref().unwrap_or(&self.old) != &self.status {
+            write_status(ctx, dd, &self.status).await?;
+            self.written = Some(self.status.clone());
+        }
+        Ok(())
     }
 
     /// Publishes the queued events and drops the status (the reconcile failed part way).

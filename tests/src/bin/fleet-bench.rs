@@ -54,6 +54,8 @@ const WAIT: Duration = Duration::from_secs(600);
 /// deployment's wait went (the operator's ask, the agents' report, or the operator's plan).
 #[derive(Default)]
 struct Stages {
+    /// When the deployments were created; nothing is timed before.
+    t0: Option<Instant>,
     asked: BTreeMap<String, Duration>,
     reported: BTreeMap<String, Duration>,
     /// When the agents' own watch first showed a profile of the model: how far behind the
@@ -62,6 +64,21 @@ struct Stages {
 }
 
 type SharedStages = std::sync::Arc<std::sync::Mutex<Stages>>;
+
+impl Stages {
+    /// Notes now as the first time of `ids` in the map `of` picks, once timing started.
+    fn mark<'a>(
+        &mut self,
+        of: fn(&mut Stages) -> &mut BTreeMap<String, Duration>,
+        ids: impl IntoIterator<Item = &'a String>,
+    ) {
+        let Some(t0) = self.t0 else { return };
+        let map = of(self);
+        for id in ids {
+            map.entry(id.clone()).or_insert_with(|| t0.elapsed());
+        }
+    }
+}
 
 /// A kind of node: `share` of the fleet in percent.
 struct Shape {
@@ -198,13 +215,7 @@ async fn main() -> Result<()> {
     );
     // The agents start timing with the deployments (t0 below); nothing is asked before.
     let stages = SharedStages::default();
-    let epoch = std::sync::Arc::new(std::sync::OnceLock::<Instant>::new());
-    let agent = tokio::spawn(agent(
-        client.clone(),
-        fleet.clone(),
-        stages.clone(),
-        epoch.clone(),
-    ));
+    let agent = tokio::spawn(agent(client.clone(), fleet.clone(), stages.clone()));
 
     let mut op = Operator::start(&a, "fleet-bench-operator-0").await?;
     let led = op.wait_leading().await?;
@@ -228,7 +239,7 @@ async fn main() -> Result<()> {
     let cpu0 = op.cpu_seconds()?;
     let cp0 = control_plane_cpu();
     let t0 = Instant::now();
-    epoch.set(t0).ok();
+    stages.lock().unwrap().t0 = Some(t0);
     // Watching before the first is created, so every deployment's first change is seen.
     let waiting = tokio::spawn({
         let client = client.clone();
@@ -528,12 +539,7 @@ async fn create_fleet(client: &Client, fleet: &[FakeNode]) -> Result<()> {
 /// real agent's node loop is: its reports go out one at a time, the latest requests when
 /// the last write is answered (concurrent writes of one node could land out of order and
 /// take back a profile already reported), and all nodes answer concurrently.
-async fn agent(
-    client: Client,
-    fleet: Vec<FakeNode>,
-    stages: SharedStages,
-    epoch: std::sync::Arc<std::sync::OnceLock<Instant>>,
-) {
+async fn agent(client: Client, fleet: Vec<FakeNode>, stages: SharedStages) {
     let by_name: BTreeMap<String, FakeNode> =
         fleet.into_iter().map(|n| (n.name.clone(), n)).collect();
     let dns: Api<DiffusionNode> = Api::all(client);
@@ -548,14 +554,13 @@ async fn agent(
             continue;
         };
         let requested: Vec<String> = dn.spec.models.iter().map(|m| m.id.clone()).collect();
-        if let Some(t0) = epoch.get() {
+        {
             let mut st = stages.lock().unwrap();
-            for id in &requested {
-                st.asked.entry(id.clone()).or_insert_with(|| t0.elapsed());
-            }
-            for m in dn.status.iter().flat_map(|s| &s.models) {
-                st.seen.entry(m.id.clone()).or_insert_with(|| t0.elapsed());
-            }
+            st.mark(|s| &mut s.asked, &requested);
+            st.mark(
+                |s| &mut s.seen,
+                dn.status.iter().flat_map(|s| &s.models).map(|m| &m.id),
+            );
         }
         let reported: Vec<&str> = dn
             .status
@@ -568,13 +573,7 @@ async fn agent(
         let writer = writers.entry(n.name.clone()).or_insert_with(|| {
             // The fleet was created reporting no model.
             let (tx, rx) = tokio::sync::watch::channel(Vec::new());
-            tokio::spawn(report(
-                dns.clone(),
-                n.clone(),
-                rx,
-                stages.clone(),
-                epoch.clone(),
-            ));
+            tokio::spawn(report(dns.clone(), n.clone(), rx, stages.clone()));
             tx
         });
         writer.send_if_modified(|latest| {
@@ -594,7 +593,6 @@ async fn report(
     n: FakeNode,
     mut requested: tokio::sync::watch::Receiver<Vec<String>>,
     stages: SharedStages,
-    epoch: std::sync::Arc<std::sync::OnceLock<Instant>>,
 ) {
     let pp = PatchParams::apply(AGENT).force();
     while requested.changed().await.is_ok() {
@@ -615,12 +613,7 @@ async fn report(
             let status = agent_status(&n, &models);
             match dns.patch_status(&n.name, &pp, &Patch::Apply(status)).await {
                 Ok(_) => {
-                    if let Some(t0) = epoch.get() {
-                        let mut st = stages.lock().unwrap();
-                        for id in ids {
-                            st.reported.entry(id).or_insert_with(|| t0.elapsed());
-                        }
-                    }
+                    stages.lock().unwrap().mark(|s| &mut s.reported, &ids);
                     break;
                 }
                 Err(e) => {
