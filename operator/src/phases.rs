@@ -589,12 +589,13 @@ async fn deploy(
     let uid = dd.uid().unwrap_or_default();
     let name = dd.name_any();
     let generation = |d: &Deployment| d.metadata.generation.map(|g| g.to_string());
-    // The three are independent: applied together, so the slowest (a new Service waits its
-    // turn for a ClusterIP) is the only wait.
     let service = resources::service(dd);
     let stored = ctx.stores.service(&ns, &name).map(|s| (*s).clone());
     let resource_version = |s: &Service| s.metadata.resource_version.clone();
-    let (applied, _, budget) = futures::future::try_join3(
+    // The three are independent: applied together, so the slowest (a new Service waits its
+    // turn for a ClusterIP) is the only wait. All three run to the end, so a budget deleted
+    // beside a failed apply is still told (the next reconcile would not delete it again).
+    let (applied, service_applied, budget) = futures::future::join3(
         async {
             apply_if_changed(ctx, &ns, &name, &uid, &desired, existing, generation)
                 .await
@@ -607,10 +608,18 @@ async fn deploy(
         },
         disruption_budget(dd, ctx),
     )
-    .await?;
-    if let Some(note) = budget {
-        r.event(EventType::Normal, "DisruptionBudgetDeleted", "Deploy", note);
+    .await;
+    if let Ok(Some(note)) = &budget {
+        r.event(
+            EventType::Normal,
+            "DisruptionBudgetDeleted",
+            "Deploy",
+            note.clone(),
+        );
     }
+    let applied = applied?;
+    service_applied?;
+    budget?;
     let summary = resources::plan_summary(plan);
     match old_plan {
         None => {

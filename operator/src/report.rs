@@ -1,7 +1,8 @@
 //! What a reconcile tells people, and the one path it takes: conditions set on a
 //! [`Report`] as the phases go, events queued beside them, and one [`Report::commit`] that
-//! writes the status (only when it changed) and publishes the events. A new plan is
-//! written before the engine objects are applied ([`Report::record`]). A phase that cannot
+//! publishes the events and then writes the status (only when it changed): whoever sees a
+//! status finds the events that explain it. A new plan is written before the engine objects
+//! are applied ([`Report::record`]). A phase that cannot
 //! go on returns a typed [`Stop`]; [`Report::stop`] turns it into its condition, `Degraded`
 //! and a warning event, the same way for every reason.
 
@@ -209,23 +210,20 @@ impl Report {
         self.set(cond::DEGRADED, stop.degraded(), reason, message);
     }
 
-    /// Writes the status as it stands now, if it changed, and publishes the events queued so
-    /// far; the reconcile goes on. A new plan is recorded this way as soon as it is made:
+    /// Publishes the events queued so far and writes the status as it stands now, if it
+    /// changed; the reconcile goes on. A new plan is recorded this way as soon as it is made:
     /// applying the engine objects after it can wait seconds on a busy control plane (the
     /// apiserver hands out one Service ClusterIP at a time), and the plan is a decision
     /// people read whether or not its pods exist yet.
     pub async fn record(&mut self, ctx: &Context, dd: &DiffusionDeployment) -> Result<()> {
-        self.write_if_changed(ctx, dd).await?;
         publish(ctx, dd, std::mem::take(&mut self.events)).await;
-        Ok(())
+        self.write_if_changed(ctx, dd).await
     }
 
-    /// Writes the status if it changed, then publishes the queued events (also when the
-    /// write fails: what happened stays told).
+    /// Publishes the queued events, then writes the status if it changed.
     pub async fn commit(mut self, ctx: &Context, dd: &DiffusionDeployment) -> Result<()> {
-        let written = self.write_if_changed(ctx, dd).await;
-        publish(ctx, dd, self.events).await;
-        written
+        publish(ctx, dd, std::mem::take(&mut self.events)).await;
+        self.write_if_changed(ctx, dd).await
     }
 
     /// Writes the status unless it is what this reconcile last wrote (or, before any
