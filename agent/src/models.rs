@@ -409,7 +409,10 @@ mod tests {
             let dir = synth(d.path(), preset);
             let p = Profile::read(&dir).unwrap();
             assert_eq!(p.family, family);
-            assert!(crate::node::FAMILIES.contains(&family), "{family}");
+            assert!(
+                layerwise_engine::families::names().contains(&family),
+                "{family}"
+            );
             check_family("ns/m", family, &dir, &p).unwrap();
         }
         let dir = d.path().join("wan-tiny");

@@ -37,8 +37,6 @@ use crate::{Error, Result};
 
 /// The field manager of everything the agent writes.
 pub const MANAGER: &str = "layerwise-agent";
-/// The model families whose checkpoints this agent's reader understands: the engine's.
-pub const FAMILIES: [&str; 2] = layerwise_engine::families::NAMES;
 /// Timeout of every API call.
 const API_TIMEOUT: Duration = Duration::from_secs(15);
 /// How often residency of models being warmed is measured.
@@ -327,7 +325,10 @@ impl Loop {
             files: Vec::new(),
             progress: 0,
         };
-        let dir = if FAMILIES.contains(&entry.request.family.as_str()) {
+        // The model families whose checkpoints this agent's reader understands: the
+        // engine's registry.
+        let families = layerwise_engine::families::names();
+        let dir = if families.contains(&entry.request.family.as_str()) {
             models::resolve(
                 &id,
                 &entry.request.location,
@@ -340,7 +341,7 @@ impl Loop {
                 msg: format!(
                     "family `{}`: this agent profiles {}",
                     entry.request.family,
-                    FAMILIES.join(", ")
+                    families.join(", ")
                 ),
             })
         };

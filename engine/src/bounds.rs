@@ -3,6 +3,13 @@
 //! planner sizes activations for a request at exactly these bounds
 //! ([`crate::checkpoint::ActivationCost::checked_bytes`]), and the server refuses anything
 //! beyond them with a 422 naming the field.
+//!
+//! A model has limits of its own besides memory ([`ModelLimits`]: Wan's rotary tables hold so
+//! many positions per axis). Bounds beyond them would admit requests that fail once they run,
+//! so the server checks its bounds against the checkpoint at start and the planner refuses a
+//! workload beyond them, both through [`RequestBounds::beyond`].
+
+use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::ActivationCost;
 
@@ -45,7 +52,121 @@ pub struct RequestBounds {
     pub guidance: bool,
 }
 
+/// The largest request a model itself can run, from its configs alone: its position tables
+/// (not memory, which the activation cost accounts for). `None` where nothing but memory
+/// bounds a dimension.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ModelLimits {
+    /// Widest output in pixels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_width: Option<u64>,
+    /// Tallest output in pixels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_height: Option<u64>,
+    /// Most frames of one clip.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_frames: Option<u64>,
+    /// What sets them (the config file and field), for the messages that cite them.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+/// One dimension of a request's bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dimension {
+    Width,
+    Height,
+    Frames,
+}
+
+impl Dimension {
+    /// The engine's flag for it (`--max-width`); the CRD names it `maxWidth`.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Dimension::Width => "max-width",
+            Dimension::Height => "max-height",
+            Dimension::Frames => "max-frames",
+        }
+    }
+    /// A request's field for it.
+    pub fn request_field(self) -> &'static str {
+        match self {
+            Dimension::Width => "width",
+            Dimension::Height => "height",
+            Dimension::Frames => "frames",
+        }
+    }
+    /// The DiffusionDeployment's `workload` field for it.
+    pub fn workload_field(self) -> &'static str {
+        match self {
+            Dimension::Width => "maxWidth",
+            Dimension::Height => "maxHeight",
+            Dimension::Frames => "maxFrames",
+        }
+    }
+}
+
+/// A bound the model cannot run: which, what was asked, and the model's largest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Beyond {
+    pub dimension: Dimension,
+    pub asked: u64,
+    pub max: u64,
+    /// [`ModelLimits::reason`].
+    pub reason: String,
+}
+
+impl std::fmt::Display for Beyond {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.dimension {
+            Dimension::Width => "pixels wide",
+            Dimension::Height => "pixels high",
+            Dimension::Frames => "frames",
+        };
+        write!(
+            f,
+            "{}: the model runs at most {} {what} ({})",
+            self.asked, self.max, self.reason
+        )
+    }
+}
+
+impl ModelLimits {
+    /// Each dimension's limit.
+    pub fn of(&self, d: Dimension) -> Option<u64> {
+        match d {
+            Dimension::Width => self.max_width,
+            Dimension::Height => self.max_height,
+            Dimension::Frames => self.max_frames,
+        }
+    }
+
+    /// The first of `(dimension, asked)` that the model cannot run.
+    pub fn beyond(&self, asked: &[(Dimension, u64)]) -> Option<Beyond> {
+        asked.iter().find_map(|&(dimension, asked)| {
+            let max = self.of(dimension)?;
+            (asked > max).then(|| Beyond {
+                dimension,
+                asked,
+                max,
+                reason: self.reason.clone(),
+            })
+        })
+    }
+}
+
 impl RequestBounds {
+    /// The first of these bounds that the model cannot run.
+    pub fn beyond(&self, limits: &ModelLimits) -> Option<Beyond> {
+        limits.beyond(&[
+            (Dimension::Width, self.max_width),
+            (Dimension::Height, self.max_height),
+            (Dimension::Frames, self.max_frames),
+        ])
+    }
+
     /// Device bytes the largest request within these bounds needs for activations: the
     /// one formula ([`ActivationCost::checked_bytes`]) the planner reserves and the engine
     /// keeps free. `None` when no device could hold such a request.

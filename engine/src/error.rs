@@ -89,10 +89,12 @@ pub enum Error {
         owner: String,
         msg: String,
     },
-    /// The queue is at capacity; try again after `retry_after` seconds.
-    #[error("queue full: {queued} of {capacity} images queued, {need} more asked for")]
+    /// The queue is at capacity; try again after `retry_after` seconds. Outputs waiting for
+    /// the decoder hold their places too (`decoding` of `queued`).
+    #[error("queue full: {queued} of {capacity} places taken ({decoding} of them by outputs waiting for or in the decoder), {need} more asked for")]
     QueueFull {
         queued: usize,
+        decoding: usize,
         capacity: usize,
         need: usize,
         retry_after: u64,

@@ -589,3 +589,127 @@ fn symlinks_out_of_the_model_roots_are_refused_without_showing_bytes() {
         "{err}"
     );
 }
+
+/// Every integer of every config a pipeline folder holds (transformer, text encoder, VAE,
+/// scheduler, tokenizer, pipeline index), set to an absurd 10^9 in turn: opening the model
+/// (what `inspect` and `serve` do first) answers at once, refusing the value with an error
+/// that names the field and its bound (or the tensor whose shape it contradicts, with the
+/// shape it implies), or taking it where 10^9 is harmless. It used to hang on
+/// `num_layers: 1000000000` (E2 of the outside test), and on a VAE's blocks per level.
+#[test]
+fn absurd_config_values_are_refused_at_once_naming_the_field() {
+    let d = tempfile::tempdir().unwrap();
+    let dit = common::tiny(d.path(), 2);
+    let wan = common::wan_tiny(d.path(), 1, 1);
+    // Values 10^9 cannot hurt: a count of training timesteps the scheduler may name (its own
+    // bound is larger), a distance in the position buckets, and so on.
+    let harmless: &[&str] = HARMLESS_AT_1E9;
+    let (mut accepted, mut faults) = (Vec::new(), Vec::new());
+    for (family, model) in [("dit", dit), ("wan", wan)] {
+        for config in json_configs(&model) {
+            let text = fs::read_to_string(&config).unwrap();
+            let original: serde_json::Value = serde_json::from_str(&text).unwrap();
+            for (path, key) in integer_leaves(&original) {
+                let mut v = original.clone();
+                *v.pointer_mut(&path).unwrap() = serde_json::json!(1_000_000_000u64);
+                fs::write(&config, v.to_string()).unwrap();
+                let rel = config.strip_prefix(&model).unwrap().display().to_string();
+                let (tx, rx) = std::sync::mpsc::channel();
+                let m = model.clone();
+                std::thread::spawn(move || {
+                    let r = Model::open(&m).map(drop).map_err(|e| e.to_string());
+                    let _ = tx.send(r);
+                });
+                match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+                    Err(_) => faults.push(format!("{rel} {path}: opening the model hangs")),
+                    Ok(Ok(())) => accepted.push(format!("{family}:{rel}:{path}")),
+                    // Named as a config field, or shown in the shape it would give a tensor.
+                    Ok(Err(e))
+                        if !(e.contains(&key) || e.contains("disagrees with the config")) =>
+                    {
+                        faults.push(format!("{rel} {path}: the error does not name it: {e}"))
+                    }
+                    Ok(Err(_)) => {}
+                }
+                fs::write(&config, &text).unwrap();
+            }
+        }
+    }
+    let unexpected: Vec<_> = accepted
+        .iter()
+        .filter(|a| {
+            !harmless
+                .iter()
+                .any(|h| a.ends_with(&format!(":{h}")) || a.starts_with(h))
+        })
+        .collect();
+    assert!(
+        unexpected.is_empty() && faults.is_empty(),
+        "taken at 10^9: {unexpected:#?}\n{faults:#?}"
+    );
+}
+
+/// Config values no code sizes anything by: DiT's `norm_num_groups` (its blocks have no
+/// group norm), the VAE's `sample_size` (the decoder takes any latent), UniPC's order (a
+/// step uses at most the outputs it has) and `steps_offset` (flow schedules do not read it),
+/// the encoder-decoder fields of an encoder-only text model, the position buckets' distance
+/// (a log scale), and the tokenizer's bookkeeping (prompts are bounded by the server's own
+/// `max_sequence_length`).
+const HARMLESS_AT_1E9: &[&str] = &[
+    "transformer/config.json:/norm_num_groups",
+    "vae/config.json:/sample_size",
+    "scheduler/scheduler_config.json:/solver_order",
+    "wan:scheduler/scheduler_config.json:/steps_offset",
+    "text_encoder/config.json:/decoder_start_token_id",
+    "text_encoder/config.json:/eos_token_id",
+    "text_encoder/config.json:/num_decoder_layers",
+    "text_encoder/config.json:/pad_token_id",
+    "text_encoder/config.json:/relative_attention_max_distance",
+    "tokenizer/tokenizer_config.json:/extra_ids",
+    "tokenizer/tokenizer_config.json:/model_max_length",
+];
+
+/// The JSON configs of a pipeline folder (not the tokenizer's vocabulary).
+fn json_configs(model: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![model.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "json")
+                && p.file_name().is_some_and(|n| n != "tokenizer.json")
+                && !p.to_string_lossy().ends_with(".index.json")
+            {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// JSON pointers of every non-negative integer in `v`, with the top-level key each is under.
+fn integer_leaves(v: &serde_json::Value) -> Vec<(String, String)> {
+    fn walk(v: &serde_json::Value, path: String, key: &str, out: &mut Vec<(String, String)>) {
+        match v {
+            serde_json::Value::Number(n) if n.is_u64() => out.push((path, key.to_string())),
+            serde_json::Value::Array(a) => {
+                for (i, x) in a.iter().enumerate() {
+                    walk(x, format!("{path}/{i}"), key, out);
+                }
+            }
+            serde_json::Value::Object(o) => {
+                for (k, x) in o {
+                    let key = if path.is_empty() { k.as_str() } else { key };
+                    walk(x, format!("{path}/{k}"), key, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(v, String::new(), "", &mut out);
+    out
+}

@@ -452,6 +452,31 @@ fn a_wan_model_quantizes_and_runs_identically_across_strategies() {
     }
 }
 
+/// Quantizing a folder that is already fp8 converts nothing: it is refused, naming the
+/// folder and why, and no output folder is written (it used to write a copy with 0 weights
+/// converted). The same for a DiT and a Wan pipeline.
+#[test]
+fn quantizing_an_fp8_folder_again_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for src in [
+        common::tiny(dir.path(), 2),
+        common::wan_tiny(dir.path(), 1, 1),
+    ] {
+        let fp8 = quantized(&src);
+        let again = dir.path().join("again");
+        let e = quantize_fp8(&fp8, &again).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("already fp8")
+                && msg.contains("F8_E4M3")
+                && msg.contains(&fp8.display().to_string()),
+            "{msg}"
+        );
+        assert_eq!(e.field(), Some("input"), "{msg}");
+        assert!(!again.exists(), "{} was written", again.display());
+    }
+}
+
 #[test]
 fn an_fp8_linear_outside_the_blocks_is_dequantized_at_load() {
     let dir = tempfile::tempdir().unwrap();

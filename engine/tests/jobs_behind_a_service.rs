@@ -480,8 +480,8 @@ async fn any_replica_answers_for_every_job() {
         slowest.as_secs_f64() * 1e3
     );
 
-    // 6. Without a key nothing changes: 16-hex ids, and the replica that does not hold a
-    //    job says so.
+    // 6. Without a key ids are local (16 hex digits of the number, 32 of its tag), and the
+    //    replica that does not hold a job says so.
     let plain = Proxy::start(keyless.iter().map(|s| s.addr).collect()).await;
     let r = call(
         plain.addr,
@@ -493,7 +493,7 @@ async fn any_replica_answers_for_every_job() {
     assert_eq!(r.status, 202, "{}", text(&r));
     let id = r.json().unwrap()["id"].as_str().unwrap().to_string();
     assert!(
-        id.len() == 16 && id.bytes().all(|c| c.is_ascii_hexdigit()),
+        id.len() == 48 && id.bytes().all(|c| c.is_ascii_hexdigit()),
         "{id}"
     );
     let mut answers = Vec::new();

@@ -345,15 +345,15 @@ async fn every_status_code_in_process() {
             "{v}"
         );
     }
-    // Unknown routes and methods and unreadable query strings answer JSON errors too.
+    // Unknown routes and methods and unreadable query strings answer JSON errors too (the
+    // last on a job that exists: ids cannot be made up).
+    let (s, _, job) = post(&app, "/v1/jobs", json!({ "class_label": 1, "steps": 1 })).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{job}");
+    let bad_index = format!("/v1/jobs/{}/result?index=x", job["id"].as_str().unwrap());
     for (method, uri, code) in [
         ("GET", "/v2/nothing", StatusCode::NOT_FOUND),
         ("PUT", "/v1/jobs", StatusCode::METHOD_NOT_ALLOWED),
-        (
-            "GET",
-            "/v1/jobs/0000000000000001/result?index=x",
-            StatusCode::BAD_REQUEST,
-        ),
+        ("GET", bad_index.as_str(), StatusCode::BAD_REQUEST),
     ] {
         let (s, _, b) = call(&app, method, uri, None).await;
         let v: Value = serde_json::from_slice(&b).unwrap_or_else(|_| {
@@ -789,6 +789,7 @@ fn errors_map_to_one_status_each() {
         (
             Error::QueueFull {
                 queued: 1,
+                decoding: 0,
                 capacity: 1,
                 need: 1,
                 retry_after: 2,

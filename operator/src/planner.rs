@@ -564,6 +564,14 @@ fn plan_decoding(
             available: c.node.device_bytes,
             option: format!("{what} (beyond any device)"),
         };
+        // The engine refuses to start with bounds its model cannot run: so does the plan.
+        let bounds = crate::resources::request_bounds(workload);
+        if let Some(b) = bounds.beyond(&c.profile.limits) {
+            return Err(Refusal {
+                node: Some(c.node.name.clone()),
+                ..spec_refusal(format!("workload.{} {b}", b.dimension.workload_field()))
+            });
+        }
         let Some(act) = activation_bytes(c.profile, workload) else {
             return Err(beyond_any_device(format!(
                 "activations of a {}x{}x{} request with batch {}",

@@ -322,3 +322,42 @@ fn the_documented_wan_a14b_plans_are_the_planners_and_fit_the_engines_accounting
             .join("\n")
     );
 }
+
+/// A workload beyond what the model itself runs is refused by the plan, as `serve` refuses
+/// such bounds at start: the tiny Wan's rotary tables hold 32 positions per axis (512 px,
+/// 125 frames), read by the agent into the profile. Both sides find the bound through the
+/// one check (`RequestBounds::beyond`) and say the same thing; within it the plan is made.
+#[test]
+fn a_workload_beyond_the_models_position_tables_is_refused_as_the_engine_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("wan-tiny");
+    synth(&out, &SynthOptions::preset("wan-tiny").unwrap()).unwrap();
+    let profile = Profile::read(&out).unwrap();
+    assert_eq!(profile.limits.max_width, Some(512), "{:?}", profile.limits);
+    let mut dd = documented_deployment(&std::fs::read_to_string(doc_path()).unwrap());
+    let node = &nodes()[0].0;
+    for (w, h, frames, field, flag) in [
+        (1280, 512, 17, "maxWidth", "max-width"),
+        (512, 720, 17, "maxHeight", "max-height"),
+        (256, 256, 129, "maxFrames", "max-frames"),
+    ] {
+        let wl = &mut dd.spec.workload;
+        (wl.max_width, wl.max_height, wl.max_frames) = (w, h, frames);
+        let r = plan_on(&profile, &dd, node).unwrap_err();
+        assert_eq!(r.shortage, Shortage::Spec, "{r}");
+        assert_eq!(r.shortage.reason(), "InvalidSpec");
+        let planned = r.to_string();
+        assert!(
+            planned.contains(&format!("workload.{field}")) && planned.contains("rope_max_seq_len"),
+            "{planned}"
+        );
+        // The engine, given the bounds the operator would pass, refuses the same bound.
+        let bounds = resources::request_bounds(&dd.spec.workload);
+        let beyond = bounds.beyond(&profile.limits).unwrap();
+        assert_eq!(beyond.dimension.flag(), flag);
+        assert!(planned.contains(&beyond.to_string()), "{planned}");
+    }
+    let wl = &mut dd.spec.workload;
+    (wl.max_width, wl.max_height, wl.max_frames) = (512, 512, 125);
+    plan_on(&profile, &dd, node).unwrap();
+}

@@ -52,5 +52,6 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
             component: "transformer".into(),
             blocks_by_dtype: BTreeMap::from([("BF16".to_string(), vec![block; blocks])]),
         }],
+        limits: Default::default(),
     }
 }

@@ -146,6 +146,11 @@ pub struct Profile {
     /// memory model lays out for any dp ([`crate::memory`]).
     #[serde(default)]
     pub groups: Vec<GroupBytes>,
+    /// The largest request the model itself can run (its position tables): the planner
+    /// refuses a workload beyond it, as the engine refuses such bounds at start. Empty
+    /// (no limit but memory) in profiles of agents that predate it.
+    #[serde(default)]
+    pub limits: crate::bounds::ModelLimits,
 }
 
 impl Profile {
@@ -231,6 +236,7 @@ impl Profile {
             components,
             decoder_bytes: ck.decoder_bytes(),
             groups: group_bytes,
+            limits: ck.limits(),
         })
     }
 

@@ -254,6 +254,13 @@ pub(super) fn inspect(dir: &Path, json: bool) -> Result<()> {
         println!("slot bytes dp={dp:<3} {}", p.slot_bytes(dp));
     }
     println!("native size      {}x{}", p.native_width, p.native_height);
+    if let (Some(w), Some(h)) = (p.limits.max_width, p.limits.max_height) {
+        let frames = p
+            .limits
+            .max_frames
+            .map_or(String::new(), |f| format!(", {f} frames"));
+        println!("largest request  {w}x{h}{frames} ({})", p.limits.reason);
+    }
     println!(
         "activations      {} at native size with guidance",
         gib(p

@@ -67,11 +67,67 @@ impl BlockGroup {
     }
 }
 
-/// The family a pipeline folder holds, with its checked configs and component headers.
-#[derive(Debug, Clone)]
-pub enum Family {
-    Dit(Box<dit::DitCheckpoint>),
-    Wan(Box<wan::WanCheckpoint>),
+/// A pipeline folder of one family, opened and checked from its headers and configs alone:
+/// what the profile, the planner's memory model and the engine read of any family. Each
+/// family implements it once, for its own checkpoint type, and registers how to recognise
+/// and open its folders ([`FamilyEntry`]); nothing outside the family names its type.
+pub trait FamilyCheckpoint: std::fmt::Debug + Send + Sync {
+    /// Every component with weights, by its folder name, in pipeline order.
+    fn components(&self) -> Vec<(&'static str, &crate::checkpoint::Component)>;
+    /// The groups of blocks that stream, each with the name of the component it is in.
+    fn groups(&self) -> Vec<(&'static str, BlockGroup)>;
+    /// Bytes outside the streamed blocks that every rank keeps on its device (prologues
+    /// and epilogues; not the decoder). The engine charges exactly this.
+    fn resident_device_bytes(&self) -> u64;
+    /// Bytes of the VAE decoder's weights, which every rank that decodes keeps on its
+    /// device. The engine charges exactly this.
+    fn decoder_bytes(&self) -> u64;
+    /// The size the model was trained at, `(width, height)` in pixels.
+    fn native_size(&self) -> (usize, usize);
+    /// The largest request the model itself can run (its position tables); none but
+    /// memory by default.
+    fn limits(&self) -> crate::bounds::ModelLimits {
+        crate::bounds::ModelLimits::default()
+    }
+    /// What a request costs in activations: the formula the planner and the engine share.
+    fn activation_cost(&self) -> crate::checkpoint::ActivationCost;
+    /// The family's runtime over this folder, its components mapped.
+    #[cfg(feature = "runtime")]
+    fn runtime(&self) -> crate::Result<Box<dyn crate::execution::family::FamilyRuntime>>;
+    /// The family's own checkpoint type, for code of that family (and its tests).
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// One family as the registry knows it: its name and how its folders are recognised and
+/// opened. Adding a family is one module with one of these, listed in [`FAMILIES`].
+#[derive(Clone, Copy)]
+pub struct FamilyEntry {
+    /// The short name a profile's `family` and a DiffusionDeployment's `model.family` use.
+    pub name: &'static str,
+    /// The `_class_name`s diffusers writes in `model_index.json` for its pipelines.
+    pub pipelines: &'static [&'static str],
+    /// Whether a folder whose `model_index.json` names no class is this family's (folders
+    /// written before the class name was checked carry none: DiT's layout).
+    pub unnamed: bool,
+    /// Opens and checks a folder of this family.
+    pub open: fn(&std::path::Path) -> crate::Result<std::sync::Arc<dyn FamilyCheckpoint>>,
+}
+
+impl std::fmt::Debug for FamilyEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FamilyEntry")
+            .field("name", &self.name)
+            .field("pipelines", &self.pipelines)
+            .finish()
+    }
+}
+
+/// The families this build runs. The node agent profiles exactly these.
+pub const FAMILIES: &[FamilyEntry] = &[dit::FAMILY, wan::FAMILY];
+
+/// The short names of [`FAMILIES`], in order.
+pub fn names() -> Vec<&'static str> {
+    FAMILIES.iter().map(|f| f.name).collect()
 }
 
 /// A pipeline folder opened and checked from its headers and configs alone, whatever
@@ -79,97 +135,98 @@ pub enum Family {
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
     pub root: std::path::PathBuf,
-    pub family: Family,
+    /// The family's short name (one of [`names`]).
+    pub family: &'static str,
+    /// The family's checked folder.
+    pub inner: std::sync::Arc<dyn FamilyCheckpoint>,
 }
 
-/// Pipelines this build runs, by the `_class_name` diffusers writes in `model_index.json`.
-pub const PIPELINES: [&str; 2] = ["DiTPipeline", "WanPipeline"];
-
-/// The families this build opens, by the short name a profile's `family` and a
-/// DiffusionDeployment's `model.family` use ([`Checkpoint::name`]), in the order of
-/// [`PIPELINES`]. The node agent profiles exactly these.
-pub const NAMES: [&str; 2] = ["dit", "wan"];
-
 impl Checkpoint {
+    /// Opens `root` as the family of [`FAMILIES`] its `model_index.json` names.
     pub fn open(root: &std::path::Path) -> crate::Result<Checkpoint> {
+        Self::open_in(root, FAMILIES)
+    }
+
+    /// Opens `root` as the family of `registry` its `model_index.json` names.
+    pub fn open_in(root: &std::path::Path, registry: &[FamilyEntry]) -> crate::Result<Checkpoint> {
         let folder = crate::checkpoint::ModelFolder::new(root)?;
-        let family = match folder.class_name.as_deref() {
-            // Folders written before the class name was checked carry none: DiT's layout.
-            Some("DiTPipeline") | None => Family::Dit(Box::new(dit::DitCheckpoint::open(root)?)),
-            Some("WanPipeline") => Family::Wan(Box::new(wan::WanCheckpoint::open(root)?)),
-            Some(other) => {
-                return Err(crate::Error::config(
-                    root.join("model_index.json"),
-                    "_class_name",
-                    format!(
+        let entry = registry
+            .iter()
+            .find(|f| match folder.class_name.as_deref() {
+                Some(class) => f.pipelines.contains(&class),
+                None => f.unnamed,
+            });
+        let Some(entry) = entry else {
+            let runs: Vec<&str> = registry
+                .iter()
+                .flat_map(|f| f.pipelines.iter().copied())
+                .collect();
+            return Err(crate::Error::config(
+                root.join("model_index.json"),
+                "_class_name",
+                match folder.class_name.as_deref() {
+                    Some(other) => format!(
                         "`{other}` is not a pipeline this engine runs (it runs {})",
-                        PIPELINES.join(", ")
+                        runs.join(", ")
                     ),
-                ))
-            }
+                    None => format!(
+                        "missing: name the pipeline (this engine runs {})",
+                        runs.join(", ")
+                    ),
+                },
+            ));
         };
         Ok(Checkpoint {
             root: root.to_path_buf(),
-            family,
+            family: entry.name,
+            inner: (entry.open)(root)?,
         })
     }
 
-    /// The family's short name (`dit`, `wan`): one of [`NAMES`].
+    /// The family's short name (`dit`, `wan`): one of [`names`].
     pub fn name(&self) -> &'static str {
-        match &self.family {
-            Family::Dit(_) => NAMES[0],
-            Family::Wan(_) => NAMES[1],
-        }
+        self.family
     }
 
     /// Every component with weights, by its folder name, in pipeline order.
     pub fn components(&self) -> Vec<(&'static str, &crate::checkpoint::Component)> {
-        match &self.family {
-            Family::Dit(c) => vec![("transformer", &c.transformer), ("vae", &c.vae)],
-            Family::Wan(c) => c.components(),
-        }
+        self.inner.components()
     }
 
     /// The groups of blocks that stream, each with the name of the component it is in.
     pub fn groups(&self) -> Vec<(&'static str, BlockGroup)> {
-        match &self.family {
-            Family::Dit(c) => vec![("transformer", c.config.block_group())],
-            Family::Wan(c) => c.groups(),
-        }
+        self.inner.groups()
     }
 
-    /// Bytes outside the streamed blocks that every rank keeps on its device (prologues
-    /// and epilogues; not the decoder). The engine charges exactly this.
+    /// [`FamilyCheckpoint::resident_device_bytes`].
     pub fn resident_device_bytes(&self) -> u64 {
-        match &self.family {
-            Family::Dit(c) => c.resident_device_bytes(),
-            Family::Wan(c) => c.resident_device_bytes(),
-        }
+        self.inner.resident_device_bytes()
     }
 
-    /// Bytes of the VAE decoder's weights, which every rank that decodes keeps on its
-    /// device. The engine charges exactly this.
+    /// [`FamilyCheckpoint::decoder_bytes`].
     pub fn decoder_bytes(&self) -> u64 {
-        match &self.family {
-            Family::Dit(c) => c.decoder_bytes(),
-            Family::Wan(c) => c.decoder_bytes(),
-        }
+        self.inner.decoder_bytes()
     }
 
     /// The size the model was trained at, `(width, height)` in pixels.
     pub fn native_size(&self) -> (usize, usize) {
-        match &self.family {
-            Family::Dit(c) => c.native_size(),
-            Family::Wan(c) => c.native_size(),
-        }
+        self.inner.native_size()
+    }
+
+    /// The largest request the model itself can run (its position tables), whatever the
+    /// memory: what the server's bounds and the planner's workload are checked against.
+    pub fn limits(&self) -> crate::bounds::ModelLimits {
+        self.inner.limits()
     }
 
     /// What a request costs in activations: the formula the planner and the engine share.
     pub fn activation_cost(&self) -> crate::checkpoint::ActivationCost {
-        match &self.family {
-            Family::Dit(c) => c.activation_cost(),
-            Family::Wan(c) => c.activation_cost(),
-        }
+        self.inner.activation_cost()
+    }
+
+    /// The family's own checkpoint type, when it is `T`.
+    pub fn downcast<T: 'static>(&self) -> Option<&T> {
+        self.inner.as_any().downcast_ref()
     }
 
     /// Every weight byte in the folder.
@@ -183,9 +240,6 @@ impl Checkpoint {
     /// The family's runtime over this folder, its components mapped.
     #[cfg(feature = "runtime")]
     pub fn runtime(&self) -> crate::Result<Box<dyn crate::execution::family::FamilyRuntime>> {
-        Ok(match &self.family {
-            Family::Dit(c) => Box::new(dit::runtime::DitRuntime::new((**c).clone())?),
-            Family::Wan(c) => Box::new(wan::runtime::WanRuntime::new((**c).clone())?),
-        })
+        self.inner.runtime()
     }
 }

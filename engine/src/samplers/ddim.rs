@@ -113,6 +113,16 @@ impl DdimConfig {
             );
         }
         crate::samplers::check_train_timesteps(path, c.num_train_timesteps)?;
+        if c.steps_offset >= c.num_train_timesteps {
+            // Every schedule would start past the last training timestep.
+            return bad(
+                "steps_offset",
+                format!(
+                    "{}: must be below num_train_timesteps ({})",
+                    c.steps_offset, c.num_train_timesteps
+                ),
+            );
+        }
         Ok(c)
     }
 

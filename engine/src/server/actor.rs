@@ -218,7 +218,8 @@ impl Actor {
             self.shared.metrics.rejected("queue_full");
             let ahead = (self.queue.len() + self.in_flight.len()) as f64 / self.shared.dp as f64;
             return Err(Error::QueueFull {
-                queued: self.queue.len(),
+                queued: self.queue.len() + decoding,
+                decoding,
                 capacity: self.max_queue,
                 need,
                 retry_after: (ahead * self.image_seconds).ceil().max(1.0) as u64,

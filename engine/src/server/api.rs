@@ -177,6 +177,22 @@ fn model_object(s: &AppState) -> Value {
         "family": m.family.name(),
         "modalities": if m.family.video().is_some() { json!(["image", "video"]) } else { json!(["image"]) },
         "conditioning": if m.family.classes().is_some() { "class" } else { "text" },
+        "limits": limits(s),
+    })
+}
+
+/// What this server admits (its bounds, each within what the model runs): a request beyond
+/// any is a 422 naming the field, before it is queued.
+fn limits(s: &AppState) -> Value {
+    let (b, video) = (&s.bounds.request, s.model.family.video().is_some());
+    json!({
+        "max_width": b.max_width,
+        "max_height": b.max_height,
+        "max_frames": if video { b.max_frames } else { 1 },
+        "max_steps": b.max_steps,
+        "max_n": b.max_n,
+        "max_prompt_tokens": if s.model.family.classes().is_some() { 0 } else { s.bounds.max_prompt_tokens },
+        "guidance": b.guidance,
     })
 }
 
@@ -257,8 +273,14 @@ async fn read_fields(
                     "files are not taken: this server generates from text (and class labels) only",
                 ));
             }
-            let text = field.text().await.map_err(|e| multipart_error(e, limit))?;
-            if o.insert(name.clone(), Value::String(text)).is_some() {
+            let bytes = field.bytes().await.map_err(|e| multipart_error(e, limit))?;
+            let text = String::from_utf8(bytes.to_vec()).map_err(|e| Error::BadRequest {
+                msg: format!(
+                    "multipart field `{name}` is not valid UTF-8 (at byte {})",
+                    e.utf8_error().valid_up_to()
+                ),
+            })?;
+            if o.insert(name.clone(), form_value(&name, text)?).is_some() {
                 return Err(Error::invalid(name, "given twice"));
             }
         }
@@ -266,6 +288,12 @@ async fn read_fields(
     }
     let bytes = Bytes::from_request(req, &()).await;
     let bytes = body(bytes, limit)?;
+    // Named as a form's text is (serde_json's own message says only "invalid unicode").
+    if let Err(e) = std::str::from_utf8(&bytes) {
+        return Err(Error::BadRequest {
+            msg: format!("body is not valid UTF-8 (at byte {})", e.valid_up_to()),
+        });
+    }
     let v: Value = serde_json::from_slice(&bytes).map_err(|e| Error::BadRequest {
         msg: format!("body is not JSON: {e}"),
     })?;
@@ -301,19 +329,78 @@ fn field<'a>(o: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
     o.get(name).filter(|v| !v.is_null())
 }
 
+/// Request fields whose values are integers, and those that are numbers, as the OpenAPI
+/// document types them. In JSON they must be JSON numbers (`"5"` is a string, refused); a
+/// multipart form's values are all text, so there these are read from their text once, as
+/// the form is read ([`form_value`]).
+const INTEGER_FIELDS: [&str; 6] = [
+    "n",
+    "steps",
+    "seed",
+    "class_label",
+    "max_sequence_length",
+    "frames",
+];
+const NUMBER_FIELDS: [&str; 3] = ["guidance", "guidance_2", "fps"];
+
+/// A multipart form field's text as the JSON value its field is typed as.
+fn form_value(name: &str, text: String) -> Result<Value, Error> {
+    let t = text.trim();
+    if INTEGER_FIELDS.contains(&name) {
+        return t.parse::<u64>().map(Value::from).map_err(|_| {
+            Error::invalid(name, format!("`{text}`: expected a non-negative integer"))
+        });
+    }
+    if NUMBER_FIELDS.contains(&name) {
+        return t
+            .parse::<f64>()
+            .ok()
+            .and_then(serde_json::Number::from_f64)
+            .map(Value::Number)
+            .ok_or_else(|| Error::invalid(name, format!("`{text}`: expected a finite number")));
+    }
+    Ok(Value::String(text))
+}
+
+/// What a value of the wrong JSON type is told beside the type it should have had.
+fn not_text(v: &Value) -> &'static str {
+    if v.is_string() {
+        " (a JSON number, not a string)"
+    } else {
+        ""
+    }
+}
+
 fn uint(o: &Map<String, Value>, name: &str) -> Result<Option<u64>, Error> {
     let Some(v) = field(o, name) else {
         return Ok(None);
     };
-    let n = match v {
-        Value::String(s) => s.trim().parse::<u64>().ok(),
-        v => v.as_u64(),
-    };
-    n.map(Some)
-        .ok_or_else(|| Error::invalid(name, format!("{v}: expected a non-negative integer")))
+    v.as_u64().map(Some).ok_or_else(|| {
+        Error::invalid(
+            name,
+            format!("{v}: expected a non-negative integer{}", not_text(v)),
+        )
+    })
 }
 
 fn float(o: &Map<String, Value>, name: &str) -> Result<Option<f64>, Error> {
+    let Some(v) = field(o, name) else {
+        return Ok(None);
+    };
+    v.as_f64()
+        .filter(|x| x.is_finite())
+        .map(Some)
+        .ok_or_else(|| {
+            Error::invalid(
+                name,
+                format!("{v}: expected a finite number{}", not_text(v)),
+            )
+        })
+}
+
+/// A field the document types as a string or a number (OpenAI's video `seconds` is a
+/// string, `"4"`): either, read as a finite number.
+fn number_or_text(o: &Map<String, Value>, name: &str) -> Result<Option<f64>, Error> {
     let Some(v) = field(o, name) else {
         return Ok(None);
     };
@@ -606,7 +693,7 @@ pub fn parse_video(o: &Map<String, Value>, s: &AppState) -> Result<(Request, f64
         ));
     }
     let max = s.bounds.request.max_frames as usize;
-    r.frames = match (uint(o, "frames")?, float(o, "seconds")?) {
+    r.frames = match (uint(o, "frames")?, number_or_text(o, "seconds")?) {
         (Some(_), Some(_)) => {
             return Err(Error::invalid(
                 "seconds",
@@ -1024,5 +1111,58 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, header::HeaderValue::from(*retry_after));
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fields the parser reads as integers and as numbers are exactly those the served
+    /// OpenAPI document types so, in every request schema (`seconds` alone may be either).
+    #[test]
+    fn numeric_fields_are_the_ones_the_document_types_as_numbers() {
+        let doc: Value = serde_json::from_str(include_str!("openapi.json")).unwrap();
+        let mut integers = std::collections::BTreeSet::new();
+        let mut numbers = std::collections::BTreeSet::new();
+        for schema in ["GenerationRequest", "VideoRequest"] {
+            let props = doc["components"]["schemas"][schema]["properties"]
+                .as_object()
+                .unwrap();
+            for (name, p) in props {
+                match &p["type"] {
+                    Value::String(t) if t == "integer" => integers.insert(name.as_str()),
+                    Value::String(t) if t == "number" => numbers.insert(name.as_str()),
+                    Value::String(t) if t == "string" => continue,
+                    t if name == "seconds" => {
+                        assert_eq!(t, &json!(["string", "number"]));
+                        continue;
+                    }
+                    t => panic!("{schema}.{name}: type {t}"),
+                };
+            }
+        }
+        assert_eq!(
+            integers,
+            INTEGER_FIELDS.into_iter().collect(),
+            "integer fields"
+        );
+        assert_eq!(
+            numbers,
+            NUMBER_FIELDS.into_iter().collect(),
+            "number fields"
+        );
+    }
+
+    #[test]
+    fn form_text_becomes_the_fields_type_or_names_it() {
+        assert_eq!(form_value("steps", " 5 ".into()).unwrap(), json!(5));
+        assert_eq!(form_value("guidance", "4.5".into()).unwrap(), json!(4.5));
+        assert_eq!(form_value("seconds", "4".into()).unwrap(), json!("4"));
+        assert_eq!(form_value("prompt", "5".into()).unwrap(), json!("5"));
+        for (f, t) in [("steps", "-1"), ("n", "2.0"), ("fps", "inf"), ("seed", "")] {
+            let e = form_value(f, t.into()).unwrap_err();
+            assert_eq!(e.field(), Some(f), "{e}");
+        }
     }
 }

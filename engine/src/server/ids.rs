@@ -9,8 +9,11 @@
 //! there ([`super::forward`]) only once the tag checks out, so no id a client makes up can
 //! lead a replica to dial an address of the client's choosing.
 //!
-//! Without a key (a bare `layerwise serve`) ids are the job's number in 16 hex digits, and
-//! every job is local.
+//! Without a key (a bare `layerwise serve`) every job is local, and its id is still one no
+//! client can guess: the job's number in 16 hex digits, then 32 hex digits of an HMAC-SHA256
+//! tag over it under a random key the process draws at start. A client that knows its own
+//! id learns nothing of its neighbours' (counting down from one's own number yields ids
+//! whose tags do not check out), and an id of an earlier process is unknown to a new one.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -60,6 +63,13 @@ impl JobKey {
     }
 }
 
+impl JobKey {
+    /// A key of 32 random bytes, for ids that never leave this process.
+    fn random() -> JobKey {
+        JobKey(rand::random::<[u8; 32]>().to_vec())
+    }
+}
+
 impl std::fmt::Debug for JobKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "JobKey(<{} bytes, redacted>)", self.0.len())
@@ -80,16 +90,24 @@ struct Keyed {
     incarnation: u32,
 }
 
+/// Hex digits of a local id: the number's 16, then the tag's 32 (128 bits).
+const LOCAL_ID_DIGITS: usize = 16 + 2 * TAG_BYTES;
+
 /// How this process writes and reads job ids.
 #[derive(Debug, Clone)]
 pub struct JobIds {
     keyed: Option<Keyed>,
+    /// The key of local ids' tags: drawn at start, never leaves the process.
+    local: JobKey,
 }
 
 impl JobIds {
-    /// Ids that stay local: 16 hex digits, no owner.
+    /// Ids that stay local (no owner), tagged under a key drawn now.
     pub fn local() -> JobIds {
-        JobIds { keyed: None }
+        JobIds {
+            keyed: None,
+            local: JobKey::random(),
+        }
     }
 
     /// Ids that name this process (at `me`, as other replicas reach it) under `key`.
@@ -105,6 +123,7 @@ impl JobIds {
                 me,
                 incarnation,
             }),
+            local: JobKey::random(),
         }
     }
 
@@ -116,7 +135,12 @@ impl JobIds {
     /// The id of this process's job `number`.
     pub fn format(&self, number: u64) -> String {
         let Some(k) = &self.keyed else {
-            return format!("{number:016x}");
+            let tag = tag(&self.local, &number.to_be_bytes());
+            let hex: String = tag[..TAG_BYTES]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            return format!("{number:016x}{hex}");
         };
         let mut b = body(k.incarnation, number, k.me);
         let tag = tag(&k.key, &b);
@@ -132,12 +156,7 @@ impl JobIds {
             what: format!("job `{id}`"),
         };
         let Some(k) = &self.keyed else {
-            if id.len() != 16 {
-                return Err(unknown());
-            }
-            return u64::from_str_radix(id, 16)
-                .map(Owner::Here)
-                .map_err(|_| unknown());
+            return self.parse_local(id).ok_or_else(unknown);
         };
         let raw = URL_SAFE_NO_PAD.decode(id).map_err(|_| unknown())?;
         let (incarnation, number, owner) = read(&raw).ok_or_else(unknown)?;
@@ -157,6 +176,25 @@ impl JobIds {
             });
         }
         Ok(Owner::Here(number))
+    }
+}
+
+impl JobIds {
+    /// The number of a local id whose tag checks out.
+    fn parse_local(&self, id: &str) -> Option<Owner> {
+        if id.len() != LOCAL_ID_DIGITS || !id.bytes().all(|c| c.is_ascii_hexdigit()) {
+            return None;
+        }
+        let number = u64::from_str_radix(&id[..16], 16).ok()?;
+        let given: Vec<u8> = (16..id.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&id[i..i + 2], 16))
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let mut mac = mac(&self.local);
+        mac.update(&number.to_be_bytes());
+        mac.verify_truncated_left(&given).ok()?;
+        Some(Owner::Here(number))
     }
 }
 
@@ -217,15 +255,36 @@ mod tests {
     }
 
     #[test]
-    fn local_ids_are_sixteen_hex_digits_and_only_those_parse() {
+    fn local_ids_cannot_be_guessed_from_ones_own() {
         let l = JobIds::local();
-        assert_eq!(l.format(0xab), "00000000000000ab");
-        assert_eq!(l.parse("00000000000000ab").unwrap(), Owner::Here(0xab));
-        for bad in ["ab", "zz000000000000ab", "", "0000000000000000ab"] {
+        let id = l.format(0xab);
+        assert_eq!(id.len(), 48, "{id}");
+        assert!(id.starts_with("00000000000000ab"), "{id}");
+        assert_eq!(l.parse(&id).unwrap(), Owner::Here(0xab));
+        // The neighbours' numbers with one's own tag, the bare number (what ids were before),
+        // and a tag with one digit changed are all unknown jobs.
+        let tag = &id[16..];
+        let mut flipped = id.clone().into_bytes();
+        flipped[47] = if flipped[47] == b'0' { b'1' } else { b'0' };
+        let flipped = String::from_utf8(flipped).unwrap();
+        let neighbours = [
+            format!("{:016x}{tag}", 0xaa),
+            format!("{:016x}{tag}", 0xac),
+            "00000000000000ab".to_string(),
+            flipped,
+        ];
+        for bad in
+            neighbours
+                .iter()
+                .map(String::as_str)
+                .chain(["ab", "", &"z".repeat(48), &id[..47]])
+        {
             let e = l.parse(bad).unwrap_err();
             assert_eq!(e.http_status(), 404, "{bad}: {e}");
             assert!(e.to_string().contains(&format!("job `{bad}`")), "{e}");
         }
+        // Another process (a restart) draws its own key: the old id is unknown there.
+        assert_eq!(JobIds::local().parse(&id).unwrap_err().http_status(), 404);
         // A routed id means nothing to a server without a key: it stays local.
         let routed = ids("0123456789abcdef0123", "10.0.0.1:8080", 1).format(5);
         assert_eq!(l.parse(&routed).unwrap_err().http_status(), 404);

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use clap::Args;
 
-use crate::bounds::{self, RequestBounds};
+use crate::bounds::{self, Dimension, ModelLimits, RequestBounds};
 use crate::decode::{self, DecodeChoice, DecodeSite, DecoderBytes};
 use crate::engine::Model;
 use crate::execution::cuda::{self, DeviceChoice};
@@ -66,15 +66,19 @@ pub struct ServeArgs {
     /// Images that may wait in the queue; more get 429.
     #[arg(long, env = "LAYERWISE_MAX_QUEUE", default_value_t = 64)]
     pub max_queue: usize,
-    /// Largest output width in pixels.
-    #[arg(long, env = bounds::ENV_MAX_WIDTH, default_value_t = 1280)]
-    pub max_width: u64,
-    /// Largest output height in pixels.
-    #[arg(long, env = bounds::ENV_MAX_HEIGHT, default_value_t = 1280)]
-    pub max_height: u64,
-    /// Most frames of one clip (1 serves images only).
-    #[arg(long, env = bounds::ENV_MAX_FRAMES, default_value_t = 81)]
-    pub max_frames: u64,
+    /// Largest output width in pixels [default: 1280, or the model's own limit where that
+    /// is smaller]. A width beyond what the model runs (its position tables) is refused at
+    /// start.
+    #[arg(long, env = bounds::ENV_MAX_WIDTH)]
+    pub max_width: Option<u64>,
+    /// Largest output height in pixels [default: 1280, or the model's own limit where that
+    /// is smaller]; refused at start beyond what the model runs.
+    #[arg(long, env = bounds::ENV_MAX_HEIGHT)]
+    pub max_height: Option<u64>,
+    /// Most frames of one clip (1 serves images only) [default: 81, or the model's own limit
+    /// where that is smaller]; refused at start beyond what the model runs.
+    #[arg(long, env = bounds::ENV_MAX_FRAMES)]
+    pub max_frames: Option<u64>,
     /// Most denoising steps per output.
     #[arg(long, env = bounds::ENV_MAX_STEPS, default_value_t = 250)]
     pub max_steps: u64,
@@ -143,17 +147,37 @@ pub struct ServeArgs {
     pub decode: DecodeChoice,
 }
 
+/// The size bounds a server takes when its flags name none (each lowered to the model's own
+/// limit where that is smaller).
+pub const DEFAULT_MAX_SIDE: u64 = 1280;
+pub const DEFAULT_MAX_FRAMES: u64 = 81;
+
 impl ServeArgs {
-    /// The bounds these flags set: what the server admits and the device memory it keeps.
-    pub fn request_bounds(&self) -> RequestBounds {
-        RequestBounds {
-            max_width: self.max_width,
-            max_height: self.max_height,
-            max_frames: self.max_frames,
+    /// The bounds these flags set for a model that runs at most `limits`: what the server
+    /// admits and the device memory it keeps. A size bound the flags give beyond the model's
+    /// limits is refused, naming the flag; one they leave unset is the default, lowered to
+    /// the limit.
+    pub fn request_bounds(&self, limits: &ModelLimits) -> Result<RequestBounds> {
+        let pick = |given: Option<u64>, default: u64, d: Dimension| -> Result<u64> {
+            let Some(v) = given else {
+                return Ok(limits.of(d).map_or(default, |m| m.min(default)));
+            };
+            match limits.beyond(&[(d, v)]) {
+                None => Ok(v),
+                Some(b) => Err(Error::invalid(
+                    d.flag(),
+                    format!("{b}; give --{} {} or less", d.flag(), b.max),
+                )),
+            }
+        };
+        Ok(RequestBounds {
+            max_width: pick(self.max_width, DEFAULT_MAX_SIDE, Dimension::Width)?,
+            max_height: pick(self.max_height, DEFAULT_MAX_SIDE, Dimension::Height)?,
+            max_frames: pick(self.max_frames, DEFAULT_MAX_FRAMES, Dimension::Frames)?,
             max_steps: self.max_steps,
             max_n: self.max_n,
             guidance: self.guidance_allowed,
-        }
+        })
     }
 }
 
@@ -176,7 +200,14 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     let trace = a.trace.as_ref().map(|_| Trace::new(1_000_000));
     // Device memory kept free for the largest request the bounds admit: what the planner
     // reserved for this pod.
-    let mut reserved = a.request_bounds();
+    let bounds = a.request_bounds(&model.checkpoint.limits())?;
+    tracing::info!(
+        max_width = bounds.max_width,
+        max_height = bounds.max_height,
+        max_frames = bounds.max_frames,
+        "request bounds"
+    );
+    let mut reserved = bounds;
     if model.family.video().is_none() {
         // An image family refuses frames, so its largest request is one frame.
         reserved.max_frames = 1;
@@ -188,7 +219,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
                 "max-width",
                 format!(
                     "a request at the bounds ({}x{}, {} frames, {} outputs) needs more activation memory than any device holds",
-                    a.max_width, a.max_height, a.max_frames, a.max_n
+                    bounds.max_width, bounds.max_height, bounds.max_frames, bounds.max_n
                 ),
             )
         })?;
@@ -208,7 +239,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         .enable_all()
         .build()
         .map_err(|e| Error::invalid("runtime", format!("cannot start tokio: {e}")))?;
-    let code = rt.block_on(run(a.clone(), model, opts, site))?;
+    let code = rt.block_on(run(a.clone(), bounds, model, opts, site))?;
     if let (Some(t), Some(path)) = (&trace, &a.trace) {
         t.write(path)?;
         eprintln!("wrote trace {} ({} spans)", path.display(), t.len());
@@ -328,6 +359,7 @@ fn job_ids(a: &ServeArgs, bound: SocketAddr) -> Result<JobIds> {
 
 async fn run(
     a: ServeArgs,
+    bounds: RequestBounds,
     model: Arc<Model>,
     opts: EngineOptions,
     decode: DecodeSite,
@@ -364,7 +396,7 @@ async fn run(
             .unwrap_or_else(|| api::folder_name(&a.engine.model)),
         model,
         bounds: Bounds {
-            request: a.request_bounds(),
+            request: bounds,
             max_prompt_tokens: a.max_prompt_tokens,
             body_limit: a.body_limit,
             body_timeout: Duration::from_secs(a.body_timeout_seconds),

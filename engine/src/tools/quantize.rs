@@ -94,6 +94,10 @@ pub fn quantize_fp8(input: &Path, output: &Path) -> Result<QuantizeReport> {
         rewritten.extend(shard_indexes(&c.dir)?);
         jobs.push((name, c.clone(), quantized_names(c, &quantized)));
     }
+    let converted: usize = jobs.iter().map(|(_, _, names)| names.len()).sum();
+    if converted == 0 {
+        return Err(nothing_to_convert(&ck, &groups));
+    }
     copy_tree(input, output, &rewritten)?;
     for (name, c, names) in jobs {
         let dir = output.join(name);
@@ -103,6 +107,49 @@ pub fn quantize_fp8(input: &Path, output: &Path) -> Result<QuantizeReport> {
     // What was written opens and checks like any checkpoint.
     Checkpoint::open(output)?;
     Ok(report)
+}
+
+/// Why a folder has no streamed linear weight to convert: already fp8 (by the count of its
+/// fp8 weights), or none of another dtype to start from.
+fn nothing_to_convert(
+    ck: &Checkpoint,
+    groups: &[(&'static str, crate::families::BlockGroup)],
+) -> Error {
+    let mut fp8 = 0;
+    let mut other = std::collections::BTreeSet::new();
+    for (name, c) in ck.components() {
+        let mine: Vec<_> = groups.iter().filter(|(n, _)| *n == name).collect();
+        if !name.starts_with("transformer") {
+            continue;
+        }
+        for t in c.files.iter().flat_map(|h| h.tensors.iter()) {
+            let streamed = mine
+                .iter()
+                .any(|(_, g)| g.block_of(&t.name).is_some_and(|b| b < g.count));
+            if !streamed || !is_linear(&t.name, &t.shape) {
+                continue;
+            }
+            match t.dtype {
+                Dtype::F8_E4M3 => fp8 += 1,
+                d => {
+                    other.insert(format!("{d:?}"));
+                }
+            }
+        }
+    }
+    let why = if fp8 > 0 {
+        format!(
+            "its transformers' streamed linear weights are already fp8 ({fp8} stored F8_E4M3); there is nothing to convert"
+        )
+    } else if !other.is_empty() {
+        format!(
+            "its transformers' streamed linear weights are {}; quantize converts F32, F16 or BF16",
+            other.into_iter().collect::<Vec<_>>().join(", ")
+        )
+    } else {
+        "it has no streamed linear weight in a transformer to convert".into()
+    };
+    Error::invalid("input", format!("{}: {why}", ck.root.display()))
 }
 
 fn quantized_names(

@@ -197,6 +197,21 @@ impl VaeConfig {
                 return bad(field, "must be at least 1".into());
             }
         }
+        crate::checkpoint::at_most(
+            path,
+            &[
+                (
+                    "layers_per_block",
+                    self.layers_per_block,
+                    crate::checkpoint::MAX_CONFIG_BLOCKS_PER_LEVEL,
+                ),
+                (
+                    "block_out_channels",
+                    self.block_out_channels.len(),
+                    crate::checkpoint::MAX_CONFIG_LEVELS,
+                ),
+            ],
+        )?;
         if self.block_out_channels.is_empty() {
             return bad("block_out_channels", "must name at least one block".into());
         }

@@ -8,6 +8,7 @@ use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::{ActivationCost, Component, ModelFolder};
 use crate::families::autoencoder_kl::{legacy_attention_alias, VaeConfig};
 use crate::families::dit::DitConfig;
+use crate::families::{BlockGroup, FamilyCheckpoint};
 use crate::{Error, Result};
 
 /// A checked DiT pipeline folder.
@@ -121,6 +122,35 @@ impl DitCheckpoint {
             frames_per_latent: 1,
             decoder_frames: 1,
         }
+    }
+}
+
+impl FamilyCheckpoint for DitCheckpoint {
+    fn components(&self) -> Vec<(&'static str, &Component)> {
+        vec![("transformer", &self.transformer), ("vae", &self.vae)]
+    }
+    fn groups(&self) -> Vec<(&'static str, BlockGroup)> {
+        vec![("transformer", self.config.block_group())]
+    }
+    fn resident_device_bytes(&self) -> u64 {
+        DitCheckpoint::resident_device_bytes(self)
+    }
+    fn decoder_bytes(&self) -> u64 {
+        DitCheckpoint::decoder_bytes(self)
+    }
+    fn native_size(&self) -> (usize, usize) {
+        DitCheckpoint::native_size(self)
+    }
+    // No `limits`: DiT computes its sin-cos positions for any grid.
+    fn activation_cost(&self) -> ActivationCost {
+        DitCheckpoint::activation_cost(self)
+    }
+    #[cfg(feature = "runtime")]
+    fn runtime(&self) -> Result<Box<dyn crate::execution::family::FamilyRuntime>> {
+        Ok(Box::new(super::runtime::DitRuntime::new(self.clone())?))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

@@ -157,6 +157,15 @@ impl DitConfig {
                 "a class-conditional DiT needs the number of classes".into(),
             );
         }
+        crate::checkpoint::layers_at_most(path, self.num_layers)?;
+        crate::checkpoint::at_most(
+            path,
+            &[(
+                "sample_size",
+                self.sample_size,
+                crate::checkpoint::MAX_CONFIG_LATENT_SIDE,
+            )],
+        )?;
         let p = self.patch();
         if p == 0 {
             return bad("patch_size", "must be at least 1".into());

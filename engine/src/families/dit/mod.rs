@@ -10,4 +10,12 @@ pub mod model;
 pub mod runtime;
 
 pub use checkpoint::DitCheckpoint;
+
+/// The DiT family in the registry ([`crate::families::FAMILIES`]).
+pub const FAMILY: crate::families::FamilyEntry = crate::families::FamilyEntry {
+    name: "dit",
+    pipelines: &["DiTPipeline"],
+    unnamed: true,
+    open: |root| Ok(std::sync::Arc::new(DitCheckpoint::open(root)?)),
+};
 pub use config::{DitConfig, TIMESTEP_CHANNELS};

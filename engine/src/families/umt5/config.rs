@@ -261,6 +261,7 @@ impl Umt5Config {
                 return bad(field, "must be at least 1".into());
             }
         }
+        crate::checkpoint::layers_at_most(path, self.num_layers)?;
         // Bidirectional bucketing halves the buckets, and half of those are exact offsets:
         // the log-spaced rest needs at least one exact bucket and room above it.
         let exact = self.max_exact();
@@ -277,8 +278,8 @@ impl Umt5Config {
             return bad(
                 "relative_attention_max_distance",
                 format!(
-                    "{} must exceed the {exact} exactly-bucketed offsets",
-                    self.relative_attention_max_distance
+                    "{} must exceed the {exact} exactly-bucketed offsets that relative_attention_num_buckets ({}) gives",
+                    self.relative_attention_max_distance, self.relative_attention_num_buckets
                 ),
             );
         }

@@ -12,7 +12,7 @@ use super::vae::WanVaeConfig;
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::{ActivationCost, Component, ModelFolder};
 use crate::families::umt5::{Umt5Config, FINAL_NORM};
-use crate::families::BlockGroup;
+use crate::families::{BlockGroup, FamilyCheckpoint};
 use crate::{Error, Result};
 
 /// A checked Wan pipeline folder.
@@ -284,6 +284,26 @@ impl WanCheckpoint {
         (832, 480)
     }
 
+    /// The largest clip the transformer's rotary tables place: `rope_max_seq_len`
+    /// positions per axis of the patch grid, so that many patches of (VAE upscale × patch)
+    /// pixels across, and latent frames (each after the first `temporal_upscale` frames).
+    pub fn limits(&self) -> crate::bounds::ModelLimits {
+        let tr = &self.transformer_config;
+        let positions = tr.rope_max_seq_len as u64;
+        let (pt, ph, pw) = tr.patch();
+        let up = self.vae_config.upscale() as u64;
+        let tup = self.vae_config.temporal_upscale() as u64;
+        let latent_frames = positions.saturating_mul(pt as u64);
+        crate::bounds::ModelLimits {
+            max_width: Some(positions.saturating_mul(up * pw as u64)),
+            max_height: Some(positions.saturating_mul(up * ph as u64)),
+            max_frames: Some((latent_frames.max(1) - 1).saturating_mul(tup).saturating_add(1)),
+            reason: format!(
+                "its rotary tables hold {positions} positions per axis: rope_max_seq_len in transformer/config.json"
+            ),
+        }
+    }
+
     /// What a request costs in activations (f32), from the shapes the engine computes.
     pub fn activation_cost(&self) -> ActivationCost {
         let tr = &self.transformer_config;
@@ -304,5 +324,36 @@ impl WanCheckpoint {
             frames_per_latent: self.vae_config.temporal_upscale() as u64,
             decoder_frames: self.vae_config.temporal_upscale() as u64 + 2,
         }
+    }
+}
+
+impl FamilyCheckpoint for WanCheckpoint {
+    fn components(&self) -> Vec<(&'static str, &Component)> {
+        WanCheckpoint::components(self)
+    }
+    fn groups(&self) -> Vec<(&'static str, BlockGroup)> {
+        WanCheckpoint::groups(self)
+    }
+    fn resident_device_bytes(&self) -> u64 {
+        WanCheckpoint::resident_device_bytes(self)
+    }
+    fn decoder_bytes(&self) -> u64 {
+        WanCheckpoint::decoder_bytes(self)
+    }
+    fn native_size(&self) -> (usize, usize) {
+        WanCheckpoint::native_size(self)
+    }
+    fn limits(&self) -> crate::bounds::ModelLimits {
+        WanCheckpoint::limits(self)
+    }
+    fn activation_cost(&self) -> ActivationCost {
+        WanCheckpoint::activation_cost(self)
+    }
+    #[cfg(feature = "runtime")]
+    fn runtime(&self) -> Result<Box<dyn crate::execution::family::FamilyRuntime>> {
+        Ok(Box::new(super::runtime::WanRuntime::new(self.clone())?))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

@@ -16,6 +16,14 @@ pub mod vae;
 
 pub use checkpoint::WanCheckpoint;
 
+/// The Wan family in the registry ([`crate::families::FAMILIES`]).
+pub const FAMILY: crate::families::FamilyEntry = crate::families::FamilyEntry {
+    name: "wan",
+    pipelines: &["WanPipeline"],
+    unnamed: false,
+    open: |root| Ok(std::sync::Arc::new(WanCheckpoint::open(root)?)),
+};
+
 /// Group indices of a Wan model's streamed blocks.
 pub const TEXT_ENCODER: usize = 0;
 pub const TRANSFORMER: usize = 1;

@@ -13,6 +13,7 @@ use super::transformer::model::{WanState, WanTransformer};
 use super::transformer::WanTransformerConfig;
 use super::vae::decoder::WanVaeDecoder;
 use super::{WanCheckpoint, TEXT_ENCODER, TRANSFORMER, TRANSFORMER_2};
+use crate::bounds::Dimension;
 use crate::checkpoint::Mapped;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task, VideoSpec};
 use crate::execution::weights::{self, seeded_noise, Weights};
@@ -160,6 +161,15 @@ impl FamilyRuntime for WanRuntime {
                     2 * tup + 1
                 ),
             ));
+        }
+        // Within the rotary tables: the grid a request makes must have its positions.
+        let asked = [
+            (Dimension::Width, r.width as u64),
+            (Dimension::Height, r.height as u64),
+            (Dimension::Frames, r.frames as u64),
+        ];
+        if let Some(b) = ck.limits().beyond(&asked) {
+            return Err(Error::invalid(b.dimension.request_field(), b.to_string()));
         }
         for (field, g) in [("guidance", Some(r.guidance)), ("guidance_2", r.guidance_2)] {
             if let Some(g) = g.filter(|g| !(g.is_finite() && *g >= 0.0)) {

@@ -199,6 +199,7 @@ impl WanTransformerConfig {
                 return bad(field, "must be at least 1".into());
             }
         }
+        crate::checkpoint::layers_at_most(path, self.num_layers)?;
         if self.attention_head_dim % 2 != 0 {
             return bad(
                 "attention_head_dim",

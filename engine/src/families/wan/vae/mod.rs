@@ -213,6 +213,21 @@ impl WanVaeConfig {
                 format!("must be non-empty and positive, found {:?}", self.dim_mult),
             );
         }
+        crate::checkpoint::at_most(
+            path,
+            &[
+                (
+                    "num_res_blocks",
+                    self.num_res_blocks,
+                    crate::checkpoint::MAX_CONFIG_BLOCKS_PER_LEVEL,
+                ),
+                (
+                    "dim_mult",
+                    self.dim_mult.len(),
+                    crate::checkpoint::MAX_CONFIG_LEVELS,
+                ),
+            ],
+        )?;
         let levels = self.dim_mult.len() - 1;
         if self.temperal_downsample.len() != levels {
             return bad(
