@@ -150,6 +150,12 @@ pub struct Workload {
     /// Whether requests may use classifier-free guidance (doubles the transformer's batch).
     #[serde(default = "yes")]
     pub guidance: bool,
+    /// Most tokens of a prompt (a request's `max_sequence_length`), for text families: the
+    /// planner reserves the text encoder's and the transformer's activations for a prompt
+    /// this long, and the engine refuses longer ones.
+    #[serde(default = "default_prompt_tokens")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 4096").message("maxPromptTokens must be between 1 and 4096"))]
+    pub max_prompt_tokens: u64,
 }
 
 fn default_side() -> u64 {
@@ -164,6 +170,9 @@ fn default_steps() -> u64 {
 fn yes() -> bool {
     true
 }
+fn default_prompt_tokens() -> u64 {
+    layerwise_engine::bounds::DEFAULT_MAX_PROMPT_TOKENS
+}
 
 impl Default for Workload {
     fn default() -> Self {
@@ -174,6 +183,7 @@ impl Default for Workload {
             max_steps: 50,
             max_batch: 1,
             guidance: true,
+            max_prompt_tokens: default_prompt_tokens(),
         }
     }
 }

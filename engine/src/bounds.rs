@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::ActivationCost;
+use crate::checkpoint::{ActivationCost, RequestShape};
 
 /// Environment variable of `layerwise serve --max-width`.
 pub const ENV_MAX_WIDTH: &str = "LAYERWISE_MAX_WIDTH";
@@ -23,6 +23,11 @@ pub const ENV_MAX_FRAMES: &str = "LAYERWISE_MAX_FRAMES";
 pub const ENV_MAX_STEPS: &str = "LAYERWISE_MAX_STEPS";
 /// Environment variable of `layerwise serve --max-n`.
 pub const ENV_MAX_N: &str = "LAYERWISE_MAX_N";
+/// The most prompt tokens a server takes unless told otherwise, and the padded length of a
+/// prompt whose request names none (diffusers' `max_sequence_length` default).
+pub const DEFAULT_MAX_PROMPT_TOKENS: u64 = 512;
+/// Environment variable of `layerwise serve --max-prompt-tokens`.
+pub const ENV_MAX_PROMPT_TOKENS: &str = "LAYERWISE_MAX_PROMPT_TOKENS";
 /// Environment variable of `layerwise serve --guidance-allowed`.
 pub const ENV_GUIDANCE_ALLOWED: &str = "LAYERWISE_GUIDANCE_ALLOWED";
 /// Environment variable of the engine's `--device-memory-mib`.
@@ -50,6 +55,9 @@ pub struct RequestBounds {
     /// Whether requests may use classifier-free guidance (a scale above 1, which doubles the
     /// transformer's batch). Without it requests run unguided, as the plan sized them.
     pub guidance: bool,
+    /// Most tokens of a prompt (its padded length, a request's `max_sequence_length`), for
+    /// text families; a family that reads no prompt ignores it.
+    pub max_prompt_tokens: u64,
 }
 
 /// The largest request a model itself can run, from its configs alone: its position tables
@@ -171,17 +179,18 @@ impl RequestBounds {
     /// one formula ([`ActivationCost::checked_bytes`]) the planner reserves and the engine
     /// keeps free. `None` when no device could hold such a request.
     pub fn activation_bytes(&self, cost: &ActivationCost) -> Option<u64> {
-        cost.checked_bytes(
-            self.max_width,
-            self.max_height,
-            self.max_frames,
-            self.max_n,
-            self.guidance,
-        )
+        cost.checked_bytes(&RequestShape {
+            width: self.max_width,
+            height: self.max_height,
+            frames: self.max_frames,
+            batch: self.max_n,
+            guidance: self.guidance,
+            text_tokens: self.max_prompt_tokens,
+        })
     }
 
     /// The environment that makes `layerwise serve` enforce these bounds.
-    pub fn env(&self) -> [(&'static str, String); 6] {
+    pub fn env(&self) -> [(&'static str, String); 7] {
         [
             (ENV_MAX_WIDTH, self.max_width.to_string()),
             (ENV_MAX_HEIGHT, self.max_height.to_string()),
@@ -189,6 +198,7 @@ impl RequestBounds {
             (ENV_MAX_STEPS, self.max_steps.to_string()),
             (ENV_MAX_N, self.max_n.to_string()),
             (ENV_GUIDANCE_ALLOWED, self.guidance.to_string()),
+            (ENV_MAX_PROMPT_TOKENS, self.max_prompt_tokens.to_string()),
         ]
     }
 }

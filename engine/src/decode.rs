@@ -175,6 +175,10 @@ mod tests {
             vae_bytes_per_pixel: 3,
             frames_per_latent: 4,
             decoder_frames: 6,
+            bytes_per_text_token: 0,
+            encoder_bytes_per_token: 0,
+            encoder_bytes_per_token_pair: 0,
+            guidance_samples: 2,
         }
     }
 
@@ -186,6 +190,7 @@ mod tests {
             max_steps: 10,
             max_n: 2,
             guidance: true,
+            max_prompt_tokens: 0,
         }
     }
 
@@ -233,7 +238,17 @@ mod tests {
         assert_eq!(dev.peak, 3 * 64 * 32 * 6);
         assert_eq!(dev.total(), 500 + 3 * 64 * 32 * 6);
         // The same peak as the activation formula's VAE term: one figure for the decode.
-        assert_eq!(dev.peak, cost().checked_bytes(64, 32, 1, 0, false).unwrap());
+        assert_eq!(
+            dev.peak,
+            cost()
+                .checked_bytes(&crate::checkpoint::RequestShape {
+                    width: 64,
+                    height: 32,
+                    frames: 1,
+                    ..Default::default()
+                })
+                .unwrap()
+        );
         // Overflow: no device holds it.
         assert!(DecodeSite::Device
             .decoder_bytes(500, &cost(), &bounds(u64::MAX, u64::MAX, 1))

@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use candle_core::Device;
 use serde::Serialize;
 
+use crate::checkpoint::RequestShape;
 use crate::execution::family::{Decoder, FamilyRuntime};
 use crate::execution::rank::{self, EngineOptions, RankResult};
 use crate::execution::rss::RssSampler;
-use crate::execution::work::{Output, Request, Taken, Work, WorkKey, WorkSource};
+use crate::execution::work::{Condition, Output, Request, Taken, Work, WorkKey, WorkSource};
 use crate::families::Checkpoint;
 use crate::layout::GroupLayout;
 use crate::memory::GroupBytes;
@@ -43,14 +44,19 @@ impl Model {
     pub fn activation_bytes(&self, requests: &[Request]) -> Result<u64> {
         let cost = self.checkpoint.activation_cost();
         requests.iter().try_fold(0u64, |most, r| {
+            let text_tokens = match r.condition {
+                Condition::Prompt { .. } => r.max_sequence_length as u64,
+                Condition::Class(_) => 0,
+            };
             let b = cost
-                .checked_bytes(
-                    r.width as u64,
-                    r.height as u64,
-                    r.frames as u64,
-                    1,
-                    r.guidance > 1.0,
-                )
+                .checked_bytes(&RequestShape {
+                    width: r.width as u64,
+                    height: r.height as u64,
+                    frames: r.frames as u64,
+                    batch: 1,
+                    guidance: r.guidance > 1.0,
+                    text_tokens,
+                })
                 .ok_or_else(|| {
                     Error::invalid(
                         "size",

@@ -36,7 +36,6 @@ fn serve_args(model: &std::path::Path, flags: &[&str]) -> ServeArgs {
 fn bounds(request: RequestBounds) -> Bounds {
     Bounds {
         request,
-        max_prompt_tokens: 24,
         body_limit: 8192,
         body_timeout: Duration::from_secs(30),
     }
@@ -51,6 +50,7 @@ fn small() -> RequestBounds {
         max_steps: 50,
         max_n: 2,
         guidance: true,
+        max_prompt_tokens: 24,
     }
 }
 
@@ -151,6 +151,7 @@ async fn requests_beyond_the_models_tables_are_refused_before_the_queue() {
         max_steps: 50,
         max_n: 1,
         guidance: true,
+        max_prompt_tokens: 24,
     };
     let app = start(model.clone(), "wan-tiny", wide, 2).await;
     // Three times the queue's capacity: none of them may take a place in it.

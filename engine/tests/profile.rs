@@ -3,7 +3,7 @@
 
 mod common;
 
-use layerwise_engine::checkpoint::Profile;
+use layerwise_engine::checkpoint::{ActivationCost, Profile, RequestShape};
 use layerwise_engine::tools::synth::{synth, SynthOptions};
 
 /// Bytes this process has read through read(2)-like calls so far.
@@ -32,7 +32,57 @@ fn profile_of_a_tiny_checkpoint_adds_up() {
     assert_eq!(p.total_bytes, p.transformer_bytes + p.vae_bytes);
     assert_eq!(p.bytes_by_dtype.values().sum::<u64>(), p.total_bytes);
     assert_eq!(p.slot_bytes(1), p.largest_block_bytes.div_ceil(256) * 256);
-    assert!(p.activation.bytes(128, 128, 1, 1, true) > p.activation.bytes(64, 64, 1, 1, true));
+    let at = |side: u64| {
+        p.activation.bytes(&RequestShape {
+            width: side,
+            height: side,
+            frames: 1,
+            batch: 1,
+            guidance: true,
+            text_tokens: 0,
+        })
+    };
+    assert!(at(128) > at(64));
+}
+
+/// Wan's figure counts its prompt: the text keys and values beside every block's latent
+/// tokens, and the text encoder's own pass (prompt and negative prompt together, scores
+/// of every head), which for a long prompt at a small size is the peak. A class-conditional
+/// DiT has no such term.
+#[test]
+fn a_text_familys_activations_grow_with_its_prompt() {
+    let d = tempfile::tempdir().unwrap();
+    let wan = d.path().join("wan");
+    synth(&wan, &SynthOptions::preset("wan-tiny").unwrap()).unwrap();
+    let a = Profile::read(&wan).unwrap().activation;
+    assert!(
+        a.bytes_per_text_token > 0 && a.encoder_bytes_per_token_pair > 0,
+        "{a:?}"
+    );
+    let shape = |text_tokens: u64, guidance: bool| RequestShape {
+        width: 32,
+        height: 32,
+        frames: 1,
+        batch: 1,
+        guidance,
+        text_tokens,
+    };
+    let (short, long) = (a.bytes(&shape(16, true)), a.bytes(&shape(4096, true)));
+    assert!(long > short, "{short} {long}");
+    // 4096 tokens: the encoder's scores (quadratic in the prompt) are the peak, twice over
+    // under guidance (the negative prompt encodes beside the prompt).
+    let encoder = |t: u64| a.encoder_bytes_per_token * t + a.encoder_bytes_per_token_pair * t * t;
+    assert_eq!(long, 2 * encoder(4096));
+    assert_eq!(a.bytes(&shape(4096, false)), encoder(4096));
+    let guided_once = ActivationCost {
+        guidance_samples: 1,
+        ..a.clone()
+    };
+    assert_eq!(guided_once.bytes(&shape(4096, true)), encoder(4096));
+    let dit = d.path().join("dit");
+    synth(&dit, &SynthOptions::preset("tiny").unwrap()).unwrap();
+    let c = Profile::read(&dit).unwrap().activation;
+    assert_eq!(c.bytes(&shape(0, true)), c.bytes(&shape(4096, true)));
 }
 
 #[test]

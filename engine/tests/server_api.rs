@@ -35,8 +35,8 @@ fn bounds() -> Bounds {
             max_steps: 2000,
             max_n: 3,
             guidance: true,
+            max_prompt_tokens: 512,
         },
-        max_prompt_tokens: 512,
         body_limit: 4096,
         body_timeout: Duration::from_secs(30),
     }

@@ -33,8 +33,8 @@ fn bounds() -> Bounds {
             max_steps: 10,
             max_n: 1,
             guidance: true,
+            max_prompt_tokens: 24,
         },
-        max_prompt_tokens: 24,
         body_limit: 8192,
         body_timeout: Duration::from_secs(30),
     }
@@ -73,7 +73,7 @@ fn the_cpu_backend_decodes_on_the_host_and_reserves_nothing_for_it() {
 }
 
 fn request(prompt: &str, w: usize, h: usize, frames: usize, seed: u64) -> Request {
-    let tokens = bounds().max_prompt_tokens;
+    let tokens = bounds().request.max_prompt_tokens as usize;
     common::server::prompt_request(prompt, (w, h, frames), 2, (4.0, 2.0), seed, tokens)
 }
 

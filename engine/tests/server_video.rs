@@ -37,8 +37,8 @@ fn bounds() -> Bounds {
             max_steps: 400,
             max_n: 2,
             guidance: true,
+            max_prompt_tokens: 24,
         },
-        max_prompt_tokens: 24,
         body_limit: 8192,
         body_timeout: Duration::from_secs(30),
     }
@@ -405,7 +405,7 @@ fn request(
     g: (f32, f32),
     seed: u64,
 ) -> Request {
-    let tokens = bounds().max_prompt_tokens;
+    let tokens = bounds().request.max_prompt_tokens as usize;
     common::server::prompt_request(prompt, (w, h, frames), steps, g, seed, tokens)
 }
 

@@ -272,6 +272,7 @@ fn arb_workload() -> impl Strategy<Value = Workload> {
         max_steps: 50,
         max_batch: b,
         guidance: g,
+        max_prompt_tokens: 512,
     })
 }
 

@@ -181,6 +181,7 @@ pub fn request_bounds(w: &Workload) -> RequestBounds {
         max_steps: w.max_steps,
         max_n: w.max_batch,
         guidance: w.guidance,
+        max_prompt_tokens: w.max_prompt_tokens,
     }
 }
 
@@ -631,8 +632,8 @@ mod tests {
     use super::*;
     use crds::{ComponentPlacement, ComponentPlan, MemoryBreakdown};
     use layerwise_engine::bounds::{
-        ENV_GUIDANCE_ALLOWED, ENV_MAX_FRAMES, ENV_MAX_HEIGHT, ENV_MAX_N, ENV_MAX_STEPS,
-        ENV_MAX_WIDTH,
+        ENV_GUIDANCE_ALLOWED, ENV_MAX_FRAMES, ENV_MAX_HEIGHT, ENV_MAX_N, ENV_MAX_PROMPT_TOKENS,
+        ENV_MAX_STEPS, ENV_MAX_WIDTH,
     };
     use serde_json::json;
 
@@ -716,6 +717,7 @@ mod tests {
             "maxFrames": 81,
             "maxSteps": 40,
             "maxBatch": 2,
+            "maxPromptTokens": 300,
         }));
         let env = envs(&deployment(
             &d,
@@ -738,6 +740,7 @@ mod tests {
                 (ENV_MAX_FRAMES, "81"),
                 (ENV_MAX_STEPS, "40"),
                 (ENV_MAX_N, "2"),
+                (ENV_MAX_PROMPT_TOKENS, "300"),
             ]
         );
         assert!(
@@ -837,6 +840,7 @@ mod tests {
                 max_steps: 50,
                 max_n: 1,
                 guidance: true,
+                max_prompt_tokens: 512,
             }
         );
     }

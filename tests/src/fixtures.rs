@@ -46,6 +46,10 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
             attention_bytes: 0,
             frames_per_latent: 1,
             decoder_frames: 1,
+            bytes_per_text_token: 0,
+            encoder_bytes_per_token: 0,
+            encoder_bytes_per_token_pair: 0,
+            guidance_samples: 2,
         },
         decoder_bytes: vae,
         groups: vec![GroupBytes {

@@ -19,7 +19,7 @@ use memmap2::Mmap;
 use serde::Deserialize;
 
 pub use header::{Header, TensorInfo};
-pub use profile::{ActivationCost, ComponentProfile, Profile};
+pub use profile::{ActivationCost, ComponentProfile, Profile, RequestShape};
 
 use crate::{Error, Result};
 

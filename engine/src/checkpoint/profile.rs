@@ -40,41 +40,85 @@ pub struct ActivationCost {
     /// Video frames the decoder holds at full resolution at its peak (its chunk).
     #[serde(default = "one")]
     pub decoder_frames: u64,
+    /// Bytes per prompt token per sample live at a transformer block's peak, for text
+    /// families: the text keys and values of cross-attention (or a joint block's text
+    /// stream) beside the latent tokens.
+    #[serde(default)]
+    pub bytes_per_text_token: u64,
+    /// Bytes per prompt token per sequence at the peak of a text-encoder layer (its
+    /// hidden states, projections and feed-forward), for families that encode prompts on
+    /// the device.
+    #[serde(default)]
+    pub encoder_bytes_per_token: u64,
+    /// Bytes per (token, token) pair per sequence of a text-encoder layer whose attention
+    /// materialises its scores (scores, softmax and position bias of all heads).
+    #[serde(default)]
+    pub encoder_bytes_per_token_pair: u64,
+    /// Samples a guided output runs as at once: 2 where classifier-free guidance batches
+    /// the conditional and unconditional passes (and encodes the negative prompt beside
+    /// the prompt), 1 where a family runs them one after the other.
+    #[serde(default = "two")]
+    pub guidance_samples: u64,
 }
 
 fn one() -> u64 {
     1
 }
 
+fn two() -> u64 {
+    2
+}
+
+/// The shape of a request as the activation formula reads it: the size of each output,
+/// how many go through at once, whether guided, and its prompt's tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RequestShape {
+    pub width: u64,
+    pub height: u64,
+    pub frames: u64,
+    /// Outputs computed together.
+    pub batch: u64,
+    /// Classifier-free guidance is on.
+    pub guidance: bool,
+    /// Tokens of the (padded) prompt: its `max_sequence_length`; 0 for a family that reads
+    /// no prompt.
+    pub text_tokens: u64,
+}
+
 impl ActivationCost {
-    /// Peak activation bytes for `batch` outputs of `width × height` × `frames`, with or
-    /// without classifier-free guidance (which doubles the transformer's batch). Saturates
-    /// at `u64::MAX` (see [`Self::checked_bytes`]).
-    pub fn bytes(&self, width: u64, height: u64, frames: u64, batch: u64, guidance: bool) -> u64 {
-        self.checked_bytes(width, height, frames, batch, guidance)
-            .unwrap_or(u64::MAX)
+    /// Peak activation bytes of a request of `shape`. Saturates at `u64::MAX` (see
+    /// [`Self::checked_bytes`]).
+    pub fn bytes(&self, shape: &RequestShape) -> u64 {
+        self.checked_bytes(shape).unwrap_or(u64::MAX)
     }
 
-    /// The one activation formula the engine and the planner share; `None` when a
-    /// request that large would overflow (no device could hold it).
-    pub fn checked_bytes(
-        &self,
-        width: u64,
-        height: u64,
-        frames: u64,
-        batch: u64,
-        guidance: bool,
-    ) -> Option<u64> {
-        let latent_frames = (frames.max(1) - 1) / self.frames_per_latent.max(1) + 1;
-        let pixels = width as u128 * height as u128;
+    /// The one activation formula the engine and the planner share: the largest of a
+    /// transformer block's peak (latent tokens, their attention, the prompt's tokens beside
+    /// them), a text-encoder layer's (every sequence of the prompt) and the decoder's;
+    /// `None` when a request that large would overflow (no device could hold it).
+    pub fn checked_bytes(&self, shape: &RequestShape) -> Option<u64> {
+        let latent_frames = (shape.frames.max(1) - 1) / self.frames_per_latent.max(1) + 1;
+        let pixels = shape.width as u128 * shape.height as u128;
         let tokens =
             (pixels * latent_frames as u128).div_ceil(self.pixels_per_token.max(1) as u128);
-        let samples = batch as u128 * if guidance { 2 } else { 1 };
+        let text = shape.text_tokens as u128;
+        let per_output = if shape.guidance {
+            self.guidance_samples.max(1) as u128
+        } else {
+            1
+        };
+        let samples = shape.batch as u128 * per_output;
         let transformer = samples
             * (self.bytes_per_token as u128 * tokens
-                + self.bytes_per_token_pair as u128 * tokens * tokens)
+                + self.bytes_per_token_pair as u128 * tokens * tokens
+                + self.bytes_per_text_token as u128 * text)
             + self.attention_bytes as u128;
-        let peak = transformer.max(self.decode_peak(width, height));
+        let encoder = samples
+            * (self.encoder_bytes_per_token as u128 * text
+                + self.encoder_bytes_per_token_pair as u128 * text * text);
+        let peak = transformer
+            .max(encoder)
+            .max(self.decode_peak(shape.width, shape.height));
         (peak <= (u64::MAX / 4) as u128).then_some(peak as u64)
     }
 

@@ -8,11 +8,11 @@ use safetensors::Dtype;
 
 use super::{GenerateArgs, RequestArgs};
 use crate::checkpoint::header::{encode_header, Header};
-use crate::checkpoint::Profile;
+use crate::checkpoint::{Profile, RequestShape};
 use crate::engine::{Model, RunStats};
 use crate::execution::trace::Trace;
 use crate::execution::work::Output;
-use crate::execution::work::{Condition, Request};
+use crate::execution::work::{Condition, Request, DEFAULT_MAX_SEQUENCE_LENGTH};
 use crate::media::image::write_png;
 use crate::media::video::{self, Clip, VideoFormat};
 use crate::tools::loadgen::LoadgenArgs;
@@ -261,11 +261,29 @@ pub(super) fn inspect(dir: &Path, json: bool) -> Result<()> {
             .map_or(String::new(), |f| format!(", {f} frames"));
         println!("largest request  {w}x{h}{frames} ({})", p.limits.reason);
     }
+    // A text family's prompt at the default padded length (the formula's text terms are
+    // zero for one that reads none).
+    let a = &p.activation;
+    let text_tokens = if a.bytes_per_text_token > 0 || a.encoder_bytes_per_token > 0 {
+        DEFAULT_MAX_SEQUENCE_LENGTH as u64
+    } else {
+        0
+    };
     println!(
-        "activations      {} at native size with guidance",
-        gib(p
-            .activation
-            .bytes(p.native_width, p.native_height, 1, 1, true))
+        "activations      {} at native size with guidance{}",
+        gib(p.activation.bytes(&RequestShape {
+            width: p.native_width,
+            height: p.native_height,
+            frames: 1,
+            batch: 1,
+            guidance: true,
+            text_tokens,
+        })),
+        if text_tokens > 0 {
+            format!(" and a {text_tokens}-token prompt")
+        } else {
+            String::new()
+        }
     );
     println!(
         "profiled in      {:.1} ms (headers only)",

@@ -13,7 +13,7 @@ use crate::{Error, Result};
 
 /// Tokens text families pad and truncate prompts to unless a request says otherwise
 /// (diffusers' `max_sequence_length` default).
-pub const DEFAULT_MAX_SEQUENCE_LENGTH: usize = 512;
+pub const DEFAULT_MAX_SEQUENCE_LENGTH: usize = crate::bounds::DEFAULT_MAX_PROMPT_TOKENS as usize;
 
 /// What a request is conditioned on.
 #[derive(Debug, Clone, PartialEq)]

@@ -33,10 +33,9 @@ use crate::Error;
 /// What the server accepts, beyond what the model can do.
 #[derive(Debug, Clone)]
 pub struct Bounds {
-    /// Size, frames, steps and outputs per request (what the operator passes).
+    /// Size, frames, steps, outputs and prompt tokens per request (what the operator
+    /// passes).
     pub request: RequestBounds,
-    /// Most tokens of a prompt: the largest `max_sequence_length` a request may ask for.
-    pub max_prompt_tokens: usize,
     /// Largest request body in bytes.
     pub body_limit: usize,
     /// How long a body may take to arrive after its headers.
@@ -191,7 +190,7 @@ fn limits(s: &AppState) -> Value {
         "max_frames": if video { b.max_frames } else { 1 },
         "max_steps": b.max_steps,
         "max_n": b.max_n,
-        "max_prompt_tokens": if s.model.family.classes().is_some() { 0 } else { s.bounds.max_prompt_tokens },
+        "max_prompt_tokens": if s.model.family.classes().is_some() { 0 } else { s.bounds.request.max_prompt_tokens },
         "guidance": b.guidance,
     })
 }
@@ -520,17 +519,17 @@ fn request(o: &Map<String, Value>, s: &AppState, native: (usize, usize)) -> Resu
                 "this model is class-conditional and reads no prompt tokens",
             ))
         }
-        Some(n) if n == 0 || n > b.max_prompt_tokens as u64 => {
+        Some(n) if n == 0 || n > b.request.max_prompt_tokens => {
             return Err(Error::invalid(
                 "max_sequence_length",
                 format!(
                     "{n}: this server allows 1..={} prompt tokens",
-                    b.max_prompt_tokens
+                    b.request.max_prompt_tokens
                 ),
             ))
         }
         Some(n) => n as usize,
-        None => DEFAULT_MAX_SEQUENCE_LENGTH.min(b.max_prompt_tokens),
+        None => DEFAULT_MAX_SEQUENCE_LENGTH.min(b.request.max_prompt_tokens as usize),
     };
     if guidance_2.is_some() && !text {
         return Err(Error::invalid(

@@ -91,7 +91,7 @@ pub struct ServeArgs {
     pub guidance_allowed: bool,
     /// Most tokens of a prompt (text families; a request's `max_sequence_length` may not
     /// exceed it).
-    #[arg(long, env = "LAYERWISE_MAX_PROMPT_TOKENS", default_value_t = DEFAULT_MAX_SEQUENCE_LENGTH)]
+    #[arg(long, env = bounds::ENV_MAX_PROMPT_TOKENS, default_value_t = DEFAULT_MAX_SEQUENCE_LENGTH)]
     pub max_prompt_tokens: usize,
     /// The model's name in the API (`model` of requests, `GET /v1/models`); the model
     /// folder's name when unset.
@@ -177,6 +177,7 @@ impl ServeArgs {
             max_steps: self.max_steps,
             max_n: self.max_n,
             guidance: self.guidance_allowed,
+            max_prompt_tokens: self.max_prompt_tokens as u64,
         })
     }
 }
@@ -397,7 +398,6 @@ async fn run(
         model,
         bounds: Bounds {
             request: bounds,
-            max_prompt_tokens: a.max_prompt_tokens,
             body_limit: a.body_limit,
             body_timeout: Duration::from_secs(a.body_timeout_seconds),
         },

@@ -121,6 +121,11 @@ impl DitCheckpoint {
             attention_bytes: 0,
             frames_per_latent: 1,
             decoder_frames: 1,
+            // Class-conditional: no prompt. Guidance batches the null class beside each.
+            bytes_per_text_token: 0,
+            encoder_bytes_per_token: 0,
+            encoder_bytes_per_token_pair: 0,
+            guidance_samples: 2,
         }
     }
 }

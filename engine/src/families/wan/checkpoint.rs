@@ -310,6 +310,9 @@ impl WanCheckpoint {
         let (d, ffn) = (tr.hidden() as u64, tr.ffn_dim as u64);
         let spatial = (self.vae_config.upscale() * tr.patch_size[1]) as u64;
         let base = self.vae_config.base_dim as u64;
+        let te = &self.text_encoder_config;
+        let (te_d, te_ff) = (te.d_model as u64, te.d_ff as u64);
+        let (te_inner, te_heads) = (te.inner_dim() as u64, te.num_heads as u64);
         ActivationCost {
             pixels_per_token: spatial * spatial,
             // x, norm(x), q, k, v, attention out, rotary temporaries and the FFN's hidden
@@ -323,6 +326,17 @@ impl WanCheckpoint {
             vae_bytes_per_pixel: 4 * 3 * base * self.vae_config.dim_mult[0] as u64,
             frames_per_latent: self.vae_config.temporal_upscale() as u64,
             decoder_frames: self.vae_config.temporal_upscale() as u64 + 2,
+            // Per prompt token and sample in each block: the projected text [M, d] kept for
+            // every block, its cross-attention keys and values, and the text embedder's
+            // input and hidden while it runs.
+            bytes_per_text_token: 4 * (tr.text_dim as u64 + 4 * d),
+            // A UMT5 layer: hidden, its norm, q, k, v and attention out, the gated
+            // feed-forward's two projections and their product.
+            encoder_bytes_per_token: 4 * (2 * te_d + 4 * te_inner + 3 * te_ff),
+            // Its scores, their softmax and the layer's position bias, every head.
+            encoder_bytes_per_token_pair: 4 * 3 * te_heads,
+            // The prompt and the negative prompt go through as a batch of two.
+            guidance_samples: 2,
         }
     }
 }
