@@ -116,13 +116,23 @@ pub struct DiffusionDeploymentSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ModelSpec {
-    /// Model family the engine knows (for example `dit`).
-    #[schemars(length(min = 1, max = 63))]
+    /// Model family: one the engine's registry runs (`dit`, `wan`); `kubectl apply`
+    /// refuses any other.
+    #[schemars(schema_with = "family_schema")]
     pub family: String,
     /// Where the pipeline folder is on the nodes. Immutable: a new model location is a new
     /// DiffusionDeployment.
     #[x_kube(validation = Rule::new("self == oldSelf").message("model location is immutable; create a new DiffusionDeployment for another model"))]
     pub location: ModelLocation,
+}
+
+/// `model.family`'s schema: the names of the engine's family registry, so the CRD lists
+/// exactly the families this build runs (a new family reaches it through `crdgen`).
+fn family_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "enum": layerwise_engine::families::names(),
+    })
 }
 
 /// Bounds on a single request; requests beyond them are refused by the engine, and the

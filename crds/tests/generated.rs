@@ -60,3 +60,19 @@ fn the_node_status_embeds_the_engine_profile() {
         assert!(yaml.contains(field), "DiffusionNode schema lacks {field}");
     }
 }
+
+/// `model.family` takes exactly the engine's registered families: the schema is made from
+/// the registry, so the apiserver refuses a family no engine here runs.
+#[test]
+fn the_model_family_is_one_of_the_registrys() {
+    use kube::CustomResourceExt;
+    let crd = serde_json::to_value(crds::DiffusionDeployment::crd()).unwrap();
+    let family = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ["properties"]["model"]["properties"]["family"];
+    assert_eq!(
+        family["enum"],
+        serde_json::json!(layerwise_engine::families::names()),
+        "{family}"
+    );
+    assert_eq!(family["type"], "string");
+}
