@@ -554,6 +554,8 @@ fn plan_decoding(
             "slots {k}: streaming strategies need at least {min_slots}"
         )));
     }
+    // The engine refuses to start with bounds its model cannot run: so does the plan.
+    let bounds = crate::resources::request_bounds(workload);
     let mut sites = Vec::with_capacity(candidates.len());
     for c in candidates {
         // A figure that overflows: more than any device holds.
@@ -564,8 +566,6 @@ fn plan_decoding(
             available: c.node.device_bytes,
             option: format!("{what} (beyond any device)"),
         };
-        // The engine refuses to start with bounds its model cannot run: so does the plan.
-        let bounds = crate::resources::request_bounds(workload);
         if let Some(b) = bounds.beyond(&c.profile.limits) {
             return Err(Refusal {
                 node: Some(c.node.name.clone()),

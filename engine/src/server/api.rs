@@ -190,7 +190,7 @@ fn limits(s: &AppState) -> Value {
         "max_frames": if video { b.max_frames } else { 1 },
         "max_steps": b.max_steps,
         "max_n": b.max_n,
-        "max_prompt_tokens": if s.model.family.classes().is_some() { 0 } else { s.bounds.request.max_prompt_tokens },
+        "max_prompt_tokens": if s.model.family.classes().is_some() { 0 } else { b.max_prompt_tokens },
         "guidance": b.guidance,
     })
 }
@@ -288,12 +288,10 @@ async fn read_fields(
     let bytes = Bytes::from_request(req, &()).await;
     let bytes = body(bytes, limit)?;
     // Named as a form's text is (serde_json's own message says only "invalid unicode").
-    if let Err(e) = std::str::from_utf8(&bytes) {
-        return Err(Error::BadRequest {
-            msg: format!("body is not valid UTF-8 (at byte {})", e.valid_up_to()),
-        });
-    }
-    let v: Value = serde_json::from_slice(&bytes).map_err(|e| Error::BadRequest {
+    let text = std::str::from_utf8(&bytes).map_err(|e| Error::BadRequest {
+        msg: format!("body is not valid UTF-8 (at byte {})", e.valid_up_to()),
+    })?;
+    let v: Value = serde_json::from_str(text).map_err(|e| Error::BadRequest {
         msg: format!("body is not JSON: {e}"),
     })?;
     match v {

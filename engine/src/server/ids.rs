@@ -61,9 +61,7 @@ impl JobKey {
         }
         Ok(JobKey(bytes))
     }
-}
 
-impl JobKey {
     /// A key of 32 random bytes, for ids that never leave this process.
     fn random() -> JobKey {
         JobKey(rand::random::<[u8; 32]>().to_vec())
@@ -96,17 +94,22 @@ const LOCAL_ID_DIGITS: usize = 16 + 2 * TAG_BYTES;
 /// How this process writes and reads job ids.
 #[derive(Debug, Clone)]
 pub struct JobIds {
-    keyed: Option<Keyed>,
-    /// The key of local ids' tags: drawn at start, never leaves the process.
-    local: JobKey,
+    mode: Mode,
+}
+
+#[derive(Debug, Clone)]
+enum Mode {
+    /// Local ids, tagged under a key drawn at start that never leaves the process.
+    Local(JobKey),
+    /// Ids that name this process under the deployment's key.
+    Keyed(Keyed),
 }
 
 impl JobIds {
     /// Ids that stay local (no owner), tagged under a key drawn now.
     pub fn local() -> JobIds {
         JobIds {
-            keyed: None,
-            local: JobKey::random(),
+            mode: Mode::Local(JobKey::random()),
         }
     }
 
@@ -118,29 +121,27 @@ impl JobIds {
     /// [`JobIds::keyed`] with a given incarnation (tests make ids of "earlier" processes).
     pub fn with_incarnation(key: JobKey, me: SocketAddr, incarnation: u32) -> JobIds {
         JobIds {
-            keyed: Some(Keyed {
+            mode: Mode::Keyed(Keyed {
                 key,
                 me,
                 incarnation,
             }),
-            local: JobKey::random(),
         }
     }
 
     /// The address ids name as this process's, when they name one.
     pub fn me(&self) -> Option<SocketAddr> {
-        self.keyed.as_ref().map(|k| k.me)
+        match &self.mode {
+            Mode::Keyed(k) => Some(k.me),
+            Mode::Local(_) => None,
+        }
     }
 
     /// The id of this process's job `number`.
     pub fn format(&self, number: u64) -> String {
-        let Some(k) = &self.keyed else {
-            let tag = tag(&self.local, &number.to_be_bytes());
-            let hex: String = tag[..TAG_BYTES]
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            return format!("{number:016x}{hex}");
+        let k = match &self.mode {
+            Mode::Keyed(k) => k,
+            Mode::Local(key) => return local_id(key, number),
         };
         let mut b = body(k.incarnation, number, k.me);
         let tag = tag(&k.key, &b);
@@ -155,8 +156,9 @@ impl JobIds {
         let unknown = || Error::NotFound {
             what: format!("job `{id}`"),
         };
-        let Some(k) = &self.keyed else {
-            return self.parse_local(id).ok_or_else(unknown);
+        let k = match &self.mode {
+            Mode::Keyed(k) => k,
+            Mode::Local(key) => return parse_local(key, id).ok_or_else(unknown),
         };
         let raw = URL_SAFE_NO_PAD.decode(id).map_err(|_| unknown())?;
         let (incarnation, number, owner) = read(&raw).ok_or_else(unknown)?;
@@ -179,23 +181,31 @@ impl JobIds {
     }
 }
 
-impl JobIds {
-    /// The number of a local id whose tag checks out.
-    fn parse_local(&self, id: &str) -> Option<Owner> {
-        if id.len() != LOCAL_ID_DIGITS || !id.bytes().all(|c| c.is_ascii_hexdigit()) {
-            return None;
-        }
-        let number = u64::from_str_radix(&id[..16], 16).ok()?;
-        let given: Vec<u8> = (16..id.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&id[i..i + 2], 16))
-            .collect::<Result<_, _>>()
-            .ok()?;
-        let mut mac = mac(&self.local);
-        mac.update(&number.to_be_bytes());
-        mac.verify_truncated_left(&given).ok()?;
-        Some(Owner::Here(number))
+/// A local id: the number in 16 hex digits, then its tag under `key` in 32.
+fn local_id(key: &JobKey, number: u64) -> String {
+    let tag = tag(key, &number.to_be_bytes());
+    let hex: String = tag[..TAG_BYTES]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{number:016x}{hex}")
+}
+
+/// The number of a local id whose tag checks out under `key`.
+fn parse_local(key: &JobKey, id: &str) -> Option<Owner> {
+    if id.len() != LOCAL_ID_DIGITS || !id.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return None;
     }
+    let number = u64::from_str_radix(&id[..16], 16).ok()?;
+    let given: Vec<u8> = (16..id.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&id[i..i + 2], 16))
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let mut mac = mac(key);
+    mac.update(&number.to_be_bytes());
+    mac.verify_truncated_left(&given).ok()?;
+    Some(Owner::Here(number))
 }
 
 /// version, incarnation, number, port, then the IP's 4 or 16 bytes.

@@ -6,6 +6,7 @@
 //! ±448. Everything else (norms, biases, the prologue and epilogue, which stay resident
 //! and gain nothing from fp8, the text encoder, the VAE, configs) is copied as it is.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -76,6 +77,7 @@ pub fn quantize_fp8(input: &Path, output: &Path) -> Result<QuantizeReport> {
     // The weight files rewritten, and their shard indexes: everything else is copied.
     let mut rewritten: Vec<PathBuf> = Vec::new();
     let mut jobs = Vec::new();
+    let mut kept: BTreeMap<String, usize> = BTreeMap::new();
     for (name, c) in ck.components() {
         report.bytes_before += c.tensor_bytes();
         let mine: Vec<_> = groups.iter().filter(|(n, _)| *n == name).collect();
@@ -83,20 +85,28 @@ pub fn quantize_fp8(input: &Path, output: &Path) -> Result<QuantizeReport> {
             report.bytes_after += c.tensor_bytes();
             continue;
         }
-        let quantized = |t: &crate::checkpoint::TensorInfo| {
-            matches!(t.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16)
-                && is_linear(&t.name, &t.shape)
-                && mine
-                    .iter()
-                    .any(|(_, g)| g.block_of(&t.name).is_some_and(|b| b < g.count))
-        };
+        // Its streamed linear weights: those in a dtype quantize reads are converted, the
+        // rest (already fp8, or another dtype) counted for the refusal below.
+        let mut names = BTreeSet::new();
+        for t in c.files.iter().flat_map(|h| h.tensors.iter()) {
+            let streamed = mine
+                .iter()
+                .any(|(_, g)| g.block_of(&t.name).is_some_and(|b| b < g.count));
+            if !streamed || !is_linear(&t.name, &t.shape) {
+                continue;
+            }
+            if matches!(t.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
+                names.insert(t.name.clone());
+            } else {
+                *kept.entry(format!("{:?}", t.dtype)).or_default() += 1;
+            }
+        }
         rewritten.extend(c.files.iter().map(|h| h.path.clone()));
         rewritten.extend(shard_indexes(&c.dir)?);
-        jobs.push((name, c.clone(), quantized_names(c, &quantized)));
+        jobs.push((name, c.clone(), names));
     }
-    let converted: usize = jobs.iter().map(|(_, _, names)| names.len()).sum();
-    if converted == 0 {
-        return Err(nothing_to_convert(&ck, &groups));
+    if jobs.iter().all(|(_, _, names)| names.is_empty()) {
+        return Err(nothing_to_convert(&ck.root, &kept));
     }
     copy_tree(input, output, &rewritten)?;
     for (name, c, names) in jobs {
@@ -109,59 +119,22 @@ pub fn quantize_fp8(input: &Path, output: &Path) -> Result<QuantizeReport> {
     Ok(report)
 }
 
-/// Why a folder has no streamed linear weight to convert: already fp8 (by the count of its
-/// fp8 weights), or none of another dtype to start from.
-fn nothing_to_convert(
-    ck: &Checkpoint,
-    groups: &[(&'static str, crate::families::BlockGroup)],
-) -> Error {
-    let mut fp8 = 0;
-    let mut other = std::collections::BTreeSet::new();
-    for (name, c) in ck.components() {
-        let mine: Vec<_> = groups.iter().filter(|(n, _)| *n == name).collect();
-        if !name.starts_with("transformer") {
-            continue;
-        }
-        for t in c.files.iter().flat_map(|h| h.tensors.iter()) {
-            let streamed = mine
-                .iter()
-                .any(|(_, g)| g.block_of(&t.name).is_some_and(|b| b < g.count));
-            if !streamed || !is_linear(&t.name, &t.shape) {
-                continue;
-            }
-            match t.dtype {
-                Dtype::F8_E4M3 => fp8 += 1,
-                d => {
-                    other.insert(format!("{d:?}"));
-                }
-            }
-        }
-    }
-    let why = if fp8 > 0 {
+/// Why a folder has no streamed linear weight to convert, from the count of those it keeps
+/// by dtype: already fp8, or none in a dtype quantize reads.
+fn nothing_to_convert(root: &Path, kept: &BTreeMap<String, usize>) -> Error {
+    let why = if let Some(fp8) = kept.get(&format!("{:?}", Dtype::F8_E4M3)) {
         format!(
             "its transformers' streamed linear weights are already fp8 ({fp8} stored F8_E4M3); there is nothing to convert"
         )
-    } else if !other.is_empty() {
+    } else if !kept.is_empty() {
         format!(
             "its transformers' streamed linear weights are {}; quantize converts F32, F16 or BF16",
-            other.into_iter().collect::<Vec<_>>().join(", ")
+            kept.keys().cloned().collect::<Vec<_>>().join(", ")
         )
     } else {
         "it has no streamed linear weight in a transformer to convert".into()
     };
-    Error::invalid("input", format!("{}: {why}", ck.root.display()))
-}
-
-fn quantized_names(
-    c: &Component,
-    pred: &dyn Fn(&crate::checkpoint::TensorInfo) -> bool,
-) -> std::collections::BTreeSet<String> {
-    c.files
-        .iter()
-        .flat_map(|h| h.tensors.iter())
-        .filter(|t| pred(t))
-        .map(|t| t.name.clone())
-        .collect()
+    Error::invalid("input", format!("{}: {why}", root.display()))
 }
 
 /// The shard index files of a component folder.
@@ -194,11 +167,7 @@ fn copy_tree(from: &Path, to: &Path, skip: &[PathBuf]) -> Result<()> {
 /// Rewrites each weight file of `c` into `dir` (same file names), the tensors `names` in
 /// fp8 with their scales after them; rewrites the shard index if there is one. Returns
 /// the tensor bytes written.
-fn write_component(
-    c: &Component,
-    dir: &Path,
-    names: &std::collections::BTreeSet<String>,
-) -> Result<u64> {
+fn write_component(c: &Component, dir: &Path, names: &BTreeSet<String>) -> Result<u64> {
     let mapped = Mapped::map(c.clone())?;
     let mut written = 0u64;
     let mut weight_map = serde_json::Map::new();

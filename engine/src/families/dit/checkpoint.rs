@@ -45,16 +45,6 @@ impl DitCheckpoint {
         &self.folder.root
     }
 
-    /// Transformer bytes outside the blocks, which every rank keeps on its device: the
-    /// patch embedding and the final layer.
-    pub fn resident_device_bytes(&self) -> u64 {
-        self.config
-            .resident_specs()
-            .iter()
-            .map(|s| self.transformer.get(&s.name).map_or(0, |(_, t)| t.len))
-            .sum()
-    }
-
     /// [`Self::resident_device_bytes`] once loaded at `elem` bytes per element.
     pub fn resident_stored_bytes(&self, elem: u64) -> u64 {
         self.config
@@ -86,23 +76,38 @@ impl DitCheckpoint {
             .cloned()
             .collect()
     }
+}
 
+impl FamilyCheckpoint for DitCheckpoint {
+    fn components(&self) -> Vec<(&'static str, &Component)> {
+        vec![("transformer", &self.transformer), ("vae", &self.vae)]
+    }
+    fn groups(&self) -> Vec<(&'static str, BlockGroup)> {
+        vec![("transformer", self.config.block_group())]
+    }
+    /// Transformer bytes outside the blocks, which every rank keeps on its device: the
+    /// patch embedding and the final layer.
+    fn resident_device_bytes(&self) -> u64 {
+        self.config
+            .resident_specs()
+            .iter()
+            .map(|s| self.transformer.get(&s.name).map_or(0, |(_, t)| t.len))
+            .sum()
+    }
     /// Bytes of [`Self::decoder_names`].
-    pub fn decoder_bytes(&self) -> u64 {
+    fn decoder_bytes(&self) -> u64 {
         self.decoder_names()
             .iter()
             .map(|n| self.vae.get(n).map_or(0, |(_, t)| t.len))
             .sum()
     }
-
     /// The image size the model was trained at, in pixels.
-    pub fn native_size(&self) -> (usize, usize) {
+    fn native_size(&self) -> (usize, usize) {
         let side = self.config.sample_size * self.vae_config.upscale();
         (side, side)
     }
-
     /// What a request costs in activations (f32), from the shapes the engine computes.
-    pub fn activation_cost(&self) -> ActivationCost {
+    fn activation_cost(&self) -> ActivationCost {
         let cfg = &self.config;
         let up = self.vae_config.upscale() as u64;
         let d = cfg.hidden() as u64;
@@ -128,28 +133,7 @@ impl DitCheckpoint {
             guidance_samples: 2,
         }
     }
-}
-
-impl FamilyCheckpoint for DitCheckpoint {
-    fn components(&self) -> Vec<(&'static str, &Component)> {
-        vec![("transformer", &self.transformer), ("vae", &self.vae)]
-    }
-    fn groups(&self) -> Vec<(&'static str, BlockGroup)> {
-        vec![("transformer", self.config.block_group())]
-    }
-    fn resident_device_bytes(&self) -> u64 {
-        DitCheckpoint::resident_device_bytes(self)
-    }
-    fn decoder_bytes(&self) -> u64 {
-        DitCheckpoint::decoder_bytes(self)
-    }
-    fn native_size(&self) -> (usize, usize) {
-        DitCheckpoint::native_size(self)
-    }
     // No `limits`: DiT computes its sin-cos positions for any grid.
-    fn activation_cost(&self) -> ActivationCost {
-        DitCheckpoint::activation_cost(self)
-    }
     #[cfg(feature = "runtime")]
     fn runtime(&self) -> Result<Box<dyn crate::execution::family::FamilyRuntime>> {
         Ok(Box::new(super::runtime::DitRuntime::new(self.clone())?))

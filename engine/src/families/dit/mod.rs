@@ -10,6 +10,7 @@ pub mod model;
 pub mod runtime;
 
 pub use checkpoint::DitCheckpoint;
+pub use config::{DitConfig, TIMESTEP_CHANNELS};
 
 /// The DiT family in the registry ([`crate::families::FAMILIES`]).
 pub const FAMILY: crate::families::FamilyEntry = crate::families::FamilyEntry {
@@ -18,4 +19,3 @@ pub const FAMILY: crate::families::FamilyEntry = crate::families::FamilyEntry {
     unnamed: true,
     open: |root| Ok(std::sync::Arc::new(DitCheckpoint::open(root)?)),
 };
-pub use config::{DitConfig, TIMESTEP_CHANNELS};

@@ -13,6 +13,7 @@ use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task};
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::autoencoder_kl::decoder::VaeDecoder;
+use crate::families::FamilyCheckpoint;
 use crate::layout::GroupLayout;
 use crate::samplers::ddim::{Ddim, DdimConfig};
 use crate::{Error, Result};

@@ -182,33 +182,6 @@ impl WanCheckpoint {
         })
     }
 
-    /// Components with weights, in pipeline order.
-    pub fn components(&self) -> Vec<(&'static str, &Component)> {
-        let mut v = vec![
-            ("text_encoder", &self.text_encoder),
-            ("transformer", &self.transformer),
-        ];
-        if let Some(c) = &self.transformer_2 {
-            v.push(("transformer_2", c));
-        }
-        v.push(("vae", &self.vae));
-        v
-    }
-
-    /// The streamed groups, by group index ([`super::TEXT_ENCODER`], ...).
-    pub fn groups(&self) -> Vec<(&'static str, BlockGroup)> {
-        let mut v = vec![
-            ("text_encoder", self.text_encoder_config.block_group()),
-            ("transformer", self.transformer_config.block_group()),
-        ];
-        if self.transformer_2.is_some() {
-            let mut g = self.transformer_config.block_group();
-            g.name = "transformer_2".into();
-            v.push(("transformer_2", g));
-        }
-        v
-    }
-
     /// Tensors outside the blocks that every rank keeps on its device: each expert's
     /// prologue and epilogue, and the text encoder's final norm (its embedding table is
     /// read from the host mapping).
@@ -228,18 +201,6 @@ impl WanCheckpoint {
             }
         }
         v
-    }
-
-    /// Bytes of [`Self::resident_device_names`].
-    pub fn resident_device_bytes(&self) -> u64 {
-        let comps = self.components();
-        self.resident_device_names()
-            .iter()
-            .filter_map(|(comp, name)| {
-                let c = comps.iter().find(|(n, _)| n == comp)?.1;
-                c.get(name).map(|(_, t)| t.len)
-            })
-            .sum()
     }
 
     /// [`Self::resident_device_bytes`] once loaded at `elem` bytes per element.
@@ -270,24 +231,60 @@ impl WanCheckpoint {
             .map(|s| s.name)
             .collect()
     }
+}
 
+impl FamilyCheckpoint for WanCheckpoint {
+    /// Components with weights, in pipeline order.
+    fn components(&self) -> Vec<(&'static str, &Component)> {
+        let mut v = vec![
+            ("text_encoder", &self.text_encoder),
+            ("transformer", &self.transformer),
+        ];
+        if let Some(c) = &self.transformer_2 {
+            v.push(("transformer_2", c));
+        }
+        v.push(("vae", &self.vae));
+        v
+    }
+    /// The streamed groups, by group index ([`super::TEXT_ENCODER`], ...).
+    fn groups(&self) -> Vec<(&'static str, BlockGroup)> {
+        let mut v = vec![
+            ("text_encoder", self.text_encoder_config.block_group()),
+            ("transformer", self.transformer_config.block_group()),
+        ];
+        if self.transformer_2.is_some() {
+            let mut g = self.transformer_config.block_group();
+            g.name = "transformer_2".into();
+            v.push(("transformer_2", g));
+        }
+        v
+    }
+    /// Bytes of [`Self::resident_device_names`].
+    fn resident_device_bytes(&self) -> u64 {
+        let comps = self.components();
+        self.resident_device_names()
+            .iter()
+            .filter_map(|(comp, name)| {
+                let c = comps.iter().find(|(n, _)| n == comp)?.1;
+                c.get(name).map(|(_, t)| t.len)
+            })
+            .sum()
+    }
     /// Bytes of [`Self::decoder_names`].
-    pub fn decoder_bytes(&self) -> u64 {
+    fn decoder_bytes(&self) -> u64 {
         self.decoder_names()
             .iter()
             .filter_map(|n| self.vae.get(n).map(|(_, t)| t.len))
             .sum()
     }
-
     /// WanPipeline's default output size, 832 × 480.
-    pub fn native_size(&self) -> (usize, usize) {
+    fn native_size(&self) -> (usize, usize) {
         (832, 480)
     }
-
     /// The largest clip the transformer's rotary tables place: `rope_max_seq_len`
     /// positions per axis of the patch grid, so that many patches of (VAE upscale × patch)
     /// pixels across, and latent frames (each after the first `temporal_upscale` frames).
-    pub fn limits(&self) -> crate::bounds::ModelLimits {
+    fn limits(&self) -> crate::bounds::ModelLimits {
         let tr = &self.transformer_config;
         let positions = tr.rope_max_seq_len as u64;
         let (pt, ph, pw) = tr.patch();
@@ -303,9 +300,8 @@ impl WanCheckpoint {
             ),
         }
     }
-
     /// What a request costs in activations (f32), from the shapes the engine computes.
-    pub fn activation_cost(&self) -> ActivationCost {
+    fn activation_cost(&self) -> ActivationCost {
         let tr = &self.transformer_config;
         let (d, ffn) = (tr.hidden() as u64, tr.ffn_dim as u64);
         let spatial = (self.vae_config.upscale() * tr.patch_size[1]) as u64;
@@ -338,30 +334,6 @@ impl WanCheckpoint {
             // The prompt and the negative prompt go through as a batch of two.
             guidance_samples: 2,
         }
-    }
-}
-
-impl FamilyCheckpoint for WanCheckpoint {
-    fn components(&self) -> Vec<(&'static str, &Component)> {
-        WanCheckpoint::components(self)
-    }
-    fn groups(&self) -> Vec<(&'static str, BlockGroup)> {
-        WanCheckpoint::groups(self)
-    }
-    fn resident_device_bytes(&self) -> u64 {
-        WanCheckpoint::resident_device_bytes(self)
-    }
-    fn decoder_bytes(&self) -> u64 {
-        WanCheckpoint::decoder_bytes(self)
-    }
-    fn native_size(&self) -> (usize, usize) {
-        WanCheckpoint::native_size(self)
-    }
-    fn limits(&self) -> crate::bounds::ModelLimits {
-        WanCheckpoint::limits(self)
-    }
-    fn activation_cost(&self) -> ActivationCost {
-        WanCheckpoint::activation_cost(self)
     }
     #[cfg(feature = "runtime")]
     fn runtime(&self) -> Result<Box<dyn crate::execution::family::FamilyRuntime>> {

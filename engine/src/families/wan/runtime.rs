@@ -20,6 +20,7 @@ use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::umt5::model::zero_padding;
 use crate::families::umt5::{embedding_table, PromptTokenizer, Umt5Encoder, Umt5State};
+use crate::families::FamilyCheckpoint;
 use crate::layout::GroupLayout;
 use crate::samplers::flow::{FlowScheduler, Sampler};
 use crate::{Error, Result};
