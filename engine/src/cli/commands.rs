@@ -311,7 +311,16 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
         .as_deref()
         .map(|p| read_latents(p, a.request.n))
         .transpose()?;
-    let requests = a.request.requests(&model, init)?;
+    let mut requests = a.request.requests(&model, init)?;
+    let fps = a
+        .fps
+        .unwrap_or_else(|| model.family.video().map_or(16.0, |v| v.default_fps));
+    if !(fps.is_finite() && fps > 0.0) {
+        bail!("--fps {fps}: expected a positive frame rate");
+    }
+    for r in &mut requests {
+        r.fps = Some(fps);
+    }
     let mut opts = a.engine.options(strategy, a.kept.resident_blocks);
     opts.activations = model.activation_bytes(&requests)?;
     opts.trace = a.trace.as_ref().map(|_| Trace::new(4_000_000));
@@ -325,7 +334,7 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
         write_output(
             &path,
             o.image.as_ref().context("output was not decoded")?,
-            a.fps,
+            fps,
         )?;
         println!("wrote {}", path.display());
     }

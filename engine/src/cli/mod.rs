@@ -194,9 +194,10 @@ pub(crate) struct GenerateArgs {
     /// extension.
     #[arg(long, env = "LAYERWISE_OUTPUT")]
     out: PathBuf,
-    /// Frames per second of a clip written as video.
-    #[arg(long, env = "LAYERWISE_FPS", default_value_t = 16.0)]
-    fps: f64,
+    /// Frames per second of a clip (default: the family's, Wan 16, Cosmos3 24): the rate it
+    /// is written at, and what a family that conditions on it (Cosmos3) is told.
+    #[arg(long, env = "LAYERWISE_FPS")]
+    fps: Option<f64>,
     /// Start from these latents (safetensors, tensor `latents`: [n, C, h, w], or for clips
     /// [n, C, T, h, w]).
     #[arg(long, env = "LAYERWISE_INIT_LATENTS")]
@@ -343,15 +344,18 @@ fn synth_cmd(a: SynthArgs) -> Result<()> {
     if let Some(v) = a.ffn_dim {
         match &mut o.model {
             SynthModel::Wan(w) => w.transformer.ffn_dim = v,
+            SynthModel::Cosmos3(c) => c.transformer.intermediate_size = v,
             SynthModel::Dit { .. } => {
-                bail!("--ffn-dim applies to Wan presets (DiT's is 4 × hidden)")
+                bail!("--ffn-dim applies to Wan and Cosmos3 presets (DiT's is 4 × hidden)")
             }
         }
     }
     if let Some(v) = a.sample_size {
         match &mut o.model {
             SynthModel::Dit { dit, .. } => dit.sample_size = v,
-            SynthModel::Wan(_) => bail!("--sample-size applies to DiT presets"),
+            SynthModel::Wan(_) | SynthModel::Cosmos3(_) => {
+                bail!("--sample-size applies to DiT presets")
+            }
         }
     }
     o.seed = a.seed;

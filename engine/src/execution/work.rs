@@ -42,6 +42,10 @@ pub struct Request {
     pub max_sequence_length: usize,
     /// Start from these latents instead of seeded noise (the family's latent shape).
     pub init_latents: Option<Tensor>,
+    /// The frame rate a clip is for (`None`: the family's default). Families whose
+    /// conditioning reads it (Cosmos3: its prompt's duration sentence and its rotary time
+    /// axis) condition on it; every family's clip is written at it.
+    pub fps: Option<f64>,
 }
 
 impl Request {
@@ -58,6 +62,7 @@ impl Request {
             frames: 1,
             max_sequence_length: DEFAULT_MAX_SEQUENCE_LENGTH,
             init_latents: None,
+            fps: None,
         }
     }
 }

@@ -92,7 +92,7 @@ impl AttentionKernel {
 }
 
 #[cfg(feature = "runtime")]
-pub use compute::{attention, attention_with_budget};
+pub use compute::{attention, attention_with_budget, causal_attention};
 
 #[cfg(feature = "runtime")]
 mod compute {
@@ -151,6 +151,50 @@ mod compute {
             return Err(refuse());
         }
         Ok((b, h, sq, sk))
+    }
+
+    /// Causal attention: query row i attends to keys 0..=i, for q, k, v [B, H, S, D] of one
+    /// length. In query chunks within [`ATTENTION_CHUNK_BYTES`] on every device (no fused
+    /// kernel), each chunk against the keys up to its last row with the later ones masked.
+    pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
+        let (b, h, sq, sk) = check_shapes(q, k, v)?;
+        if sq != sk {
+            return Err(Error::invalid(
+                "attention",
+                format!("causal attention over {sq} queries and {sk} keys: want one length"),
+            ));
+        }
+        let rows = chunk_rows(h, sq, sk, ATTENTION_CHUNK_BYTES);
+        let mut samples = Vec::with_capacity(b);
+        for i in 0..b {
+            let (qi, ki, vi) = (q.get(i)?, k.get(i)?.contiguous()?, v.get(i)?.contiguous()?);
+            let mut chunks = Vec::with_capacity(sq.div_ceil(rows));
+            let mut start = 0;
+            while start < sq {
+                let n = rows.min(sq - start);
+                let keys = start + n;
+                let mask: Vec<f32> = (0..n)
+                    .flat_map(|r| {
+                        (0..keys).map(move |c| {
+                            if c > start + r {
+                                f32::NEG_INFINITY
+                            } else {
+                                0.0
+                            }
+                        })
+                    })
+                    .collect();
+                let mask = Tensor::from_vec(mask, (n, keys), q.device())?.to_dtype(q.dtype())?;
+                let qc = (qi.narrow(1, start, n)? * scale)?;
+                let kt = ki.narrow(1, 0, keys)?.t()?;
+                let scores = qc.matmul(&kt)?.broadcast_add(&mask)?;
+                let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+                chunks.push(probs.matmul(&vi.narrow(1, 0, keys)?.contiguous()?)?);
+                start += n;
+            }
+            samples.push(Tensor::cat(&chunks, 1)?);
+        }
+        Ok(Tensor::stack(&samples, 0)?)
     }
 
     /// [`attention`] in query chunks within `budget`, on any device (tests force many

@@ -5,6 +5,7 @@
 
 pub mod attention;
 pub mod autoencoder_kl;
+pub mod cosmos3;
 pub mod dit;
 #[cfg(feature = "runtime")]
 pub mod fused;
@@ -59,11 +60,20 @@ impl BlockGroup {
             .collect()
     }
 
-    /// The block index a tensor name of this group's component belongs to, if any.
+    /// The block index a tensor name of this group's component belongs to, if any: the
+    /// name is the prefix, an index and one of the block's tensors (or an fp8 weight's
+    /// scale). Two groups may share a prefix with disjoint tensors (Cosmos3's pathways).
     pub fn block_of(&self, name: &str) -> Option<usize> {
         let rest = name.strip_prefix(&self.prefix)?;
-        let (idx, _) = rest.split_once('.')?;
-        idx.parse().ok()
+        let (idx, tensor) = rest.split_once('.')?;
+        let index = idx.parse().ok()?;
+        let mine = self.block.iter().any(|s| {
+            s.name == tensor
+                || crate::checkpoint::fp8::scale_names(&s.name)
+                    .iter()
+                    .any(|n| n == tensor)
+        });
+        mine.then_some(index)
     }
 }
 
@@ -123,7 +133,7 @@ impl std::fmt::Debug for FamilyEntry {
 }
 
 /// The families this build runs. The node agent profiles exactly these.
-pub const FAMILIES: &[FamilyEntry] = &[dit::FAMILY, wan::FAMILY];
+pub const FAMILIES: &[FamilyEntry] = &[dit::FAMILY, wan::FAMILY, cosmos3::FAMILY];
 
 /// The short names of [`FAMILIES`], in order.
 pub fn names() -> Vec<&'static str> {

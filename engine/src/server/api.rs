@@ -735,6 +735,7 @@ pub fn parse_video(o: &Map<String, Value>, s: &AppState) -> Result<(Request, f64
             spec.default_frames.min((max.max(1) - 1) / unit * unit + 1)
         }
     };
+    r.fps = Some(fps);
     let mut v = validated(&s.model, vec![r])?;
     Ok((v.remove(0), fps))
 }

@@ -14,6 +14,8 @@ use safetensors::Dtype;
 
 use crate::checkpoint::header::{dtype_size, encode_header};
 use crate::families::autoencoder_kl::VaeConfig;
+use crate::families::cosmos3::prompt::{synth_tokenizer_files, SYNTH_VOCAB};
+use crate::families::cosmos3::Cosmos3Config;
 use crate::families::dit::DitConfig;
 use crate::families::umt5::{synth_tokenizer_config, synth_tokenizer_json, Umt5Config};
 use crate::families::wan::transformer::WanTransformerConfig;
@@ -35,6 +37,15 @@ pub struct WanSynth {
     pub flow_shift: f64,
 }
 
+/// A Cosmos3 pipeline to write.
+#[derive(Debug, Clone)]
+pub struct Cosmos3Synth {
+    pub transformer: Cosmos3Config,
+    pub vae: WanVaeConfig,
+    /// The UniPC scheduler's flow shift.
+    pub flow_shift: f64,
+}
+
 /// Which family's pipeline to write.
 #[derive(Debug, Clone)]
 pub enum SynthModel {
@@ -43,6 +54,7 @@ pub enum SynthModel {
         vae: Box<VaeConfig>,
     },
     Wan(Box<WanSynth>),
+    Cosmos3(Box<Cosmos3Synth>),
 }
 
 /// What to write.
@@ -60,20 +72,24 @@ pub struct SynthOptions {
 }
 
 /// The presets `synth --preset` takes.
-pub const PRESETS: [&str; 6] = [
+pub const PRESETS: [&str; 9] = [
     "tiny",
     "xl",
     "wan-tiny",
     "wan2.1-1.3b",
     "wan2.1-14b",
     "wan2.2-a14b",
+    "cosmos3-tiny",
+    "cosmos3-nano",
+    "cosmos3-super",
 ];
 
 impl SynthOptions {
     /// A named preset: `tiny` (a DiT that runs end to end in about a second), `xl`
     /// (DiT-XL/2), `wan-tiny` (a two-expert Wan that runs in seconds), or the published
     /// Wan shapes `wan2.1-1.3b`, `wan2.1-14b`, `wan2.2-a14b` (bf16; with `sparse` for the
-    /// large ones).
+    /// large ones), `cosmos3-tiny` (the parity fixture's shapes over a byte-level
+    /// tokenizer) and the published Cosmos3 shapes `cosmos3-nano`, `cosmos3-super` (bf16).
     pub fn preset(name: &str) -> Result<Self> {
         let wan = |text_encoder, transformer, boundary_ratio, vae, flow_shift| {
             SynthModel::Wan(Box::new(WanSynth {
@@ -139,6 +155,25 @@ impl SynthOptions {
                 ),
                 Dtype::BF16,
             ),
+            "cosmos3-tiny" | "cosmos3-nano" | "cosmos3-super" => {
+                let (transformer, vae, dtype) = match name {
+                    "cosmos3-tiny" => (
+                        Cosmos3Config::tiny(SYNTH_VOCAB),
+                        WanVaeConfig::tiny22(),
+                        Dtype::F32,
+                    ),
+                    "cosmos3-nano" => (Cosmos3Config::nano(), WanVaeConfig::wan22(), Dtype::BF16),
+                    _ => (Cosmos3Config::super_(), WanVaeConfig::wan22(), Dtype::BF16),
+                };
+                (
+                    SynthModel::Cosmos3(Box::new(Cosmos3Synth {
+                        transformer,
+                        vae,
+                        flow_shift: 5.0,
+                    })),
+                    dtype,
+                )
+            }
             other => {
                 return Err(Error::invalid(
                     "preset",
@@ -160,6 +195,7 @@ impl SynthOptions {
         match &mut self.model {
             SynthModel::Dit { dit, .. } => dit.num_layers = n,
             SynthModel::Wan(w) => w.transformer.num_layers = n,
+            SynthModel::Cosmos3(c) => c.transformer.num_hidden_layers = n,
         }
     }
 
@@ -172,6 +208,10 @@ impl SynthOptions {
             SynthModel::Wan(w) => (
                 &mut w.transformer.num_attention_heads,
                 &mut w.transformer.attention_head_dim,
+            ),
+            SynthModel::Cosmos3(c) => (
+                &mut c.transformer.num_attention_heads,
+                &mut c.transformer.head_dim,
             ),
         };
         if let Some(v) = heads {
@@ -370,6 +410,7 @@ pub fn synth(out: &Path, opts: &SynthOptions) -> Result<SynthReport> {
     let (bytes, files) = match &opts.model {
         SynthModel::Dit { dit, vae } => synth_dit(out, opts, dit, vae)?,
         SynthModel::Wan(w) => synth_wan(out, opts, w)?,
+        SynthModel::Cosmos3(c) => synth_cosmos3(out, opts, c)?,
     };
     Ok(SynthReport {
         bytes,
@@ -555,4 +596,76 @@ fn synth_wan(out: &Path, opts: &SynthOptions, w: &WanSynth) -> Result<(u64, usiz
         &FlowScheduler::UniPc(UniPcConfig::wan(w.flow_shift)).to_json(),
     )?;
     Ok((bytes + b, files + f))
+}
+
+/// Whether diffusers keeps a Cosmos3 transformer tensor in f32 beside bf16 weights (its
+/// `_keep_in_fp32_modules`: the time embedder).
+fn cosmos3_keeps_f32(name: &str) -> bool {
+    name.starts_with("time_embedder.")
+}
+
+fn synth_cosmos3(out: &Path, opts: &SynthOptions, c: &Cosmos3Synth) -> Result<(u64, usize)> {
+    let config = Path::new("synth options");
+    let mut check = c.transformer.clone();
+    check.class_name = crate::families::cosmos3::config::CLASS_NAME.into();
+    write_json(
+        &out.join("model_index.json"),
+        &serde_json::json!({
+            "_class_name": "Cosmos3OmniPipeline",
+            "_diffusers_version": "0.42.1",
+            "default_use_system_prompt": true,
+            "enable_safety_checker": false,
+            "safety_checker": [null, null],
+            "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+            "sound_tokenizer": [null, null],
+            "text_tokenizer": ["transformers", "Qwen2Tokenizer"],
+            "transformer": ["diffusers", "Cosmos3OmniTransformer"],
+            "use_native_flow_schedule": false,
+            "vae": ["diffusers", "AutoencoderKLWan"],
+        }),
+    )?;
+    c.vae.validate(config)?;
+    let tok = mkdir(&out.join("text_tokenizer"))?;
+    for (file, text) in synth_tokenizer_files() {
+        std::fs::write(tok.join(file), text).map_err(|e| Error::io(tok.join(file), e))?;
+    }
+    let tdir = mkdir(&out.join("transformer"))?;
+    write_json(&tdir.join("config.json"), &check.to_json())?;
+    // What is written opens as diffusers would read it: the config's own checks first.
+    Cosmos3Config::load(&tdir.join("config.json"))?;
+    let dtype = |name: &str| {
+        if opts.dtype != Dtype::F32 && cosmos3_keeps_f32(name) {
+            Dtype::F32
+        } else {
+            opts.dtype
+        }
+    };
+    let (mut bytes, mut files) = write_component(
+        &tdir,
+        DIFFUSERS_STEM,
+        &check.all_specs(),
+        &dtype,
+        opts.max_shard_bytes,
+        opts.seed.wrapping_add(3),
+        opts.sparse,
+    )?;
+    let vdir = mkdir(&out.join("vae"))?;
+    write_json(&vdir.join("config.json"), &c.vae.to_json())?;
+    let (b, f) = write_component(
+        &vdir,
+        DIFFUSERS_STEM,
+        &c.vae.tensor_specs(),
+        &|_| Dtype::F32,
+        None,
+        opts.seed.wrapping_add(1),
+        opts.sparse,
+    )?;
+    bytes += b;
+    files += f;
+    let sdir = mkdir(&out.join("scheduler"))?;
+    write_json(
+        &sdir.join("scheduler_config.json"),
+        &FlowScheduler::UniPc(UniPcConfig::wan(c.flow_shift)).to_json(),
+    )?;
+    Ok((bytes, files))
 }

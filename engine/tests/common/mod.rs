@@ -39,6 +39,18 @@ pub fn wan_tiny(dir: &Path, layers: usize, text_layers: usize) -> PathBuf {
     out
 }
 
+/// A tiny Cosmos3 pipeline folder with `layers` layers (each two streamed blocks, one per
+/// pathway), written under `dir`.
+#[allow(dead_code)]
+pub fn cosmos3_tiny(dir: &Path, layers: usize) -> PathBuf {
+    let out = dir.join(format!("cosmos3-{layers}"));
+    let mut o = SynthOptions::preset("cosmos3-tiny").unwrap();
+    o.set_layers(layers);
+    o.seed = 13;
+    synth(&out, &o).unwrap();
+    out
+}
+
 /// A request for the tiny model (64 × 64 px).
 pub fn request(seed: u64, steps: usize, guidance: f32) -> Request {
     Request {

@@ -161,11 +161,15 @@ impl WanCheckpoint {
                 ),
             ));
         }
-        if vae_config.out_channels != 3 {
+        if vae_config.video_channels() != 3 {
             return Err(Error::config(
                 dir("vae").join("config.json"),
                 "out_channels",
-                format!("{}: frames are RGB (3 channels)", vae_config.out_channels),
+                format!(
+                    "{} ({} per pixel of its patches): frames are RGB (3 channels)",
+                    vae_config.out_channels,
+                    vae_config.video_channels()
+                ),
             ));
         }
         Ok(WanCheckpoint {

@@ -1,21 +1,23 @@
 //! The `AutoencoderKLWan` decoder: the pipeline's normalised latents in, video frames in
 //! [-1, 1] out. It follows `WanPipeline`'s denormalisation and `AutoencoderKLWan._decode`
 //! (post-quant conv, then `WanDecoder3d` one latent frame at a time with the feature cache,
-//! then the clamp) op for op, so its output matches diffusers' to float rounding (the
-//! parity test holds it to that).
+//! then the unpatchify and the clamp) op for op, so its output matches diffusers' to float
+//! rounding (the parity tests hold it to that), for Wan 2.1's VAE and Wan 2.2's residual,
+//! patchified one alike.
 //!
 //! Memory does not grow with the clip: each latent frame is decoded as its own chunk (one
 //! frame out for the first, `temporal_upscale` after), the causal convolutions carry only
 //! their last two input frames between chunks, and `decode_chunks` hands each chunk's
-//! frames to the caller before the next is computed.
+//! frames to the caller before the next is computed. Wan 2.2's shortcuts and the
+//! unpatchify are per chunk and keep nothing.
 
 use std::path::Path;
 
 use candle_core::{DType, IndexOp, Tensor};
 
 use super::layers::{
-    clamp_unit, pointwise_matrix, to_f32, AttentionBlock, CausalConv3d, Conv2d, FeatCache,
-    Resample, ResidualBlock, RmsNorm, Slot,
+    clamp_unit, pointwise_matrix, to_f32, unpatchify, AttentionBlock, CausalConv3d, Conv2d, DupUp,
+    FeatCache, Resample, ResidualBlock, RmsNorm, Slot,
 };
 use super::{Upsample, WanVaeConfig};
 use crate::execution::weights::Weights;
@@ -95,16 +97,35 @@ impl Loader<'_> {
     }
 }
 
-/// One `WanUpBlock`.
+/// One `WanUpBlock`, or with a shortcut a `WanResidualUpBlock`.
 struct UpBlock {
     resnets: Vec<ResidualBlock>,
     resample: Option<Resample>,
+    shortcut: Option<DupUp>,
+}
+
+impl UpBlock {
+    fn forward(&self, x: &Tensor, cache: &mut FeatCache, first_chunk: bool) -> Result<Tensor> {
+        let mut h = x.clone();
+        for resnet in &self.resnets {
+            h = resnet.forward(&h, cache)?;
+        }
+        if let Some(resample) = &self.resample {
+            h = resample.forward(&h, cache)?;
+        }
+        match &self.shortcut {
+            Some(shortcut) => Ok((h + shortcut.forward(x, first_chunk)?)?),
+            None => Ok(h),
+        }
+    }
 }
 
 /// The decoding half of an `AutoencoderKLWan`, resident on the device its weights are on.
 pub struct WanVaeDecoder {
     z_dim: usize,
+    /// Channels of the frames, after the unpatchify.
     out_channels: usize,
+    patch: usize,
     upscale: usize,
     temporal_upscale: usize,
     /// [1, z, 1, 1] each: the pipeline's `latents_mean` and `1 / latents_std`.
@@ -156,7 +177,7 @@ impl WanVaeDecoder {
             let resample = match block.upsample {
                 None => None,
                 Some(mode) => {
-                    let up = format!("{prefix}.upsamplers.0");
+                    let up = layout.upsampler_prefix(i);
                     let d = block.dim;
                     // diffusers runs the time conv before the spatial conv, and numbers its
                     // cache slots in that order; ours are per conv, so order is immaterial.
@@ -166,11 +187,19 @@ impl WanVaeDecoder {
                         }
                         Upsample::Spatial => None,
                     };
-                    let conv = l.conv2d(&format!("{up}.resample.1"), d, d / 2, 3)?;
+                    let conv = l.conv2d(&format!("{up}.resample.1"), d, block.out, 3)?;
                     Some(Resample { time_conv, conv })
                 }
             };
-            up_blocks.push(UpBlock { resnets, resample });
+            let shortcut = block.shortcut.map(|s| DupUp {
+                out: s.cout,
+                factor_t: s.factor_t,
+            });
+            up_blocks.push(UpBlock {
+                resnets,
+                resample,
+                shortcut,
+            });
         }
         let norm_out = l.rms("decoder.norm_out", layout.head, false)?;
         let conv_out = l.conv3d(
@@ -189,7 +218,8 @@ impl WanVaeDecoder {
         let inv_std = per_channel(cfg.latents_std.iter().map(|&s| 1.0 / s as f32).collect())?;
         Ok(WanVaeDecoder {
             z_dim: z,
-            out_channels: layout.out_channels,
+            out_channels: cfg.video_channels(),
+            patch: layout.patch,
             upscale: cfg.upscale(),
             temporal_upscale: cfg.temporal_upscale(),
             mean,
@@ -216,7 +246,7 @@ impl WanVaeDecoder {
         self.out_channels
     }
 
-    /// Output pixels per latent, per side.
+    /// Output pixels per latent, per side (the patch's included).
     pub fn upscale(&self) -> usize {
         self.upscale
     }
@@ -269,29 +299,26 @@ impl WanVaeDecoder {
             // [1, z, h, w]: this latent frame, as a chunk of one frame.
             let z = latents.i((.., .., i))?;
             let z = z.broadcast_div(&self.inv_std)?.broadcast_add(&self.mean)?;
-            f(self.decode_chunk(&z, &mut cache)?)?;
+            f(self.decode_chunk(&z, &mut cache, i == 0)?)?;
         }
         Ok(())
     }
 
-    /// `WanDecoder3d.forward` on one chunk, with the post-quant conv before and the clamp
-    /// after (both per-frame, so applying them per chunk is what diffusers computes).
-    fn decode_chunk(&self, z: &Tensor, cache: &mut FeatCache) -> Result<Tensor> {
+    /// `WanDecoder3d.forward` on one chunk (`first_chunk` for the clip's first), with the
+    /// post-quant conv before and the unpatchify and clamp after (all per-frame, so applying
+    /// them per chunk is what diffusers computes).
+    fn decode_chunk(&self, z: &Tensor, cache: &mut FeatCache, first_chunk: bool) -> Result<Tensor> {
         let x = self.post_quant_conv.forward(z, None)?;
         let mut x = self.conv_in.forward_cached(&x, cache)?;
         x = self.mid_in.forward(&x, cache)?;
         x = self.mid_attention.forward(&x)?;
         x = self.mid_out.forward(&x, cache)?;
         for block in &self.up_blocks {
-            for resnet in &block.resnets {
-                x = resnet.forward(&x, cache)?;
-            }
-            if let Some(resample) = &block.resample {
-                x = resample.forward(&x, cache)?;
-            }
+            x = block.forward(&x, cache, first_chunk)?;
         }
         let x = self.norm_out.forward(&x)?.silu()?;
-        clamp_unit(&self.conv_out.forward_cached(&x, cache)?)
+        let x = self.conv_out.forward_cached(&x, cache)?;
+        clamp_unit(&unpatchify(&x, self.patch)?)
     }
 }
 
@@ -347,6 +374,35 @@ mod tests {
             max <= 1.0 && max > 0.1,
             "frames in [-1, 1] and not flat: {max}"
         );
+    }
+
+    #[test]
+    fn the_residual_decoder_streams_rgb_at_sixteen_times_and_stays_causal() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan22-vae-tiny");
+        let w = candle_core::safetensors::load(
+            dir.join("diffusion_pytorch_model.safetensors"),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let vae = WanVaeDecoder::load(&WanVaeConfig::tiny22(), &w).unwrap();
+        assert_eq!(
+            (vae.z_dim(), vae.out_channels(), vae.upscale()),
+            (48, 3, 16)
+        );
+        let latents = seeded_noise(13, &[1, 48, 3, 1, 2]).unwrap();
+        let mut sizes = Vec::new();
+        vae.decode_chunks(&latents, |chunk| {
+            sizes.push(chunk.dims().to_vec());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            sizes,
+            vec![vec![1, 3, 16, 32], vec![4, 3, 16, 32], vec![4, 3, 16, 32]]
+        );
+        let all = vae.decode(&latents).unwrap();
+        let head = vae.decode(&latents.narrow(2, 0, 2).unwrap()).unwrap();
+        assert_eq!(max_abs_diff(&all.narrow(0, 0, 5).unwrap(), &head), 0.0);
     }
 
     #[test]
@@ -408,13 +464,13 @@ mod tests {
         );
 
         let cfg = WanVaeConfig {
-            is_residual: true,
+            patch_size: Some(3),
             ..WanVaeConfig::tiny()
         };
         let err = WanVaeDecoder::load(&cfg, &weights())
             .err()
             .unwrap()
             .to_string();
-        assert!(err.contains("`is_residual`"), "{err}");
+        assert!(err.contains("`patch_size`"), "{err}");
     }
 }

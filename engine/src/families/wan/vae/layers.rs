@@ -341,6 +341,51 @@ impl Resample {
     }
 }
 
+/// `DupUp3D`, Wan 2.2's weightless shortcut around a residual up block: each input channel
+/// repeated `repeats` times, the copies read as `out` channels of `factor_t` frames × 2×2
+/// pixels (copy k of the repeated channels is channel k / repeats of the input). On the
+/// first chunk the leading `factor_t - 1` frames are dropped, matching the resampler, which
+/// skips its time conv there and so makes one frame of one.
+pub struct DupUp {
+    pub out: usize,
+    pub factor_t: usize,
+}
+
+impl DupUp {
+    /// `x` [T, C_in, H, W] to [factor_t T (less the dropped frames), out, 2H, 2W].
+    pub fn forward(&self, x: &Tensor, first_chunk: bool) -> Result<Tensor> {
+        let (t, cin, h, w) = x.dims4()?;
+        let ft = self.factor_t;
+        let repeats = self.out * ft * 4 / cin;
+        let y = x
+            .unsqueeze(2)?
+            .broadcast_as((t, cin, repeats, h, w))?
+            // [T, out, frame, row offset, column offset, H, W] ...
+            .reshape(vec![t, self.out, ft, 2, 2, h, w])?
+            // ... to [T, frame, out, H, row offset, W, column offset].
+            .permute(vec![0, 2, 1, 5, 3, 6, 4])?
+            .reshape((t * ft, self.out, 2 * h, 2 * w))?;
+        if first_chunk && ft > 1 {
+            return Ok(y.narrow(0, ft - 1, t * ft - (ft - 1))?);
+        }
+        Ok(y)
+    }
+}
+
+/// diffusers' `unpatchify`: [T, C p², H, W] to [T, C, p H, p W], where channel c p² + j p + i
+/// holds the pixel at row offset i and column offset j of each p × p patch.
+pub fn unpatchify(x: &Tensor, p: usize) -> Result<Tensor> {
+    if p == 1 {
+        return Ok(x.clone());
+    }
+    let (t, cpp, h, w) = x.dims4()?;
+    let c = cpp / (p * p);
+    Ok(x.reshape(vec![t, c, p, p, h, w])?
+        // [T, C, column offset, row offset, H, W] to [T, C, H, row offset, W, column offset].
+        .permute(vec![0, 1, 4, 3, 5, 2])?
+        .reshape((t, c, p * h, p * w))?)
+}
+
 /// A 1×1 conv weight [C_out, C_in, 1, 1] as the [C_in, C_out] matrix tokens multiply by.
 pub fn pointwise_matrix(weight: &Tensor) -> Result<Tensor> {
     let (cout, cin, _, _) = weight.dims4()?;
@@ -359,7 +404,7 @@ pub fn to_f32(x: &Tensor) -> Result<Tensor> {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{DType, Device};
+    use candle_core::{DType, Device, IndexOp};
 
     use super::*;
     use crate::execution::weights::seeded_noise;
@@ -412,6 +457,80 @@ mod tests {
             Slot::Frames(f) => assert_eq!(f.dims(), &[2, 3, 5, 4]),
             other => panic!("cache {other:?}"),
         }
+    }
+
+    /// [T, C, H, W] filled with t·10⁴ + c·100 + h·10 + w, so every value says where it is.
+    fn positions(dims: [usize; 4]) -> Tensor {
+        let [t, c, h, w] = dims;
+        let values: Vec<f32> = (0..t * c * h * w)
+            .map(|i| {
+                let (wi, hi, ci, ti) = (i % w, i / w % h, i / (w * h) % c, i / (w * h * c));
+                (ti * 10_000 + ci * 100 + hi * 10 + wi) as f32
+            })
+            .collect();
+        Tensor::from_vec(values, (t, c, h, w), &Device::Cpu).unwrap()
+    }
+
+    fn at(x: &Tensor, i: [usize; 4]) -> f32 {
+        x.i((i[0], i[1], i[2], i[3])).unwrap().to_scalar().unwrap()
+    }
+
+    #[test]
+    fn unpatchify_puts_channel_c_p2_plus_j_p_plus_i_at_row_i_column_j() {
+        let x = positions([2, 12, 2, 3]);
+        let y = unpatchify(&x, 2).unwrap();
+        assert_eq!(y.dims(), &[2, 3, 4, 6]);
+        for (t, c, h, w, i, j) in [(0, 0, 0, 0, 0, 0), (1, 2, 1, 2, 1, 0), (0, 1, 0, 1, 0, 1)] {
+            let channel = c * 4 + j * 2 + i;
+            assert_eq!(
+                at(&y, [t, c, 2 * h + i, 2 * w + j]),
+                at(&x, [t, channel, h, w]),
+                "t {t} c {c} h {h} w {w} row offset {i} column offset {j}"
+            );
+        }
+        assert_eq!(max_abs_diff(&unpatchify(&x, 1).unwrap(), &x), 0.0);
+    }
+
+    #[test]
+    fn dup_up_spreads_each_channel_over_frames_and_pixels() {
+        // 16 channels to 2 of 2 frames × 2×2 pixels: one copy each, so output (frame a, row
+        // offset b, column offset c) of channel o is input channel ((2o + a) 2 + b) 2 + c.
+        let x = positions([3, 16, 2, 2]);
+        let up = DupUp {
+            out: 2,
+            factor_t: 2,
+        };
+        let y = up.forward(&x, false).unwrap();
+        assert_eq!(y.dims(), &[6, 2, 4, 4]);
+        for (t, o, h, w, a, b, c) in [
+            (0, 0, 0, 0, 0, 0, 0),
+            (2, 1, 1, 1, 1, 1, 1),
+            (1, 0, 1, 0, 1, 0, 1),
+            (0, 1, 0, 1, 0, 1, 0),
+        ] {
+            let k = ((2 * o + a) * 2 + b) * 2 + c;
+            assert_eq!(
+                at(&y, [2 * t + a, o, 2 * h + b, 2 * w + c]),
+                at(&x, [t, k, h, w]),
+                "t {t} o {o} h {h} w {w} a {a} b {b} c {c}"
+            );
+        }
+        // The first chunk keeps the second of each pair of frames.
+        let first = up.forward(&x.narrow(0, 0, 1).unwrap(), true).unwrap();
+        assert_eq!(first.dims(), &[1, 2, 4, 4]);
+        assert_eq!(max_abs_diff(&first, &y.narrow(0, 1, 1).unwrap()), 0.0);
+        // 2 channels to 4 in space only: 8 copies each, so channels 0, 1 repeat input
+        // channel 0 and 2, 3 input channel 1; without time upsampling nothing is dropped.
+        let x = positions([3, 2, 2, 2]);
+        let y = DupUp {
+            out: 4,
+            factor_t: 1,
+        }
+        .forward(&x, true)
+        .unwrap();
+        assert_eq!(y.dims(), &[3, 4, 4, 4]);
+        assert_eq!(at(&y, [2, 1, 3, 2]), at(&x, [2, 0, 1, 1]));
+        assert_eq!(at(&y, [1, 2, 0, 3]), at(&x, [1, 1, 0, 1]));
     }
 
     #[test]

@@ -5,6 +5,10 @@
 //! what the decoder cannot compute (naming the field), and the exact names and shapes of
 //! every tensor in the checkpoint. The decoder (`decoder`, with `runtime`) turns the
 //! pipeline's latents into video frames one latent frame at a time, as diffusers does.
+//!
+//! Two variants share the class: Wan 2.1's (16 latent channels, 8× in space) and Wan 2.2's
+//! residual one with a 2×2 pixel patch (`is_residual`, `patch_size` 2, 48 latent channels,
+//! 16× in space; the TI2V 5B VAE, also Cosmos3's).
 
 #[cfg(test)]
 mod config_tests;
@@ -15,6 +19,8 @@ mod layers;
 #[cfg(all(test, feature = "runtime"))]
 mod parity_tests;
 pub mod specs;
+#[cfg(test)]
+mod specs_tests;
 
 use std::path::Path;
 
@@ -22,7 +28,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
 
-pub use specs::{DecoderLayout, EncoderLayer, UpBlockLayout, Upsample};
+pub use specs::{
+    DecoderLayout, DupUpLayout, EncoderLayer, ResidualDownBlockLayout, UpBlockLayout, Upsample,
+};
 
 /// The only class this module understands.
 pub const CLASS_NAME: &str = "AutoencoderKLWan";
@@ -61,14 +69,18 @@ pub struct WanVaeConfig {
     pub latents_mean: Vec<f64>,
     #[serde(default = "default_latents_std")]
     pub latents_std: Vec<f64>,
-    /// Wan 2.2's residual up/down blocks (the TI2V 5B VAE); refused.
+    /// Wan 2.2's residual blocks (the TI2V 5B VAE): each resampling block gets a weightless
+    /// shortcut that spreads its input's channels over the upsampled frames and pixels, and
+    /// its resampler keeps the width instead of halving it.
     #[serde(default)]
     pub is_residual: bool,
     #[serde(default = "default_channels")]
     pub in_channels: usize,
     #[serde(default = "default_channels")]
     pub out_channels: usize,
-    /// Wan 2.2's pixel (un)shuffle around the VAE; only none (or 1, the identity) is run.
+    /// Wan 2.2's pixel (un)shuffle around the VAE: the decoder's `out_channels` are
+    /// `patch_size`² pixels of `out_channels / patch_size²` channels each. None (the
+    /// identity, as is 1) or 2.
     #[serde(default)]
     pub patch_size: Option<usize>,
     /// What the pipeline divides frame counts and sizes by; must agree with the layers.
@@ -76,8 +88,10 @@ pub struct WanVaeConfig {
     pub scale_factor_temporal: Option<usize>,
     #[serde(default = "default_scale_factor_spatial")]
     pub scale_factor_spatial: Option<usize>,
-    /// Not a 0.42.1 field: later releases may write it. `false` (no final clamp) is refused
-    /// because 0.42.1 always clamps and that is what this decoder reproduces.
+    /// Not a 0.42.1 field, but the published Wan 2.2 VAE configs (Wan2.2-TI2V-5B-Diffusers,
+    /// Cosmos3's) carry `false`, written by the diffusers build that converted them. 0.42.1
+    /// ignores it and always clamps, and so does this decoder; the pipeline's
+    /// post-processing clamps to [0, 1] after, so the frames are the same either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clip_output: Option<bool>,
 }
@@ -115,6 +129,21 @@ const WAN21_LATENTS_MEAN: [f64; 16] = [
 const WAN21_LATENTS_STD: [f64; 16] = [
     2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3.2687, 2.1526, 2.8652, 1.5579,
     1.6382, 1.1253, 2.8251, 1.9160,
+];
+
+/// The published Wan 2.2 VAE's (z_dim 48) latent statistics.
+const WAN22_LATENTS_MEAN: [f64; 48] = [
+    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542, 0.2813,
+    0.0891, 0.1570, -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108,
+    -0.2158, 0.2502, -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230, -0.0313,
+    -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748, 0.0152, 0.1957, 0.1433, -0.2944,
+    0.3573, -0.0548, -0.1681, -0.0667,
+];
+const WAN22_LATENTS_STD: [f64; 48] = [
+    0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894, 1.0901,
+    0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+    0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944,
+    0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
 ];
 
 fn default_latents_mean() -> Vec<f64> {
@@ -161,6 +190,39 @@ impl WanVaeConfig {
         }
     }
 
+    /// The published Wan 2.2 VAE (`Wan-AI/Wan2.2-TI2V-5B-Diffusers/vae`, also Cosmos3's):
+    /// residual, 2×2 patches, 48 latent channels, a wider decoder, 16× / 4×.
+    pub fn wan22() -> Self {
+        WanVaeConfig {
+            base_dim: 160,
+            decoder_base_dim: Some(256),
+            z_dim: 48,
+            latents_mean: WAN22_LATENTS_MEAN.to_vec(),
+            latents_std: WAN22_LATENTS_STD.to_vec(),
+            is_residual: true,
+            in_channels: 12,
+            out_channels: 12,
+            patch_size: Some(2),
+            scale_factor_spatial: Some(16),
+            clip_output: Some(false),
+            ..Self::wan21()
+        }
+    }
+
+    /// diffusers' Wan 2.2 5B pipeline test VAE (its `Wan225BPipelineFastTests`), with the
+    /// published latent statistics in place of its zeros and ones so the denormalisation is
+    /// exercised: widths of 3 throughout, residual, 2×2 patches, 16× / 4×.
+    pub fn tiny22() -> Self {
+        WanVaeConfig {
+            base_dim: 3,
+            decoder_base_dim: None,
+            dim_mult: vec![1, 1, 1, 1],
+            num_res_blocks: 1,
+            clip_output: None,
+            ..Self::wan22()
+        }
+    }
+
     /// Reads and validates `config.json`.
     pub fn load(path: &Path) -> Result<Self> {
         let cfg: WanVaeConfig = crate::checkpoint::read_json(path)?;
@@ -177,22 +239,10 @@ impl WanVaeConfig {
                 format!("expected {CLASS_NAME}, found {:?}", self.class_name),
             );
         }
-        if self.is_residual {
-            return bad(
-                "is_residual",
-                "Wan 2.2's residual VAE (TI2V 5B) is not implemented".into(),
-            );
-        }
-        if let Some(p) = self.patch_size.filter(|&p| p != 1) {
+        if let Some(p) = self.patch_size.filter(|&p| p != 1 && p != 2) {
             return bad(
                 "patch_size",
-                format!("{p}: patchified VAEs (Wan 2.2 TI2V 5B) are not implemented"),
-            );
-        }
-        if self.clip_output == Some(false) {
-            return bad(
-                "clip_output",
-                "false: diffusers 0.42.1 always clamps the decoded frames to [-1, 1]".into(),
+                format!("{p}: only none, 1 and 2 (Wan 2.2's) are implemented"),
             );
         }
         for (field, value) in [
@@ -228,6 +278,16 @@ impl WanVaeConfig {
                 ),
             ],
         )?;
+        let patch = self.patch();
+        if self.out_channels % (patch * patch) != 0 {
+            return bad(
+                "out_channels",
+                format!(
+                    "{} is not a whole number of {patch}×{patch} patches",
+                    self.out_channels
+                ),
+            );
+        }
         let levels = self.dim_mult.len() - 1;
         if self.temperal_downsample.len() != levels {
             return bad(
@@ -239,23 +299,45 @@ impl WanVaeConfig {
                 ),
             );
         }
-        // Each upsampler halves its block's width; a width of 1 would leave no channels.
+        // Wan 2.1's upsamplers halve their block's width; a width of 1 would leave none.
         let decoder_field = if self.decoder_base_dim.is_some() {
             "decoder_base_dim"
         } else {
             "base_dim"
         };
-        if let Some(block) = self
-            .decoder_layout()
+        let layout = self.decoder_layout();
+        if let Some(block) = layout
             .up_blocks
             .iter()
-            .find(|b| b.upsample.is_some() && b.dim < 2)
+            .find(|b| b.upsample.is_some() && b.out == 0)
         {
             return bad(
                 decoder_field,
                 format!(
                     "an upsampling block {} channel wide would halve to none",
                     block.dim
+                ),
+            );
+        }
+        // Wan 2.2's shortcuts regroup channels: each decoder one spreads its input over
+        // factor × out channels, each encoder one averages factor × in into out, and both
+        // need whole groups (diffusers refuses to build the model otherwise).
+        let mut regroups = layout
+            .up_blocks
+            .iter()
+            .filter_map(|b| b.shortcut)
+            .map(|s| (s.cin, s.cout * s.factor()))
+            .chain(
+                self.residual_encoder_blocks()
+                    .into_iter()
+                    .map(|b| (b.cout, b.cin * b.factor())),
+            );
+        if let Some((unit, total)) = regroups.find(|(u, t)| t % u != 0) {
+            return bad(
+                "dim_mult",
+                format!(
+                    "{:?}: a residual block's shortcut would split {total} channels into groups of {unit}",
+                    self.dim_mult
                 ),
             );
         }
@@ -289,7 +371,7 @@ impl WanVaeConfig {
             (
                 "scale_factor_spatial",
                 self.scale_factor_spatial,
-                self.upscale() * self.patch_size.unwrap_or(1),
+                self.upscale(),
             ),
             (
                 "scale_factor_temporal",
@@ -312,9 +394,21 @@ impl WanVaeConfig {
         self.decoder_base_dim.unwrap_or(self.base_dim)
     }
 
-    /// Output pixels per latent, per side (8 for Wan 2.1).
+    /// The side of a patch: `patch_size`, 1 without one.
+    pub fn patch(&self) -> usize {
+        self.patch_size.unwrap_or(1)
+    }
+
+    /// Output pixels per latent, per side: the decoder's levels and the patch (8 for Wan 2.1,
+    /// 16 for Wan 2.2's 2×2 patches).
     pub fn upscale(&self) -> usize {
-        1 << self.dim_mult.len().saturating_sub(1)
+        (1 << self.dim_mult.len().saturating_sub(1)) * self.patch()
+    }
+
+    /// Channels of the decoded frames: the decoder's `out_channels` over the patch's pixels
+    /// (3 for both published VAEs).
+    pub fn video_channels(&self) -> usize {
+        self.out_channels / (self.patch() * self.patch())
     }
 
     /// Output frames per latent frame after the first (4 for Wan 2.1): a clip of `T` latent

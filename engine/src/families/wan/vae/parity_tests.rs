@@ -1,8 +1,8 @@
 //! Parity of the Wan VAE decoder with diffusers' `AutoencoderKLWan`, and the checkpoint
 //! checks, on folders written by `engine/parity/wan_vae_reference.py` (diffusers' own
 //! `save_pretrained`, plus latents and the video WanPipeline's decode path made of them):
-//! the committed tiny fixture always, and a folder named by `LAYERWISE_WAN_VAE_REFERENCE`
-//! (e.g. the full-size Wan 2.1 shapes) when set.
+//! the committed tiny fixtures always (Wan 2.1's and Wan 2.2's residual, patchified VAE),
+//! and a folder named by `LAYERWISE_WAN_VAE_REFERENCE` (e.g. full-size shapes) when set.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,8 +16,16 @@ use crate::checkpoint::{Component, Mapped};
 use crate::execution::weights;
 use crate::testing::max_abs_diff;
 
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan-vae-tiny")
+    fixtures().join("wan-vae-tiny")
+}
+
+fn fixture22() -> PathBuf {
+    fixtures().join("wan22-vae-tiny")
 }
 
 /// The decoder as the engine loads it: headers, mapping, the decoder's tensors as f32.
@@ -36,8 +44,38 @@ fn reference(dir: &Path) -> HashMap<String, Tensor> {
     candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu).unwrap()
 }
 
-/// Decodes every `latents_T` of the folder and returns (T, max |ours - diffusers|, max |ref|).
-fn compare(dir: &Path) -> Vec<(usize, f32, f32)> {
+/// One clip of a reference folder against our decoder.
+struct Case {
+    t: usize,
+    /// max |ours - diffusers| decoding the clip whole, and chunk by chunk.
+    whole: f32,
+    chunked: f32,
+    /// max |diffusers|.
+    scale: f32,
+}
+
+impl Case {
+    fn print(&self, label: &str) {
+        let Case {
+            t,
+            whole,
+            chunked,
+            scale,
+        } = *self;
+        println!(
+            "{label} T={t}: max |ours - diffusers| = {whole:.3e} whole, {chunked:.3e} chunked \
+             (max |video| = {scale:.3}, relative {:.3e})",
+            whole.max(chunked) / scale
+        );
+    }
+
+    fn worst(&self) -> f32 {
+        self.whole.max(self.chunked)
+    }
+}
+
+/// Decodes every `latents_T` of the folder, whole and through `decode_chunks`.
+fn compare(dir: &Path) -> Vec<Case> {
     let (_, vae) = load(dir);
     let refs = reference(dir);
     let mut lengths: Vec<usize> = refs
@@ -59,40 +97,76 @@ fn compare(dir: &Path) -> Vec<(usize, f32, f32)> {
             let ours = vae.decode(latents).unwrap();
             assert_eq!(ours.dims(), theirs.dims(), "T={t}");
             assert_eq!(ours.dim(0).unwrap(), vae.output_frames(t));
+            // The streamed chunks: one frame, then temporal_upscale per latent frame.
+            let mut chunks = Vec::new();
+            vae.decode_chunks(latents, |c| {
+                chunks.push(c);
+                Ok(())
+            })
+            .unwrap();
+            let frames: Vec<usize> = chunks.iter().map(|c| c.dim(0).unwrap()).collect();
+            let mut expected = vec![vae.temporal_upscale(); t];
+            expected[0] = 1;
+            assert_eq!(frames, expected, "T={t}");
+            let chunked = Tensor::cat(&chunks, 0).unwrap();
             let scale = max_abs_diff(&theirs, &theirs.zeros_like().unwrap());
-            (t, max_abs_diff(&ours, &theirs), scale)
+            Case {
+                t,
+                whole: max_abs_diff(&ours, &theirs),
+                chunked: max_abs_diff(&chunked, &theirs),
+                scale,
+            }
         })
         .collect()
 }
 
-#[test]
-fn fixture_is_the_tiny_preset_and_holds_exactly_its_tensors() {
-    let cfg = WanVaeConfig::load(&fixture().join("config.json")).unwrap();
+/// The exact check: the folder's config is `preset`, written as `to_json` writes it, and
+/// its checkpoint holds every name and shape of `tensor_specs`, nothing else.
+fn check_fixture(dir: &Path, preset: WanVaeConfig) {
+    let cfg = WanVaeConfig::load(&dir.join("config.json")).unwrap();
     assert_eq!(
         cfg,
-        WanVaeConfig::tiny(),
-        "wan_vae_reference.py's tiny preset drifted from WanVaeConfig::tiny()"
+        preset,
+        "{}: wan_vae_reference.py's preset drifted from WanVaeConfig's",
+        dir.display()
     );
-    // The exact check: every name and shape of tensor_specs, nothing else.
-    let component = Component::open(&fixture()).unwrap();
+    let component = Component::open(dir).unwrap();
     check_tensors(&component, &cfg.tensor_specs(), |_| None).unwrap();
-    // What diffusers writes is what to_json writes.
-    let text = std::fs::read_to_string(fixture().join("config.json")).unwrap();
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
     let theirs: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(cfg.to_json(), theirs);
 }
 
+/// The committed fixture's clips 1 and 3 within float rounding of diffusers'.
+fn check_parity(dir: &Path, label: &str) {
+    let results = compare(dir);
+    assert_eq!(results.iter().map(|r| r.t).collect::<Vec<_>>(), vec![1, 3]);
+    for case in results {
+        case.print(label);
+        let t = case.t;
+        assert!(case.scale > 0.1, "a flat reference proves nothing (T={t})");
+        assert!(case.worst() < 1e-4, "T={t}: max abs diff {}", case.worst());
+    }
+}
+
+#[test]
+fn fixture_is_the_tiny_preset_and_holds_exactly_its_tensors() {
+    check_fixture(&fixture(), WanVaeConfig::tiny());
+}
+
+#[test]
+fn wan22_fixture_is_the_tiny22_preset_and_holds_exactly_its_tensors() {
+    check_fixture(&fixture22(), WanVaeConfig::tiny22());
+}
+
 #[test]
 fn decoder_matches_diffusers_on_the_tiny_fixture() {
-    let results = compare(&fixture());
-    assert_eq!(results.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 3]);
-    for (t, diff, scale) in results {
-        println!(
-            "wan-vae-tiny T={t}: max |ours - diffusers| = {diff:.3e} (max |video| = {scale:.3})"
-        );
-        assert!(scale > 0.1, "a flat reference proves nothing (T={t})");
-        assert!(diff < 1e-4, "T={t}: max abs diff {diff}");
-    }
+    check_parity(&fixture(), "wan-vae-tiny");
+}
+
+#[test]
+fn residual_decoder_matches_diffusers_on_the_wan22_tiny_fixture() {
+    check_parity(&fixture22(), "wan22-vae-tiny");
 }
 
 #[test]
@@ -104,27 +178,30 @@ fn decoder_matches_diffusers_on_a_given_reference() {
         );
         return;
     };
-    for (t, diff, scale) in compare(Path::new(&dir)) {
-        println!("{dir} T={t}: max |ours - diffusers| = {diff:.3e} (max |video| = {scale:.3})");
+    for case in compare(Path::new(&dir)) {
+        case.print(&dir);
         // The product's tolerance on [-1, 1] frames: 2/255.
-        assert!(diff < 2.0 / 255.0, "T={t}: max abs diff {diff}");
+        let diff = case.worst();
+        assert!(diff < 2.0 / 255.0, "T={}: max abs diff {diff}", case.t);
     }
 }
 
-/// The fixture's weights with `edit` applied, written as a component folder in a tempdir.
+/// The tiny fixture's weights with `edit` applied, written as a component folder in a
+/// tempdir.
 fn edited_checkpoint(edit: impl FnOnce(&mut HashMap<String, Tensor>)) -> tempfile::TempDir {
+    edited(&fixture(), edit)
+}
+
+/// `fixture`'s weights with `edit` applied, written as a component folder in a tempdir.
+fn edited(fixture: &Path, edit: impl FnOnce(&mut HashMap<String, Tensor>)) -> tempfile::TempDir {
     let mut tensors = candle_core::safetensors::load(
-        fixture().join("diffusion_pytorch_model.safetensors"),
+        fixture.join("diffusion_pytorch_model.safetensors"),
         &Device::Cpu,
     )
     .unwrap();
     edit(&mut tensors);
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        fixture().join("config.json"),
-        dir.path().join("config.json"),
-    )
-    .unwrap();
+    std::fs::copy(fixture.join("config.json"), dir.path().join("config.json")).unwrap();
     candle_core::safetensors::save(
         &tensors,
         dir.path().join("diffusion_pytorch_model.safetensors"),
@@ -175,11 +252,45 @@ fn an_extra_tensor_is_refused_by_name() {
     assert!(err.contains("decoder.conv_out2.bias"), "{err}");
 }
 
+#[test]
+fn the_residual_checkpoint_is_checked_by_name_and_shape() {
+    // The residual decoder's resampler is `upsampler`, not Wan 2.1's `upsamplers.0`.
+    let name = "decoder.up_blocks.0.upsampler.time_conv.weight";
+    let dir = edited(&fixture22(), |t| {
+        t.remove(name).unwrap();
+    });
+    let err = check_error(dir.path());
+    assert!(err.contains(name) && err.contains("missing"), "{err}");
+    // A Wan 2.1-style resampler that halves the width: refused with the implied shape.
+    let name = "decoder.up_blocks.1.upsampler.resample.1.weight";
+    let dir = edited(&fixture22(), |t| {
+        t.insert(
+            name.into(),
+            Tensor::ones((1, 3, 3, 3), candle_core::DType::F32, &Device::Cpu).unwrap(),
+        );
+    });
+    let err = check_error(dir.path());
+    assert!(err.contains(name) && err.contains("[3, 3, 3, 3]"), "{err}");
+    // The head makes 2×2 patches of RGB: 12 channels.
+    let name = "decoder.conv_out.weight";
+    let dir = edited(&fixture22(), |t| {
+        t.insert(
+            name.into(),
+            Tensor::ones((3, 3, 3, 3, 3), candle_core::DType::F32, &Device::Cpu).unwrap(),
+        );
+    });
+    let err = check_error(dir.path());
+    assert!(
+        err.contains(name) && err.contains("[12, 3, 3, 3, 3]"),
+        "{err}"
+    );
+}
+
 /// The end of the committed WanPipeline reference (`wan_reference.py fixture`): its final
 /// latents, decoded by the pipeline's own VAE and post-processed to [F, H, W, 3] in [0, 1].
 #[test]
 fn decodes_the_wan21_pipeline_fixtures_final_latents_to_its_frames() {
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let fixtures = fixtures();
     let (_, vae) = load(&fixtures.join("wan21-tiny/vae"));
     let refs = candle_core::safetensors::load(
         fixtures.join("wan21-tiny-reference.safetensors"),

@@ -15,14 +15,38 @@ pub enum Upsample {
     SpatioTemporal,
 }
 
-/// One `WanUpBlock`: `num_res_blocks + 1` residual blocks, then maybe a resampler.
+/// One `WanUpBlock` (Wan 2.1) or `WanResidualUpBlock` (Wan 2.2): `num_res_blocks + 1`
+/// residual blocks, then maybe a resampler, and for Wan 2.2 a shortcut around them all.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpBlockLayout {
     /// (in, out) channels of each residual block.
     pub resnets: Vec<(usize, usize)>,
-    /// The block's width (its resnets' output); the resampler halves it.
+    /// The block's width (its resnets' output).
     pub dim: usize,
     pub upsample: Option<Upsample>,
+    /// The block's output width: the resampler's, which halves `dim` for Wan 2.1 and keeps
+    /// it for Wan 2.2; `dim` without a resampler.
+    pub out: usize,
+    /// Wan 2.2's `DupUp3D`, on every block with a resampler.
+    pub shortcut: Option<DupUpLayout>,
+}
+
+/// `DupUp3D`: the residual decoder's weightless shortcut from an up block's input to its
+/// output, which repeats each of `cin` channels so that the copies fill `cout` channels of
+/// `factor_t` frames × 2×2 pixels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DupUpLayout {
+    pub cin: usize,
+    pub cout: usize,
+    /// 2 where the block upsamples in time, else 1.
+    pub factor_t: usize,
+}
+
+impl DupUpLayout {
+    /// Output values per input value's position: frames × pixels.
+    pub fn factor(&self) -> usize {
+        self.factor_t * 4
+    }
 }
 
 /// `WanDecoder3d`: conv_in to `mid` channels, the mid block, the up blocks, the head.
@@ -33,7 +57,47 @@ pub struct DecoderLayout {
     pub up_blocks: Vec<UpBlockLayout>,
     /// Width of the head (the last up block's).
     pub head: usize,
+    /// The head's output: `patch`² pixels of every channel of the frames.
     pub out_channels: usize,
+    /// The side of the pixel patch the head's channels unfold into (1: none).
+    pub patch: usize,
+    /// Wan 2.2's blocks, whose resampler diffusers names `upsampler` (Wan 2.1's:
+    /// `upsamplers.0`).
+    pub residual: bool,
+}
+
+impl DecoderLayout {
+    /// The tensor prefix of up block `i`'s resampler.
+    pub fn upsampler_prefix(&self, i: usize) -> String {
+        if self.residual {
+            format!("decoder.up_blocks.{i}.upsampler")
+        } else {
+            format!("decoder.up_blocks.{i}.upsamplers.0")
+        }
+    }
+}
+
+/// One `WanResidualDownBlock` of Wan 2.2's encoder (`encoder.down_blocks.{i}`):
+/// `num_res_blocks` residual blocks, maybe a downsampler, and a weightless `AvgDown3D`
+/// shortcut that averages groups of its input's channels, frames and pixels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResidualDownBlockLayout {
+    pub cin: usize,
+    pub cout: usize,
+    pub resnets: Vec<(usize, usize)>,
+    /// `Some(temporal)`: `downsample3d` when true, `downsample2d` when false.
+    pub downsample: Option<bool>,
+}
+
+impl ResidualDownBlockLayout {
+    /// Input values the shortcut averages per output position (times the group size).
+    pub fn factor(&self) -> usize {
+        match self.downsample {
+            None => 1,
+            Some(false) => 4,
+            Some(true) => 8,
+        }
+    }
 }
 
 /// One entry of `WanEncoder3d.down_blocks`, in order (the index is the tensor prefix).
@@ -54,7 +118,7 @@ pub enum EncoderLayer {
 }
 
 impl WanVaeConfig {
-    /// The decoder's layers (diffusers' non-residual `WanDecoder3d`).
+    /// The decoder's layers (diffusers' `WanDecoder3d`, either variant).
     pub fn decoder_layout(&self) -> DecoderLayout {
         let base = self.decoder_dim();
         let n = self.dim_mult.len();
@@ -65,11 +129,12 @@ impl WanVaeConfig {
             .map(|m| base * m)
             .collect();
         let temperal_upsample = self.temperal_upsample();
-        let mut up_blocks = Vec::with_capacity(n);
+        let mut up_blocks: Vec<UpBlockLayout> = Vec::with_capacity(n);
         for i in 0..n {
-            // Every block after the first takes the previous resampler's halved output.
-            let mut cin = if i > 0 { dims[i] / 2 } else { dims[i] };
+            // Every block after the first takes the previous one's output.
+            let block_in = up_blocks.last().map_or(dims[0], |b| b.out);
             let dim = dims[i + 1];
+            let mut cin = block_in;
             let resnets = (0..=self.num_res_blocks)
                 .map(|_| {
                     let pair = (cin, dim);
@@ -84,10 +149,27 @@ impl WanVaeConfig {
                     Upsample::Spatial
                 }
             });
+            let out = match upsample {
+                Some(_) if !self.is_residual => dim / 2,
+                _ => dim,
+            };
+            let shortcut = upsample
+                .filter(|_| self.is_residual)
+                .map(|mode| DupUpLayout {
+                    cin: block_in,
+                    cout: dim,
+                    factor_t: if mode == Upsample::SpatioTemporal {
+                        2
+                    } else {
+                        1
+                    },
+                });
             up_blocks.push(UpBlockLayout {
                 resnets,
                 dim,
                 upsample,
+                out,
+                shortcut,
             });
         }
         DecoderLayout {
@@ -96,10 +178,48 @@ impl WanVaeConfig {
             head: dims[n],
             up_blocks,
             out_channels: self.out_channels,
+            patch: self.patch(),
+            residual: self.is_residual,
         }
     }
 
-    /// The encoder's `down_blocks` entries, in order (diffusers' non-residual encoder).
+    /// Wan 2.2's encoder blocks, one per level (`is_residual` only; its encoder ignores
+    /// `attn_scales`, as diffusers' does).
+    pub fn residual_encoder_blocks(&self) -> Vec<ResidualDownBlockLayout> {
+        if !self.is_residual {
+            return Vec::new();
+        }
+        let base = self.base_dim;
+        let n = self.dim_mult.len();
+        let dims: Vec<usize> = std::iter::once(1)
+            .chain(self.dim_mult.iter().copied())
+            .map(|m| base * m)
+            .collect();
+        (0..n)
+            .map(|i| {
+                let (cin, cout) = (dims[i], dims[i + 1]);
+                let mut width = cin;
+                let resnets = (0..self.num_res_blocks)
+                    .map(|_| {
+                        let pair = (width, cout);
+                        width = cout;
+                        pair
+                    })
+                    .collect();
+                let downsample =
+                    (i + 1 < n).then(|| self.temperal_downsample.get(i).copied().unwrap_or(false));
+                ResidualDownBlockLayout {
+                    cin,
+                    cout,
+                    resnets,
+                    downsample,
+                }
+            })
+            .collect()
+    }
+
+    /// The encoder's `down_blocks` entries, in order (diffusers' non-residual encoder; see
+    /// `residual_encoder_blocks` for Wan 2.2's).
     pub fn encoder_layers(&self) -> Vec<EncoderLayer> {
         let base = self.base_dim;
         let dims: Vec<usize> = std::iter::once(1)
@@ -143,24 +263,10 @@ impl WanVaeConfig {
             base,
             [3, 3, 3],
         );
-        for (i, layer) in self.encoder_layers().iter().enumerate() {
-            let prefix = format!("encoder.down_blocks.{i}");
-            match *layer {
-                EncoderLayer::Residual { cin, cout } => residual(&mut out, &prefix, cin, cout),
-                EncoderLayer::Attention { dim } => attention(&mut out, &prefix, dim),
-                EncoderLayer::Downsample { dim, temporal } => {
-                    conv2d(&mut out, &format!("{prefix}.resample.1"), dim, dim);
-                    if temporal {
-                        conv3d(
-                            &mut out,
-                            &format!("{prefix}.time_conv"),
-                            dim,
-                            dim,
-                            [3, 1, 1],
-                        );
-                    }
-                }
-            }
+        if self.is_residual {
+            self.residual_encoder_specs(&mut out);
+        } else {
+            self.encoder_layer_specs(&mut out);
         }
         mid_block(&mut out, "encoder.mid_block", top);
         rms(&mut out, "encoder.norm_out", top, false);
@@ -168,6 +274,41 @@ impl WanVaeConfig {
         conv3d(&mut out, "quant_conv", z2, z2, [1, 1, 1]);
         out.extend(self.decoder_specs());
         out
+    }
+
+    /// Wan 2.1's `encoder.down_blocks.*`: one entry per layer.
+    fn encoder_layer_specs(&self, out: &mut Vec<TensorSpec>) {
+        for (i, layer) in self.encoder_layers().iter().enumerate() {
+            let prefix = format!("encoder.down_blocks.{i}");
+            match *layer {
+                EncoderLayer::Residual { cin, cout } => residual(out, &prefix, cin, cout),
+                EncoderLayer::Attention { dim } => attention(out, &prefix, dim),
+                EncoderLayer::Downsample { dim, temporal } => {
+                    conv2d(out, &format!("{prefix}.resample.1"), dim, dim);
+                    if temporal {
+                        conv3d(out, &format!("{prefix}.time_conv"), dim, dim, [3, 1, 1]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Wan 2.2's `encoder.down_blocks.*`: one block per level (the shortcut has no weights).
+    fn residual_encoder_specs(&self, out: &mut Vec<TensorSpec>) {
+        for (i, block) in self.residual_encoder_blocks().iter().enumerate() {
+            let prefix = format!("encoder.down_blocks.{i}");
+            for (j, &(cin, cout)) in block.resnets.iter().enumerate() {
+                residual(out, &format!("{prefix}.resnets.{j}"), cin, cout);
+            }
+            if let Some(temporal) = block.downsample {
+                let down = format!("{prefix}.downsampler");
+                let d = block.cout;
+                conv2d(out, &format!("{down}.resample.1"), d, d);
+                if temporal {
+                    conv3d(out, &format!("{down}.time_conv"), d, d, [3, 1, 1]);
+                }
+            }
+        }
     }
 
     /// What decoding needs: `post_quant_conv.*` and `decoder.*`.
@@ -183,13 +324,8 @@ impl WanVaeConfig {
                 residual(&mut out, &format!("{prefix}.resnets.{j}"), cin, cout);
             }
             if let Some(mode) = block.upsample {
-                let up = format!("{prefix}.upsamplers.0");
-                conv2d(
-                    &mut out,
-                    &format!("{up}.resample.1"),
-                    block.dim,
-                    block.dim / 2,
-                );
+                let up = l.upsampler_prefix(i);
+                conv2d(&mut out, &format!("{up}.resample.1"), block.dim, block.out);
                 if mode == Upsample::SpatioTemporal {
                     let d = block.dim;
                     conv3d(&mut out, &format!("{up}.time_conv"), d, 2 * d, [3, 1, 1]);
@@ -265,166 +401,4 @@ fn mid_block(out: &mut Vec<TensorSpec>, prefix: &str, c: usize) {
     attention(out, &format!("{prefix}.attentions.0"), c);
     residual(out, &format!("{prefix}.resnets.0"), c, c);
     residual(out, &format!("{prefix}.resnets.1"), c, c);
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::{BTreeMap, HashSet};
-
-    use super::*;
-
-    fn map(specs: &[TensorSpec]) -> BTreeMap<&str, &[usize]> {
-        specs
-            .iter()
-            .map(|s| (s.name.as_str(), s.shape.as_slice()))
-            .collect()
-    }
-
-    #[test]
-    fn wan21_matches_the_published_checkpoint() {
-        // diffusers 0.42.1's AutoencoderKLWan() state dict: 194 tensors, 126,892,531
-        // parameters (the Wan2.1 VAE's 127M).
-        let cfg = WanVaeConfig::wan21();
-        let specs = cfg.tensor_specs();
-        assert_eq!(specs.len(), 194);
-        assert_eq!(
-            specs.iter().map(TensorSpec::numel).sum::<usize>(),
-            126_892_531
-        );
-        let names: HashSet<_> = specs.iter().map(|s| &s.name).collect();
-        assert_eq!(names.len(), specs.len(), "names are unique");
-        let m = map(&specs);
-        for (name, shape) in [
-            ("encoder.conv_in.weight", &[96, 3, 3, 3, 3][..]),
-            ("encoder.down_blocks.2.resample.1.weight", &[96, 96, 3, 3]),
-            (
-                "encoder.down_blocks.3.conv_shortcut.weight",
-                &[192, 96, 1, 1, 1],
-            ),
-            (
-                "encoder.down_blocks.5.time_conv.weight",
-                &[192, 192, 3, 1, 1],
-            ),
-            ("encoder.down_blocks.10.norm2.gamma", &[384, 1, 1, 1]),
-            ("encoder.conv_out.weight", &[32, 384, 3, 3, 3]),
-            ("quant_conv.weight", &[32, 32, 1, 1, 1]),
-            ("post_quant_conv.weight", &[16, 16, 1, 1, 1]),
-            ("decoder.conv_in.weight", &[384, 16, 3, 3, 3]),
-            ("decoder.mid_block.attentions.0.norm.gamma", &[384, 1, 1]),
-            (
-                "decoder.mid_block.attentions.0.to_qkv.weight",
-                &[1152, 384, 1, 1],
-            ),
-            (
-                "decoder.up_blocks.0.upsamplers.0.time_conv.weight",
-                &[768, 384, 3, 1, 1],
-            ),
-            (
-                "decoder.up_blocks.0.upsamplers.0.resample.1.weight",
-                &[192, 384, 3, 3],
-            ),
-            (
-                "decoder.up_blocks.1.resnets.0.conv1.weight",
-                &[384, 192, 3, 3, 3],
-            ),
-            (
-                "decoder.up_blocks.1.resnets.0.conv_shortcut.weight",
-                &[384, 192, 1, 1, 1],
-            ),
-            (
-                "decoder.up_blocks.2.upsamplers.0.resample.1.weight",
-                &[96, 192, 3, 3],
-            ),
-            (
-                "decoder.up_blocks.3.resnets.2.conv2.weight",
-                &[96, 96, 3, 3, 3],
-            ),
-            ("decoder.norm_out.gamma", &[96, 1, 1, 1]),
-            ("decoder.conv_out.weight", &[3, 96, 3, 3, 3]),
-        ] {
-            assert_eq!(m.get(name).copied(), Some(shape), "{name}");
-        }
-        for absent in [
-            "encoder.down_blocks.2.time_conv.weight",
-            "decoder.up_blocks.2.upsamplers.0.time_conv.weight",
-            "decoder.up_blocks.3.upsamplers.0.resample.1.weight",
-            "decoder.up_blocks.0.resnets.0.conv_shortcut.weight",
-        ] {
-            assert!(!m.contains_key(absent), "{absent}");
-        }
-        // The decoder's part: post_quant_conv and decoder.* only, all of them.
-        let dec = cfg.decoder_specs();
-        assert!(dec
-            .iter()
-            .all(|s| s.name.starts_with("decoder.") || s.name.starts_with("post_quant_conv.")));
-        let in_full = specs
-            .iter()
-            .filter(|s| s.name.starts_with("decoder.") || s.name.starts_with("post_quant_conv."))
-            .count();
-        assert_eq!(dec.len(), in_full);
-    }
-
-    #[test]
-    fn tiny_matches_diffusers_test_config() {
-        // 146 tensors, 13,861 parameters in diffusers 0.42.1.
-        let specs = WanVaeConfig::tiny().tensor_specs();
-        assert_eq!(specs.len(), 146);
-        assert_eq!(specs.iter().map(TensorSpec::numel).sum::<usize>(), 13_861);
-        let m = map(&specs);
-        assert_eq!(
-            m["decoder.up_blocks.1.resnets.0.norm1.gamma"],
-            &[1, 1, 1, 1]
-        );
-        assert_eq!(
-            m["decoder.up_blocks.0.upsamplers.0.resample.1.weight"],
-            &[1, 3, 3, 3]
-        );
-    }
-
-    #[test]
-    fn attention_scales_and_decoder_width_follow_diffusers() {
-        // AutoencoderKLWan(base_dim=4, z_dim=4, dim_mult=[1,2,2], num_res_blocks=1,
-        // attn_scales=[0.5, 1.0], temperal_downsample=[True, False]): 128 tensors, 41,971
-        // parameters; with decoder_base_dim=8, num_res_blocks=2, no attention: 154 and
-        // 150,747.
-        let cfg = WanVaeConfig {
-            base_dim: 4,
-            z_dim: 4,
-            dim_mult: vec![1, 2, 2],
-            num_res_blocks: 1,
-            attn_scales: vec![0.5, 1.0],
-            temperal_downsample: vec![true, false],
-            latents_mean: vec![0.0; 4],
-            latents_std: vec![1.0; 4],
-            scale_factor_spatial: Some(4),
-            scale_factor_temporal: Some(2),
-            ..WanVaeConfig::wan21()
-        };
-        cfg.validate(std::path::Path::new("config.json")).unwrap();
-        let specs = cfg.tensor_specs();
-        assert_eq!(specs.len(), 128);
-        assert_eq!(specs.iter().map(TensorSpec::numel).sum::<usize>(), 41_971);
-        let m = map(&specs);
-        assert_eq!(m["encoder.down_blocks.1.to_qkv.weight"], &[12, 4, 1, 1]);
-        assert_eq!(
-            m["encoder.down_blocks.2.time_conv.weight"],
-            &[4, 4, 3, 1, 1]
-        );
-        assert_eq!(m["encoder.down_blocks.4.to_qkv.weight"], &[24, 8, 1, 1]);
-        assert_eq!(
-            m["decoder.up_blocks.1.upsamplers.0.time_conv.weight"],
-            &[16, 8, 3, 1, 1]
-        );
-
-        let wide = WanVaeConfig {
-            decoder_base_dim: Some(8),
-            num_res_blocks: 2,
-            attn_scales: vec![],
-            ..cfg
-        };
-        let specs = wide.tensor_specs();
-        assert_eq!(specs.len(), 154);
-        assert_eq!(specs.iter().map(TensorSpec::numel).sum::<usize>(), 150_747);
-        assert_eq!(map(&specs)["decoder.conv_in.weight"], &[16, 4, 3, 3, 3]);
-    }
 }

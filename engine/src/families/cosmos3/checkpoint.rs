@@ -1,0 +1,232 @@
+//! A Cosmos3 pipeline folder opened and checked from its headers and configs alone:
+//! `model_index.json`, the text tokenizer's files, the transformer's and the VAE's configs
+//! and every tensor against what they imply. Nothing here reads weight data.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::config::{Cosmos3Config, EMBED_TOKENS};
+use crate::checkpoint::check::check_tensors;
+use crate::checkpoint::{ActivationCost, Component, ModelFolder};
+use crate::families::wan::vae::WanVaeConfig;
+use crate::families::{BlockGroup, FamilyCheckpoint};
+use crate::{Error, Result};
+
+/// A checked Cosmos3 pipeline folder.
+#[derive(Debug, Clone)]
+pub struct Cosmos3Checkpoint {
+    pub folder: ModelFolder,
+    /// `text_tokenizer/`: its `tokenizer.json`, `tokenizer_config.json` and chat template.
+    pub tokenizer: PathBuf,
+    pub config: Cosmos3Config,
+    pub vae_config: WanVaeConfig,
+    pub transformer: Component,
+    pub vae: Component,
+    /// The pipeline prepends its system prompt (`default_use_system_prompt`).
+    pub system_prompt: bool,
+}
+
+fn listed(index: &Value, name: &str) -> bool {
+    match index.get(name) {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(a)) => a.iter().any(|v| !v.is_null()),
+        Some(_) => true,
+    }
+}
+
+impl Cosmos3Checkpoint {
+    pub fn open(root: &Path) -> Result<Cosmos3Checkpoint> {
+        let folder = ModelFolder::new(root)?;
+        let index_path = root.join("model_index.json");
+        let index: Value = crate::checkpoint::read_json(&index_path)?;
+        for part in ["text_tokenizer", "transformer", "vae", "scheduler"] {
+            if !listed(&index, part) {
+                return Err(Error::config(
+                    &index_path,
+                    part,
+                    "missing; a Cosmos3 pipeline needs a text_tokenizer, transformer, vae and scheduler",
+                ));
+            }
+        }
+        if index
+            .get("use_native_flow_schedule")
+            .and_then(Value::as_bool)
+            == Some(true)
+        {
+            return Err(Error::config(
+                &index_path,
+                "use_native_flow_schedule",
+                "the native flow schedule (sigmas set by the pipeline) is not supported; the scheduler's own schedule is",
+            ));
+        }
+        let system_prompt = index
+            .get("default_use_system_prompt")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        let tokenizer = root.join("text_tokenizer");
+        for file in ["tokenizer.json", "tokenizer_config.json"] {
+            if !tokenizer.join(file).is_file() {
+                return Err(Error::checkpoint(
+                    tokenizer.join(file),
+                    "missing: a Cosmos3 pipeline folder holds text_tokenizer/tokenizer.json and tokenizer_config.json",
+                ));
+            }
+        }
+        let config = Cosmos3Config::load(&root.join("transformer").join("config.json"))?;
+        let vae_config = WanVaeConfig::load(&root.join("vae").join("config.json"))?;
+        let transformer = Component::open(&root.join("transformer"))?;
+        let vae = Component::open(&root.join("vae"))?;
+        check_tensors(&transformer, &config.all_specs(), |_| None)?;
+        check_tensors(&vae, &vae_config.tensor_specs(), |_| None)?;
+        if vae_config.z_dim != config.latent_channel {
+            return Err(Error::config(
+                root.join("transformer").join("config.json"),
+                "latent_channel",
+                format!(
+                    "{} but the VAE's latents have {} channels",
+                    config.latent_channel, vae_config.z_dim
+                ),
+            ));
+        }
+        let patch = vae_config.patch_size.unwrap_or(1);
+        if vae_config.out_channels != 3 * patch * patch {
+            return Err(Error::config(
+                root.join("vae").join("config.json"),
+                "out_channels",
+                format!(
+                    "{}: frames are RGB, 3 channels in each of the {patch} × {patch} pixels of a patch",
+                    vae_config.out_channels
+                ),
+            ));
+        }
+        Ok(Cosmos3Checkpoint {
+            folder,
+            tokenizer,
+            config,
+            vae_config,
+            transformer,
+            vae,
+            system_prompt,
+        })
+    }
+
+    /// Tensors of the transformer outside the blocks that every rank keeps on its device
+    /// (the embedding table is read from the host mapping; the language head and the
+    /// understanding pathway's final norm are never read).
+    pub fn resident_device_names(&self) -> Vec<String> {
+        self.config
+            .resident_specs()
+            .into_iter()
+            .map(|s| s.name)
+            .collect()
+    }
+
+    /// [`FamilyCheckpoint::resident_device_bytes`] once loaded at `elem` bytes per element.
+    pub fn resident_stored_bytes(&self, elem: u64) -> u64 {
+        self.resident_device_names()
+            .iter()
+            .filter_map(|n| {
+                self.transformer
+                    .get(n)
+                    .map(|(_, t)| t.numel() as u64 * elem)
+            })
+            .sum()
+    }
+
+    /// The VAE's decoder tensors.
+    pub fn decoder_names(&self) -> Vec<String> {
+        self.vae_config
+            .decoder_specs()
+            .into_iter()
+            .map(|s| s.name)
+            .collect()
+    }
+
+    /// [`FamilyCheckpoint::decoder_bytes`] once loaded at `elem` bytes per element.
+    pub fn decoder_stored_bytes(&self, elem: u64) -> u64 {
+        self.decoder_names()
+            .iter()
+            .filter_map(|n| self.vae.get(n).map(|(_, t)| t.numel() as u64 * elem))
+            .sum()
+    }
+
+    /// The name of the text embedding table.
+    pub fn embedding_table(&self) -> &'static str {
+        EMBED_TOKENS
+    }
+}
+
+impl FamilyCheckpoint for Cosmos3Checkpoint {
+    fn components(&self) -> Vec<(&'static str, &Component)> {
+        vec![("transformer", &self.transformer), ("vae", &self.vae)]
+    }
+    /// The understanding pathway ([`super::UNDERSTANDING`]), then the generation pathway
+    /// ([`super::GENERATION`]), both over the transformer's layers.
+    fn groups(&self) -> Vec<(&'static str, BlockGroup)> {
+        vec![
+            ("transformer", self.config.understanding_group()),
+            ("transformer", self.config.generation_group()),
+        ]
+    }
+    fn resident_device_bytes(&self) -> u64 {
+        self.resident_device_names()
+            .iter()
+            .filter_map(|n| self.transformer.get(n).map(|(_, t)| t.len))
+            .sum()
+    }
+    fn decoder_bytes(&self) -> u64 {
+        self.decoder_names()
+            .iter()
+            .filter_map(|n| self.vae.get(n).map(|(_, t)| t.len))
+            .sum()
+    }
+    /// The pipeline's default size, 1280 × 720.
+    fn native_size(&self) -> (usize, usize) {
+        (1280, 720)
+    }
+    /// What a request costs in activations (f32), from the shapes the engine computes.
+    fn activation_cost(&self) -> ActivationCost {
+        let c = &self.config;
+        let (d, ff) = (c.hidden_size as u64, c.intermediate_size as u64);
+        let qw = (c.num_attention_heads * c.head_dim) as u64;
+        let kvw = (c.num_key_value_heads * c.head_dim) as u64;
+        let spatial = (self.vae_config.upscale() * c.latent_patch_size) as u64;
+        let layers = c.num_hidden_layers as u64;
+        ActivationCost {
+            pixels_per_token: spatial * spatial,
+            // A generation layer: x, its norm, q, k, v, rotary temporaries, the attention
+            // out, the MLP's two projections and their product. Attention runs in query
+            // chunks within a fixed budget.
+            bytes_per_token: 4 * (3 * d + 2 * qw + 3 * kvw + 3 * ff),
+            bytes_per_token_pair: 0,
+            attention_bytes: crate::families::attention::ATTENTION_CHUNK_BYTES,
+            vae_bytes_per_pixel: 4
+                * 3
+                * (self
+                    .vae_config
+                    .decoder_base_dim
+                    .unwrap_or(self.vae_config.base_dim)
+                    * self.vae_config.dim_mult[0]) as u64,
+            frames_per_latent: self.vae_config.temporal_upscale() as u64,
+            decoder_frames: self.vae_config.temporal_upscale() as u64 + 2,
+            // The understanding pathway's keys (normed, rotated) and values, kept for every
+            // layer for the whole request, and the layer's key/value concatenation.
+            bytes_per_text_token: 4 * 2 * kvw * (layers + 1),
+            // An understanding layer over the prompt: x, its norm, q, k, v, attention out
+            // and the MLP; its causal attention runs in query chunks too.
+            encoder_bytes_per_token: 4 * (3 * d + 2 * qw + 3 * kvw + 3 * ff) + 4 * 2 * kvw * layers,
+            encoder_bytes_per_token_pair: 0,
+            // The conditional and unconditional sequences (their prompts differ in length)
+            // are both live through each block.
+            guidance_samples: 2,
+        }
+    }
+    #[cfg(feature = "runtime")]
+    fn runtime(&self) -> Result<Box<dyn crate::execution::family::FamilyRuntime>> {
+        Ok(Box::new(super::runtime::Cosmos3Runtime::new(self.clone())?))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}

@@ -1,0 +1,436 @@
+//! Cosmos3's transformer, split the way the pipeline streams it, following diffusers
+//! 0.42.1's `Cosmos3OmniTransformer.forward` in f32.
+//!
+//! The understanding pathway attends causally to itself only and never sees the latents
+//! or the timestep, so its keys and values are the same at every denoising step: one pass
+//! over its blocks per request ([`Cosmos3Transformer::understand`]) keeps each layer's keys
+//! (normed and rotated as the generation pathway reads them) and values. Each step is then
+//! one pass over the generation pathway's blocks alone, which attend to those and to their
+//! own. The last layer's understanding attention output and MLP feed nothing a picture
+//! needs (diffusers computes them and reads only the generation tokens), so they are not
+//! computed.
+
+use candle_core::{DType, Device, Module, Tensor, D};
+use candle_nn::Linear;
+
+use super::config::Cosmos3Config;
+use crate::execution::weights::Weights;
+use crate::families::attention::{attention, causal_attention};
+use crate::families::wan::transformer::model::timestep_embedding;
+use crate::{Error, Result};
+
+/// One sequence's understanding pathway while its blocks run, and what it leaves.
+pub struct Understanding {
+    /// Hidden states [L, d] of the text tokens.
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    /// Per layer: keys [1, kv heads, L, head dim] as the generation pathway reads them,
+    /// and values.
+    pub kv: Vec<(Tensor, Tensor)>,
+}
+
+impl Understanding {
+    /// Text tokens.
+    pub fn len(&self) -> usize {
+        self.x.dim(0).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One sequence's generation pathway while its blocks run.
+pub struct Generation {
+    /// Hidden states [N, d] of the vision tokens.
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    /// (latent frames, rows, columns) before padding to whole patches.
+    latent: (usize, usize, usize),
+}
+
+/// The transformer's shape and its resident weights.
+pub struct Cosmos3Transformer {
+    pub cfg: Cosmos3Config,
+    resident: Box<dyn Weights + Send + Sync>,
+}
+
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    Ok(x.broadcast_mul(&(ms + eps)?.sqrt()?.recip()?)?
+        .broadcast_mul(weight)?)
+}
+
+/// `x * cos + rotate_half(x) * sin` for x [1, H, S, D] and tables [S, D].
+fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let half = x.dim(D::Minus1)? / 2;
+    let (a, b) = (
+        x.narrow(D::Minus1, 0, half)?,
+        x.narrow(D::Minus1, half, half)?,
+    );
+    let rotated = Tensor::cat(&[&b.neg()?, &a], D::Minus1)?;
+    Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
+}
+
+/// [1, kv heads, S, D] to [1, kv heads × groups, S, D], each key/value head serving the
+/// `groups` query heads after it (torch's `enable_gqa`).
+fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
+    if groups == 1 {
+        return Ok(x.clone());
+    }
+    let (b, h, s, d) = x.dims4()?;
+    Ok(x.unsqueeze(2)?
+        .broadcast_as((b, h, groups, s, d))?
+        .contiguous()?
+        .reshape((b, h * groups, s, d))?)
+}
+
+/// 3D rotary tables [S, head dim] for positions [3][S] (time, rows, columns), frequencies
+/// interleaved across the axes as Qwen3-VL does: frequency j takes the row position when
+/// j ≡ 1 (mod 3) and j < 3 × rows' share, the column position when j ≡ 2 and j < 3 ×
+/// columns' share, else the time position. Products are formed in f32 as torch forms
+/// them; cos and sin go through f64 so they round once.
+pub fn rotary(
+    cfg: &Cosmos3Config,
+    positions: &[Vec<f32>; 3],
+    dev: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let hd = cfg.head_dim;
+    let half = hd / 2;
+    let axes = cfg.axes();
+    let inv: Vec<f32> = (0..half)
+        .map(|j| {
+            let e = (2 * j) as f32 / hd as f32;
+            1.0 / (cfg.rope_theta.powf(e as f64) as f32)
+        })
+        .collect();
+    let axis = |j: usize| {
+        if j % 3 == 1 && j < 3 * axes[1] {
+            1
+        } else if j % 3 == 2 && j < 3 * axes[2] {
+            2
+        } else {
+            0
+        }
+    };
+    let n = positions[0].len();
+    let (mut cos, mut sin) = (Vec::with_capacity(n * hd), Vec::with_capacity(n * hd));
+    let [t, r, c] = positions;
+    for ((t, r), c) in t.iter().zip(r).zip(c) {
+        let at = [*t, *r, *c];
+        let f: Vec<f64> = (0..half).map(|j| (at[axis(j)] * inv[j]) as f64).collect();
+        for _ in 0..2 {
+            cos.extend(f.iter().map(|a| a.cos() as f32));
+            sin.extend(f.iter().map(|a| a.sin() as f32));
+        }
+    }
+    Ok((
+        Tensor::from_vec(cos, (n, hd), dev)?,
+        Tensor::from_vec(sin, (n, hd), dev)?,
+    ))
+}
+
+/// Positions of `tokens` text tokens: 0, 1, ... on every axis.
+pub fn text_positions(tokens: usize) -> [Vec<f32>; 3] {
+    let ids: Vec<f32> = (0..tokens).map(|i| i as f32).collect();
+    [ids.clone(), ids.clone(), ids]
+}
+
+/// Positions of a (t, h, w) patch grid after `text` text tokens, as the pipeline's
+/// `get_3d_mrope_ids_vae_tokens` gives them: time from `text + margin`, rescaled to
+/// `base_fps` when a clip has several latent frames and fps modulation is on; rows and
+/// columns from 0 (or from the same offset).
+pub fn vision_positions(
+    cfg: &Cosmos3Config,
+    text: usize,
+    grid: (usize, usize, usize),
+    fps: f64,
+    frames_per_latent: usize,
+) -> [Vec<f32>; 3] {
+    let (t, h, w) = grid;
+    let offset = (text + cfg.unified_3d_mrope_temporal_modality_margin) as f32;
+    let modulated = cfg.enable_fps_modulation && t > 1;
+    let tps = (fps / frames_per_latent as f64) as f32;
+    let base_tps = (cfg.base_fps as f64 / frames_per_latent as f64) as f32;
+    let spatial = if cfg.unified_3d_mrope_reset_spatial_ids {
+        0.0
+    } else {
+        offset
+    };
+    let mut out: [Vec<f32>; 3] = Default::default();
+    for f in 0..t {
+        let time = if modulated {
+            f as f32 / tps * base_tps + offset
+        } else {
+            f as f32 + offset
+        };
+        for r in 0..h {
+            for c in 0..w {
+                out[0].push(time);
+                out[1].push(r as f32 + spatial);
+                out[2].push(c as f32 + spatial);
+            }
+        }
+    }
+    out
+}
+
+impl Cosmos3Transformer {
+    pub fn new(cfg: Cosmos3Config, resident: Box<dyn Weights + Send + Sync>) -> Self {
+        Cosmos3Transformer { cfg, resident }
+    }
+
+    fn linear(&self, w: &dyn Weights, name: &str, x: &Tensor) -> Result<Tensor> {
+        let weight = w.get(&format!("{name}.weight"))?;
+        let bias = if self.cfg.attention_bias && name.starts_with("self_attn.") {
+            Some(w.get(&format!("{name}.bias"))?)
+        } else {
+            None
+        };
+        Ok(Linear::new(weight, bias).forward(x)?)
+    }
+
+    /// [S, heads × D] to [1, heads, S, D].
+    fn heads(&self, x: &Tensor, heads: usize) -> Result<Tensor> {
+        let s = x.dim(0)?;
+        Ok(x.reshape((1, s, heads, self.cfg.head_dim))?
+            .transpose(1, 2)?
+            .contiguous()?)
+    }
+
+    /// A per-head norm of `name` over [1, H, S, D], or none.
+    fn head_norm(&self, w: &dyn Weights, name: &str, x: Tensor) -> Result<Tensor> {
+        rms_norm(
+            &x,
+            &w.get(&format!("self_attn.{name}.weight"))?,
+            self.cfg.rms_norm_eps,
+        )
+    }
+
+    fn mlp(&self, w: &dyn Weights, prefix: &str, x: &Tensor) -> Result<Tensor> {
+        let up = self.linear(w, &format!("{prefix}.up_proj"), x)?;
+        let hidden = if self.cfg.gated() {
+            (self.linear(w, &format!("{prefix}.gate_proj"), x)?.silu()? * up)?
+        } else {
+            up.relu()?.sqr()?
+        };
+        self.linear(w, &format!("{prefix}.down_proj"), &hidden)
+    }
+
+    /// [1, H, S, D] to [S, H × D].
+    fn merge(x: &Tensor) -> Result<Tensor> {
+        let (_, h, s, d) = x.dims4()?;
+        Ok(x.transpose(1, 2)?.reshape((s, h * d))?)
+    }
+
+    /// Starts the understanding pathway over text embeddings [L, d].
+    pub fn understand(&self, embeddings: Tensor) -> Result<Understanding> {
+        let l = embeddings.dim(0)?;
+        if l == 0 || embeddings.dim(1)? != self.cfg.hidden_size {
+            return Err(Error::invalid(
+                "prompt",
+                format!(
+                    "embeddings {:?}: want [tokens ≥ 1, {}]",
+                    embeddings.dims(),
+                    self.cfg.hidden_size
+                ),
+            ));
+        }
+        let (cos, sin) = rotary(&self.cfg, &text_positions(l), embeddings.device())?;
+        Ok(Understanding {
+            x: embeddings,
+            cos,
+            sin,
+            kv: Vec::with_capacity(self.cfg.num_hidden_layers),
+        })
+    }
+
+    /// Layer `index`'s understanding pathway (its weights `w`, relative to `layers.{index}.`).
+    pub fn understanding_block(
+        &self,
+        index: usize,
+        w: &dyn Weights,
+        st: &mut Understanding,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let eps = cfg.rms_norm_eps;
+        let x = rms_norm(&st.x, &w.get("input_layernorm.weight")?, eps)?;
+        let q = self.heads(
+            &self.linear(w, "self_attn.to_q", &x)?,
+            cfg.num_attention_heads,
+        )?;
+        let k = self.heads(
+            &self.linear(w, "self_attn.to_k", &x)?,
+            cfg.num_key_value_heads,
+        )?;
+        let v = self.heads(
+            &self.linear(w, "self_attn.to_v", &x)?,
+            cfg.num_key_value_heads,
+        )?;
+        let (q, k) = if cfg.qk_norm_for_text {
+            (
+                self.head_norm(w, "norm_q", q)?,
+                self.head_norm(w, "norm_k", k)?,
+            )
+        } else {
+            (q, k)
+        };
+        let k_for_gen = if !cfg.qk_norm_for_text && cfg.use_und_k_norm_for_gen {
+            self.head_norm(w, "k_norm_und_for_gen", k.clone())?
+        } else {
+            k.clone()
+        };
+        st.kv
+            .push((rotate(&k_for_gen, &st.cos, &st.sin)?, v.clone()));
+        if index + 1 == cfg.num_hidden_layers {
+            // Nothing downstream reads the last layer's understanding output.
+            return Ok(());
+        }
+        let q = rotate(&q, &st.cos, &st.sin)?;
+        let k = rotate(&k, &st.cos, &st.sin)?;
+        let g = cfg.groups_per_kv();
+        let o = causal_attention(
+            &q,
+            &repeat_kv(&k, g)?,
+            &repeat_kv(&v, g)?,
+            1.0 / (cfg.head_dim as f64).sqrt(),
+        )?;
+        let h = (&st.x + self.linear(w, "self_attn.to_out", &Self::merge(&o)?)?)?;
+        let m = self.mlp(
+            w,
+            "mlp",
+            &rms_norm(&h, &w.get("post_attention_layernorm.weight")?, eps)?,
+        )?;
+        st.x = (h + m)?;
+        Ok(())
+    }
+
+    /// Starts the generation pathway for latents [1, C, T, H, W] at timestep `t` after a
+    /// text of `text` tokens, for a clip at `fps` whose latent frames hold
+    /// `frames_per_latent` frames.
+    pub fn generate(
+        &self,
+        latents: &Tensor,
+        t: f32,
+        text: usize,
+        fps: f64,
+        frames_per_latent: usize,
+    ) -> Result<Generation> {
+        let cfg = &self.cfg;
+        let (b, c, lt, lh, lw) = latents.dims5()?;
+        if b != 1 || c != cfg.latent_channel || lt * lh * lw == 0 {
+            return Err(Error::invalid(
+                "latents",
+                format!(
+                    "shape {:?}: want [1, {}, frames, rows, columns]",
+                    latents.dims(),
+                    cfg.latent_channel
+                ),
+            ));
+        }
+        let p = cfg.latent_patch_size;
+        let (gh, gw) = (lh.div_ceil(p), lw.div_ceil(p));
+        let x = latents.get(0)?;
+        let x = if gh * p != lh || gw * p != lw {
+            // Padded with zeros to whole patches, as the pipeline pads.
+            x.pad_with_zeros(2, 0, gh * p - lh)?
+                .pad_with_zeros(3, 0, gw * p - lw)?
+        } else {
+            x
+        };
+        // [C, T, gh, p, gw, p] to tokens (t, row, column) of (p, p, C) features.
+        let x = x
+            .reshape(vec![c, lt, gh, p, gw, p])?
+            .permute([1, 2, 4, 3, 5, 0])?
+            .reshape((lt * gh * gw, p * p * c))?;
+        let r = self.resident.as_ref();
+        let x = Linear::new(r.get("proj_in.weight")?, Some(r.get("proj_in.bias")?)).forward(&x)?;
+        let scaled = t * cfg.timestep_scale as f32;
+        let proj = timestep_embedding(&[scaled], 256, x.device())?;
+        let l1 = Linear::new(
+            r.get("time_embedder.linear_1.weight")?,
+            Some(r.get("time_embedder.linear_1.bias")?),
+        );
+        let l2 = Linear::new(
+            r.get("time_embedder.linear_2.weight")?,
+            Some(r.get("time_embedder.linear_2.bias")?),
+        );
+        let temb = l2.forward(&l1.forward(&proj)?.silu()?)?;
+        let x = x.broadcast_add(&temb)?;
+        let pos = vision_positions(cfg, text, (lt, gh, gw), fps, frames_per_latent);
+        let (cos, sin) = rotary(cfg, &pos, x.device())?;
+        Ok(Generation {
+            x,
+            cos,
+            sin,
+            latent: (lt, lh, lw),
+        })
+    }
+
+    /// Layer `index`'s generation pathway over `text`'s keys and values.
+    pub fn generation_block(
+        &self,
+        index: usize,
+        w: &dyn Weights,
+        text: &Understanding,
+        st: &mut Generation,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let eps = cfg.rms_norm_eps;
+        let (tk, tv) = text.kv.get(index).ok_or_else(|| {
+            Error::invalid(
+                "step",
+                format!("layer {index} before the understanding pathway reached it"),
+            )
+        })?;
+        let x = rms_norm(&st.x, &w.get("input_layernorm_moe_gen.weight")?, eps)?;
+        let q = self.heads(
+            &self.linear(w, "self_attn.add_q_proj", &x)?,
+            cfg.num_attention_heads,
+        )?;
+        let k = self.heads(
+            &self.linear(w, "self_attn.add_k_proj", &x)?,
+            cfg.num_key_value_heads,
+        )?;
+        let v = self.heads(
+            &self.linear(w, "self_attn.add_v_proj", &x)?,
+            cfg.num_key_value_heads,
+        )?;
+        let q = rotate(&self.head_norm(w, "norm_added_q", q)?, &st.cos, &st.sin)?;
+        let k = rotate(&self.head_norm(w, "norm_added_k", k)?, &st.cos, &st.sin)?;
+        let g = cfg.groups_per_kv();
+        let keys = repeat_kv(&Tensor::cat(&[tk, &k], 2)?, g)?;
+        let values = repeat_kv(&Tensor::cat(&[tv, &v], 2)?, g)?;
+        let o = attention(&q, &keys, &values, 1.0 / (cfg.head_dim as f64).sqrt())?;
+        let h = (&st.x + self.linear(w, "self_attn.to_add_out", &Self::merge(&o)?)?)?;
+        let m = self.mlp(
+            w,
+            "mlp_moe_gen",
+            &rms_norm(&h, &w.get("post_attention_layernorm_moe_gen.weight")?, eps)?,
+        )?;
+        st.x = (h + m)?;
+        Ok(())
+    }
+
+    /// The velocity [1, C, T, H, W] from the generation pathway's last layer.
+    pub fn velocity(&self, st: Generation) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let r = self.resident.as_ref();
+        let x = rms_norm(&st.x, &r.get("norm_moe_gen.weight")?, cfg.rms_norm_eps)?;
+        let x =
+            Linear::new(r.get("proj_out.weight")?, Some(r.get("proj_out.bias")?)).forward(&x)?;
+        let (lt, lh, lw) = st.latent;
+        let (p, c) = (cfg.latent_patch_size, cfg.latent_channel);
+        let (gh, gw) = (lh.div_ceil(p), lw.div_ceil(p));
+        let x = x
+            .reshape(vec![lt, gh, gw, p, p, c])?
+            .permute([5, 0, 1, 3, 2, 4])?
+            .reshape((c, lt, gh * p, gw * p))?
+            .narrow(2, 0, lh)?
+            .narrow(3, 0, lw)?
+            .contiguous()?;
+        Ok(x.unsqueeze(0)?.to_dtype(DType::F32)?)
+    }
+}

@@ -1,0 +1,302 @@
+//! Cosmos3's prompt, as diffusers' `Cosmos3OmniPipeline.tokenize_prompt` forms it: no
+//! text encoder runs; the transformer's understanding pathway reads token ids. A prompt
+//! gains the pipeline's metadata sentences (the clip's duration and frame rate, its
+//! resolution; the negative prompt their inverses), goes through the tokenizer's own chat
+//! template (a system message, the user's text, the assistant's opening), is tokenized
+//! without added special tokens, and ends with the end token and `<|vision_start|>`.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::{Error, Result};
+
+const SYSTEM_IMAGE: &str =
+    "You are a helpful assistant who will generate images from a give prompt.";
+const SYSTEM_VIDEO: &str =
+    "You are a helpful assistant who will generate videos from a give prompt.";
+/// The token after which generation tokens follow.
+const VISION_START: &str = "<|vision_start|>";
+
+/// What a prompt is for: the metadata sentences and the system message depend on it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Target {
+    pub frames: usize,
+    pub width: usize,
+    pub height: usize,
+    pub fps: f64,
+}
+
+/// The text tokenizer of a Cosmos3 folder with its chat template.
+pub struct Cosmos3Tokenizer {
+    tokenizer: tokenizers::Tokenizer,
+    template: String,
+    special: Value,
+    eos: u32,
+    vision_start: u32,
+    system_prompt: bool,
+    dir: PathBuf,
+}
+
+fn token_name(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
+        _ => None,
+    }
+}
+
+/// `base.rstrip(".") + ". " + addition`, or `addition` alone after an empty base.
+fn append(base: &str, addition: &str) -> String {
+    let base = base.trim_end_matches('.');
+    if base.is_empty() {
+        addition.to_string()
+    } else {
+        format!("{base}. {addition}")
+    }
+}
+
+/// The prompt (or, `negative`, the negative prompt) with the pipeline's metadata sentences.
+pub fn with_templates(text: &str, t: &Target, negative: bool) -> String {
+    let not = if negative { "not " } else { "" };
+    let mut text = text.to_string();
+    if t.frames != 1 {
+        let duration = t.frames as f64 / t.fps;
+        text = append(
+            &text,
+            &format!(
+                "The video is {not}{duration:.1} seconds long and is {not}of {:.0} FPS.",
+                t.fps
+            ),
+        );
+    }
+    let kind = if t.frames == 1 { "image" } else { "video" };
+    append(
+        &text,
+        &format!(
+            "This {kind} is {not}of {}x{} resolution.",
+            t.height, t.width
+        ),
+    )
+}
+
+impl Cosmos3Tokenizer {
+    /// Loads `dir/tokenizer.json`, `dir/tokenizer_config.json` and the chat template
+    /// (`chat_template.jinja`, else the config's `chat_template`).
+    pub fn load(dir: &Path, system_prompt: bool) -> Result<Self> {
+        let json = dir.join("tokenizer.json");
+        let bytes = crate::checkpoint::read_small(&json)?;
+        let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| Error::checkpoint(&json, format!("not a tokenizer.json: {e}")))?;
+        let config_path = dir.join("tokenizer_config.json");
+        let config: Value = crate::checkpoint::read_json(&config_path)?;
+        let file = dir.join("chat_template.jinja");
+        let template = if file.is_file() {
+            String::from_utf8(crate::checkpoint::read_small(&file)?)
+                .map_err(|_| Error::checkpoint(&file, "not UTF-8 text"))?
+        } else {
+            match config.get("chat_template") {
+                Some(Value::String(s)) => s.clone(),
+                _ => {
+                    return Err(Error::config(
+                        &config_path,
+                        "chat_template",
+                        "missing (nor is there a chat_template.jinja): the pipeline tokenizes prompts through the chat template",
+                    ))
+                }
+            }
+        };
+        let id = |name: &str, field: &str| {
+            tokenizer.token_to_id(name).ok_or_else(|| {
+                Error::config(
+                    &config_path,
+                    field,
+                    format!("`{name}` is not in the tokenizer's vocabulary"),
+                )
+            })
+        };
+        let eos_name = token_name(config.get("eos_token")).ok_or_else(|| {
+            Error::config(
+                &config_path,
+                "eos_token",
+                "missing: the prompt ends with it",
+            )
+        })?;
+        let eos = id(&eos_name, "eos_token")?;
+        let vision_start = id(VISION_START, VISION_START)?;
+        let mut special = serde_json::Map::new();
+        for key in ["bos_token", "eos_token", "pad_token", "unk_token"] {
+            if let Some(v) = token_name(config.get(key)) {
+                special.insert(key.into(), Value::String(v));
+            }
+        }
+        let t = Cosmos3Tokenizer {
+            tokenizer,
+            template,
+            special: Value::Object(special),
+            eos,
+            vision_start,
+            system_prompt,
+            dir: dir.to_path_buf(),
+        };
+        // A template that does not render is the folder's fault: say so at open.
+        t.render("", false)?;
+        Ok(t)
+    }
+
+    /// The chat template over a system message (when the pipeline adds one) and `text`.
+    fn render(&self, text: &str, image: bool) -> Result<String> {
+        let mut env = minijinja::Environment::new();
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        let fail = |e: minijinja::Error| {
+            Error::checkpoint(
+                self.dir.join("chat_template.jinja"),
+                format!("the chat template does not render: {e}"),
+            )
+        };
+        env.add_template("chat", &self.template).map_err(fail)?;
+        let mut messages = Vec::new();
+        if self.system_prompt {
+            let system = if image { SYSTEM_IMAGE } else { SYSTEM_VIDEO };
+            messages.push(serde_json::json!({"role": "system", "content": system}));
+        }
+        messages.push(serde_json::json!({"role": "user", "content": text}));
+        let mut ctx = self.special.as_object().cloned().unwrap_or_default();
+        ctx.insert("messages".into(), Value::Array(messages));
+        ctx.insert("add_generation_prompt".into(), Value::Bool(true));
+        ctx.insert("add_vision_id".into(), Value::Bool(false));
+        env.get_template("chat")
+            .map_err(fail)?
+            .render(minijinja::Value::from_serialize(&ctx))
+            .map_err(fail)
+    }
+
+    /// The ids the understanding pathway reads for `text` (already with its templates).
+    pub fn ids(&self, text: &str, image: bool) -> Result<Vec<u32>> {
+        let rendered = self.render(text, image)?;
+        let enc = self
+            .tokenizer
+            .encode(rendered.as_str(), false)
+            .map_err(|e| Error::invalid("prompt", format!("the tokenizer failed: {e}")))?;
+        let mut ids = enc.get_ids().to_vec();
+        ids.extend([self.eos, self.vision_start]);
+        Ok(ids)
+    }
+
+    /// The conditional and unconditional ids of a request, as `tokenize_prompt` returns them.
+    pub fn request(
+        &self,
+        prompt: &str,
+        negative: &str,
+        t: &Target,
+    ) -> Result<(Vec<u32>, Vec<u32>)> {
+        let image = t.frames == 1;
+        Ok((
+            self.ids(&with_templates(prompt, t, false), image)?,
+            self.ids(&with_templates(negative, t, true), image)?,
+        ))
+    }
+
+    /// Tokens `text` itself takes (no template), for the prompt-length bound.
+    pub fn token_count(&self, text: &str) -> Result<usize> {
+        let enc = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| Error::invalid("prompt", format!("the tokenizer failed: {e}")))?;
+        Ok(enc.len())
+    }
+}
+
+/// Qwen's special tokens, in the order a synthesized tokenizer numbers them after the bytes.
+const SYNTH_SPECIAL: [&str; 5] = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    VISION_START,
+    "<|vision_end|>",
+];
+
+/// Qwen's ChatML for text-only messages (a system message first when there is one, each
+/// message, the assistant's opening), as synthesized folders carry it.
+pub const SYNTH_CHAT_TEMPLATE: &str = "{%- if messages[0].role == 'system' -%}{%- if messages[0].content is string -%}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' -}}{%- endif -%}{%- endif -%}{%- for message in messages -%}{%- if message.role != 'system' or not loop.first -%}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}{%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
+
+/// Tokens of a synthesized tokenizer: the 256 byte-level symbols and Qwen's special tokens.
+pub const SYNTH_VOCAB: usize = 256 + SYNTH_SPECIAL.len();
+
+/// A byte-level BPE tokenizer with no merges (every byte one token) and Qwen's special
+/// tokens: `tokenizer.json`, `tokenizer_config.json` and `chat_template.jinja`.
+pub fn synth_tokenizer_files() -> [(&'static str, String); 3] {
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    let mut symbols: Vec<char> = ByteLevel::alphabet().into_iter().collect();
+    symbols.sort_unstable();
+    let vocab: serde_json::Map<String, Value> = symbols
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.to_string(), Value::from(i)))
+        .collect();
+    let added: Vec<Value> = SYNTH_SPECIAL
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            serde_json::json!({"id": 256 + i, "content": s, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+        "trim_offsets": true, "use_regex": true});
+    let doc = serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": byte_level,
+        "post_processor": null,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+            "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
+            "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": []},
+    });
+    let config = serde_json::json!({
+        "tokenizer_class": "Qwen2Tokenizer",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "bos_token": null,
+        "unk_token": null,
+    });
+    let pretty = |v: &Value| serde_json::to_string_pretty(v).expect("JSON serialises") + "\n";
+    [
+        ("tokenizer.json", pretty(&doc)),
+        ("tokenizer_config.json", pretty(&config)),
+        ("chat_template.jinja", SYNTH_CHAT_TEMPLATE.to_string()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_read_as_the_pipeline_writes_them() {
+        let video = Target {
+            frames: 121,
+            width: 1280,
+            height: 720,
+            fps: 24.0,
+        };
+        assert_eq!(
+            with_templates("A fox.", &video, false),
+            "A fox. The video is 5.0 seconds long and is of 24 FPS. This video is of 720x1280 resolution."
+        );
+        assert_eq!(
+            with_templates("", &video, true),
+            "The video is not 5.0 seconds long and is not of 24 FPS. This video is not of 720x1280 resolution."
+        );
+        let image = Target { frames: 1, ..video };
+        assert_eq!(
+            with_templates("A fox", &image, false),
+            "A fox. This image is of 720x1280 resolution."
+        );
+    }
+}

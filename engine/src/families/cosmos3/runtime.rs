@@ -1,0 +1,453 @@
+//! Cosmos3 behind the family seam. A request is one pass over the understanding pathway
+//! (the prompt and, under guidance, the negative prompt: two sequences of their own
+//! lengths), then one pass per denoising step over the generation pathway, then the VAE
+//! decode. Conditioning follows diffusers' `Cosmos3OmniPipeline`: metadata sentences and
+//! the chat template, positions from the text's length, guidance as
+//! `uncond + g (cond − uncond)` whenever `g ≠ 1`, UniPC from the saved scheduler config,
+//! latents denormalised with the VAE's statistics before decoding.
+
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+
+use super::model::{Cosmos3Transformer, Generation, Understanding};
+use super::prompt::{Cosmos3Tokenizer, Target};
+use super::{Cosmos3Checkpoint, GENERATION, UNDERSTANDING};
+use crate::checkpoint::Mapped;
+use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task, VideoSpec};
+use crate::execution::weights::{self, seeded_noise, Weights};
+use crate::execution::work::{Condition, Output, Request};
+use crate::families::umt5::Umt5Encoder;
+use crate::families::wan::vae::decoder::WanVaeDecoder;
+use crate::families::FamilyCheckpoint;
+use crate::layout::GroupLayout;
+use crate::samplers::flow::{FlowScheduler, Sampler};
+use crate::{Error, Result};
+
+/// The pipeline's frame rate (`fps=24.0`), which its prompt templates and rotary time axis read.
+pub const FPS: f64 = 24.0;
+
+/// A Cosmos3 pipeline folder, checked and mapped once for every rank.
+pub struct Cosmos3Runtime {
+    pub checkpoint: Cosmos3Checkpoint,
+    transformer: Mapped,
+    vae: Mapped,
+    scheduler: FlowScheduler,
+    tokenizer: Arc<Cosmos3Tokenizer>,
+}
+
+impl Cosmos3Runtime {
+    pub fn new(checkpoint: Cosmos3Checkpoint) -> Result<Cosmos3Runtime> {
+        let scheduler = FlowScheduler::load(&checkpoint.folder.scheduler_config())?;
+        let tokenizer = Arc::new(Cosmos3Tokenizer::load(
+            &checkpoint.tokenizer,
+            checkpoint.system_prompt,
+        )?);
+        Ok(Cosmos3Runtime {
+            transformer: Mapped::map(checkpoint.transformer.clone())?,
+            vae: Mapped::map(checkpoint.vae.clone())?,
+            scheduler,
+            tokenizer,
+            checkpoint,
+        })
+    }
+
+    fn vae_decoder(&self, device: &Device) -> Result<WanVaeDecoder> {
+        let w = weights::load(
+            &self.vae,
+            self.checkpoint.decoder_names().into_iter(),
+            device,
+            DType::F32,
+        )?;
+        WanVaeDecoder::load(&self.checkpoint.vae_config, &w)
+    }
+}
+
+/// Latent shape of a request: [1, C, (F − 1) / 4 + 1, H / 16, W / 16].
+fn latent_shape(ck: &Cosmos3Checkpoint, r: &Request) -> [usize; 5] {
+    let (up, tup) = (ck.vae_config.upscale(), ck.vae_config.temporal_upscale());
+    [
+        1,
+        ck.config.latent_channel,
+        (r.frames.max(1) - 1) / tup + 1,
+        r.height / up,
+        r.width / up,
+    ]
+}
+
+fn target(r: &Request) -> Target {
+    Target {
+        frames: r.frames,
+        width: r.width,
+        height: r.height,
+        fps: r.fps.unwrap_or(FPS),
+    }
+}
+
+impl FamilyRuntime for Cosmos3Runtime {
+    fn name(&self) -> &'static str {
+        "cosmos3"
+    }
+
+    fn layouts(&self, dp: usize) -> Result<Vec<GroupLayout>> {
+        self.checkpoint
+            .groups()
+            .iter()
+            .map(|(_, g)| {
+                GroupLayout::new(
+                    &self.transformer.component,
+                    &g.block,
+                    g.count,
+                    |i| g.block_prefix(i),
+                    dp,
+                )
+            })
+            .collect()
+    }
+
+    fn group_components(&self) -> Vec<String> {
+        self.checkpoint
+            .groups()
+            .into_iter()
+            .map(|(c, _)| c.to_string())
+            .collect()
+    }
+
+    fn mappings(&self) -> Vec<Mapped> {
+        vec![self.transformer.clone(), self.transformer.clone()]
+    }
+
+    fn native_size(&self) -> (usize, usize) {
+        self.checkpoint.native_size()
+    }
+
+    fn video(&self) -> Option<VideoSpec> {
+        Some(VideoSpec {
+            frames_per_latent: self.checkpoint.vae_config.temporal_upscale(),
+            // Cosmos3OmniPipeline's defaults: 189 frames at 24 fps.
+            default_frames: 189,
+            default_fps: FPS,
+        })
+    }
+
+    fn defaults(&self) -> (usize, f32) {
+        // `Cosmos3OmniPipeline.__call__`'s num_inference_steps and guidance_scale.
+        (35, 6.0)
+    }
+
+    fn validate(&self, r: &Request) -> Result<()> {
+        let ck = &self.checkpoint;
+        let Condition::Prompt { prompt, negative } = &r.condition else {
+            return Err(Error::invalid(
+                "class_label",
+                "Cosmos3 is text-conditioned: give a prompt, not a class label",
+            ));
+        };
+        let unit = ck.vae_config.upscale();
+        for (field, v) in [("width", r.width), ("height", r.height)] {
+            if v == 0 || v % unit != 0 {
+                return Err(Error::invalid(
+                    field,
+                    format!("{v}: must be a positive multiple of {unit}"),
+                ));
+            }
+        }
+        let tup = ck.vae_config.temporal_upscale();
+        if r.frames == 0 || (r.frames - 1) % tup != 0 {
+            return Err(Error::invalid(
+                "frames",
+                format!(
+                    "{}: must be of the form {tup}k + 1 (1, {}, {}, ...): the VAE turns each latent frame after the first into {tup}",
+                    r.frames,
+                    tup + 1,
+                    2 * tup + 1
+                ),
+            ));
+        }
+        if !(r.guidance.is_finite() && r.guidance >= 0.0) {
+            return Err(Error::invalid(
+                "guidance",
+                format!("{}: must be a finite number ≥ 0", r.guidance),
+            ));
+        }
+        if let Some(fps) = r.fps.filter(|f| !(f.is_finite() && *f > 0.0)) {
+            return Err(Error::invalid(
+                "fps",
+                format!("{fps}: must be a positive frame rate"),
+            ));
+        }
+        if r.guidance_2.is_some() {
+            return Err(Error::invalid(
+                "guidance_2",
+                "Cosmos3 has one transformer; a second guidance scale needs two experts",
+            ));
+        }
+        self.scheduler.sampler(r.steps)?;
+        for (field, text) in [("prompt", prompt), ("negative_prompt", negative)] {
+            let n = self.tokenizer.token_count(text)?;
+            if n > r.max_sequence_length {
+                return Err(Error::invalid(
+                    field,
+                    format!(
+                        "{n} tokens is over the limit of {} (max_sequence_length)",
+                        r.max_sequence_length
+                    ),
+                ));
+            }
+        }
+        if let Some(l) = &r.init_latents {
+            let want = latent_shape(ck, r);
+            if l.dims() != want {
+                return Err(Error::invalid(
+                    "init_latents",
+                    format!("shape {:?}, expected {want:?}", l.dims()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn resident_bytes(&self, decode: bool) -> u64 {
+        self.checkpoint.resident_device_bytes()
+            + if decode {
+                self.checkpoint.decoder_bytes()
+            } else {
+                0
+            }
+    }
+
+    fn stored_resident_bytes(&self, decode: bool, dtype: DType) -> u64 {
+        self.checkpoint
+            .resident_stored_bytes(dtype.size_in_bytes() as u64)
+            + if decode {
+                self.checkpoint.decoder_stored_bytes(4)
+            } else {
+                0
+            }
+    }
+
+    fn load_rank(&self, device: &Device, dtype: DType, decode: bool) -> Result<Box<dyn RankModel>> {
+        let ck = &self.checkpoint;
+        let w = weights::load(
+            &self.transformer,
+            ck.resident_device_names().into_iter(),
+            device,
+            dtype,
+        )?;
+        Ok(Box::new(Cosmos3Rank(Arc::new(RankShared {
+            transformer: Cosmos3Transformer::new(ck.config.clone(), Box::new(w)),
+            vae: decode.then(|| self.vae_decoder(device)).transpose()?,
+            tokenizer: self.tokenizer.clone(),
+            mapping: self.transformer.clone(),
+            table: ck.embedding_table(),
+            scheduler: self.scheduler.clone(),
+            latent: (ck.vae_config.upscale(), ck.vae_config.temporal_upscale()),
+            device: device.clone(),
+        }))))
+    }
+
+    fn decoder(&self, device: &Device) -> Result<Box<dyn Decoder>> {
+        Ok(Box::new(VideoDecoder(self.vae_decoder(device)?)))
+    }
+}
+
+/// The Wan 2.2 VAE as a [`Decoder`]: [1, C, T, h, w] latents to [F, 3, H, W] frames.
+struct VideoDecoder(WanVaeDecoder);
+
+impl Decoder for VideoDecoder {
+    fn decode(&self, latents: &Tensor) -> Result<Tensor> {
+        self.0.decode(latents)
+    }
+
+    fn decode_frames(
+        &self,
+        latents: &Tensor,
+        f: &mut dyn FnMut(Tensor) -> Result<()>,
+    ) -> Result<()> {
+        self.0.decode_chunks(latents, f)
+    }
+}
+
+struct RankShared {
+    transformer: Cosmos3Transformer,
+    vae: Option<WanVaeDecoder>,
+    tokenizer: Arc<Cosmos3Tokenizer>,
+    /// The transformer's mapping and its embedding table's name, for the rows a prompt needs.
+    mapping: Mapped,
+    table: &'static str,
+    scheduler: FlowScheduler,
+    /// Pixels per latent (space, time).
+    latent: (usize, usize),
+    device: Device,
+}
+
+struct Cosmos3Rank(Arc<RankShared>);
+
+impl RankModel for Cosmos3Rank {
+    fn start(&self, req: Request) -> Result<Box<dyn Task>> {
+        let r = &self.0;
+        let Condition::Prompt { prompt, negative } = &req.condition else {
+            return Err(Error::invalid("prompt", "Cosmos3 is text-conditioned"));
+        };
+        let shape = [
+            1,
+            r.transformer.cfg.latent_channel,
+            (req.frames.max(1) - 1) / r.latent.1 + 1,
+            req.height / r.latent.0,
+            req.width / r.latent.0,
+        ];
+        let latents = match &req.init_latents {
+            Some(l) => l.to_dtype(DType::F32)?,
+            None => seeded_noise(req.seed, &shape)?,
+        };
+        let (cond, uncond) = r.tokenizer.request(prompt, negative, &target(&req))?;
+        // The pipeline's `do_classifier_free_guidance`: any scale but 1.
+        let guided = req.guidance != 1.0;
+        let mut ids = vec![cond];
+        if guided {
+            ids.push(uncond);
+        }
+        Ok(Box::new(Cosmos3Task {
+            sampler: r.scheduler.sampler(req.steps)?,
+            latents: latents.to_device(&r.device)?,
+            rank: self.0.clone(),
+            ids,
+            guidance: req.guidance,
+            fps: target(&req).fps,
+            text: None,
+            understanding: Vec::new(),
+            generation: Vec::new(),
+            step: 0,
+        }))
+    }
+}
+
+/// One clip's generation on a rank.
+struct Cosmos3Task {
+    rank: Arc<RankShared>,
+    /// Token ids of the prompt and, under guidance, the negative prompt.
+    ids: Vec<Vec<u32>>,
+    guidance: f32,
+    /// The clip's frame rate, which the rotary time axis is scaled by.
+    fps: f64,
+    sampler: Box<dyn Sampler>,
+    latents: Tensor,
+    /// Each sequence's understanding keys and values, once its pass is done.
+    text: Option<Vec<Understanding>>,
+    /// The understanding pass in flight, one state per sequence.
+    understanding: Vec<Understanding>,
+    /// The generation pass in flight, one state per sequence.
+    generation: Vec<Generation>,
+    step: usize,
+}
+
+impl Cosmos3Task {
+    fn total(&self) -> usize {
+        self.sampler.timesteps().len()
+    }
+
+    fn group_at(&self, step: usize) -> Option<usize> {
+        (step < self.total()).then_some(GENERATION)
+    }
+}
+
+impl Task for Cosmos3Task {
+    fn wants(&self) -> Option<usize> {
+        match &self.text {
+            None => Some(UNDERSTANDING),
+            Some(_) => self.group_at(self.step),
+        }
+    }
+
+    fn wants_after(&self) -> Option<usize> {
+        match &self.text {
+            None => self.group_at(0),
+            Some(_) => self.group_at(self.step + 1),
+        }
+    }
+
+    fn begin(&mut self) -> Result<()> {
+        let r = self.rank.clone();
+        match &self.text {
+            None => {
+                self.understanding = self
+                    .ids
+                    .iter()
+                    .map(|ids| {
+                        let emb = Umt5Encoder::embed(
+                            &r.mapping,
+                            r.table,
+                            std::slice::from_ref(ids),
+                            &r.device,
+                        )?;
+                        r.transformer.understand(emb.get(0)?)
+                    })
+                    .collect::<Result<_>>()?;
+            }
+            Some(text) => {
+                let t = self.sampler.timesteps()[self.step];
+                self.generation = text
+                    .iter()
+                    .map(|u| {
+                        r.transformer
+                            .generate(&self.latents, t, u.len(), self.fps, r.latent.1)
+                    })
+                    .collect::<Result<_>>()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn block(&mut self, index: usize, w: &dyn Weights) -> Result<()> {
+        let tr = &self.rank.transformer;
+        match &self.text {
+            None => {
+                for st in &mut self.understanding {
+                    tr.understanding_block(index, w, st)?;
+                }
+            }
+            Some(text) => {
+                for (u, st) in text.iter().zip(&mut self.generation) {
+                    tr.generation_block(index, w, u, st)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn end(&mut self) -> Result<Option<(usize, usize)>> {
+        if self.text.is_none() {
+            self.text = Some(std::mem::take(&mut self.understanding));
+            return Ok(None);
+        }
+        let tr = &self.rank.transformer;
+        let mut v = std::mem::take(&mut self.generation)
+            .into_iter()
+            .map(|g| tr.velocity(g));
+        let cond = v
+            .next()
+            .ok_or_else(|| Error::invalid("step", "no activations after the pass"))??;
+        let velocity = match v.next() {
+            Some(uncond) => {
+                let uncond = uncond?;
+                (&uncond + ((cond - &uncond)? * self.guidance as f64)?)?
+            }
+            None => cond,
+        };
+        self.latents = self.sampler.step(&velocity, &self.latents)?;
+        self.step += 1;
+        Ok(Some((self.step, self.total())))
+    }
+
+    fn finish(self: Box<Self>) -> Result<Output> {
+        let image = match &self.rank.vae {
+            Some(v) => Some(v.decode(&self.latents)?.to_device(&Device::Cpu)?),
+            None => None,
+        };
+        Ok(Output {
+            latents: self.latents.to_device(&Device::Cpu)?,
+            image,
+            text_embeddings: None,
+        })
+    }
+}
