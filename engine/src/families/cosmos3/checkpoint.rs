@@ -9,6 +9,7 @@ use serde_json::Value;
 use super::config::{Cosmos3Config, EMBED_TOKENS};
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::{ActivationCost, Component, ModelFolder};
+use crate::families::wan::checkpoint::listed;
 use crate::families::wan::vae::WanVaeConfig;
 use crate::families::{BlockGroup, FamilyCheckpoint};
 use crate::{Error, Result};
@@ -25,14 +26,6 @@ pub struct Cosmos3Checkpoint {
     pub vae: Component,
     /// The pipeline prepends its system prompt (`default_use_system_prompt`).
     pub system_prompt: bool,
-}
-
-fn listed(index: &Value, name: &str) -> bool {
-    match index.get(name) {
-        None | Some(Value::Null) => false,
-        Some(Value::Array(a)) => a.iter().any(|v| !v.is_null()),
-        Some(_) => true,
-    }
 }
 
 impl Cosmos3Checkpoint {

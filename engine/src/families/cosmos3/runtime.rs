@@ -18,6 +18,7 @@ use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task, VideoSpe
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::umt5::Umt5Encoder;
+use crate::families::wan::runtime::VideoDecoder;
 use crate::families::wan::vae::decoder::WanVaeDecoder;
 use crate::families::FamilyCheckpoint;
 use crate::layout::GroupLayout;
@@ -248,23 +249,6 @@ impl FamilyRuntime for Cosmos3Runtime {
 
     fn decoder(&self, device: &Device) -> Result<Box<dyn Decoder>> {
         Ok(Box::new(VideoDecoder(self.vae_decoder(device)?)))
-    }
-}
-
-/// The Wan 2.2 VAE as a [`Decoder`]: [1, C, T, h, w] latents to [F, 3, H, W] frames.
-struct VideoDecoder(WanVaeDecoder);
-
-impl Decoder for VideoDecoder {
-    fn decode(&self, latents: &Tensor) -> Result<Tensor> {
-        self.0.decode(latents)
-    }
-
-    fn decode_frames(
-        &self,
-        latents: &Tensor,
-        f: &mut dyn FnMut(Tensor) -> Result<()>,
-    ) -> Result<()> {
-        self.0.decode_chunks(latents, f)
     }
 }
 

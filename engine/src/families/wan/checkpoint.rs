@@ -43,7 +43,7 @@ fn differing_field(a: &Value, b: &Value) -> Option<String> {
 
 /// Whether `model_index.json` lists a component (diffusers writes `[null, null]` for an
 /// optional one that is absent).
-fn listed(index: &Value, name: &str) -> bool {
+pub(crate) fn listed(index: &Value, name: &str) -> bool {
     match index.get(name) {
         None | Some(Value::Null) => false,
         Some(Value::Array(a)) => a.iter().any(|v| !v.is_null()),

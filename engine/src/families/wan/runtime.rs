@@ -289,7 +289,7 @@ impl FamilyRuntime for WanRuntime {
 }
 
 /// The Wan VAE as a [`Decoder`]: [1, C, T, h, w] latents to [F, 3, H, W] frames.
-struct VideoDecoder(WanVaeDecoder);
+pub(crate) struct VideoDecoder(pub(crate) WanVaeDecoder);
 
 impl Decoder for VideoDecoder {
     fn decode(&self, latents: &Tensor) -> Result<Tensor> {
