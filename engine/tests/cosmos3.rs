@@ -206,6 +206,38 @@ fn a_step_streams_the_generation_pathway_alone() {
     }
 }
 
+/// A clip's frame rate reaches the model: its prompt's duration sentence and its rotary time
+/// axis (rescaled against `base_fps`) change with it; the pipeline's 24 is the default.
+#[test]
+fn the_frame_rate_conditions_a_clip() {
+    let model = Model::open(&model_dir()).unwrap();
+    let at = |fps: Option<f64>| {
+        let r = Request {
+            fps,
+            ..prompt_request(5, 2, 9, 4.0)
+        };
+        let (out, _) = model
+            .run(vec![r], &opts(Strategy::Offload, 1, 2, false))
+            .unwrap();
+        common::bits(&out[0].latents)
+    };
+    let default = at(None);
+    assert_eq!(at(Some(24.0)), default);
+    assert_ne!(at(Some(12.0)), default);
+    // An image has no duration, and one latent frame no time axis to rescale.
+    let image = |fps| {
+        let r = Request {
+            fps,
+            ..prompt_request(5, 2, 1, 4.0)
+        };
+        let (out, _) = model
+            .run(vec![r], &opts(Strategy::Offload, 1, 2, false))
+            .unwrap();
+        common::bits(&out[0].latents)
+    };
+    assert_eq!(image(Some(12.0)), image(None));
+}
+
 fn expect_err(r: Result<impl Sized, layerwise_engine::Error>, parts: &[&str]) {
     let e = match r {
         Ok(_) => panic!("accepted; expected an error naming {parts:?}"),
@@ -256,6 +288,13 @@ fn bad_requests_are_refused_naming_the_field() {
             ..ok.clone()
         }),
         &["guidance"],
+    );
+    expect_err(
+        run(Request {
+            fps: Some(0.0),
+            ..ok.clone()
+        }),
+        &["fps"],
     );
     expect_err(
         run(Request {

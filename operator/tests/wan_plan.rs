@@ -1,7 +1,8 @@
-//! The Wan 2.2 A14B example of docs/operations.md: its DiffusionDeployment, planned from the
-//! real profile of a sparse `synth --preset wan2.2-a14b --sparse` folder (headers only, no
-//! weights read) on the node shapes the doc names. The doc's figures are the planner's, and
-//! the engine's own accounting of the run each plan starts fits in what the planner reserved.
+//! The video examples of docs/operations.md (Wan 2.2 A14B, Cosmos3-Super): each
+//! DiffusionDeployment, planned from the real profile of a sparse `synth --preset ... --sparse`
+//! folder (headers only, no weights read) on the node shapes the doc names. The doc's figures
+//! are the planner's, and the engine's own accounting of the run each plan starts fits in what
+//! the planner reserved.
 
 use std::path::{Path, PathBuf};
 
@@ -26,12 +27,18 @@ fn doc_path() -> PathBuf {
 
 /// The doc's Wan example: the YAML block that names `family: wan`.
 fn documented_deployment(doc: &str) -> DiffusionDeployment {
+    documented(doc, "wan")
+}
+
+/// The doc's example of `family`: the YAML block that names it.
+fn documented(doc: &str, family: &str) -> DiffusionDeployment {
+    let line = format!("family: {family}\n");
     let block = doc
         .split("```yaml\n")
         .skip(1)
         .filter_map(|b| b.split_once("```").map(|(yaml, _)| yaml))
-        .find(|yaml| yaml.contains("family: wan"))
-        .expect("docs/operations.md has a DiffusionDeployment with `family: wan`");
+        .find(|yaml| yaml.contains(&line))
+        .unwrap_or_else(|| panic!("docs/operations.md has a DiffusionDeployment with `{line}`"));
     serde_yaml::from_str(block).expect("the documented DiffusionDeployment parses")
 }
 
@@ -63,6 +70,21 @@ fn nodes() -> [(NodeShape, &'static str); 2] {
             "8 × L4 (23,034 MiB each, PCIe only), 384 GiB host",
         ),
     ]
+}
+
+/// The 64 GB node the Cosmos3 example also plans on, as its agent reports it.
+fn node_64gb() -> (NodeShape, &'static str) {
+    (
+        NodeShape {
+            name: "accel-64gb".into(),
+            devices: 8,
+            device_bytes: 65_536 * MIB,
+            host_bytes: 1536 * GIB,
+            fast_peer_link: true,
+            warm: true,
+        },
+        "8 × 64 GB accelerators (65,536 MiB each, fast peer link), 1536 GiB host",
+    )
 }
 
 /// `1234567` as `1,234,567`.
@@ -282,35 +304,17 @@ fn the_documented_wan_a14b_plans_are_the_planners_and_fit_the_engines_accounting
     ];
 
     let [a100, l4] = nodes();
-    for (dd, (node, label), want) in [
-        (&dd, &a100, Some((Strategy::Sharded, 2, 3))),
-        (&dd, &l4, None),
-        (&p480, &a100, Some((Strategy::Sharded, 2, 4))),
-        (&p480, &l4, Some((Strategy::Offload, 1, 4))),
-        (&p480_sharded, &l4, Some((Strategy::OffloadSharded, 8, 4))),
-    ] {
-        match (plan_on(&profile, dd, node), want) {
-            (Ok(plan), Some(want)) => {
-                assert_eq!((plan.strategy, plan.dp, plan.slots), want, "{label}");
-                let weights = engine_fits(&model, dd, node, &plan);
-                println!(
-                    "{}\n{}\n  engine weights {weights} bytes per rank",
-                    row(dd, node, label, &plan),
-                    breakdown(dd, &plan)
-                );
-                println!("{}\n  {:?}", placements(dd, &plan), plan.reasons);
-                expected.push(row(dd, node, label, &plan));
-                expected.push(breakdown(dd, &plan));
-                expected.push(placements(dd, &plan));
-            }
-            (Err(refusal), None) => {
-                assert_eq!(refusal.shortage, Shortage::DeviceMemory, "{refusal}");
-                println!("{label}: {refusal}");
-                expected.push(refusal.to_string());
-            }
-            (got, want) => panic!("{label}: expected {want:?}, planned {got:?}"),
-        }
-    }
+    expected.extend(documented_rows(
+        &model,
+        &profile,
+        &[
+            (&dd, &a100, Some((Strategy::Sharded, 2, 3))),
+            (&dd, &l4, None),
+            (&p480, &a100, Some((Strategy::Sharded, 2, 4))),
+            (&p480, &l4, Some((Strategy::Offload, 1, 4))),
+            (&p480_sharded, &l4, Some((Strategy::OffloadSharded, 8, 4))),
+        ],
+    ));
     let missing: Vec<&String> = expected.iter().filter(|e| !doc.contains(*e)).collect();
     assert!(
         missing.is_empty(),
@@ -361,3 +365,124 @@ fn a_workload_beyond_the_models_position_tables_is_refused_as_the_engine_refuses
     (wl.max_width, wl.max_height, wl.max_frames) = (512, 512, 125);
     plan_on(&profile, &dd, node).unwrap();
 }
+
+/// A documented plan: its deployment, its node, and the plan expected (`None`: refused).
+type Case<'a> = (
+    &'a DiffusionDeployment,
+    &'a (NodeShape, &'static str),
+    Option<(Strategy, u32, u32)>,
+);
+
+/// Plans each of `cases` (a workload, a node, and the plan expected or `None` for a refusal
+/// for lack of device memory), checks every plan against the engine's accounting, and returns
+/// the doc lines the planner's figures make.
+fn documented_rows(model: &Model, profile: &Profile, cases: &[Case]) -> Vec<String> {
+    let mut expected = Vec::new();
+    for (dd, (node, label), want) in cases {
+        match (plan_on(profile, dd, node), want) {
+            (Ok(plan), Some(want)) => {
+                assert_eq!((plan.strategy, plan.dp, plan.slots), *want, "{label}");
+                let weights = engine_fits(model, dd, node, &plan);
+                println!(
+                    "{}\n{}\n  engine weights {weights} bytes per rank",
+                    row(dd, node, label, &plan),
+                    breakdown(dd, &plan)
+                );
+                println!("{}\n  {:?}", placements(dd, &plan), plan.reasons);
+                expected.push(row(dd, node, label, &plan));
+                expected.push(breakdown(dd, &plan));
+                expected.push(placements(dd, &plan));
+            }
+            (Err(refusal), None) => {
+                assert_eq!(refusal.shortage, Shortage::DeviceMemory, "{refusal}");
+                println!("{label}: {refusal}");
+                expected.push(refusal.to_string());
+            }
+            (got, want) => panic!("{label}: expected {want:?}, planned {got:?}"),
+        }
+    }
+    expected
+}
+
+/// The design's own workload: Cosmos3-Super (124 GB of blocks, 128 of 930 MiB: each layer's
+/// understanding and generation pathways) on 64 GB and 80 GB devices, for its three request
+/// shapes (T2I 1024², T2V 832×480×29 and 1280×720×121).
+#[test]
+fn the_documented_cosmos3_super_plans_are_the_planners_and_fit_the_engines_accounting() {
+    let doc = std::fs::read_to_string(doc_path()).unwrap();
+    let dd = documented(&doc, "cosmos3");
+    assert_eq!(dd.spec.model.family, "cosmos3");
+    let w = &dd.spec.workload;
+    assert_eq!((w.max_width, w.max_height, w.max_frames), (1280, 720, 121));
+    let with = |width, height, frames| {
+        let mut d = dd.clone();
+        let wl = &mut d.spec.workload;
+        (wl.max_width, wl.max_height, wl.max_frames) = (width, height, frames);
+        d
+    };
+    let (t2i, t2v480) = (with(1024, 1024, 1), with(832, 480, 29));
+    // The design's own strategy: weights in host memory, each rank copying 1/dp of a block.
+    let mut streamed = dd.clone();
+    streamed.spec.strategy = StrategyChoice::Fixed(Strategy::OffloadSharded);
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cosmos3-super");
+    let mut o = SynthOptions::preset("cosmos3-super").unwrap();
+    o.sparse = true;
+    synth(&out, &o).unwrap();
+    let profile: Profile =
+        serde_json::from_value(serde_json::to_value(Profile::read(&out).unwrap()).unwrap())
+            .unwrap();
+    assert_eq!(profile.family, "cosmos3");
+    assert_eq!(profile.blocks, 128);
+    let model = Model::open(&out).unwrap();
+    let mut expected = vec![
+        format!("| `totalBytes` | {} |", grouped(profile.total_bytes)),
+        format!(
+            "{} × {}",
+            profile.blocks,
+            grouped(profile.largest_block_bytes)
+        ),
+        format!(
+            "| `outsideBlockBytes` | {} |",
+            grouped(profile.outside_block_bytes)
+        ),
+    ];
+    let (a100, g64) = (nodes()[0].clone(), node_64gb());
+    expected.extend(documented_rows(
+        &model,
+        &profile,
+        &[
+            (&t2i, &g64, COSMOS3_PLANS[0]),
+            (&t2v480, &g64, COSMOS3_PLANS[1]),
+            (&dd, &g64, COSMOS3_PLANS[2]),
+            (&t2i, &a100, COSMOS3_PLANS[3]),
+            (&t2v480, &a100, COSMOS3_PLANS[4]),
+            (&dd, &a100, COSMOS3_PLANS[5]),
+            (&streamed, &g64, COSMOS3_PLANS[6]),
+            (&streamed, &a100, COSMOS3_PLANS[7]),
+        ],
+    ));
+    let missing: Vec<&String> = expected.iter().filter(|e| !doc.contains(*e)).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/operations.md lacks the planner's figures:\n{}",
+        missing
+            .iter()
+            .map(|e| e.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// What the planner chooses for the Cosmos3 example's rows (strategy, dp, slots).
+const COSMOS3_PLANS: [Option<(Strategy, u32, u32)>; 8] = [
+    Some((Strategy::Sharded, 8, 4)),
+    Some((Strategy::Sharded, 4, 4)),
+    Some((Strategy::Sharded, 8, 4)),
+    Some((Strategy::Sharded, 4, 4)),
+    Some((Strategy::Sharded, 2, 4)),
+    Some((Strategy::Sharded, 4, 4)),
+    Some((Strategy::OffloadSharded, 8, 4)),
+    Some((Strategy::OffloadSharded, 8, 4)),
+];

@@ -289,8 +289,47 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
         a.rounds.max(1)
     );
     print_table(&rows, a.engine.dp > 1);
+    print_groups(&model, &rows, steps)?;
     if !rows.iter().all(|r| r.identical) {
         bail!("configurations produced different latents");
+    }
+    Ok(())
+}
+
+/// Each streamed group's bytes, and what `offload` copied per step beside a pass over every
+/// group each step: the saving of a family whose groups stream at different rates (a text
+/// encoder, or Cosmos3's understanding pathway, once per request; the denoiser every step).
+fn print_groups(model: &Model, rows: &[Row], steps: usize) -> Result<()> {
+    let bytes = model.group_bytes()?;
+    if bytes.len() < 2 {
+        return Ok(());
+    }
+    let all: u64 = bytes.iter().map(GroupBytes::bytes).sum();
+    let parts: Vec<String> = model
+        .checkpoint
+        .groups()
+        .iter()
+        .zip(&bytes)
+        .map(|((_, g), b)| format!("{} {}", g.name, mib(b.bytes())))
+        .collect();
+    println!(
+        "streamed groups: {} ({} in all)",
+        parts.join(", "),
+        mib(all)
+    );
+    if let Some(r) = rows
+        .iter()
+        .find(|r| r.stats.strategy == Strategy::Offload.as_str())
+    {
+        // Every output's steps, whichever rank ran them.
+        let output_steps = (steps * r.stats.outputs).max(1) as u64;
+        let per_step = r.stats.bytes_copied / output_steps;
+        println!(
+            "offload copies {}/step per output: {:.1}% of what streaming every group every step would ({})",
+            mib(per_step),
+            100.0 * per_step as f64 / all as f64,
+            mib(all)
+        );
     }
     Ok(())
 }
