@@ -5,16 +5,13 @@
 
 mod common;
 
-use common::{max_abs, read_safetensors};
+use common::{expect_err, max_abs, opts, read_safetensors, rel_err};
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use candle_core::Tensor;
 use layerwise_engine::checkpoint::Profile;
 use layerwise_engine::engine::Model;
-use layerwise_engine::execution::cuda::SlotsChoice;
-use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::execution::work::{Condition, Request};
 use layerwise_engine::families::cosmos3::prompt::{Cosmos3Tokenizer, Target};
 use layerwise_engine::Strategy;
@@ -25,22 +22,6 @@ fn fixtures() -> PathBuf {
 
 fn model_dir() -> PathBuf {
     fixtures().join("cosmos3-tiny")
-}
-
-fn rel_err(ours: &Tensor, theirs: &Tensor) -> f32 {
-    let ours = ours.reshape(theirs.dims()).unwrap();
-    max_abs(&(ours - theirs).unwrap()) / max_abs(theirs).max(1e-12)
-}
-
-fn opts(strategy: Strategy, dp: usize, slots: usize, decode: bool) -> EngineOptions {
-    EngineOptions {
-        strategy,
-        dp,
-        slots: SlotsChoice::Fixed(slots),
-        decode,
-        timeout: Duration::from_secs(120),
-        ..EngineOptions::default()
-    }
 }
 
 /// The fixture's request `name` (`image`, `video`) and the reference's tensors.
@@ -236,16 +217,6 @@ fn the_frame_rate_conditions_a_clip() {
         common::bits(&out[0].latents)
     };
     assert_eq!(image(Some(12.0)), image(None));
-}
-
-fn expect_err(r: Result<impl Sized, layerwise_engine::Error>, parts: &[&str]) {
-    let e = match r {
-        Ok(_) => panic!("accepted; expected an error naming {parts:?}"),
-        Err(e) => e.to_string(),
-    };
-    for p in parts {
-        assert!(e.contains(p), "`{e}` does not name {p}");
-    }
 }
 
 #[test]

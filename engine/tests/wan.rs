@@ -5,37 +5,18 @@
 
 mod common;
 
-use common::{max_abs, read_safetensors, wan_tiny};
+use common::{expect_err, max_abs, opts, read_safetensors, rel_err, wan_tiny};
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use candle_core::Tensor;
 use layerwise_engine::engine::Model;
-use layerwise_engine::execution::cuda::SlotsChoice;
-use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::execution::work::{Condition, Request};
 use layerwise_engine::tools::synth::{synth, SynthOptions};
 use layerwise_engine::Strategy;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-fn rel_err(ours: &Tensor, theirs: &Tensor) -> f32 {
-    let ours = ours.reshape(theirs.dims()).unwrap();
-    max_abs(&(ours - theirs).unwrap()) / max_abs(theirs).max(1e-12)
-}
-
-fn opts(strategy: Strategy, dp: usize, slots: usize, decode: bool) -> EngineOptions {
-    EngineOptions {
-        strategy,
-        dp,
-        slots: SlotsChoice::Fixed(slots),
-        decode,
-        timeout: Duration::from_secs(120),
-        ..EngineOptions::default()
-    }
 }
 
 /// The request the reference ran, from its JSON description.
@@ -242,16 +223,6 @@ fn device_weights_stay_flat_in_the_depth_of_every_streamed_component() {
     }
     assert_eq!(peaks[0..2], peaks[2..4], "deeper experts");
     assert_eq!(peaks[0..2], peaks[4..6], "deeper text encoder");
-}
-
-fn expect_err(r: Result<impl Sized, layerwise_engine::Error>, parts: &[&str]) {
-    let e = match r {
-        Ok(_) => panic!("accepted; expected an error naming {parts:?}"),
-        Err(e) => e.to_string(),
-    };
-    for p in parts {
-        assert!(e.contains(p), "`{e}` does not name {p}");
-    }
 }
 
 #[test]

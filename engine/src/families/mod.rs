@@ -5,6 +5,8 @@
 
 pub mod attention;
 pub mod autoencoder_kl;
+#[cfg(feature = "runtime")]
+pub mod checks;
 pub mod cosmos3;
 pub mod dit;
 #[cfg(feature = "runtime")]

@@ -139,3 +139,41 @@ pub fn ffprobe(path: &Path) -> String {
     );
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
+
+/// Max |ours − theirs| / max |theirs|, `ours` reshaped to `theirs`'s shape (the families'
+/// parity tests).
+#[allow(dead_code)]
+pub fn rel_err(ours: &candle_core::Tensor, theirs: &candle_core::Tensor) -> f32 {
+    let ours = ours.reshape(theirs.dims()).unwrap();
+    max_abs(&(ours - theirs).unwrap()) / max_abs(theirs).max(1e-12)
+}
+
+/// Engine options for `strategy` at dp and K slots, decoding or not, with a 120 s stall limit.
+#[allow(dead_code)]
+pub fn opts(
+    strategy: layerwise_engine::Strategy,
+    dp: usize,
+    slots: usize,
+    decode: bool,
+) -> layerwise_engine::execution::rank::EngineOptions {
+    layerwise_engine::execution::rank::EngineOptions {
+        strategy,
+        dp,
+        slots: layerwise_engine::execution::cuda::SlotsChoice::Fixed(slots),
+        decode,
+        timeout: std::time::Duration::from_secs(120),
+        ..layerwise_engine::execution::rank::EngineOptions::default()
+    }
+}
+
+/// Panics unless `r` failed with an error naming every one of `parts`.
+#[allow(dead_code)]
+pub fn expect_err(r: Result<impl Sized, layerwise_engine::Error>, parts: &[&str]) {
+    let e = match r {
+        Ok(_) => panic!("accepted; expected an error naming {parts:?}"),
+        Err(e) => e.to_string(),
+    };
+    for p in parts {
+        assert!(e.contains(p), "`{e}` does not name {p}");
+    }
+}

@@ -144,27 +144,11 @@ impl FamilyRuntime for Cosmos3Runtime {
                 "Cosmos3 is text-conditioned: give a prompt, not a class label",
             ));
         };
-        let unit = ck.vae_config.upscale();
-        for (field, v) in [("width", r.width), ("height", r.height)] {
-            if v == 0 || v % unit != 0 {
-                return Err(Error::invalid(
-                    field,
-                    format!("{v}: must be a positive multiple of {unit}"),
-                ));
-            }
-        }
-        let tup = ck.vae_config.temporal_upscale();
-        if r.frames == 0 || (r.frames - 1) % tup != 0 {
-            return Err(Error::invalid(
-                "frames",
-                format!(
-                    "{}: must be of the form {tup}k + 1 (1, {}, {}, ...): the VAE turns each latent frame after the first into {tup}",
-                    r.frames,
-                    tup + 1,
-                    2 * tup + 1
-                ),
-            ));
-        }
+        crate::families::checks::clip_shape(
+            r,
+            ck.vae_config.upscale(),
+            ck.vae_config.temporal_upscale(),
+        )?;
         if !(r.guidance.is_finite() && r.guidance >= 0.0) {
             return Err(Error::invalid(
                 "guidance",
@@ -196,16 +180,7 @@ impl FamilyRuntime for Cosmos3Runtime {
                 ));
             }
         }
-        if let Some(l) = &r.init_latents {
-            let want = latent_shape(ck, r);
-            if l.dims() != want {
-                return Err(Error::invalid(
-                    "init_latents",
-                    format!("shape {:?}, expected {want:?}", l.dims()),
-                ));
-            }
-        }
-        Ok(())
+        crate::families::checks::init_latents(r, &latent_shape(ck, r))
     }
 
     fn resident_bytes(&self, decode: bool) -> u64 {

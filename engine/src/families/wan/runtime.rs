@@ -142,27 +142,11 @@ impl FamilyRuntime for WanRuntime {
                 ))
             }
         };
-        let unit = ck.vae_config.upscale() * ck.transformer_config.patch_size[1];
-        for (field, v) in [("width", r.width), ("height", r.height)] {
-            if v == 0 || v % unit != 0 {
-                return Err(Error::invalid(
-                    field,
-                    format!("{v}: must be a positive multiple of {unit}"),
-                ));
-            }
-        }
-        let tup = ck.vae_config.temporal_upscale();
-        if r.frames == 0 || (r.frames - 1) % tup != 0 {
-            return Err(Error::invalid(
-                "frames",
-                format!(
-                    "{}: must be of the form {tup}k + 1 (1, {}, {}, ..., 81): the VAE turns each latent frame after the first into {tup}",
-                    r.frames,
-                    tup + 1,
-                    2 * tup + 1
-                ),
-            ));
-        }
+        crate::families::checks::clip_shape(
+            r,
+            ck.vae_config.upscale() * ck.transformer_config.patch_size[1],
+            ck.vae_config.temporal_upscale(),
+        )?;
         // Within the rotary tables: the grid a request makes must have its positions.
         let asked = [
             (Dimension::Width, r.width as u64),
@@ -202,16 +186,7 @@ impl FamilyRuntime for WanRuntime {
                 ));
             }
         }
-        if let Some(l) = &r.init_latents {
-            let want = latent_shape(ck, r);
-            if l.dims() != want {
-                return Err(Error::invalid(
-                    "init_latents",
-                    format!("shape {:?}, expected {want:?}", l.dims()),
-                ));
-            }
-        }
-        Ok(())
+        crate::families::checks::init_latents(r, &latent_shape(ck, r))
     }
 
     fn resident_bytes(&self, decode: bool) -> u64 {
