@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from wan_reference import CORPUS, perturb, versions
+from wan_reference import CORPUS, StepRecorder, perturb, versions
 
 # --- the tiny configs ---------------------------------------------------------------------------
 
@@ -206,13 +206,7 @@ def reference(pipe, prompt, negative_prompt, frames, height, width, steps, guida
     """Cosmos3OmniPipeline.__call__ from the given initial latents; returns the tensors `run` saves."""
     cond, uncond = pipe.tokenize_prompt(prompt, negative_prompt, num_frames=frames, height=height,
                                         width=width, fps=fps)
-    steps_out, timesteps = [], []
-
-    def on_step_end(p, i, t, kw):
-        steps_out.append(kw["latents"].detach().clone())
-        timesteps.append(t.detach().clone())
-        return kw
-
+    record = StepRecorder()
     with torch.no_grad():
         result = pipe(
             prompt=prompt,
@@ -225,20 +219,18 @@ def reference(pipe, prompt, negative_prompt, frames, height, width, steps, guida
             guidance_scale=guidance,
             latents=init.clone(),
             output_type="np",
-            callback_on_step_end=on_step_end,
+            callback_on_step_end=record,
             enable_safety_check=False,
         )
     video = np.asarray(result.video, dtype=np.float32)  # [F, H, W, 3] in [0, 1]
-    return {
+    out = {
         "input_ids": torch.tensor(cond, dtype=torch.int64),
         "negative_input_ids": torch.tensor(uncond, dtype=torch.int64),
-        "init_latents": init.contiguous(),
-        "step_latents": torch.stack(steps_out).contiguous(),
-        "latents": steps_out[-1].contiguous(),
+        "init_latents": init,
         "frames": torch.from_numpy(np.ascontiguousarray(video)),
-        "timesteps": torch.stack(timesteps).contiguous(),
-        "sigmas": pipe.scheduler.sigmas.float().contiguous(),
+        **record.tensors(pipe),
     }
+    return {k: v.contiguous() for k, v in out.items()}
 
 
 def latent_shape(frames, height, width):

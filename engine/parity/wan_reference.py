@@ -167,6 +167,27 @@ def perturb(module, seed):
             p.add_((torch.randn(p.shape, generator=g, dtype=torch.float32) * amp).to(p.dtype))
 
 
+class StepRecorder:
+    """A pipeline's `callback_on_step_end` that keeps the latents after each step and the step's
+    timestep; `tensors` gives what the parity tests read of them (and the scheduler's sigmas)."""
+
+    def __init__(self):
+        self.latents, self.timesteps = [], []
+
+    def __call__(self, pipe, i, t, kw):
+        self.latents.append(kw["latents"].detach().clone())
+        self.timesteps.append(t.detach().clone())
+        return kw
+
+    def tensors(self, pipe):
+        return {
+            "step_latents": torch.stack(self.latents),  # latents after each step
+            "latents": self.latents[-1],  # final latents, before the VAE
+            "timesteps": torch.stack(self.timesteps),  # int64 for UniPC, float32 for flow-match Euler
+            "sigmas": pipe.scheduler.sigmas.float().clone(),
+        }
+
+
 def t5_pre_tokenizer():
     from tokenizers import pre_tokenizers
 
@@ -365,15 +386,13 @@ def reference(pipe, prompt, negative_prompt, frames, height, width, steps, guida
     if ne is not None:
         out["negative_prompt_embeds"] = ne
 
-    steps_out, timesteps, experts = [], [], []
+    record, experts = StepRecorder(), []
     boundary = pipe.config.boundary_ratio
     boundary_t = None if boundary is None else boundary * pipe.scheduler.config.num_train_timesteps
 
     def on_step_end(p, i, t, kw):
-        steps_out.append(kw["latents"].detach().clone())
-        timesteps.append(t.detach().clone())
         experts.append(0 if boundary_t is None or t >= boundary_t else 1)
-        return kw
+        return record(p, i, t, kw)
 
     result = pipe(
         prompt=prompt,
@@ -391,11 +410,8 @@ def reference(pipe, prompt, negative_prompt, frames, height, width, steps, guida
         max_sequence_length=m,
     )
     out["init_latents"] = init
-    out["step_latents"] = torch.stack(steps_out)  # [S, 1, 16, T, h, w]: latents after each step
-    out["latents"] = steps_out[-1]  # final latents, before the VAE
+    out.update(record.tensors(pipe))
     out["frames"] = torch.from_numpy(np.ascontiguousarray(result.frames[0])).float()  # [F, H, W, 3] in [0,1]
-    out["timesteps"] = torch.stack(timesteps)  # int64 for UniPC, float32 for flow-match Euler
-    out["sigmas"] = pipe.scheduler.sigmas.float().clone()
     out["experts"] = torch.tensor(experts, dtype=torch.int64)  # 0: transformer, 1: transformer_2
     return {k: v.contiguous() for k, v in out.items()}
 

@@ -164,6 +164,20 @@ impl Component {
     pub fn tensor_bytes(&self) -> u64 {
         self.files.iter().map(Header::tensor_bytes).sum()
     }
+
+    /// Bytes of the named tensors this component has (a name it lacks counts 0): as
+    /// stored, or, given `elem`, once loaded at `elem` bytes per element.
+    pub fn bytes_of<S: AsRef<str>>(
+        &self,
+        names: impl IntoIterator<Item = S>,
+        elem: Option<u64>,
+    ) -> u64 {
+        names
+            .into_iter()
+            .filter_map(|n| self.get(n.as_ref()))
+            .map(|(_, t)| elem.map_or(t.len, |e| t.numel() as u64 * e))
+            .sum()
+    }
 }
 
 /// A component with its files mapped read-only. Cloning shares the mappings.

@@ -1,5 +1,6 @@
 //! Request checks text-to-video families share: a clip's size and length in what the VAE
-//! makes, and initial latents of the family's shape. Each refusal names its field.
+//! makes, guidance scales, prompt lengths, and initial latents of the family's shape. Each
+//! refusal names its field.
 
 use crate::execution::work::Request;
 use crate::{Error, Result};
@@ -29,6 +30,18 @@ pub fn clip_shape(r: &Request, unit: usize, tup: usize) -> Result<()> {
     Ok(())
 }
 
+/// A clip's latent shape, [1, `channels`, (F − 1) / `tup` + 1, H / `up`, W / `up`], for a
+/// VAE of `up` pixels per latent across and `tup` frames per latent frame after the first.
+pub fn clip_latents(r: &Request, channels: usize, (up, tup): (usize, usize)) -> [usize; 5] {
+    [
+        1,
+        channels,
+        (r.frames.max(1) - 1) / tup + 1,
+        r.height / up,
+        r.width / up,
+    ]
+}
+
 /// The request's initial latents, when given, of shape `want`.
 pub fn init_latents(r: &Request, want: &[usize]) -> Result<()> {
     match &r.init_latents {
@@ -38,4 +51,49 @@ pub fn init_latents(r: &Request, want: &[usize]) -> Result<()> {
         )),
         _ => Ok(()),
     }
+}
+
+/// Guidance scales finite and ≥ 0; a second scale only for a model of two `experts`.
+pub fn guidance(r: &Request, experts: usize) -> Result<()> {
+    for (field, g) in [("guidance", Some(r.guidance)), ("guidance_2", r.guidance_2)] {
+        if let Some(g) = g.filter(|g| !(g.is_finite() && *g >= 0.0)) {
+            return Err(Error::invalid(
+                field,
+                format!("{g}: must be a finite number ≥ 0"),
+            ));
+        }
+    }
+    if r.guidance_2.is_some() && experts < 2 {
+        return Err(Error::invalid(
+            "guidance_2",
+            "this model has one transformer; a second guidance scale needs two experts",
+        ));
+    }
+    Ok(())
+}
+
+/// The prompt and the negative prompt within `max_sequence_length` tokens as `count` counts
+/// them (`counted` says what the count includes, for the refusal).
+pub fn prompt_lengths(
+    r: &Request,
+    texts: [&str; 2],
+    counted: &str,
+    count: impl Fn(&str) -> Result<usize>,
+) -> Result<()> {
+    if r.max_sequence_length == 0 {
+        return Err(Error::invalid("max_sequence_length", "must be at least 1"));
+    }
+    for (field, text) in ["prompt", "negative_prompt"].into_iter().zip(texts) {
+        let n = count(text)?;
+        if n > r.max_sequence_length {
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "{n} tokens{counted} is over the limit of {} (max_sequence_length)",
+                    r.max_sequence_length
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -117,14 +117,8 @@ impl Cosmos3Checkpoint {
 
     /// [`FamilyCheckpoint::resident_device_bytes`] once loaded at `elem` bytes per element.
     pub fn resident_stored_bytes(&self, elem: u64) -> u64 {
-        self.resident_device_names()
-            .iter()
-            .filter_map(|n| {
-                self.transformer
-                    .get(n)
-                    .map(|(_, t)| t.numel() as u64 * elem)
-            })
-            .sum()
+        self.transformer
+            .bytes_of(self.resident_device_names(), Some(elem))
     }
 
     /// The VAE's decoder tensors.
@@ -138,10 +132,7 @@ impl Cosmos3Checkpoint {
 
     /// [`FamilyCheckpoint::decoder_bytes`] once loaded at `elem` bytes per element.
     pub fn decoder_stored_bytes(&self, elem: u64) -> u64 {
-        self.decoder_names()
-            .iter()
-            .filter_map(|n| self.vae.get(n).map(|(_, t)| t.numel() as u64 * elem))
-            .sum()
+        self.vae.bytes_of(self.decoder_names(), Some(elem))
     }
 
     /// The name of the text embedding table.
@@ -163,16 +154,11 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
         ]
     }
     fn resident_device_bytes(&self) -> u64 {
-        self.resident_device_names()
-            .iter()
-            .filter_map(|n| self.transformer.get(n).map(|(_, t)| t.len))
-            .sum()
+        self.transformer
+            .bytes_of(self.resident_device_names(), None)
     }
     fn decoder_bytes(&self) -> u64 {
-        self.decoder_names()
-            .iter()
-            .filter_map(|n| self.vae.get(n).map(|(_, t)| t.len))
-            .sum()
+        self.vae.bytes_of(self.decoder_names(), None)
     }
     /// The pipeline's default size, 1280 × 720.
     fn native_size(&self) -> (usize, usize) {

@@ -28,7 +28,13 @@ pub struct Understanding {
     /// Per layer: keys [1, kv heads, L, head dim] as the generation pathway reads them,
     /// and values.
     pub kv: Vec<(Tensor, Tensor)>,
+    /// The generation pathway's rotary tables after this text, made at its first step
+    /// and kept for the others (their positions do not change), with what they were made
+    /// for: the patch grid, the fps' bits and the frames per latent frame.
+    vision: Option<(VisionKey, Tensor, Tensor)>,
 }
+
+type VisionKey = ((usize, usize, usize), u64, usize);
 
 impl Understanding {
     /// Text tokens.
@@ -244,6 +250,7 @@ impl Cosmos3Transformer {
             cos,
             sin,
             kv: Vec::with_capacity(self.cfg.num_hidden_layers),
+            vision: None,
         })
     }
 
@@ -307,14 +314,13 @@ impl Cosmos3Transformer {
         Ok(())
     }
 
-    /// Starts the generation pathway for latents [1, C, T, H, W] at timestep `t` after a
-    /// text of `text` tokens, for a clip at `fps` whose latent frames hold
-    /// `frames_per_latent` frames.
+    /// Starts the generation pathway for latents [1, C, T, H, W] at timestep `t` after
+    /// `text`, for a clip at `fps` whose latent frames hold `frames_per_latent` frames.
     pub fn generate(
         &self,
         latents: &Tensor,
         t: f32,
-        text: usize,
+        text: &mut Understanding,
         fps: f64,
         frames_per_latent: usize,
     ) -> Result<Generation> {
@@ -359,8 +365,16 @@ impl Cosmos3Transformer {
         );
         let temb = l2.forward(&l1.forward(&proj)?.silu()?)?;
         let x = x.broadcast_add(&temb)?;
-        let pos = vision_positions(cfg, text, (lt, gh, gw), fps, frames_per_latent);
-        let (cos, sin) = rotary(cfg, &pos, x.device())?;
+        let key = ((lt, gh, gw), fps.to_bits(), frames_per_latent);
+        let (cos, sin) = match &text.vision {
+            Some((k, cos, sin)) if *k == key => (cos.clone(), sin.clone()),
+            _ => {
+                let pos = vision_positions(cfg, text.len(), (lt, gh, gw), fps, frames_per_latent);
+                let (cos, sin) = rotary(cfg, &pos, x.device())?;
+                text.vision = Some((key, cos.clone(), sin.clone()));
+                (cos, sin)
+            }
+        };
         Ok(Generation {
             x,
             cos,

@@ -30,7 +30,8 @@ pub struct Target {
 /// The text tokenizer of a Cosmos3 folder with its chat template.
 pub struct Cosmos3Tokenizer {
     tokenizer: tokenizers::Tokenizer,
-    template: String,
+    /// The chat template, parsed once at load.
+    env: minijinja::Environment<'static>,
     special: Value,
     eos: u32,
     vision_start: u32,
@@ -77,6 +78,13 @@ pub fn with_templates(text: &str, t: &Target, negative: bool) -> String {
             "This {kind} is {not}of {}x{} resolution.",
             t.height, t.width
         ),
+    )
+}
+
+fn render_error(dir: &Path, e: minijinja::Error) -> Error {
+    Error::checkpoint(
+        dir.join("chat_template.jinja"),
+        format!("the chat template does not render: {e}"),
     )
 }
 
@@ -130,9 +138,14 @@ impl Cosmos3Tokenizer {
                 special.insert(key.into(), Value::String(v));
             }
         }
+        let mut env = minijinja::Environment::new();
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_template_owned("chat", template)
+            .map_err(|e| render_error(dir, e))?;
         let t = Cosmos3Tokenizer {
             tokenizer,
-            template,
+            env,
             special: Value::Object(special),
             eos,
             vision_start,
@@ -146,16 +159,7 @@ impl Cosmos3Tokenizer {
 
     /// The chat template over a system message (when the pipeline adds one) and `text`.
     fn render(&self, text: &str, image: bool) -> Result<String> {
-        let mut env = minijinja::Environment::new();
-        minijinja_contrib::add_to_environment(&mut env);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        let fail = |e: minijinja::Error| {
-            Error::checkpoint(
-                self.dir.join("chat_template.jinja"),
-                format!("the chat template does not render: {e}"),
-            )
-        };
-        env.add_template("chat", &self.template).map_err(fail)?;
+        let fail = |e| render_error(&self.dir, e);
         let mut messages = Vec::new();
         if self.system_prompt {
             let system = if image { SYSTEM_IMAGE } else { SYSTEM_VIDEO };
@@ -166,7 +170,8 @@ impl Cosmos3Tokenizer {
         ctx.insert("messages".into(), Value::Array(messages));
         ctx.insert("add_generation_prompt".into(), Value::Bool(true));
         ctx.insert("add_vision_id".into(), Value::Bool(false));
-        env.get_template("chat")
+        self.env
+            .get_template("chat")
             .map_err(fail)?
             .render(minijinja::Value::from_serialize(&ctx))
             .map_err(fail)

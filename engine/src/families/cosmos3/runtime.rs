@@ -64,18 +64,6 @@ impl Cosmos3Runtime {
     }
 }
 
-/// Latent shape of a request: [1, C, (F − 1) / 4 + 1, H / 16, W / 16].
-fn latent_shape(ck: &Cosmos3Checkpoint, r: &Request) -> [usize; 5] {
-    let (up, tup) = (ck.vae_config.upscale(), ck.vae_config.temporal_upscale());
-    [
-        1,
-        ck.config.latent_channel,
-        (r.frames.max(1) - 1) / tup + 1,
-        r.height / up,
-        r.width / up,
-    ]
-}
-
 fn target(r: &Request) -> Target {
     Target {
         frames: r.frames,
@@ -149,38 +137,25 @@ impl FamilyRuntime for Cosmos3Runtime {
             ck.vae_config.upscale(),
             ck.vae_config.temporal_upscale(),
         )?;
-        if !(r.guidance.is_finite() && r.guidance >= 0.0) {
-            return Err(Error::invalid(
-                "guidance",
-                format!("{}: must be a finite number ≥ 0", r.guidance),
-            ));
-        }
+        crate::families::checks::guidance(r, 1)?;
         if let Some(fps) = r.fps.filter(|f| !(f.is_finite() && *f > 0.0)) {
             return Err(Error::invalid(
                 "fps",
                 format!("{fps}: must be a positive frame rate"),
             ));
         }
-        if r.guidance_2.is_some() {
-            return Err(Error::invalid(
-                "guidance_2",
-                "Cosmos3 has one transformer; a second guidance scale needs two experts",
-            ));
-        }
         self.scheduler.sampler(r.steps)?;
-        for (field, text) in [("prompt", prompt), ("negative_prompt", negative)] {
-            let n = self.tokenizer.token_count(text)?;
-            if n > r.max_sequence_length {
-                return Err(Error::invalid(
-                    field,
-                    format!(
-                        "{n} tokens is over the limit of {} (max_sequence_length)",
-                        r.max_sequence_length
-                    ),
-                ));
-            }
-        }
-        crate::families::checks::init_latents(r, &latent_shape(ck, r))
+        crate::families::checks::prompt_lengths(r, [prompt, negative], "", |t| {
+            self.tokenizer.token_count(t)
+        })?;
+        crate::families::checks::init_latents(
+            r,
+            &crate::families::checks::clip_latents(
+                r,
+                ck.config.latent_channel,
+                (ck.vae_config.upscale(), ck.vae_config.temporal_upscale()),
+            ),
+        )
     }
 
     fn resident_bytes(&self, decode: bool) -> u64 {
@@ -248,13 +223,8 @@ impl RankModel for Cosmos3Rank {
         let Condition::Prompt { prompt, negative } = &req.condition else {
             return Err(Error::invalid("prompt", "Cosmos3 is text-conditioned"));
         };
-        let shape = [
-            1,
-            r.transformer.cfg.latent_channel,
-            (req.frames.max(1) - 1) / r.latent.1 + 1,
-            req.height / r.latent.0,
-            req.width / r.latent.0,
-        ];
+        let shape =
+            crate::families::checks::clip_latents(&req, r.transformer.cfg.latent_channel, r.latent);
         let latents = match &req.init_latents {
             Some(l) => l.to_dtype(DType::F32)?,
             None => seeded_noise(req.seed, &shape)?,
@@ -343,14 +313,14 @@ impl Task for Cosmos3Task {
                     })
                     .collect::<Result<_>>()?;
             }
-            Some(text) => {
+            Some(_) => {
                 let t = self.sampler.timesteps()[self.step];
-                self.generation = text
-                    .iter()
-                    .map(|u| {
-                        r.transformer
-                            .generate(&self.latents, t, u.len(), self.fps, r.latent.1)
-                    })
+                let (latents, fps) = (&self.latents, self.fps);
+                self.generation = self
+                    .text
+                    .iter_mut()
+                    .flatten()
+                    .map(|u| r.transformer.generate(latents, t, u, fps, r.latent.1))
                     .collect::<Result<_>>()?;
             }
         }

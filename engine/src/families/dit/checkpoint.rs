@@ -47,23 +47,13 @@ impl DitCheckpoint {
 
     /// [`Self::resident_device_bytes`] once loaded at `elem` bytes per element.
     pub fn resident_stored_bytes(&self, elem: u64) -> u64 {
-        self.config
-            .resident_specs()
-            .iter()
-            .map(|s| {
-                self.transformer
-                    .get(&s.name)
-                    .map_or(0, |(_, t)| t.numel() as u64 * elem)
-            })
-            .sum()
+        let names = self.config.resident_specs().into_iter().map(|s| s.name);
+        self.transformer.bytes_of(names, Some(elem))
     }
 
     /// [`Self::decoder_bytes`] once loaded at `elem` bytes per element.
     pub fn decoder_stored_bytes(&self, elem: u64) -> u64 {
-        self.decoder_names()
-            .iter()
-            .map(|n| self.vae.get(n).map_or(0, |(_, t)| t.numel() as u64 * elem))
-            .sum()
+        self.vae.bytes_of(self.decoder_names(), Some(elem))
     }
 
     /// The VAE's decoder tensors (`decoder.*` and `post_quant_conv.*`), which every rank
@@ -88,18 +78,12 @@ impl FamilyCheckpoint for DitCheckpoint {
     /// Transformer bytes outside the blocks, which every rank keeps on its device: the
     /// patch embedding and the final layer.
     fn resident_device_bytes(&self) -> u64 {
-        self.config
-            .resident_specs()
-            .iter()
-            .map(|s| self.transformer.get(&s.name).map_or(0, |(_, t)| t.len))
-            .sum()
+        let names = self.config.resident_specs().into_iter().map(|s| s.name);
+        self.transformer.bytes_of(names, None)
     }
     /// Bytes of [`Self::decoder_names`].
     fn decoder_bytes(&self) -> u64 {
-        self.decoder_names()
-            .iter()
-            .map(|n| self.vae.get(n).map_or(0, |(_, t)| t.len))
-            .sum()
+        self.vae.bytes_of(self.decoder_names(), None)
     }
     /// The image size the model was trained at, in pixels.
     fn native_size(&self) -> (usize, usize) {

@@ -209,21 +209,23 @@ impl WanCheckpoint {
 
     /// [`Self::resident_device_bytes`] once loaded at `elem` bytes per element.
     pub fn resident_stored_bytes(&self, elem: u64) -> u64 {
+        self.resident_bytes_at(Some(elem))
+    }
+
+    /// [`Self::decoder_bytes`] once loaded at `elem` bytes per element.
+    pub fn decoder_stored_bytes(&self, elem: u64) -> u64 {
+        self.vae.bytes_of(self.decoder_names(), Some(elem))
+    }
+
+    /// Bytes of [`Self::resident_device_names`], as stored or at `elem` bytes per element.
+    fn resident_bytes_at(&self, elem: Option<u64>) -> u64 {
         let comps = self.components();
         self.resident_device_names()
             .iter()
             .filter_map(|(comp, name)| {
                 let c = comps.iter().find(|(n, _)| n == comp)?.1;
-                c.get(name).map(|(_, t)| t.numel() as u64 * elem)
+                Some(c.bytes_of([name], elem))
             })
-            .sum()
-    }
-
-    /// [`Self::decoder_bytes`] once loaded at `elem` bytes per element.
-    pub fn decoder_stored_bytes(&self, elem: u64) -> u64 {
-        self.decoder_names()
-            .iter()
-            .filter_map(|n| self.vae.get(n).map(|(_, t)| t.numel() as u64 * elem))
             .sum()
     }
 
@@ -265,21 +267,11 @@ impl FamilyCheckpoint for WanCheckpoint {
     }
     /// Bytes of [`Self::resident_device_names`].
     fn resident_device_bytes(&self) -> u64 {
-        let comps = self.components();
-        self.resident_device_names()
-            .iter()
-            .filter_map(|(comp, name)| {
-                let c = comps.iter().find(|(n, _)| n == comp)?.1;
-                c.get(name).map(|(_, t)| t.len)
-            })
-            .sum()
+        self.resident_bytes_at(None)
     }
     /// Bytes of [`Self::decoder_names`].
     fn decoder_bytes(&self) -> u64 {
-        self.decoder_names()
-            .iter()
-            .filter_map(|n| self.vae.get(n).map(|(_, t)| t.len))
-            .sum()
+        self.vae.bytes_of(self.decoder_names(), None)
     }
     /// WanPipeline's default output size, 832 × 480.
     fn native_size(&self) -> (usize, usize) {

@@ -73,18 +73,6 @@ impl WanRuntime {
     }
 }
 
-/// Latent shape of a request: [1, C, (F − 1) / 4 + 1, H / 8, W / 8].
-fn latent_shape(ck: &WanCheckpoint, r: &Request) -> [usize; 5] {
-    let (up, tup) = (ck.vae_config.upscale(), ck.vae_config.temporal_upscale());
-    [
-        1,
-        ck.transformer_config.in_channels,
-        (r.frames.max(1) - 1) / tup + 1,
-        r.height / up,
-        r.width / up,
-    ]
-}
-
 impl FamilyRuntime for WanRuntime {
     fn name(&self) -> &'static str {
         "wan"
@@ -156,37 +144,22 @@ impl FamilyRuntime for WanRuntime {
         if let Some(b) = ck.limits().beyond(&asked) {
             return Err(Error::invalid(b.dimension.request_field(), b.to_string()));
         }
-        for (field, g) in [("guidance", Some(r.guidance)), ("guidance_2", r.guidance_2)] {
-            if let Some(g) = g.filter(|g| !(g.is_finite() && *g >= 0.0)) {
-                return Err(Error::invalid(
-                    field,
-                    format!("{g}: must be a finite number ≥ 0"),
-                ));
-            }
-        }
-        if r.guidance_2.is_some() && ck.transformer_2.is_none() {
-            return Err(Error::invalid(
-                "guidance_2",
-                "this model has one transformer; a second guidance scale needs two experts",
-            ));
-        }
+        crate::families::checks::guidance(r, 1 + ck.transformer_2.is_some() as usize)?;
         self.scheduler.sampler(r.steps)?;
-        if r.max_sequence_length == 0 {
-            return Err(Error::invalid("max_sequence_length", "must be at least 1"));
-        }
-        for (field, text) in [("prompt", prompt), ("negative_prompt", negative)] {
-            let n = self.tokenizer.token_count(text)?;
-            if n > r.max_sequence_length {
-                return Err(Error::invalid(
-                    field,
-                    format!(
-                        "{n} tokens (with the end token) is over the limit of {} (max_sequence_length)",
-                        r.max_sequence_length
-                    ),
-                ));
-            }
-        }
-        crate::families::checks::init_latents(r, &latent_shape(ck, r))
+        crate::families::checks::prompt_lengths(
+            r,
+            [prompt, negative],
+            " (with the end token)",
+            |t| self.tokenizer.token_count(t),
+        )?;
+        crate::families::checks::init_latents(
+            r,
+            &crate::families::checks::clip_latents(
+                r,
+                ck.transformer_config.in_channels,
+                (ck.vae_config.upscale(), ck.vae_config.temporal_upscale()),
+            ),
+        )
     }
 
     fn resident_bytes(&self, decode: bool) -> u64 {
@@ -313,13 +286,7 @@ impl RankModel for WanRank {
             return Err(Error::invalid("prompt", "Wan is text-conditioned"));
         };
         let c = &r.runtime;
-        let shape = [
-            1,
-            c.config.in_channels,
-            (req.frames.max(1) - 1) / c.latent.1 + 1,
-            req.height / c.latent.0,
-            req.width / c.latent.0,
-        ];
+        let shape = crate::families::checks::clip_latents(&req, c.config.in_channels, c.latent);
         let latents = match &req.init_latents {
             Some(l) => l.to_dtype(DType::F32)?,
             None => seeded_noise(req.seed, &shape)?,
