@@ -188,13 +188,21 @@ mod compute {
                 let qc = (qi.narrow(1, start, n)? * scale)?;
                 let kt = ki.narrow(1, 0, keys)?.t()?;
                 let scores = qc.matmul(&kt)?.broadcast_add(&mask)?;
-                let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+                let probs = softmax(&scores)?;
                 chunks.push(probs.matmul(&vi.narrow(1, 0, keys)?.contiguous()?)?);
                 start += n;
             }
             samples.push(Tensor::cat(&chunks, 1)?);
         }
         Ok(Tensor::stack(&samples, 0)?)
+    }
+
+    /// Softmax over the last dimension: the fused kernel for f32 on the CPU, else candle's.
+    pub(super) fn softmax(scores: &Tensor) -> Result<Tensor> {
+        if crate::families::fused::fast(&[scores]) {
+            return crate::families::fused::softmax_scaled(scores, 1.0);
+        }
+        Ok(candle_nn::ops::softmax_last_dim(scores)?)
     }
 
     /// [`attention`] in query chunks within `budget`, on any device (tests force many
@@ -220,7 +228,7 @@ mod compute {
                 let n = rows.min(sq - start);
                 // Scaling the queries costs rows × D, scaling the scores rows × Sk.
                 let qc = (qi.narrow(1, start, n)? * scale)?;
-                let probs = candle_nn::ops::softmax_last_dim(&qc.matmul(&kt)?)?;
+                let probs = softmax(&qc.matmul(&kt)?)?;
                 chunks.push(probs.matmul(&vi)?);
                 start += n;
             }
@@ -274,19 +282,18 @@ mod tests {
     mod compute {
         use candle_core::{Device, Tensor};
 
+        use super::super::compute::softmax;
         use super::super::{attention, attention_with_budget, chunk_rows};
 
         fn random(seed: u64, shape: &[usize]) -> Tensor {
             crate::execution::weights::seeded_noise(seed, shape).unwrap()
         }
 
-        /// The whole score matrix at once: the reference the chunks must reproduce.
+        /// The whole score matrix at once, through the softmax the chunks run: the
+        /// reference the chunks must reproduce.
         fn unchunked(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Tensor {
             let scores = (q.matmul(&k.t().unwrap()).unwrap() * scale).unwrap();
-            candle_nn::ops::softmax_last_dim(&scores)
-                .unwrap()
-                .matmul(v)
-                .unwrap()
+            softmax(&scores).unwrap().matmul(v).unwrap()
         }
 
         use crate::testing::max_abs_diff;

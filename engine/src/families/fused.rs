@@ -3,20 +3,20 @@
 //! GELU, each one pass over its tensors with one output allocation. Composed of candle's
 //! ops they take seven, two and (GELU) one scalar-`tanh` pass, and on the CPU those passes
 //! and their allocations cost as much as the block's matrix products' bias adds and more
-//! than its attention. Any other device or dtype runs the composed ops, unchanged.
+//! than its attention. Any other device or dtype runs the composed ops, unchanged. Beside
+//! them, the linear layer every family's blocks run ([`linear`]): candle's `Linear` on the
+//! CPU packs the whole weight on every thread, this one each weight once.
 //!
-//! The kernels are written so the compiler vectorises them (independent lanes of partial
-//! sums, a branch-free `exp`), and split rows over rayon's threads. Their results depend
-//! on neither the thread count nor which rows share a call, so outputs stay bit-identical
-//! across strategies, dp and K.
+//! The kernels themselves are the `layerwise-kernels` crate's, compiled optimised in
+//! every profile; their results depend on neither the thread count nor which rows share a
+//! call, so outputs stay bit-identical across strategies, dp and K.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Shape, Tensor, D};
-use rayon::prelude::*;
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Module, Shape, Tensor, D,
+};
+use layerwise_kernels as kernels;
 
 use crate::Result;
-
-/// Rows per rayon task: enough work per task to outweigh its scheduling.
-const MIN_ELEMS_PER_TASK: usize = 1 << 14;
 
 /// `LayerNorm(x) · (1 + scale) + shift` for x [B, T, D] and per-sample `shift`, `scale`
 /// [B, D]: a LayerNorm over the last dimension without affine parameters (biased variance,
@@ -67,7 +67,25 @@ pub fn softmax_scaled(x: &Tensor, scale: f64) -> Result<Tensor> {
     Ok(p.to_dtype(dtype)?)
 }
 
-fn fast(ts: &[&Tensor]) -> bool {
+/// A linear layer, `x Wᵀ + bias`, for x [.., K], W [N, K] and bias [N]: on the CPU in f32
+/// by `layerwise-kernels`' product (each thread packs only its share of W, the bias added
+/// as the product accumulates), elsewhere by candle's `Linear`.
+pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let mut ts = vec![x, weight];
+    ts.extend(bias);
+    if fast(&ts) {
+        let (x, w) = (x.contiguous()?, weight.contiguous()?);
+        return Ok(match bias {
+            Some(b) => x.apply_op3_no_bwd(&w, &b.contiguous()?, &Linear)?,
+            None => x.apply_op2_no_bwd(&w, &Linear)?,
+        });
+    }
+    Ok(candle_nn::Linear::new(weight.clone(), bias.cloned()).forward(x)?)
+}
+
+/// Whether the fused ops run for these tensors (f32 on the CPU); elsewhere each op runs
+/// its composition of candle's.
+pub fn fast(ts: &[&Tensor]) -> bool {
     ts.iter()
         .all(|t| t.device().is_cpu() && t.dtype() == DType::F32)
 }
@@ -101,63 +119,6 @@ fn per_sample(
     Ok((b, t, d))
 }
 
-/// Sum of `v` in eight interleaved lanes, then the lanes pairwise: vectorises, and the
-/// order depends only on `v`'s length.
-#[inline(always)]
-fn sum_lanes(v: &[f32], f: impl Fn(f32) -> f32) -> f32 {
-    let mut lanes = [0f32; 8];
-    let mut chunks = v.chunks_exact(8);
-    for c in &mut chunks {
-        for (acc, &x) in lanes.iter_mut().zip(c) {
-            *acc += f(x);
-        }
-    }
-    for (acc, &x) in lanes.iter_mut().zip(chunks.remainder()) {
-        *acc += f(x);
-    }
-    let [a, b, c, d, e, g, h, i] = lanes;
-    ((a + b) + (c + d)) + ((e + g) + (h + i))
-}
-
-/// One row of [`layer_norm_modulate`]: `out = (x − mean) · rstd · scale1 + shift`, where
-/// `scale1` already holds `1 + scale`.
-pub fn layer_norm_modulate_row(
-    x: &[f32],
-    scale1: &[f32],
-    shift: &[f32],
-    eps: f32,
-    out: &mut [f32],
-) {
-    let n = x.len() as f32;
-    let mean = sum_lanes(x, |v| v) / n;
-    let var = sum_lanes(x, |v| (v - mean) * (v - mean)) / n;
-    let rstd = 1.0 / (var + eps).sqrt();
-    for (((o, &v), &s), &b) in out.iter_mut().zip(x).zip(scale1).zip(shift) {
-        *o = (v - mean) * rstd * s + b;
-    }
-}
-
-/// Runs `row(sample, input rows, output rows)` over the [B·T, D] rows of `out`, in
-/// parallel tasks of whole rows that never straddle two samples.
-fn rows(
-    b: usize,
-    t: usize,
-    d: usize,
-    out: &mut [f32],
-    row: impl Fn(usize, usize, &mut [f32]) + Sync,
-) {
-    let per_task = (MIN_ELEMS_PER_TASK / d.max(1)).clamp(1, t.max(1));
-    out.par_chunks_mut(d * t)
-        .enumerate()
-        .take(b)
-        .for_each(|(s, sample)| {
-            sample
-                .par_chunks_mut(d * per_task)
-                .enumerate()
-                .for_each(|(c, chunk)| row(s, c * per_task, chunk));
-        });
-}
-
 struct LayerNormModulate {
     eps: f32,
 }
@@ -184,15 +145,8 @@ impl CustomOp3 for LayerNormModulate {
         if l3.shape().dims() != [b, d] {
             candle_core::bail!("{}: scale {:?}, want [{b}, {d}]", self.name(), l3.shape());
         }
-        let scale1: Vec<f32> = scale.iter().map(|s| 1.0 + s).collect();
         let mut out = vec![0f32; x.len()];
-        rows(b, t, d, &mut out, |s, r0, chunk| {
-            let (sc, sh) = (&scale1[s * d..(s + 1) * d], &shift[s * d..(s + 1) * d]);
-            for (i, o) in chunk.chunks_exact_mut(d).enumerate() {
-                let at = (s * t + r0 + i) * d;
-                layer_norm_modulate_row(&x[at..at + d], sc, sh, self.eps, o);
-            }
-        });
+        kernels::layer_norm_modulate(x, shift, scale, (b, t, d), self.eps, &mut out);
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }
@@ -219,49 +173,72 @@ impl CustomOp3 for GatedResidual {
         );
         let (b, t, d) = per_sample(self.name(), l1, l2, l3)?;
         let mut out = vec![0f32; x.len()];
-        rows(b, t, d, &mut out, |s, r0, chunk| {
-            let g = &gate[s * d..(s + 1) * d];
-            for (i, o) in chunk.chunks_exact_mut(d).enumerate() {
-                let at = (s * t + r0 + i) * d;
-                for (((o, &x), &y), &g) in
-                    o.iter_mut().zip(&x[at..at + d]).zip(&y[at..at + d]).zip(g)
-                {
-                    *o = x + y * g;
-                }
-            }
-        });
+        kernels::gated_residual(x, y, gate, (b, t, d), &mut out);
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }
 
-/// `e^x` within 2 ulp over the f32 range, branch-free so a loop of it vectorises (Cody
-/// and Waite's reduction with Cephes' `expf` polynomial): x is clamped to [−87.3, 88.3],
-/// split as `n ln2 + r` with |r| ≤ ln2/2 (n rounded by adding 1.5·2²³, ln2 in two parts
-/// so `n ln2` is exact), `e^r` by a degree-7 polynomial, and `2^n` built in the exponent.
-#[inline(always)]
-pub fn exp(x: f32) -> f32 {
-    const ROUND: f32 = 12_582_912.0; // 1.5 × 2²³
-    let x = x.clamp(-87.3, 88.3);
-    let shifted = x * std::f32::consts::LOG2_E + ROUND;
-    let n = shifted - ROUND;
-    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
-    let p = 1.987_569_1e-4;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 0.5;
-    let e = p * (r * r) + r + 1.0;
-    let bits = (shifted.to_bits() as i32 - ROUND.to_bits() as i32 + 127) << 23;
-    e * f32::from_bits(bits as u32)
+struct Linear;
+
+impl Linear {
+    /// `x Wᵀ + bias` of contiguous f32 storages, with (m, k, n) and y's shape checked.
+    fn run(
+        &self,
+        (sx, lx): (&CpuStorage, &Layout),
+        (sw, lw): (&CpuStorage, &Layout),
+        bias: Option<(&CpuStorage, &Layout)>,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let name = "layerwise-linear";
+        let (x, w) = (f32s(sx, lx, name)?, f32s(sw, lw, name)?);
+        let (n, k) = lw.shape().dims2()?;
+        let dims = lx.shape().dims();
+        if dims.last() != Some(&k) {
+            candle_core::bail!("{name}: input {:?} for weight [{n}, {k}]", lx.shape());
+        }
+        let b = match bias {
+            Some((sb, lb)) if lb.shape().dims() == [n] => Some(f32s(sb, lb, name)?),
+            Some((_, lb)) => candle_core::bail!("{name}: bias {:?}, want [{n}]", lb.shape()),
+            None => None,
+        };
+        let m = x.len() / k.max(1);
+        let mut out = vec![0f32; m * n];
+        kernels::linear(x, w, b, (m, k, n), &mut out);
+        let mut shape = dims.to_vec();
+        *shape.last_mut().expect("a last dimension") = n;
+        Ok((CpuStorage::F32(out), Shape::from(shape)))
+    }
 }
 
-/// One element of [`gelu_tanh`].
-#[inline(always)]
-pub fn gelu_tanh_one(x: f32) -> f32 {
-    const K: f32 = 0.797_884_6; // √(2/π)
-    let u = K * (x + 0.044_715 * x * x * x);
-    x / (1.0 + exp(-2.0 * u))
+impl CustomOp2 for Linear {
+    fn name(&self) -> &'static str {
+        "layerwise-linear"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.run((s1, l1), (s2, l2), None)
+    }
+}
+
+impl CustomOp3 for Linear {
+    fn name(&self) -> &'static str {
+        "layerwise-linear"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.run((s1, l1), (s2, l2), Some((s3, l3)))
+    }
 }
 
 struct GeluTanh;
@@ -273,36 +250,8 @@ impl CustomOp1 for GeluTanh {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = f32s(s, l, self.name())?;
         let mut out = vec![0f32; x.len()];
-        out.par_chunks_mut(MIN_ELEMS_PER_TASK)
-            .zip(x.par_chunks(MIN_ELEMS_PER_TASK))
-            .for_each(|(o, x)| {
-                for (o, &x) in o.iter_mut().zip(x) {
-                    *o = gelu_tanh_one(x);
-                }
-            });
+        kernels::gelu_tanh(x, &mut out);
         Ok((CpuStorage::F32(out), l.shape().clone()))
-    }
-}
-
-/// One row of [`softmax_scaled`], in place.
-pub fn softmax_scaled_row(row: &mut [f32], scale: f32) {
-    let mut lanes = [f32::NEG_INFINITY; 8];
-    let mut chunks = row.chunks_exact(8);
-    for c in &mut chunks {
-        for (m, &x) in lanes.iter_mut().zip(c) {
-            *m = m.max(x);
-        }
-    }
-    for (m, &x) in lanes.iter_mut().zip(chunks.remainder()) {
-        *m = m.max(x);
-    }
-    let max = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    for v in row.iter_mut() {
-        *v = exp((*v - max) * scale);
-    }
-    let inv = 1.0 / sum_lanes(row, |v| v);
-    for v in row.iter_mut() {
-        *v *= inv;
     }
 }
 
@@ -321,12 +270,7 @@ impl CustomOp1 for SoftmaxScaled {
             return Ok((CpuStorage::F32(Vec::new()), l.shape().clone()));
         }
         let mut out = x.to_vec();
-        let per_task = (MIN_ELEMS_PER_TASK / n).max(1) * n;
-        out.par_chunks_mut(per_task).for_each(|rows| {
-            for row in rows.chunks_exact_mut(n) {
-                softmax_scaled_row(row, self.scale);
-            }
-        });
+        kernels::softmax_scaled(&mut out, n, self.scale);
         Ok((CpuStorage::F32(out), l.shape().clone()))
     }
 }
@@ -357,37 +301,7 @@ mod tests {
     use crate::testing::max_abs_diff;
 
     #[test]
-    fn exp_is_within_two_ulp_over_the_range() {
-        let mut worst = 0f64;
-        let mut x = -87.0f32;
-        while x < 88.0 {
-            let (ours, exact) = (exp(x) as f64, (x as f64).exp());
-            worst = worst.max((ours - exact).abs() / exact);
-            x += 0.0137;
-        }
-        assert!(worst < 2.5 * f32::EPSILON as f64, "relative error {worst}");
-        assert_eq!(exp(0.0), 1.0);
-        assert!(exp(-200.0) < 1e-37 && exp(-200.0) >= 0.0);
-        assert!(exp(200.0).is_finite() && exp(200.0) > 1e38);
-    }
-
-    #[test]
-    fn gelu_matches_the_tanh_formula() {
-        for i in -4000..4000 {
-            let x = i as f32 * 0.005;
-            let xd = x as f64;
-            let exact = 0.5
-                * xd
-                * (1.0
-                    + ((2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd.powi(3))).tanh());
-            let ours = gelu_tanh_one(x) as f64;
-            assert!(
-                (ours - exact).abs() <= 4e-7 * (1.0 + exact.abs()),
-                "x={x}: {ours} vs {exact}"
-            );
-        }
-        assert!(gelu_tanh_one(-100.0).abs() < 1e-30);
-        assert_eq!(gelu_tanh_one(100.0), 100.0);
+    fn gelu_matches_candles() {
         // The tensor op against candle's own tanh GELU, on a batch larger than one task.
         let x = (random(7, &[3, 5000]) * 3.0).unwrap();
         assert!(max_abs_diff(&gelu_tanh(&x).unwrap(), &x.gelu().unwrap()) < 1e-5);
@@ -423,6 +337,30 @@ mod tests {
     }
 
     #[test]
+    fn linear_matches_candles() {
+        // 3-D input as the blocks pass it, wider than one thread's share of features.
+        let x = random(12, &[2, 37, 96]);
+        let w = (random(13, &[300, 96]) * 0.1).unwrap();
+        let b = random(14, &[300]);
+        for bias in [Some(&b), None] {
+            let ours = linear(&x, &w, bias).unwrap();
+            let theirs = candle_nn::Linear::new(w.clone(), bias.cloned())
+                .forward(&x)
+                .unwrap();
+            assert_eq!(ours.dims(), [2, 37, 300]);
+            assert!(max_abs_diff(&ours, &theirs) < 1e-5);
+        }
+        // A transposed view of the input is made contiguous first, not misread.
+        let xt = random(15, &[96, 5]).t().unwrap();
+        let theirs = candle_nn::Linear::new(w.clone(), None)
+            .forward(&xt)
+            .unwrap();
+        assert!(max_abs_diff(&linear(&xt, &w, None).unwrap(), &theirs) < 1e-5);
+        let err = linear(&random(16, &[4, 95]), &w, Some(&b)).unwrap_err();
+        assert!(err.to_string().contains("[300, 96]"), "{err}");
+    }
+
+    #[test]
     fn a_sample_does_not_depend_on_its_batch() {
         let (t, d) = (300, 64);
         let x = random(6, &[2, t, d]);
@@ -441,6 +379,13 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(bits(&one(&both)), bits(&alone));
+        // Nor a linear layer's rows (rows of three samples against the last two alone).
+        let x = random(9, &[3, t, d]);
+        let w = random(10, &[200, d]);
+        let b = random(11, &[200]);
+        let all = linear(&x, &w, Some(&b)).unwrap();
+        let last = linear(&x.narrow(0, 1, 2).unwrap(), &w, Some(&b)).unwrap();
+        assert_eq!(bits(&all.narrow(0, 1, 2).unwrap()), bits(&last));
     }
 
     #[test]

@@ -10,12 +10,12 @@
 //! needs (diffusers computes them and reads only the generation tokens), so they are not
 //! computed.
 
-use candle_core::{DType, Device, Module, Tensor, D};
-use candle_nn::Linear;
+use candle_core::{DType, Device, Tensor, D};
 
 use super::config::Cosmos3Config;
 use crate::execution::weights::Weights;
 use crate::families::attention::{attention, causal_attention};
+use crate::families::fused;
 use crate::families::wan::transformer::model::timestep_embedding;
 use crate::{Error, Result};
 
@@ -195,7 +195,7 @@ impl Cosmos3Transformer {
         } else {
             None
         };
-        Ok(Linear::new(weight, bias).forward(x)?)
+        fused::linear(x, &weight, bias.as_ref())
     }
 
     /// [S, heads × D] to [1, heads, S, D].
@@ -352,18 +352,14 @@ impl Cosmos3Transformer {
             .permute([1, 2, 4, 3, 5, 0])?
             .reshape((lt * gh * gw, p * p * c))?;
         let r = self.resident.as_ref();
-        let x = Linear::new(r.get("proj_in.weight")?, Some(r.get("proj_in.bias")?)).forward(&x)?;
+        let x = fused::linear(&x, &r.get("proj_in.weight")?, Some(&r.get("proj_in.bias")?))?;
         let scaled = t * cfg.timestep_scale as f32;
         let proj = timestep_embedding(&[scaled], 256, x.device())?;
-        let l1 = Linear::new(
-            r.get("time_embedder.linear_1.weight")?,
-            Some(r.get("time_embedder.linear_1.bias")?),
-        );
-        let l2 = Linear::new(
-            r.get("time_embedder.linear_2.weight")?,
-            Some(r.get("time_embedder.linear_2.bias")?),
-        );
-        let temb = l2.forward(&l1.forward(&proj)?.silu()?)?;
+        let layer = |name: &str, x: &Tensor| {
+            let w = r.get(&format!("time_embedder.{name}.weight"))?;
+            fused::linear(x, &w, Some(&r.get(&format!("time_embedder.{name}.bias"))?))
+        };
+        let temb = layer("linear_2", &layer("linear_1", &proj)?.silu()?)?;
         let x = x.broadcast_add(&temb)?;
         let key = ((lt, gh, gw), fps.to_bits(), frames_per_latent);
         let (cos, sin) = match &text.vision {
@@ -433,8 +429,11 @@ impl Cosmos3Transformer {
         let cfg = &self.cfg;
         let r = self.resident.as_ref();
         let x = rms_norm(&st.x, &r.get("norm_moe_gen.weight")?, cfg.rms_norm_eps)?;
-        let x =
-            Linear::new(r.get("proj_out.weight")?, Some(r.get("proj_out.bias")?)).forward(&x)?;
+        let x = fused::linear(
+            &x,
+            &r.get("proj_out.weight")?,
+            Some(&r.get("proj_out.bias")?),
+        )?;
         let (lt, lh, lw) = st.latent;
         let (p, c) = (cfg.latent_patch_size, cfg.latent_channel);
         let (gh, gw) = (lh.div_ceil(p), lw.div_ceil(p));

@@ -8,8 +8,7 @@
 //! and cast back (as PyTorch's half-precision kernels accumulate in f32), and the output
 //! leaves in f32 for the sampler.
 
-use candle_core::{DType, Device, Module, Tensor};
-use candle_nn::Linear;
+use candle_core::{DType, Device, Tensor};
 
 use crate::execution::dtype::product;
 use crate::execution::weights::Weights;
@@ -24,11 +23,9 @@ fn linear(w: &dyn Weights, name: &str, x: &Tensor) -> Result<Tensor> {
     let weight = w.get(&format!("{name}.weight"))?;
     match w.get(&format!("{name}.bias")).ok() {
         Some(bias) => product(&[x, &weight, &bias], |t| {
-            Ok(Linear::new(t[1].clone(), Some(t[2].clone())).forward(&t[0])?)
+            fused::linear(&t[0], &t[1], Some(&t[2]))
         }),
-        None => product(&[x, &weight], |t| {
-            Ok(Linear::new(t[1].clone(), None).forward(&t[0])?)
-        }),
+        None => product(&[x, &weight], |t| fused::linear(&t[0], &t[1], None)),
     }
 }
 

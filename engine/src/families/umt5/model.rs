@@ -6,17 +6,17 @@
 //! attention without 1/√d scaling plus a per-layer relative position bias, padded keys
 //! masked with the most negative f32, and a gated tanh-GELU feed-forward.
 
-use candle_core::{DType, Device, Module, Tensor, D};
-use candle_nn::Linear;
+use candle_core::{DType, Device, Tensor, D};
 use safetensors::Dtype;
 
 use crate::checkpoint::Mapped;
 use crate::execution::weights::Weights;
+use crate::families::fused;
 use crate::families::umt5::{Umt5Config, FINAL_NORM};
 use crate::{Error, Result};
 
 fn linear(w: &dyn Weights, name: &str, x: &Tensor) -> Result<Tensor> {
-    Ok(Linear::new(w.get(name)?, None).forward(x)?)
+    fused::linear(x, &w.get(name)?, None)
 }
 
 /// T5's layer norm: `weight · x / √(mean(x²) + eps)`, in f32.

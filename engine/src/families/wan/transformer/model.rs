@@ -6,19 +6,19 @@
 //! keeps the norms, the modulation tables and the time embedder in f32 beside bf16
 //! weights; here every weight arrives as f32).
 
-use candle_core::{Device, Module, Tensor, D};
-use candle_nn::Linear;
+use candle_core::{Device, Tensor, D};
 
 use super::config::WanTransformerConfig;
 use super::rope;
 use crate::execution::weights::Weights;
 use crate::families::attention::attention;
+use crate::families::fused;
 use crate::{Error, Result};
 
 fn linear(w: &dyn Weights, name: &str, x: &Tensor) -> Result<Tensor> {
     let weight = w.get(&format!("{name}.weight"))?;
     let bias = w.get(&format!("{name}.bias"))?;
-    Ok(Linear::new(weight, Some(bias)).forward(x)?)
+    fused::linear(x, &weight, Some(&bias))
 }
 
 /// LayerNorm over the last dimension without affine parameters (biased variance), as
@@ -40,6 +40,19 @@ fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
 /// `x * (1 + scale) + shift` with `scale`, `shift` of shape [B, 1, D].
 fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
     Ok(x.broadcast_mul(&(scale + 1.0)?)?.broadcast_add(shift)?)
+}
+
+/// `modulate(layer_norm(x))`: one fused pass for f32 on the CPU, else the composed ops.
+fn norm_modulate(x: &Tensor, shift: &Tensor, scale: &Tensor, eps: f64) -> Result<Tensor> {
+    if fused::fast(&[x, shift, scale]) {
+        return fused::layer_norm_modulate(x, &shift.squeeze(1)?, &scale.squeeze(1)?, eps);
+    }
+    modulate(&layer_norm(x, eps)?, shift, scale)
+}
+
+/// `x + y * gate` with `gate` of shape [B, 1, D].
+fn gated(x: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor> {
+    fused::gated_residual(x, y, &gate.squeeze(1)?)
 }
 
 /// diffusers' `get_timestep_embedding` as Wan calls it (flip_sin_to_cos, shift 0):
@@ -134,7 +147,7 @@ impl WanTransformer {
             .get("patch_embedding.weight")?
             .reshape((d, patch))?;
         let bias = self.resident.get("patch_embedding.bias")?;
-        let x = Linear::new(weight, Some(bias)).forward(&x)?;
+        let x = fused::linear(&x, &weight, Some(&bias))?;
 
         let r = self.resident.as_ref();
         let t_proj = timestep_embedding(&vec![t; b], cfg.freq_dim, dev)?;
@@ -203,9 +216,9 @@ impl WanTransformer {
             ));
         };
         let x = &st.x;
-        let n = modulate(&layer_norm(x, eps)?, shift, scale)?;
+        let n = norm_modulate(x, shift, scale, eps)?;
         let a = self.attention(w, "attn1", &n, &n, Some((&st.cos, &st.sin)))?;
-        let x = (x + a.broadcast_mul(gate)?)?;
+        let x = gated(x, &a, gate)?;
 
         let n = if self.cfg.cross_attn_norm {
             layer_norm(&x, eps)?
@@ -216,10 +229,10 @@ impl WanTransformer {
         };
         let x = (&x + self.attention(w, "attn2", &n, &st.text, None)?)?;
 
-        let n = modulate(&layer_norm(&x, eps)?, c_shift, c_scale)?;
-        let f = linear(w, "ffn.net.0.proj", &n)?.gelu()?;
+        let n = norm_modulate(&x, c_shift, c_scale, eps)?;
+        let f = fused::gelu_tanh(&linear(w, "ffn.net.0.proj", &n)?)?;
         let f = linear(w, "ffn.net.2", &f)?;
-        st.x = (x + f.broadcast_mul(c_gate)?)?;
+        st.x = gated(&x, &f, c_gate)?;
         Ok(())
     }
 
@@ -229,7 +242,7 @@ impl WanTransformer {
         let table = self.resident.get("scale_shift_table")?;
         let m = table.broadcast_add(&st.temb.unsqueeze(1)?)?;
         let (shift, scale) = (m.narrow(1, 0, 1)?, m.narrow(1, 1, 1)?);
-        let x = modulate(&layer_norm(&st.x, cfg.eps)?, &shift, &scale)?;
+        let x = norm_modulate(&st.x, &shift, &scale, cfg.eps)?;
         let x = linear(self.resident.as_ref(), "proj_out", &x)?;
         let b = x.dim(0)?;
         let (gf, gh, gw) = st.grid;
