@@ -23,6 +23,7 @@ pub mod layout;
 #[cfg(feature = "runtime")]
 pub mod media;
 pub mod memory;
+pub mod metric_names;
 #[cfg(feature = "runtime")]
 pub mod options;
 #[cfg(feature = "runtime")]

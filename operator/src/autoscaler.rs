@@ -8,8 +8,15 @@
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
+use layerwise_engine::metric_names as names;
+use prometheus_parse::{Scrape, Value};
 
 /// Bounds and target from the spec's `autoscaling`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,21 +104,15 @@ pub trait LoadSource: Send + Sync {
     fn load<'a>(&'a self, pod: &'a Pod) -> BoxFuture<'a, Result<PodLoad, String>>;
 }
 
-/// Reads `layerwise_queue_depth` and `layerwise_running_requests` from a Prometheus text page
-/// (summing series of the same name).
-pub fn parse_metrics(text: &str) -> PodLoad {
+/// Reads the engine's queue depth and running requests (`metric_names::QUEUE_DEPTH` and
+/// `RUNNING_REQUESTS`) from a Prometheus text page, summing the series of each name; a
+/// negative or non-finite value counts as 0.
+pub fn parse_metrics(text: &str) -> Result<PodLoad, String> {
+    let scrape = Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+        .map_err(|e| format!("unreadable metrics page: {e}"))?;
     let mut load = PodLoad::default();
-    for line in text.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
-        let Some((name, value)) = line.rsplit_once(' ').map(|(n, v)| (n.trim(), v)) else {
-            continue;
-        };
-        // A sample line may carry a timestamp after the value.
-        let (name, value) = match name.rsplit_once(' ') {
-            Some((n, v)) if v.parse::<f64>().is_ok() && !n.is_empty() => (n.trim(), v),
-            _ => (name, value),
-        };
-        let metric = name.split('{').next().unwrap_or(name);
-        let Ok(v) = value.parse::<f64>() else {
+    for sample in &scrape.samples {
+        let (Value::Gauge(v) | Value::Untyped(v) | Value::Counter(v)) = sample.value else {
             continue;
         };
         let v = if v.is_finite() && v > 0.0 {
@@ -119,60 +120,76 @@ pub fn parse_metrics(text: &str) -> PodLoad {
         } else {
             0
         };
-        match metric {
-            "layerwise_queue_depth" => load.queued += v,
-            "layerwise_running_requests" => load.running += v,
-            _ => {}
+        if sample.metric == names::QUEUE_DEPTH.full {
+            load.queued += v;
+        } else if sample.metric == names::RUNNING_REQUESTS.full {
+            load.running += v;
         }
     }
-    load
+    Ok(load)
 }
 
-/// Reads `/metrics` from the pod's IP over plain HTTP, with a timeout.
-#[derive(Debug, Clone)]
+/// The most of a `/metrics` page read: an engine's is a few KiB.
+const MAX_PAGE: usize = 4 << 20;
+
+/// Reads `/metrics` from the pod's IP over HTTP/1 (connections pooled across scrapes), with
+/// a timeout over the whole exchange.
+#[derive(Clone)]
 pub struct HttpLoad {
-    pub port: u16,
-    pub timeout: Duration,
+    port: u16,
+    timeout: Duration,
+    client: Client<HttpConnector, Empty<Bytes>>,
+}
+
+impl HttpLoad {
+    pub fn new(port: u16, timeout: Duration) -> HttpLoad {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        HttpLoad {
+            port,
+            timeout,
+            client,
+        }
+    }
+
+    async fn fetch(&self, url: &str) -> Result<PodLoad, String> {
+        let uri: hyper::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        let res = self
+            .client
+            .get(uri)
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        if !res.status().is_success() {
+            return Err(format!("{url} answered {}", res.status()));
+        }
+        let body = Limited::new(res.into_body(), MAX_PAGE)
+            .collect()
+            .await
+            .map_err(|e| format!("reading {url}: {e}"))?
+            .to_bytes();
+        let text = std::str::from_utf8(&body).map_err(|e| format!("{url}: {e}"))?;
+        parse_metrics(text).map_err(|e| format!("{url}: {e}"))
+    }
 }
 
 impl LoadSource for HttpLoad {
     fn load<'a>(&'a self, pod: &'a Pod) -> BoxFuture<'a, Result<PodLoad, String>> {
         Box::pin(async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let ip = pod
                 .status
                 .as_ref()
-                .and_then(|s| s.pod_ip.clone())
+                .and_then(|s| s.pod_ip.as_deref())
                 .ok_or("pod has no IP yet")?;
-            let addr = format!("{ip}:{}", self.port);
-            let fetch = async {
-                let mut s = tokio::net::TcpStream::connect(&addr)
-                    .await
-                    .map_err(|e| format!("connecting to {addr}: {e}"))?;
-                let req = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-                s.write_all(req.as_bytes())
-                    .await
-                    .map_err(|e| format!("writing to {addr}: {e}"))?;
-                let mut body = Vec::new();
-                s.take(4 << 20)
-                    .read_to_end(&mut body)
-                    .await
-                    .map_err(|e| format!("reading from {addr}: {e}"))?;
-                let text = String::from_utf8_lossy(&body);
-                let (head, body) = text
-                    .split_once("\r\n\r\n")
-                    .ok_or_else(|| format!("{addr}: malformed HTTP response"))?;
-                if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-                    return Err(format!(
-                        "{addr}/metrics answered {}",
-                        head.lines().next().unwrap_or("")
-                    ));
-                }
-                Ok(parse_metrics(body))
-            };
-            tokio::time::timeout(self.timeout, fetch)
+            let ip: std::net::IpAddr = ip.parse().map_err(|e| format!("pod IP {ip}: {e}"))?;
+            let url = format!(
+                "http://{}/metrics",
+                std::net::SocketAddr::new(ip, self.port)
+            );
+            tokio::time::timeout(self.timeout, self.fetch(&url))
                 .await
-                .map_err(|_| format!("{addr}/metrics timed out"))?
+                .map_err(|_| format!("{url} timed out"))?
         })
     }
 }
@@ -299,12 +316,56 @@ mod tests {
             layerwise_queue_depth 3\nlayerwise_running_requests{rank=\"0\"} 1\n\
             layerwise_running_requests{rank=\"1\"} 1 1700000000000\nother_metric 9\n";
         assert_eq!(
-            parse_metrics(text),
+            parse_metrics(text).unwrap(),
             PodLoad {
                 queued: 3,
                 running: 2
             }
         );
-        assert_eq!(parse_metrics("garbage\n"), PodLoad::default());
+        assert_eq!(parse_metrics("garbage\n").unwrap(), PodLoad::default());
+    }
+
+    /// A pod at 127.0.0.1 whose engine serves `page` at /metrics on the returned port.
+    async fn engine_pod(page: String) -> (Pod, u16) {
+        use k8s_openapi::api::core::v1::PodStatus;
+        let app =
+            axum::Router::new().route("/metrics", axum::routing::get(move || async move { page }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let pod = Pod {
+            status: Some(PodStatus {
+                pod_ip: Some("127.0.0.1".into()),
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        };
+        (pod, port)
+    }
+
+    #[tokio::test]
+    async fn reads_the_engines_own_metrics_page_over_http() {
+        // The page the engine's server renders, with its own names.
+        let metrics = layerwise_engine::server::metrics::Metrics::new(2);
+        metrics.queue_depth.set(5);
+        metrics.running.set(2);
+        metrics.finished("succeeded");
+        let (pod, port) = engine_pod(metrics.render()).await;
+        let source = HttpLoad::new(port, Duration::from_secs(5));
+        let want = PodLoad {
+            queued: 5,
+            running: 2,
+        };
+        assert_eq!(source.load(&pod).await.unwrap(), want);
+        // Again, over the pooled connection.
+        assert_eq!(source.load(&pod).await.unwrap(), want);
+
+        // Nothing listening: an error that names the URL.
+        let closed = HttpLoad::new(1, Duration::from_secs(5));
+        let err = closed.load(&pod).await.unwrap_err();
+        assert!(err.contains("http://127.0.0.1:1/metrics"), "{err}");
+        // No IP yet.
+        let err = source.load(&Pod::default()).await.unwrap_err();
+        assert!(err.contains("no IP"), "{err}");
     }
 }

@@ -142,10 +142,10 @@ async fn main() -> Result<()> {
         prepare_nodes: args.prepare_nodes.max(1),
         election,
     };
-    let load = Arc::new(HttpLoad {
-        port: resources::ENGINE_PORT as u16,
-        timeout: Duration::from_millis(args.scrape_timeout_ms),
-    });
+    let load = Arc::new(HttpLoad::new(
+        resources::ENGINE_PORT as u16,
+        Duration::from_millis(args.scrape_timeout_ms),
+    ));
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -1,6 +1,7 @@
 //! The server's Prometheus metrics, registered once into the registry `/metrics` serves.
-//! The operator's autoscaler scrapes `layerwise_queue_depth` and
-//! `layerwise_running_requests` from here; both count images (the unit ranks work in).
+//! The names are `crate::metric_names`', which the operator's autoscaler reads too: it
+//! scrapes `layerwise_queue_depth` and `layerwise_running_requests` from here; both count
+//! images (the unit ranks work in).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
@@ -16,6 +17,7 @@ use prometheus_client::registry::Registry;
 use super::scheduler::Kind;
 use crate::execution::pipeline::PipelineStats;
 use crate::execution::work::PassReport;
+use crate::metric_names as names;
 
 type Labels = Vec<(String, String)>;
 
@@ -58,7 +60,7 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new(dp: usize) -> Metrics {
-        let mut registry = Registry::with_prefix("layerwise");
+        let mut registry = Registry::with_prefix(names::PREFIX);
         let m = Metrics {
             registry: Registry::default(),
             started: Instant::now(),
@@ -84,88 +86,92 @@ impl Metrics {
             last: Mutex::new(vec![(PipelineStats::default(), 0.0); dp]),
         };
         registry.register(
-            "outputs_requested",
+            names::OUTPUTS_REQUESTED.short,
             "Images and videos asked for, by modality",
             m.requested.clone(),
         );
         registry.register(
-            "frames_generated",
+            names::FRAMES_GENERATED.short,
             "Frames decoded into finished outputs (an image is one frame)",
             m.frames.clone(),
         );
         registry.register(
-            "video_seconds_generated",
+            names::VIDEO_SECONDS_GENERATED.short,
             "Seconds of video finished (frames over the clip's frame rate)",
             m.video_seconds.clone(),
         );
         registry.register(
-            "video_seconds_per_second",
+            names::VIDEO_SECONDS_PER_SECOND.short,
             "Seconds of video finished per second of wall time, over the last minute",
             m.video_rate.clone(),
         );
         registry.register(
-            "queue_depth",
+            names::QUEUE_DEPTH.short,
             "Images waiting in the queue",
             m.queue_depth.clone(),
         );
         registry.register(
-            "running_requests",
+            names::RUNNING_REQUESTS.short,
             "Images being generated on a rank or decoded",
             m.running.clone(),
         );
-        registry.register("ready", "1 when every rank can serve", m.ready.clone());
         registry.register(
-            "requests_finished",
+            names::READY.short,
+            "1 when every rank can serve",
+            m.ready.clone(),
+        );
+        registry.register(
+            names::REQUESTS_FINISHED.short,
             "Requests finished, by outcome",
             m.finished.clone(),
         );
         registry.register(
-            "requests_rejected",
+            names::REQUESTS_REJECTED.short,
             "Requests refused before queueing, by reason",
             m.rejected.clone(),
         );
         registry.register(
-            "job_requests_forwarded",
+            names::JOB_REQUESTS_FORWARDED.short,
             "Requests for a job another replica owns, sent on to it, by outcome",
             m.forwarded.clone(),
         );
         registry.register(
-            "request_duration_seconds",
+            names::REQUEST_DURATION_SECONDS.short,
             "End-to-end request latency (submit to last image)",
             m.request_seconds.clone(),
         );
         registry.register(
-            "step_duration_seconds",
+            names::STEP_DURATION_SECONDS.short,
             "Wall time of one denoising step on a rank",
             m.step_seconds.clone(),
         );
         registry.register(
-            "stall_seconds",
+            names::STALL_SECONDS.short,
             "Compute waiting for weights",
             m.stall_seconds.clone(),
         );
         registry.register(
-            "bytes_copied",
+            names::BYTES_COPIED.short,
             "Host-to-device weight bytes copied",
             m.bytes_copied.clone(),
         );
         registry.register(
-            "bytes_gathered",
+            names::BYTES_GATHERED.short,
             "Weight bytes received by all-gather",
             m.bytes_gathered.clone(),
         );
         registry.register(
-            "device_bytes",
+            names::DEVICE_BYTES.short,
             "Accounted device bytes per rank",
             m.device_bytes.clone(),
         );
         registry.register(
-            "rank_busy_seconds",
+            names::RANK_BUSY_SECONDS.short,
             "Time a rank spent computing a request",
             m.busy_seconds.clone(),
         );
         registry.register(
-            "rank_busy_fraction",
+            names::RANK_BUSY_FRACTION.short,
             "Busy seconds over seconds since start, per rank",
             m.busy_fraction.clone(),
         );
@@ -270,6 +276,34 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exports_exactly_the_named_metrics() {
+        // A scraper that matches `metric_names` finds every metric this registry holds
+        // (a family is rendered once it has a series).
+        let m = Metrics::new(1);
+        m.finished("succeeded");
+        m.rejected("queue_full");
+        m.forwarded("ok");
+        m.requested(Kind::Image, 1);
+        let stats = PipelineStats::default();
+        m.pass(
+            0,
+            &PassReport {
+                busy: true,
+                elapsed: Duration::from_millis(1),
+                pipeline: &stats,
+                device_bytes: 1,
+            },
+        );
+        let text = m.render();
+        let exported: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# HELP ")?.split(' ').next())
+            .collect();
+        let named: std::collections::BTreeSet<&str> = names::ALL.iter().map(|m| m.full).collect();
+        assert_eq!(exported, named);
+    }
 
     #[test]
     fn renders_the_autoscaler_gauges_and_rank_counters() {

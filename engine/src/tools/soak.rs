@@ -15,6 +15,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::loadgen::{http, loopback};
+use crate::metric_names as names;
 use crate::{Error, Result};
 
 /// `layerwise soak` options.
@@ -232,8 +233,8 @@ async fn gauge(addr: SocketAddr, name: &str) -> Result<f64> {
 /// Waits until nothing is queued or running, then a moment for memory to be handed back.
 async fn idle(addr: SocketAddr) -> Result<()> {
     let idle_by = Instant::now() + TIMEOUT;
-    while gauge(addr, "layerwise_queue_depth").await? != 0.0
-        || gauge(addr, "layerwise_running_requests").await? != 0.0
+    while gauge(addr, names::QUEUE_DEPTH.full).await? != 0.0
+        || gauge(addr, names::RUNNING_REQUESTS.full).await? != 0.0
     {
         if Instant::now() > idle_by {
             return Err(Error::invalid("soak", "the server never became idle"));
