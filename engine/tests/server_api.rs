@@ -739,7 +739,7 @@ async fn unguided_deployments_refuse_guidance_and_run_unguided() {
 /// another client's job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_ids_are_unique_across_servers() {
-    use layerwise_engine::server::scheduler::Kind;
+    use layerwise_engine::server::kind::Kind;
     let mut seen = std::collections::HashSet::new();
     for _ in 0..4 {
         let (tx, _rx) = std::sync::mpsc::sync_channel(8);

@@ -20,7 +20,8 @@ use layerwise_engine::execution::cuda::DeviceChoice;
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::execution::work::Request;
 use layerwise_engine::server::api::Bounds;
-use layerwise_engine::server::scheduler::{Kind, Retention};
+use layerwise_engine::server::kind::Kind;
+use layerwise_engine::server::scheduler::Retention;
 use layerwise_engine::server::{decode_placement, make_media};
 use layerwise_engine::Strategy;
 

@@ -22,8 +22,9 @@ use layerwise_engine::engine::Model;
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::execution::work::Request;
 use layerwise_engine::server::api::Bounds;
+use layerwise_engine::server::kind::Kind;
 use layerwise_engine::server::make_media;
-use layerwise_engine::server::scheduler::{Kind, Retention};
+use layerwise_engine::server::scheduler::Retention;
 use layerwise_engine::Strategy;
 
 const NAME: &str = "wan-tiny";

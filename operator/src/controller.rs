@@ -1,6 +1,6 @@
-//! The DiffusionDeployment controller (kube-rs/controller-rs shape): what a reconcile shares
-//! ([`Context`]), the controller's wiring while this replica leads ([`lead`]), `reconcile`
-//! with its finalizer and metrics, and the cleanup that withdraws prepare requests. The
+//! The DiffusionDeployment controller (kube-rs/controller-rs shape): the controller's wiring
+//! while this replica leads ([`lead`]), `reconcile` with its finalizer and metrics, and the
+//! cleanup that withdraws prepare requests. What a reconcile shares is [`crate::context`]. The
 //! reconcile's phases are in [`crate::phases`]; who leads, in [`crate::leader`].
 
 use std::collections::HashSet;
@@ -18,21 +18,17 @@ use kube::{Api, Client, ResourceExt};
 use tracing::{debug, warn};
 
 use crate::autoscaler::LoadSource;
+use crate::context::{Context, Settings, MANAGER};
 use crate::error::{Error, Result};
-use crate::leader::Election;
 use crate::phases;
-use crate::planner::Limits;
 use crate::report::Report;
-use crate::requests::{Change, Requests};
+use crate::requests::{model_id, Change, Requests};
 use crate::settle::settle;
-use crate::stores::{self, Applied, Stores};
+use crate::stores::{self, Applied};
 use crate::telemetry::Telemetry;
 
 /// Removes this deployment's prepare requests from DiffusionNodes before it goes.
 pub const FINALIZER: &str = "layerwise.dev/prepare-requests";
-/// Field manager of everything the operator writes.
-pub const MANAGER: &str = "layerwise-operator";
-pub(crate) const API_VERSION: &str = "layerwise.dev/v1alpha1";
 /// A deployment's Node and DiffusionNode triggers are gathered into one reconcile once they
 /// have been quiet this long...
 const SETTLE_QUIET: Duration = Duration::from_secs(1);
@@ -42,54 +38,6 @@ const SETTLE_LONGEST: Duration = Duration::from_secs(3);
 /// How long any trigger of a deployment waits for the next before it reconciles (a
 /// debounce: it restarts with each trigger).
 const DEBOUNCE: Duration = Duration::from_secs(1);
-
-/// How the operator runs; the CLI fills it from flags.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Engine image for deployments that name none.
-    pub engine_image: String,
-    /// What every engine pod gets from the platform (pull secrets, RuntimeClass,
-    /// tolerations).
-    pub engine_pods: crate::resources::EnginePods,
-    /// Planner allowances (overhead, slot cap).
-    pub limits: Limits,
-    /// How often a deployment is looked at again (the autoscaler's period).
-    pub resync: Duration,
-    /// Only this namespace's deployments, or all when `None`.
-    pub namespace: Option<String>,
-    /// Host folders models may be served from; empty: any. The engine pods mount the model's
-    /// hostPath, so without this anyone who may create a DiffusionDeployment could read any
-    /// host folder through an image of their choosing.
-    pub model_roots: Vec<String>,
-    /// The fewest candidate nodes a deployment asks to prepare its model (more when its most
-    /// replicas need more; see [`crate::placement`]).
-    pub prepare_nodes: usize,
-    /// Leader election; `None`: this process always leads (one replica, or tests).
-    pub election: Option<Election>,
-}
-
-/// What every reconcile shares. No globals: tests build their own.
-pub struct Context {
-    pub client: Client,
-    /// Publishes the events `kubectl describe` shows.
-    pub recorder: Recorder,
-    pub settings: Settings,
-    /// Where the builtin autoscaler reads engine pods' load.
-    pub load: Arc<dyn LoadSource>,
-    /// Nodes and DiffusionNodes, kept by watches.
-    pub stores: Stores,
-    pub telemetry: Arc<Telemetry>,
-    /// Deployments (by uid) whose job-key Secret this process has made or found, so it is
-    /// created once, not tried on every reconcile.
-    pub job_keys: Mutex<HashSet<String>>,
-    /// Deployments (by uid) whose spec asks for no PodDisruptionBudget and that this process
-    /// has made sure have none, so the delete is sent once, not on every reconcile.
-    pub no_budget: Mutex<HashSet<String>>,
-    /// What this process last applied of each engine Deployment and Service.
-    pub applied: Applied,
-    /// The prepare requests on DiffusionNodes, written by one writer per node.
-    pub requests: Requests,
-}
 
 /// Runs the controller until `stop` resolves: the DiffusionDeployment watch, its owned
 /// Deployments, the Node and DiffusionNode stores and the reconciles their changes cause.
@@ -157,11 +105,6 @@ pub async fn lead(
         () = run => {}
         () = synced => {}
     }
-}
-
-/// The id a deployment's prepare requests and node reports carry: `<namespace>/<name>`.
-pub fn model_id(dd: &DiffusionDeployment) -> String {
-    format!("{}/{}", dd.namespace().unwrap_or_default(), dd.name_any())
 }
 
 pub async fn reconcile(dd: Arc<DiffusionDeployment>, ctx: Arc<Context>) -> Result<Action> {

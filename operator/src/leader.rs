@@ -24,7 +24,8 @@ use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError, L
 use tracing::{info, warn};
 
 use crate::autoscaler::LoadSource;
-use crate::controller::{self, Settings, MANAGER};
+use crate::context::{Election, Settings, MANAGER};
+use crate::controller;
 use crate::error::{Error, Result};
 use crate::telemetry::Telemetry;
 
@@ -32,22 +33,6 @@ use crate::telemetry::Telemetry;
 const RETRY: Duration = Duration::from_secs(1);
 /// How long a controller told to stop (shutdown) may take to finish its reconciles.
 const STOP_GRACE: Duration = Duration::from_secs(10);
-
-/// How this replica takes part in leader election.
-#[derive(Debug, Clone)]
-pub struct Election {
-    /// The Lease's name.
-    pub lease: String,
-    /// The Lease's namespace (the operator's own).
-    pub namespace: String,
-    /// This replica's `holderIdentity`: unique per process.
-    pub identity: String,
-    /// How long the lease lasts after its last renewal.
-    pub lease_seconds: u64,
-    /// How long before expiry the holder renews; also the clock skew between replicas the
-    /// lease tolerates. Less than `lease_seconds`.
-    pub grace_seconds: u64,
-}
 
 impl Election {
     fn check(&self) -> Result<()> {

@@ -3,14 +3,15 @@
 //! scales the Deployment from the engines' queue depth.
 //!
 //! Decisions are pure functions ([`planner`], [`placement`], [`autoscaler`], [`resources`]);
-//! the [`controller`] runs a reconcile's [`phases`] over reflector [`stores`], writes
-//! prepare requests through one writer per node ([`requests`]) and reports through one path
-//! ([`report`]); [`leader`] decides which replica runs it; [`telemetry`],
-//! [`http`] and the counting [`client`] say what it does.
+//! the [`controller`] runs a reconcile's [`phases`] over reflector [`stores`] with the
+//! shared [`context`], writes prepare requests through one writer per node ([`requests`])
+//! and reports through one path ([`report`]); [`leader`] decides which replica runs it;
+//! [`telemetry`], [`http`] and the counting [`client`] say what it does.
 
 pub mod autoscaler;
 pub mod client;
 pub mod conditions;
+pub mod context;
 pub mod controller;
 pub mod error;
 pub mod http;
@@ -26,7 +27,7 @@ pub mod stores;
 pub mod telemetry;
 pub mod volume;
 
-pub use controller::{Context, Settings};
+pub use context::{Context, Election, Settings};
 pub use error::{Error, Result};
-pub use leader::{run, Election};
+pub use leader::run;
 pub use telemetry::Telemetry;

@@ -23,11 +23,12 @@ use tracing::{debug, warn};
 
 use crate::autoscaler::{self, Bounds, Observed};
 use crate::conditions as cond;
-use crate::controller::{model_id, Context, MANAGER};
+use crate::context::{Context, MANAGER};
 use crate::error::{kube, Error, Result};
 use crate::placement::{self, Candidate};
 use crate::planner::{self, NodeShape, Overrides};
 use crate::report::{Report, Stop};
+use crate::requests::model_id;
 use crate::requests::Change;
 use crate::resources::{self, PLAN_ANNOTATION};
 use crate::stores;

@@ -17,8 +17,9 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::conditions::{self as cond, set};
-use crate::controller::{model_id, Context, API_VERSION, MANAGER};
+use crate::context::{Context, API_VERSION, MANAGER};
 use crate::error::{kube, Result};
+use crate::requests::model_id;
 
 /// Why a reconcile stopped before running the deployment.
 #[derive(Debug, Clone, PartialEq, Eq)]

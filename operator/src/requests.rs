@@ -28,7 +28,7 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crds::{DiffusionNode, ModelRequest};
+use crds::{DiffusionDeployment, DiffusionNode, ModelRequest};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
@@ -37,6 +37,11 @@ use tokio::sync::oneshot;
 use tracing::debug;
 
 use crate::error::{kube, Error, Result};
+
+/// The id a deployment's prepare requests and node reports carry: `<namespace>/<name>`.
+pub fn model_id(dd: &DiffusionDeployment) -> String {
+    format!("{}/{}", dd.namespace().unwrap_or_default(), dd.name_any())
+}
 
 /// One deployment's change to a node's requests.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -414,7 +414,7 @@ pub fn node_refs(
     dds.iter()
         .filter(|dd| {
             selector_matches(&dd.spec.accelerator.node_selector, node.labels())
-                || asked.contains(crate::controller::model_id(dd).as_str())
+                || asked.contains(crate::requests::model_id(dd).as_str())
         })
         .map(|dd| ObjectRef::from_obj(dd.as_ref()))
         .collect()
@@ -435,7 +435,7 @@ pub fn dn_refs(
         ids.extend(
             dds.iter()
                 .filter(|dd| selector_matches(&dd.spec.accelerator.node_selector, node.labels()))
-                .map(|dd| crate::controller::model_id(dd)),
+                .map(|dd| crate::requests::model_id(dd)),
         );
     }
     ids.iter()

@@ -10,9 +10,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
 
 use super::ids::JobIds;
+use super::kind::Kind;
 use super::metrics::Metrics;
 use super::scheduler::{
-    DecodeJob, JobState, JobStatus, Kind, Media, Msg, RankSource, Retention, Scheduler, Shared,
+    DecodeJob, JobState, JobStatus, Media, Msg, RankSource, Retention, Scheduler, Shared,
 };
 use super::ApiError;
 use crate::execution::work::{Condition, Output, Request};

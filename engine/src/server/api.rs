@@ -23,7 +23,8 @@ use serde_json::{json, Map, Value};
 
 use super::forward::{self, Forwarding};
 use super::ids::Owner;
-use super::scheduler::{JobState, JobStatus, Kind, Scheduler};
+use super::kind::Kind;
+use super::scheduler::{JobState, JobStatus, Scheduler};
 use super::ApiError;
 use crate::bounds::RequestBounds;
 use crate::engine::Model;
@@ -79,7 +80,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/jobs/{id}", get(job_status).delete(cancel_job))
         .route("/v1/jobs/{id}/result", get(job_result))
         .route_layer(middleware::from_fn_with_state(
-            state.clone(),
+            forward::JobRouting {
+                shared: state.scheduler.shared.clone(),
+                forwarding: state.forwarding,
+            },
             forward::route_job,
         ));
     Router::new()

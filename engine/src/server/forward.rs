@@ -30,8 +30,8 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep};
 
-use super::api::AppState;
 use super::ids::Owner;
+use super::scheduler::Shared;
 use super::ApiError;
 use crate::Error;
 
@@ -60,10 +60,18 @@ impl Default for Forwarding {
     }
 }
 
+/// What [`route_job`] reads: the job ids and metrics the scheduler shares, and how to reach
+/// another replica.
+#[derive(Clone)]
+pub struct JobRouting {
+    pub shared: std::sync::Arc<Shared>,
+    pub forwarding: Forwarding,
+}
+
 /// The middleware: the request goes to the handler when this replica owns the job, to the
 /// owner when another does, and is answered here when the id names no job anyone could own.
 pub async fn route_job(
-    State(s): State<AppState>,
+    State(s): State<JobRouting>,
     Path(params): Path<HashMap<String, String>>,
     req: Request,
     next: Next,
@@ -71,7 +79,7 @@ pub async fn route_job(
     let Some(id) = params.get("id") else {
         return next.run(req).await;
     };
-    let shared = &s.scheduler.shared;
+    let shared = &s.shared;
     let owner = match shared.ids.parse(id) {
         Ok(Owner::Here(_)) => return next.run(req).await,
         Ok(Owner::Peer(owner)) => owner,

@@ -14,7 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use super::scheduler::Kind;
+use super::kind::Kind;
 use crate::execution::pipeline::PipelineStats;
 use crate::execution::work::PassReport;
 use crate::metric_names as names;

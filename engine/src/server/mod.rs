@@ -11,6 +11,7 @@ pub mod actor;
 pub mod api;
 pub mod forward;
 pub mod ids;
+pub mod kind;
 pub mod metrics;
 pub mod scheduler;
 
@@ -38,7 +39,8 @@ use crate::{Error, Result, Strategy};
 use api::{AppState, Bounds};
 use forward::Forwarding;
 use ids::{JobIds, JobKey};
-use scheduler::{DecodeJob, Kind, Media, Msg, Retention, Scheduler};
+use kind::Kind;
+use scheduler::{DecodeJob, Media, Msg, Retention, Scheduler};
 
 /// An error on its way to an HTTP response (shared: one failure may answer many waiters).
 #[derive(Debug, Clone)]

@@ -12,6 +12,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 use super::ids::JobIds;
+use super::kind::Kind;
 use super::metrics::Metrics;
 use super::ApiError;
 use crate::execution::work::{Output, Request};
@@ -35,28 +36,6 @@ impl JobState {
             self,
             JobState::Succeeded | JobState::Failed | JobState::Cancelled
         )
-    }
-}
-
-/// What a job makes.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Kind {
-    /// PNG images.
-    Image,
-    /// H.264 clips in MP4, shown `fps` frames a second.
-    Video { fps: f64 },
-}
-
-impl Kind {
-    pub const IMAGE: &'static str = "image";
-    pub const VIDEO: &'static str = "video";
-
-    /// The modality label of the API and the metrics.
-    pub fn label(self) -> &'static str {
-        match self {
-            Kind::Image => Kind::IMAGE,
-            Kind::Video { .. } => Kind::VIDEO,
-        }
     }
 }
 
