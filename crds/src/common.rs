@@ -62,7 +62,7 @@ impl ModelLocation {
 }
 
 /// `spec.strategy`: `auto` lets the planner choose, or one of the engine's strategies
-/// ([`Strategy`], ARCHITECTURE.md's table). Written as the strategy's name or `auto`.
+/// ([`Strategy`], docs/architecture.md's table). Written as the strategy's name or `auto`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
 pub enum StrategyChoice {
     #[default]

@@ -1,5 +1,5 @@
 //! layerwise engine: serve diffusion transformers larger than one accelerator by streaming
-//! their blocks through a few device slots. See ARCHITECTURE.md for the map.
+//! their blocks through a few device slots. See docs/architecture.md for the map.
 //!
 //! Without the `runtime` feature this crate is the header-only checkpoint reader and the
 //! model families' metadata, which is all the node agent needs.

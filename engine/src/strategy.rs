@@ -1,4 +1,4 @@
-//! The four ways weights can live and move (ARCHITECTURE.md has the table).
+//! The four ways weights can live and move (docs/architecture.md has the table).
 
 use std::fmt;
 use std::str::FromStr;

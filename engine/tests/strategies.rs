@@ -1,4 +1,4 @@
-//! The contracts of ARCHITECTURE.md that the engine core owns: bit-identical outputs
+//! The contracts of docs/architecture.md that the engine core owns: bit-identical outputs
 //! across strategies, dp and K (also under randomly slowed transfers), and device memory
 //! for weights bounded by K slots whatever the depth.
 
