@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crds::{DiffusionDeployment, Plan, Strategy, Workload};
+use crds::{DiffusionDeployment, DiffusionDeploymentSpec, Plan, Strategy, Workload};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
@@ -233,8 +233,97 @@ pub fn deployment(
 ) -> Deployment {
     let spec = &dd.spec;
     let engine = &spec.engine;
-    let resource = spec.accelerator.resource().to_string();
+    let (volume, sub_path) = model_volume(spec);
+    let mut pod_labels = engine.pod_labels.clone();
+    pod_labels.extend(labels(dd));
+    let mut pod_annotations = engine.pod_annotations.clone();
+    pod_annotations.insert(PLAN_ANNOTATION.into(), plan_summary(plan));
 
+    let container = engine_container(dd, plan, default_image, sub_path);
+
+    let pull_secrets: Vec<LocalObjectReference> = union(
+        &platform
+            .image_pull_secrets
+            .iter()
+            .map(|name| LocalObjectReference { name: name.clone() })
+            .collect::<Vec<_>>(),
+        &engine.image_pull_secrets,
+    );
+    let tolerations = union(&platform.tolerations, &spec.accelerator.tolerations);
+    let spread = topology_spread(dd);
+
+    Deployment {
+        metadata: owned_meta(dd),
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(dd)),
+                ..Default::default()
+            },
+            // Accelerators are scarce: replace pods one at a time without surging.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(0)),
+                    max_unavailable: Some(IntOrString::Int(1)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(pod_annotations),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![container],
+                    volumes: Some(vec![
+                        volume,
+                        Volume {
+                            name: "tmp".into(),
+                            empty_dir: Some(EmptyDirVolumeSource::default()),
+                            ..Default::default()
+                        },
+                    ]),
+                    affinity: Some(Affinity {
+                        node_affinity: Some(node_affinity(plan, warm)),
+                        ..Default::default()
+                    }),
+                    node_selector: (!spec.accelerator.node_selector.is_empty())
+                        .then(|| spec.accelerator.node_selector.clone()),
+                    tolerations: (!tolerations.is_empty()).then_some(tolerations),
+                    image_pull_secrets: (!pull_secrets.is_empty()).then_some(pull_secrets),
+                    runtime_class_name: engine
+                        .runtime_class_name
+                        .clone()
+                        .or_else(|| platform.runtime_class_name.clone()),
+                    topology_spread_constraints: (!spread.is_empty()).then_some(spread),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    service_account_name: engine.service_account_name.clone(),
+                    automount_service_account_token: Some(false),
+                    priority_class_name: engine.priority_class_name.clone(),
+                    termination_grace_period_seconds: Some(60),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The engine's command line: `serve` under the plan's strategy, dp and slots, then the
+/// spec's extra arguments.
+fn engine_args(spec: &DiffusionDeploymentSpec, plan: &Plan) -> Vec<String> {
+    let engine = &spec.engine;
     let mut args = vec![
         "serve".to_string(),
         "--model".into(),
@@ -253,7 +342,13 @@ pub fn deployment(
     }
     args.extend(["--listen".into(), format!("0.0.0.0:{ENGINE_PORT}")]);
     args.extend(engine.extra_args.iter().cloned());
+    args
+}
 
+/// The engine's environment: the workload's request bounds, the plan's device budget and
+/// its decisions (decode site, resident components and blocks), then the spec's own.
+fn engine_env(spec: &DiffusionDeploymentSpec, plan: &Plan) -> Vec<EnvVar> {
+    let engine = &spec.engine;
     // The engine refuses requests beyond the workload the plan was sized for.
     let mut envs: Vec<EnvVar> = request_bounds(&spec.workload)
         .env()
@@ -281,7 +376,14 @@ pub fn deployment(
         envs.push(env(bounds::ENV_RESIDENT_BLOCKS, plan.resident_blocks));
     }
     envs.extend(engine.env.iter().cloned());
+    envs
+}
 
+/// The engine container's resources: the spec's, with the plan's accelerators and memory
+/// in place of anything it says for them.
+fn engine_resources(spec: &DiffusionDeploymentSpec, plan: &Plan) -> ResourceRequirements {
+    let engine = &spec.engine;
+    let resource = spec.accelerator.resource().to_string();
     // The plan's accelerators and memory win over anything the spec says for them.
     let mut res = engine.resources.clone().unwrap_or_default();
     // The request is what the pod needs of its own; the model's page-cache copy is one per
@@ -307,9 +409,12 @@ pub fn deployment(
         ),
     );
     limits.insert(resource, accel);
-    let res = ResourceRequirements { ..res };
+    res
+}
 
-    let (model_volume, sub_path) = match (
+/// The model's volume (its hostPath, or its claim read-only) and the sub-path mounted.
+fn model_volume(spec: &DiffusionDeploymentSpec) -> (Volume, Option<String>) {
+    match (
         &spec.model.location.host_path,
         &spec.model.location.persistent_volume_claim,
     ) {
@@ -338,8 +443,11 @@ pub fn deployment(
                 pvc.sub_path,
             )
         }
-    };
+    }
+}
 
+/// Pods go only to the plan's nodes, preferring those where the model is already `warm`.
+fn node_affinity(plan: &Plan, warm: &[String]) -> NodeAffinity {
     let mut affinity = NodeAffinity {
         required_during_scheduling_ignored_during_execution: Some(NodeSelector {
             node_selector_terms: vec![NodeSelectorTerm {
@@ -367,13 +475,20 @@ pub fn deployment(
                 },
             }]);
     }
+    affinity
+}
 
-    let mut pod_labels = engine.pod_labels.clone();
-    pod_labels.extend(labels(dd));
-    let mut pod_annotations = engine.pod_annotations.clone();
-    pod_annotations.insert(PLAN_ANNOTATION.into(), plan_summary(plan));
-
-    let container = Container {
+/// The engine container: the image, command, environment, probes, the model and /tmp
+/// mounts, and the restricted security context.
+fn engine_container(
+    dd: &DiffusionDeployment,
+    plan: &Plan,
+    default_image: &str,
+    sub_path: Option<String>,
+) -> Container {
+    let spec = &dd.spec;
+    let engine = &spec.engine;
+    Container {
         name: "engine".into(),
         image: Some(
             engine
@@ -383,14 +498,19 @@ pub fn deployment(
         ),
         image_pull_policy: engine.image_pull_policy.clone(),
         command: Some(vec!["layerwise".into()]),
-        args: Some(args),
-        env: Some(job_routing_env(dd).into_iter().chain(envs).collect()),
+        args: Some(engine_args(spec, plan)),
+        env: Some(
+            job_routing_env(dd)
+                .into_iter()
+                .chain(engine_env(spec, plan))
+                .collect(),
+        ),
         ports: Some(vec![ContainerPort {
             name: Some("http".into()),
             container_port: ENGINE_PORT,
             ..Default::default()
         }]),
-        resources: Some(res),
+        resources: Some(engine_resources(spec, plan)),
         volume_mounts: Some(vec![
             VolumeMount {
                 name: "model".into(),
@@ -430,18 +550,14 @@ pub fn deployment(
             ..Default::default()
         }),
         ..Default::default()
-    };
+    }
+}
 
-    let pull_secrets: Vec<LocalObjectReference> = union(
-        &platform
-            .image_pull_secrets
-            .iter()
-            .map(|name| LocalObjectReference { name: name.clone() })
-            .collect::<Vec<_>>(),
-        &engine.image_pull_secrets,
-    );
-    let tolerations = union(&platform.tolerations, &spec.accelerator.tolerations);
-    let spread: Vec<TopologySpreadConstraint> = engine
+/// The spec's topology spread, a constraint without a label selector counting this model's
+/// pods.
+fn topology_spread(dd: &DiffusionDeployment) -> Vec<TopologySpreadConstraint> {
+    dd.spec
+        .engine
         .topology_spread_constraints
         .iter()
         .map(|c| TopologySpreadConstraint {
@@ -453,74 +569,7 @@ pub fn deployment(
             }),
             ..c.clone()
         })
-        .collect();
-
-    Deployment {
-        metadata: owned_meta(dd),
-        spec: Some(DeploymentSpec {
-            replicas: Some(replicas),
-            selector: LabelSelector {
-                match_labels: Some(selector_labels(dd)),
-                ..Default::default()
-            },
-            // Accelerators are scarce: replace pods one at a time without surging.
-            strategy: Some(DeploymentStrategy {
-                type_: Some("RollingUpdate".into()),
-                rolling_update: Some(RollingUpdateDeployment {
-                    max_surge: Some(IntOrString::Int(0)),
-                    max_unavailable: Some(IntOrString::Int(1)),
-                }),
-            }),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(pod_labels),
-                    annotations: Some(pod_annotations),
-                    ..Default::default()
-                }),
-                spec: Some(PodSpec {
-                    containers: vec![container],
-                    volumes: Some(vec![
-                        model_volume,
-                        Volume {
-                            name: "tmp".into(),
-                            empty_dir: Some(EmptyDirVolumeSource::default()),
-                            ..Default::default()
-                        },
-                    ]),
-                    affinity: Some(Affinity {
-                        node_affinity: Some(affinity),
-                        ..Default::default()
-                    }),
-                    node_selector: (!spec.accelerator.node_selector.is_empty())
-                        .then(|| spec.accelerator.node_selector.clone()),
-                    tolerations: (!tolerations.is_empty()).then_some(tolerations),
-                    image_pull_secrets: (!pull_secrets.is_empty()).then_some(pull_secrets),
-                    runtime_class_name: engine
-                        .runtime_class_name
-                        .clone()
-                        .or_else(|| platform.runtime_class_name.clone()),
-                    topology_spread_constraints: (!spread.is_empty()).then_some(spread),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(65532),
-                        run_as_group: Some(65532),
-                        seccomp_profile: Some(SeccompProfile {
-                            type_: "RuntimeDefault".into(),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }),
-                    service_account_name: engine.service_account_name.clone(),
-                    automount_service_account_token: Some(false),
-                    priority_class_name: engine.priority_class_name.clone(),
-                    termination_grace_period_seconds: Some(60),
-                    ..Default::default()
-                }),
-            },
-            ..Default::default()
-        }),
-        status: None,
-    }
+        .collect()
 }
 
 /// Metadata of an object the DiffusionDeployment owns: same name and namespace, its
