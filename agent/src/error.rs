@@ -17,6 +17,9 @@ pub enum Error {
     /// A checkpoint the engine's reader refused; its message names the file and tensor.
     #[error("{0}")]
     Checkpoint(#[from] layerwise_engine::Error),
+    /// A checkpoint or model root the core's reader refused, by the same messages.
+    #[error("{0}")]
+    Core(#[from] layerwise_core::Error),
     #[error("cgroup {path}: {msg}")]
     Cgroup { path: String, msg: String },
     #[error("kubernetes API call failed while {action}: {source}")]
@@ -63,7 +66,7 @@ impl Error {
     pub fn metric_label(&self) -> &'static str {
         match self {
             Error::Io { .. } => "io",
-            Error::Checkpoint(_) | Error::Profile(_) => "checkpoint",
+            Error::Checkpoint(_) | Error::Core(_) | Error::Profile(_) => "checkpoint",
             Error::Cgroup { .. } => "cgroup",
             Error::Kube { .. } => "kube",
             Error::Worker(_) => "worker",

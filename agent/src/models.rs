@@ -407,7 +407,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         for (preset, family) in [("tiny", "dit"), ("wan-tiny", "wan")] {
             let dir = synth(d.path(), preset);
-            let p = Profile::read(&dir).unwrap();
+            let p = layerwise_engine::families::profile(&dir).unwrap();
             assert_eq!(p.family, family);
             assert!(
                 layerwise_engine::families::names().contains(&family),
@@ -416,7 +416,7 @@ mod tests {
             check_family("ns/m", family, &dir, &p).unwrap();
         }
         let dir = d.path().join("wan-tiny");
-        let p = Profile::read(&dir).unwrap();
+        let p = layerwise_engine::families::profile(&dir).unwrap();
         let e = check_family("ns/m", "dit", &dir, &p).unwrap_err();
         let msg = e.to_string();
         assert!(

@@ -130,9 +130,9 @@ fn profile(job: &Job) -> Result<(Profile, Vec<PathBuf>)> {
                 job.dir.display()
             )));
         }
-        layerwise_engine::checkpoint::confine(&roots)?;
+        layerwise_core::checkpoint::confine(&roots)?;
     }
-    let profile = Profile::read(&job.dir)?;
+    let profile = layerwise_engine::families::profile(&job.dir)?;
     let files = model_files(&job.dir, &roots)?;
     Ok((profile, files))
 }

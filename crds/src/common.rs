@@ -1,7 +1,7 @@
 //! Types both kinds share: where a model's files are, and the strategy names.
 
 use kube::KubeSchema;
-use layerwise_engine::Strategy;
+use layerwise_core::Strategy;
 use serde::{Deserialize, Serialize};
 
 /// Where a model's pipeline folder is on the nodes. Exactly one of `hostPath` and

@@ -15,7 +15,7 @@ use kube::CustomResource;
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
-use layerwise_engine::Strategy;
+use layerwise_core::Strategy;
 
 use crate::common::{ModelLocation, StrategyChoice};
 
@@ -181,7 +181,7 @@ fn yes() -> bool {
     true
 }
 fn default_prompt_tokens() -> u64 {
-    layerwise_engine::bounds::DEFAULT_MAX_PROMPT_TOKENS
+    layerwise_core::bounds::DEFAULT_MAX_PROMPT_TOKENS
 }
 
 impl Default for Workload {

@@ -19,8 +19,8 @@ pub use deployment::{
     DiffusionDeployment, DiffusionDeploymentSpec, DiffusionDeploymentStatus, DisruptionBudget,
     EngineSpec, MemoryBreakdown, ModelSpec, Plan, Workload,
 };
-pub use layerwise_engine::checkpoint::{ActivationCost, ComponentProfile, Profile};
-pub use layerwise_engine::Strategy;
+pub use layerwise_core::checkpoint::{ActivationCost, ComponentProfile, Profile};
+pub use layerwise_core::Strategy;
 pub use node::{
     AcceleratorInventory, DiffusionNode, DiffusionNodeSpec, DiffusionNodeStatus, ModelRequest,
     ModelState, NodeModelStatus,
@@ -99,7 +99,7 @@ mod tests {
         let rule = slots["x-kubernetes-validations"][0]["rule"]
             .as_str()
             .unwrap_or_else(|| panic!("no rule on slots: {slots}"));
-        let min = layerwise_engine::strategy::MIN_STREAMING_SLOTS;
+        let min = layerwise_core::strategy::MIN_STREAMING_SLOTS;
         assert!(rule.starts_with(&format!("self >= {min} ")), "{rule}");
     }
 }

@@ -3,37 +3,17 @@
 
 use std::path::PathBuf;
 
+use layerwise_core::Error as CoreError;
+
 /// Result with the engine's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// A checkpoint file whose bytes are not what they claim to be.
-    #[error("{path}: {msg}")]
-    Checkpoint { path: PathBuf, msg: String },
-    /// A tensor that is missing, unexpected, or of the wrong shape or dtype.
-    #[error("{path}: tensor `{tensor}`: {msg}")]
-    Tensor {
-        path: PathBuf,
-        tensor: String,
-        msg: String,
-    },
-    /// A configuration value that is missing, malformed, or disagrees with the weights.
-    #[error("{path}: config field `{field}`: {msg}")]
-    Config {
-        path: PathBuf,
-        field: String,
-        msg: String,
-    },
-    /// A request or option outside what the engine can do.
-    #[error("invalid {field}: {msg}")]
-    Invalid { field: String, msg: String },
+    /// A checkpoint, tensor, config field or option at fault, as the core found it
+    /// ([`layerwise_core::Error`]: its message unchanged).
+    #[error(transparent)]
+    Core(#[from] layerwise_core::Error),
     /// An allocation that would exceed the device's memory budget.
     #[error("device memory exhausted on rank {rank}: {what} needs {need} bytes, {free} of {capacity} free")]
     OutOfDeviceMemory {
@@ -109,38 +89,24 @@ pub enum Error {
 
 impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            source,
-        }
+        CoreError::io(path, source).into()
     }
     pub fn checkpoint(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
-        Error::Checkpoint {
-            path: path.into(),
-            msg: msg.into(),
-        }
+        CoreError::checkpoint(path, msg).into()
     }
     pub fn tensor(
         path: impl Into<PathBuf>,
         tensor: impl Into<String>,
         msg: impl Into<String>,
     ) -> Self {
-        Error::Tensor {
-            path: path.into(),
-            tensor: tensor.into(),
-            msg: msg.into(),
-        }
+        CoreError::tensor(path, tensor, msg).into()
     }
     pub fn config(
         path: impl Into<PathBuf>,
         field: impl Into<String>,
         msg: impl Into<String>,
     ) -> Self {
-        Error::Config {
-            path: path.into(),
-            field: field.into(),
-            msg: msg.into(),
-        }
+        CoreError::config(path, field, msg).into()
     }
     /// The HTTP status this error answers with: the one mapping from error to status.
     pub fn http_status(&self) -> u16 {
@@ -153,7 +119,7 @@ impl Error {
             Error::RequestTimeout { .. } => 408,
             Error::PayloadTooLarge { .. } => 413,
             Error::UnsupportedMediaType { .. } => 415,
-            Error::Invalid { .. } => 422,
+            Error::Core(CoreError::Invalid { .. }) => 422,
             Error::QueueFull { .. } => 429,
             Error::Unavailable { .. } => 503,
             _ => 500,
@@ -172,7 +138,7 @@ impl Error {
             Error::RequestTimeout { .. } => "request_timeout",
             Error::PayloadTooLarge { .. } => "payload_too_large",
             Error::UnsupportedMediaType { .. } => "unsupported_media_type",
-            Error::Invalid { .. } => "invalid_request",
+            Error::Core(CoreError::Invalid { .. }) => "invalid_request",
             Error::QueueFull { .. } => "queue_full",
             Error::Unavailable { .. } => "unavailable",
             Error::Rank { .. } => "rank_failed",
@@ -187,7 +153,7 @@ impl Error {
     /// The field at fault, when there is one.
     pub fn field(&self) -> Option<&str> {
         match self {
-            Error::Invalid { field, .. } | Error::Config { field, .. } => Some(field),
+            Error::Core(e) => e.field(),
             _ => None,
         }
     }
@@ -197,10 +163,7 @@ impl Error {
     }
 
     pub fn invalid(field: impl Into<String>, msg: impl Into<String>) -> Self {
-        Error::Invalid {
-            field: field.into(),
-            msg: msg.into(),
-        }
+        CoreError::invalid(field, msg).into()
     }
 }
 

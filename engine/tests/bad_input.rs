@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use layerwise_engine::checkpoint::header::{encode_header, Header};
-use layerwise_engine::checkpoint::Profile;
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::plan::DeviceNeeds;
 use layerwise_engine::execution::cuda::SlotsChoice;
@@ -78,7 +77,7 @@ fn expect_error(model: &Path, needles: &[&str]) -> String {
         assert!(e.contains(n), "error `{e}` does not mention `{n}`");
     }
     // The header-only profile fails the same way.
-    assert!(Profile::read(model).is_err());
+    assert!(layerwise_engine::families::profile(model).is_err());
     e
 }
 

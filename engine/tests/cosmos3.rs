@@ -10,7 +10,6 @@ use common::{expect_err, max_abs, opts, read_safetensors, rel_err};
 use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
-use layerwise_engine::checkpoint::Profile;
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::work::{Condition, Request};
 use layerwise_engine::families::cosmos3::prompt::{Cosmos3Tokenizer, Target};
@@ -168,7 +167,7 @@ fn every_strategy_dp_and_k_gives_identical_latents() {
 #[test]
 fn a_step_streams_the_generation_pathway_alone() {
     let model = Model::open(&model_dir()).unwrap();
-    let profile = Profile::of(&model.checkpoint).unwrap();
+    let profile = model.checkpoint.profile().unwrap();
     let (und, gen) = (profile.groups[0].bytes(), profile.groups[1].bytes());
     assert!(und > 0 && gen > 0);
     for steps in [1, 4] {

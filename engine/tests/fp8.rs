@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use layerwise_engine::checkpoint::header::encode_header;
-use layerwise_engine::checkpoint::{Component, Mapped, Profile};
+use layerwise_engine::checkpoint::{Component, Mapped};
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::SlotsChoice;
 use layerwise_engine::execution::dtype::ComputeDtype;
@@ -197,7 +197,7 @@ fn quantize_writes_fp8_linear_weights_with_scales_and_inspect_shows_bytes_per_dt
     assert_eq!(n, 3 * 9);
     assert_eq!(after.len(), before.len() + n);
     // The profile and `inspect` show bytes per dtype.
-    let p = Profile::read(&fp8).unwrap();
+    let p = layerwise_engine::families::profile(&fp8).unwrap();
     let f8_bytes: u64 = after
         .values()
         .filter(|(d, _, _)| *d == Dtype::F8_E4M3)
@@ -243,7 +243,7 @@ fn quantize_writes_fp8_linear_weights_with_scales_and_inspect_shows_bytes_per_dt
     let files = |m: &Path| Component::open(&m.join("transformer")).unwrap().files.len();
     assert!(files(&sharded) > 1);
     assert_eq!(files(&q), files(&sharded));
-    let p = Profile::read(&q).unwrap();
+    let p = layerwise_engine::families::profile(&q).unwrap();
     assert!(p.bytes_by_dtype["F8_E4M3"] > 0);
 }
 
@@ -334,7 +334,7 @@ fn an_fp8_model_copies_half_the_bytes_of_its_bf16_twin_per_step() {
     o.device_memory = need;
     let (_, stats) = model.run(requests.clone(), &o).unwrap();
     assert_eq!(stats.peak_device_bytes, need);
-    let profile = Profile::read(&fp8).unwrap();
+    let profile = layerwise_engine::families::profile(&fp8).unwrap();
     assert_eq!(
         profile.groups, groups,
         "the profile and the engine lay fp8 out alike"
@@ -417,7 +417,7 @@ fn a_wan_model_quantizes_and_runs_identically_across_strategies() {
     let dir = tempfile::tempdir().unwrap();
     let src = common::wan_tiny(dir.path(), 2, 2);
     let fp8 = quantized(&src);
-    let p = Profile::read(&fp8).unwrap();
+    let p = layerwise_engine::families::profile(&fp8).unwrap();
     assert!(
         p.bytes_by_dtype.get("F8_E4M3").is_some_and(|b| *b > 0),
         "{p:?}"
@@ -520,7 +520,13 @@ fn xl_shaped_fp8_psnr_and_bytes_per_step() {
     o.seed = 3;
     layerwise_engine::tools::synth::synth(&src, &o).unwrap();
     let fp8 = quantized(&src);
-    let streamed = |m: &Path| Profile::read(m).unwrap().block_bytes.iter().sum::<u64>();
+    let streamed = |m: &Path| {
+        layerwise_engine::families::profile(m)
+            .unwrap()
+            .block_bytes
+            .iter()
+            .sum::<u64>()
+    };
     // The bf16 twin streams half the f32 bytes.
     let (bf16, q) = (streamed(&src) / 2, streamed(&fp8));
     println!(

@@ -3,7 +3,7 @@
 
 mod common;
 
-use layerwise_engine::checkpoint::{ActivationCost, Profile, RequestShape};
+use layerwise_engine::checkpoint::{ActivationCost, RequestShape};
 use layerwise_engine::tools::synth::{synth, SynthOptions};
 
 /// Bytes this process has read through read(2)-like calls so far.
@@ -21,7 +21,7 @@ fn rchar() -> u64 {
 fn profile_of_a_tiny_checkpoint_adds_up() {
     let d = tempfile::tempdir().unwrap();
     let m = common::tiny(d.path(), 6);
-    let p = Profile::read(&m).unwrap();
+    let p = layerwise_engine::families::profile(&m).unwrap();
     assert_eq!(p.blocks, 6);
     assert_eq!(p.block_bytes.len(), 6);
     assert!(p.block_bytes.iter().all(|&b| b == p.largest_block_bytes));
@@ -54,7 +54,9 @@ fn a_text_familys_activations_grow_with_its_prompt() {
     let d = tempfile::tempdir().unwrap();
     let wan = d.path().join("wan");
     synth(&wan, &SynthOptions::preset("wan-tiny").unwrap()).unwrap();
-    let a = Profile::read(&wan).unwrap().activation;
+    let a = layerwise_engine::families::profile(&wan)
+        .unwrap()
+        .activation;
     assert!(
         a.bytes_per_text_token > 0 && a.encoder_bytes_per_token_pair > 0,
         "{a:?}"
@@ -81,7 +83,9 @@ fn a_text_familys_activations_grow_with_its_prompt() {
     assert_eq!(guided_once.bytes(&shape(4096, true)), encoder(4096));
     let dit = d.path().join("dit");
     synth(&dit, &SynthOptions::preset("tiny").unwrap()).unwrap();
-    let c = Profile::read(&dit).unwrap().activation;
+    let c = layerwise_engine::families::profile(&dit)
+        .unwrap()
+        .activation;
     assert_eq!(c.bytes(&shape(0, true)), c.bytes(&shape(4096, true)));
 }
 
@@ -97,7 +101,7 @@ fn profile_of_a_sparse_120_gb_checkpoint_reads_only_headers() {
     synth(&out, &o).unwrap();
     let before = rchar();
     let t = std::time::Instant::now();
-    let p = Profile::read(&out).unwrap();
+    let p = layerwise_engine::families::profile(&out).unwrap();
     let took = t.elapsed();
     let read = rchar() - before;
     println!(

@@ -1,5 +1,6 @@
 //! The family registry: a family is one `FamilyEntry` (its name, the pipeline classes it
-//! recognises, how it opens a folder) and one `FamilyCheckpoint` implementation. Shown here
+//! recognises, how it opens a folder) and its `FamilyCheckpoint` and `FamilyModel`
+//! implementations. Shown here
 //! by a family this test adds on its own, outside the engine's code, which then opens,
 //! profiles and generates like the registered ones, with no shared `match` edited.
 
@@ -9,13 +10,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use layerwise_engine::bounds::ModelLimits;
-use layerwise_engine::checkpoint::{ActivationCost, Component, Profile};
+use layerwise_engine::checkpoint::{ActivationCost, Component};
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::family::FamilyRuntime;
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::families::dit::DitCheckpoint;
 use layerwise_engine::families::{
-    self, BlockGroup, Checkpoint, FamilyCheckpoint, FamilyEntry, FAMILIES,
+    self, BlockGroup, Checkpoint, FamilyCheckpoint, FamilyEntry, FamilyModel, FAMILIES,
 };
 use layerwise_engine::Strategy;
 
@@ -51,11 +52,14 @@ impl FamilyCheckpoint for Toy {
     fn activation_cost(&self) -> ActivationCost {
         self.0.activation_cost()
     }
-    fn runtime(&self) -> layerwise_engine::Result<Box<dyn FamilyRuntime>> {
-        self.0.runtime()
-    }
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+impl FamilyModel for Toy {
+    fn runtime(&self) -> layerwise_engine::Result<Box<dyn FamilyRuntime>> {
+        self.0.runtime()
     }
 }
 
@@ -94,7 +98,7 @@ fn the_registry_names_each_family_once_and_opens_its_folders() {
     ] {
         let ck = Checkpoint::open(&model).unwrap();
         assert_eq!(ck.name(), family);
-        assert_eq!(Profile::of(&ck).unwrap().family, family);
+        assert_eq!(ck.profile().unwrap().family, family);
     }
 }
 
@@ -119,7 +123,7 @@ fn a_new_family_is_one_registration() {
     let ck = Checkpoint::open_in(&model, &registry).unwrap();
     assert_eq!(ck.name(), "toy");
     assert!(ck.downcast::<Toy>().is_some());
-    let p = Profile::of(&ck).unwrap();
+    let p = ck.profile().unwrap();
     assert_eq!(
         (p.family.as_str(), p.native_width, p.limits.max_width),
         ("toy", 64, Some(256))

@@ -63,7 +63,7 @@ fn the_cpu_backend_decodes_on_the_host_and_reserves_nothing_for_it() {
     )
     .unwrap();
     assert_eq!(site, DecodeSite::Device);
-    let profile = layerwise_engine::checkpoint::Profile::of(&model.checkpoint).unwrap();
+    let profile = model.checkpoint.profile().unwrap();
     assert!(profile.decoder_bytes > 0);
     assert_eq!(bytes.weights, profile.decoder_bytes);
     assert_eq!(

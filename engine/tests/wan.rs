@@ -257,7 +257,6 @@ fn bad_input_names_what_is_wrong() {
 
 #[test]
 fn published_shapes_load_and_profile_from_headers() {
-    use layerwise_engine::checkpoint::Profile;
     let dir = tempfile::tempdir().unwrap();
     // (preset, text encoder parameters, parameters per expert, experts): bf16 throughout
     // but for what diffusers keeps in f32, so bytes ≈ 2 × parameters.
@@ -272,7 +271,7 @@ fn published_shapes_load_and_profile_from_headers() {
         o.max_shard_bytes = Some(5 << 30);
         synth(&out, &o).unwrap();
         let t = std::time::Instant::now();
-        let p = Profile::read(&out).unwrap();
+        let p = layerwise_engine::families::profile(&out).unwrap();
         eprintln!(
             "{preset}: profiled {} GB in {:?}",
             p.total_bytes / 1_000_000_000,

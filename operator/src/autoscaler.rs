@@ -15,7 +15,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use layerwise_engine::metric_names as names;
+use layerwise_core::metric_names as names;
 use prometheus_parse::{Scrape, Value};
 
 /// Bounds and target from the spec's `autoscaling`.

@@ -15,8 +15,8 @@ use crds::{
     ComponentPlacement, ComponentPlan, DiffusionDeploymentSpec, MemoryBreakdown, Plan, Profile,
     Strategy, StrategyChoice, Workload,
 };
-use layerwise_engine::decode::{DecodeSite, DecoderBytes};
-use layerwise_engine::memory::{self, Placement};
+use layerwise_core::decode::{DecodeSite, DecoderBytes};
+use layerwise_core::memory::{self, Placement};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -78,7 +78,7 @@ impl Default for Limits {
         Limits {
             device_overhead: 1 << 30,
             host_overhead: 2 << 30,
-            min_slots: layerwise_engine::strategy::MIN_STREAMING_SLOTS,
+            min_slots: layerwise_core::strategy::MIN_STREAMING_SLOTS,
             max_slots: 4,
             max_dp: 8,
             decode: DecodeSite::for_resource(crds::Accelerator::DEFAULT_RESOURCE),
@@ -216,7 +216,7 @@ pub fn decoder_bytes(profile: &Profile, w: &Workload, site: DecodeSite) -> Optio
 }
 
 /// Device bytes per rank and host bytes per pod for one option: the engine's memory model
-/// ([`layerwise_engine::memory`]) over the profile's groups, with `resident` marking the
+/// ([`layerwise_core::memory`]) over the profile's groups, with `resident` marking the
 /// groups kept whole on the device, and `decoder` beside the rank.
 pub fn need(
     profile: &Profile,
@@ -546,7 +546,7 @@ fn plan_decoding(
     if overrides.dp == Some(0) {
         return Err(spec_refusal("dp must be at least 1".into()));
     }
-    let min_slots = layerwise_engine::strategy::MIN_STREAMING_SLOTS;
+    let min_slots = layerwise_core::strategy::MIN_STREAMING_SLOTS;
     if let Some(k) = overrides.slots.filter(|k| *k < min_slots) {
         // The engine would refuse to start with fewer: one block computes while the next
         // arrives.

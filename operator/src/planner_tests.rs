@@ -4,7 +4,7 @@ use proptest::prelude::*;
 use proptest::strategy::Strategy;
 
 use super::*;
-use layerwise_engine::memory::Placement;
+use layerwise_core::memory::Placement;
 
 const GB: u64 = 1 << 30;
 

@@ -22,8 +22,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
-use layerwise_engine::bounds::{self, RequestBounds};
-use layerwise_engine::decode::{self, DecodeSite};
+use layerwise_core::bounds::{self, RequestBounds};
+use layerwise_core::decode::{self, DecodeSite};
 
 /// The port the engine serves HTTP (requests, `/metrics`, probes) on.
 pub const ENGINE_PORT: i32 = 8080;
@@ -680,7 +680,7 @@ pub fn service(dd: &DiffusionDeployment) -> Service {
 mod tests {
     use super::*;
     use crds::{ComponentPlacement, ComponentPlan, MemoryBreakdown};
-    use layerwise_engine::bounds::{
+    use layerwise_core::bounds::{
         ENV_GUIDANCE_ALLOWED, ENV_MAX_FRAMES, ENV_MAX_HEIGHT, ENV_MAX_N, ENV_MAX_PROMPT_TOKENS,
         ENV_MAX_STEPS, ENV_MAX_WIDTH,
     };

@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use anyhow::{ensure, Context as _, Result};
-use crds::{DiffusionDeployment, DiffusionNode, ModelRequest, Profile};
+use crds::{DiffusionDeployment, DiffusionNode, ModelRequest};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{DeleteParams, PostParams};
@@ -277,7 +277,7 @@ async fn every_shipped_example_reaches_available() -> Result<()> {
     let answer: world::Answer = Arc::new(move |req: &ModelRequest| {
         let host = req.location.host_path.as_deref().unwrap_or_default();
         let dir = models.join(host.trim_start_matches('/'));
-        let p = Profile::read(&dir).map_err(|e| e.to_string())?;
+        let p = layerwise_engine::families::profile(&dir).map_err(|e| e.to_string())?;
         if p.family != req.family {
             return Err(format!(
                 "the request names family {}, but {host} is a {} pipeline",

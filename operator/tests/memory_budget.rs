@@ -9,13 +9,13 @@
 use std::path::Path;
 
 use crds::{DiffusionDeployment, Plan, Profile, Strategy, StrategyChoice};
-use layerwise_engine::decode::{DecodeChoice, DecodeSite, DecoderBytes};
+use layerwise_core::decode::{DecodeChoice, DecodeSite, DecoderBytes};
+use layerwise_core::memory::Placement;
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::plan::ResidentBlocks;
 use layerwise_engine::execution::cuda::{DeviceChoice, SlotsChoice};
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::execution::work::{Condition, Request};
-use layerwise_engine::memory::Placement;
 use layerwise_engine::tools::synth::{synth, SynthOptions};
 use layerwise_operator::planner::{self, Limits, NodeShape, Overrides, Shortage};
 use layerwise_operator::resources;
@@ -71,7 +71,7 @@ fn plan_on(
 
 /// The profile as an agent reports it: through the DiffusionNode's JSON.
 fn profile(dir: &Path) -> Profile {
-    let p = Profile::read(dir).unwrap();
+    let p = layerwise_engine::families::profile(dir).unwrap();
     serde_json::from_value(serde_json::to_value(p).unwrap()).unwrap()
 }
 

@@ -7,13 +7,13 @@
 use std::path::{Path, PathBuf};
 
 use crds::{ComponentPlacement, DiffusionDeployment, Plan, Profile, Strategy, StrategyChoice};
-use layerwise_engine::decode::{DecodeChoice, DecodeSite};
+use layerwise_core::decode::{DecodeChoice, DecodeSite};
+use layerwise_core::memory::Placement;
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::plan::{
     budget_capacity, choose_slots, DeviceNeeds, SlotsChoice,
 };
 use layerwise_engine::execution::cuda::DeviceChoice;
-use layerwise_engine::memory::Placement;
 use layerwise_engine::tools::synth::{synth, SynthOptions};
 use layerwise_operator::planner::{self, Limits, NodeShape, Overrides, Refusal, Shortage};
 use layerwise_operator::resources;
@@ -285,9 +285,10 @@ fn the_documented_wan_a14b_plans_are_the_planners_and_fit_the_engines_accounting
     o.sparse = true;
     synth(&out, &o).unwrap();
     // The profile as an agent reports it: through the DiffusionNode's JSON.
-    let profile: Profile =
-        serde_json::from_value(serde_json::to_value(Profile::read(&out).unwrap()).unwrap())
-            .unwrap();
+    let profile: Profile = serde_json::from_value(
+        serde_json::to_value(layerwise_engine::families::profile(&out).unwrap()).unwrap(),
+    )
+    .unwrap();
     assert_eq!(profile.family, "wan");
     let model = Model::open(&out).unwrap();
     let mut expected = vec![
@@ -336,7 +337,7 @@ fn a_workload_beyond_the_models_position_tables_is_refused_as_the_engine_refuses
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("wan-tiny");
     synth(&out, &SynthOptions::preset("wan-tiny").unwrap()).unwrap();
-    let profile = Profile::read(&out).unwrap();
+    let profile = layerwise_engine::families::profile(&out).unwrap();
     assert_eq!(profile.limits.max_width, Some(512), "{:?}", profile.limits);
     let mut dd = documented_deployment(&std::fs::read_to_string(doc_path()).unwrap());
     let node = &nodes()[0].0;
@@ -430,9 +431,10 @@ fn the_documented_cosmos3_super_plans_are_the_planners_and_fit_the_engines_accou
     let mut o = SynthOptions::preset("cosmos3-super").unwrap();
     o.sparse = true;
     synth(&out, &o).unwrap();
-    let profile: Profile =
-        serde_json::from_value(serde_json::to_value(Profile::read(&out).unwrap()).unwrap())
-            .unwrap();
+    let profile: Profile = serde_json::from_value(
+        serde_json::to_value(layerwise_engine::families::profile(&out).unwrap()).unwrap(),
+    )
+    .unwrap();
     assert_eq!(profile.family, "cosmos3");
     assert_eq!(profile.blocks, 128);
     let model = Model::open(&out).unwrap();

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use crds::{ActivationCost, ComponentProfile, Profile};
-use layerwise_engine::memory::GroupBytes;
+use layerwise_core::memory::GroupBytes;
 
 /// The profile of a DiT checkpoint as an agent would report it: `blocks` bf16 blocks of
 /// `block` bytes, `outside` transformer bytes outside them, a VAE of `vae` bytes and a

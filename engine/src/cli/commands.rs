@@ -8,7 +8,7 @@ use safetensors::Dtype;
 
 use super::{GenerateArgs, RequestArgs};
 use crate::checkpoint::header::{encode_header, Header};
-use crate::checkpoint::{Profile, RequestShape};
+use crate::checkpoint::RequestShape;
 use crate::engine::{Model, RunStats};
 use crate::execution::trace::Trace;
 use crate::execution::work::Output;
@@ -215,7 +215,7 @@ pub(super) fn gib(b: u64) -> String {
 
 pub(super) fn inspect(dir: &Path, json: bool) -> Result<()> {
     let t = std::time::Instant::now();
-    let p = Profile::read(dir)?;
+    let p = crate::families::profile(dir)?;
     let took = t.elapsed();
     if json {
         println!("{}", serde_json::to_string_pretty(&p)?);

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
 
-use super::staging::{HostBuffer, Staged};
+use super::host_buffer::{HostBuffer, Staged};
 use crate::checkpoint::Mapped;
 use crate::layout::Piece;
 use crate::Result;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Storage, Tensor};
 
 use super::backend::{Backend, Collective, GatherSource};
-use super::staging::{HostBuffer, Staged};
+use super::host_buffer::{HostBuffer, Staged};
 use super::stream::{CpuStream, Event};
 use crate::checkpoint::Mapped;
 use crate::layout::Piece;

@@ -142,6 +142,23 @@ pub fn stored_bytes(numel: u64, compute: DType) -> u64 {
     numel * compute.size_in_bytes() as u64
 }
 
+/// The element type candle holds a checkpoint's tensors of dtype `d` in: the dtypes the
+/// engine streams, and a clear refusal of any other.
+pub fn candle_dtype(d: Dtype) -> Result<DType> {
+    Ok(match d {
+        Dtype::F32 => DType::F32,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::F8_E4M3 => DType::F8E4M3,
+        other => {
+            return Err(Error::invalid(
+                "dtype",
+                format!("{other:?} weights are not supported"),
+            ))
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,21 +52,6 @@ pub struct PipelineStats {
     pub pinned_host_bytes: u64,
 }
 
-pub fn candle_dtype(d: Dtype) -> Result<DType> {
-    Ok(match d {
-        Dtype::F32 => DType::F32,
-        Dtype::F16 => DType::F16,
-        Dtype::BF16 => DType::BF16,
-        Dtype::F8_E4M3 => DType::F8E4M3,
-        other => {
-            return Err(Error::invalid(
-                "dtype",
-                format!("{other:?} weights are not supported"),
-            ))
-        }
-    })
-}
-
 /// The views of one block's tensors in device memory, converted to the compute dtype on
 /// request: a tensor stored in that dtype is used in place, with no cast and no copy; an
 /// fp8 weight is dequantized with its scale from the same slot, right before compute.
@@ -325,7 +310,7 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         let mut allocs = Vec::new();
         let mut alloc = |kind: &'static str, what: String, dtype: Dtype, bytes: u64| {
             allocs.push(budget.charge(kind, &what, bytes)?);
-            backend.alloc(candle_dtype(dtype)?, bytes)
+            backend.alloc(super::dtype::candle_dtype(dtype)?, bytes)
         };
         let mut slots = Vec::new();
         let mut store = Vec::new();

@@ -35,7 +35,7 @@ pub fn load(
             crate::Error::tensor(&mapped.component.dir, &name, "missing from the checkpoint")
         })?;
         let bytes = mapped.bytes(&name).expect("indexed tensor");
-        let stored = super::pipeline::candle_dtype(info.dtype)
+        let stored = super::dtype::candle_dtype(info.dtype)
             .map_err(|e| crate::Error::tensor(&h.path, &name, e.to_string()))?;
         let t = Tensor::from_raw_buffer(bytes, stored, &info.shape, device)?;
         let t = if stored == candle_core::DType::F8E4M3 {

@@ -14,100 +14,15 @@ pub mod fused;
 pub mod umt5;
 pub mod wan;
 
-/// One tensor a family expects, by full name and shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TensorSpec {
-    pub name: String,
-    pub shape: Vec<usize>,
-}
+pub use layerwise_core::family::{BlockGroup, FamilyCheckpoint, TensorSpec};
 
-impl TensorSpec {
-    pub fn new(name: impl Into<String>, shape: &[usize]) -> Self {
-        TensorSpec {
-            name: name.into(),
-            shape: shape.to_vec(),
-        }
-    }
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-}
-
-/// A group of structurally similar blocks in one component, streamed block by block.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BlockGroup {
-    /// What the group is: `transformer`, `text_encoder`, `transformer_2`.
-    pub name: String,
-    /// Block i's tensors are called `{prefix}{i}.{spec name}`.
-    pub prefix: String,
-    pub count: usize,
-    /// One block's tensors, named relative to the block's prefix.
-    pub block: Vec<TensorSpec>,
-}
-
-impl BlockGroup {
-    pub fn block_prefix(&self, i: usize) -> String {
-        format!("{}{i}.", self.prefix)
-    }
-
-    /// Every block's tensors with their full names, block after block.
-    pub fn tensor_specs(&self) -> Vec<TensorSpec> {
-        (0..self.count)
-            .flat_map(|i| {
-                let pre = self.block_prefix(i);
-                self.block
-                    .iter()
-                    .map(move |s| TensorSpec::new(format!("{pre}{}", s.name), &s.shape))
-            })
-            .collect()
-    }
-
-    /// The block index a tensor name of this group's component belongs to, if any: the
-    /// name is the prefix, an index and one of the block's tensors (or an fp8 weight's
-    /// scale). Two groups may share a prefix with disjoint tensors (Cosmos3's pathways).
-    pub fn block_of(&self, name: &str) -> Option<usize> {
-        let rest = name.strip_prefix(&self.prefix)?;
-        let (idx, tensor) = rest.split_once('.')?;
-        let index = idx.parse().ok()?;
-        let mine = self.block.iter().any(|s| {
-            s.name == tensor
-                || crate::checkpoint::fp8::scale_names(&s.name)
-                    .iter()
-                    .any(|n| n == tensor)
-        });
-        mine.then_some(index)
-    }
-}
-
-/// A pipeline folder of one family, opened and checked from its headers and configs alone:
-/// what the profile, the planner's memory model and the engine read of any family. Each
-/// family implements it once, for its own checkpoint type, and registers how to recognise
-/// and open its folders ([`FamilyEntry`]); nothing outside the family names its type.
-pub trait FamilyCheckpoint: std::fmt::Debug + Send + Sync {
-    /// Every component with weights, by its folder name, in pipeline order.
-    fn components(&self) -> Vec<(&'static str, &crate::checkpoint::Component)>;
-    /// The groups of blocks that stream, each with the name of the component it is in.
-    fn groups(&self) -> Vec<(&'static str, BlockGroup)>;
-    /// Bytes outside the streamed blocks that every rank keeps on its device (prologues
-    /// and epilogues; not the decoder). The engine charges exactly this.
-    fn resident_device_bytes(&self) -> u64;
-    /// Bytes of the VAE decoder's weights, which every rank that decodes keeps on its
-    /// device. The engine charges exactly this.
-    fn decoder_bytes(&self) -> u64;
-    /// The size the model was trained at, `(width, height)` in pixels.
-    fn native_size(&self) -> (usize, usize);
-    /// The largest request the model itself can run (its position tables); none but
-    /// memory by default.
-    fn limits(&self) -> crate::bounds::ModelLimits {
-        crate::bounds::ModelLimits::default()
-    }
-    /// What a request costs in activations: the formula the planner and the engine share.
-    fn activation_cost(&self) -> crate::checkpoint::ActivationCost;
+/// A family's checkpoint as the engine holds it: what [`FamilyCheckpoint`] reads of the
+/// folder, and (with the `runtime` feature) the family's math over it. Each family
+/// implements both for its own checkpoint type.
+pub trait FamilyModel: FamilyCheckpoint {
     /// The family's runtime over this folder, its components mapped.
     #[cfg(feature = "runtime")]
     fn runtime(&self) -> crate::Result<Box<dyn crate::execution::family::FamilyRuntime>>;
-    /// The family's own checkpoint type, for code of that family (and its tests).
-    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// One family as the registry knows it: its name and how its folders are recognised and
@@ -122,7 +37,7 @@ pub struct FamilyEntry {
     /// written before the class name was checked carry none: DiT's layout).
     pub unnamed: bool,
     /// Opens and checks a folder of this family.
-    pub open: fn(&std::path::Path) -> crate::Result<std::sync::Arc<dyn FamilyCheckpoint>>,
+    pub open: fn(&std::path::Path) -> crate::Result<std::sync::Arc<dyn FamilyModel>>,
 }
 
 impl std::fmt::Debug for FamilyEntry {
@@ -142,6 +57,12 @@ pub fn names() -> Vec<&'static str> {
     FAMILIES.iter().map(|f| f.name).collect()
 }
 
+/// Profiles the pipeline folder at `root` as the family of [`FAMILIES`] it names, reading
+/// headers and configs only: what the node agent publishes.
+pub fn profile(root: &std::path::Path) -> crate::Result<crate::checkpoint::Profile> {
+    Checkpoint::open(root)?.profile()
+}
+
 /// A pipeline folder opened and checked from its headers and configs alone, whatever
 /// its family: `model_index.json`'s `_class_name` chooses the family.
 #[derive(Debug, Clone)]
@@ -150,7 +71,7 @@ pub struct Checkpoint {
     /// The family's short name (one of [`names`]).
     pub family: &'static str,
     /// The family's checked folder.
-    pub inner: std::sync::Arc<dyn FamilyCheckpoint>,
+    pub inner: std::sync::Arc<dyn FamilyModel>,
 }
 
 impl Checkpoint {
@@ -239,6 +160,13 @@ impl Checkpoint {
     /// The family's own checkpoint type, when it is `T`.
     pub fn downcast<T: 'static>(&self) -> Option<&T> {
         self.inner.as_any().downcast_ref()
+    }
+
+    /// The folder's profile: sizes, layouts and the activation cost, as the planner reads
+    /// them.
+    pub fn profile(&self) -> crate::Result<crate::checkpoint::Profile> {
+        let inner: &dyn FamilyCheckpoint = &*self.inner;
+        Ok(crate::checkpoint::Profile::of(self.family, inner)?)
     }
 
     /// Every weight byte in the folder.

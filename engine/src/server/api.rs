@@ -625,7 +625,9 @@ fn condition(o: &Map<String, Value>, s: &AppState) -> Result<Condition, Error> {
 fn validated(model: &Model, requests: Vec<Request>) -> Result<Vec<Request>, Error> {
     for r in &requests {
         model.validate(r).map_err(|e| match e {
-            Error::Invalid { field, msg } if field == "width" || field == "height" => {
+            Error::Core(layerwise_core::Error::Invalid { field, msg })
+                if field == "width" || field == "height" =>
+            {
                 Error::invalid("size", format!("{field} {msg}"))
             }
             other => other,

@@ -560,7 +560,7 @@ impl DeviceDecoder {
             .map_err(Error::from)
             .and_then(|l| make_media(self.vae.as_ref(), &l, kind, progress))
             .map_err(|e| match e {
-                e @ Error::Invalid { .. } => e,
+                e @ Error::Core(layerwise_core::Error::Invalid { .. }) => e,
                 e => Error::Decode {
                     device: name.to_string(),
                     msg: e.to_string(),

@@ -22,7 +22,7 @@ use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
 use super::host::{alloc_pinned, cuda, HostMemory};
 use crate::checkpoint::Mapped;
 use crate::execution::backend::Backend;
-use crate::execution::staging::{HostBuffer, Staged};
+use crate::execution::host_buffer::{HostBuffer, Staged};
 use crate::layout::Piece;
 use crate::{Error, Result};
 

@@ -29,8 +29,8 @@ use candle_core::cuda_backend::cudarc::driver::{sys, CudaContext};
 
 use super::plan::HostMode;
 use crate::checkpoint::Mapped;
+use crate::execution::host_buffer::HostBuffer;
 use crate::execution::pipeline::Streamed;
-use crate::execution::staging::HostBuffer;
 use crate::{Error, Result, Strategy};
 
 /// What was used.

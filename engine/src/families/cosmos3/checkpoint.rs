@@ -201,11 +201,14 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
             guidance_samples: 2,
         }
     }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl crate::families::FamilyModel for Cosmos3Checkpoint {
     #[cfg(feature = "runtime")]
     fn runtime(&self) -> Result<Box<dyn crate::execution::family::FamilyRuntime>> {
         Ok(Box::new(super::runtime::Cosmos3Runtime::new(self.clone())?))
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }

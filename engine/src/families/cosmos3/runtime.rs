@@ -91,7 +91,8 @@ impl FamilyRuntime for Cosmos3Runtime {
                     dp,
                 )
             })
-            .collect()
+            .collect::<layerwise_core::Result<_>>()
+            .map_err(Into::into)
     }
 
     fn group_components(&self) -> Vec<String> {

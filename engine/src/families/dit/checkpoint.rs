@@ -118,12 +118,15 @@ impl FamilyCheckpoint for DitCheckpoint {
         }
     }
     // No `limits`: DiT computes its sin-cos positions for any grid.
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl crate::families::FamilyModel for DitCheckpoint {
     #[cfg(feature = "runtime")]
     fn runtime(&self) -> Result<Box<dyn crate::execution::family::FamilyRuntime>> {
         Ok(Box::new(super::runtime::DitRuntime::new(self.clone())?))
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 

@@ -374,7 +374,7 @@ impl Umt5Config {
         if table == EMBEDDING_NAMES[0] && c.get(EMBEDDING_NAMES[1]).is_some() {
             specs.push(TensorSpec::new(EMBEDDING_NAMES[1], &specs[0].shape));
         }
-        check_tensors(c, &specs, |_| None)
+        Ok(check_tensors(c, &specs, |_| None)?)
     }
 
     /// The JSON transformers writes for this config (so a synthetic folder loads there).

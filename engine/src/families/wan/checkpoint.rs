@@ -331,11 +331,14 @@ impl FamilyCheckpoint for WanCheckpoint {
             guidance_samples: 2,
         }
     }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl crate::families::FamilyModel for WanCheckpoint {
     #[cfg(feature = "runtime")]
     fn runtime(&self) -> Result<Box<dyn crate::execution::family::FamilyRuntime>> {
         Ok(Box::new(super::runtime::WanRuntime::new(self.clone())?))
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }

@@ -86,7 +86,8 @@ impl FamilyRuntime for WanRuntime {
             .map(|((_, g), m)| {
                 GroupLayout::new(&m.component, &g.block, g.count, |i| g.block_prefix(i), dp)
             })
-            .collect()
+            .collect::<layerwise_core::Result<_>>()
+            .map_err(Into::into)
     }
 
     fn group_components(&self) -> Vec<String> {

@@ -3,11 +3,10 @@
 //! on a checkpoint of any size.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::families::Checkpoint;
+use crate::family::FamilyCheckpoint;
 use crate::layout::GroupLayout;
 use crate::memory::{self, GroupBytes, Placement};
 use crate::{Error, Result};
@@ -198,12 +197,9 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// Profiles the pipeline folder at `root`, reading headers and configs only.
-    pub fn read(root: &Path) -> Result<Profile> {
-        Self::of(&Checkpoint::open(root)?)
-    }
-
-    pub fn of(ck: &Checkpoint) -> Result<Profile> {
+    /// Profiles a pipeline folder of `family` opened from its headers and configs (the
+    /// engine's registry opens it: `layerwise_engine::families::profile`).
+    pub fn of(family: &str, ck: &dyn FamilyCheckpoint) -> Result<Profile> {
         let mut by_dtype: BTreeMap<String, u64> = BTreeMap::new();
         let mut components = Vec::new();
         let (mut block_bytes, mut max_by_dtype) = (Vec::new(), BTreeMap::<String, u64>::new());
@@ -263,8 +259,8 @@ impl Profile {
         }
         let (native_width, native_height) = ck.native_size();
         Ok(Profile {
-            family: ck.name().into(),
-            total_bytes: ck.total_bytes(),
+            family: family.into(),
+            total_bytes: ck.components().iter().map(|(_, c)| c.tensor_bytes()).sum(),
             transformer_bytes: sum(&|n| n.starts_with("transformer")),
             vae_bytes: sum(&|n| n == "vae"),
             files: ck.components().iter().map(|(_, c)| c.files.len()).sum(),

@@ -17,7 +17,7 @@ use safetensors::Dtype;
 
 use crate::checkpoint::header::dtype_size;
 use crate::checkpoint::Component;
-use crate::families::TensorSpec;
+use crate::family::TensorSpec;
 use crate::{Error, Result};
 
 /// Shard boundaries are multiples of this many bytes (what DMA engines and NCCL like).

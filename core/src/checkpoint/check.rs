@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use safetensors::Dtype;
 
 use super::{fp8, Component};
-use crate::families::TensorSpec;
+use crate::family::TensorSpec;
 use crate::{Error, Result};
 
 /// Dtypes the engine computes with (converted to f32 on the way into the math).

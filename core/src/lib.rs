@@ -1,0 +1,28 @@
+//! layerwise core: what the engine, the operator, the node agent and the Kubernetes API
+//! agree on, in one crate with no tensor math, no async runtime and no HTTP.
+//!
+//! - [`checkpoint`]: diffusers pipeline folders read from their headers and configs, and
+//!   the profile the node agent publishes;
+//! - [`family`]: what a model family declares about its checkpoint (tensors, block groups,
+//!   activation cost), the trait every family implements;
+//! - [`layout`] and [`memory`]: how a group's blocks are laid out in shards and slots, and
+//!   the one memory model the planner and the engine's start check both call;
+//! - [`strategy`], [`bounds`], [`decode`]: the streaming strategies, the request bounds and
+//!   where the decoder runs;
+//! - [`metric_names`]: the engine's metrics, by the names the autoscaler reads.
+//!
+//! The engine's families and execution build on this crate; nothing here reads them.
+//! See docs/architecture.md for the map.
+
+pub mod bounds;
+pub mod checkpoint;
+pub mod decode;
+pub mod error;
+pub mod family;
+pub mod layout;
+pub mod memory;
+pub mod metric_names;
+pub mod strategy;
+
+pub use error::{Error, Result};
+pub use strategy::Strategy;
