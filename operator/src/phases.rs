@@ -540,8 +540,6 @@ async fn deploy(
     warm: &[String],
     r: &mut Report,
 ) -> Result<Deployment> {
-    let id = model_id(dd);
-    let ns = dd.namespace().unwrap_or_default();
     if ensure_job_key(ctx, dd).await? {
         let note = format!(
             "created Secret {} with the key the engine pods check job ids with",
@@ -549,23 +547,7 @@ async fn deploy(
         );
         r.event(EventType::Normal, "JobKeyCreated", "Deploy", note);
     }
-    // Any change to the pod template replaces every engine pod, and each new pod loads the
-    // model again. Which nodes are warm changes as agents warm, and a plan's nodes grow as
-    // agents report: neither is a reason to replace pods that run. So while the plan itself
-    // stays, the template keeps the nodes and preference it was made with, unless a node was
-    // dropped from the plan or pods wait for a node (then the plan's nodes may place them).
-    let (placed, warm) = match existing.as_ref().and_then(resources::scheduling_of) {
-        Some((summary, nodes, preferred))
-            if summary == resources::plan_summary(plan)
-                && nodes.iter().all(|n| plan.nodes.contains(n))
-                && (nodes.len() == plan.nodes.len() || all_available(existing.as_ref())) =>
-        {
-            let mut placed = plan.clone();
-            placed.nodes = nodes;
-            (placed, preferred)
-        }
-        _ => (plan.clone(), warm.to_vec()),
-    };
+    let (placed, warm) = kept_placement(plan, existing.as_ref(), warm);
     let desired = resources::deployment(
         dd,
         &placed,
@@ -574,19 +556,79 @@ async fn deploy(
         &ctx.settings.engine_pods,
         &warm,
     );
-    let old_plan = existing.as_ref().and_then(|d| {
-        d.spec
-            .as_ref()?
-            .template
-            .metadata
-            .as_ref()?
-            .annotations
-            .as_ref()?
-            .get(PLAN_ANNOTATION)
-            .cloned()
-    });
-    // Each is applied only when it differs from what this process last applied, or the
-    // object moved since (see [`crate::stores::Applied`]).
+    let old_plan = existing.as_ref().and_then(template_plan);
+    let applied = apply_engine(dd, ctx, &desired, existing, r).await?;
+    let summary = resources::plan_summary(plan);
+    match old_plan {
+        None => {
+            let note = format!(
+                "created Deployment and Service {} with {replicas} replica(s): {summary}",
+                dd.name_any(),
+            );
+            r.event(EventType::Normal, "Created", "Deploy", note);
+        }
+        Some(p) if p != summary => {
+            let note = format!("plan changed from {p} to {summary}: rolling the engine pods");
+            r.event(EventType::Normal, "Rolling", "Deploy", note);
+        }
+        Some(_) => {}
+    }
+    Ok(applied)
+}
+
+/// The plan and warm nodes the pod template is made with.
+///
+/// Any change to the pod template replaces every engine pod, and each new pod loads the
+/// model again. Which nodes are warm changes as agents warm, and a plan's nodes grow as
+/// agents report: neither is a reason to replace pods that run. So while the plan itself
+/// stays, the template keeps the nodes and preference it was made with (read from the
+/// `existing` Deployment), unless a node was dropped from the plan or pods wait for a node
+/// (then the plan's nodes may place them).
+fn kept_placement(
+    plan: &Plan,
+    existing: Option<&Deployment>,
+    warm: &[String],
+) -> (Plan, Vec<String>) {
+    match existing.and_then(resources::scheduling_of) {
+        Some((summary, nodes, preferred))
+            if summary == resources::plan_summary(plan)
+                && nodes.iter().all(|n| plan.nodes.contains(n))
+                && (nodes.len() == plan.nodes.len() || all_available(existing)) =>
+        {
+            let mut placed = plan.clone();
+            placed.nodes = nodes;
+            (placed, preferred)
+        }
+        _ => (plan.clone(), warm.to_vec()),
+    }
+}
+
+/// The plan summary a Deployment's pod template was made with.
+fn template_plan(d: &Deployment) -> Option<String> {
+    d.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(PLAN_ANNOTATION)
+        .cloned()
+}
+
+/// Applies the `desired` engine Deployment (over the `existing` one), the Service and the
+/// PodDisruptionBudget; returns the Deployment as applied. Each is applied only when it
+/// differs from what this process last applied, or the object moved since (see
+/// [`crate::stores::Applied`]).
+async fn apply_engine(
+    dd: &DiffusionDeployment,
+    ctx: &Context,
+    desired: &Deployment,
+    existing: Option<Deployment>,
+    r: &mut Report,
+) -> Result<Deployment> {
+    let id = model_id(dd);
+    let ns = dd.namespace().unwrap_or_default();
     let uid = dd.uid().unwrap_or_default();
     let name = dd.name_any();
     let generation = |d: &Deployment| d.metadata.generation.map(|g| g.to_string());
@@ -598,7 +640,7 @@ async fn deploy(
     // beside a failed apply is still told (the next reconcile would not delete it again).
     let (applied, service_applied, budget) = futures::future::join3(
         async {
-            apply_if_changed(ctx, &ns, &name, &uid, &desired, existing, generation)
+            apply_if_changed(ctx, &ns, &name, &uid, desired, existing, generation)
                 .await
                 .map_err(kube(format!("applying Deployment of {id}")))
         },
@@ -621,21 +663,6 @@ async fn deploy(
     let applied = applied?;
     service_applied?;
     budget?;
-    let summary = resources::plan_summary(plan);
-    match old_plan {
-        None => {
-            let note = format!(
-                "created Deployment and Service {} with {replicas} replica(s): {summary}",
-                dd.name_any(),
-            );
-            r.event(EventType::Normal, "Created", "Deploy", note);
-        }
-        Some(p) if p != summary => {
-            let note = format!("plan changed from {p} to {summary}: rolling the engine pods");
-            r.event(EventType::Normal, "Rolling", "Deploy", note);
-        }
-        Some(_) => {}
-    }
     Ok(applied)
 }
 

@@ -150,6 +150,28 @@ impl Refusal {
     pub fn shortfall(&self) -> u64 {
         self.needed.saturating_sub(self.available)
     }
+
+    /// A refusal of settings that contradict each other or what the engine accepts.
+    fn invalid(why: String) -> Refusal {
+        Refusal {
+            shortage: Shortage::Spec,
+            node: None,
+            needed: 0,
+            available: 0,
+            option: why,
+        }
+    }
+
+    /// A refusal of a figure that overflows on `node`: more than any device holds.
+    fn beyond_any_device(node: &NodeShape, what: String) -> Refusal {
+        Refusal {
+            shortage: Shortage::DeviceMemory,
+            node: Some(node.name.clone()),
+            needed: u64::MAX,
+            available: node.device_bytes,
+            option: format!("{what} (beyond any device)"),
+        }
+    }
 }
 
 impl fmt::Display for Refusal {
@@ -516,15 +538,7 @@ fn plan_decoding(
     overrides: &Overrides,
     limits: &Limits,
 ) -> Result<Plan, Refusal> {
-    let nodes: Vec<&NodeShape> = candidates.iter().map(|c| &c.node).collect();
-    let spec_refusal = |why: String| Refusal {
-        shortage: Shortage::Spec,
-        node: None,
-        needed: 0,
-        available: 0,
-        option: why,
-    };
-    if nodes.is_empty() {
+    if candidates.is_empty() {
         return Err(Refusal {
             shortage: Shortage::NoNodes,
             node: None,
@@ -533,59 +547,105 @@ fn plan_decoding(
             option: "no node matches the node selector, offers the accelerator and has reported a profile".into(),
         });
     }
+    check_overrides(overrides)?;
+    let sites = sites(candidates, workload, limits)?;
+    let search = Search::new(overrides, limits);
+    let mut misses: Vec<Miss> = Vec::new();
+    let Some(best) = search.best(&sites, &mut misses) else {
+        return Err(refusal(misses));
+    };
+    let chosen = Chosen::new(&sites, best.option, best.site, limits);
+    let reasons = search.reasons(&chosen, best.notes, candidates.len());
+    let rejected = rejected(chosen.option.strategy, &misses);
+    let n = chosen.need;
+    Ok(Plan {
+        components: components(&chosen.option, chosen.profile),
+        strategy: chosen.option.strategy,
+        dp: chosen.option.dp,
+        slots: chosen.option.k,
+        fast_peer_link: chosen.fits.iter().all(|(site, _)| site.node.fast_peer_link),
+        device_bytes_per_rank: device_total(&n.device),
+        host_bytes_per_pod: n.host_per_pod,
+        host_bytes_per_node: n.host_shared,
+        resident_blocks: chosen.option.resident_blocks,
+        device_breakdown: n.device,
+        nodes: chosen
+            .fits
+            .iter()
+            .map(|(site, _)| site.node.name.clone())
+            .collect(),
+        reasons,
+        rejected,
+    })
+}
+
+/// Refuses fixed settings that contradict each other, or that the engine would refuse at
+/// start.
+fn check_overrides(overrides: &Overrides) -> Result<(), Refusal> {
     if let (Some(dp), StrategyChoice::Fixed(Strategy::Sharded | Strategy::OffloadSharded)) =
         (overrides.dp, overrides.strategy)
     {
         if dp < 2 {
-            return Err(spec_refusal(format!(
+            return Err(Refusal::invalid(format!(
                 "strategy {} needs dp >= 2, got {dp}",
                 overrides.strategy.as_str()
             )));
         }
     }
     if overrides.dp == Some(0) {
-        return Err(spec_refusal("dp must be at least 1".into()));
+        return Err(Refusal::invalid("dp must be at least 1".into()));
     }
     let min_slots = layerwise_core::strategy::MIN_STREAMING_SLOTS;
     if let Some(k) = overrides.slots.filter(|k| *k < min_slots) {
         // The engine would refuse to start with fewer: one block computes while the next
         // arrives.
-        return Err(spec_refusal(format!(
+        return Err(Refusal::invalid(format!(
             "slots {k}: streaming strategies need at least {min_slots}"
         )));
     }
-    // The engine refuses to start with bounds its model cannot run: so does the plan.
+    Ok(())
+}
+
+/// Each candidate with what `workload` costs on its profile, or the refusal of the first
+/// whose model cannot run the workload: the engine refuses to start with bounds its model
+/// cannot run, and so does the plan.
+fn sites<'a>(
+    candidates: &'a [Candidate],
+    workload: &Workload,
+    limits: &Limits,
+) -> Result<Vec<Site<'a>>, Refusal> {
     let bounds = crate::resources::request_bounds(workload);
     let mut sites = Vec::with_capacity(candidates.len());
     for c in candidates {
-        // A figure that overflows: more than any device holds.
-        let beyond_any_device = |what: String| Refusal {
-            shortage: Shortage::DeviceMemory,
-            node: Some(c.node.name.clone()),
-            needed: u64::MAX,
-            available: c.node.device_bytes,
-            option: format!("{what} (beyond any device)"),
-        };
         if let Some(b) = bounds.beyond(&c.profile.limits) {
             return Err(Refusal {
                 node: Some(c.node.name.clone()),
-                ..spec_refusal(format!("workload.{} {b}", b.dimension.workload_field()))
+                ..Refusal::invalid(format!("workload.{} {b}", b.dimension.workload_field()))
             });
         }
         let Some(act) = activation_bytes(c.profile, workload) else {
-            return Err(beyond_any_device(format!(
-                "activations of a {}x{}x{} request with batch {}",
-                workload.max_width, workload.max_height, workload.max_frames, workload.max_batch
-            )));
+            return Err(Refusal::beyond_any_device(
+                &c.node,
+                format!(
+                    "activations of a {}x{}x{} request with batch {}",
+                    workload.max_width,
+                    workload.max_height,
+                    workload.max_frames,
+                    workload.max_batch
+                ),
+            ));
         };
         let Some(decoder) = decoder_bytes(c.profile, workload, limits.decode) else {
-            return Err(beyond_any_device(format!(
-                "decoding a {}x{} output on the device",
-                workload.max_width, workload.max_height
-            )));
+            return Err(Refusal::beyond_any_device(
+                &c.node,
+                format!(
+                    "decoding a {}x{} output on the device",
+                    workload.max_width, workload.max_height
+                ),
+            ));
         };
         if c.profile.groups.is_empty() && c.profile.blocks > 0 {
-            return Err(spec_refusal(format!(
+            return Err(Refusal::invalid(format!(
                 "the profile of node {} has no per-group block bytes (its agent predates this operator): upgrade the agents",
                 c.node.name
             )));
@@ -597,215 +657,345 @@ fn plan_decoding(
             decoder,
         });
     }
-    // K to start from; the planner grows it with the memory left once components are placed.
-    let k_first = overrides.slots.unwrap_or(limits.min_slots.max(1));
-    let k_cap = limits.max_slots.max(k_first);
+    Ok(sites)
+}
 
-    // Best option per node (with what was decided about each component), and every miss
-    // on the way.
-    let mut misses: Vec<Miss> = Vec::new();
-    let mut best: Option<(Option_, Need, Vec<String>, usize)> = None;
-    for (si, site) in sites.iter().enumerate() {
-        let (node, profile) = (site.node, site.profile);
-        for (strategy, dp) in options_for(node, overrides, limits) {
-            let k = if strategy.streams() { k_first } else { 0 };
-            let mut opt = Option_::new(strategy, dp, k);
-            if let Err(m) = check(site, &opt, limits) {
+/// How the planner ranks options that fit, the least first: the preferred strategy, then
+/// the fewest ranks, the most components kept whole, the most slots, the most blocks kept.
+fn preference(o: &Option_) -> (usize, u32, usize, u32, u64) {
+    (
+        rank(o.strategy),
+        o.dp,
+        usize::MAX - o.resident.len(),
+        u32::MAX - o.k,
+        u64::MAX - o.resident_blocks,
+    )
+}
+
+/// The best option over every node, with the node it was found on and the notes on the
+/// components it streams.
+struct Best {
+    option: Option_,
+    notes: Vec<String>,
+    /// Its index among the sites.
+    site: usize,
+}
+
+/// What one planning pass holds fixed while it searches the options: the spec's settings,
+/// the allowances, and the range K grows in.
+struct Search<'a> {
+    overrides: &'a Overrides,
+    limits: &'a Limits,
+    /// K to start from; the planner grows it with the memory left once components are
+    /// placed.
+    k_first: u32,
+    /// The most slots K grows to.
+    k_cap: u32,
+}
+
+impl<'a> Search<'a> {
+    fn new(overrides: &'a Overrides, limits: &'a Limits) -> Search<'a> {
+        let k_first = overrides.slots.unwrap_or(limits.min_slots.max(1));
+        Search {
+            overrides,
+            limits,
+            k_first,
+            k_cap: limits.max_slots.max(k_first),
+        }
+    }
+
+    /// The best of each node's first option that fits, by [`preference`]; every miss on
+    /// the way goes to `misses`.
+    fn best(&self, sites: &[Site], misses: &mut Vec<Miss>) -> Option<Best> {
+        let mut best: Option<Best> = None;
+        for (si, site) in sites.iter().enumerate() {
+            let Some((option, notes)) = self.first_fit(site, misses) else {
+                continue;
+            };
+            if best
+                .as_ref()
+                .is_none_or(|b| preference(&option) < preference(&b.option))
+            {
+                best = Some(Best {
+                    option,
+                    notes,
+                    site: si,
+                });
+            }
+        }
+        best
+    }
+
+    /// The first of [`options_for`] `site` that fits it, grown with the memory left where it
+    /// streams, and what was decided about each component; every miss goes to `misses`.
+    fn first_fit(&self, site: &Site, misses: &mut Vec<Miss>) -> Option<(Option_, Vec<String>)> {
+        for (strategy, dp) in options_for(site.node, self.overrides, self.limits) {
+            let k = if strategy.streams() { self.k_first } else { 0 };
+            let opt = Option_::new(strategy, dp, k);
+            if let Err(m) = check(site, &opt, self.limits) {
                 misses.push(m);
                 continue;
             }
-            let mut notes = Vec::new();
-            if strategy.streams() {
-                // Keep whole on the device every component that still fits: it is copied
-                // once at start instead of every pass.
-                for c in residency_candidates(profile) {
-                    let mut trial = opt.clone();
-                    trial.resident.push(c.clone());
-                    match check(site, &trial, limits) {
-                        Ok(_) => opt = trial,
-                        Err(m) => notes.push(format!(
-                            "{c} streams: keeping it whole needs {} bytes per rank, the device has {}",
-                            m.needed, m.available
-                        )),
-                    }
-                }
-                // More slots with what is left, up to the cap.
-                if overrides.slots.is_none() {
-                    for k in (k_first + 1..=k_cap).rev() {
-                        let trial = Option_ { k, ..opt.clone() };
-                        if check(site, &trial, limits).is_ok() {
-                            opt = trial;
-                            break;
-                        }
-                    }
-                }
-                // Then as many blocks of each streamed group as the rest holds, kept on the
-                // device: each is copied once instead of every pass. A plan keeping every
-                // block would stream nothing.
-                let most = profile.groups.iter().map(|g| g.blocks()).max().unwrap_or(0) as u64;
-                for n in (1..=most).rev() {
-                    let trial = Option_ {
-                        resident_blocks: n,
-                        ..opt.clone()
-                    };
-                    if trial.placement(profile).streams(&profile.groups)
-                        && check(site, &trial, limits).is_ok()
-                    {
-                        opt = trial;
-                        break;
-                    }
+            if !strategy.streams() {
+                return Some((opt, Vec::new()));
+            }
+            let (opt, notes) = self.keep_components(site, opt);
+            let opt = self.grow_slots(site, opt);
+            return Some((self.keep_blocks(site, opt), notes));
+        }
+        None
+    }
+
+    /// `opt` keeping whole on the device every component that still fits: it is copied once
+    /// at start instead of every pass. The notes say why each other one streams.
+    fn keep_components(&self, site: &Site, mut opt: Option_) -> (Option_, Vec<String>) {
+        let mut notes = Vec::new();
+        for c in residency_candidates(site.profile) {
+            let mut trial = opt.clone();
+            trial.resident.push(c.clone());
+            match check(site, &trial, self.limits) {
+                Ok(_) => opt = trial,
+                Err(m) => notes.push(format!(
+                    "{c} streams: keeping it whole needs {} bytes per rank, the device has {}",
+                    m.needed, m.available
+                )),
+            }
+        }
+        (opt, notes)
+    }
+
+    /// `opt` with more slots with what is left, up to the cap, unless the spec fixes them.
+    fn grow_slots(&self, site: &Site, opt: Option_) -> Option_ {
+        if self.overrides.slots.is_none() {
+            for k in (self.k_first + 1..=self.k_cap).rev() {
+                let trial = Option_ { k, ..opt.clone() };
+                if check(site, &trial, self.limits).is_ok() {
+                    return trial;
                 }
             }
-            let n = check(site, &opt, limits).expect("checked above");
-            let key = |o: &Option_| {
-                (
-                    rank(o.strategy),
-                    o.dp,
-                    usize::MAX - o.resident.len(),
-                    u32::MAX - o.k,
-                    u64::MAX - o.resident_blocks,
-                )
+        }
+        opt
+    }
+
+    /// `opt` keeping on the device as many blocks of each streamed group as the rest holds:
+    /// each is copied once instead of every pass. A plan keeping every block would stream
+    /// nothing.
+    fn keep_blocks(&self, site: &Site, opt: Option_) -> Option_ {
+        let profile = site.profile;
+        let most = profile.groups.iter().map(|g| g.blocks()).max().unwrap_or(0) as u64;
+        for n in (1..=most).rev() {
+            let trial = Option_ {
+                resident_blocks: n,
+                ..opt.clone()
             };
-            if best.as_ref().is_none_or(|(b, ..)| key(&opt) < key(b)) {
-                best = Some((opt, n, notes, si));
+            if trial.placement(profile).streams(&profile.groups)
+                && check(site, &trial, self.limits).is_ok()
+            {
+                return trial;
             }
-            break;
+        }
+        opt
+    }
+
+    /// Why the plan is what it is: its memory, the copies of the model it holds, its
+    /// strategy, what it keeps on the device (with the search's `notes` on what streams),
+    /// its slots, the nodes it fits of `candidates`, and whether the spec fixed it.
+    fn reasons(&self, chosen: &Chosen, notes: Vec<String>, candidates: usize) -> Vec<String> {
+        let o = &chosen.option;
+        let mut reasons = vec![memory_reason(o, &chosen.need, self.limits.decode)];
+        reasons.extend(chosen.copies_reason());
+        reasons.push(self.strategy_reason(chosen));
+        for c in &o.resident {
+            reasons.push(format!(
+                "{c} stays whole on every device (copied once at start, never streamed): it fits beside the slots"
+            ));
+        }
+        reasons.extend(notes);
+        reasons.extend(kept_blocks_reason(o, chosen.profile));
+        reasons.extend(self.slots_reason(o));
+        let fit_names: Vec<&str> = chosen
+            .fits
+            .iter()
+            .map(|(site, _)| site.node.name.as_str())
+            .collect();
+        reasons.push(format!(
+            "fits {} of {} candidate nodes: {}",
+            fit_names.len(),
+            candidates,
+            fit_names.join(", ")
+        ));
+        if self.overrides.strategy != StrategyChoice::Auto
+            || self.overrides.dp.is_some()
+            || self.overrides.slots.is_some()
+        {
+            reasons.push("strategy, dp or slots fixed by the spec".into());
+        }
+        reasons
+    }
+
+    /// Why the chosen strategy: for `sharded`, whether fewer ranks would fit too.
+    fn strategy_reason(&self, chosen: &Chosen) -> String {
+        let o = &chosen.option;
+        match o.strategy {
+            Strategy::Resident => {
+                "the whole model and activations fit one device: nothing moves per step".into()
+            }
+            Strategy::Sharded => {
+                let fewest = (2..o.dp).find(|&dp| {
+                    let fewer = Option_::new(o.strategy, dp, self.k_first);
+                    chosen
+                        .fits
+                        .iter()
+                        .any(|(site, _)| check(site, &fewer, self.limits).is_ok())
+                });
+                match (fewest, self.overrides.dp) {
+                    (Some(dp), None) => format!(
+                        "1/{} of the blocks plus slots fit each device; {dp} ranks would fit too, but {} divides the node's accelerators, so its pods leave none idle",
+                        o.dp, o.dp
+                    ),
+                    _ => format!(
+                        "1/{} of the blocks plus slots fit each device; the fewest ranks that fit",
+                        o.dp
+                    ),
+                }
+            }
+            Strategy::OffloadSharded => format!(
+                "weights stream from the host, each of {} ranks copies 1/{} of a block and all-gathers",
+                o.dp, o.dp
+            ),
+            Strategy::Offload => {
+                "weights stream from the host, each rank copies whole blocks".into()
+            }
         }
     }
-    let Some((chosen, _, notes, best_site)) = best else {
-        return Err(refusal(misses));
-    };
 
-    // The nodes the plan fits, each with its own profile; the plan holds the most any of
-    // them needs (they differ only if their agents report different copies of the model).
-    let fits: Vec<(&Site, Need)> = sites
-        .iter()
-        .filter_map(|site| check(site, &chosen, limits).ok().map(|n| (site, n)))
-        .collect();
-    let (largest, n) = fits
-        .iter()
-        .max_by_key(|(_, n)| (device_total(&n.device), n.host_per_pod, n.host_shared))
-        .map(|(site, n)| (*site, n.clone()))
-        .expect("the chosen option fits its own node");
-    let profile = sites[best_site].profile;
-    let fitting: Vec<&NodeShape> = fits.iter().map(|(site, _)| site.node).collect();
-    let dev = device_total(&n.device);
-    let mut copies: Vec<(u64, &str)> = fits
-        .iter()
-        .map(|(site, _)| (site.profile.total_bytes, site.node.name.as_str()))
-        .collect();
-    copies.sort();
-    copies.dedup_by_key(|(b, _)| *b);
-    let fast = fitting.iter().all(|n| n.fast_peer_link);
-    let mut reasons = vec![format!(
-        "{chosen}: {:.2} GiB per rank (block weights {:.2}, slots {:.2}, resident {:.2}, activations {:.2}, overhead {:.2}, decoder {:.2} decoding on the {}), {:.2} GiB host per pod beside the model's {:.2} GiB page-cache copy that the pods of a node share",
-        dev as f64 / GIB,
+    /// How many slots a streaming plan got, where the spec left them to the planner.
+    fn slots_reason(&self, o: &Option_) -> Option<String> {
+        if !o.strategy.streams() || self.overrides.slots.is_some() {
+            return None;
+        }
+        Some(if o.k > self.limits.min_slots {
+            format!(
+                "device memory allows {} slots (cap {}), so more blocks are in flight",
+                o.k, self.limits.max_slots
+            )
+        } else {
+            format!("{} slots: more do not fit", o.k)
+        })
+    }
+}
+
+/// The chosen option and the nodes it fits, each sized with its own profile. The plan holds
+/// the most any of them needs (they differ only if their agents report different copies of
+/// the model).
+struct Chosen<'s, 'a> {
+    option: Option_,
+    /// The profile of the node the option was chosen on.
+    profile: &'a Profile,
+    /// Every node the option fits, with what it needs there.
+    fits: Vec<(&'s Site<'a>, Need)>,
+    /// The node that needs the most, and its need: the plan's figures.
+    largest: &'s Site<'a>,
+    need: Need,
+}
+
+impl<'s, 'a> Chosen<'s, 'a> {
+    /// `option`, chosen on `sites[site]`, over every one of `sites` it fits.
+    fn new(sites: &'s [Site<'a>], option: Option_, site: usize, limits: &Limits) -> Self {
+        let fits: Vec<(&Site, Need)> = sites
+            .iter()
+            .filter_map(|site| check(site, &option, limits).ok().map(|n| (site, n)))
+            .collect();
+        let (largest, need) = fits
+            .iter()
+            .max_by_key(|(_, n)| (device_total(&n.device), n.host_per_pod, n.host_shared))
+            .map(|(site, n)| (*site, n.clone()))
+            .expect("the chosen option fits its own node");
+        Chosen {
+            option,
+            profile: sites[site].profile,
+            fits,
+            largest,
+            need,
+        }
+    }
+
+    /// Where the nodes report different copies of the model, which ones and which the plan
+    /// holds.
+    fn copies_reason(&self) -> Option<String> {
+        let mut copies: Vec<(u64, &str)> = self
+            .fits
+            .iter()
+            .map(|(site, _)| (site.profile.total_bytes, site.node.name.as_str()))
+            .collect();
+        copies.sort();
+        copies.dedup_by_key(|(b, _)| *b);
+        (copies.len() > 1).then(|| {
+            format!(
+                "the nodes report different copies of the model ({}): the plan holds the largest, {}",
+                copies
+                    .iter()
+                    .map(|(b, name)| format!("{:.2} GiB on {name}", *b as f64 / GIB))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                self.largest.node.name
+            )
+        })
+    }
+}
+
+/// What `o` needs (`n`) per rank, term by term, and per pod and node on the host, with the
+/// pods decoding at `decode`.
+fn memory_reason(o: &Option_, n: &Need, decode: DecodeSite) -> String {
+    format!(
+        "{o}: {:.2} GiB per rank (block weights {:.2}, slots {:.2}, resident {:.2}, activations {:.2}, overhead {:.2}, decoder {:.2} decoding on the {}), {:.2} GiB host per pod beside the model's {:.2} GiB page-cache copy that the pods of a node share",
+        device_total(&n.device) as f64 / GIB,
         n.device.block_weights as f64 / GIB,
         n.device.slots as f64 / GIB,
         n.device.resident_weights as f64 / GIB,
         n.device.activations as f64 / GIB,
         n.device.overhead as f64 / GIB,
         n.device.decoder as f64 / GIB,
-        limits.decode,
+        decode,
         n.host_per_pod as f64 / GIB,
         n.host_shared as f64 / GIB
-    )];
-    if copies.len() > 1 {
-        reasons.push(format!(
-            "the nodes report different copies of the model ({}): the plan holds the largest, {}",
-            copies
-                .iter()
-                .map(|(b, name)| format!("{:.2} GiB on {name}", *b as f64 / GIB))
-                .collect::<Vec<_>>()
-                .join(", "),
-            largest.node.name
-        ));
-    }
-    reasons.push(match chosen.strategy {
-        Strategy::Resident => {
-            "the whole model and activations fit one device: nothing moves per step".into()
-        }
-        Strategy::Sharded => {
-            let fewest = (2..chosen.dp).find(|&dp| {
-                let o = Option_::new(chosen.strategy, dp, k_first);
-                fits.iter().any(|(site, _)| check(site, &o, limits).is_ok())
-            });
-            match (fewest, overrides.dp) {
-                (Some(dp), None) => format!(
-                    "1/{} of the blocks plus slots fit each device; {dp} ranks would fit too, but {} divides the node's accelerators, so its pods leave none idle",
-                    chosen.dp, chosen.dp
-                ),
-                _ => format!(
-                    "1/{} of the blocks plus slots fit each device; the fewest ranks that fit",
-                    chosen.dp
-                ),
-            }
-        }
-        Strategy::OffloadSharded => format!(
-            "weights stream from the host, each of {} ranks copies 1/{} of a block and all-gathers",
-            chosen.dp, chosen.dp
-        ),
-        Strategy::Offload => {
-            "weights stream from the host, each rank copies whole blocks".into()
-        }
-    });
-    for c in &chosen.resident {
-        reasons.push(format!(
-            "{c} stays whole on every device (copied once at start, never streamed): it fits beside the slots"
-        ));
-    }
-    reasons.extend(notes);
-    if chosen.resident_blocks > 0 {
-        let blocks: Vec<String> = profile
-            .groups
-            .iter()
-            .enumerate()
-            .filter(|(g, group)| !chosen.placement(profile).is_resident(*g, group.blocks()))
-            .map(|(_, group)| {
-                format!(
-                    "{} of {}'s {} blocks",
-                    chosen.resident_blocks.min(group.blocks() as u64),
-                    group.component,
-                    group.blocks()
-                )
-            })
-            .collect();
-        reasons.push(format!(
-            "{} stay on the device, spread evenly (copied once, never streamed): the memory left after the slots holds them, and the bytes copied per step fall by that share",
-            blocks.join(", ")
-        ));
-    }
-    if chosen.strategy.streams() && overrides.slots.is_none() {
-        reasons.push(if chosen.k > limits.min_slots {
-            format!(
-                "device memory allows {} slots (cap {}), so more blocks are in flight",
-                chosen.k, limits.max_slots
-            )
-        } else {
-            format!("{} slots: more do not fit", chosen.k)
-        });
-    }
-    let fit_names: Vec<String> = fitting.iter().map(|n| n.name.clone()).collect();
-    reasons.push(format!(
-        "fits {} of {} candidate nodes: {}",
-        fit_names.len(),
-        nodes.len(),
-        fit_names.join(", ")
-    ));
-    if overrides.strategy != StrategyChoice::Auto
-        || overrides.dp.is_some()
-        || overrides.slots.is_some()
-    {
-        reasons.push("strategy, dp or slots fixed by the spec".into());
-    }
+    )
+}
 
-    // Why better-ranked options lost (the closest miss of each), and what worse ones cost.
+/// Where `o` keeps blocks of the streamed groups on the device, how many of each.
+fn kept_blocks_reason(o: &Option_, profile: &Profile) -> Option<String> {
+    if o.resident_blocks == 0 {
+        return None;
+    }
+    let blocks: Vec<String> = profile
+        .groups
+        .iter()
+        .enumerate()
+        .filter(|(g, group)| !o.placement(profile).is_resident(*g, group.blocks()))
+        .map(|(_, group)| {
+            format!(
+                "{} of {}'s {} blocks",
+                o.resident_blocks.min(group.blocks() as u64),
+                group.component,
+                group.blocks()
+            )
+        })
+        .collect();
+    Some(format!(
+        "{} stay on the device, spread evenly (copied once, never streamed): the memory left after the slots holds them, and the bytes copied per step fall by that share",
+        blocks.join(", ")
+    ))
+}
+
+/// Why the strategies other than `chosen` lost: for each better-ranked one the closest of
+/// its `misses`, for each worse one what it costs.
+fn rejected(chosen: Strategy, misses: &[Miss]) -> Vec<String> {
     let mut rejected = Vec::new();
     for s in PREFERENCE {
-        if s == chosen.strategy {
+        if s == chosen {
             continue;
         }
-        if rank(s) < rank(chosen.strategy) {
+        if rank(s) < rank(chosen) {
             let closest = misses
                 .iter()
                 .filter(|m| m.option.strategy == s)
@@ -821,15 +1011,20 @@ fn plan_decoding(
             rejected.push(format!(
                 "{}: moves more data per step than {}",
                 s.as_str(),
-                chosen.strategy.as_str()
+                chosen.as_str()
             ));
         }
     }
+    rejected
+}
 
-    let groups = chosen.resident_groups(profile);
+/// Each component of `profile` under `o`: kept whole or streamed, and its block bytes over
+/// all its groups.
+fn components(o: &Option_, profile: &Profile) -> Vec<ComponentPlan> {
+    let groups = o.resident_groups(profile);
     let mut components: Vec<ComponentPlan> = Vec::new();
     for (g, resident) in profile.groups.iter().zip(groups) {
-        let placement = if resident || chosen.strategy == Strategy::Resident {
+        let placement = if resident || o.strategy == Strategy::Resident {
             ComponentPlacement::Resident
         } else {
             ComponentPlacement::Streamed
@@ -843,21 +1038,7 @@ fn plan_decoding(
             }),
         }
     }
-    Ok(Plan {
-        components,
-        strategy: chosen.strategy,
-        dp: chosen.dp,
-        slots: chosen.k,
-        fast_peer_link: fast,
-        device_bytes_per_rank: dev,
-        host_bytes_per_pod: n.host_per_pod,
-        host_bytes_per_node: n.host_shared,
-        resident_blocks: chosen.resident_blocks,
-        device_breakdown: n.device,
-        nodes: fit_names,
-        reasons,
-        rejected,
-    })
+    components
 }
 
 /// The refusal for a set of misses: from the option that got furthest (host memory is

@@ -170,10 +170,13 @@ impl Applied {
 pub struct Watches {
     pub stores: Stores,
     pub triggers: BoxStream<'static, ObjectRef<DiffusionDeployment>>,
-    pub engines: BoxStream<'static, Result<Deployment, watcher::Error>>,
-    pub services: BoxStream<'static, Result<Service, watcher::Error>>,
+    pub engines: Touched<Deployment>,
+    pub services: Touched<Service>,
     pub synced: BoxFuture<'static, ()>,
 }
+
+/// A watch stream of the objects of a kind that were applied or deleted.
+pub type Touched<K> = BoxStream<'static, Result<K, watcher::Error>>;
 
 /// Builds the stores and their watches; `deployments` is the controller's own store of
 /// DiffusionDeployments (for mapping changes to them), `namespace` the one the operator
@@ -197,66 +200,110 @@ pub fn watch(
         pods,
         synced,
     };
-    let st = stores.clone();
-    let synced = async move {
-        let ready = st.nodes.wait_until_ready().await.is_ok()
-            && st.diffusion_nodes.wait_until_ready().await.is_ok()
-            && st.engines.wait_until_ready().await.is_ok()
-            && st.services.wait_until_ready().await.is_ok()
-            && st.pods.wait_until_ready().await.is_ok();
-        if ready {
-            let _ = synced_tx.send(true);
-        }
-        // Keeps the sender: dropping it would end every wait with an error.
-        futures::future::pending::<()>().await
-    };
+    let synced = announce_synced(stores.clone(), synced_tx);
+    let (engine_events, service_events) =
+        engine_watches(client, namespace, engine_writer, service_writer);
+    let pod_triggers = pod_triggers(client, namespace, pod_writer);
+    let node_triggers = node_triggers(client, node_writer, deployments.clone(), stores.clone());
+    let dn_triggers = diffusion_node_triggers(client, dn_writer, deployments, stores.clone());
+    Watches {
+        stores,
+        triggers: stream::select(stream::select(node_triggers, dn_triggers), pod_triggers).boxed(),
+        engines: engine_events,
+        services: service_events,
+        synced: synced.boxed(),
+    }
+}
 
-    let owned = watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
-    let (engine_api, service_api, pod_api) = match namespace {
-        Some(ns) => (
-            Api::<Deployment>::namespaced(client.clone(), ns),
-            Api::<Service>::namespaced(client.clone(), ns),
-            Api::<Pod>::namespaced(client.clone(), ns),
-        ),
-        None => (
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-        ),
-    };
-    // Touched, not only applied: a deleted engine Deployment or Service reconciles its
-    // owner, which makes it again.
-    let engine_events = watcher(engine_api, owned.clone())
+/// Tells `synced` once every store of `stores` holds its first full list, then waits
+/// forever: dropping the sender would end every wait with an error.
+async fn announce_synced(stores: Stores, synced: tokio::sync::watch::Sender<bool>) {
+    let ready = stores.nodes.wait_until_ready().await.is_ok()
+        && stores.diffusion_nodes.wait_until_ready().await.is_ok()
+        && stores.engines.wait_until_ready().await.is_ok()
+        && stores.services.wait_until_ready().await.is_ok()
+        && stores.pods.wait_until_ready().await.is_ok();
+    if ready {
+        let _ = synced.send(true);
+    }
+    futures::future::pending::<()>().await
+}
+
+/// What the operator made: the objects carrying [`MANAGED_BY`].
+fn owned_config() -> watcher::Config {
+    watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1))
+}
+
+/// The API of a namespaced kind in `namespace`, or in every namespace.
+fn owned_api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The watches of the engine Deployments and Services the operator made, filling their
+/// stores. Touched, not only applied: a deleted engine Deployment or Service reconciles its
+/// owner, which makes it again.
+fn engine_watches(
+    client: &Client,
+    namespace: Option<&str>,
+    engines: reflector::store::Writer<Deployment>,
+    services: reflector::store::Writer<Service>,
+) -> (Touched<Deployment>, Touched<Service>) {
+    let engine_events = watcher(owned_api(client, namespace), owned_config())
         .default_backoff()
         .modify(|d: &mut Deployment| d.managed_fields_mut().clear())
-        .reflect(engine_writer)
+        .reflect(engines)
         .touched_objects()
         .boxed();
-    let service_events = watcher(service_api, owned.clone())
+    let service_events = watcher(owned_api(client, namespace), owned_config())
         .default_backoff()
         .modify(|s: &mut Service| s.managed_fields_mut().clear())
-        .reflect(service_writer)
+        .reflect(services)
         .touched_objects()
         .boxed();
-    let pod_events = watcher(pod_api, owned)
+    (engine_events, service_events)
+}
+
+/// The watch of the engine pods, filling their store, and the reconciles of the
+/// deployments whose pods the scheduler turns away or places after all.
+fn pod_triggers(
+    client: &Client,
+    namespace: Option<&str>,
+    pods: reflector::store::Writer<Pod>,
+) -> impl Stream<Item = ObjectRef<DiffusionDeployment>> + Send + 'static {
+    let pod_events = watcher(owned_api::<Pod>(client, namespace), owned_config())
         .default_backoff()
         .modify(trim_pod)
-        .reflect(pod_writer);
-    let pod_triggers = changes(
+        .reflect(pods);
+    changes(
         pod_events,
         "Pod",
         Baseline::Facts(UNSEEN_POD),
         unscheduled_facts,
         |_| 0,
         |pod, _| pod_refs(pod),
-    );
+    )
+}
 
+/// The watch of the Nodes, filling their store, and the reconciles of the deployments a
+/// Node's change concerns ([`node_refs`]).
+fn node_triggers(
+    client: &Client,
+    nodes: reflector::store::Writer<Node>,
+    deployments: Store<DiffusionDeployment>,
+    stores: Stores,
+) -> impl Stream<Item = ObjectRef<DiffusionDeployment>> + Send + 'static {
     let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .modify(trim_node)
-        .reflect(node_writer);
-    let (dds, st) = (deployments.clone(), stores.clone());
-    let node_triggers = changes(
+        .reflect(nodes);
+    changes(
         node_events,
         "Node",
         Baseline::New,
@@ -264,13 +311,22 @@ pub fn watch(
         |_| 0,
         move |node, _| {
             node_refs(
-                &dds.state(),
-                st.diffusion_node(&node.name_any()).as_deref(),
+                &deployments.state(),
+                stores.diffusion_node(&node.name_any()).as_deref(),
                 node,
             )
         },
-    );
+    )
+}
 
+/// The watch of the DiffusionNodes, filling their store, and the reconciles of the
+/// deployments a DiffusionNode's change concerns ([`dn_refs`]).
+fn diffusion_node_triggers(
+    client: &Client,
+    diffusion_nodes: reflector::store::Writer<DiffusionNode>,
+    deployments: Store<DiffusionDeployment>,
+    stores: Stores,
+) -> impl Stream<Item = ObjectRef<DiffusionDeployment>> + Send + 'static {
     let dn_events = watcher(
         Api::<DiffusionNode>::all(client.clone()),
         watcher::Config::default(),
@@ -280,27 +336,22 @@ pub fn watch(
         dn.managed_fields_mut().clear();
         dn.annotations_mut().clear();
     })
-    .reflect(dn_writer);
-    let st = stores.clone();
-    let dn_triggers = changes(
+    .reflect(diffusion_nodes);
+    changes(
         dn_events,
         "DiffusionNode",
         Baseline::New,
         inventory_facts,
         model_facts,
         move |dn, wide| {
-            let node = if wide { st.node(&dn.name_any()) } else { None };
+            let node = if wide {
+                stores.node(&dn.name_any())
+            } else {
+                None
+            };
             dn_refs(&deployments.state(), node.as_deref(), dn)
         },
-    );
-
-    Watches {
-        stores,
-        triggers: stream::select(stream::select(node_triggers, dn_triggers), pod_triggers).boxed(),
-        engines: engine_events,
-        services: service_events,
-        synced: synced.boxed(),
-    }
+    )
 }
 
 /// Keeps what placement reads of a Node: name, labels, schedulability and taints,

@@ -15,6 +15,7 @@ use super::commands::gib;
 use super::BenchArgs;
 use crate::engine::{Model, RunStats};
 use crate::execution::cuda::plan::ResidentBlocks;
+use crate::execution::work::Request;
 use crate::memory::GroupBytes;
 use crate::Strategy;
 
@@ -172,93 +173,10 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
         .max()
         .unwrap_or(0);
     let configs = configs(&a, deepest)?;
-    // Bring the checkpoint into the page cache first so no configuration pays the disk;
-    // read through one small buffer, so the warm-up holds no copy of the model.
-    let mut buf = vec![0u8; 8 << 20];
-    for h in model
-        .checkpoint
-        .components()
-        .into_iter()
-        .flat_map(|(_, c)| c.files.iter())
-    {
-        let mut f = std::fs::File::open(&h.path)
-            .with_context(|| format!("reading {}", h.path.display()))?;
-        while std::io::Read::read(&mut f, &mut buf)? > 0 {}
-    }
+    warm_page_cache(&model)?;
     let requests = a.request.requests(&model, None)?;
-    let activations = model.activation_bytes(&requests)?;
-    let mut best: Vec<Option<(RunStats, Vec<Tensor>)>> = vec![None; configs.len()];
-    // Every round's step time, per configuration.
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    for round in 0..a.rounds.max(1) {
-        for (i, c) in configs.iter().enumerate() {
-            let kept = c
-                .kept
-                .map_or(ResidentBlocks::Fixed(0), |k| k.resolve(deepest));
-            let mut opts = a.engine.options(c.strategy, kept);
-            opts.activations = activations;
-            opts.decode = false;
-            let (out, stats) =
-                model
-                    .run(requests.clone(), &opts)
-                    .with_context(|| match c.kept {
-                        Some(k) => format!("{} with --resident-blocks {k}", c.strategy),
-                        None => c.strategy.to_string(),
-                    })?;
-            let each: Vec<String> = stats
-                .step_seconds_each
-                .iter()
-                .map(|t| format!("{t:.3}"))
-                .collect();
-            eprintln!(
-                "round {round}: {} N={}: {:.3}s/step (steps: {})",
-                c.strategy,
-                stats.resident_blocks,
-                stats.step_seconds,
-                each.join(" ")
-            );
-            times[i].push(stats.step_seconds);
-            if best[i]
-                .as_ref()
-                .is_none_or(|(b, _)| stats.step_seconds < b.step_seconds)
-            {
-                best[i] = Some((stats, out.into_iter().map(|o| o.latents).collect()));
-            }
-        }
-    }
-    let best: Vec<(RunStats, Vec<Tensor>)> = best.into_iter().map(|b| b.expect("ran")).collect();
-    let reference = configs
-        .iter()
-        .position(|c| c.strategy == Strategy::Resident)
-        .unwrap_or(0);
-    let ref_step = best[reference].0.step_seconds;
-    let ref_bits = bits(&best[reference].1);
-    let paired = |i: usize| {
-        let mut r: Vec<f64> = times[i]
-            .iter()
-            .zip(&times[reference])
-            .map(|(t, base)| t / base)
-            .collect();
-        r.sort_by(f64::total_cmp);
-        match r.len() {
-            0 => f64::NAN,
-            n if n % 2 == 1 => r[n / 2],
-            n => (r[n / 2 - 1] + r[n / 2]) / 2.0,
-        }
-    };
-    let rows: Vec<Row> = configs
-        .iter()
-        .zip(best)
-        .enumerate()
-        .map(|(i, (c, (stats, latents)))| Row {
-            resident_blocks_asked: c.kept.map_or("-".into(), |k| k.to_string()),
-            vs_resident: stats.step_seconds / ref_step,
-            vs_resident_paired: paired(i),
-            identical: ref_bits.is_some() && bits(&latents) == ref_bits,
-            host_memory: a.engine.host_memory.to_string(),
-            stats,
-        })
-        .collect();
+    let rounds = run_rounds(&a, &model, &configs, deepest, &requests)?;
+    let rows = rows(&a, &configs, rounds);
     let steps = requests.first().map_or(0, |r| r.steps);
     if a.json {
         let report = Report {
@@ -294,6 +212,119 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
         bail!("configurations produced different latents");
     }
     Ok(())
+}
+
+/// Brings the checkpoint into the page cache first so no configuration pays the disk;
+/// reads through one small buffer, so the warm-up holds no copy of the model.
+fn warm_page_cache(model: &Model) -> Result<()> {
+    let mut buf = vec![0u8; 8 << 20];
+    for h in model
+        .checkpoint
+        .components()
+        .into_iter()
+        .flat_map(|(_, c)| c.files.iter())
+    {
+        let mut f = std::fs::File::open(&h.path)
+            .with_context(|| format!("reading {}", h.path.display()))?;
+        while std::io::Read::read(&mut f, &mut buf)? > 0 {}
+    }
+    Ok(())
+}
+
+/// What the rounds measured of each configuration: its best round (with its latents) and
+/// every round's step time.
+struct Rounds {
+    best: Vec<(RunStats, Vec<Tensor>)>,
+    times: Vec<Vec<f64>>,
+}
+
+/// Runs `requests` under every one of `configs`, round by round, and logs each run.
+fn run_rounds(
+    a: &BenchArgs,
+    model: &Model,
+    configs: &[Config],
+    deepest: usize,
+    requests: &[Request],
+) -> Result<Rounds> {
+    let activations = model.activation_bytes(requests)?;
+    let mut best: Vec<Option<(RunStats, Vec<Tensor>)>> = vec![None; configs.len()];
+    // Every round's step time, per configuration.
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    for round in 0..a.rounds.max(1) {
+        for (i, c) in configs.iter().enumerate() {
+            let kept = c
+                .kept
+                .map_or(ResidentBlocks::Fixed(0), |k| k.resolve(deepest));
+            let mut opts = a.engine.options(c.strategy, kept);
+            opts.activations = activations;
+            opts.decode = false;
+            let (out, stats) =
+                model
+                    .run(requests.to_vec(), &opts)
+                    .with_context(|| match c.kept {
+                        Some(k) => format!("{} with --resident-blocks {k}", c.strategy),
+                        None => c.strategy.to_string(),
+                    })?;
+            let each: Vec<String> = stats
+                .step_seconds_each
+                .iter()
+                .map(|t| format!("{t:.3}"))
+                .collect();
+            eprintln!(
+                "round {round}: {} N={}: {:.3}s/step (steps: {})",
+                c.strategy,
+                stats.resident_blocks,
+                stats.step_seconds,
+                each.join(" ")
+            );
+            times[i].push(stats.step_seconds);
+            if best[i]
+                .as_ref()
+                .is_none_or(|(b, _)| stats.step_seconds < b.step_seconds)
+            {
+                best[i] = Some((stats, out.into_iter().map(|o| o.latents).collect()));
+            }
+        }
+    }
+    Ok(Rounds {
+        best: best.into_iter().map(|b| b.expect("ran")).collect(),
+        times,
+    })
+}
+
+/// The median of `times`' ratios to `base`, round by round (NaN without a round).
+fn paired_median(times: &[f64], base: &[f64]) -> f64 {
+    let mut r: Vec<f64> = times.iter().zip(base).map(|(t, base)| t / base).collect();
+    r.sort_by(f64::total_cmp);
+    match r.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => r[n / 2],
+        n => (r[n / 2 - 1] + r[n / 2]) / 2.0,
+    }
+}
+
+/// One row per configuration, against the reference: `resident`, else the first.
+fn rows(a: &BenchArgs, configs: &[Config], rounds: Rounds) -> Vec<Row> {
+    let Rounds { best, times } = rounds;
+    let reference = configs
+        .iter()
+        .position(|c| c.strategy == Strategy::Resident)
+        .unwrap_or(0);
+    let ref_step = best[reference].0.step_seconds;
+    let ref_bits = bits(&best[reference].1);
+    configs
+        .iter()
+        .zip(best)
+        .enumerate()
+        .map(|(i, (c, (stats, latents)))| Row {
+            resident_blocks_asked: c.kept.map_or("-".into(), |k| k.to_string()),
+            vs_resident: stats.step_seconds / ref_step,
+            vs_resident_paired: paired_median(&times[i], &times[reference]),
+            identical: ref_bits.is_some() && bits(&latents) == ref_bits,
+            host_memory: a.engine.host_memory.to_string(),
+            stats,
+        })
+        .collect()
 }
 
 /// Each streamed group's bytes, and what `offload` copied per step beside a pass over every

@@ -85,97 +85,112 @@ impl Metrics {
             recent_video: Mutex::new(std::collections::VecDeque::new()),
             last: Mutex::new(vec![(PipelineStats::default(), 0.0); dp]),
         };
+        m.register_outputs(&mut registry);
+        m.register_requests(&mut registry);
+        m.register_ranks(&mut registry);
+        Metrics { registry, ..m }
+    }
+
+    /// What was asked for and made: outputs, frames and seconds of video.
+    fn register_outputs(&self, registry: &mut Registry) {
         registry.register(
             names::OUTPUTS_REQUESTED.short,
             "Images and videos asked for, by modality",
-            m.requested.clone(),
+            self.requested.clone(),
         );
         registry.register(
             names::FRAMES_GENERATED.short,
             "Frames decoded into finished outputs (an image is one frame)",
-            m.frames.clone(),
+            self.frames.clone(),
         );
         registry.register(
             names::VIDEO_SECONDS_GENERATED.short,
             "Seconds of video finished (frames over the clip's frame rate)",
-            m.video_seconds.clone(),
+            self.video_seconds.clone(),
         );
         registry.register(
             names::VIDEO_SECONDS_PER_SECOND.short,
             "Seconds of video finished per second of wall time, over the last minute",
-            m.video_rate.clone(),
+            self.video_rate.clone(),
         );
+    }
+
+    /// The queue and the requests: what waits and runs, readiness, outcomes and latency.
+    fn register_requests(&self, registry: &mut Registry) {
         registry.register(
             names::QUEUE_DEPTH.short,
             "Images waiting in the queue",
-            m.queue_depth.clone(),
+            self.queue_depth.clone(),
         );
         registry.register(
             names::RUNNING_REQUESTS.short,
             "Images being generated on a rank or decoded",
-            m.running.clone(),
+            self.running.clone(),
         );
         registry.register(
             names::READY.short,
             "1 when every rank can serve",
-            m.ready.clone(),
+            self.ready.clone(),
         );
         registry.register(
             names::REQUESTS_FINISHED.short,
             "Requests finished, by outcome",
-            m.finished.clone(),
+            self.finished.clone(),
         );
         registry.register(
             names::REQUESTS_REJECTED.short,
             "Requests refused before queueing, by reason",
-            m.rejected.clone(),
+            self.rejected.clone(),
         );
         registry.register(
             names::JOB_REQUESTS_FORWARDED.short,
             "Requests for a job another replica owns, sent on to it, by outcome",
-            m.forwarded.clone(),
+            self.forwarded.clone(),
         );
         registry.register(
             names::REQUEST_DURATION_SECONDS.short,
             "End-to-end request latency (submit to last image)",
-            m.request_seconds.clone(),
+            self.request_seconds.clone(),
         );
+    }
+
+    /// The ranks: steps, stalls, bytes moved and held, busy time.
+    fn register_ranks(&self, registry: &mut Registry) {
         registry.register(
             names::STEP_DURATION_SECONDS.short,
             "Wall time of one denoising step on a rank",
-            m.step_seconds.clone(),
+            self.step_seconds.clone(),
         );
         registry.register(
             names::STALL_SECONDS.short,
             "Compute waiting for weights",
-            m.stall_seconds.clone(),
+            self.stall_seconds.clone(),
         );
         registry.register(
             names::BYTES_COPIED.short,
             "Host-to-device weight bytes copied",
-            m.bytes_copied.clone(),
+            self.bytes_copied.clone(),
         );
         registry.register(
             names::BYTES_GATHERED.short,
             "Weight bytes received by all-gather",
-            m.bytes_gathered.clone(),
+            self.bytes_gathered.clone(),
         );
         registry.register(
             names::DEVICE_BYTES.short,
             "Accounted device bytes per rank",
-            m.device_bytes.clone(),
+            self.device_bytes.clone(),
         );
         registry.register(
             names::RANK_BUSY_SECONDS.short,
             "Time a rank spent computing a request",
-            m.busy_seconds.clone(),
+            self.busy_seconds.clone(),
         );
         registry.register(
             names::RANK_BUSY_FRACTION.short,
             "Busy seconds over seconds since start, per rank",
-            m.busy_fraction.clone(),
+            self.busy_fraction.clone(),
         );
-        Metrics { registry, ..m }
     }
 
     pub fn finished(&self, outcome: &str) {

@@ -360,6 +360,8 @@ fn job_ids(a: &ServeArgs, bound: SocketAddr) -> Result<JobIds> {
     Ok(JobIds::keyed(key, SocketAddr::new(ip, bound.port())))
 }
 
+/// Listens, starts the engine and serves until [`shut_down`] ends it: 0 after a clean
+/// shutdown, 1 when the engine failed.
 async fn run(
     a: ServeArgs,
     bounds: RequestBounds,
@@ -377,7 +379,7 @@ async fn run(
     let ids = job_ids(&a, addr)?;
     let Engine {
         scheduler: sched,
-        done: mut engine_rx,
+        done: engine_rx,
     } = start(
         model.clone(),
         opts.clone(),
@@ -391,8 +393,48 @@ async fn run(
         ids,
     )?;
     let watchdog = tokio::spawn(watchdog(sched.clone(), opts.timeout));
-    let state = AppState {
-        scheduler: sched.clone(),
+    let state = app_state(&a, sched.clone(), model, bounds);
+    println!("listening on http://{addr}");
+    let replica = sched.shared.ids.me().map(|m| m.to_string());
+    tracing::info!(%addr, dp = a.engine.dp, strategy = %opts.strategy, ?replica, "serving");
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let grace = Duration::from_secs(a.grace_seconds);
+    let controller = tokio::spawn(shut_down(
+        sched.clone(),
+        engine_rx,
+        grace,
+        opts.timeout,
+        stop_tx,
+    ));
+    let limits = http::HttpLimits {
+        header_timeout: Duration::from_secs(a.header_timeout_seconds.max(1)),
+        max_connections: a.max_connections,
+        // Running requests get the grace period, then fail at once: their connections
+        // answer within it and a moment more; no client can hold the shutdown longer.
+        drain: grace + DRAIN_MARGIN,
+    };
+    http::serve(listener, api::app(state), limits, async {
+        let _ = stop_rx.await;
+    })
+    .await;
+    let ending = controller
+        .await
+        .map_err(|e| Error::invalid("shutdown", e.to_string()))?;
+    watchdog.abort();
+    Ok(exit_code(&sched, ending))
+}
+
+/// What the API's handlers share: the scheduler, the model under its served name, the
+/// bounds on requests and how requests for other replicas' jobs reach them.
+fn app_state(
+    a: &ServeArgs,
+    scheduler: Scheduler,
+    model: Arc<Model>,
+    bounds: RequestBounds,
+) -> AppState {
+    AppState {
+        scheduler,
         model_name: a
             .served_model_name
             .clone()
@@ -408,65 +450,74 @@ async fn run(
             max_body: a.result_bytes as u64,
             ..Forwarding::default()
         },
-    };
-    println!("listening on http://{addr}");
-    let replica = sched.shared.ids.me().map(|m| m.to_string());
-    tracing::info!(%addr, dp = a.engine.dp, strategy = %opts.strategy, ?replica, "serving");
+    }
+}
 
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+/// How serving ended, as [`shut_down`] saw it.
+struct Ending {
+    /// `Some(why)` when the engine failed while serving (empty when the scheduler was told
+    /// and recorded why).
+    failed: Option<String>,
+    /// The engine thread's result after draining, where it came in time.
+    engine: Option<std::result::Result<Result<()>, tokio::sync::oneshot::error::RecvError>>,
+}
+
+/// Waits for SIGTERM, SIGINT or an engine failure; then closes the queue and tells the
+/// server to stop accepting (`stop`). After a signal, running requests get `grace` to
+/// finish, then are aborted, and the engine `timeout` more to end.
+async fn shut_down(
+    sched: Scheduler,
+    mut engine_rx: tokio::sync::oneshot::Receiver<Result<()>>,
+    grace: Duration,
+    timeout: Duration,
+    stop: tokio::sync::oneshot::Sender<()>,
+) -> Ending {
     let shared = sched.shared.clone();
-    let grace = Duration::from_secs(a.grace_seconds);
-    let sched2 = sched.clone();
-    let controller = tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        // `Some(why)` when the engine failed. The reason is kept here as well as sent to
-        // the scheduler: the exit message must not depend on the actor having handled it.
-        let failed: Option<String> = tokio::select! {
-            _ = term.recv() => None,
-            _ = tokio::signal::ctrl_c() => None,
-            _ = shared.fatal.notified() => Some(String::new()),
-            r = &mut engine_rx => {
-                let why = match r {
-                    Ok(Err(e)) => e.to_string(),
-                    Ok(Ok(())) => "the engine stopped while serving".to_string(),
-                    Err(_) => "the engine thread ended without a result".to_string(),
-                };
-                sched2.send(Msg::Fatal { msg: why.clone() }).await;
-                Some(why)
-            }
-        };
-        // Stop accepting and fail what is queued; running requests get the grace period.
-        sched2.send(Msg::Close).await;
-        let _ = stop_tx.send(());
-        if let Some(why) = failed {
-            return (Some(why), None);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    // `Some(why)` when the engine failed. The reason is kept here as well as sent to
+    // the scheduler: the exit message must not depend on the actor having handled it.
+    let failed: Option<String> = tokio::select! {
+        _ = term.recv() => None,
+        _ = tokio::signal::ctrl_c() => None,
+        _ = shared.fatal.notified() => Some(String::new()),
+        r = &mut engine_rx => {
+            let why = match r {
+                Ok(Err(e)) => e.to_string(),
+                Ok(Ok(())) => "the engine stopped while serving".to_string(),
+                Err(_) => "the engine thread ended without a result".to_string(),
+            };
+            sched.send(Msg::Fatal { msg: why.clone() }).await;
+            Some(why)
         }
-        tracing::info!(?grace, "shutting down: draining running requests");
-        let deadline = Instant::now() + grace;
-        tokio::select! {
-            r = &mut engine_rx => (None, Some(r)),
-            _ = tokio::time::sleep_until(deadline.into()) => {
-                sched2.send(Msg::Abort).await;
-                (None, tokio::time::timeout(opts.timeout, engine_rx).await.ok())
-            }
-        }
-    });
-    let limits = http::HttpLimits {
-        header_timeout: Duration::from_secs(a.header_timeout_seconds.max(1)),
-        max_connections: a.max_connections,
-        // Running requests get the grace period, then fail at once: their connections
-        // answer within it and a moment more; no client can hold the shutdown longer.
-        drain: grace + DRAIN_MARGIN,
     };
-    http::serve(listener, api::app(state), limits, async {
-        let _ = stop_rx.await;
-    })
-    .await;
-    let (failed, engine) = controller
-        .await
-        .map_err(|e| Error::invalid("shutdown", e.to_string()))?;
-    watchdog.abort();
+    // Stop accepting and fail what is queued; running requests get the grace period.
+    sched.send(Msg::Close).await;
+    let _ = stop.send(());
+    if let Some(why) = failed {
+        return Ending {
+            failed: Some(why),
+            engine: None,
+        };
+    }
+    tracing::info!(?grace, "shutting down: draining running requests");
+    let deadline = Instant::now() + grace;
+    let engine = tokio::select! {
+        r = &mut engine_rx => Some(r),
+        _ = tokio::time::sleep_until(deadline.into()) => {
+            sched.send(Msg::Abort).await;
+            tokio::time::timeout(timeout, engine_rx).await.ok()
+        }
+    };
+    Ending {
+        failed: None,
+        engine,
+    }
+}
+
+/// 0 when nothing failed; otherwise 1, with the reason printed.
+fn exit_code(sched: &Scheduler, ending: Ending) -> ExitCode {
+    let Ending { failed, engine } = ending;
     let engine_err = match &engine {
         Some(Ok(Err(e))) => {
             tracing::error!(error = %e, "engine failed");
@@ -478,7 +529,7 @@ async fn run(
     // the one the controller saw, then the engine's own result after draining.
     let recorded = sched.shared.failed.lock().expect("shared lock").clone();
     if recorded.is_none() && failed.is_none() && engine_err.is_none() {
-        return Ok(0);
+        return 0;
     }
     let why = [recorded, failed, engine_err]
         .into_iter()
@@ -486,7 +537,7 @@ async fn run(
         .find(|w| !w.is_empty())
         .unwrap_or_else(|| "no reason was recorded".to_string());
     eprintln!("layerwise: engine failed: {why}");
-    Ok(1)
+    1
 }
 
 /// Fails the pod when requests are running but no rank has finished a pass for the

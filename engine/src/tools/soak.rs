@@ -153,70 +153,78 @@ async fn finish(addr: SocketAddr, id: &str) -> Result<String> {
     }
 }
 
+/// Sends request `i` of the mix: 6 and 7 of every 10 invalid, 8 and 9 jobs cancelled at once,
+/// the rest valid jobs followed to their end.
 async fn one(addr: SocketAddr, text: bool, i: usize, a: &SoakArgs, c: &Counts) {
     c.requests.fetch_add(1, Ordering::Relaxed);
     match i % 10 {
-        // Invalid: each must be a 4xx, never a 5xx or a dropped connection.
-        6 | 7 => {
-            let bodies: [Vec<u8>; 4] = [
-                b"{not json".to_vec(),
-                json!({ "colour": "red" }).to_string().into_bytes(),
-                {
-                    let mut b = valid_body(text, i, a);
-                    b["steps"] = json!(1_000_000);
-                    b.to_string().into_bytes()
-                },
-                vec![b' '; 70 << 10],
-            ];
-            let body = &bodies[(i / 10) % bodies.len()];
-            match http(addr, "POST", "/v1/jobs", Some(body), TIMEOUT).await {
-                Ok(r) if (400..500).contains(&r.status) => {
-                    c.invalid_refused.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(r) => c.fail(
-                    &c.server_errors,
-                    format!("invalid request answered {}", r.status),
-                ),
-                Err(e) => c.fail(&c.server_errors, format!("invalid request: {e}")),
-            }
+        6 | 7 => invalid(addr, text, i, a, c).await,
+        kind => job(addr, text, i, a, c, kind >= 8).await,
+    }
+}
+
+/// An invalid request, one of four kinds by `i`: each must be a 4xx, never a 5xx or a
+/// dropped connection.
+async fn invalid(addr: SocketAddr, text: bool, i: usize, a: &SoakArgs, c: &Counts) {
+    let bodies: [Vec<u8>; 4] = [
+        b"{not json".to_vec(),
+        json!({ "colour": "red" }).to_string().into_bytes(),
+        {
+            let mut b = valid_body(text, i, a);
+            b["steps"] = json!(1_000_000);
+            b.to_string().into_bytes()
+        },
+        vec![b' '; 70 << 10],
+    ];
+    let body = &bodies[(i / 10) % bodies.len()];
+    match http(addr, "POST", "/v1/jobs", Some(body), TIMEOUT).await {
+        Ok(r) if (400..500).contains(&r.status) => {
+            c.invalid_refused.fetch_add(1, Ordering::Relaxed);
         }
-        kind => {
-            let body = valid_body(text, i, a).to_string();
-            let r = match http(addr, "POST", "/v1/jobs", Some(body.as_bytes()), TIMEOUT).await {
-                Ok(r) => r,
-                Err(e) => return c.fail(&c.server_errors, format!("submit: {e}")),
-            };
-            match r.status {
-                202 => {}
-                429 | 503 => {
-                    c.refused.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-                s => return c.fail(&c.server_errors, format!("submit answered {s}")),
-            }
-            c.accepted.fetch_add(1, Ordering::Relaxed);
-            let id = match r
-                .json()
-                .ok()
-                .and_then(|v| v["id"].as_str().map(String::from))
-            {
-                Some(id) => id,
-                None => return c.fail(&c.failed_after_accept, "202 without an id".into()),
-            };
-            if kind >= 8 {
-                let _ = http(addr, "DELETE", &format!("/v1/jobs/{id}"), None, TIMEOUT).await;
-            }
-            match finish(addr, &id).await {
-                Ok(s) if s == "succeeded" => {
-                    c.succeeded.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(s) if s == "cancelled" => {
-                    c.cancelled.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(s) => c.fail(&c.failed_after_accept, format!("job {id}: {s}")),
-                Err(e) => c.fail(&c.failed_after_accept, format!("job {id}: {e}")),
-            }
+        Ok(r) => c.fail(
+            &c.server_errors,
+            format!("invalid request answered {}", r.status),
+        ),
+        Err(e) => c.fail(&c.server_errors, format!("invalid request: {e}")),
+    }
+}
+
+/// A valid job, cancelled at once where `cancel`, followed to its end.
+async fn job(addr: SocketAddr, text: bool, i: usize, a: &SoakArgs, c: &Counts, cancel: bool) {
+    let body = valid_body(text, i, a).to_string();
+    let r = match http(addr, "POST", "/v1/jobs", Some(body.as_bytes()), TIMEOUT).await {
+        Ok(r) => r,
+        Err(e) => return c.fail(&c.server_errors, format!("submit: {e}")),
+    };
+    match r.status {
+        202 => {}
+        429 | 503 => {
+            c.refused.fetch_add(1, Ordering::Relaxed);
+            return;
         }
+        s => return c.fail(&c.server_errors, format!("submit answered {s}")),
+    }
+    c.accepted.fetch_add(1, Ordering::Relaxed);
+    let id = match r
+        .json()
+        .ok()
+        .and_then(|v| v["id"].as_str().map(String::from))
+    {
+        Some(id) => id,
+        None => return c.fail(&c.failed_after_accept, "202 without an id".into()),
+    };
+    if cancel {
+        let _ = http(addr, "DELETE", &format!("/v1/jobs/{id}"), None, TIMEOUT).await;
+    }
+    match finish(addr, &id).await {
+        Ok(s) if s == "succeeded" => {
+            c.succeeded.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(s) if s == "cancelled" => {
+            c.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(s) => c.fail(&c.failed_after_accept, format!("job {id}: {s}")),
+        Err(e) => c.fail(&c.failed_after_accept, format!("job {id}: {e}")),
     }
 }
 

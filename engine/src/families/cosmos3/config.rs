@@ -242,6 +242,15 @@ impl Cosmos3Config {
                 format!("`{}`: expected {CLASS_NAME}", self.class_name),
             );
         }
+        self.validate_sizes(path)?;
+        self.validate_layer(path)?;
+        self.validate_rotary(path)?;
+        self.validate_constants(path)
+    }
+
+    /// Every size and count: within the bounds no published model comes near, and not 0.
+    fn validate_sizes(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, why: String| Err(Error::config(path, field, why));
         at_most(
             path,
             &[
@@ -281,6 +290,13 @@ impl Cosmos3Config {
                 return bad(field, "must be at least 1".into());
             }
         }
+        Ok(())
+    }
+
+    /// A layer's shapes: the heads, the latent patch the embedder reads, the MLP's
+    /// activation.
+    fn validate_layer(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, why: String| Err(Error::config(path, field, why));
         if self.head_dim < 2 || self.head_dim % 2 != 0 {
             return bad(
                 "head_dim",
@@ -314,6 +330,12 @@ impl Cosmos3Config {
                 format!("`{}`: Cosmos3 has `silu` or `relu2`", self.hidden_act),
             );
         }
+        Ok(())
+    }
+
+    /// The rotary axes: three, sharing the head's frequencies.
+    fn validate_rotary(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, why: String| Err(Error::config(path, field, why));
         if let Some(v) = &self.rope_axes_dim {
             if v.len() != 3 {
                 return bad(
@@ -334,6 +356,12 @@ impl Cosmos3Config {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// The constants (finite and positive) and the sizes the optional heads need.
+    fn validate_constants(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, why: String| Err(Error::config(path, field, why));
         for (field, v) in [
             ("rms_norm_eps", self.rms_norm_eps),
             ("rope_theta", self.rope_theta),

@@ -51,59 +51,129 @@ pub(crate) fn listed(index: &Value, name: &str) -> bool {
     }
 }
 
+/// Checks `model_index.json` (`index`, read from `path`): every component a Wan pipeline
+/// needs, no per-token timesteps, and either one expert or two with the boundary between
+/// them. Returns the boundary and whether there is a second expert.
+fn check_index(path: &Path, index: &Value) -> Result<(Option<f64>, bool)> {
+    for part in [
+        "tokenizer",
+        "text_encoder",
+        "transformer",
+        "vae",
+        "scheduler",
+    ] {
+        if !listed(index, part) {
+            return Err(Error::config(
+                path,
+                part,
+                "missing; a Wan pipeline needs a tokenizer, text_encoder, transformer, vae and scheduler",
+            ));
+        }
+    }
+    if index.get("expand_timesteps").and_then(Value::as_bool) == Some(true) {
+        return Err(Error::config(
+            path,
+            "expand_timesteps",
+            "per-token timesteps (the Wan 2.2 TI2V 5B pipeline) are not supported",
+        ));
+    }
+    let boundary_ratio = match index.get("boundary_ratio") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_f64() {
+            Some(r) if r > 0.0 && r < 1.0 => Some(r),
+            _ => {
+                return Err(Error::config(
+                    path,
+                    "boundary_ratio",
+                    format!("{v}: must be a number between 0 and 1"),
+                ))
+            }
+        },
+    };
+    let two = listed(index, "transformer_2");
+    if two != boundary_ratio.is_some() {
+        return Err(Error::config(
+            path,
+            if two {
+                "boundary_ratio"
+            } else {
+                "transformer_2"
+            },
+            "two experts need both `transformer_2` and `boundary_ratio`",
+        ));
+    }
+    Ok((boundary_ratio, two))
+}
+
+/// Opens `root`'s `transformer_2` and checks it against its config, which must be `first`'s
+/// architecture: both experts stream through the same slots.
+fn open_second_expert(root: &Path, first: &WanTransformerConfig) -> Result<Component> {
+    let path = root.join("transformer_2").join("config.json");
+    let second = WanTransformerConfig::load(&path)?;
+    if let Some(field) = differing_field(&first.to_json(), &second.to_json()) {
+        return Err(Error::config(
+            &path,
+            field,
+            "the second expert's shape differs from the first's (both experts stream through the same slots and must share their architecture)",
+        ));
+    }
+    let c = Component::open(&root.join("transformer_2"))?;
+    check_tensors(&c, &second.all_specs(), |_| None)?;
+    Ok(c)
+}
+
+/// Checks that the components of `root` fit together: the transformer reads the text
+/// encoder's width and the VAE's latents, and the VAE decodes RGB frames.
+fn check_agreement(
+    root: &Path,
+    te: &Umt5Config,
+    tr: &WanTransformerConfig,
+    vae: &WanVaeConfig,
+) -> Result<()> {
+    let config = |c: &str| root.join(c).join("config.json");
+    if te.d_model != tr.text_dim {
+        return Err(Error::config(
+            config("transformer"),
+            "text_dim",
+            format!(
+                "{} but the text encoder's d_model is {}",
+                tr.text_dim, te.d_model
+            ),
+        ));
+    }
+    if vae.z_dim != tr.in_channels || vae.z_dim != tr.out() {
+        return Err(Error::config(
+            config("transformer"),
+            "in_channels",
+            format!(
+                "in {} / out {} channels but the VAE's latents have {}",
+                tr.in_channels,
+                tr.out(),
+                vae.z_dim
+            ),
+        ));
+    }
+    if vae.video_channels() != 3 {
+        return Err(Error::config(
+            config("vae"),
+            "out_channels",
+            format!(
+                "{} ({} per pixel of its patches): frames are RGB (3 channels)",
+                vae.out_channels,
+                vae.video_channels()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl WanCheckpoint {
     /// Opens `root` and checks every component against its config.
     pub fn open(root: &Path) -> Result<WanCheckpoint> {
         let folder = ModelFolder::new(root)?;
         let index_path = root.join("model_index.json");
         let index: Value = crate::checkpoint::read_json(&index_path)?;
-        for part in [
-            "tokenizer",
-            "text_encoder",
-            "transformer",
-            "vae",
-            "scheduler",
-        ] {
-            if !listed(&index, part) {
-                return Err(Error::config(
-                    &index_path,
-                    part,
-                    "missing; a Wan pipeline needs a tokenizer, text_encoder, transformer, vae and scheduler",
-                ));
-            }
-        }
-        if index.get("expand_timesteps").and_then(Value::as_bool) == Some(true) {
-            return Err(Error::config(
-                &index_path,
-                "expand_timesteps",
-                "per-token timesteps (the Wan 2.2 TI2V 5B pipeline) are not supported",
-            ));
-        }
-        let boundary_ratio = match index.get("boundary_ratio") {
-            None | Some(Value::Null) => None,
-            Some(v) => match v.as_f64() {
-                Some(r) if r > 0.0 && r < 1.0 => Some(r),
-                _ => {
-                    return Err(Error::config(
-                        &index_path,
-                        "boundary_ratio",
-                        format!("{v}: must be a number between 0 and 1"),
-                    ))
-                }
-            },
-        };
-        let two = listed(&index, "transformer_2");
-        if two != boundary_ratio.is_some() {
-            return Err(Error::config(
-                &index_path,
-                if two {
-                    "boundary_ratio"
-                } else {
-                    "transformer_2"
-                },
-                "two experts need both `transformer_2` and `boundary_ratio`",
-            ));
-        }
+        let (boundary_ratio, two) = check_index(&index_path, &index)?;
         let tokenizer = root.join("tokenizer").join("tokenizer.json");
         if !tokenizer.is_file() {
             return Err(Error::checkpoint(
@@ -123,55 +193,11 @@ impl WanCheckpoint {
         check_tensors(&transformer, &transformer_config.all_specs(), |_| None)?;
         check_tensors(&vae, &vae_config.tensor_specs(), |_| None)?;
         let transformer_2 = if two {
-            let path = dir("transformer_2").join("config.json");
-            let second = WanTransformerConfig::load(&path)?;
-            if let Some(field) = differing_field(&transformer_config.to_json(), &second.to_json()) {
-                return Err(Error::config(
-                    &path,
-                    field,
-                    "the second expert's shape differs from the first's (both experts stream through the same slots and must share their architecture)",
-                ));
-            }
-            let c = Component::open(&dir("transformer_2"))?;
-            check_tensors(&c, &second.all_specs(), |_| None)?;
-            Some(c)
+            Some(open_second_expert(root, &transformer_config)?)
         } else {
             None
         };
-        let (te, tr) = (&text_encoder_config, &transformer_config);
-        if te.d_model != tr.text_dim {
-            return Err(Error::config(
-                dir("transformer").join("config.json"),
-                "text_dim",
-                format!(
-                    "{} but the text encoder's d_model is {}",
-                    tr.text_dim, te.d_model
-                ),
-            ));
-        }
-        if vae_config.z_dim != tr.in_channels || vae_config.z_dim != tr.out() {
-            return Err(Error::config(
-                dir("transformer").join("config.json"),
-                "in_channels",
-                format!(
-                    "in {} / out {} channels but the VAE's latents have {}",
-                    tr.in_channels,
-                    tr.out(),
-                    vae_config.z_dim
-                ),
-            ));
-        }
-        if vae_config.video_channels() != 3 {
-            return Err(Error::config(
-                dir("vae").join("config.json"),
-                "out_channels",
-                format!(
-                    "{} ({} per pixel of its patches): frames are RGB (3 channels)",
-                    vae_config.out_channels,
-                    vae_config.video_channels()
-                ),
-            ));
-        }
+        check_agreement(root, &text_encoder_config, &transformer_config, &vae_config)?;
         Ok(WanCheckpoint {
             folder,
             tokenizer,

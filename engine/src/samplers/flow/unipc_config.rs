@@ -134,8 +134,16 @@ impl UniPcConfig {
     /// inf/NaN, naming the field. diffusers' aliases of `bh2` (`midpoint`, `heun`, `logrho`)
     /// must be normalised first, as [`super::FlowScheduler::load`] does.
     pub fn validate(&self, path: &Path) -> Result<()> {
-        let bad = |f: &str, m: String| Err(Error::config(path, f, m));
         crate::samplers::check_train_timesteps(path, self.num_train_timesteps)?;
+        self.validate_flow(path)?;
+        self.validate_solver(path)?;
+        self.validate_last_step(path)
+    }
+
+    /// The betas, the prediction and the sigmas: only flow matching's, as diffusers
+    /// computes them, is implemented.
+    fn validate_flow(&self, path: &Path) -> Result<()> {
+        let bad = |f: &str, m: String| Err(Error::config(path, f, m));
         if self.trained_betas.is_none()
             && !matches!(
                 self.beta_schedule.as_str(),
@@ -180,7 +188,13 @@ impl UniPcConfig {
             self.use_exponential_sigmas,
             self.use_beta_sigmas,
             self.use_dynamic_shifting,
-        )?;
+        )
+    }
+
+    /// The solver and its time steps: no external predictor, an order, the shift, the
+    /// spacing.
+    fn validate_solver(&self, path: &Path) -> Result<()> {
+        let bad = |f: &str, m: String| Err(Error::config(path, f, m));
         if self.solver_p.as_ref().is_some_and(|p| !p.is_null()) {
             return bad("solver_p", "an external predictor is not supported".into());
         }
@@ -198,6 +212,13 @@ impl UniPcConfig {
                 format!("`{}` is not supported", self.timestep_spacing),
             );
         }
+        Ok(())
+    }
+
+    /// The last step: a final sigma and solver type implemented here, and none of the
+    /// combinations that make diffusers sample inf or NaN there.
+    fn validate_last_step(&self, path: &Path) -> Result<()> {
+        let bad = |f: &str, m: String| Err(Error::config(path, f, m));
         let zero = match self.final_sigmas_type.as_str() {
             "zero" => true,
             "sigma_min" => false,

@@ -239,6 +239,16 @@ impl WanVaeConfig {
                 format!("expected {CLASS_NAME}, found {:?}", self.class_name),
             );
         }
+        self.validate_widths(path)?;
+        self.validate_layers(path)?;
+        self.validate_numbers(path)?;
+        self.validate_scale_factors(path)
+    }
+
+    /// The patch, every width and `dim_mult`: implemented, positive, within bounds, the
+    /// output a whole number of patches.
+    fn validate_widths(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, msg: String| Err(Error::config(path, field, msg));
         if let Some(p) = self.patch_size.filter(|&p| p != 1 && p != 2) {
             return bad(
                 "patch_size",
@@ -288,6 +298,13 @@ impl WanVaeConfig {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// The layers `dim_mult`'s levels build: a time step for each, no upsampling block
+    /// halved to nothing, every shortcut's channels in whole groups.
+    fn validate_layers(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, msg: String| Err(Error::config(path, field, msg));
         let levels = self.dim_mult.len() - 1;
         if self.temperal_downsample.len() != levels {
             return bad(
@@ -341,6 +358,13 @@ impl WanVaeConfig {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// The attention scales, the dropout and the latent statistics: finite, in range, one
+    /// per latent channel.
+    fn validate_numbers(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, msg: String| Err(Error::config(path, field, msg));
         if let Some(s) = self.attn_scales.iter().find(|s| !s.is_finite()) {
             return bad("attn_scales", format!("must be finite, found {s}"));
         }
@@ -367,6 +391,12 @@ impl WanVaeConfig {
         if let Some(s) = self.latents_std.iter().find(|&&s| s == 0.0) {
             return bad("latents_std", format!("must be non-zero, found {s}"));
         }
+        Ok(())
+    }
+
+    /// The scale factors the config states, where it states them, against the layers'.
+    fn validate_scale_factors(&self, path: &Path) -> Result<()> {
+        let bad = |field: &str, msg: String| Err(Error::config(path, field, msg));
         for (field, given, actual) in [
             (
                 "scale_factor_spatial",
