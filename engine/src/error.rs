@@ -8,6 +8,9 @@ use layerwise_core::Error as CoreError;
 /// Result with the engine's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The cause an internal or device failure carries.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A checkpoint, tensor, config field or option at fault, as the core found it
@@ -82,9 +85,32 @@ pub enum Error {
     /// The server cannot take work: starting, shutting down, or its ranks failed.
     #[error("unavailable: {msg}")]
     Unavailable { msg: String },
+    /// A failure inside the engine or the machine it runs on, not in what the client sent:
+    /// a thread or runtime that would not start, an encoder that failed, an invariant of the
+    /// engine's own tensors broken. The cause, when there is one, is chained (`source`) and
+    /// named in the message.
+    #[error("{what}{}", cause_suffix(.cause))]
+    Internal {
+        what: String,
+        #[source]
+        cause: Option<Cause>,
+    },
+    /// The accelerator or its driver failed: a CUDA call, a host-memory registration, a
+    /// device that cannot be used. The driver's error is chained and named in the message.
+    #[error("device: {what}: {cause}")]
+    Device {
+        what: String,
+        #[source]
+        cause: Cause,
+    },
     #[cfg(feature = "runtime")]
     #[error("tensor math: {0}")]
     Candle(#[from] candle_core::Error),
+}
+
+/// `: cause` after an internal failure's message, when it has a cause.
+fn cause_suffix(cause: &Option<Cause>) -> String {
+    cause.as_ref().map(|c| format!(": {c}")).unwrap_or_default()
 }
 
 impl Error {
@@ -146,6 +172,7 @@ impl Error {
             Error::OutOfDeviceMemory { .. } => "out_of_device_memory",
             Error::NotFinite { .. } => "not_finite",
             Error::Decode { .. } => "decode_failed",
+            Error::Device { .. } => "device_failed",
             _ => "internal",
         }
     }
@@ -162,8 +189,36 @@ impl Error {
         Error::Unavailable { msg: msg.into() }
     }
 
+    /// What the client (or the operator, by a flag) asked for is outside what the engine
+    /// can do: a 422 naming `field`. Only for input; a failure of the engine's own is
+    /// [`Error::internal`] or [`Error::device`].
     pub fn invalid(field: impl Into<String>, msg: impl Into<String>) -> Self {
         CoreError::invalid(field, msg).into()
+    }
+
+    /// A failure of the engine's own with its cause (a 500): `what` says what was being
+    /// done, `cause` why it failed.
+    pub fn internal(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+        Error::Internal {
+            what: what.into(),
+            cause: Some(cause.into()),
+        }
+    }
+
+    /// An invariant of the engine's own broken, with no underlying error (a 500).
+    pub fn bug(what: impl Into<String>) -> Self {
+        Error::Internal {
+            what: what.into(),
+            cause: None,
+        }
+    }
+
+    /// The accelerator or its driver failed doing `what` (a 500).
+    pub fn device(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+        Error::Device {
+            what: what.into(),
+            cause: cause.into(),
+        }
     }
 }
 
@@ -174,4 +229,44 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    /// Internal and device failures are 5xx, name their cause and chain it as `source`.
+    #[test]
+    fn internal_and_device_failures_are_5xx_with_their_cause_chained() {
+        let io = std::io::Error::other("no threads left");
+        let e = Error::internal("cannot start the engine thread", io);
+        assert_eq!((e.http_status(), e.label()), (500, "internal"));
+        assert_eq!(
+            e.to_string(),
+            "cannot start the engine thread: no threads left"
+        );
+        assert_eq!(e.source().unwrap().to_string(), "no threads left");
+        assert_eq!(e.field(), None);
+
+        let e = Error::device("cuMemAlloc", "CUDA_ERROR_OUT_OF_MEMORY");
+        assert_eq!((e.http_status(), e.label()), (500, "device_failed"));
+        assert_eq!(
+            e.to_string(),
+            "device: cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY"
+        );
+        assert!(e.source().is_some());
+
+        let e = Error::bug("no activations after the pass");
+        assert_eq!(
+            (e.http_status(), e.to_string().as_str()),
+            (500, "no activations after the pass")
+        );
+        assert!(e.source().is_none());
+
+        // Only input is a 4xx.
+        let e = Error::invalid("steps", "must be at least 1");
+        assert_eq!((e.http_status(), e.field()), (422, Some("steps")));
+    }
 }

@@ -300,10 +300,27 @@ pub fn main(args: Vec<OsString>) -> i32 {
     match run(cli.cmd) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("Error: {e:?}");
+            eprintln!("Error: {}", report(&e));
             1
         }
     }
+}
+
+/// An error and its causes on one line, `outer: inner`, each cause once: the engine's
+/// internal and device errors already name their cause in their own message.
+fn report(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn run(cmd: Cmd) -> Result<i32> {
@@ -391,6 +408,17 @@ mod tests {
 
     fn parse(v: &[&str]) -> std::result::Result<Cli, String> {
         Cli::try_parse_from(args(v)).map_err(|e| e.to_string())
+    }
+
+    /// An internal error's cause shows once, after the context the CLI added.
+    #[test]
+    fn a_report_names_each_cause_once() {
+        let io = std::io::Error::other("no threads left");
+        let e =
+            anyhow::Error::from(crate::Error::internal("cannot start tokio", io)).context("serve");
+        assert_eq!(report(&e), "serve: cannot start tokio: no threads left");
+        let plain = anyhow::Error::from(crate::Error::invalid("dp", "must be at least 1"));
+        assert_eq!(report(&plain), "invalid dp: must be at least 1");
     }
 
     fn run_args(v: &[&str]) -> EngineArgs {

@@ -130,7 +130,7 @@ impl Backend for CpuBackend {
     }
     fn new_stream(&self, name: &str) -> Result<CpuStream> {
         CpuStream::new(name, self.timeout)
-            .map_err(|e| Error::invalid("stream", format!("cannot start thread {name}: {e}")))
+            .map_err(|e| Error::internal(format!("cannot start stream thread {name}"), e))
     }
     fn new_event(&self) -> Event {
         Event::new()

@@ -47,14 +47,13 @@ impl HostBuffer {
     /// Page-aligned host memory from the global allocator (the CPU backend's staging).
     pub fn page_aligned(len: usize) -> Result<HostBuffer> {
         let layout = std::alloc::Layout::from_size_align(len.max(1), 4096)
-            .map_err(|e| Error::invalid("staging", format!("{len} bytes: {e}")))?;
+            .map_err(|e| Error::internal(format!("a {len}-byte staging buffer"), e))?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
-            return Err(Error::invalid(
-                "staging",
-                format!("cannot allocate a {len}-byte staging buffer"),
-            ));
+            return Err(Error::bug(format!(
+                "cannot allocate a {len}-byte staging buffer"
+            )));
         }
         // SAFETY: `ptr` holds `len` bytes from `alloc_zeroed` and is freed once, below,
         // with the same layout.

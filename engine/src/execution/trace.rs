@@ -167,7 +167,7 @@ impl Trace {
             );
         }
         let json = serde_json::to_vec(&self.to_file())
-            .map_err(|e| Error::invalid("trace", e.to_string()))?;
+            .map_err(|e| Error::internal("cannot serialise the trace", e))?;
         std::fs::write(path, json).map_err(|e| Error::io(path, e))
     }
 }

@@ -14,9 +14,9 @@ pub trait Weights {
 
 impl Weights for std::collections::HashMap<String, Tensor> {
     fn get(&self, name: &str) -> Result<Tensor> {
-        self.get(name).cloned().ok_or_else(|| {
-            crate::Error::invalid("weights", format!("tensor `{name}` is not loaded"))
-        })
+        self.get(name)
+            .cloned()
+            .ok_or_else(|| crate::Error::bug(format!("tensor `{name}` is not loaded")))
     }
 }
 

@@ -134,10 +134,7 @@ mod compute {
     /// naming the shapes.
     fn check_shapes(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(usize, usize, usize, usize)> {
         let refuse = || {
-            Error::invalid(
-                "attention",
-                format!(
-                    "q {:?}, k {:?}, v {:?}: want [B, H, Sq, D], [B, H, Sk, D], [B, H, Sk, Dv] with Sq, Sk ≥ 1",
+            Error::bug(format!("attention: q {:?}, k {:?}, v {:?}: want [B, H, Sq, D], [B, H, Sk, D], [B, H, Sk, Dv] with Sq, Sk ≥ 1",
                     q.dims(),
                     k.dims(),
                     v.dims()
@@ -159,10 +156,9 @@ mod compute {
     pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
         let (b, h, sq, sk) = check_shapes(q, k, v)?;
         if sq != sk {
-            return Err(Error::invalid(
-                "attention",
-                format!("causal attention over {sq} queries and {sk} keys: want one length"),
-            ));
+            return Err(Error::bug(format!(
+                "attention: causal attention over {sq} queries and {sk} keys: want one length"
+            )));
         }
         let rows = chunk_rows(h, sq, sk, ATTENTION_CHUNK_BYTES);
         let mut samples = Vec::with_capacity(b);

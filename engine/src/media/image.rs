@@ -35,8 +35,7 @@ pub fn encode_png(image: &Tensor) -> Result<Vec<u8>> {
     let pixels: Vec<u8> = values.iter().map(|&v| to_u8(v)).collect();
 
     let mut bytes = Vec::new();
-    let png_error =
-        |e: png::EncodingError| Error::invalid("image", format!("PNG encoding failed: {e}"));
+    let png_error = |e: png::EncodingError| Error::internal("the PNG encoder failed", e);
     let mut encoder = png::Encoder::new(&mut bytes, png_width, png_height);
     encoder.set_color(png::ColorType::Rgb);
     encoder.set_depth(png::BitDepth::Eight);

@@ -148,7 +148,7 @@ fn mp4(clip: &Clip) -> Result<Vec<u8>> {
     // moov goes first so that a browser can play while the rest arrives. Its length does not
     // depend on the chunk offset it holds, so a first pass measures it.
     let offset = out.len() + track.moov(clip, 0).len() + head.len();
-    let offset = u32::try_from(offset).map_err(|_| Error::invalid("mp4", "index over 4 GiB"))?;
+    let offset = u32::try_from(offset).map_err(|_| Error::bug("an MP4 index over 4 GiB"))?;
     out.extend(track.moov(clip, offset));
     out.extend(head);
     out.extend(&track.mdat);
@@ -157,7 +157,7 @@ fn mp4(clip: &Clip) -> Result<Vec<u8>> {
 
 fn h264(clip: &Clip) -> Result<Track> {
     let (w, h) = (clip.width, clip.height);
-    let err = |e: openh264::Error| Error::invalid("mp4", format!("H.264 encoder: {e}"));
+    let err = |e: openh264::Error| Error::internal("the H.264 encoder failed", e);
     let bits_per_second = (w * h) as f64 * clip.fps * 4.0;
     let config = EncoderConfig::new()
         .max_frame_rate(FrameRate::from_hz(clip.fps as f32))
@@ -196,8 +196,8 @@ fn h264(clip: &Clip) -> Result<Track> {
             }
         }
         if !picture || track.sps.len() < 4 || track.pps.is_empty() {
-            let msg = format!("H.264 encoder gave no picture for frame {i}");
-            return Err(Error::invalid("mp4", msg));
+            let msg = format!("the H.264 encoder gave no picture for frame {i}");
+            return Err(Error::bug(msg));
         }
         track.sizes.push((track.mdat.len() - start) as u32);
         if idr {
@@ -317,7 +317,7 @@ fn gif(clip: &Clip) -> Result<Vec<u8>> {
         side("clip.width", clip.width)?,
         side("clip.height", clip.height)?,
     );
-    let err = |e: gif::EncodingError| Error::invalid("gif", e.to_string());
+    let err = |e: gif::EncodingError| Error::internal("the GIF encoder failed", e);
     let mut encoder = gif::Encoder::new(Vec::new(), w, h, &[]).map_err(err)?;
     encoder.set_repeat(gif::Repeat::Infinite).map_err(err)?;
     for (i, rgb) in clip.frames.iter().enumerate() {
@@ -335,7 +335,7 @@ fn webp(clip: &Clip) -> Result<Vec<u8>> {
         let msg = format!("{w}×{h} is over WebP's 16384×16384");
         return Err(Error::invalid("clip size", msg));
     }
-    let err = |msg: String| Error::invalid("webp", msg);
+    let err = |msg: String| Error::internal("the WebP encoder failed", msg);
     let mut canvas = (w as u32 - 1).to_le_bytes()[..3].to_vec();
     canvas.extend(&(h as u32 - 1).to_le_bytes()[..3]);
     let mut body = b"WEBP".to_vec();

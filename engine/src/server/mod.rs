@@ -241,7 +241,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| Error::invalid("runtime", format!("cannot start tokio: {e}")))?;
+        .map_err(|e| Error::internal("cannot start tokio", e))?;
     let code = rt.block_on(run(a.clone(), bounds, model, opts, site))?;
     if let (Some(t), Some(path)) = (&trace, &a.trace) {
         t.write(path)?;
@@ -338,7 +338,7 @@ pub fn start(
             let r = model.drive(&opts, &source).map(drop);
             let _ = engine_tx.send(r);
         })
-        .map_err(|e| Error::invalid("engine", format!("cannot start the engine thread: {e}")))?;
+        .map_err(|e| Error::internal("cannot start the engine thread", e))?;
     Ok(Engine { scheduler, done })
 }
 
@@ -372,10 +372,10 @@ async fn run(
     // Bound first: job ids name the port actually listened on.
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
-        .map_err(|e| Error::invalid("listen", format!("{}: {e}", a.listen)))?;
+        .map_err(|e| Error::internal(format!("cannot listen on {}", a.listen), e))?;
     let addr = listener
         .local_addr()
-        .map_err(|e| Error::invalid("listen", e.to_string()))?;
+        .map_err(|e| Error::internal("the listener has no local address", e))?;
     let ids = job_ids(&a, addr)?;
     let Engine {
         scheduler: sched,
@@ -420,7 +420,7 @@ async fn run(
     .await;
     let ending = controller
         .await
-        .map_err(|e| Error::invalid("shutdown", e.to_string()))?;
+        .map_err(|e| Error::internal("the shutdown task failed", e))?;
     watchdog.abort();
     Ok(exit_code(&sched, ending))
 }
@@ -661,7 +661,7 @@ fn spawn_device_decoder(
             let media = guarded(&name, || d.decode(&name, &latents, kind, progress));
             rt.block_on(sched.send(Msg::Decoded { key, media }));
         })
-        .map_err(|e| Error::invalid("decode", format!("cannot start a decode thread: {e}")))?;
+        .map_err(|e| Error::internal("cannot start a decode thread", e))?;
     Ok(())
 }
 
@@ -688,7 +688,7 @@ pub fn make_media(
         }
         Ok(())
     })?;
-    let first = first.ok_or_else(|| Error::invalid("latents", "the decoder made no frames"))?;
+    let first = first.ok_or_else(|| Error::bug("the decoder made no frames"))?;
     Ok(match kind {
         Kind::Image => Media {
             bytes: first,

@@ -50,7 +50,7 @@ pub async fn http(
             format!("{addr}: only loopback addresses are allowed"),
         ));
     }
-    let io = |e: std::io::Error| Error::invalid("http", format!("{method} {path} to {addr}: {e}"));
+    let io = |e: std::io::Error| Error::internal(format!("{method} {path} to {addr}"), e);
     let exchange = async {
         let mut s = tokio::net::TcpStream::connect(addr).await.map_err(io)?;
         let body = body.unwrap_or_default();
@@ -62,15 +62,14 @@ pub async fn http(
         parse_response(&buf)
     };
     tokio::time::timeout(timeout, exchange).await.map_err(|_| {
-        Error::invalid(
-            "http",
-            format!("{method} {path} to {addr}: no answer within {timeout:?}"),
-        )
+        Error::unavailable(format!(
+            "{method} {path} to {addr}: no answer within {timeout:?}"
+        ))
     })?
 }
 
 fn parse_response(buf: &[u8]) -> Result<HttpResponse> {
-    let bad = |what: &str| Error::invalid("http", format!("malformed response: {what}"));
+    let bad = |what: &str| Error::bug(format!("malformed response: {what}"));
     let end = buf
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -235,7 +234,7 @@ pub async fn run(a: &LoadgenArgs) -> Result<LoadReport> {
     for t in tasks {
         results.extend(
             t.await
-                .map_err(|e| Error::invalid("loadgen", e.to_string()))?,
+                .map_err(|e| Error::internal("a load generator task failed", e))?,
         );
     }
     let wall = start.elapsed().as_secs_f64();

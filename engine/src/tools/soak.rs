@@ -52,14 +52,14 @@ impl ProcessSample {
     /// Reads `/proc/PID`.
     pub fn of(pid: u32) -> Result<ProcessSample> {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .map_err(|e| Error::invalid("pid", format!("{pid}: {e}")))?;
+            .map_err(|e| Error::io(format!("/proc/{pid}/status"), e))?;
         let rss_kib = status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .ok_or_else(|| Error::invalid("pid", format!("{pid}: no VmRSS")))?;
+            .ok_or_else(|| Error::bug(format!("/proc/{pid}/status has no VmRSS")))?;
         let open_fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .map_err(|e| Error::invalid("pid", format!("{pid}: {e}")))?
+            .map_err(|e| Error::io(format!("/proc/{pid}/fd"), e))?
             .count() as u64;
         Ok(ProcessSample {
             rss_bytes: rss_kib * 1024,
@@ -146,7 +146,7 @@ async fn finish(addr: SocketAddr, id: &str) -> Result<String> {
                 return Ok(s.to_string());
             }
             _ if Instant::now() > deadline => {
-                return Err(Error::invalid("soak", format!("job {id} never ended")))
+                return Err(Error::unavailable(format!("job {id} never ended")))
             }
             _ => tokio::time::sleep(Duration::from_millis(20)).await,
         }
@@ -235,7 +235,7 @@ async fn gauge(addr: SocketAddr, name: &str) -> Result<f64> {
         .lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))
         .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| Error::invalid("soak", format!("no {name} in /metrics")))
+        .ok_or_else(|| Error::bug(format!("no {name} in /metrics")))
 }
 
 /// Waits until nothing is queued or running, then a moment for memory to be handed back.
@@ -245,7 +245,7 @@ async fn idle(addr: SocketAddr) -> Result<()> {
         || gauge(addr, names::RUNNING_REQUESTS.full).await? != 0.0
     {
         if Instant::now() > idle_by {
-            return Err(Error::invalid("soak", "the server never became idle"));
+            return Err(Error::unavailable("the server never became idle"));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -298,7 +298,8 @@ pub async fn run(a: &SoakArgs) -> Result<SoakReport> {
         })
         .collect();
     for c in clients {
-        c.await.map_err(|e| Error::invalid("soak", e.to_string()))?;
+        c.await
+            .map_err(|e| Error::internal("a soak client task failed", e))?;
     }
     let seconds = started.elapsed().as_secs_f64();
     idle(addr).await?;

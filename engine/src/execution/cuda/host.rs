@@ -160,11 +160,9 @@ impl HostMemory {
             Err(why) => why,
         };
         if mode == HostMode::Register {
-            return Err(Error::invalid(
-                "host-memory",
-                format!(
-                    "cannot register the checkpoint: read-only: {read_only}; private writable mapping: {private}"
-                ),
+            return Err(Error::device(
+                "--host-memory register: cannot register the checkpoint",
+                format!("read-only: {read_only}; private writable mapping: {private}"),
             ));
         }
         hm.path = HostPath::Staged;
@@ -298,5 +296,5 @@ impl Drop for HostMemory {
 }
 
 pub(super) fn cuda(what: &str, e: impl fmt::Debug) -> Error {
-    Error::invalid("cuda", format!("{what}: {e:?}"))
+    Error::device(what.to_string(), format!("{e:?}"))
 }

@@ -117,7 +117,7 @@ pub fn resolve(choice: DeviceChoice, dp: usize) -> Result<Resolved> {
             }
             Ok(Resolved::Cpu { why: u.why })
         }
-        (_, Err(u)) => Err(Error::invalid("device", format!("cuda: {}", u.why))),
+        (_, Err(u)) => Err(Error::device("--device cuda: no usable GPU", u.why)),
     }
 }
 

@@ -285,13 +285,10 @@ impl VaeDecoder {
     pub fn decode(&self, latents: &Tensor) -> Result<Tensor> {
         let dims = latents.dims();
         if dims.len() != 4 || dims[1] != self.latent_channels || dims[2] == 0 || dims[3] == 0 {
-            return Err(Error::invalid(
-                "latents",
-                format!(
-                    "expected [batch, {}, height, width], found {dims:?}",
-                    self.latent_channels
-                ),
-            ));
+            return Err(Error::bug(format!(
+                "latents: expected [batch, {}, height, width], found {dims:?}",
+                self.latent_channels
+            )));
         }
         let z = latents
             .to_dtype(DType::F32)?

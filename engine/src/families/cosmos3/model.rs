@@ -235,14 +235,11 @@ impl Cosmos3Transformer {
     pub fn understand(&self, embeddings: Tensor) -> Result<Understanding> {
         let l = embeddings.dim(0)?;
         if l == 0 || embeddings.dim(1)? != self.cfg.hidden_size {
-            return Err(Error::invalid(
-                "prompt",
-                format!(
-                    "embeddings {:?}: want [tokens ≥ 1, {}]",
-                    embeddings.dims(),
-                    self.cfg.hidden_size
-                ),
-            ));
+            return Err(Error::bug(format!(
+                "prompt: embeddings {:?}: want [tokens ≥ 1, {}]",
+                embeddings.dims(),
+                self.cfg.hidden_size
+            )));
         }
         let (cos, sin) = rotary(&self.cfg, &text_positions(l), embeddings.device())?;
         Ok(Understanding {
@@ -327,14 +324,11 @@ impl Cosmos3Transformer {
         let cfg = &self.cfg;
         let (b, c, lt, lh, lw) = latents.dims5()?;
         if b != 1 || c != cfg.latent_channel || lt * lh * lw == 0 {
-            return Err(Error::invalid(
-                "latents",
-                format!(
-                    "shape {:?}: want [1, {}, frames, rows, columns]",
-                    latents.dims(),
-                    cfg.latent_channel
-                ),
-            ));
+            return Err(Error::bug(format!(
+                "latents: shape {:?}: want [1, {}, frames, rows, columns]",
+                latents.dims(),
+                cfg.latent_channel
+            )));
         }
         let p = cfg.latent_patch_size;
         let (gh, gw) = (lh.div_ceil(p), lw.div_ceil(p));
@@ -390,10 +384,9 @@ impl Cosmos3Transformer {
         let cfg = &self.cfg;
         let eps = cfg.rms_norm_eps;
         let (tk, tv) = text.kv.get(index).ok_or_else(|| {
-            Error::invalid(
-                "step",
-                format!("layer {index} before the understanding pathway reached it"),
-            )
+            Error::bug(format!(
+                "step: layer {index} before the understanding pathway reached it"
+            ))
         })?;
         let x = rms_norm(&st.x, &w.get("input_layernorm_moe_gen.weight")?, eps)?;
         let q = self.heads(

@@ -356,7 +356,7 @@ impl Task for Cosmos3Task {
             .map(|g| tr.velocity(g));
         let cond = v
             .next()
-            .ok_or_else(|| Error::invalid("step", "no activations after the pass"))??;
+            .ok_or_else(|| Error::bug("step: no activations after the pass"))??;
         let velocity = match v.next() {
             Some(uncond) => {
                 let uncond = uncond?;

@@ -104,9 +104,7 @@ impl Dit {
         let (b, c, h, w) = latents.dims4()?;
         let p = self.cfg.patch();
         if c != self.cfg.in_channels || h % p != 0 || w % p != 0 || labels.len() != b {
-            return Err(Error::invalid(
-                "latents",
-                format!("shape [{b}, {c}, {h}, {w}] with {} labels does not fit this DiT (in_channels {}, patch {p})", labels.len(), self.cfg.in_channels),
+            return Err(Error::bug(format!("latents: shape [{b}, {c}, {h}, {w}] with {} labels does not fit this DiT (in_channels {}, patch {p})", labels.len(), self.cfg.in_channels),
             ));
         }
         let dev = latents.device();
@@ -193,7 +191,7 @@ impl Dit {
     pub fn epilogue(&self, st: DitState) -> Result<Tensor> {
         let cond = st
             .cond0
-            .ok_or_else(|| Error::invalid("pipeline", "epilogue before block 0 ran"))?;
+            .ok_or_else(|| Error::bug("pipeline: epilogue before block 0 ran"))?;
         let ss = linear(self.resident.as_ref(), "proj_out_1", &cond.silu()?)?;
         let m = ss.chunk(2, 1)?;
         let x = fused::layer_norm_modulate(&st.x, &m[0], &m[1], ADA_EPS)?;

@@ -309,7 +309,7 @@ impl Task for DitTask {
         let st = self
             .state
             .as_mut()
-            .ok_or_else(|| Error::invalid("step", "block before the prologue"))?;
+            .ok_or_else(|| Error::bug("step: block before the prologue"))?;
         self.rank.dit.block(index, w, st)
     }
 
@@ -317,7 +317,7 @@ impl Task for DitTask {
         let st = self
             .state
             .take()
-            .ok_or_else(|| Error::invalid("step", "no activations after the pass"))?;
+            .ok_or_else(|| Error::bug("step: no activations after the pass"))?;
         let c = self.rank.dit.cfg.in_channels;
         let out = self.rank.dit.epilogue(st)?;
         let eps = out.narrow(1, 0, c)?;

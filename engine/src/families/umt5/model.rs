@@ -122,18 +122,17 @@ impl Umt5Encoder {
         let mut out = Vec::with_capacity(ids.len() * seq * d);
         for (b, prompt) in ids.iter().enumerate() {
             if prompt.len() != seq {
-                return Err(Error::invalid(
-                    "input_ids",
-                    format!("prompt {b} has {} tokens, prompt 0 has {seq}", prompt.len()),
-                ));
+                return Err(Error::bug(format!(
+                    "input_ids: prompt {b} has {} tokens, prompt 0 has {seq}",
+                    prompt.len()
+                )));
             }
             for &id in prompt {
                 let id = id as usize;
                 if id >= vocab {
-                    return Err(Error::invalid(
-                        "input_ids",
-                        format!("token id {id} is past the {vocab} rows of `{table}`"),
-                    ));
+                    return Err(Error::bug(format!(
+                        "input_ids: token id {id} is past the {vocab} rows of `{table}`"
+                    )));
                 }
                 row(&bytes[id * d * size..(id + 1) * d * size], &mut out);
             }
@@ -146,10 +145,7 @@ impl Umt5Encoder {
     pub fn prologue(&self, embeddings: Tensor, mask: &[Vec<u32>]) -> Result<Umt5State> {
         let (b, s, d) = embeddings.dims3()?;
         if d != self.cfg.d_model || mask.len() != b || mask.iter().any(|m| m.len() != s) {
-            return Err(Error::invalid(
-                "prompt embeddings",
-                format!(
-                    "[{b}, {s}, {d}] with a mask of {} rows does not fit d_model {} \
+            return Err(Error::bug(format!("prompt embeddings: [{b}, {s}, {d}] with a mask of {} rows does not fit d_model {} \
                      (one mask row of {s} per prompt)",
                     mask.len(),
                     self.cfg.d_model
@@ -209,10 +205,10 @@ impl Umt5Encoder {
     /// Block `index`: attention and feed-forward, each pre-normed with a residual.
     pub fn block(&self, index: usize, w: &dyn Weights, st: &mut Umt5State) -> Result<()> {
         if index >= self.cfg.num_layers {
-            return Err(Error::invalid(
-                "block",
-                format!("{index} of a {}-layer encoder", self.cfg.num_layers),
-            ));
+            return Err(Error::bug(format!(
+                "block: {index} of a {}-layer encoder",
+                self.cfg.num_layers
+            )));
         }
         let eps = self.cfg.layer_norm_epsilon;
         let h = rms_norm(&st.x, &w.get("layer.0.layer_norm.weight")?, eps)?;
@@ -238,13 +234,10 @@ impl Umt5Encoder {
 pub fn zero_padding(hidden: &Tensor, mask: &[Vec<u32>]) -> Result<Tensor> {
     let (b, s, _) = hidden.dims3()?;
     if mask.len() != b || mask.iter().any(|m| m.len() != s) {
-        return Err(Error::invalid(
-            "attention mask",
-            format!(
-                "{} rows do not match hidden states [{b}, {s}, _]",
-                mask.len()
-            ),
-        ));
+        return Err(Error::bug(format!(
+            "attention mask: {} rows do not match hidden states [{b}, {s}, _]",
+            mask.len()
+        )));
     }
     let keep: Vec<f32> = mask
         .iter()

@@ -401,7 +401,7 @@ impl Task for WanTask {
         let st = self
             .state
             .as_mut()
-            .ok_or_else(|| Error::invalid("step", "block before the prologue"))?;
+            .ok_or_else(|| Error::bug("step: block before the prologue"))?;
         expert.block(index, w, st)
     }
 
@@ -415,7 +415,7 @@ impl Task for WanTask {
         let st = self
             .state
             .take()
-            .ok_or_else(|| Error::invalid("step", "no activations after the pass"))?;
+            .ok_or_else(|| Error::bug("step: no activations after the pass"))?;
         let g = self.expert_group();
         let out = self.expert().epilogue(st)?;
         let noise = if self.guided {

@@ -174,13 +174,10 @@ impl Sampler for FlowMatchEuler {
     fn step(&mut self, model_output: &Tensor, sample: &Tensor) -> Result<Tensor> {
         let i = self.step_index;
         if i >= self.timesteps.len() {
-            return Err(Error::invalid(
-                "step",
-                format!(
-                    "the {}-step schedule is already finished",
-                    self.timesteps.len()
-                ),
-            ));
+            return Err(Error::bug(format!(
+                "step: the {}-step schedule is already finished",
+                self.timesteps.len()
+            )));
         }
         let dt = self.sigmas[i + 1] - self.sigmas[i];
         // diffusers upcasts the sample to f32 and casts the result back to the output's dtype.

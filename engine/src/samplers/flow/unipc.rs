@@ -199,10 +199,9 @@ impl Sampler for UniPc {
         let i = self.step_index;
         let len = self.timesteps.len();
         if i >= len {
-            return Err(Error::invalid(
-                "step",
-                format!("the {len}-step schedule is already finished"),
-            ));
+            return Err(Error::bug(format!(
+                "step: the {len}-step schedule is already finished"
+            )));
         }
         // Flow prediction to x0: sample − σ·v.
         let x0 = (sample - (model_output * self.sigmas[i] as f64)?)?;

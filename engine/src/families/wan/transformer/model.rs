@@ -110,21 +110,15 @@ impl WanTransformer {
         let (b, c, f, h, w) = latents.dims5()?;
         let (pt, ph, pw) = cfg.patch();
         if c != cfg.in_channels || f % pt != 0 || h % ph != 0 || w % pw != 0 || f * h * w == 0 {
-            return Err(Error::invalid(
-                "latents",
-                format!(
-                    "shape [{b}, {c}, {f}, {h}, {w}] does not fit this transformer: it takes \
+            return Err(Error::bug(format!(
+                "latents: shape [{b}, {c}, {f}, {h}, {w}] does not fit this transformer: it takes \
                      {} channels and frames × height × width in whole {pt} × {ph} × {pw} patches",
-                    cfg.in_channels
-                ),
-            ));
+                cfg.in_channels
+            )));
         }
         let (tb, tl, td) = text.dims3()?;
         if tb != b || td != cfg.text_dim || tl == 0 {
-            return Err(Error::invalid(
-                "text embeddings",
-                format!(
-                    "shape [{tb}, {tl}, {td}]: want [{b}, tokens ≥ 1, {}] for {b} latents",
+            return Err(Error::bug(format!("text embeddings: shape [{tb}, {tl}, {td}]: want [{b}, tokens ≥ 1, {}] for {b} latents",
                     cfg.text_dim
                 ),
             ));
@@ -210,10 +204,9 @@ impl WanTransformer {
         let table = w.get("scale_shift_table")?;
         let m = table.broadcast_add(&st.time_proj)?.chunk(6, 1)?;
         let [shift, scale, gate, c_shift, c_scale, c_gate] = &m[..] else {
-            return Err(Error::invalid(
-                "weights",
-                format!("block {index}: scale_shift_table does not split into 6 rows"),
-            ));
+            return Err(Error::bug(format!(
+                "weights: block {index}: scale_shift_table does not split into 6 rows"
+            )));
         };
         let x = &st.x;
         let n = norm_modulate(x, shift, scale, eps)?;

@@ -283,10 +283,7 @@ impl WanVaeDecoder {
     ) -> Result<()> {
         let dims = latents.dims();
         if dims.len() != 5 || dims[0] != 1 || dims[1] != self.z_dim || dims[2..].contains(&0) {
-            return Err(Error::invalid(
-                "latents",
-                format!(
-                    "expected [1, {}, frames, height, width] with none of them 0, found {dims:?}",
+            return Err(Error::bug(format!("latents: expected [1, {}, frames, height, width] with none of them 0, found {dims:?}",
                     self.z_dim
                 ),
             ));
