@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -810,4 +811,198 @@ fn errors_map_to_one_status_each() {
         let r = axum::response::IntoResponse::into_response(ApiError::from(e));
         assert_eq!(r.status().as_u16(), code);
     }
+}
+
+/// The served OpenAPI document is the router's. Every operation it lists reaches that
+/// route's handler (the router matched its path; no fallback answered), every other method
+/// of the path is a 405, a path it does not list is the fallback's 404, and each request
+/// schema holds exactly the fields its request type takes (the query parameters too), so a
+/// field added to a type shows in the document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_served_document_is_the_routers_and_the_request_types() {
+    use axum::extract::{MatchedPath, Request};
+    use axum::middleware::{self, Next};
+    use layerwise_engine::server::requests::{
+        ContentQuery, ImageRequest, ListQuery, ResultQuery, VideoRequest,
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let model = Arc::new(Model::open(&common::tiny(dir.path(), 2)).unwrap());
+    // No rank ever gets ready: every handler answers at once, without generating.
+    let (tx, _rx) = std::sync::mpsc::sync_channel(1);
+    let (sched, _source) =
+        layerwise_engine::server::actor::start(1, 4, Retention::default(), JobIds::local(), tx);
+    let app = app(AppState {
+        scheduler: sched,
+        model,
+        model_name: "tiny".into(),
+        bounds: bounds(),
+        forwarding: Forwarding::default(),
+    });
+    let (s, h, b) = call(&app, "GET", "/openapi.json", None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(h["content-type"], "application/json");
+    let doc: Value = serde_json::from_slice(&b).unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{doc}");
+
+    // Which route the router matched for each request, if any (the fallback matches none).
+    let app = app.layer(middleware::from_fn(|req: Request, next: Next| async move {
+        let matched = req.extensions().get::<MatchedPath>().cloned();
+        let mut r = next.run(req).await;
+        if let Some(m) = matched {
+            r.headers_mut()
+                .insert("x-matched-path", m.as_str().parse().unwrap());
+        }
+        r
+    }));
+    let paths = doc["paths"].as_object().unwrap();
+    let mut operations = 0;
+    for (path, item) in paths {
+        let uri = path
+            .replace("{id}", "0123456789abcdef")
+            .replace("{model}", "tiny");
+        for method in ["get", "post", "put", "delete", "patch"] {
+            let verb = method.to_uppercase();
+            let body = (method == "post").then(|| b"{}".to_vec());
+            let (s, h, b) = call(&app, &verb, &uri, body).await;
+            let seen = format!("{verb} {uri}: {s} {}", String::from_utf8_lossy(&b));
+            assert_eq!(
+                h.get("x-matched-path").map(|v| v.to_str().unwrap()),
+                Some(path.as_str()),
+                "{seen}"
+            );
+            if item.get(method).is_some() {
+                operations += 1;
+                assert_ne!(s, StatusCode::METHOD_NOT_ALLOWED, "{seen}");
+            } else {
+                assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED, "{seen}");
+            }
+        }
+    }
+    // healthz, readyz, metrics, openapi.json and the twelve of the API (docs/serving.md).
+    assert!(operations >= 16, "{}", doc["paths"]);
+    for uri in ["/", "/v1", "/v1/images", "/v1/jobs/x/y", "/openapi.yaml"] {
+        let (s, h, b) = call(&app, "GET", uri, None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{uri}");
+        assert!(h.get("x-matched-path").is_none(), "{uri}");
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("route `"),
+            "{v}"
+        );
+    }
+
+    // Every schema the document refers to is in it.
+    let schemas = &doc["components"]["schemas"];
+    let mut refs = Vec::new();
+    collect_refs(&doc, &mut refs);
+    assert!(!refs.is_empty());
+    for r in refs {
+        let name = r.strip_prefix("#/components/schemas/").unwrap_or(&r);
+        assert!(schemas.get(name).is_some(), "{r} refers to nothing");
+    }
+
+    // Request bodies: both content types, the schema of the request type, and its fields.
+    for (path, schema, fields) in [
+        (
+            "/v1/images/generations",
+            "ImageRequest",
+            field_names::<ImageRequest>(),
+        ),
+        ("/v1/jobs", "ImageRequest", field_names::<ImageRequest>()),
+        ("/v1/videos", "VideoRequest", field_names::<VideoRequest>()),
+    ] {
+        let content = &doc["paths"][path]["post"]["requestBody"]["content"];
+        for ct in ["application/json", "multipart/form-data"] {
+            assert_eq!(
+                content[ct]["schema"]["$ref"],
+                format!("#/components/schemas/{schema}"),
+                "{path} {ct}"
+            );
+        }
+        let documented: BTreeSet<&str> = schemas[schema]["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(documented, fields, "{schema}");
+        assert_eq!(
+            schemas[schema]["additionalProperties"],
+            json!(false),
+            "{schema}"
+        );
+    }
+    // Query strings: the path's parameters and the query type's fields.
+    for (path, method, mut fields) in [
+        ("/v1/videos", "get", field_names::<ListQuery>()),
+        ("/v1/jobs/{id}/result", "get", field_names::<ResultQuery>()),
+        (
+            "/v1/videos/{id}/content",
+            "get",
+            field_names::<ContentQuery>(),
+        ),
+    ] {
+        if path.contains("{id}") {
+            fields.insert("id");
+        }
+        let documented: BTreeSet<&str> = doc["paths"][path][method]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(documented, fields, "{method} {path}");
+    }
+}
+
+/// Every `$ref` under `v`.
+fn collect_refs(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(o) => {
+            if let Some(Value::String(r)) = o.get("$ref") {
+                out.push(r.clone());
+            }
+            o.values().for_each(|x| collect_refs(x, out));
+        }
+        Value::Array(a) => a.iter().for_each(|x| collect_refs(x, out)),
+        _ => {}
+    }
+}
+
+/// The names serde reads a struct's fields by: what its derived `Deserialize` hands the
+/// deserializer.
+fn field_names<T: serde::de::DeserializeOwned>() -> BTreeSet<&'static str> {
+    use serde::de::{self, Visitor};
+    use std::cell::Cell;
+
+    struct Names(Cell<&'static [&'static str]>);
+    impl<'de> de::Deserializer<'de> for &Names {
+        type Error = de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            self.0.set(fields);
+            Err(de::Error::custom("names taken"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    let names = Names(Cell::new(&[]));
+    assert!(T::deserialize(&names).is_err());
+    assert!(
+        !names.0.get().is_empty(),
+        "{} has no fields",
+        std::any::type_name::<T>()
+    );
+    names.0.get().iter().copied().collect()
 }

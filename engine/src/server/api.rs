@@ -1,31 +1,44 @@
-//! The HTTP API: routes, request parsing and validation, responses. Everything a request
-//! can get wrong is found here, named by its field, before it reaches the queue.
+//! The HTTP API: routes, the handlers, and the checks of each request against the server's
+//! bounds and the model. Everything a request can get wrong is found here, named by its
+//! field, before it reaches the queue: its body's shape and types when serde reads it into
+//! the request types ([`super::body`], [`super::requests`]), then what its values mean.
 //!
 //! Images follow OpenAI's image API (`POST /v1/images/generations`), videos its video API
 //! (`POST /v1/videos`, then poll, download, delete), so the official clients work
-//! unchanged; `/v1/jobs` is the engine's own asynchronous image API.
+//! unchanged; `/v1/jobs` is the engine's own asynchronous image API. Every route is
+//! registered with its `#[utoipa::path]` attribute in one table ([`app`]), which makes the
+//! router and the OpenAPI document served at `/openapi.json` ([`super::openapi`]) alike.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::body::{Body, Bytes};
-use axum::extract::multipart::MultipartError;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Path, Query, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use base64::Engine as _;
-use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde::de::DeserializeOwned;
+use utoipa::OpenApi as _;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::forward::{self, Forwarding};
 use super::ids::Owner;
 use super::kind::Kind;
+use super::openapi;
+use super::requests::{
+    ContentQuery, Generation, ImageRequest, ListQuery, Order, ResponseFormat, ResultQuery, Variant,
+    VideoRequest,
+};
+use super::responses::{
+    Conditioning, Download, ErrorBody, ErrorDetail, ImageData, ImageResponse, Limits, ListTag,
+    Modality, ModelCard, ModelList, ModelTag, OutputFormat, Video, VideoDeleted, VideoDeletedTag,
+    VideoList,
+};
 use super::scheduler::{JobState, JobStatus, Scheduler};
-use super::ApiError;
+use super::{body, ApiError};
 use crate::bounds::RequestBounds;
 use crate::engine::Model;
 use crate::execution::work::{Condition, Request, DEFAULT_MAX_SEQUENCE_LENGTH};
@@ -64,21 +77,17 @@ pub fn folder_name(path: &std::path::Path) -> String {
         .unwrap_or_else(|| "model".into())
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResponseFormat {
-    B64Json,
-    Url,
-}
-
-/// The router; tests drive it in-process with `oneshot`.
+/// The router; tests drive it in-process with `oneshot`. Every route is here once, as a
+/// handler whose `#[utoipa::path]` names its path and method: `routes!` puts it on the
+/// router and in the OpenAPI document at once, so the two cannot disagree.
 pub fn app(state: AppState) -> Router {
     let limit = state.bounds.body_limit;
     // Every route that names a job: its owner answers, wherever the request landed.
-    let jobs = Router::new()
-        .route("/v1/videos/{id}", get(get_video).delete(delete_video))
-        .route("/v1/videos/{id}/content", get(video_content))
-        .route("/v1/jobs/{id}", get(job_status).delete(cancel_job))
-        .route("/v1/jobs/{id}/result", get(job_result))
+    let jobs = OpenApiRouter::default()
+        .routes(routes!(get_video, delete_video))
+        .routes(routes!(video_content))
+        .routes(routes!(job_status, cancel_job))
+        .routes(routes!(job_result))
         .route_layer(middleware::from_fn_with_state(
             forward::JobRouting {
                 shared: state.scheduler.shared.clone(),
@@ -86,19 +95,22 @@ pub fn app(state: AppState) -> Router {
             },
             forward::route_job,
         ));
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi))
-        .route("/v1/models", get(list_models))
-        .route("/v1/models/{model}", get(get_model))
-        .route("/v1/images/generations", post(generate))
-        .route("/v1/videos", post(create_video).get(list_videos))
-        .route("/v1/jobs", post(submit_job))
+    let (router, document) = OpenApiRouter::with_openapi(openapi::Head::openapi())
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi::serve))
+        .routes(routes!(list_models))
+        .routes(routes!(get_model))
+        .routes(routes!(generate))
+        .routes(routes!(create_video, list_videos))
+        .routes(routes!(submit_job))
         .merge(jobs)
-        .fallback(no_route)
+        .split_for_parts();
+    router
         .method_not_allowed_fallback(no_method)
+        .layer(Extension(openapi::Served::new(&document)))
+        .fallback(no_route)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
@@ -127,6 +139,38 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, Error> {
     })
 }
 
+/// A request's body as `T`, within the server's bounds on its size and its time.
+async fn read_body<T: DeserializeOwned>(
+    s: &AppState,
+    req: axum::extract::Request,
+) -> Result<T, Error> {
+    body::read(req, s.bounds.body_limit, s.bounds.body_timeout).await
+}
+
+// What the document says of the errors many routes share.
+const BAD_BODY: &str = "A body that is not a JSON object, nor multipart form data of UTF-8 text";
+const TIMEOUT: &str = "The body took longer than --body-timeout-seconds to arrive";
+const TOO_LARGE: &str = "Body over the server's limit (--body-limit)";
+const NOT_JSON: &str = "A body that is neither application/json nor multipart/form-data";
+const OTHER_MODEL: &str = "`model` names a model this server does not serve";
+const QUEUE_FULL: &str = "Queue full; see Retry-After";
+const NOT_READY: &str = "Not ready, shutting down, or the engine failed";
+const NO_JOB: &str = "No such job (or it is another replica's, and that replica is gone: 410)";
+const NOT_KEPT: &str = "Finished, but no longer kept (--result-ttl-seconds, --result-bytes)";
+
+/// Liveness
+///
+/// `ok` while every rank runs; after a rank failed, 500 with the cause (the process then
+/// exits, and Kubernetes restarts it).
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "server",
+    responses(
+        (status = 200, description = "Alive", body = String, content_type = "text/plain"),
+        (status = 500, description = "The engine failed", body = String, content_type = "text/plain"),
+    )
+)]
 async fn healthz(State(s): State<AppState>) -> Response {
     match s
         .scheduler
@@ -145,11 +189,33 @@ async fn healthz(State(s): State<AppState>) -> Response {
     }
 }
 
+/// Readiness: every rank can serve
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "server",
+    responses(
+        (status = 200, description = "Ready", body = String, content_type = "text/plain"),
+        (status = 503, description = "Not ready", body = ErrorBody),
+    )
+)]
 async fn readyz(State(s): State<AppState>) -> Result<&'static str, ApiError> {
     s.scheduler.shared.ready()?;
     Ok("ready\n")
 }
 
+/// Prometheus metrics (OpenMetrics text)
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "server",
+    responses((
+        status = 200,
+        description = "The metrics",
+        body = String,
+        content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    ))
+)]
 async fn metrics(State(s): State<AppState>) -> Response {
     let body = s.scheduler.shared.metrics.render();
     (
@@ -162,53 +228,78 @@ async fn metrics(State(s): State<AppState>) -> Response {
         .into_response()
 }
 
-async fn openapi() -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        include_str!("openapi.json"),
-    )
-        .into_response()
-}
-
-fn model_object(s: &AppState) -> Value {
+fn model_card(s: &AppState) -> ModelCard {
     let m = &s.model;
-    json!({
-        "id": s.model_name,
-        "object": "model",
-        "created": s.scheduler.shared.started_unix,
-        "owned_by": "layerwise",
-        "family": m.family.name(),
-        "modalities": if m.family.video().is_some() { json!(["image", "video"]) } else { json!(["image"]) },
-        "conditioning": if m.family.classes().is_some() { "class" } else { "text" },
-        "limits": limits(s),
-    })
+    ModelCard {
+        id: s.model_name.clone(),
+        object: ModelTag::Model,
+        created: s.scheduler.shared.started_unix,
+        owned_by: "layerwise",
+        family: m.family.name(),
+        modalities: if m.family.video().is_some() {
+            vec![Modality::Image, Modality::Video]
+        } else {
+            vec![Modality::Image]
+        },
+        conditioning: if m.family.classes().is_some() {
+            Conditioning::Class
+        } else {
+            Conditioning::Text
+        },
+        limits: limits(s),
+    }
 }
 
 /// What this server admits (its bounds, each within what the model runs): a request beyond
 /// any is a 422 naming the field, before it is queued.
-fn limits(s: &AppState) -> Value {
+fn limits(s: &AppState) -> Limits {
     let (b, video) = (&s.bounds.request, s.model.family.video().is_some());
-    json!({
-        "max_width": b.max_width,
-        "max_height": b.max_height,
-        "max_frames": if video { b.max_frames } else { 1 },
-        "max_steps": b.max_steps,
-        "max_n": b.max_n,
-        "max_prompt_tokens": if s.model.family.classes().is_some() { 0 } else { b.max_prompt_tokens },
-        "guidance": b.guidance,
+    Limits {
+        max_width: b.max_width,
+        max_height: b.max_height,
+        max_frames: if video { b.max_frames } else { 1 },
+        max_steps: b.max_steps,
+        max_n: b.max_n,
+        max_prompt_tokens: if s.model.family.classes().is_some() {
+            0
+        } else {
+            b.max_prompt_tokens
+        },
+        guidance: b.guidance,
+    }
+}
+
+/// The served model (OpenAI's model list)
+#[utoipa::path(
+    get,
+    path = "/v1/models",
+    tag = "models",
+    responses((status = 200, description = "A list of one model", body = ModelList))
+)]
+async fn list_models(State(s): State<AppState>) -> Json<ModelList> {
+    Json(ModelList {
+        object: ListTag::List,
+        data: vec![model_card(&s)],
     })
 }
 
-async fn list_models(State(s): State<AppState>) -> Response {
-    Json(json!({ "object": "list", "data": [model_object(&s)] })).into_response()
-}
-
+/// The served model by name
+#[utoipa::path(
+    get,
+    path = "/v1/models/{model}",
+    tag = "models",
+    params(("model" = String, Path, description = "The served model's name")),
+    responses(
+        (status = 200, description = "The model", body = ModelCard),
+        (status = 404, description = "Not the served model", body = ErrorBody),
+    )
+)]
 async fn get_model(
     State(s): State<AppState>,
     Path(model): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<ModelCard>, ApiError> {
     check_model_name(&s, &model)?;
-    Ok(Json(model_object(&s)).into_response())
+    Ok(Json(model_card(&s)))
 }
 
 fn check_model_name(s: &AppState, name: &str) -> Result<(), Error> {
@@ -223,255 +314,18 @@ fn check_model_name(s: &AppState, name: &str) -> Result<(), Error> {
     })
 }
 
-/// A request body's fields: a JSON object, or multipart form data (whose values are all
-/// strings; numbers are read from them). Files are refused by name.
-async fn fields(s: &AppState, req: axum::extract::Request) -> Result<Map<String, Value>, Error> {
-    let deadline = s.bounds.body_timeout;
-    tokio::time::timeout(deadline, read_fields(s, req))
-        .await
-        .unwrap_or(Err(Error::RequestTimeout {
-            seconds: deadline.as_secs(),
-        }))
-}
-
-async fn read_fields(
-    s: &AppState,
-    req: axum::extract::Request,
-) -> Result<Map<String, Value>, Error> {
-    let limit = s.bounds.body_limit;
-    let content_type = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_ascii_lowercase();
-    let essence = content_type.split(';').next().unwrap_or("").trim();
-    // Only types a browser cannot send across origins without asking first (no text/plain
-    // or form-urlencoded bodies), and the multipart form OpenAI's clients send.
-    let json = essence == "application/json" || essence.ends_with("+json");
-    if !json && essence != "multipart/form-data" {
-        return Err(Error::UnsupportedMediaType {
-            content_type: if essence.is_empty() {
-                "(none)".into()
-            } else {
-                essence.into()
-            },
-        });
-    }
-    if essence == "multipart/form-data" {
-        let mut form = Multipart::from_request(req, &())
-            .await
-            .map_err(|r| Error::BadRequest { msg: r.body_text() })?;
-        let mut o = Map::new();
-        loop {
-            let field = form
-                .next_field()
-                .await
-                .map_err(|e| multipart_error(e, limit))?;
-            let Some(field) = field else { break };
-            let name = field.name().unwrap_or_default().to_string();
-            if field.file_name().is_some() {
-                return Err(Error::invalid(
-                    name,
-                    "files are not taken: this server generates from text (and class labels) only",
-                ));
-            }
-            let bytes = field.bytes().await.map_err(|e| multipart_error(e, limit))?;
-            let text = String::from_utf8(bytes.to_vec()).map_err(|e| Error::BadRequest {
-                msg: format!(
-                    "multipart field `{name}` is not valid UTF-8 (at byte {})",
-                    e.utf8_error().valid_up_to()
-                ),
-            })?;
-            if o.insert(name.clone(), form_value(&name, text)?).is_some() {
-                return Err(Error::invalid(name, "given twice"));
-            }
-        }
-        return Ok(o);
-    }
-    let bytes = Bytes::from_request(req, &()).await;
-    let bytes = body(bytes, limit)?;
-    // Named as a form's text is (serde_json's own message says only "invalid unicode").
-    let text = std::str::from_utf8(&bytes).map_err(|e| Error::BadRequest {
-        msg: format!("body is not valid UTF-8 (at byte {})", e.valid_up_to()),
-    })?;
-    let v: Value = serde_json::from_str(text).map_err(|e| Error::BadRequest {
-        msg: format!("body is not JSON: {e}"),
-    })?;
-    match v {
-        Value::Object(o) => Ok(o),
-        _ => Err(Error::BadRequest {
-            msg: "body must be a JSON object".into(),
-        }),
-    }
-}
-
-fn multipart_error(e: MultipartError, limit: usize) -> Error {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        Error::PayloadTooLarge { limit }
-    } else {
-        Error::BadRequest {
-            msg: format!("multipart body: {}", e.body_text()),
-        }
-    }
-}
-
-fn body(b: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, Error> {
-    b.map_err(|r| {
-        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Error::PayloadTooLarge { limit }
-        } else {
-            Error::BadRequest { msg: r.body_text() }
-        }
-    })
-}
-
-fn field<'a>(o: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
-    o.get(name).filter(|v| !v.is_null())
-}
-
-/// Request fields whose values are integers, and those that are numbers, as the OpenAPI
-/// document types them. In JSON they must be JSON numbers (`"5"` is a string, refused); a
-/// multipart form's values are all text, so there these are read from their text once, as
-/// the form is read ([`form_value`]).
-const INTEGER_FIELDS: [&str; 6] = [
-    "n",
-    "steps",
-    "seed",
-    "class_label",
-    "max_sequence_length",
-    "frames",
-];
-const NUMBER_FIELDS: [&str; 3] = ["guidance", "guidance_2", "fps"];
-
-/// A multipart form field's text as the JSON value its field is typed as.
-fn form_value(name: &str, text: String) -> Result<Value, Error> {
-    let t = text.trim();
-    if INTEGER_FIELDS.contains(&name) {
-        return t.parse::<u64>().map(Value::from).map_err(|_| {
-            Error::invalid(name, format!("`{text}`: expected a non-negative integer"))
-        });
-    }
-    if NUMBER_FIELDS.contains(&name) {
-        return t
-            .parse::<f64>()
-            .ok()
-            .and_then(serde_json::Number::from_f64)
-            .map(Value::Number)
-            .ok_or_else(|| Error::invalid(name, format!("`{text}`: expected a finite number")));
-    }
-    Ok(Value::String(text))
-}
-
-/// What a value of the wrong JSON type is told beside the type it should have had.
-fn not_text(v: &Value) -> &'static str {
-    if v.is_string() {
-        " (a JSON number, not a string)"
-    } else {
-        ""
-    }
-}
-
-fn uint(o: &Map<String, Value>, name: &str) -> Result<Option<u64>, Error> {
-    let Some(v) = field(o, name) else {
-        return Ok(None);
-    };
-    v.as_u64().map(Some).ok_or_else(|| {
-        Error::invalid(
-            name,
-            format!("{v}: expected a non-negative integer{}", not_text(v)),
-        )
-    })
-}
-
-fn float(o: &Map<String, Value>, name: &str) -> Result<Option<f64>, Error> {
-    let Some(v) = field(o, name) else {
-        return Ok(None);
-    };
-    v.as_f64()
-        .filter(|x| x.is_finite())
-        .map(Some)
-        .ok_or_else(|| {
-            Error::invalid(
-                name,
-                format!("{v}: expected a finite number{}", not_text(v)),
-            )
-        })
-}
-
-/// A field the document types as a string or a number (OpenAI's video `seconds` is a
-/// string, `"4"`): either, read as a finite number.
-fn number_or_text(o: &Map<String, Value>, name: &str) -> Result<Option<f64>, Error> {
-    let Some(v) = field(o, name) else {
-        return Ok(None);
-    };
-    let n = match v {
-        Value::String(s) => s.trim().parse::<f64>().ok(),
-        v => v.as_f64(),
-    };
-    n.filter(|x| x.is_finite())
-        .map(Some)
-        .ok_or_else(|| Error::invalid(name, format!("{v}: expected a finite number")))
-}
-
-fn string(o: &Map<String, Value>, name: &str) -> Result<Option<String>, Error> {
-    match field(o, name) {
-        None => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(v) => Err(Error::invalid(name, format!("{v}: expected a string"))),
-    }
-}
-
-/// Fields every generation request may carry.
-const COMMON: [&str; 10] = [
-    "model",
-    "prompt",
-    "negative_prompt",
-    "size",
-    "steps",
-    "guidance",
-    "guidance_2",
-    "seed",
-    "max_sequence_length",
-    "class_label",
-];
-
-fn known(o: &Map<String, Value>, extra: &[&str]) -> Result<(), Error> {
-    let all: Vec<&str> = COMMON.iter().chain(extra).copied().collect();
-    match o.keys().find(|k| !all.contains(&k.as_str())) {
-        None => Ok(()),
-        Some(k) if k == "input_reference" => Err(Error::invalid(
-            "input_reference",
-            "reference images are not taken: this server generates video from text",
-        )),
-        Some(k) => Err(Error::invalid(
-            k.as_str(),
-            format!("unknown field; expected one of {}", all.join(", ")),
-        )),
-    }
-}
-
-/// What every output of a request shares, parsed and checked against the server's
+/// What every output of a request shares, checked against the server's
 /// bounds; the model checks the rest when [`Model::validate`] sees the requests.
-fn request(o: &Map<String, Value>, s: &AppState, native: (usize, usize)) -> Result<Request, Error> {
+fn request(body: &Generation, s: &AppState, native: (usize, usize)) -> Result<Request, Error> {
     let b = &s.bounds;
     let family = &s.model.family;
-    if let Some(m) = string(o, "model")? {
-        check_model_name(s, &m)?;
+    if let Some(m) = &body.model {
+        check_model_name(s, m)?;
     }
-    let condition = condition(o, s)?;
+    let condition = condition(body, s)?;
     let text = matches!(condition, Condition::Prompt { .. });
-    let given = field(o, "size").is_some();
-    let (width, height) = match field(o, "size") {
-        None => native,
-        Some(Value::String(v)) => parse_size(v)?,
-        Some(v) => {
-            return Err(Error::invalid(
-                "size",
-                format!("{v}: expected a string \"WxH\""),
-            ))
-        }
-    };
+    let given = body.size.is_some();
+    let (width, height) = body.size.map_or(native, |s| (s.width, s.height));
     let r = &b.request;
     if width as u64 > r.max_width || height as u64 > r.max_height {
         return Err(Error::invalid(
@@ -489,7 +343,9 @@ fn request(o: &Map<String, Value>, s: &AppState, native: (usize, usize)) -> Resu
         ));
     }
     let (default_steps, default_guidance) = family.defaults();
-    let steps = uint(o, "steps")?.unwrap_or(default_steps.min(r.max_steps as usize) as u64);
+    let steps = body
+        .steps
+        .unwrap_or(default_steps.min(r.max_steps as usize) as u64);
     if steps == 0 || steps > r.max_steps {
         return Err(Error::invalid(
             "steps",
@@ -498,8 +354,8 @@ fn request(o: &Map<String, Value>, s: &AppState, native: (usize, usize)) -> Resu
     }
     // A deployment sized for unguided requests runs them unguided unless asked otherwise.
     let default_guidance = if r.guidance { default_guidance } else { 1.0 };
-    let guidance = float(o, "guidance")?.map_or(default_guidance, |g| g as f32);
-    let guidance_2 = float(o, "guidance_2")?.map(|g| g as f32);
+    let guidance = body.guidance.map_or(default_guidance, |x| x as f32);
+    let guidance_2 = body.guidance_2.map(|x| x as f32);
     for (field, g) in [("guidance", Some(guidance)), ("guidance_2", guidance_2)] {
         if let Some(g) = g.filter(|g| !(0.0..=MAX_GUIDANCE).contains(g)) {
             return Err(Error::invalid(
@@ -514,7 +370,7 @@ fn request(o: &Map<String, Value>, s: &AppState, native: (usize, usize)) -> Resu
             ));
         }
     }
-    let max_sequence_length = match uint(o, "max_sequence_length")? {
+    let max_sequence_length = match body.max_sequence_length {
         Some(_) if !text => {
             return Err(Error::invalid(
                 "max_sequence_length",
@@ -540,7 +396,7 @@ fn request(o: &Map<String, Value>, s: &AppState, native: (usize, usize)) -> Resu
         ));
     }
     Ok(Request {
-        seed: uint(o, "seed")?.unwrap_or(0),
+        seed: body.seed.unwrap_or(0),
         steps: steps as usize,
         guidance,
         guidance_2,
@@ -551,12 +407,11 @@ fn request(o: &Map<String, Value>, s: &AppState, native: (usize, usize)) -> Resu
 
 /// The conditioning: a prompt for text families; for class-conditional ones a class
 /// label, or a prompt naming one of the model's classes (what OpenAI clients send).
-fn condition(o: &Map<String, Value>, s: &AppState) -> Result<Condition, Error> {
+fn condition(body: &Generation, s: &AppState) -> Result<Condition, Error> {
     let family = &s.model.family;
-    let prompt = string(o, "prompt")?;
-    let negative = string(o, "negative_prompt")?;
+    let (prompt, negative) = (body.prompt.clone(), body.negative_prompt.clone());
     let Some(classes) = family.classes() else {
-        if field(o, "class_label").is_some() {
+        if body.class_label.is_some() {
             return Err(Error::invalid(
                 "class_label",
                 format!(
@@ -593,18 +448,14 @@ fn condition(o: &Map<String, Value>, s: &AppState) -> Result<Condition, Error> {
             )
         })?),
     };
-    let label = match field(o, "class_label") {
+    let label = match body.class_label {
         None => None,
-        Some(v) => Some(
-            uint(o, "class_label")?
-                .filter(|&c| c <= u32::MAX as u64)
-                .ok_or_else(|| {
-                    Error::invalid(
-                        "class_label",
-                        format!("{v}: expected a non-negative integer"),
-                    )
-                })? as u32,
-        ),
+        Some(v) => Some(u32::try_from(v).map_err(|_| {
+            Error::invalid(
+                "class_label",
+                format!("{v}: expected a non-negative integer"),
+            )
+        })?),
     };
     match (named, label) {
         (Some(n), Some(l)) if n != l => Err(Error::invalid(
@@ -636,16 +487,16 @@ fn validated(model: &Model, requests: Vec<Request>) -> Result<Vec<Request>, Erro
     Ok(requests)
 }
 
-/// Parses and checks an image request (`/v1/images/generations`, `/v1/jobs`): field by
-/// field, then against the server's bounds, then against the model. One `Request` per
+/// Checks an image request (`/v1/images/generations`, `/v1/jobs`), its fields as serde
+/// read them, against the server's bounds, then against the model. One `Request` per
 /// image.
 pub fn parse_images(
-    o: &Map<String, Value>,
+    body: ImageRequest,
     s: &AppState,
 ) -> Result<(Vec<Request>, ResponseFormat), Error> {
-    known(o, &["n", "response_format"])?;
-    let base = request(o, s, s.model.family.native_size())?;
-    let n = uint(o, "n")?.unwrap_or(1);
+    let (g, n, format) = body.split();
+    let base = request(&g, s, s.model.family.native_size())?;
+    let n = n.unwrap_or(1);
     let max_n = s.bounds.request.max_n;
     if n == 0 || n > max_n {
         return Err(Error::invalid(
@@ -653,17 +504,7 @@ pub fn parse_images(
             format!("{n}: this server generates 1..={max_n} images per request"),
         ));
     }
-    let format = match field(o, "response_format") {
-        None => ResponseFormat::B64Json,
-        Some(Value::String(v)) if v == "b64_json" => ResponseFormat::B64Json,
-        Some(Value::String(v)) if v == "url" => ResponseFormat::Url,
-        Some(v) => {
-            return Err(Error::invalid(
-                "response_format",
-                format!("{v}: expected \"b64_json\" or \"url\""),
-            ))
-        }
-    };
+    let format = format.unwrap_or(ResponseFormat::B64Json);
     let requests = (0..n)
         .map(|i| Request {
             seed: base.seed.wrapping_add(i),
@@ -673,10 +514,10 @@ pub fn parse_images(
     Ok((validated(&s.model, requests)?, format))
 }
 
-/// Parses and checks a video request (`POST /v1/videos`): its frames from `frames`, or
-/// from `seconds` × `fps` rounded up to a length the model makes.
-pub fn parse_video(o: &Map<String, Value>, s: &AppState) -> Result<(Request, f64), Error> {
-    known(o, &["seconds", "frames", "fps"])?;
+/// Checks a video request (`POST /v1/videos`) as [`parse_images`] does an image one: its
+/// frames from `frames`, or from `seconds` × `fps` rounded up to a length the model makes.
+pub fn parse_video(body: VideoRequest, s: &AppState) -> Result<(Request, f64), Error> {
+    let (g, length) = body.split();
     let family = &s.model.family;
     let spec = family.video().ok_or_else(|| {
         Error::invalid(
@@ -687,8 +528,8 @@ pub fn parse_video(o: &Map<String, Value>, s: &AppState) -> Result<(Request, f64
             ),
         )
     })?;
-    let mut r = request(o, s, family.native_size())?;
-    let fps = float(o, "fps")?.unwrap_or(spec.default_fps);
+    let mut r = request(&g, s, family.native_size())?;
+    let fps = length.fps.unwrap_or(spec.default_fps);
     if !(fps > 0.0 && fps <= MAX_FPS) {
         return Err(Error::invalid(
             "fps",
@@ -696,7 +537,7 @@ pub fn parse_video(o: &Map<String, Value>, s: &AppState) -> Result<(Request, f64
         ));
     }
     let max = s.bounds.request.max_frames as usize;
-    r.frames = match (uint(o, "frames")?, number_or_text(o, "seconds")?) {
+    r.frames = match (length.frames, length.seconds) {
         (Some(_), Some(_)) => {
             return Err(Error::invalid(
                 "seconds",
@@ -756,15 +597,6 @@ const POLL_AFTER_MS: &str = "250";
 /// The fastest frame rate a clip may be written at.
 const MAX_FPS: f64 = 240.0;
 
-fn parse_size(s: &str) -> Result<(usize, usize), Error> {
-    let bad = || Error::invalid("size", format!("`{s}`: expected \"WxH\", e.g. \"256x256\""));
-    let (w, h) = s.split_once(['x', 'X']).ok_or_else(bad)?;
-    Ok((
-        w.trim().parse().map_err(|_| bad())?,
-        h.trim().parse().map_err(|_| bad())?,
-    ))
-}
-
 /// Cancels a synchronous request's job when its client goes away before it finishes.
 struct CancelOnDrop {
     scheduler: Scheduler,
@@ -800,13 +632,38 @@ fn here(s: &AppState, id: &str) -> Result<u64, Error> {
     }
 }
 
+/// Generate images and wait for them
+///
+/// OpenAI's image API. The images come back in the answer (`b64_json`) or as the job's
+/// result URLs (`url`); a client that goes away cancels the job.
+#[utoipa::path(
+    post,
+    path = "/v1/images/generations",
+    tag = "images",
+    request_body(content(
+        (ImageRequest = "application/json"),
+        (ImageRequest = "multipart/form-data"),
+    )),
+    responses(
+        (status = 200, description = "The images", body = ImageResponse),
+        (status = 400, description = BAD_BODY, body = ErrorBody),
+        (status = 404, description = OTHER_MODEL, body = ErrorBody),
+        (status = 408, description = TIMEOUT, body = ErrorBody),
+        (status = 413, description = TOO_LARGE, body = ErrorBody),
+        (status = 415, description = NOT_JSON, body = ErrorBody),
+        (status = 422, description = "A field is invalid, beyond the server's bounds, or one the model's family cannot use (error.field names it)", body = ErrorBody),
+        (status = 429, description = QUEUE_FULL, body = ErrorBody,
+            headers(("retry-after" = u64, description = "Seconds to wait before trying again"))),
+        (status = 500, description = "The request failed", body = ErrorBody),
+        (status = 503, description = NOT_READY, body = ErrorBody),
+    )
+)]
 async fn generate(
     State(s): State<AppState>,
     req: axum::extract::Request,
-) -> Result<Response, ApiError> {
+) -> Result<Json<ImageResponse>, ApiError> {
     s.scheduler.shared.ready()?;
-    let o = fields(&s, req).await?;
-    let (requests, format) = parse_images(&o, &s)?;
+    let (requests, format) = parse_images(read_body(&s, req).await?, &s)?;
     let n = requests.len();
     let size = format!("{}x{}", requests[0].width, requests[0].height);
     let id = s.scheduler.submit(requests, Kind::Image).await?;
@@ -819,38 +676,68 @@ async fn generate(
     let status = s.scheduler.status(id).await?;
     let mut data = Vec::with_capacity(n);
     for i in 0..n {
-        match format {
+        data.push(match format {
             ResponseFormat::Url => {
                 if status.state != JobState::Succeeded {
                     s.scheduler.result(id, i).await?;
                 }
-                data.push(json!({ "url": result_url(&status.id, i) }));
+                ImageData {
+                    b64_json: None,
+                    url: Some(result_url(&status.id, i)),
+                }
             }
             ResponseFormat::B64Json => {
                 let m = s.scheduler.result(id, i).await?;
-                data.push(json!({ "b64_json": base64::engine::general_purpose::STANDARD.encode(&m.bytes) }));
+                ImageData {
+                    b64_json: Some(base64::engine::general_purpose::STANDARD.encode(&m.bytes)),
+                    url: None,
+                }
             }
-        }
+        });
     }
-    Ok(Json(json!({
-        "created": now_unix(),
-        "id": status.id,
-        "model": s.model_name,
-        "size": size,
-        "output_format": "png",
-        "data": data,
-        "timings": status,
+    Ok(Json(ImageResponse {
+        created: now_unix(),
+        id: status.id.clone(),
+        model: s.model_name.clone(),
+        size,
+        output_format: OutputFormat::Png,
+        data,
+        timings: status,
     }))
-    .into_response())
 }
 
+/// Queue a generation job
+///
+/// The image request of `POST /v1/images/generations`, answered at once; poll
+/// `GET /v1/jobs/{id}`, then download `GET /v1/jobs/{id}/result`.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs",
+    tag = "jobs",
+    request_body(content(
+        (ImageRequest = "application/json"),
+        (ImageRequest = "multipart/form-data"),
+    )),
+    responses(
+        (status = 202, description = "Queued; Location names the job", body = JobStatus,
+            headers(("location" = String, description = "The job: /v1/jobs/{id}"))),
+        (status = 400, description = BAD_BODY, body = ErrorBody),
+        (status = 404, description = OTHER_MODEL, body = ErrorBody),
+        (status = 408, description = TIMEOUT, body = ErrorBody),
+        (status = 413, description = TOO_LARGE, body = ErrorBody),
+        (status = 415, description = NOT_JSON, body = ErrorBody),
+        (status = 422, description = "A field is invalid, beyond the server's bounds, or one the model's family cannot use (error.field names it)", body = ErrorBody),
+        (status = 429, description = QUEUE_FULL, body = ErrorBody,
+            headers(("retry-after" = u64, description = "Seconds to wait before trying again"))),
+        (status = 503, description = NOT_READY, body = ErrorBody),
+    )
+)]
 async fn submit_job(
     State(s): State<AppState>,
     req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     s.scheduler.shared.ready()?;
-    let o = fields(&s, req).await?;
-    let (requests, _) = parse_images(&o, &s)?;
+    let (requests, _) = parse_images(read_body(&s, req).await?, &s)?;
     let id = s.scheduler.submit(requests, Kind::Image).await?;
     let status = s.scheduler.status(id).await?;
     let location = format!("/v1/jobs/{}", status.id);
@@ -862,103 +749,110 @@ async fn submit_job(
         .into_response())
 }
 
+/// A job's state, queue position, progress and timings
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}",
+    tag = "jobs",
+    params(("id" = String, Path, description = "The job's id")),
+    responses(
+        (status = 200, description = "Status", body = JobStatus),
+        (status = 404, description = NO_JOB, body = ErrorBody),
+    )
+)]
 async fn job_status(
     State(s): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    Ok(Json(s.scheduler.status(here(&s, &id)?).await?).into_response())
+) -> Result<Json<JobStatus>, ApiError> {
+    Ok(Json(s.scheduler.status(here(&s, &id)?).await?))
 }
 
+/// Cancel a queued or running job
+///
+/// A running job's rank is free at its next step boundary.
+#[utoipa::path(
+    delete,
+    path = "/v1/jobs/{id}",
+    tag = "jobs",
+    params(("id" = String, Path, description = "The job's id")),
+    responses(
+        (status = 200, description = "Status after cancelling", body = JobStatus),
+        (status = 404, description = NO_JOB, body = ErrorBody),
+    )
+)]
 async fn cancel_job(
     State(s): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    Ok(Json(s.scheduler.cancel(here(&s, &id)?).await?).into_response())
+) -> Result<Json<JobStatus>, ApiError> {
+    Ok(Json(s.scheduler.cancel(here(&s, &id)?).await?))
 }
 
-#[derive(Deserialize)]
-struct ResultQuery {
-    index: Option<usize>,
-}
-
+/// One output of a finished job
+///
+/// An image job's PNG, or a video job's MP4.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/result",
+    tag = "jobs",
+    params(("id" = String, Path, description = "The job's id"), ResultQuery),
+    responses(
+        (status = 200, description = "The output", content(
+            (Download = "image/png"),
+            (Download = "video/mp4"),
+        )),
+        (status = 400, description = "A query string that is not `index=N`", body = ErrorBody),
+        (status = 404, description = NO_JOB, body = ErrorBody),
+        (status = 409, description = "Queued, running or cancelled", body = ErrorBody),
+        (status = 410, description = NOT_KEPT, body = ErrorBody),
+        (status = 422, description = "index out of range", body = ErrorBody),
+        (status = 500, description = "The job failed", body = ErrorBody),
+        (status = 503, description = "The job failed because the server shut down", body = ErrorBody),
+    )
+)]
 async fn job_result(
     State(s): State<AppState>,
     Path(id): Path<String>,
     q: Result<Query<ResultQuery>, QueryRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Download, ApiError> {
     let q = query(q)?;
     let m = s
         .scheduler
         .result(here(&s, &id)?, q.index.unwrap_or(0))
         .await?;
-    Ok(media_response(m.content_type, &m.bytes))
+    Ok(Download(m.content_type, m.bytes.clone()))
 }
 
-fn media_response(content_type: &'static str, bytes: &[u8]) -> Response {
-    (
-        [(header::CONTENT_TYPE, content_type)],
-        Body::from(bytes.to_vec()),
+/// Queue a text-to-video job (OpenAI's video API)
+///
+/// Poll `GET /v1/videos/{id}`, then download `GET /v1/videos/{id}/content`.
+#[utoipa::path(
+    post,
+    path = "/v1/videos",
+    tag = "videos",
+    request_body(content(
+        (VideoRequest = "application/json"),
+        (VideoRequest = "multipart/form-data"),
+    )),
+    responses(
+        (status = 202, description = "Queued; Location names the job", body = Video,
+            headers(("location" = String, description = "The video: /v1/videos/{id}"))),
+        (status = 400, description = BAD_BODY, body = ErrorBody),
+        (status = 404, description = OTHER_MODEL, body = ErrorBody),
+        (status = 408, description = TIMEOUT, body = ErrorBody),
+        (status = 413, description = TOO_LARGE, body = ErrorBody),
+        (status = 415, description = NOT_JSON, body = ErrorBody),
+        (status = 422, description = "A field is invalid, beyond the server's bounds (size, frames, seconds × fps, steps, prompt tokens), or one the model's family cannot use (error.field names it); a model that makes images only names `model`", body = ErrorBody),
+        (status = 429, description = QUEUE_FULL, body = ErrorBody,
+            headers(("retry-after" = u64, description = "Seconds to wait before trying again"))),
+        (status = 503, description = NOT_READY, body = ErrorBody),
     )
-        .into_response()
-}
-
-/// A video job as OpenAI's video API shows one (`status`, `progress`, `size`, `seconds`
-/// ...), with the engine's own detail beside it (steps and frames done, the job state).
-pub fn video_object(st: &JobStatus, model: &str) -> Value {
-    let status = match st.state {
-        JobState::Queued => "queued",
-        JobState::Running => "in_progress",
-        JobState::Succeeded => "completed",
-        JobState::Failed | JobState::Cancelled => "failed",
-    };
-    let fps = st.fps.unwrap_or(1.0);
-    let error = match (st.state, &st.error) {
-        (JobState::Cancelled, _) => {
-            Some(json!({ "code": "cancelled", "message": "cancelled (DELETE /v1/videos/{id})" }))
-        }
-        (_, Some(m)) => Some(json!({ "code": st.error_type, "message": m })),
-        _ => None,
-    };
-    json!({
-        "id": st.id,
-        "object": "video",
-        "model": model,
-        "status": status,
-        "progress": st.progress(),
-        "created_at": st.created_at,
-        "completed_at": st.finished_at,
-        "expires_at": st.expires_at,
-        "error": error,
-        "prompt": st.prompt,
-        "size": format!("{}x{}", st.width, st.height),
-        "seconds": seconds_text(st.frames as f64 / fps),
-        "remixed_from_video_id": null,
-        "state": st.state,
-        "frames": st.frames,
-        "fps": fps,
-        "steps": st.steps,
-        "seed": st.seed,
-        "steps_done": st.steps_done,
-        "steps_total": st.steps_total,
-        "frames_decoded": st.frames_decoded,
-        "queue_position": st.queue_position,
-        "expired": st.expired,
-    })
-}
-
-/// Seconds as a short decimal string ("5.0625" → "5.06", "4" → "4").
-fn seconds_text(secs: f64) -> String {
-    let t = format!("{secs:.2}");
-    t.trim_end_matches('0').trim_end_matches('.').to_string()
-}
-
+)]
 async fn create_video(
     State(s): State<AppState>,
     req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     s.scheduler.shared.ready()?;
-    let o = fields(&s, req).await?;
-    let (request, fps) = parse_video(&o, &s)?;
+    let (request, fps) = parse_video(read_body(&s, req).await?, &s)?;
     let id = s
         .scheduler
         .submit(vec![request], Kind::Video { fps })
@@ -967,39 +861,39 @@ async fn create_video(
     Ok((
         StatusCode::ACCEPTED,
         [(header::LOCATION, format!("/v1/videos/{}", status.id))],
-        Json(video_object(&status, &s.model_name)),
+        Json(Video::new(&status, &s.model_name)),
     )
         .into_response())
-}
-
-#[derive(Deserialize)]
-struct ListQuery {
-    after: Option<String>,
-    limit: Option<usize>,
-    order: Option<String>,
 }
 
 /// The most videos one list page holds.
 const MAX_LIST: usize = 100;
 
+/// The video jobs the server still holds, newest first
+#[utoipa::path(
+    get,
+    path = "/v1/videos",
+    tag = "videos",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "The list", body = VideoList),
+        (status = 400, description = "A query string the route cannot read", body = ErrorBody),
+        (status = 404, description = "`after` names no video the server holds", body = ErrorBody),
+        (status = 422, description = "`limit` or `order` out of range (error.field names it)", body = ErrorBody),
+    )
+)]
 async fn list_videos(
     State(s): State<AppState>,
     q: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<VideoList>, ApiError> {
     let q = query(q)?;
     let limit = q.limit.unwrap_or(20);
     if limit == 0 || limit > MAX_LIST {
         return Err(Error::invalid("limit", format!("{limit}: expected 1..={MAX_LIST}")).into());
     }
     let mut all = s.scheduler.list(Kind::VIDEO).await;
-    match q.order.as_deref().unwrap_or("desc") {
-        "desc" => {}
-        "asc" => all.reverse(),
-        other => {
-            return Err(
-                Error::invalid("order", format!("`{other}`: expected `asc` or `desc`")).into(),
-            )
-        }
+    if Order::of(q.order.as_deref())? == Order::Asc {
+        all.reverse();
     }
     let start = match &q.after {
         None => 0,
@@ -1013,23 +907,18 @@ async fn list_videos(
         }
     };
     let page = &all[start.min(all.len())..];
-    let data: Vec<Value> = page
+    let data: Vec<Video> = page
         .iter()
         .take(limit)
-        .map(|st| video_object(st, &s.model_name))
+        .map(|st| Video::new(st, &s.model_name))
         .collect();
-    let (first, last) = (
-        data.first().map(|v| v["id"].clone()),
-        data.last().map(|v| v["id"].clone()),
-    );
-    Ok(Json(json!({
-        "object": "list",
-        "data": data,
-        "first_id": first,
-        "last_id": last,
-        "has_more": page.len() > limit,
+    Ok(Json(VideoList {
+        object: ListTag::List,
+        first_id: data.first().map(|v| v.id.clone()),
+        last_id: data.last().map(|v| v.id.clone()),
+        has_more: page.len() > limit,
+        data,
     }))
-    .into_response())
 }
 
 /// A video job by id (an image job's id is not a video's).
@@ -1044,12 +933,24 @@ async fn video_status(s: &AppState, id: &str) -> Result<JobStatus, ApiError> {
     Ok(st)
 }
 
+/// A video job's state and progress (steps done, frames decoded)
+#[utoipa::path(
+    get,
+    path = "/v1/videos/{id}",
+    tag = "videos",
+    params(("id" = String, Path, description = "The video's id")),
+    responses(
+        (status = 200, description = "The video job", body = Video,
+            headers(("openai-poll-after-ms" = String, description = "While it runs: how often to poll, in milliseconds"))),
+        (status = 404, description = "No such video job (or an image job's id)", body = ErrorBody),
+    )
+)]
 async fn get_video(
     State(s): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let st = video_status(&s, &id).await?;
-    let mut r = Json(video_object(&st, &s.model_name)).into_response();
+    let mut r = Json(Video::new(&st, &s.model_name)).into_response();
     if !st.state.terminal() {
         // How often OpenAI's client polls (`videos.poll`) while the job runs.
         r.headers_mut().insert(
@@ -1060,45 +961,65 @@ async fn get_video(
     Ok(r)
 }
 
+/// Cancel a video job and let its MP4 go
+///
+/// Its rank is free at its next step boundary; the job then reads `failed` with
+/// `error.code` `cancelled`.
+#[utoipa::path(
+    delete,
+    path = "/v1/videos/{id}",
+    tag = "videos",
+    params(("id" = String, Path, description = "The video's id")),
+    responses(
+        (status = 200, description = "Deleted", body = VideoDeleted),
+        (status = 404, description = "No such video job", body = ErrorBody),
+    )
+)]
 async fn delete_video(
     State(s): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<VideoDeleted>, ApiError> {
     video_status(&s, &id).await?;
     let st = s.scheduler.delete(here(&s, &id)?).await?;
-    Ok(
-        Json(json!({ "id": st.id, "object": "video.deleted", "deleted": true, "state": st.state }))
-            .into_response(),
+    Ok(Json(VideoDeleted {
+        id: st.id,
+        object: VideoDeletedTag::VideoDeleted,
+        deleted: true,
+        state: st.state,
+    }))
+}
+
+/// The finished clip: H.264 in MP4, or `variant=thumbnail` its first frame as PNG
+#[utoipa::path(
+    get,
+    path = "/v1/videos/{id}/content",
+    tag = "videos",
+    params(("id" = String, Path, description = "The video's id"), ContentQuery),
+    responses(
+        (status = 200, description = "The clip or its thumbnail", content(
+            (Download = "video/mp4"),
+            (Download = "image/png"),
+        )),
+        (status = 400, description = "A query string the route cannot read", body = ErrorBody),
+        (status = 404, description = "No such video job", body = ErrorBody),
+        (status = 409, description = "Not finished (yet), or cancelled", body = ErrorBody),
+        (status = 410, description = NOT_KEPT, body = ErrorBody),
+        (status = 422, description = "An unknown variant", body = ErrorBody),
+        (status = 500, description = "The job failed", body = ErrorBody),
     )
-}
-
-#[derive(Deserialize)]
-struct ContentQuery {
-    variant: Option<String>,
-}
-
+)]
 async fn video_content(
     State(s): State<AppState>,
     Path(id): Path<String>,
     q: Result<Query<ContentQuery>, QueryRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Download, ApiError> {
     let q = query(q)?;
     video_status(&s, &id).await?;
     let m = s.scheduler.result(here(&s, &id)?, 0).await?;
-    match q.variant.as_deref().unwrap_or("video") {
-        "video" => Ok(media_response(m.content_type, &m.bytes)),
-        "thumbnail" => Ok(media_response(
-            "image/png",
-            m.thumbnail.as_deref().unwrap_or_default(),
-        )),
-        other => Err(Error::invalid(
-            "variant",
-            format!(
-                "`{other}`: this server has `video` (MP4) and `thumbnail` (PNG of the first frame)"
-            ),
-        )
-        .into()),
-    }
+    Ok(match Variant::of(q.variant.as_deref())? {
+        Variant::Video => Download(m.content_type, m.bytes.clone()),
+        Variant::Thumbnail => Download("image/png", m.thumbnail.clone().unwrap_or_default()),
+    })
 }
 
 impl IntoResponse for ApiError {
@@ -1106,9 +1027,13 @@ impl IntoResponse for ApiError {
         let e = &*self.0;
         let status =
             StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = Json(
-            json!({ "error": { "type": e.label(), "message": e.to_string(), "field": e.field() } }),
-        );
+        let body = Json(ErrorBody {
+            error: ErrorDetail {
+                kind: e.label(),
+                message: e.to_string(),
+                field: e.field().map(str::to_string),
+            },
+        });
         let mut r = (status, body).into_response();
         if let Error::QueueFull { retry_after, .. } = e {
             r.headers_mut()
@@ -1120,53 +1045,30 @@ impl IntoResponse for ApiError {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+    use utoipa::{IntoParams, PartialSchema};
+
     use super::*;
 
-    /// The fields the parser reads as integers and as numbers are exactly those the served
-    /// OpenAPI document types so, in every request schema (`seconds` alone may be either).
-    #[test]
-    fn numeric_fields_are_the_ones_the_document_types_as_numbers() {
-        let doc: Value = serde_json::from_str(include_str!("openapi.json")).unwrap();
-        let mut integers = std::collections::BTreeSet::new();
-        let mut numbers = std::collections::BTreeSet::new();
-        for schema in ["GenerationRequest", "VideoRequest"] {
-            let props = doc["components"]["schemas"][schema]["properties"]
-                .as_object()
-                .unwrap();
-            for (name, p) in props {
-                match &p["type"] {
-                    Value::String(t) if t == "integer" => integers.insert(name.as_str()),
-                    Value::String(t) if t == "number" => numbers.insert(name.as_str()),
-                    Value::String(t) if t == "string" => continue,
-                    t if name == "seconds" => {
-                        assert_eq!(t, &json!(["string", "number"]));
-                        continue;
-                    }
-                    t => panic!("{schema}.{name}: type {t}"),
-                };
-            }
-        }
-        assert_eq!(
-            integers,
-            INTEGER_FIELDS.into_iter().collect(),
-            "integer fields"
-        );
-        assert_eq!(
-            numbers,
-            NUMBER_FIELDS.into_iter().collect(),
-            "number fields"
-        );
+    fn maximum(schema: impl serde::Serialize, field: &str) -> Option<f64> {
+        let v = serde_json::to_value(schema).unwrap();
+        v["properties"][field]["maximum"].as_f64()
     }
 
+    /// The bounds the document states are the ones the handlers check.
     #[test]
-    fn form_text_becomes_the_fields_type_or_names_it() {
-        assert_eq!(form_value("steps", " 5 ".into()).unwrap(), json!(5));
-        assert_eq!(form_value("guidance", "4.5".into()).unwrap(), json!(4.5));
-        assert_eq!(form_value("seconds", "4".into()).unwrap(), json!("4"));
-        assert_eq!(form_value("prompt", "5".into()).unwrap(), json!("5"));
-        for (f, t) in [("steps", "-1"), ("n", "2.0"), ("fps", "inf"), ("seed", "")] {
-            let e = form_value(f, t.into()).unwrap_err();
-            assert_eq!(e.field(), Some(f), "{e}");
+    fn the_documented_bounds_are_the_checked_ones() {
+        assert_eq!(maximum(VideoRequest::schema(), "fps"), Some(MAX_FPS));
+        for field in ["guidance", "guidance_2"] {
+            for schema in [ImageRequest::schema(), VideoRequest::schema()] {
+                assert_eq!(maximum(schema, field), Some(MAX_GUIDANCE as f64), "{field}");
+            }
         }
+        let limit = ListQuery::into_params(|| None)
+            .into_iter()
+            .find(|p| p.name == "limit")
+            .unwrap();
+        let limit: Value = serde_json::to_value(limit).unwrap();
+        assert_eq!(limit["schema"]["maximum"].as_f64(), Some(MAX_LIST as f64));
     }
 }

@@ -9,10 +9,15 @@
 
 pub mod actor;
 pub mod api;
+pub mod body;
+pub mod field;
 pub mod forward;
 pub mod ids;
 pub mod kind;
 pub mod metrics;
+pub mod openapi;
+pub mod requests;
+pub mod responses;
 pub mod scheduler;
 
 use std::net::{IpAddr, SocketAddr};

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
+use utoipa::ToSchema;
 
 use super::ids::JobIds;
 use super::kind::Kind;
@@ -20,7 +21,7 @@ use crate::execution::work::{PassReport, Taken, WorkKey, WorkSource};
 use crate::{Error, Result};
 
 /// A job's state as the API reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
     Queued,
@@ -61,8 +62,8 @@ impl Media {
     }
 }
 
-/// `GET /v1/jobs/{id}`.
-#[derive(Debug, Clone, Serialize)]
+/// A job's state, queue position, progress and timings (`GET /v1/jobs/{id}`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct JobStatus {
     pub id: String,
     /// `image` or `video`.
@@ -70,6 +71,7 @@ pub struct JobStatus {
     pub state: JobState,
     /// Images queued ahead of this job's first queued image (0: next to run).
     pub queue_position: Option<usize>,
+    /// Outputs of the job.
     pub n: usize,
     pub steps_done: usize,
     pub steps_total: usize,
@@ -82,6 +84,7 @@ pub struct JobStatus {
     pub frames: usize,
     pub steps: usize,
     pub seed: u64,
+    /// Videos: frames per second.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -92,7 +95,8 @@ pub struct JobStatus {
     /// When a finished job's outputs go (unix seconds; they may go sooner when the byte
     /// budget for kept outputs needs the room).
     pub expires_at: Option<u64>,
-    /// Its outputs are gone (expired or pushed out by newer ones).
+    /// Its outputs are gone (expired or pushed out by newer ones); downloading them is a
+    /// 410.
     pub expired: bool,
     pub queued_seconds: f64,
     pub running_seconds: Option<f64>,
