@@ -50,7 +50,10 @@ fn a_cuda_library_that_cannot_run_means_the_cpu_or_a_clear_error() {
 
     let (out, err) = run(&library, &generate(&m, "cuda"));
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("device: --device cuda: no usable GPU") && why(&err), "{err}");
+    assert!(
+        err.contains("device: --device cuda: no usable GPU") && why(&err),
+        "{err}"
+    );
 
     let (out, err) = run(&library, &generate(&m, "cpu"));
     assert!(out.status.success(), "{err}");

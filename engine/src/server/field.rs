@@ -178,7 +178,7 @@ mod tests {
 
     fn refused(r: Result<Probe, Error>) -> (String, String) {
         match r {
-            Err(Error::Invalid { field, msg }) => (field, msg),
+            Err(Error::Core(layerwise_core::Error::Invalid { field, msg })) => (field, msg),
             other => panic!("not a 422: {other:?}"),
         }
     }

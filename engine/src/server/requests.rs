@@ -446,7 +446,7 @@ mod tests {
                     continue;
                 }
                 match json(v.clone()) {
-                    Err(Error::Invalid { field, msg }) => {
+                    Err(Error::Core(layerwise_core::Error::Invalid { field, msg })) => {
                         assert_eq!(&field, name, "{v}: {msg}");
                         let numeric = types.iter().any(|t| t == "integer" || t == "number");
                         if v.is_string() && numeric && types.len() == 1 {
@@ -509,7 +509,9 @@ mod tests {
             (json!("64x"), "`64x`: expected \"WxH\", e.g. \"256x256\""),
         ] {
             match size(v) {
-                Err(Error::Invalid { field, msg }) => assert_eq!((&*field, &*msg), ("size", said)),
+                Err(Error::Core(layerwise_core::Error::Invalid { field, msg })) => {
+                    assert_eq!((&*field, &*msg), ("size", said))
+                }
                 other => panic!("{other:?}"),
             }
         }
