@@ -405,38 +405,10 @@ impl<'de> de::Deserializer<'de> for Text {
 
 #[cfg(test)]
 mod tests {
-    use serde::Deserialize;
     use serde_json::json;
 
     use super::*;
-    use crate::server::field;
-
-    #[derive(Debug, Deserialize, PartialEq)]
-    #[serde(deny_unknown_fields)]
-    struct Probe {
-        #[serde(default, deserialize_with = "field::integer")]
-        steps: Option<u64>,
-        #[serde(default, deserialize_with = "field::number")]
-        guidance: Option<f64>,
-        #[serde(default, deserialize_with = "field::number_or_text")]
-        seconds: Option<f64>,
-        #[serde(default, deserialize_with = "field::string")]
-        prompt: Option<String>,
-    }
-
-    fn from_json(v: Value) -> Result<Probe, Error> {
-        match v {
-            Value::Object(o) => Fields::json(o).parse(),
-            _ => unreachable!(),
-        }
-    }
-
-    fn refused(r: Result<Probe, Error>) -> (String, String) {
-        match r {
-            Err(Error::Core(layerwise_core::Error::Invalid { field, msg })) => (field, msg),
-            other => panic!("not a 422: {other:?}"),
-        }
-    }
+    use crate::server::field::probe::{from_json, refused, Probe};
 
     #[test]
     fn form_text_becomes_the_fields_type_or_names_it() {

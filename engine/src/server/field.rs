@@ -147,10 +147,11 @@ pub fn string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Erro
     Ok(Option::<Text>::deserialize(d)?.map(|t| t.0))
 }
 
+/// A request type of four fields, one per reader, for the readers' tests and the body's.
 #[cfg(test)]
-mod tests {
+pub(super) mod probe {
     use serde::Deserialize;
-    use serde_json::json;
+    use serde_json::Value;
 
     use super::*;
     use crate::server::body::Fields;
@@ -158,30 +159,39 @@ mod tests {
 
     #[derive(Debug, Deserialize, PartialEq)]
     #[serde(deny_unknown_fields)]
-    struct Probe {
+    pub(in crate::server) struct Probe {
         #[serde(default, deserialize_with = "integer")]
-        steps: Option<u64>,
+        pub steps: Option<u64>,
         #[serde(default, deserialize_with = "number")]
-        guidance: Option<f64>,
+        pub guidance: Option<f64>,
         #[serde(default, deserialize_with = "number_or_text")]
-        seconds: Option<f64>,
+        pub seconds: Option<f64>,
         #[serde(default, deserialize_with = "string")]
-        prompt: Option<String>,
+        pub prompt: Option<String>,
     }
 
-    fn from_json(v: Value) -> Result<Probe, Error> {
+    pub(in crate::server) fn from_json(v: Value) -> Result<Probe, Error> {
         match v {
             Value::Object(o) => Fields::json(o).parse(),
             _ => unreachable!(),
         }
     }
 
-    fn refused(r: Result<Probe, Error>) -> (String, String) {
+    pub(in crate::server) fn refused(r: Result<Probe, Error>) -> (String, String) {
         match r {
             Err(Error::Core(layerwise_core::Error::Invalid { field, msg })) => (field, msg),
             other => panic!("not a 422: {other:?}"),
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::probe::{from_json, refused, Probe};
+    use super::*;
+    use crate::server::body::Fields;
 
     #[test]
     fn json_values_of_the_wrong_type_are_named_with_what_they_were() {
