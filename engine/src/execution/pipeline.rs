@@ -524,9 +524,11 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         self.kept[group][..block].iter().filter(|k| !**k).count()
     }
 
+    /// `e` as a failure of this rank; an error that names its rank already (an
+    /// abandoned collective among them, which keeps its type) is left as it is.
     fn rank_error(&self, e: Error) -> Error {
         match e {
-            Error::Rank { .. } => e,
+            Error::Rank { .. } | Error::Abandoned(_) => e,
             other => Error::Rank {
                 rank: self.comm.rank(),
                 msg: other.to_string(),

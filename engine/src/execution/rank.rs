@@ -144,7 +144,7 @@ struct Active {
 }
 
 /// Runs `opts.dp` rank threads of `family` on `source` until it closes and every rank is
-/// idle. Returns the root cause when a rank fails (not a peer's "abandoned" error).
+/// idle. Returns the root cause when a rank fails (not a peer's [`Error::Abandoned`]).
 pub fn drive(
     family: &dyn FamilyRuntime,
     opts: &EngineOptions,
@@ -453,9 +453,14 @@ impl Run<'_> {
                             // communicator destroyed while peers wait in collectives, or
                             // with its own still queued, blocks forever.
                             let fail = |e: &Error| {
-                                tracing::error!(rank, error = %e, "rank failed");
-                                poison(format!("rank {rank} failed: {e}"));
-                                coord.poison(format!("rank {rank} failed: {e}"));
+                                if matches!(e, Error::Abandoned(_)) {
+                                    tracing::warn!(rank, error = %e, "rank gave up");
+                                } else {
+                                    tracing::error!(rank, error = %e, "rank failed");
+                                }
+                                let cause = first_cause(rank, e);
+                                poison(cause.clone());
+                                coord.poison(cause);
                             };
                             let r = self.rank_loop(place, coord, &fail);
                             if let Err(e) = &r {
@@ -482,7 +487,7 @@ impl Run<'_> {
         if !errors.is_empty() {
             let root = errors
                 .iter()
-                .position(|e| !e.to_string().contains("abandoned"))
+                .position(|e| !matches!(e, Error::Abandoned(_)))
                 .unwrap_or(0);
             return Err(errors.swap_remove(root));
         }
@@ -706,6 +711,18 @@ impl Run<'_> {
             peak: budget.peak(),
             peak_by_kind: budget.peak_by_kind(),
         })
+    }
+}
+
+/// What a failed rank poisons its peers' collectives and the coordinator with, for them to
+/// give up quoting: its failure, naming it; for a rank that only gave up itself, the first
+/// failure it quotes, so every peer quotes the root cause however the poisons raced.
+fn first_cause(rank: usize, e: &Error) -> String {
+    match e {
+        Error::Abandoned(a) => a.cause.clone(),
+        // Named once: "rank 1 failed: panicked: ..." rather than "rank 1 failed: rank 1: ...".
+        Error::Rank { rank: r, msg } if *r == rank => format!("rank {rank} failed: {msg}"),
+        _ => format!("rank {rank} failed: {e}"),
     }
 }
 
