@@ -118,6 +118,137 @@ fn round_up(x: u64, m: u64) -> u64 {
     x.div_ceil(m) * m
 }
 
+/// A tensor of one block where the checkpoint holds it, and the slot entry it becomes.
+struct Found {
+    /// Index into the component's files.
+    file: usize,
+    /// Absolute offset in that file.
+    src: u64,
+    len: u64,
+    /// Name relative to the block prefix.
+    name: String,
+    shape: Vec<usize>,
+    /// For an fp8 weight's scale: the weight it scales.
+    scales: Option<String>,
+}
+
+/// A block's tensors by dtype, each list in the order the specs name them.
+type FoundByDtype = BTreeMap<Dtype, Vec<Found>>;
+
+/// Finds the tensors of the block whose names start with `prefix` (one per spec, and the
+/// scale of each fp8 weight, whose bytes are the block's and travel with it); adds the
+/// dtypes not met before to `dtypes`, in the order met. A tensor the checkpoint lacks is
+/// an error naming it.
+fn find_block(
+    component: &Component,
+    specs: &[TensorSpec],
+    prefix: &str,
+    dtypes: &mut Vec<Dtype>,
+) -> Result<FoundByDtype> {
+    let mut by_dtype = FoundByDtype::new();
+    let mut add = |name: &str, rel: String, shape: Vec<usize>, scales: Option<String>| {
+        let &(file, ti) = component
+            .index
+            .get(name)
+            .ok_or_else(|| Error::tensor(&component.dir, name, "missing from the checkpoint"))?;
+        let info = &component.files[file].tensors[ti];
+        by_dtype.entry(info.dtype).or_default().push(Found {
+            file,
+            src: info.offset,
+            len: info.len,
+            name: rel,
+            shape,
+            scales,
+        });
+        if !dtypes.contains(&info.dtype) {
+            dtypes.push(info.dtype);
+        }
+        Ok::<_, Error>(info.dtype)
+    };
+    for spec in specs {
+        let name = format!("{prefix}{}", spec.name);
+        let dtype = add(&name, spec.name.clone(), spec.shape.clone(), None)?;
+        if dtype == Dtype::F8_E4M3 {
+            let scale = crate::checkpoint::fp8::scale_of(component, &name)?;
+            let (_, info) = component.get(&scale).expect("checked");
+            let rel = scale[prefix.len()..].to_string();
+            add(&scale, rel, info.shape.clone(), Some(spec.name.clone()))?;
+        }
+    }
+    Ok(by_dtype)
+}
+
+/// Packs block `index`'s tensors into one region per dtype of `dtypes` (empty for a dtype
+/// the block does not hold).
+fn pack_block(
+    index: usize,
+    mut by_dtype: FoundByDtype,
+    dtypes: &[Dtype],
+    dp: usize,
+) -> BlockLayout {
+    let mut tensors = Vec::new();
+    let regions = dtypes
+        .iter()
+        .enumerate()
+        .map(|(region, dtype)| {
+            let found = by_dtype.remove(dtype).unwrap_or_default();
+            pack_region(region, *dtype, found, dp, &mut tensors)
+        })
+        .collect();
+    BlockLayout {
+        index,
+        regions,
+        tensors,
+    }
+}
+
+/// Packs `found`, the tensors of one dtype, back to back in file order into region
+/// `region`, padded to a multiple of `dp × ALIGN`, merging runs adjacent in one file into
+/// one piece; pushes each tensor's place onto `tensors`.
+fn pack_region(
+    region: usize,
+    dtype: Dtype,
+    mut found: Vec<Found>,
+    dp: usize,
+    tensors: &mut Vec<SlotTensor>,
+) -> RegionLayout {
+    // Stable: two entries of the same bytes keep the order the specs name them in.
+    found.sort_by_key(|f| (f.file, f.src, f.len));
+    let mut pieces: Vec<Piece> = Vec::new();
+    let mut at = 0u64;
+    for f in found {
+        let (file, src, len) = (f.file, f.src, f.len);
+        tensors.push(SlotTensor {
+            name: f.name,
+            shape: f.shape,
+            region,
+            offset: at,
+            len,
+            scales: f.scales,
+        });
+        match pieces.last_mut() {
+            Some(p) if p.file == file && p.src + p.len == src && p.dst + p.len == at => {
+                p.len += len
+            }
+            _ => pieces.push(Piece {
+                file,
+                src,
+                dst: at,
+                len,
+            }),
+        }
+        at += len;
+    }
+    let padded = round_up(at, dp as u64 * ALIGN);
+    RegionLayout {
+        dtype,
+        bytes: at,
+        padded,
+        shard: padded / dp as u64,
+        pieces,
+    }
+}
+
 impl GroupLayout {
     /// Lays out blocks `0..num_blocks` whose tensors are `prefix(i) + spec.name`.
     pub fn new(
@@ -131,96 +262,21 @@ impl GroupLayout {
             return Err(Error::invalid("dp", "must be at least 1"));
         }
         let mut dtypes: Vec<Dtype> = Vec::new();
-        let mut per_block = Vec::with_capacity(num_blocks);
-        for i in 0..num_blocks {
-            let pre = prefix(i);
-            // (dtype) → [(file, src, len, entry index)]; an entry is (relative name,
-            // shape, the weight a scale scales).
-            let mut by_dtype: BTreeMap<Dtype, Vec<(usize, u64, u64, usize)>> = BTreeMap::new();
-            let mut entries: Vec<(String, Vec<usize>, Option<String>)> = Vec::new();
-            for spec in specs {
-                let name = format!("{pre}{}", spec.name);
-                let mut add = |name: &str, entry: (String, Vec<usize>, Option<String>)| {
-                    let &(file, ti) = component.index.get(name).ok_or_else(|| {
-                        Error::tensor(&component.dir, name, "missing from the checkpoint")
-                    })?;
-                    let info = &component.files[file].tensors[ti];
-                    by_dtype.entry(info.dtype).or_default().push((
-                        file,
-                        info.offset,
-                        info.len,
-                        entries.len(),
-                    ));
-                    entries.push(entry);
-                    if !dtypes.contains(&info.dtype) {
-                        dtypes.push(info.dtype);
-                    }
-                    Ok::<_, Error>(info.dtype)
-                };
-                let dtype = add(&name, (spec.name.clone(), spec.shape.clone(), None))?;
-                // An fp8 weight's scale travels with its block (its bytes are the block's).
-                if dtype == Dtype::F8_E4M3 {
-                    let scale = crate::checkpoint::fp8::scale_of(component, &name)?;
-                    let (_, info) = component.get(&scale).expect("checked");
-                    let rel = scale[pre.len()..].to_string();
-                    add(&scale, (rel, info.shape.clone(), Some(spec.name.clone())))?;
-                }
-            }
-            per_block.push((by_dtype, entries));
-        }
+        let found = (0..num_blocks)
+            .map(|i| find_block(component, specs, &prefix(i), &mut dtypes))
+            .collect::<Result<Vec<_>>>()?;
         // Widest dtype first keeps every region aligned for its element type.
         dtypes.sort_by_key(|d| std::cmp::Reverse(dtype_size(*d).unwrap_or(1)));
-        let unit = dp as u64 * ALIGN;
-        let mut blocks = Vec::with_capacity(num_blocks);
+        let blocks: Vec<BlockLayout> = found
+            .into_iter()
+            .enumerate()
+            .map(|(i, by_dtype)| pack_block(i, by_dtype, &dtypes, dp))
+            .collect();
         let mut region_capacity = vec![0u64; dtypes.len()];
-        for (i, (mut by_dtype, entries)) in per_block.into_iter().enumerate() {
-            let mut regions = Vec::with_capacity(dtypes.len());
-            let mut tensors = Vec::with_capacity(specs.len());
-            for (gi, dtype) in dtypes.iter().enumerate() {
-                let mut items = by_dtype.remove(dtype).unwrap_or_default();
-                items.sort();
-                let mut pieces: Vec<Piece> = Vec::new();
-                let mut at = 0u64;
-                for (file, src, len, ei) in items {
-                    let (name, shape, scales) = entries[ei].clone();
-                    tensors.push(SlotTensor {
-                        name,
-                        shape,
-                        region: gi,
-                        offset: at,
-                        len,
-                        scales,
-                    });
-                    match pieces.last_mut() {
-                        Some(p)
-                            if p.file == file && p.src + p.len == src && p.dst + p.len == at =>
-                        {
-                            p.len += len
-                        }
-                        _ => pieces.push(Piece {
-                            file,
-                            src,
-                            dst: at,
-                            len,
-                        }),
-                    }
-                    at += len;
-                }
-                let padded = round_up(at, unit);
-                region_capacity[gi] = region_capacity[gi].max(padded);
-                regions.push(RegionLayout {
-                    dtype: *dtype,
-                    bytes: at,
-                    padded,
-                    shard: padded / dp as u64,
-                    pieces,
-                });
+        for b in &blocks {
+            for (cap, region) in region_capacity.iter_mut().zip(&b.regions) {
+                *cap = (*cap).max(region.padded);
             }
-            blocks.push(BlockLayout {
-                index: i,
-                regions,
-                tensors,
-            });
         }
         Ok(GroupLayout {
             dp,

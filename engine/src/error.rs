@@ -32,6 +32,10 @@ pub enum Error {
     /// A rank, stream or collective that failed; carries the first cause.
     #[error("rank {rank}: {msg}")]
     Rank { rank: usize, msg: String },
+    /// A rank that stopped only because another rank failed first: never the root cause
+    /// of a failed run, which is the other rank's error ([`Abandoned::cause`] quotes it).
+    #[error(transparent)]
+    Abandoned(#[from] Abandoned),
     /// Decoding one output on a device failed (out of device memory, a kernel error);
     /// only that output's job fails.
     #[error("decoding on {device}: {msg}")]
@@ -167,7 +171,7 @@ impl Error {
             Error::Core(CoreError::Invalid { .. }) => "invalid_request",
             Error::QueueFull { .. } => "queue_full",
             Error::Unavailable { .. } => "unavailable",
-            Error::Rank { .. } => "rank_failed",
+            Error::Rank { .. } | Error::Abandoned(_) => "rank_failed",
             Error::Transfer(_) => "transfer_failed",
             Error::OutOfDeviceMemory { .. } => "out_of_device_memory",
             Error::NotFinite { .. } => "not_finite",
@@ -222,6 +226,21 @@ impl Error {
     }
 }
 
+/// What a rank gave up on because another rank failed first: its all-gather, whose peer
+/// will never send its shard, or the pass coordinator's barrier, which that peer will never
+/// reach. Cloned to every waiter of the stream it poisons (see
+/// `execution::fault`), so the rank loop tells it from a root cause by its type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("rank {rank}: {what} abandoned: {cause}")]
+pub struct Abandoned {
+    /// The rank that gave up.
+    pub rank: usize,
+    /// What gave up: `all-gather` or `pass coordinator`.
+    pub what: &'static str,
+    /// The first failure, as the rank that failed reported it (it names that rank).
+    pub cause: String,
+}
+
 /// What a caught panic said (its `&str` or `String` payload), for the error it becomes.
 pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
@@ -268,5 +287,27 @@ mod tests {
         // Only input is a 4xx.
         let e = Error::invalid("steps", "must be at least 1");
         assert_eq!((e.http_status(), e.field()), (422, Some("steps")));
+    }
+
+    #[test]
+    fn a_rank_that_gave_up_answers_like_a_failed_rank() {
+        let failed = Error::Rank {
+            rank: 1,
+            msg: "panicked: disk on fire".into(),
+        };
+        let gave_up = Error::Abandoned(Abandoned {
+            rank: 0,
+            what: "all-gather",
+            cause: "rank 1 failed: panicked: disk on fire".into(),
+        });
+        assert_eq!(gave_up.http_status(), 500);
+        assert_eq!(
+            (gave_up.http_status(), gave_up.label()),
+            (failed.http_status(), failed.label())
+        );
+        assert_eq!(
+            gave_up.to_string(),
+            "rank 0: all-gather abandoned: rank 1 failed: panicked: disk on fire"
+        );
     }
 }

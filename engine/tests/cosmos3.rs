@@ -124,7 +124,7 @@ fn prompt_request(seed: u64, steps: usize, frames: usize, guidance: f32) -> Requ
         ..Request::image(
             Condition::Prompt {
                 prompt: format!("a red fox {seed}"),
-                negative: if seed % 2 == 0 {
+                negative: if seed.is_multiple_of(2) {
                     "blurry".into()
                 } else {
                     String::new()

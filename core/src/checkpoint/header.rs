@@ -57,7 +57,7 @@ struct RawInfo {
 /// Bytes per element of a dtype, or an error for sub-byte formats we cannot slice.
 pub fn dtype_size(dtype: Dtype) -> Option<usize> {
     let bits = dtype.bitsize();
-    (bits % 8 == 0).then_some(bits / 8)
+    bits.is_multiple_of(8).then_some(bits / 8)
 }
 
 impl Header {
@@ -210,7 +210,7 @@ pub fn encode_header(tensors: &[(String, Dtype, Vec<usize>)]) -> Result<(Vec<u8>
         at += len;
     }
     let mut json = serde_json::to_vec(&map).expect("a JSON map serialises");
-    while (8 + json.len()) % 8 != 0 {
+    while !(8 + json.len()).is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = (json.len() as u64).to_le_bytes().to_vec();

@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Storage, Tensor};
 
 use super::backend::{Backend, Collective, GatherSource};
+use super::fault::Fault;
 use super::host_buffer::{HostBuffer, Staged};
 use super::stream::{CpuStream, Event};
 use crate::checkpoint::Mapped;
+use crate::error::Abandoned;
 use crate::layout::Piece;
 use crate::{Error, Result};
 
@@ -142,7 +144,9 @@ impl Backend for CpuBackend {
         stream.wait(event)
     }
     fn compute_wait(&self, event: &Event) -> Result<Duration> {
-        event.synchronize(self.timeout).map_err(Error::Transfer)
+        event
+            .synchronize(self.timeout)
+            .map_err(|f| f.into_error(Error::Transfer))
     }
     fn compute_record(&self, event: &Event) {
         event.record_now()
@@ -161,7 +165,7 @@ impl Backend for CpuBackend {
         );
         stream.enqueue(Box::new(move || {
             dst.inplace_op1(&op)
-                .map_err(|e| format!("host-to-device copy: {e}"))
+                .map_err(|e| Fault::Failed(format!("host-to-device copy: {e}")))
         }));
     }
     fn alloc_staging(&self, bytes: u64) -> Result<HostBuffer> {
@@ -176,8 +180,9 @@ impl Backend for CpuBackend {
     ) {
         let (dst, op) = (dst.clone(), CopyStaged { src, runs });
         stream.enqueue(Box::new(move || {
-            dst.inplace_op1(&op)
-                .map_err(|e| format!("host-to-device copy from the staging ring: {e}"))
+            dst.inplace_op1(&op).map_err(|e| {
+                Fault::Failed(format!("host-to-device copy from the staging ring: {e}"))
+            })
         }));
     }
     fn host_fn(&self, stream: &CpuStream, f: Box<dyn FnOnce() + Send>) {
@@ -196,6 +201,7 @@ struct Round {
     addrs: Vec<Option<usize>>,
     published: usize,
     finished: usize,
+    /// The first failure, which every collective from then on gives up with.
     poisoned: Option<String>,
     /// Ranks whose communicator was dropped, after issuing collectives, while the group
     /// was not poisoned.
@@ -250,7 +256,8 @@ impl LocalGroup {
             .copied()
     }
 
-    /// Fails every current and future collective (a rank died); wakes all waiters.
+    /// Fails every current and future collective (a rank died: `why` is its failure,
+    /// naming it); wakes all waiters, which give up with an [`Abandoned`] quoting `why`.
     pub fn poison(&self, why: String) {
         let mut s = self.state.lock().expect("group lock");
         s.poisoned.get_or_insert(why);
@@ -263,11 +270,15 @@ impl LocalGroup {
         rank: usize,
         what: &str,
         done: impl Fn(&Round) -> bool,
-    ) -> Result<std::sync::MutexGuard<'a, Round>, String> {
+    ) -> Result<std::sync::MutexGuard<'a, Round>, Fault> {
         let start = Instant::now();
         loop {
             if let Some(p) = &s.poisoned {
-                return Err(format!("all-gather abandoned: {p}"));
+                return Err(Fault::Abandoned(Abandoned {
+                    rank,
+                    what: "all-gather",
+                    cause: p.clone(),
+                }));
             }
             if done(&s) {
                 return Ok(s);
@@ -282,7 +293,7 @@ impl LocalGroup {
                 );
                 s.poisoned = Some(why.clone());
                 self.cv.notify_all();
-                return Err(why);
+                return Err(Fault::Failed(why));
             }
             s = self.cv.wait_timeout(s, left).expect("group lock").0;
         }
@@ -297,7 +308,7 @@ impl LocalGroup {
         seq: u64,
         addr: usize,
         copy: impl FnOnce(&[usize]),
-    ) -> Result<(), String> {
+    ) -> Result<(), Fault> {
         let s = self.state.lock().expect("group lock");
         let mut s = self.wait_until(s, rank, "the previous all-gather to drain", |r| {
             r.seq == seq
@@ -359,15 +370,15 @@ struct GatherOp {
 }
 
 impl GatherOp {
-    fn run(&self, storage: &mut CpuStorage, layout: &Layout) -> Result<(), String> {
+    fn run(&self, storage: &mut CpuStorage, layout: &Layout) -> Result<(), Fault> {
         whole(layout)?;
         let (size, shard, rank) = (self.group.size, self.shard, self.rank);
         let dst = bytes_mut(storage)?;
         if dst.len() < size * shard {
-            return Err(format!(
+            return Err(Fault::Failed(format!(
                 "all-gather of {size}×{shard} bytes into a {}-byte slot",
                 dst.len()
-            ));
+            )));
         }
         // From here on the slot is touched only through `base`: each region is written
         // by exactly one party (its owner's copy here, or the copy stage before), and
@@ -380,7 +391,7 @@ impl GatherOp {
             GatherSource::Buffer { tensor, offset } => {
                 guard = tensor.storage_and_layout();
                 let Storage::Cpu(cpu) = &*guard.0 else {
-                    return Err("shard store is not on the CPU".into());
+                    return Err(Fault::Failed("shard store is not on the CPU".into()));
                 };
                 let b = bytes_of(cpu)?;
                 let (o, n) = (*offset as usize, shard);
@@ -412,7 +423,7 @@ impl InplaceOp1 for GatherOp {
         "layerwise-all-gather"
     }
     fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
-        self.run(storage, layout).map_err(candle_core::Error::msg)
+        self.run(storage, layout).map_err(Fault::into_candle)
     }
 }
 
@@ -434,9 +445,13 @@ impl Collective<CpuBackend> for LocalComm {
         let (dst, group) = (dst.clone(), self.group.clone());
         stream.enqueue(Box::new(move || {
             dst.inplace_op1(&op).map_err(|e| {
-                let msg = format!("all-gather: {e}");
-                group.poison(msg.clone());
-                msg
+                let fault = Fault::from_candle(e, "all-gather");
+                // This rank's own failure fails its peers' collectives too; an abandoned
+                // one found the group poisoned already.
+                if let Fault::Failed(msg) = &fault {
+                    group.poison(msg.clone());
+                }
+                fault
             })
         }));
     }
@@ -503,6 +518,40 @@ mod tests {
                         .all(|&x| x == 10.0 * (q as f32 + 1.0)));
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_failed_gather_abandons_its_peers_with_the_first_cause() {
+        let t = Duration::from_secs(10);
+        let be = CpuBackend::new(t);
+        let group = LocalGroup::new(2, t);
+        let comms = group.comms();
+        let gather = |rank: usize, bytes: u64| {
+            let s = be.new_stream("gather").unwrap();
+            let slot = be.alloc(DType::F32, bytes).unwrap();
+            comms[rank].all_gather(&s, &slot, 256, GatherSource::InPlace);
+            let done = be.new_event();
+            be.record(&s, &done);
+            be.compute_wait(&done).unwrap_err()
+        };
+        // Rank 1's slot is too small: its own failure, which poisons the group.
+        let e = gather(1, 256);
+        assert!(matches!(e, Error::Transfer(_)), "{e}");
+        // (Starts with: candle appends a backtrace when RUST_BACKTRACE asks for one.)
+        let cause = "all-gather: all-gather of 2×256 bytes into a 256-byte slot";
+        let e = e.to_string();
+        assert!(
+            e.starts_with(&format!("weight transfer failed: {cause}")),
+            "{e}"
+        );
+        // Rank 0 gives up, typed, quoting it.
+        match gather(0, 512) {
+            Error::Abandoned(a) => {
+                assert_eq!((a.rank, a.what), (0, "all-gather"));
+                assert!(a.cause.starts_with(cause), "{}", a.cause);
+            }
+            e => panic!("not abandoned: {e}"),
         }
     }
 

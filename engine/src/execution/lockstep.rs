@@ -18,6 +18,7 @@
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::error::Abandoned;
 use crate::{Error, Result};
 
 /// One rank's view at a pass boundary.
@@ -110,6 +111,7 @@ struct State {
     committed: Option<usize>,
     /// Passes each rank has waited for its group.
     waited: Vec<u64>,
+    /// The first failure, which every round from then on gives up with.
     poisoned: Option<String>,
 }
 
@@ -138,7 +140,8 @@ impl Coordinator {
         }
     }
 
-    /// Fails every current and future round (a rank died).
+    /// Fails every current and future round (a rank died: `why` is its failure, naming
+    /// it); the ranks waiting give up with an [`Abandoned`] quoting `why`.
     pub fn poison(&self, why: String) {
         let mut s = self.state.lock().expect("coordinator lock");
         s.poisoned.get_or_insert(why);
@@ -148,15 +151,15 @@ impl Coordinator {
     /// Rank `rank` arrives with `flags`; returns once every rank has arrived.
     pub fn sync(&self, rank: usize, flags: Flags) -> Result<Decision> {
         let mut s = self.state.lock().expect("coordinator lock");
-        let fail = |s: &State| Error::Rank {
-            rank,
-            msg: format!(
-                "pass coordinator abandoned: {}",
-                s.poisoned.as_deref().unwrap_or("")
-            ),
+        let abandoned = |cause: &str| {
+            Error::Abandoned(Abandoned {
+                rank,
+                what: "pass coordinator",
+                cause: cause.to_string(),
+            })
         };
-        if s.poisoned.is_some() {
-            return Err(fail(&s));
+        if let Some(p) = &s.poisoned {
+            return Err(abandoned(p));
         }
         let round = s.round;
         s.arrived[rank] = Some(flags);
@@ -178,8 +181,8 @@ impl Coordinator {
         }
         let start = Instant::now();
         loop {
-            if s.poisoned.is_some() {
-                return Err(fail(&s));
+            if let Some(p) = &s.poisoned {
+                return Err(abandoned(p));
             }
             if s.round != round {
                 return Ok(s.last.expect("decided"));
@@ -294,9 +297,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("ranks not arrived: [1]"), "{e}");
-        assert!(
-            c.sync(1, f(Some(0), None, false, 0)).is_err(),
-            "poisoned for the rest"
-        );
+        match c.sync(1, f(Some(0), None, false, 0)) {
+            Err(Error::Abandoned(a)) => {
+                assert_eq!((a.rank, a.what), (1, "pass coordinator"));
+                assert!(a.cause.contains("rank 0 waited"), "{}", a.cause);
+            }
+            r => panic!(
+                "not abandoned for the rest: {:?}",
+                r.map_err(|e| e.to_string())
+            ),
+        }
     }
 }

@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod dtype;
 pub mod family;
+pub mod fault;
 pub mod host_buffer;
 pub mod lockstep;
 pub mod pipeline;

@@ -96,12 +96,13 @@ impl BlockWeights {
 impl Weights for BlockWeights {
     fn get(&self, name: &str) -> Result<Tensor> {
         let t = self.tensors.get(name).ok_or_else(|| {
-            Error::invalid("block weights", format!("no tensor `{name}` in this block"))
+            Error::bug(format!("block weights: no tensor `{name}` in this block"))
         })?;
         if t.dtype() == DType::F8E4M3 {
-            let scale = self.scales.get(name).ok_or_else(|| {
-                Error::invalid("block weights", format!("fp8 `{name}` has no scale"))
-            })?;
+            let scale = self
+                .scales
+                .get(name)
+                .ok_or_else(|| Error::bug(format!("block weights: fp8 `{name}` has no scale")))?;
             return super::dtype::dequantize(t, scale, self.dtype);
         }
         // candle's to_dtype hands back the same storage when the dtype already matches.
@@ -166,19 +167,16 @@ impl Streamed {
     ) -> Result<Streamed> {
         if layouts.len() != mapped.len() || layouts.len() != components.len() || layouts.is_empty()
         {
-            return Err(Error::invalid(
-                "groups",
-                format!(
-                    "{} block layouts for {} mapped components ({} named)",
-                    layouts.len(),
-                    mapped.len(),
-                    components.len()
-                ),
-            ));
+            return Err(Error::bug(format!(
+                "groups: {} block layouts for {} mapped components ({} named)",
+                layouts.len(),
+                mapped.len(),
+                components.len()
+            )));
         }
         let dp = layouts[0].dp;
         if layouts.iter().any(|l| l.dp != dp) {
-            return Err(Error::invalid("dp", "block layouts for different dp"));
+            return Err(Error::bug("dp: block layouts for different dp"));
         }
         for c in resident_components {
             if !components.contains(c) {
@@ -255,6 +253,175 @@ impl Streamed {
     }
 }
 
+/// Refuses a pipeline whose layouts are for another dp than the collective group's, or
+/// that would stream through fewer than two slots.
+fn check_shape(streamed: &Streamed, dp: usize, opts: &PipelineOptions) -> Result<()> {
+    if streamed.dp() != dp {
+        return Err(Error::bug(format!(
+            "dp: layout is for dp={} but the group has {dp} ranks",
+            streamed.dp()
+        )));
+    }
+    if opts.strategy.streams() && opts.slots < crate::strategy::MIN_STREAMING_SLOTS as usize {
+        return Err(Error::invalid(
+            "slots",
+            format!("{}: streaming needs at least 2 slots", opts.slots),
+        ));
+    }
+    Ok(())
+}
+
+/// Rank `rank`'s copy stream: every strategy's but `sharded`'s, which copies only at the
+/// start.
+fn copy_stream<B: Backend>(
+    backend: &B,
+    strategy: Strategy,
+    rank: usize,
+) -> Result<Option<B::Stream>> {
+    Ok(match strategy {
+        Strategy::Sharded => None,
+        _ => Some(backend.new_stream(&format!("copy-r{rank}"))?),
+    })
+}
+
+/// Rank `rank`'s gather stream: the strategies' that all-gather.
+fn gather_stream<B: Backend>(
+    backend: &B,
+    strategy: Strategy,
+    rank: usize,
+) -> Result<Option<B::Stream>> {
+    Ok(match strategy {
+        Strategy::Sharded | Strategy::OffloadSharded => {
+            Some(backend.new_stream(&format!("gather-r{rank}"))?)
+        }
+        _ => None,
+    })
+}
+
+/// The device buffers of what stays on the device, by group; every group and block has
+/// an entry (empty if unused).
+struct Stationary {
+    /// Per group, per block, per region: the whole weights of a block that stays (every
+    /// block under `resident`); none for a block that streams.
+    resident: Vec<Vec<Vec<Tensor>>>,
+    /// `sharded`: per group, per region, the store of this rank's shards of the blocks
+    /// that stream.
+    store: Vec<Vec<Tensor>>,
+}
+
+/// Device buffers of one rank, each charged to its budget as it is allocated; the
+/// charges are the pipeline's to hold.
+struct Allocator<'a, B: Backend> {
+    backend: &'a B,
+    budget: &'a Arc<DeviceBudget>,
+    allocs: Vec<Allocation>,
+}
+
+impl<B: Backend> Allocator<'_, B> {
+    /// A zeroed buffer of `bytes` bytes of `dtype`, charged as `kind` (`what` names it in
+    /// an out-of-memory error).
+    fn alloc(
+        &mut self,
+        kind: &'static str,
+        what: String,
+        dtype: Dtype,
+        bytes: u64,
+    ) -> Result<Tensor> {
+        self.allocs.push(self.budget.charge(kind, &what, bytes)?);
+        self.backend
+            .alloc(super::dtype::candle_dtype(dtype)?, bytes)
+    }
+
+    /// The buffers of what stays on the device (see [`Stationary`]); `kept` says, per
+    /// group, per block, whether it stays.
+    fn stationary(
+        &mut self,
+        streamed: &Streamed,
+        kept: &[Vec<bool>],
+        strategy: Strategy,
+        dp: usize,
+    ) -> Result<Stationary> {
+        let (mut resident, mut store) = (Vec::new(), Vec::new());
+        for (gi, layout) in streamed.layouts.iter().enumerate() {
+            let mut blocks = Vec::new();
+            for b in &layout.blocks {
+                if !kept[gi][b.index] {
+                    blocks.push(Vec::new());
+                    continue;
+                }
+                let bufs = b
+                    .regions
+                    .iter()
+                    .enumerate()
+                    .map(|(r, reg)| {
+                        self.alloc(
+                            "resident_blocks",
+                            format!("group {gi} block {} weights", b.index),
+                            layout.dtypes[r],
+                            reg.padded,
+                        )
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                blocks.push(bufs);
+            }
+            let mut regions = Vec::new();
+            let streaming = kept[gi].iter().filter(|k| !**k).count() as u64;
+            if strategy == Strategy::Sharded && streaming > 0 {
+                for (r, &cap) in layout.region_capacity.iter().enumerate() {
+                    let bytes = cap / dp as u64 * streaming;
+                    regions.push(self.alloc(
+                        "resident_shards",
+                        format!("group {gi} shard store ({:?})", layout.dtypes[r]),
+                        layout.dtypes[r],
+                        bytes,
+                    )?);
+                }
+            }
+            resident.push(blocks);
+            store.push(regions);
+        }
+        Ok(Stationary { resident, store })
+    }
+
+    /// The K slots of `shape` when some block `streams`; none otherwise, which a
+    /// streaming strategy refuses (it would stream nothing).
+    fn slots(
+        &mut self,
+        shape: &SlotShape,
+        opts: &PipelineOptions,
+        streams: bool,
+    ) -> Result<Vec<Slot<B::Event>>> {
+        if !streams {
+            if opts.strategy.streams() {
+                return Err(Error::invalid(
+                    "resident-components",
+                    format!(
+                        "every streamed component is kept resident, so {} would stream nothing: use --strategy resident",
+                        opts.strategy
+                    ),
+                ));
+            }
+            return Ok(Vec::new());
+        }
+        let mut slots = Vec::with_capacity(opts.slots);
+        for s in 0..opts.slots {
+            let buffers = shape
+                .capacity
+                .iter()
+                .zip(&shape.dtypes)
+                .map(|(&cap, &dtype)| self.alloc("slots", format!("slot {s}"), dtype, cap))
+                .collect::<Result<Vec<_>>>()?;
+            slots.push(Slot {
+                buffers,
+                loaded: self.backend.new_event(),
+                ready: self.backend.new_event(),
+                free: self.backend.new_event(),
+            });
+        }
+        Ok(slots)
+    }
+}
+
 /// One rank's weights and the machinery that moves them.
 pub struct Pipeline<B: Backend, C: Collective<B>> {
     backend: Arc<B>,
@@ -292,109 +459,24 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         opts: PipelineOptions,
     ) -> Result<Self> {
         let (rank, dp) = (comm.rank(), comm.size());
-        if streamed.dp() != dp {
-            return Err(Error::invalid(
-                "dp",
-                format!(
-                    "layout is for dp={} but the group has {dp} ranks",
-                    streamed.dp()
-                ),
-            ));
-        }
-        if opts.strategy.streams() && opts.slots < crate::strategy::MIN_STREAMING_SLOTS as usize {
-            return Err(Error::invalid(
-                "slots",
-                format!("{}: streaming needs at least 2 slots", opts.slots),
-            ));
-        }
-        let mut allocs = Vec::new();
-        let mut alloc = |kind: &'static str, what: String, dtype: Dtype, bytes: u64| {
-            allocs.push(budget.charge(kind, &what, bytes)?);
-            backend.alloc(super::dtype::candle_dtype(dtype)?, bytes)
-        };
-        let mut slots = Vec::new();
-        let mut store = Vec::new();
-        let mut resident = Vec::new();
-        let layouts = streamed.layouts.clone();
-        // Whole blocks of what stays on the device (groups kept whole, and the blocks kept
-        // of the others); under `sharded` this rank's shard of every block that streams.
-        // Every group and block has an entry (empty if unused).
-        let kept: Vec<Vec<bool>> = (0..layouts.len())
+        check_shape(&streamed, dp, &opts)?;
+        // Per group, per block: whether it stays on the device (whole: groups kept whole,
+        // and the blocks kept of the others).
+        let kept: Vec<Vec<bool>> = (0..streamed.layouts.len())
             .map(|g| streamed.kept(opts.strategy, g))
             .collect();
-        for (gi, layout) in layouts.iter().enumerate() {
-            let (mut blocks, mut regions) = (Vec::new(), Vec::new());
-            for b in &layout.blocks {
-                if !kept[gi][b.index] {
-                    blocks.push(Vec::new());
-                    continue;
-                }
-                let bufs = b
-                    .regions
-                    .iter()
-                    .enumerate()
-                    .map(|(r, reg)| {
-                        alloc(
-                            "resident_blocks",
-                            format!("group {gi} block {} weights", b.index),
-                            layout.dtypes[r],
-                            reg.padded,
-                        )
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                blocks.push(bufs);
-            }
-            let streaming = kept[gi].iter().filter(|k| !**k).count() as u64;
-            if opts.strategy == Strategy::Sharded && streaming > 0 {
-                for (r, &cap) in layout.region_capacity.iter().enumerate() {
-                    let bytes = cap / dp as u64 * streaming;
-                    regions.push(alloc(
-                        "resident_shards",
-                        format!("group {gi} shard store ({:?})", layout.dtypes[r]),
-                        layout.dtypes[r],
-                        bytes,
-                    )?);
-                }
-            }
-            resident.push(blocks);
-            store.push(regions);
-        }
+        let mut memory = Allocator {
+            backend: &*backend,
+            budget,
+            allocs: Vec::new(),
+        };
+        let Stationary { resident, store } =
+            memory.stationary(&streamed, &kept, opts.strategy, dp)?;
         let streams = kept.iter().any(|g| g.iter().any(|k| !*k));
-        if streams {
-            let shape = &streamed.shape;
-            for s in 0..opts.slots {
-                let buffers = shape
-                    .capacity
-                    .iter()
-                    .zip(&shape.dtypes)
-                    .map(|(&cap, &dtype)| alloc("slots", format!("slot {s}"), dtype, cap))
-                    .collect::<Result<Vec<_>>>()?;
-                slots.push(Slot {
-                    buffers,
-                    loaded: backend.new_event(),
-                    ready: backend.new_event(),
-                    free: backend.new_event(),
-                });
-            }
-        } else if opts.strategy.streams() {
-            return Err(Error::invalid(
-                "resident-components",
-                format!(
-                    "every streamed component is kept resident, so {} would stream nothing: use --strategy resident",
-                    opts.strategy
-                ),
-            ));
-        }
-        let copy = match opts.strategy {
-            Strategy::Sharded => None,
-            _ => Some(backend.new_stream(&format!("copy-r{rank}"))?),
-        };
-        let gather = match opts.strategy {
-            Strategy::Sharded | Strategy::OffloadSharded => {
-                Some(backend.new_stream(&format!("gather-r{rank}"))?)
-            }
-            _ => None,
-        };
+        let slots = memory.slots(&streamed.shape, &opts, streams)?;
+        let allocs = memory.allocs;
+        let copy = copy_stream(&*backend, opts.strategy, rank)?;
+        let gather = gather_stream(&*backend, opts.strategy, rank)?;
         let ring = match (opts.staging, &copy) {
             (Some(depth), Some(_)) if streams => {
                 Some(Self::ring(&*backend, &streamed, &kept, &opts, rank, depth)?)
@@ -452,10 +534,7 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
             for b in layout.blocks.iter().filter(|b| !kept[g][b.index]) {
                 let need = block_copy_bytes(b, sharded, rank);
                 if need > size {
-                    return Err(Error::invalid(
-                        "staging",
-                        format!(
-                            "rank {rank} copies {need} bytes of block {} of group {g}, more than a {size}-byte staging buffer",
+                    return Err(Error::bug(format!("staging: rank {rank} copies {need} bytes of block {} of group {g}, more than a {size}-byte staging buffer",
                             b.index
                         ),
                     ));
@@ -524,9 +603,11 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         self.kept[group][..block].iter().filter(|k| !**k).count()
     }
 
+    /// `e` as a failure of this rank; an error that names its rank already (an
+    /// abandoned collective among them, which keeps its type) is left as it is.
     fn rank_error(&self, e: Error) -> Error {
         match e {
-            Error::Rank { .. } => e,
+            Error::Rank { .. } | Error::Abandoned(_) => e,
             other => Error::Rank {
                 rank: self.comm.rank(),
                 msg: other.to_string(),
@@ -666,10 +747,10 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
     ) -> Result<()> {
         let layouts = self.streamed.layouts.clone();
         let layout = layouts.get(group).ok_or_else(|| {
-            Error::invalid(
-                "group",
-                format!("{group}: the model has {} groups", layouts.len()),
-            )
+            Error::bug(format!(
+                "group: {group}: the model has {} groups",
+                layouts.len()
+            ))
         })?;
         let l = layout.blocks.len();
         let k = self.slots.len();
@@ -686,10 +767,9 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         // Blocks of this pass already in flight were prefetched by the pass before.
         if let (Some(&(g, b, _)), Some(&first)) = (self.in_flight.front(), streamed.first()) {
             if (g, b) != (group, first) {
-                return Err(self.rank_error(Error::invalid(
-                    "pipeline",
-                    format!("pass over group {group} but block {b} of group {g} was prefetched"),
-                )));
+                return Err(self.rank_error(Error::bug(format!(
+                    "pipeline: pass over group {group} but block {b} of group {g} was prefetched"
+                ))));
             }
         }
         // A pass that streams nothing leaves what is already in flight to the pass it was

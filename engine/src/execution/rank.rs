@@ -21,12 +21,13 @@ use super::cpu::{CpuBackend, LocalGroup};
 use super::cuda::plan::ResidentBlocks;
 use super::cuda::{self, DeviceChoice, HostMode, Resolved, SlotsChoice};
 use super::dtype::{self, ComputeDtype};
-use super::family::{FamilyRuntime, Task};
-use super::lockstep::{Coordinator, Flags};
+use super::family::{FamilyRuntime, RankModel, Task};
+use super::lockstep::{Coordinator, Decision, Flags};
 use super::pipeline::{Hook, Pipeline, PipelineOptions, Streamed};
 use super::trace::{Lane, Trace};
 use super::work::{Output, PassReport, WorkKey, WorkSource};
 use crate::decode::DecoderBytes;
+use crate::layout::GroupLayout;
 use crate::memory::{self, GroupBytes};
 use crate::{Error, Result, Strategy};
 
@@ -144,7 +145,7 @@ struct Active {
 }
 
 /// Runs `opts.dp` rank threads of `family` on `source` until it closes and every rank is
-/// idle. Returns the root cause when a rank fails (not a peer's "abandoned" error).
+/// idle. Returns the root cause when a rank fails (not a peer's [`Error::Abandoned`]).
 pub fn drive(
     family: &dyn FamilyRuntime,
     opts: &EngineOptions,
@@ -156,166 +157,237 @@ pub fn drive(
     let device = cuda::resolve(opts.device, opts.dp)?;
     let layouts = family.layouts(opts.dp)?;
     let dtype = compute_dtype(family, opts.compute_dtype, &device, &layouts)?;
-    // Device bytes outside the slots that every rank keeps (prologues, epilogues, decoder),
-    // in the memory model's term: the profile's file sizes, which the operator's plan uses,
-    // so that a plan it records is one this engine starts with and accounts to the byte.
-    let outside = family.resident_bytes(opts.decode);
-    // The same weights at the size they take in the compute dtype (a bf16 Wan computes in
-    // f32 and holds them at twice their file size). `--slots auto` sizes K from this, so it
-    // never overcommits; the profile has no per-dtype figure for them yet, so the planner
-    // and the start check cannot.
-    #[cfg(feature = "cuda")]
-    let stored_outside = family.stored_resident_bytes(opts.decode, dtype);
-    // What the weights may take of the budget: the rest is the activations', the
-    // runtime's and the decoder's beside the ranks.
-    let weights_budget = (opts.device_memory != u64::MAX).then(|| {
-        opts.device_memory
-            .saturating_sub(opts.activations)
-            .saturating_sub(opts.overhead)
-            .saturating_sub(opts.decoder.total())
-    });
-    let streamed_with = |n: usize| {
-        Streamed::new(
-            layouts.clone(),
-            family.mappings(),
-            family.group_components(),
-            &opts.resident_components,
-            n,
-        )
+    let sizing = Sizing::new(family, opts, layouts)?;
+    let start = Start {
+        family,
+        opts,
+        source,
+        dtype,
+        sizing,
     };
-    let resident_blocks = match opts.resident_blocks {
-        ResidentBlocks::Fixed(n) => n,
-        ResidentBlocks::Auto if !opts.strategy.streams() => 0,
-        ResidentBlocks::Auto => {
-            let Some(budget) = weights_budget else {
-                return Err(Error::invalid(
-                    "resident-blocks",
-                    "`--resident-blocks auto` keeps as many blocks as the device memory budget holds after the slots: give --device-memory-mib, or a number of blocks",
-                ));
-            };
-            // K first (auto K from the budget with no block kept), then the blocks.
-            let none = streamed_with(0)?;
-            let groups = none.bytes();
-            let needs =
-                cuda::plan::DeviceNeeds::of(&groups, &none.placement(opts.strategy, 0), outside);
-            let k = cuda::plan::cpu_slots(opts.slots, opts.strategy, needs, Some(budget))?;
-            cuda::plan::auto_resident_blocks(
-                &groups,
-                &none.placement(opts.strategy, k),
-                outside,
-                budget,
-            )
-        }
-    };
-    let streamed = streamed_with(resident_blocks)?;
-    if resident_blocks > 0 {
-        tracing::info!(
-            resident_blocks,
-            "blocks of each streamed group kept on the device"
-        );
-    }
-    let groups = streamed.bytes();
-    // On a GPU, K is sized from what the weights take in the compute dtype.
-    #[cfg(feature = "cuda")]
-    let needs = cuda::plan::DeviceNeeds::of(
-        &groups,
-        &streamed.placement(opts.strategy, 0),
-        stored_outside,
-    );
     match device {
-        Resolved::Cpu { why } => {
-            tracing::info!(%why, "computing on the CPU");
-            let staging = match opts.host {
-                HostMode::Auto => None,
-                HostMode::Pin => Some(opts.staging_buffers),
-                HostMode::Register | HostMode::Pageable => {
-                    return Err(Error::invalid(
-                        "host-memory",
-                        format!(
-                            "`--host-memory {}` applies to CUDA devices, but the ranks compute on the CPU ({why}), which reads weights from the mapped checkpoint; use auto, or pin to stage them through a ring",
-                            opts.host
-                        ),
-                    ))
-                }
-            };
-            // On the CPU, K comes from the plan's budget in the plan's terms.
-            let planned = cuda::plan::DeviceNeeds::of(
-                &groups,
-                &streamed.placement(opts.strategy, 0),
-                outside,
-            );
-            let slots = cuda::plan::cpu_slots(opts.slots, opts.strategy, planned, weights_budget)?;
-            check_budget(&groups, &streamed, opts, slots, outside)?;
-            let backend = Arc::new(CpuBackend::new(opts.timeout));
-            let group = LocalGroup::new(opts.dp, opts.timeout);
-            let capacity = weights_budget.unwrap_or(u64::MAX);
-            let ranks = group
-                .comms()
-                .into_iter()
-                .map(|comm| (backend.clone(), comm, capacity))
-                .collect();
-            let run = Run {
-                family,
-                streamed,
-                source,
-                opts,
-                slots,
-                outside,
-                dtype,
-                staging,
-            };
-            let r = run.spawn(ranks, &|why| group.poison(why));
-            match (r, group.dropped_before_poison()) {
-                (Err(e), Some(rank)) => Err(Error::Rank {
-                    rank,
-                    msg: format!(
-                        "dropped its communicator before the group was poisoned, after the run failed with: {e} (an ordering bug in the rank loop: on a GPU this hangs in ncclCommDestroy)"
-                    ),
-                }),
-                (r, _) => r,
-            }
-        }
+        Resolved::Cpu { why } => start.on_cpu(&why),
         #[cfg(feature = "cuda")]
-        Resolved::Cuda { devices } => {
-            tracing::info!(devices, "computing on CUDA GPUs");
-            let r = cuda::setup(
-                &streamed,
-                &cuda::CudaOptions {
-                    strategy: opts.strategy,
-                    slots: opts.slots,
-                    weights_budget,
-                    needs,
-                    host: opts.host,
-                    timeout: opts.timeout,
-                    dtype,
-                    // The decoder's weights are on the device already (the server loads
-                    // them before the ranks start), so free memory has them gone; its
-                    // decode peak runs beside the passes and stays free with theirs.
-                    activations: opts.activations.saturating_add(opts.decoder.peak),
-                },
-            )?;
-            check_budget(&groups, &streamed, opts, r.slots, outside)?;
-            let ranks = r
-                .ranks
-                .into_iter()
-                .map(|x| (x.backend, x.comm, x.capacity))
-                .collect();
-            let group = r.group;
-            let staging = r.host.stages().then_some(opts.staging_buffers);
-            let run = Run {
-                family,
-                streamed,
-                source,
-                opts,
-                slots: r.slots,
-                outside,
-                dtype,
-                staging,
-            };
-            run.spawn(ranks, &|why| group.poison(why))
-        }
+        Resolved::Cuda { devices } => start.on_cuda(devices),
         #[cfg(not(feature = "cuda"))]
         Resolved::Cuda { .. } => unreachable!("resolve never picks CUDA without the feature"),
+    }
+}
+
+/// What a run streams and the device bytes around it, known before any device is open.
+struct Sizing {
+    /// The groups it streams, with the blocks `--resident-blocks` keeps.
+    streamed: Streamed,
+    /// Each group's block bytes, for the memory model.
+    groups: Vec<GroupBytes>,
+    /// Device bytes outside the slots that every rank keeps (prologues, epilogues,
+    /// decoder), in the memory model's term: the profile's file sizes, which the
+    /// operator's plan uses, so that a plan it records is one this engine starts with and
+    /// accounts to the byte.
+    outside: u64,
+    /// What the weights may take of `--device-memory-mib`: the rest is the activations',
+    /// the runtime's and the decoder's beside the ranks. None without a budget.
+    weights_budget: Option<u64>,
+}
+
+impl Sizing {
+    /// Sizes a run of `family` over `layouts` (its groups for `opts.dp`), with the blocks
+    /// kept on the device that `--resident-blocks` asks for.
+    fn new(
+        family: &dyn FamilyRuntime,
+        opts: &EngineOptions,
+        layouts: Vec<GroupLayout>,
+    ) -> Result<Sizing> {
+        let outside = family.resident_bytes(opts.decode);
+        let weights_budget = (opts.device_memory != u64::MAX).then(|| {
+            opts.device_memory
+                .saturating_sub(opts.activations)
+                .saturating_sub(opts.overhead)
+                .saturating_sub(opts.decoder.total())
+        });
+        let streamed_with = |n: usize| {
+            Streamed::new(
+                layouts.clone(),
+                family.mappings(),
+                family.group_components(),
+                &opts.resident_components,
+                n,
+            )
+        };
+        let resident_blocks = match opts.resident_blocks {
+            ResidentBlocks::Fixed(n) => n,
+            ResidentBlocks::Auto if !opts.strategy.streams() => 0,
+            ResidentBlocks::Auto => {
+                let Some(budget) = weights_budget else {
+                    return Err(Error::invalid(
+                        "resident-blocks",
+                        "`--resident-blocks auto` keeps as many blocks as the device memory budget holds after the slots: give --device-memory-mib, or a number of blocks",
+                    ));
+                };
+                auto_resident_blocks(&streamed_with(0)?, opts, outside, budget)?
+            }
+        };
+        let streamed = streamed_with(resident_blocks)?;
+        if resident_blocks > 0 {
+            tracing::info!(
+                resident_blocks,
+                "blocks of each streamed group kept on the device"
+            );
+        }
+        Ok(Sizing {
+            groups: streamed.bytes(),
+            streamed,
+            outside,
+            weights_budget,
+        })
+    }
+}
+
+/// `--resident-blocks auto`: as many blocks of each streamed group as `budget` holds
+/// beside the slots, with K first chosen from the budget with no block kept. `none` is
+/// the run's groups with no block kept.
+fn auto_resident_blocks(
+    none: &Streamed,
+    opts: &EngineOptions,
+    outside: u64,
+    budget: u64,
+) -> Result<usize> {
+    let groups = none.bytes();
+    let needs = cuda::plan::DeviceNeeds::of(&groups, &none.placement(opts.strategy, 0), outside);
+    let k = cuda::plan::cpu_slots(opts.slots, opts.strategy, needs, Some(budget))?;
+    Ok(cuda::plan::auto_resident_blocks(
+        &groups,
+        &none.placement(opts.strategy, k),
+        outside,
+        budget,
+    ))
+}
+
+/// A sized run about to open its devices: each backend chooses K and the host path, checks
+/// the plan's memory and spawns the ranks.
+struct Start<'a> {
+    family: &'a dyn FamilyRuntime,
+    opts: &'a EngineOptions,
+    source: &'a dyn WorkSource,
+    /// The dtype blocks compute in.
+    dtype: DType,
+    sizing: Sizing,
+}
+
+impl<'a> Start<'a> {
+    /// The ranks compute on the CPU (`why`: what chose it): K from the plan's budget in
+    /// the plan's terms, copies from the mapping or staged through a ring (`--host-memory
+    /// pin`), and one thread-backed group.
+    fn on_cpu(self, why: &str) -> Result<Vec<RankResult>> {
+        tracing::info!(%why, "computing on the CPU");
+        let opts = self.opts;
+        let staging = match opts.host {
+            HostMode::Auto => None,
+            HostMode::Pin => Some(opts.staging_buffers),
+            HostMode::Register | HostMode::Pageable => {
+                return Err(Error::invalid(
+                    "host-memory",
+                    format!(
+                        "`--host-memory {}` applies to CUDA devices, but the ranks compute on the CPU ({why}), which reads weights from the mapped checkpoint; use auto, or pin to stage them through a ring",
+                        opts.host
+                    ),
+                ))
+            }
+        };
+        let Sizing {
+            streamed,
+            groups,
+            outside,
+            weights_budget,
+        } = &self.sizing;
+        let planned =
+            cuda::plan::DeviceNeeds::of(groups, &streamed.placement(opts.strategy, 0), *outside);
+        let slots = cuda::plan::cpu_slots(opts.slots, opts.strategy, planned, *weights_budget)?;
+        check_budget(groups, streamed, opts, slots, *outside)?;
+        let backend = Arc::new(CpuBackend::new(opts.timeout));
+        let group = LocalGroup::new(opts.dp, opts.timeout);
+        let capacity = weights_budget.unwrap_or(u64::MAX);
+        let ranks = group
+            .comms()
+            .into_iter()
+            .map(|comm| (backend.clone(), comm, capacity))
+            .collect();
+        let r = self
+            .run(slots, staging)
+            .spawn(ranks, &|why| group.poison(why));
+        match (r, group.dropped_before_poison()) {
+            (Err(e), Some(rank)) => Err(Error::Rank {
+                rank,
+                msg: format!(
+                    "dropped its communicator before the group was poisoned, after the run failed with: {e} (an ordering bug in the rank loop: on a GPU this hangs in ncclCommDestroy)"
+                ),
+            }),
+            (r, _) => r,
+        }
+    }
+
+    /// The ranks compute on `devices` CUDA GPUs: K sized from what the weights take in
+    /// the compute dtype, and an NCCL group.
+    #[cfg(feature = "cuda")]
+    fn on_cuda(self, devices: usize) -> Result<Vec<RankResult>> {
+        tracing::info!(devices, "computing on CUDA GPUs");
+        let opts = self.opts;
+        let Sizing {
+            streamed,
+            groups,
+            outside,
+            weights_budget,
+        } = &self.sizing;
+        // The same weights outside the slots at the size they take in the compute dtype
+        // (a bf16 Wan computes in f32 and holds them at twice their file size). `--slots
+        // auto` sizes K from this, so it never overcommits; the profile has no per-dtype
+        // figure for them yet, so the planner and the start check cannot.
+        let stored_outside = self.family.stored_resident_bytes(opts.decode, self.dtype);
+        let needs = cuda::plan::DeviceNeeds::of(
+            groups,
+            &streamed.placement(opts.strategy, 0),
+            stored_outside,
+        );
+        let r = cuda::setup(
+            streamed,
+            &cuda::CudaOptions {
+                strategy: opts.strategy,
+                slots: opts.slots,
+                weights_budget: *weights_budget,
+                needs,
+                host: opts.host,
+                timeout: opts.timeout,
+                dtype: self.dtype,
+                // The decoder's weights are on the device already (the server loads
+                // them before the ranks start), so free memory has them gone; its
+                // decode peak runs beside the passes and stays free with theirs.
+                activations: opts.activations.saturating_add(opts.decoder.peak),
+            },
+        )?;
+        check_budget(groups, streamed, opts, r.slots, *outside)?;
+        let ranks = r
+            .ranks
+            .into_iter()
+            .map(|x| (x.backend, x.comm, x.capacity))
+            .collect();
+        let group = r.group;
+        let staging = r.host.stages().then_some(opts.staging_buffers);
+        self.run(r.slots, staging)
+            .spawn(ranks, &|why| group.poison(why))
+    }
+
+    /// The run the ranks share, with K = `slots` and a staging ring of `staging` buffers.
+    fn run(self, slots: usize, staging: Option<usize>) -> Run<'a> {
+        Run {
+            family: self.family,
+            streamed: self.sizing.streamed,
+            source: self.source,
+            opts: self.opts,
+            slots,
+            outside: self.sizing.outside,
+            dtype: self.dtype,
+            staging,
+        }
     }
 }
 
@@ -326,7 +398,7 @@ fn compute_dtype(
     family: &dyn FamilyRuntime,
     choice: ComputeDtype,
     device: &Resolved,
-    layouts: &[crate::layout::GroupLayout],
+    layouts: &[GroupLayout],
 ) -> Result<DType> {
     let mut stored: Vec<safetensors::Dtype> = Vec::new();
     for d in layouts.iter().flat_map(|l| l.dtypes.iter()) {
@@ -453,9 +525,14 @@ impl Run<'_> {
                             // communicator destroyed while peers wait in collectives, or
                             // with its own still queued, blocks forever.
                             let fail = |e: &Error| {
-                                tracing::error!(rank, error = %e, "rank failed");
-                                poison(format!("rank {rank} failed: {e}"));
-                                coord.poison(format!("rank {rank} failed: {e}"));
+                                if matches!(e, Error::Abandoned(_)) {
+                                    tracing::warn!(rank, error = %e, "rank gave up");
+                                } else {
+                                    tracing::error!(rank, error = %e, "rank failed");
+                                }
+                                let cause = first_cause(rank, e);
+                                poison(cause.clone());
+                                coord.poison(cause);
                             };
                             let r = self.rank_loop(place, coord, &fail);
                             if let Err(e) = &r {
@@ -482,7 +559,7 @@ impl Run<'_> {
         if !errors.is_empty() {
             let root = errors
                 .iter()
-                .position(|e| !e.to_string().contains("abandoned"))
+                .position(|e| !matches!(e, Error::Abandoned(_)))
                 .unwrap_or(0);
             return Err(errors.swap_remove(root));
         }
@@ -516,6 +593,9 @@ impl Run<'_> {
         r
     }
 
+    /// One rank's work: loads its weights and pipeline (left in `held`, for
+    /// [`Run::rank_loop`] to drop after a failure), then meets its peers at every pass
+    /// boundary and runs the pass they decide, until they decide to exit.
     fn rank_body<B: Backend, C: Collective<B>>(
         &self,
         place: Placement<B, C>,
@@ -528,7 +608,7 @@ impl Run<'_> {
             capacity,
             slots,
         } = place;
-        let (opts, source) = (self.opts, self.source);
+        let opts = self.opts;
         let rank = comm.rank();
         let budget = DeviceBudget::new(rank, capacity);
         let dev = backend.device().clone();
@@ -552,160 +632,240 @@ impl Run<'_> {
                 staging: self.staging,
             },
         )?);
-        source.ready(rank);
-        let mut active: Option<Active> = None;
-        let (mut step_time, mut steps, mut busy_time) = (Duration::ZERO, 0usize, Duration::ZERO);
-        let (mut switch_stall, mut switch_time) = (Duration::ZERO, Duration::ZERO);
-        // The group of the last pass that ran (busy or not): a different group next is a
-        // switch, whose first blocks only a prefetch keeps from stalling.
-        let mut last_group: Option<usize> = None;
-        let mut last_busy = false;
-        // Compute waiting for weights, counted only in passes where this rank computes: an
-        // idle rank also waits on its gathers, but nothing of its own is held up.
-        let mut stall = Duration::ZERO;
+        self.source.ready(rank);
+        let mut work = RankWork {
+            run: self,
+            rank,
+            model: &*model,
+            pipe,
+            budget: &budget,
+            active: None,
+            tally: Tally::default(),
+        };
         loop {
-            // Pass boundary: drop cancelled work, finish what streams no more, then take
-            // new work if free.
-            if let Some(a) =
-                active.take_if(|a| a.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)))
-            {
-                source.finished(
-                    rank,
-                    a.key,
-                    Err(Error::Conflict {
-                        what: format!("request {} was cancelled", a.key.id),
-                    }),
-                );
-            }
-            if let Some(a) = active.take_if(|a| a.task.wants().is_none()) {
-                source.finished(rank, a.key, finite(a.task.finish()));
-            }
-            let (mut generation, mut closed) = (u64::MAX, false);
-            while active.is_none() {
-                let t = source.take(rank)?;
-                (generation, closed) = (t.generation, t.closed);
-                let Some(work) = t.work else { break };
-                let key = work.key;
-                match model.start(work.req) {
-                    Ok(task) if task.wants().is_some() => {
-                        active = Some(Active {
-                            key,
-                            task,
-                            cancel: work.cancel,
-                        })
-                    }
-                    Ok(task) => source.finished(rank, key, finite(task.finish())),
-                    Err(e) => source.finished(rank, key, Err(e)),
-                }
-            }
-            let want = active.as_ref().and_then(|a| a.task.wants());
-            let then = active
-                .as_ref()
-                .and_then(|a| a.task.wants_after())
-                .or_else(|| source.pending(rank).then(|| self.family.first_group()));
-            let d = coord.sync(
-                rank,
-                Flags {
-                    want,
-                    then,
-                    closed,
-                    generation,
-                },
-            )?;
+            let flags = work.at_boundary()?;
+            let d = coord.sync(rank, flags)?;
             if d.exit {
                 break;
             }
             if !d.run {
-                source.wait(rank, d.generation)?;
+                self.source.wait(rank, d.generation)?;
                 continue;
             }
-            let t0 = Instant::now();
-            let busy = want == Some(d.group);
-            // A request's own failure ends that request, never the pass: the rank keeps
-            // joining the collectives so its peers are not disturbed.
-            let mut failure: Option<Error> = None;
-            let mut task = active.as_mut().filter(|_| busy).map(|a| &mut a.task);
-            if let Some(t) = task.as_mut() {
-                if let Err(e) = t.begin() {
-                    failure = Some(e);
-                }
-            }
-            let trace = opts.trace.as_deref();
-            let stall_before = pipe.stats().stall;
-            pipe.pass(d.group, d.next, |i, w| {
-                if let (Some(t), None) = (task.as_mut(), &failure) {
-                    let start = trace.map(|t| t.now_us());
-                    if let Err(e) = t.block(i, w) {
-                        failure = Some(e);
-                    }
-                    if let (Some(t), Some(s)) = (trace, start) {
-                        t.record(rank, Lane::Compute, i, s);
-                    }
-                }
-                Ok(())
-            })?;
-            let switched = last_group.is_some_and(|g| g != d.group);
-            last_group = Some(d.group);
-            last_busy = busy;
-            if busy {
-                let stalled = pipe.stats().stall - stall_before;
-                stall += stalled;
-                if switched {
-                    switch_stall += stalled;
-                    switch_time += t0.elapsed();
-                }
-                let mut a = active.take().expect("busy has a task");
-                let ended = match failure {
-                    Some(e) => Err(e),
-                    None => a.task.end(),
-                };
-                let took = t0.elapsed();
-                busy_time += took;
-                match ended {
-                    Err(e) => source.finished(rank, a.key, Err(e)),
-                    Ok(step) => {
-                        if let Some((step, total)) = step {
-                            step_time += took;
-                            steps += 1;
-                            source.step_done(rank, a.key, step, total, took);
-                        }
-                        active = Some(a);
-                    }
-                }
-            }
-            source.pass_done(
+            work.pass(&d, flags.want == Some(d.group))?;
+        }
+        work.finish(slots)
+    }
+}
+
+/// What one rank measures of its passes, for its [`RankResult`].
+#[derive(Default)]
+struct Tally {
+    /// Compute waiting for weights, counted only in passes where this rank computes: an
+    /// idle rank also waits on its gathers, but nothing of its own is held up.
+    stall: Duration,
+    step_time: Duration,
+    steps: usize,
+    busy_time: Duration,
+    switch_stall: Duration,
+    switch_time: Duration,
+    /// The group of the last pass that ran (busy or not): a different group next is a
+    /// switch, whose first blocks only a prefetch keeps from stalling.
+    last_group: Option<usize>,
+    last_busy: bool,
+}
+
+/// One rank between its start and its exit: the request it works on, its pipeline, and
+/// what it measures.
+struct RankWork<'r, B: Backend, C: Collective<B>> {
+    run: &'r Run<'r>,
+    rank: usize,
+    model: &'r dyn RankModel,
+    pipe: &'r mut Pipeline<B, C>,
+    budget: &'r DeviceBudget,
+    active: Option<Active>,
+    tally: Tally,
+}
+
+impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
+    /// At a pass boundary: drops cancelled work, finishes what streams no more, then takes
+    /// new work if free. Returns this rank's view for the coordinator.
+    fn at_boundary(&mut self) -> Result<Flags> {
+        let (rank, source) = (self.rank, self.run.source);
+        if let Some(a) = self
+            .active
+            .take_if(|a| a.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)))
+        {
+            source.finished(
                 rank,
-                &PassReport {
-                    busy,
-                    elapsed: t0.elapsed(),
-                    pipeline: pipe.stats(),
-                    device_bytes: budget.used(),
-                },
+                a.key,
+                Err(Error::Conflict {
+                    what: format!("request {} was cancelled", a.key.id),
+                }),
             );
         }
-        // Stall the device measured but had not reported yet (its timing events are
-        // read back a few blocks late): the last passes', counted when they were busy.
-        let late = pipe.drain_stall()?;
-        if last_busy {
-            stall += late;
+        if let Some(a) = self.active.take_if(|a| a.task.wants().is_none()) {
+            source.finished(rank, a.key, finite(a.task.finish()));
         }
-        let s = pipe.stats().clone();
+        let (generation, closed) = self.take_work()?;
+        let want = self.active.as_ref().and_then(|a| a.task.wants());
+        let then = self
+            .active
+            .as_ref()
+            .and_then(|a| a.task.wants_after())
+            .or_else(|| source.pending(rank).then(|| self.run.family.first_group()));
+        Ok(Flags {
+            want,
+            then,
+            closed,
+            generation,
+        })
+    }
+
+    /// When free, takes requests until one wants a pass (one that wants none is finished
+    /// at once, one that fails to start fails) or none is waiting. Returns the source's
+    /// arrival generation and whether it is closed, as last seen (`u64::MAX` and open
+    /// when busy, so it never asked).
+    fn take_work(&mut self) -> Result<(u64, bool)> {
+        let (rank, source) = (self.rank, self.run.source);
+        let (mut generation, mut closed) = (u64::MAX, false);
+        while self.active.is_none() {
+            let t = source.take(rank)?;
+            (generation, closed) = (t.generation, t.closed);
+            let Some(work) = t.work else { break };
+            let key = work.key;
+            match self.model.start(work.req) {
+                Ok(task) if task.wants().is_some() => {
+                    self.active = Some(Active {
+                        key,
+                        task,
+                        cancel: work.cancel,
+                    })
+                }
+                Ok(task) => source.finished(rank, key, finite(task.finish())),
+                Err(e) => source.finished(rank, key, Err(e)),
+            }
+        }
+        Ok((generation, closed))
+    }
+
+    /// Runs the pass `d` decided, computing when `busy` (this rank's request wants its
+    /// group), and reports it.
+    fn pass(&mut self, d: &Decision, busy: bool) -> Result<()> {
+        let t0 = Instant::now();
+        let stall_before = self.pipe.stats().stall;
+        let failure = self.compute(d, busy)?;
+        let t = &mut self.tally;
+        let switched = t.last_group.is_some_and(|g| g != d.group);
+        t.last_group = Some(d.group);
+        t.last_busy = busy;
+        if busy {
+            let stalled = self.pipe.stats().stall - stall_before;
+            t.stall += stalled;
+            if switched {
+                t.switch_stall += stalled;
+                t.switch_time += t0.elapsed();
+            }
+            self.end_step(failure, t0);
+        }
+        self.run.source.pass_done(
+            self.rank,
+            &PassReport {
+                busy,
+                elapsed: t0.elapsed(),
+                pipeline: self.pipe.stats(),
+                device_bytes: self.budget.used(),
+            },
+        );
+        Ok(())
+    }
+
+    /// The pass through the pipeline, with this rank's request computing each block when
+    /// `busy`. A request's own failure ends that request, never the pass: the rank keeps
+    /// joining the collectives so its peers are not disturbed. Returns that failure.
+    fn compute(&mut self, d: &Decision, busy: bool) -> Result<Option<Error>> {
+        let mut failure: Option<Error> = None;
+        let mut task = self.active.as_mut().filter(|_| busy).map(|a| &mut a.task);
+        if let Some(t) = task.as_mut() {
+            if let Err(e) = t.begin() {
+                failure = Some(e);
+            }
+        }
+        let (trace, rank) = (self.run.opts.trace.as_deref(), self.rank);
+        self.pipe.pass(d.group, d.next, |i, w| {
+            if let (Some(t), None) = (task.as_mut(), &failure) {
+                let start = trace.map(|t| t.now_us());
+                if let Err(e) = t.block(i, w) {
+                    failure = Some(e);
+                }
+                if let (Some(t), Some(s)) = (trace, start) {
+                    t.record(rank, Lane::Compute, i, s);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(failure)
+    }
+
+    /// After a busy pass (started at `t0`): the request's failure in it, or its own at
+    /// the step's end, ends the request; a step it completed is reported.
+    fn end_step(&mut self, failure: Option<Error>, t0: Instant) {
+        let (rank, source) = (self.rank, self.run.source);
+        let mut a = self.active.take().expect("busy has a task");
+        let ended = match failure {
+            Some(e) => Err(e),
+            None => a.task.end(),
+        };
+        let took = t0.elapsed();
+        self.tally.busy_time += took;
+        match ended {
+            Err(e) => source.finished(rank, a.key, Err(e)),
+            Ok(step) => {
+                if let Some((step, total)) = step {
+                    self.tally.step_time += took;
+                    self.tally.steps += 1;
+                    source.step_done(rank, a.key, step, total, took);
+                }
+                self.active = Some(a);
+            }
+        }
+    }
+
+    /// At exit: adds the stall the device measured but had not reported yet (its timing
+    /// events are read back a few blocks late), counted when the last passes were busy,
+    /// and returns what this rank did with K = `slots`.
+    fn finish(self, slots: usize) -> Result<RankResult> {
+        let late = self.pipe.drain_stall()?;
+        let t = self.tally;
+        let s = self.pipe.stats().clone();
         Ok(RankResult {
             slots,
-            resident_blocks: self.streamed.resident_blocks,
-            stall,
-            step_time,
-            steps,
-            busy_time,
-            switch_stall,
-            switch_time,
+            resident_blocks: self.run.streamed.resident_blocks,
+            stall: if t.last_busy { t.stall + late } else { t.stall },
+            step_time: t.step_time,
+            steps: t.steps,
+            busy_time: t.busy_time,
+            switch_stall: t.switch_stall,
+            switch_time: t.switch_time,
             bytes_copied: s.bytes_copied,
             bytes_gathered: s.bytes_gathered,
             bytes_staged: s.bytes_staged,
             pinned_host_bytes: s.pinned_host_bytes,
-            peak: budget.peak(),
-            peak_by_kind: budget.peak_by_kind(),
+            peak: self.budget.peak(),
+            peak_by_kind: self.budget.peak_by_kind(),
         })
+    }
+}
+
+/// What a failed rank poisons its peers' collectives and the coordinator with, for them to
+/// give up quoting: its failure, naming it; for a rank that only gave up itself, the first
+/// failure it quotes, so every peer quotes the root cause however the poisons raced.
+fn first_cause(rank: usize, e: &Error) -> String {
+    match e {
+        Error::Abandoned(a) => a.cause.clone(),
+        // Named once: "rank 1 failed: panicked: ..." rather than "rank 1 failed: rank 1: ...".
+        Error::Rank { rank: r, msg } if *r == rank => format!("rank {rank} failed: {msg}"),
+        _ => format!("rank {rank} failed: {e}"),
     }
 }
 

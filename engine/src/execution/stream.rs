@@ -2,22 +2,24 @@
 //! stream runs in order on that stream's own thread; `record` marks a point in a stream;
 //! `wait` makes a stream (or the host) hold until the most recent record *at the time of
 //! the wait* has been reached. A failure poisons the stream, and every event it records
-//! afterwards carries the error, so whoever waits on it learns of the failure instead of
-//! hanging.
+//! afterwards carries the error (a [`Fault`], typed, so an abandoned collective stays one),
+//! so whoever waits on it learns of the failure instead of hanging.
 
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Work for a stream; an `Err` poisons the stream with its message.
-pub type Work = Box<dyn FnOnce() -> Result<(), String> + Send>;
+use super::fault::Fault;
+
+/// Work for a stream; an `Err` poisons the stream with its fault.
+pub type Work = Box<dyn FnOnce() -> Result<(), Fault> + Send>;
 
 #[derive(Default)]
 struct EventState {
     recorded: u64,
     completed: u64,
-    error: Option<String>,
+    error: Option<Fault>,
 }
 
 /// A completion marker shared between streams and the host.
@@ -41,7 +43,7 @@ impl Event {
         self.0 .0.lock().expect("event lock").recorded
     }
 
-    fn complete(&self, generation: u64, error: Option<String>) {
+    fn complete(&self, generation: u64, error: Option<Fault>) {
         let mut s = self.0 .0.lock().expect("event lock");
         s.completed = s.completed.max(generation);
         if error.is_some() && s.error.is_none() {
@@ -57,7 +59,7 @@ impl Event {
     }
 
     /// Blocks until generation `target` has completed; returns the time spent blocked.
-    fn wait_for(&self, target: u64, timeout: Duration) -> Result<Duration, String> {
+    fn wait_for(&self, target: u64, timeout: Duration) -> Result<Duration, Fault> {
         let start = Instant::now();
         let mut s = self.0 .0.lock().expect("event lock");
         loop {
@@ -69,21 +71,21 @@ impl Event {
             }
             let left = timeout.saturating_sub(start.elapsed());
             if left.is_zero() {
-                return Err(format!(
+                return Err(Fault::Failed(format!(
                     "no progress for {timeout:?} (stalled stream or rank)"
-                ));
+                )));
             }
             s = self.0 .1.wait_timeout(s, left).expect("event lock").0;
         }
     }
 
     /// Host blocks until the most recent record has been reached.
-    pub fn synchronize(&self, timeout: Duration) -> Result<Duration, String> {
+    pub fn synchronize(&self, timeout: Duration) -> Result<Duration, Fault> {
         self.wait_for(self.target(), timeout)
     }
 
     /// Fails the event and wakes its waiters (used when a peer or a watchdog gives up).
-    pub fn fail(&self, error: String) {
+    pub fn fail(&self, error: Fault) {
         let mut s = self.0 .0.lock().expect("event lock");
         s.error.get_or_insert(error);
         self.0 .1.notify_all();
@@ -126,7 +128,7 @@ impl CpuStream {
             .spawn(move || {
                 let _g = span.enter();
                 lower_priority();
-                let mut poisoned: Option<String> = None;
+                let mut poisoned: Option<Fault> = None;
                 for cmd in rx {
                     match cmd {
                         Cmd::Run(work) => {
@@ -224,10 +226,10 @@ mod tests {
     fn failure_reaches_waiters() {
         let a = CpuStream::new("a", T).unwrap();
         let ev = Event::new();
-        a.enqueue(Box::new(|| Err("disk on fire".into())));
+        a.enqueue(Box::new(|| Err(Fault::Failed("disk on fire".into()))));
         a.record(&ev);
         let e = ev.synchronize(T).unwrap_err();
-        assert!(e.contains("disk on fire"));
+        assert_eq!(e, Fault::Failed("disk on fire".into()));
     }
 
     #[test]
@@ -235,6 +237,6 @@ mod tests {
         let ev = Event::new();
         ev.next_generation();
         let e = ev.synchronize(Duration::from_millis(20)).unwrap_err();
-        assert!(e.contains("no progress"));
+        assert!(e.to_string().contains("no progress"), "{e}");
     }
 }

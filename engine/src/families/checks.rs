@@ -16,7 +16,7 @@ pub fn clip_shape(r: &Request, unit: usize, tup: usize) -> Result<()> {
             ));
         }
     }
-    if r.frames == 0 || (r.frames - 1) % tup != 0 {
+    if r.frames == 0 || !(r.frames - 1).is_multiple_of(tup) {
         return Err(Error::invalid(
             "frames",
             format!(

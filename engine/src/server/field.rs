@@ -190,8 +190,6 @@ mod tests {
     use serde_json::json;
 
     use super::probe::{from_json, refused, Probe};
-    use super::*;
-    use crate::server::body::Fields;
 
     #[test]
     fn json_values_of_the_wrong_type_are_named_with_what_they_were() {

@@ -6,8 +6,8 @@
 //! which hands out the slot's `CudaSlice`; cudarc's event tracking then records the
 //! slot's last writer and readers, which agrees with (and never loosens) the pipeline's
 //! own events. A failure while enqueueing poisons the stream: every event recorded on it
-//! afterwards carries the error, so whoever waits learns of it instead of hanging, as on
-//! the CPU backend.
+//! afterwards carries the error (a [`Fault`], typed, so an abandoned all-gather stays one),
+//! so whoever waits learns of it instead of hanging, as on the CPU backend.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -22,6 +22,7 @@ use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
 use super::host::{alloc_pinned, cuda, HostMemory};
 use crate::checkpoint::Mapped;
 use crate::execution::backend::Backend;
+use crate::execution::fault::Fault;
 use crate::execution::host_buffer::{HostBuffer, Staged};
 use crate::layout::Piece;
 use crate::{Error, Result};
@@ -30,15 +31,15 @@ use crate::{Error, Result};
 pub struct CudaStream {
     name: String,
     pub(super) inner: Arc<cu::CudaStream>,
-    error: Arc<Mutex<Option<String>>>,
+    error: Arc<Mutex<Option<Fault>>>,
 }
 
 impl CudaStream {
-    pub(super) fn poison(&self, why: String) {
+    pub(super) fn poison(&self, why: Fault) {
         tracing::error!(stream = %self.name, error = %why, "stream failed");
         self.error.lock().expect("stream lock").get_or_insert(why);
     }
-    fn error(&self) -> Option<String> {
+    fn error(&self) -> Option<Fault> {
         self.error.lock().expect("stream lock").clone()
     }
     pub fn name(&self) -> &str {
@@ -48,7 +49,7 @@ impl CudaStream {
 
 struct EventInner {
     ev: std::result::Result<cu::CudaEvent, String>,
-    error: Mutex<Option<String>>,
+    error: Mutex<Option<Fault>>,
 }
 
 /// A CUDA event plus the error of the stream that last recorded it.
@@ -56,12 +57,12 @@ struct EventInner {
 pub struct CudaEvent(Arc<EventInner>);
 
 impl CudaEvent {
-    fn fail(&self, why: String) {
+    fn fail(&self, why: Fault) {
         self.0.error.lock().expect("event lock").get_or_insert(why);
     }
-    fn error(&self) -> Option<String> {
+    fn error(&self) -> Option<Fault> {
         if let Err(e) = &self.0.ev {
-            return Some(e.clone());
+            return Some(Fault::Failed(e.clone()));
         }
         self.0.error.lock().expect("event lock").clone()
     }
@@ -518,7 +519,7 @@ impl Backend for CudaBackend {
         }
         if let Ok(ev) = &event.0.ev {
             if let Err(e) = ev.record(&stream.inner) {
-                let why = format!("{}: event record: {e:?}", stream.name);
+                let why = Fault::Failed(format!("{}: event record: {e:?}", stream.name));
                 stream.poison(why.clone());
                 event.fail(why);
             }
@@ -531,7 +532,7 @@ impl Backend for CudaBackend {
         }
         if let Ok(ev) = &event.0.ev {
             if let Err(e) = stream.inner.wait(ev) {
-                stream.poison(format!("{}: event wait: {e:?}", stream.name));
+                stream.poison(Fault::Failed(format!("{}: event wait: {e:?}", stream.name)));
             }
         }
     }
@@ -541,8 +542,11 @@ impl Backend for CudaBackend {
             rank: self.rank,
             msg,
         };
+        // A stream's fault: an abandoned all-gather keeps its type, a failure is this
+        // rank's.
+        let faulted = |f: Fault| f.into_error(fail);
         if let Some(e) = event.error() {
-            return Err(fail(e));
+            return Err(faulted(e));
         }
         let Ok(ev) = &event.0.ev else {
             unreachable!("error checked above")
@@ -588,14 +592,14 @@ impl Backend for CudaBackend {
         if let Some((old, _)) = oldest {
             if let Ok(ev) = &old.0.ev {
                 self.host_wait(ev)
-                    .map_err(|e| fail(old.error().unwrap_or(e)))?;
+                    .map_err(|e| faulted(old.error().unwrap_or(Fault::Failed(e))))?;
             }
             if let Some(e) = old.error() {
-                return Err(fail(e));
+                return Err(faulted(e));
             }
         }
         if let Some(e) = event.error() {
-            return Err(fail(e));
+            return Err(faulted(e));
         }
         Ok(stalled)
     }
@@ -614,7 +618,7 @@ impl Backend for CudaBackend {
     fn compute_record(&self, event: &CudaEvent) {
         if let Ok(ev) = &event.0.ev {
             if let Err(e) = ev.record(&self.compute) {
-                event.fail(format!("compute: event record: {e:?}"));
+                event.fail(Fault::Failed(format!("compute: event record: {e:?}")));
             }
         }
     }
@@ -635,7 +639,7 @@ impl Backend for CudaBackend {
             runs,
         };
         if let Err(e) = dst.inplace_op1(&op) {
-            stream.poison(format!("host-to-device copy: {e}"));
+            stream.poison(Fault::Failed(format!("host-to-device copy: {e}")));
         }
     }
 
@@ -660,7 +664,9 @@ impl Backend for CudaBackend {
             runs,
         };
         if let Err(e) = dst.inplace_op1(&op) {
-            stream.poison(format!("host-to-device copy from the staging ring: {e}"));
+            stream.poison(Fault::Failed(format!(
+                "host-to-device copy from the staging ring: {e}"
+            )));
         }
     }
 
@@ -675,7 +681,10 @@ impl Backend for CudaBackend {
         if let Err(e) = r.result() {
             // SAFETY: not launched, so still ours.
             drop(unsafe { Box::from_raw(arg as *mut Box<dyn FnOnce() + Send>) });
-            stream.poison(format!("{}: cuLaunchHostFunc: {e:?}", stream.name));
+            stream.poison(Fault::Failed(format!(
+                "{}: cuLaunchHostFunc: {e:?}",
+                stream.name
+            )));
         }
     }
 }

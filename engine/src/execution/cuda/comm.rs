@@ -15,7 +15,9 @@ use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
 
 use super::backend::{buffer, slot_mut, CudaBackend, CudaStream};
 use super::host::cuda;
+use crate::error::Abandoned;
 use crate::execution::backend::{Collective, GatherSource};
+use crate::execution::fault::Fault;
 use crate::Result;
 
 /// What every rank of the group shares: the first failure, and every communicator, so
@@ -138,15 +140,21 @@ impl NcclGroup {
         self.aborted.load(Ordering::SeqCst)
     }
 
-    fn check(&self) -> std::result::Result<(), String> {
+    /// Refuses `rank`'s next collective once the group is poisoned, quoting the first
+    /// failure.
+    fn check(&self, rank: usize) -> std::result::Result<(), Abandoned> {
         if self.poisoned.load(Ordering::SeqCst) {
-            let why = self
+            let cause = self
                 .why
                 .lock()
                 .expect("group lock")
                 .clone()
                 .unwrap_or_default();
-            return Err(format!("all-gather abandoned: {why}"));
+            return Err(Abandoned {
+                rank,
+                what: "all-gather",
+                cause,
+            });
         }
         Ok(())
     }
@@ -262,16 +270,16 @@ struct GatherOp<'a> {
 }
 
 impl GatherOp<'_> {
-    fn run(&self, storage: &mut CudaStorage, layout: &Layout) -> std::result::Result<(), String> {
+    fn run(&self, storage: &mut CudaStorage, layout: &Layout) -> std::result::Result<(), Fault> {
         let c = self.comm;
         // Held until the collective is enqueued: a concurrent poison aborts the
         // communicators either before (and the check fails) or after.
         let _gate = c.group.gate.read().unwrap_or_else(|p| p.into_inner());
-        c.group.check()?;
+        c.group.check(c.rank)?;
         if c.comm.is_null() {
-            return Err(
+            return Err(Fault::Failed(
                 "all-gather on a group created without NCCL (a strategy that never gathers)".into(),
-            );
+            ));
         }
         c.ctx
             .bind_to_thread()
@@ -280,9 +288,9 @@ impl GatherOp<'_> {
         let (size, shard, rank) = (c.size, self.shard, c.rank);
         let (base, n, _written) = slot_mut(storage, layout, stream)?;
         if n < size * shard {
-            return Err(format!(
+            return Err(Fault::Failed(format!(
                 "all-gather of {size}×{shard} bytes into a {n}-byte slot"
-            ));
+            )));
         }
         let guard;
         let _read;
@@ -291,13 +299,15 @@ impl GatherOp<'_> {
             GatherSource::Buffer { tensor, offset } => {
                 guard = tensor.storage_and_layout();
                 let Storage::Cuda(cs) = &*guard.0 else {
-                    return Err("shard store is not on the GPU".into());
+                    return Err(Fault::Failed("shard store is not on the GPU".into()));
                 };
                 let (p, m, r) = buffer(cs, guard.1, stream)?;
                 _read = r;
                 let o = *offset as usize;
                 if o + shard > m {
-                    return Err(format!("shard at {o}+{shard} past a {m}-byte store"));
+                    return Err(Fault::Failed(format!(
+                        "shard at {o}+{shard} past a {m}-byte store"
+                    )));
                 }
                 p + o as u64
             }
@@ -316,7 +326,7 @@ impl GatherOp<'_> {
             )
         }
         .map(drop)
-        .map_err(|e| format!("ncclAllGather: {e:?}"))
+        .map_err(|e| Fault::Failed(format!("ncclAllGather: {e:?}")))
     }
 }
 
@@ -328,7 +338,7 @@ impl InplaceOp1 for GatherOp<'_> {
         candle_core::bail!("the NCCL all-gather ran on a CPU tensor")
     }
     fn cuda_fwd(&self, storage: &mut CudaStorage, layout: &Layout) -> candle_core::Result<()> {
-        self.run(storage, layout).map_err(candle_core::Error::msg)
+        self.run(storage, layout).map_err(Fault::into_candle)
     }
 }
 
@@ -347,9 +357,13 @@ impl Collective<CudaBackend> for NcclComm {
             src,
         };
         if let Err(e) = dst.inplace_op1(&op) {
-            let msg = format!("all-gather: {e}");
-            self.group.poison(msg.clone());
-            stream.poison(msg);
+            let fault = Fault::from_candle(e, "all-gather");
+            // This rank's own failure aborts its peers' collectives too; an abandoned one
+            // found the group poisoned already.
+            if let Fault::Failed(msg) = &fault {
+                self.group.poison(msg.clone());
+            }
+            stream.poison(fault);
         }
     }
 }

@@ -297,13 +297,16 @@ impl Cosmos3Config {
     /// activation.
     fn validate_layer(&self, path: &Path) -> Result<()> {
         let bad = |field: &str, why: String| Err(Error::config(path, field, why));
-        if self.head_dim < 2 || self.head_dim % 2 != 0 {
+        if self.head_dim < 2 || !self.head_dim.is_multiple_of(2) {
             return bad(
                 "head_dim",
                 format!("{}: rotary needs an even head dim", self.head_dim),
             );
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return bad(
                 "num_key_value_heads",
                 format!(

@@ -176,7 +176,7 @@ impl DitConfig {
                 "layers, heads and head width must all be at least 1".into(),
             );
         }
-        if self.sample_size % p != 0 {
+        if !self.sample_size.is_multiple_of(p) {
             return bad(
                 "sample_size",
                 format!("{} is not a multiple of patch_size {p}", self.sample_size),

@@ -200,7 +200,7 @@ impl WanTransformerConfig {
             }
         }
         crate::checkpoint::layers_at_most(path, self.num_layers)?;
-        if self.attention_head_dim % 2 != 0 {
+        if !self.attention_head_dim.is_multiple_of(2) {
             return bad(
                 "attention_head_dim",
                 format!(
@@ -209,7 +209,7 @@ impl WanTransformerConfig {
                 ),
             );
         }
-        if self.freq_dim < 2 || self.freq_dim % 2 != 0 {
+        if self.freq_dim < 2 || !self.freq_dim.is_multiple_of(2) {
             return bad(
                 "freq_dim",
                 format!("{}: must be even and at least 2", self.freq_dim),

@@ -289,7 +289,7 @@ impl WanVaeConfig {
             ],
         )?;
         let patch = self.patch();
-        if self.out_channels % (patch * patch) != 0 {
+        if !self.out_channels.is_multiple_of(patch * patch) {
             return bad(
                 "out_channels",
                 format!(
