@@ -61,7 +61,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
-    Container, Event, Pod, PodSecurityContext, Probe as ProbeSpec, Secret, SecurityContext,
+    Container, EnvVarSource, Event, HostPathVolumeSource, Pod, PodSecurityContext, PodSpec,
+    Probe as ProbeSpec, Secret, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
@@ -449,6 +450,26 @@ enum RestartPolicy {
     Never,
 }
 
+impl RestartPolicy {
+    /// The pod's `restartPolicy` (`Always` when unset).
+    fn of(spec: &PodSpec) -> RestartPolicy {
+        match spec.restart_policy.as_deref().unwrap_or("Always") {
+            "Always" => RestartPolicy::Always,
+            "OnFailure" => RestartPolicy::OnFailure,
+            _ => RestartPolicy::Never,
+        }
+    }
+
+    /// Whether a container that ended with `code` (`None`: unknown) starts again.
+    fn again(self, code: Option<i32>) -> bool {
+        match self {
+            RestartPolicy::Always => true,
+            RestartPolicy::OnFailure => code != Some(0),
+            RestartPolicy::Never => false,
+        }
+    }
+}
+
 /// A Secret's key as a container's `secretKeyRef` names it: (Secret, key).
 type SecretKey = (String, String);
 
@@ -654,7 +675,59 @@ fn launch(
     ip: IpAddr,
     secrets: &BTreeMap<SecretKey, String>,
 ) -> Result<Launch, Refusal> {
-    let name = pod.name_any();
+    let (spec, container) = one_container(pod)?;
+    let image = container
+        .image
+        .clone()
+        .ok_or_else(|| Refusal::config("the container has no image"))?;
+    let (staging, mut options) = Staging::new(config, pod, spec, container, node, ip)?;
+    let mut env = staging.environment(secrets)?;
+    staging.mount_volumes(&mut options, &mut env)?;
+    for (k, v) in &env {
+        options.push(format!("--env={k}={v}"));
+    }
+    if let Some(dir) = &container.working_dir {
+        options.push(format!("--workdir={dir}"));
+    }
+    let (entry, args) = command_line(container, ip);
+    if let Some(entry) = &entry {
+        options.push(format!("--entrypoint={entry}"));
+    }
+
+    let restart = RestartPolicy::of(spec);
+    let pre_stop = pre_stop(container)?;
+    let grace =
+        Duration::from_secs(spec.termination_grace_period_seconds.unwrap_or(30).max(0) as u64);
+    let log = config.work.join(format!("{}.log", staging.name));
+    options.push(format!("--log-opt=path={}", log.display()));
+    options.extend(labels(&config.namespace));
+    Ok(Launch {
+        container: staging.container_name(),
+        image,
+        command: entry.unwrap_or_default(),
+        args,
+        env,
+        options,
+        run_as_user: staging.sec.user,
+        run_as_non_root: staging.sec.non_root,
+        readiness: probe(
+            container,
+            ip,
+            container.readiness_probe.as_ref(),
+            "readiness",
+        )?,
+        liveness: probe(container, ip, container.liveness_probe.as_ref(), "liveness")?,
+        startup: probe(container, ip, container.startup_probe.as_ref(), "startup")?,
+        restart,
+        pre_stop,
+        grace,
+        log,
+    })
+}
+
+/// The pod's spec and its one container, refusing the pod-level features this kubelet does
+/// not have.
+fn one_container(pod: &Pod) -> Result<(&PodSpec, &Container), Refusal> {
     let spec = pod
         .spec
         .as_ref()
@@ -680,236 +753,291 @@ fn launch(
         container.env_from.as_ref().is_none_or(Vec::is_empty),
         "envFrom is not supported by the node runner"
     );
-    let image = container
-        .image
-        .clone()
-        .ok_or_else(|| Refusal::config("the container has no image"))?;
-    let uid = pod.uid().unwrap_or_default();
-    let container_name = format!("{name}-{}", &uid[..uid.len().min(8)]);
-    let root = &config.node_roots[node];
-    let pod_dir = config.work.join(&name);
-    std::fs::create_dir_all(&pod_dir).map_err(anyhow::Error::from)?;
-    traversable(&pod_dir)?;
+    Ok((spec, container))
+}
 
-    let mut options: Vec<String> = vec![
-        "--network=host".into(),
-        format!("--hostname={name}"),
-        "--pull=never".into(),
-        "--log-driver=k8s-file".into(),
-    ];
-    let sec = security(
-        spec.security_context.as_ref(),
-        container.security_context.as_ref(),
-        &mut options,
-    )?;
+/// What staging a container reads: the pod, its one container, where it runs, the folder
+/// the runner keeps for it, and the ids its processes run as.
+struct Staging<'a> {
+    config: &'a Config,
+    spec: &'a PodSpec,
+    container: &'a Container,
+    name: String,
+    uid: String,
+    node: &'a str,
+    ip: IpAddr,
+    /// The node's root folder: its host filesystem.
+    root: &'a Path,
+    /// `<work>/<pod>`: its volumes and service-account files.
+    pod_dir: PathBuf,
+    sec: Security,
+}
 
-    // The container's environment from the spec.
-    let rewrite = |v: &str| -> String {
-        match v.strip_prefix("0.0.0.0:") {
-            Some(port) => format!("{ip}:{port}"),
-            None => v.to_string(),
-        }
-    };
-    let mut env: Vec<(String, String)> = Vec::new();
-    for e in container.env.iter().flatten() {
-        let value = match (&e.value, &e.value_from) {
-            (Some(v), _) => rewrite(v),
-            (None, Some(from)) if from.secret_key_ref.is_some() => {
-                let r = from.secret_key_ref.as_ref().expect("matched");
-                secrets
-                    .get(&(r.name.clone(), r.key.clone()))
-                    .cloned()
-                    .ok_or_else(|| Refusal::config(format!("env {} not read", e.name)))?
-            }
-            (None, Some(from)) => {
-                let field = from
-                    .field_ref
-                    .as_ref()
-                    .map(|f| f.field_path.as_str())
-                    .ok_or_else(|| {
-                        Refusal::config(format!(
-                            "env {} comes from a source the node runner lacks",
-                            e.name
-                        ))
-                    })?;
-                match field {
-                    "spec.nodeName" => node.to_string(),
-                    "metadata.name" => name.clone(),
-                    "metadata.namespace" => config.namespace.clone(),
-                    "metadata.uid" => uid.clone(),
-                    "status.podIP" => ip.to_string(),
-                    "spec.serviceAccountName" => {
-                        spec.service_account_name.clone().unwrap_or_default()
-                    }
-                    other => {
-                        return Err(Refusal::config(format!(
-                            "env {} from unknown field {other}",
-                            e.name
-                        )))
-                    }
-                }
-            }
-            (None, None) => String::new(),
+impl<'a> Staging<'a> {
+    /// Makes the pod's folder and starts its `podman run` options: the host network, no
+    /// pulls, the CRI log, and the security settings.
+    fn new(
+        config: &'a Config,
+        pod: &Pod,
+        spec: &'a PodSpec,
+        container: &'a Container,
+        node: &'a str,
+        ip: IpAddr,
+    ) -> Result<(Staging<'a>, Vec<String>), Refusal> {
+        let name = pod.name_any();
+        let uid = pod.uid().unwrap_or_default();
+        let root = &config.node_roots[node];
+        let pod_dir = config.work.join(&name);
+        std::fs::create_dir_all(&pod_dir).map_err(anyhow::Error::from)?;
+        traversable(&pod_dir)?;
+
+        let mut options: Vec<String> = vec![
+            "--network=host".into(),
+            format!("--hostname={name}"),
+            "--pull=never".into(),
+            "--log-driver=k8s-file".into(),
+        ];
+        let sec = security(
+            spec.security_context.as_ref(),
+            container.security_context.as_ref(),
+            &mut options,
+        )?;
+        let staging = Staging {
+            config,
+            spec,
+            container,
+            name,
+            uid,
+            node,
+            ip,
+            root,
+            pod_dir,
+            sec,
         };
-        env.push((e.name.clone(), value));
+        Ok((staging, options))
     }
 
-    // Volumes.
-    let mut token_mounted = false;
-    for m in container.volume_mounts.iter().flatten() {
-        let volume = spec
-            .volumes
-            .iter()
-            .flatten()
-            .find(|v| v.name == m.name)
-            .ok_or_else(|| Refusal::config(format!("mount of unknown volume {}", m.name)))?;
-        let mut dir = if let Some(h) = &volume.host_path {
-            let dir = root.join(h.path.trim_start_matches('/'));
-            match h.type_.as_deref().unwrap_or("") {
-                "DirectoryOrCreate" => {
-                    std::fs::create_dir_all(&dir).map_err(anyhow::Error::from)?
+    /// The container's name in podman: the pod's and the start of its UID.
+    fn container_name(&self) -> String {
+        let uid = &self.uid;
+        format!("{}-{}", self.name, &uid[..uid.len().min(8)])
+    }
+
+    /// The container's environment from the spec: literal values (listen addresses on the
+    /// pod IP), the Secrets' keys read for it, and the downward API's fields.
+    fn environment(
+        &self,
+        secrets: &BTreeMap<SecretKey, String>,
+    ) -> Result<Vec<(String, String)>, Refusal> {
+        let mut env: Vec<(String, String)> = Vec::new();
+        for e in self.container.env.iter().flatten() {
+            let value = match (&e.value, &e.value_from) {
+                (Some(v), _) => listen_on(self.ip, v),
+                (None, Some(from)) if from.secret_key_ref.is_some() => {
+                    let r = from.secret_key_ref.as_ref().expect("matched");
+                    secrets
+                        .get(&(r.name.clone(), r.key.clone()))
+                        .cloned()
+                        .ok_or_else(|| Refusal::config(format!("env {} not read", e.name)))?
                 }
-                "Directory" => refuse_unless!(
-                    dir.is_dir(),
-                    "hostPath {} is not a directory on {node}",
-                    h.path
-                ),
-                "File" => {
-                    refuse_unless!(dir.is_file(), "hostPath {} is not a file on {node}", h.path)
-                }
-                "" => {}
-                other => {
-                    return Err(Refusal::config(format!(
-                        "hostPath type {other} is not supported by the node runner"
-                    )))
-                }
-            }
-            dir
-        } else if volume
-            .projected
+                (None, Some(from)) => self.field(&e.name, from)?,
+                (None, None) => String::new(),
+            };
+            env.push((e.name.clone(), value));
+        }
+        Ok(env)
+    }
+
+    /// The downward API's value for env `var`, which `from` takes from a field of the pod.
+    fn field(&self, var: &str, from: &EnvVarSource) -> Result<String, Refusal> {
+        let field = from
+            .field_ref
             .as_ref()
-            .and_then(|p| p.sources.as_ref())
-            .is_some_and(|s| s.iter().any(|s| s.service_account_token.is_some()))
-        {
-            token_mounted = true;
-            let dir = pod_dir.join("volumes").join(&volume.name);
-            service_account_files(config, spec, node, &dir, &sec)?;
+            .map(|f| f.field_path.as_str())
+            .ok_or_else(|| {
+                Refusal::config(format!(
+                    "env {var} comes from a source the node runner lacks"
+                ))
+            })?;
+        Ok(match field {
+            "spec.nodeName" => self.node.to_string(),
+            "metadata.name" => self.name.clone(),
+            "metadata.namespace" => self.config.namespace.clone(),
+            "metadata.uid" => self.uid.clone(),
+            "status.podIP" => self.ip.to_string(),
+            "spec.serviceAccountName" => self.spec.service_account_name.clone().unwrap_or_default(),
+            other => {
+                return Err(Refusal::config(format!(
+                    "env {var} from unknown field {other}"
+                )))
+            }
+        })
+    }
+
+    /// Stages every volume the container mounts and adds its `--mount`, then the service
+    /// account's default mount when no projected volume took its place; where credentials
+    /// are mounted, `KUBECONFIG` goes into `env`.
+    fn mount_volumes(
+        &self,
+        options: &mut Vec<String>,
+        env: &mut Vec<(String, String)>,
+    ) -> Result<(), Refusal> {
+        let mut token_mounted = false;
+        for m in self.container.volume_mounts.iter().flatten() {
+            let volume = self
+                .spec
+                .volumes
+                .iter()
+                .flatten()
+                .find(|v| v.name == m.name)
+                .ok_or_else(|| Refusal::config(format!("mount of unknown volume {}", m.name)))?;
+            let dir = if let Some(h) = &volume.host_path {
+                self.host_path(h)?
+            } else if holds_token(volume) {
+                token_mounted = true;
+                let dir = self.pod_dir.join("volumes").join(&volume.name);
+                service_account_files(self.config, self.spec, self.node, &dir, &self.sec)?;
+                env.push((
+                    "KUBECONFIG".into(),
+                    format!("{}/kubeconfig", m.mount_path.trim_end_matches('/')),
+                ));
+                dir
+            } else if volume.empty_dir.is_some() {
+                self.empty_dir(&volume.name)?
+            } else {
+                return Err(Refusal::config(format!(
+                    "volume {} is of a kind the node runner does not mount",
+                    volume.name
+                )));
+            };
+            options.push(bind_mount(dir, m)?);
+        }
+        if !token_mounted && self.spec.automount_service_account_token != Some(false) {
+            // No projected volume (no ServiceAccount admission): the default path.
+            let dir = self.pod_dir.join("volumes").join("serviceaccount");
+            service_account_files(self.config, self.spec, self.node, &dir, &self.sec)?;
+            options.push(format!(
+                "--mount=type=bind,source={},destination={SERVICE_ACCOUNT_DIR},ro",
+                dir.display()
+            ));
             env.push((
                 "KUBECONFIG".into(),
-                format!("{}/kubeconfig", m.mount_path.trim_end_matches('/')),
+                format!("{SERVICE_ACCOUNT_DIR}/kubeconfig"),
             ));
-            dir
-        } else if volume.empty_dir.is_some() {
-            let dir = pod_dir.join("volumes").join(&volume.name);
-            std::fs::create_dir_all(&dir).map_err(anyhow::Error::from)?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))
-                .map_err(anyhow::Error::from)?;
-            dir
-        } else {
-            return Err(Refusal::config(format!(
-                "volume {} is of a kind the node runner does not mount",
-                volume.name
-            )));
-        };
-        if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            dir = dir.join(sub);
-            std::fs::create_dir_all(&dir).map_err(anyhow::Error::from)?;
         }
-        let dir = dir.to_str().context("a volume path is not UTF-8")?;
-        refuse_unless!(
-            !dir.contains([':', ',']) && !m.mount_path.contains([':', ',']),
-            "mount {} at {}: paths with ':' or ',' are not supported",
-            m.name,
-            m.mount_path
-        );
-        let ro = if m.read_only == Some(true) { ",ro" } else { "" };
-        options.push(format!(
-            "--mount=type=bind,source={dir},destination={}{ro}",
-            m.mount_path
-        ));
-    }
-    if !token_mounted && spec.automount_service_account_token != Some(false) {
-        // No projected volume (no ServiceAccount admission): the default path.
-        let dir = pod_dir.join("volumes").join("serviceaccount");
-        service_account_files(config, spec, node, &dir, &sec)?;
-        options.push(format!(
-            "--mount=type=bind,source={},destination={SERVICE_ACCOUNT_DIR},ro",
-            dir.display()
-        ));
-        env.push((
-            "KUBECONFIG".into(),
-            format!("{SERVICE_ACCOUNT_DIR}/kubeconfig"),
-        ));
-    }
-    for (k, v) in &env {
-        options.push(format!("--env={k}={v}"));
-    }
-    if let Some(dir) = &container.working_dir {
-        options.push(format!("--workdir={dir}"));
+        Ok(())
     }
 
+    /// A `hostPath` volume's folder under the node's root, checked (or made) as its `type`
+    /// says.
+    fn host_path(&self, h: &HostPathVolumeSource) -> Result<PathBuf, Refusal> {
+        let node = self.node;
+        let dir = self.root.join(h.path.trim_start_matches('/'));
+        match h.type_.as_deref().unwrap_or("") {
+            "DirectoryOrCreate" => std::fs::create_dir_all(&dir).map_err(anyhow::Error::from)?,
+            "Directory" => refuse_unless!(
+                dir.is_dir(),
+                "hostPath {} is not a directory on {node}",
+                h.path
+            ),
+            "File" => {
+                refuse_unless!(dir.is_file(), "hostPath {} is not a file on {node}", h.path)
+            }
+            "" => {}
+            other => {
+                return Err(Refusal::config(format!(
+                    "hostPath type {other} is not supported by the node runner"
+                )))
+            }
+        }
+        Ok(dir)
+    }
+
+    /// A fresh `emptyDir` folder, open to every user as a kubelet makes it.
+    fn empty_dir(&self, volume: &str) -> Result<PathBuf, Refusal> {
+        let dir = self.pod_dir.join("volumes").join(volume);
+        std::fs::create_dir_all(&dir).map_err(anyhow::Error::from)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))
+            .map_err(anyhow::Error::from)?;
+        Ok(dir)
+    }
+}
+
+/// Whether `volume` is the projected one that carries the service account's token.
+fn holds_token(volume: &Volume) -> bool {
+    volume
+        .projected
+        .as_ref()
+        .and_then(|p| p.sources.as_ref())
+        .is_some_and(|s| s.iter().any(|s| s.service_account_token.is_some()))
+}
+
+/// The `--mount` option binding `dir` (or its `subPath`, made if missing) where `m` says.
+fn bind_mount(mut dir: PathBuf, m: &VolumeMount) -> Result<String, Refusal> {
+    if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+        dir = dir.join(sub);
+        std::fs::create_dir_all(&dir).map_err(anyhow::Error::from)?;
+    }
+    let dir = dir.to_str().context("a volume path is not UTF-8")?;
+    refuse_unless!(
+        !dir.contains([':', ',']) && !m.mount_path.contains([':', ',']),
+        "mount {} at {}: paths with ':' or ',' are not supported",
+        m.name,
+        m.mount_path
+    );
+    let ro = if m.read_only == Some(true) { ",ro" } else { "" };
+    Ok(format!(
+        "--mount=type=bind,source={dir},destination={}{ro}",
+        m.mount_path
+    ))
+}
+
+/// `v` with a listen address on every interface (`0.0.0.0:<port>`) moved to the pod's IP,
+/// the pod's network namespace here.
+fn listen_on(ip: IpAddr, v: &str) -> String {
+    match v.strip_prefix("0.0.0.0:") {
+        Some(port) => format!("{ip}:{port}"),
+        None => v.to_string(),
+    }
+}
+
+/// The container's entrypoint (`command[0]`), and `command[1..]` then `args` as its
+/// arguments, with listen addresses on the pod IP.
+fn command_line(container: &Container, ip: IpAddr) -> (Option<String>, Vec<String>) {
     let mut command = container.command.clone().unwrap_or_default().into_iter();
     let entry = command.next();
-    if let Some(entry) = &entry {
-        options.push(format!("--entrypoint={entry}"));
-    }
-    let args: Vec<String> = command
+    let args = command
         .chain(container.args.iter().flatten().cloned())
-        .map(|a| rewrite(&a))
+        .map(|a| listen_on(ip, &a))
         .collect();
+    (entry, args)
+}
 
-    let restart = match spec.restart_policy.as_deref().unwrap_or("Always") {
-        "Always" => RestartPolicy::Always,
-        "OnFailure" => RestartPolicy::OnFailure,
-        _ => RestartPolicy::Never,
-    };
-    let pre_stop = match container
+/// The length of the container's `preStop` sleep (the one hook action the runner does).
+fn pre_stop(container: &Container) -> Result<Duration, Refusal> {
+    let hook = container
         .lifecycle
         .as_ref()
-        .and_then(|l| l.pre_stop.as_ref())
-    {
-        None => Duration::ZERO,
-        Some(h) => {
-            let s = h.sleep.as_ref().ok_or_else(|| {
-                Refusal::config("preStop: only the sleep action is supported by the node runner")
-            })?;
-            Duration::from_secs(s.seconds.max(0) as u64)
-        }
+        .and_then(|l| l.pre_stop.as_ref());
+    let Some(h) = hook else {
+        return Ok(Duration::ZERO);
     };
-    let grace =
-        Duration::from_secs(spec.termination_grace_period_seconds.unwrap_or(30).max(0) as u64);
-    let log = config.work.join(format!("{name}.log"));
-    options.push(format!("--log-opt=path={}", log.display()));
-    options.extend([
+    let s = h.sleep.as_ref().ok_or_else(|| {
+        Refusal::config("preStop: only the sleep action is supported by the node runner")
+    })?;
+    Ok(Duration::from_secs(s.seconds.max(0) as u64))
+}
+
+/// The `--label` options of every container the runner starts in `namespace`.
+fn labels(namespace: &str) -> [String; 3] {
+    [
         format!(
             "--label={CLUSTER_LABEL}={}",
             cluster::cluster_dir().display()
         ),
         format!("--label={RUNNER_LABEL}={}", std::process::id()),
-        format!("--label={NAMESPACE_LABEL}={}", config.namespace),
-    ]);
-    Ok(Launch {
-        container: container_name,
-        image,
-        command: entry.unwrap_or_default(),
-        args,
-        env,
-        options,
-        run_as_user: sec.user,
-        run_as_non_root: sec.non_root,
-        readiness: probe(
-            container,
-            ip,
-            container.readiness_probe.as_ref(),
-            "readiness",
-        )?,
-        liveness: probe(container, ip, container.liveness_probe.as_ref(), "liveness")?,
-        startup: probe(container, ip, container.startup_probe.as_ref(), "startup")?,
-        restart,
-        pre_stop,
-        grace,
-        log,
-    })
+        format!("--label={NAMESPACE_LABEL}={namespace}"),
+    ]
 }
 
 /// Writes the service account's credentials into `dir`: a kubeconfig impersonating it on
@@ -917,7 +1045,7 @@ fn launch(
 /// kubeconfig is the container user's, mode 0600, as a kubelet makes the token file.
 fn service_account_files(
     config: &Config,
-    spec: &k8s_openapi::api::core::v1::PodSpec,
+    spec: &PodSpec,
     node: &str,
     dir: &Path,
     sec: &Security,
@@ -1054,15 +1182,7 @@ async fn supervise(
 ) {
     let name = pod.name_any();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
-    let prepared = match secret_values(&client, &config.namespace, &pod).await {
-        Ok(secrets) => launch(&config, &pod, &node, ip, &secrets),
-        Err(e) => Err(Refusal::from(e)),
-    };
-    let prepared = match prepared {
-        Ok(l) => check_image(&l).await.map(|_| l),
-        Err(r) => Err(r),
-    };
-    let launch = match prepared {
+    let launch = match prepare(&client, &config, &pod, &node, ip).await {
         Ok(l) => l,
         Err(refusal) => {
             fail(&client, &state, &pod, &node, &refusal).await;
@@ -1071,151 +1191,317 @@ async fn supervise(
             return;
         }
     };
+    // The launch accepted the pod: it has its one container.
     let container = pod.spec.as_ref().map(|s| s.containers[0].clone());
     let container_name = container.map(|c| c.name).unwrap_or_default();
-    let image = launch.image.clone();
-    let mut restarts = 0;
-    loop {
-        let pid = match start(&launch).await {
+    let supervisor = Supervisor {
+        client,
+        state,
+        pods,
+        pod,
+        name,
+        node,
+        ip,
+        deleted,
+        container_name,
+        launch,
+        restarts: 0,
+    };
+    supervisor.run().await;
+}
+
+/// What a pod's container needs before its first start: the Secrets its environment takes,
+/// the launch, and its image in the local store.
+async fn prepare(
+    client: &Client,
+    config: &Config,
+    pod: &Pod,
+    node: &str,
+    ip: IpAddr,
+) -> Result<Launch, Refusal> {
+    let secrets = secret_values(client, &config.namespace, pod).await?;
+    let launch = launch(config, pod, node, ip, &secrets)?;
+    check_image(&launch).await?;
+    Ok(launch)
+}
+
+/// One pod's supervision once its container can start: what each run of the container
+/// reads, and the restarts counted across runs.
+struct Supervisor {
+    client: Client,
+    state: Arc<Mutex<State>>,
+    /// The runner's namespace's pods, for the status patches.
+    pods: Api<Pod>,
+    pod: Pod,
+    name: String,
+    node: String,
+    ip: IpAddr,
+    /// Changes when the pod is being deleted (or the runner shuts down).
+    deleted: watch::Receiver<bool>,
+    /// The container's name in the pod spec.
+    container_name: String,
+    launch: Launch,
+    restarts: i32,
+}
+
+/// One run of the container: its process and when it started.
+struct Run {
+    pid: u32,
+    started: Timestamp,
+    started_at: Instant,
+}
+
+/// Where a run's probes stand.
+struct Probing {
+    /// Ready as last recorded in the pod's status.
+    ready: bool,
+    startup_done: bool,
+    liveness_failures: u32,
+    liveness_next: Instant,
+}
+
+impl Supervisor {
+    /// Starts the container, watches it until it ends, and starts it again after a
+    /// back-off while the restart policy says so, until the pod is deleted (its object goes
+    /// once the container is stopped and removed).
+    async fn run(mut self) {
+        loop {
+            let Some(run) = self.start_run().await else {
+                return;
+            };
+            let ended = self.watch_run(&run).await;
+            let code = self.end_run(&run, &ended).await;
+            if matches!(ended, Ended::Deleted) {
+                let _ = delete_now(&self.client, &self.pod).await;
+                return;
+            }
+            if !self.back_off(&run, code).await {
+                return;
+            }
+        }
+    }
+
+    /// Starts the container and records it running; `None` when podman could not start it
+    /// (the pod has failed and, once deleted, is gone).
+    async fn start_run(&mut self) -> Option<Run> {
+        let pid = match start(&self.launch).await {
             Ok(pid) => pid,
             Err(e) => {
                 let refusal = Refusal {
                     reason: "RunContainerError",
                     message: format!("{e:#}"),
                 };
-                fail(&client, &state, &pod, &node, &refusal).await;
-                let _ = podman(&["rm", "-f", "-t", "0", &launch.container]).await;
-                let _ = deleted.changed().await;
-                let _ = delete_now(&client, &pod).await;
-                return;
+                fail(&self.client, &self.state, &self.pod, &self.node, &refusal).await;
+                let _ = podman(&["rm", "-f", "-t", "0", &self.launch.container]).await;
+                let _ = self.deleted.changed().await;
+                let _ = delete_now(&self.client, &self.pod).await;
+                return None;
             }
         };
-        state.lock().expect("runner state").running.insert(
-            name.clone(),
+        self.state.lock().expect("runner state").running.insert(
+            self.name.clone(),
             Running {
-                pod: name.clone(),
-                node: node.clone(),
-                ip,
-                container: launch.container.clone(),
-                image: image.clone(),
+                pod: self.name.clone(),
+                node: self.node.clone(),
+                ip: self.ip,
+                container: self.launch.container.clone(),
+                image: self.launch.image.clone(),
                 pid,
-                args: launch.args.clone(),
-                env: launch.env.clone(),
+                args: self.launch.args.clone(),
+                env: self.launch.env.clone(),
                 ready: false,
             },
         );
-        let started = Timestamp::now();
-        let started_at = Instant::now();
-        let container_status = |ready: bool, has_started: bool| {
-            json!({
-                "name": container_name, "image": image, "imageID": "", "ready": ready,
-                "started": has_started, "restartCount": restarts,
-                "containerID": format!("podman://{}", launch.container),
-                "state": { "running": { "startedAt": started.to_string() } }
-            })
+        let run = Run {
+            pid,
+            started: Timestamp::now(),
+            started_at: Instant::now(),
         };
-        if let Err(e) = set_ready(&pods, &name, false, container_status(false, false)).await {
+        let status = self.running_status(&run, false, false);
+        if let Err(e) = set_ready(&self.pods, &self.name, false, status).await {
             // The runner's own fault: the test fails on it rather than waiting.
-            let why = format!("pod {name}: recording its container running: {e:#}");
-            state.lock().expect("runner state").failures.push(why);
+            let why = format!("pod {}: recording its container running: {e:#}", self.name);
+            self.state.lock().expect("runner state").failures.push(why);
         }
-        let mut ready = false;
-        let mut startup_done = launch.startup.is_none();
-        let mut liveness_failures = 0u32;
-        let mut liveness_next = Instant::now();
+        Some(run)
+    }
+
+    /// The container's status while it runs.
+    fn running_status(&self, run: &Run, ready: bool, has_started: bool) -> serde_json::Value {
+        json!({
+            "name": self.container_name, "image": self.launch.image, "imageID": "", "ready": ready,
+            "started": has_started, "restartCount": self.restarts,
+            "containerID": format!("podman://{}", self.launch.container),
+            "state": { "running": { "startedAt": run.started.to_string() } }
+        })
+    }
+
+    /// Probes the running container every [`PROBE_EVERY`] until the pod is deleted, the
+    /// process exits or a probe fails; follows readiness in the pod's status meanwhile.
+    async fn watch_run(&mut self, run: &Run) -> Ended {
+        let mut probing = Probing {
+            ready: false,
+            startup_done: self.launch.startup.is_none(),
+            liveness_failures: 0,
+            liveness_next: Instant::now(),
+        };
         let mut probe_tick = tokio::time::interval(PROBE_EVERY);
-        let ended = loop {
+        loop {
             tokio::select! {
-                _ = deleted.changed() => break Ended::Deleted,
+                _ = self.deleted.changed() => return Ended::Deleted,
                 _ = probe_tick.tick() => {}
             }
-            if !alive(pid) {
-                break Ended::Exited;
+            if !alive(run.pid) {
+                return Ended::Exited;
             }
-            if !startup_done {
-                let p = launch.startup.as_ref().expect("startup probe");
-                if started_at.elapsed() >= p.initial_delay && p.passes().await {
-                    startup_done = true;
-                    liveness_next = Instant::now();
-                    let _ = set_ready(&pods, &name, false, container_status(false, true)).await;
-                } else if started_at.elapsed() > p.window() {
-                    break Ended::Killed(format!("startup probe failed for {:?}", p.window()));
+            if !probing.startup_done {
+                if let Some(ended) = self.startup(run, &mut probing).await {
+                    return ended;
                 }
                 continue;
             }
-            if let Some(p) = &launch.liveness {
-                if started_at.elapsed() >= p.initial_delay && Instant::now() >= liveness_next {
-                    liveness_next = Instant::now() + p.period;
-                    if p.passes().await {
-                        liveness_failures = 0;
-                    } else {
-                        liveness_failures += 1;
-                        if liveness_failures >= p.failure_threshold {
-                            break Ended::Killed(format!(
-                                "liveness probe failed {liveness_failures} times"
-                            ));
-                        }
-                    }
+            if let Some(ended) = self.liveness(run, &mut probing).await {
+                return ended;
+            }
+            self.readiness(run, &mut probing).await;
+        }
+    }
+
+    /// The startup probe, which holds back the others until it passes; the run ends when
+    /// its window runs out.
+    async fn startup(&self, run: &Run, probing: &mut Probing) -> Option<Ended> {
+        let p = self.launch.startup.as_ref().expect("startup probe");
+        if run.started_at.elapsed() >= p.initial_delay && p.passes().await {
+            probing.startup_done = true;
+            probing.liveness_next = Instant::now();
+            let status = self.running_status(run, false, true);
+            let _ = set_ready(&self.pods, &self.name, false, status).await;
+        } else if run.started_at.elapsed() > p.window() {
+            return Some(Ended::Killed(format!(
+                "startup probe failed for {:?}",
+                p.window()
+            )));
+        }
+        None
+    }
+
+    /// The liveness probe, every `periodSeconds`; the run ends after `failureThreshold`
+    /// failures in a row.
+    async fn liveness(&self, run: &Run, probing: &mut Probing) -> Option<Ended> {
+        let p = self.launch.liveness.as_ref()?;
+        if run.started_at.elapsed() >= p.initial_delay && Instant::now() >= probing.liveness_next {
+            probing.liveness_next = Instant::now() + p.period;
+            if p.passes().await {
+                probing.liveness_failures = 0;
+            } else {
+                probing.liveness_failures += 1;
+                if probing.liveness_failures >= p.failure_threshold {
+                    return Some(Ended::Killed(format!(
+                        "liveness probe failed {} times",
+                        probing.liveness_failures
+                    )));
                 }
             }
-            let now_ready = match &launch.readiness {
-                None => true,
-                Some(p) => started_at.elapsed() >= p.initial_delay && p.passes().await,
-            };
-            if now_ready != ready
-                && set_ready(&pods, &name, now_ready, container_status(now_ready, true))
-                    .await
-                    .is_ok()
-            {
-                ready = now_ready;
-                if let Some(r) = state.lock().expect("runner state").running.get_mut(&name) {
-                    r.ready = ready;
-                }
-            }
+        }
+        None
+    }
+
+    /// The readiness probe (none: ready): a change goes into the pod's status, then into
+    /// what the test sees once recorded.
+    async fn readiness(&self, run: &Run, probing: &mut Probing) {
+        let now_ready = match &self.launch.readiness {
+            None => true,
+            Some(p) => run.started_at.elapsed() >= p.initial_delay && p.passes().await,
         };
+        if now_ready != probing.ready
+            && set_ready(
+                &self.pods,
+                &self.name,
+                now_ready,
+                self.running_status(run, now_ready, true),
+            )
+            .await
+            .is_ok()
+        {
+            probing.ready = now_ready;
+            if let Some(r) = self
+                .state
+                .lock()
+                .expect("runner state")
+                .running
+                .get_mut(&self.name)
+            {
+                r.ready = probing.ready;
+            }
+        }
+    }
+
+    /// Ends the run as `ended` says: not ready unless it exited by itself, stopped as a
+    /// kubelet stops a container (or waited on once exited), removed, and its exit recorded.
+    /// Returns the exit code.
+    async fn end_run(&self, run: &Run, ended: &Ended) -> Option<i32> {
+        let launch = &self.launch;
         let stopping = matches!(ended, Ended::Deleted);
         if !matches!(ended, Ended::Exited) {
-            let _ = set_ready(&pods, &name, false, container_status(false, true)).await;
+            let status = self.running_status(run, false, true);
+            let _ = set_ready(&self.pods, &self.name, false, status).await;
         }
-        let code = match &ended {
+        let code = match ended {
             Ended::Exited => wait(&launch.container).await,
             Ended::Deleted | Ended::Killed(_) => {
-                stop(&launch.container, pid, launch.pre_stop, launch.grace).await
+                stop(&launch.container, run.pid, launch.pre_stop, launch.grace).await
             }
         };
         let _ = podman(&["rm", "-f", "-t", "0", &launch.container]).await;
         let exit = Exit {
-            pod: name.clone(),
-            node: node.clone(),
+            pod: self.name.clone(),
+            node: self.node.clone(),
             command: launch.command.clone(),
             code,
             stopping,
-            reason: match &ended {
+            reason: match ended {
                 Ended::Killed(why) => Some(why.clone()),
                 _ => None,
             },
             log_tail: tail(&launch.log, 2048),
         };
-        {
-            let mut s = state.lock().expect("runner state");
-            s.running.remove(&name);
-            s.exits.push(exit);
+        let mut s = self.state.lock().expect("runner state");
+        s.running.remove(&self.name);
+        s.exits.push(exit);
+        code
+    }
+
+    /// After the container ended on its own or for a failed probe: not ready, then started
+    /// again after a back-off when the policy says so, unless the pod is deleted meanwhile.
+    /// Returns whether to start it again; when not, the pod has been deleted and its object
+    /// is gone.
+    async fn back_off(&mut self, run: &Run, code: Option<i32>) -> bool {
+        self.restarts += 1;
+        let again = self.launch.restart.again(code);
+        let status = self.ended_status(run, code, again);
+        let _ = set_ready(&self.pods, &self.name, false, status).await;
+        if !again {
+            let _ = self.deleted.changed().await;
+            let _ = delete_now(&self.client, &self.pod).await;
+            return false;
         }
-        if stopping {
-            let _ = delete_now(&client, &pod).await;
-            return;
+        tokio::select! {
+            _ = self.deleted.changed() => {
+                let _ = delete_now(&self.client, &self.pod).await;
+                false
+            }
+            _ = tokio::time::sleep(RESTART_BACKOFF) => true,
         }
-        // The container ended on its own or for a failed probe: not ready, then started
-        // again after a back-off when the policy says so, unless the pod is deleted.
-        restarts += 1;
-        let again = match launch.restart {
-            RestartPolicy::Always => true,
-            RestartPolicy::OnFailure => code != Some(0),
-            RestartPolicy::Never => false,
-        };
+    }
+
+    /// The container's status once a run ended with `code`: waiting in CrashLoopBackOff
+    /// when it starts `again`, terminated for good otherwise.
+    fn ended_status(&self, run: &Run, code: Option<i32>, again: bool) -> serde_json::Value {
+        let (container_name, image, restarts) =
+            (&self.container_name, &self.launch.image, self.restarts);
         let terminated = json!({ "exitCode": code.unwrap_or(137),
-            "startedAt": started.to_string(), "finishedAt": Timestamp::now().to_string() });
-        let status = if again {
+            "startedAt": run.started.to_string(), "finishedAt": Timestamp::now().to_string() });
+        if again {
             json!({
                 "name": container_name, "image": image, "imageID": "", "ready": false,
                 "started": false, "restartCount": restarts,
@@ -1228,19 +1514,6 @@ async fn supervise(
                 "started": false, "restartCount": restarts - 1,
                 "state": { "terminated": terminated }
             })
-        };
-        let _ = set_ready(&pods, &name, false, status).await;
-        if !again {
-            let _ = deleted.changed().await;
-            let _ = delete_now(&client, &pod).await;
-            return;
-        }
-        tokio::select! {
-            _ = deleted.changed() => {
-                let _ = delete_now(&client, &pod).await;
-                return;
-            }
-            _ = tokio::time::sleep(RESTART_BACKOFF) => {}
         }
     }
 }

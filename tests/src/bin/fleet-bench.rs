@@ -195,14 +195,7 @@ async fn main() -> Result<()> {
     let a = args()?;
     let client = cluster::client().await?;
     install_crds(&client, Duration::from_secs(60)).await?;
-    let nss: Api<Namespace> = Api::all(client.clone());
-    if nss.get_opt(NS).await?.is_none() {
-        nss.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({ "metadata": { "name": NS } }))?,
-        )
-        .await?;
-    }
+    ensure_namespace(&client).await?;
 
     let t = Instant::now();
     let fleet = fleet(a.nodes);
@@ -213,7 +206,8 @@ async fn main() -> Result<()> {
         SHAPES.len(),
         t.elapsed().as_secs_f64()
     );
-    // The agents start timing with the deployments (t0 below); nothing is asked before.
+    // The agents start timing with the deployments (Planning::measure); nothing is asked
+    // before.
     let stages = SharedStages::default();
     let agent = tokio::spawn(agent(client.clone(), fleet.clone(), stages.clone()));
 
@@ -223,9 +217,36 @@ async fn main() -> Result<()> {
         "operator: leading and synced {:.2} s after start",
         led.as_secs_f64()
     );
+    print_idle_cpu().await;
 
-    // What the control plane costs with nothing to do but keep the fleet: kwok's lease
-    // renewals and node heartbeats for every node.
+    let planning = Planning::measure(&client, &a, &op, &stages).await?;
+    let steady = Steady::measure(&a, &op).await?;
+    let restart = Restart::measure(&a, &mut op).await?;
+    agent.abort();
+
+    if let Some(path) = &a.json {
+        let report = json_report(&a, fleet.len(), led, &planning, &steady, &restart);
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(())
+}
+
+/// Creates the benchmark's namespace unless it is there.
+async fn ensure_namespace(client: &Client) -> Result<()> {
+    let nss: Api<Namespace> = Api::all(client.clone());
+    if nss.get_opt(NS).await?.is_none() {
+        nss.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": NS } }))?,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// What the control plane costs with nothing to do but keep the fleet: kwok's lease
+/// renewals and node heartbeats for every node.
+async fn print_idle_cpu() {
     let idle = Duration::from_secs(10);
     let (c0, t) = (control_plane_cpu(), Instant::now());
     tokio::time::sleep(idle).await;
@@ -233,44 +254,102 @@ async fn main() -> Result<()> {
         "cpu before the deployments: {}",
         cpu_between(&c0, &control_plane_cpu(), t.elapsed().as_secs_f64())
     );
+}
 
-    // All deployments at once.
-    let before = op.metrics().await?;
-    let cpu0 = op.cpu_seconds()?;
-    let cp0 = control_plane_cpu();
-    let t0 = Instant::now();
-    stages.lock().unwrap().t0 = Some(t0);
-    // Watching before the first is created, so every deployment's first change is seen.
-    let waiting = tokio::spawn({
-        let client = client.clone();
-        let count = a.deployments;
-        async move { wait_planned(&client, count, t0).await }
-    });
-    create_deployments(&client, a.deployments).await?;
-    let (planned_by_name, available, available_at, slowest, cpu_planned) = waiting.await??;
-    let mut planned: Vec<Duration> = planned_by_name.values().copied().collect();
-    planned.sort();
-    let after = op.metrics().await?;
-    let mem_planned = op.memory()?;
-    let cpu_planning = op.cpu_seconds()? - cpu0;
-    let wall_planning = t0.elapsed().as_secs_f64();
-    // Until the last plan: what the rest of the machine did while the operator planned.
-    let cp_planning = cpu_between(
-        &cp0,
-        &cpu_planned,
-        planned.last().copied().unwrap_or_default().as_secs_f64(),
-    );
+/// All deployments at once, until planned: what the report takes of it.
+struct Planning {
+    /// When each deployment got its plan, sorted.
+    planned: Vec<Duration>,
+    /// How many turned Available, and when the last of them did.
+    available: usize,
+    last_available: Duration,
+    /// The engine ReplicaSets made by then (see [`engine_replica_sets`]).
+    replica_sets: usize,
+    /// The operator's CPU seconds while planning.
+    cpu_seconds: f64,
+    requests: Window,
+    /// The operator's VmRSS and VmHWM once all were planned.
+    memory: (u64, u64),
+}
+
+impl Planning {
+    /// Creates every deployment at once, waits until they are planned (see
+    /// [`wait_planned`]) and prints how long that took, where the time went, and what the
+    /// operator and the rest of the machine used meanwhile.
+    async fn measure(
+        client: &Client,
+        a: &Args,
+        op: &Operator,
+        stages: &SharedStages,
+    ) -> Result<Planning> {
+        let before = op.metrics().await?;
+        let cpu0 = op.cpu_seconds()?;
+        let cp0 = control_plane_cpu();
+        let t0 = Instant::now();
+        stages.lock().unwrap().t0 = Some(t0);
+        // Watching before the first is created, so every deployment's first change is seen.
+        let waiting = tokio::spawn({
+            let client = client.clone();
+            let count = a.deployments;
+            async move { wait_planned(&client, count, t0).await }
+        });
+        create_deployments(client, a.deployments).await?;
+        let plans = waiting.await??;
+        let mut planned: Vec<Duration> = plans.by_name.values().copied().collect();
+        planned.sort();
+        let after = op.metrics().await?;
+        let mem_planned = op.memory()?;
+        let cpu_planning = op.cpu_seconds()? - cpu0;
+        let wall_planning = t0.elapsed().as_secs_f64();
+        // Until the last plan: what the rest of the machine did while the operator planned.
+        let cp_planning = cpu_between(
+            &cp0,
+            &plans.cpu,
+            planned.last().copied().unwrap_or_default().as_secs_f64(),
+        );
+        print_planned(a.deployments, &planned, &plans);
+        print_slowest(&plans.slowest, stages);
+        print_stages(stages, &plans.by_name);
+        let replica_sets = engine_replica_sets(client).await?;
+        println!(
+            "rollouts: {replica_sets} engine ReplicaSets for {} deployments",
+            a.deployments
+        );
+        let planning = Window::between(&before, &after);
+        planning.print("while planning");
+        print_planning_cpu(cpu_planning, wall_planning);
+        println!("cpu until the last plan, the rest of the machine: {cp_planning}");
+        print_memory(mem_planned);
+        Ok(Planning {
+            planned,
+            available: plans.available,
+            last_available: plans.last_available,
+            replica_sets,
+            cpu_seconds: cpu_planning,
+            requests: planning,
+            memory: mem_planned,
+        })
+    }
+}
+
+/// How long the `count` deployments took to plan (`planned`, sorted) and how many turned
+/// Available.
+fn print_planned(count: usize, planned: &[Duration], plans: &Plans) {
+    let available = plans.available;
     println!(
         "planned: all {} in {:.2} s (first {:.2} s, median {:.2} s, 90th percentile {:.2} s); {available} Available, the last after {:.2} s",
-        a.deployments,
+        count,
         planned.last().copied().unwrap_or_default().as_secs_f64(),
         planned.first().copied().unwrap_or_default().as_secs_f64(),
         planned[planned.len() / 2].as_secs_f64(),
         planned[planned.len() * 9 / 10].as_secs_f64(),
-        available_at.as_secs_f64()
+        plans.last_available.as_secs_f64()
     );
-    // Where the tail's time went: what the slowest deployments waited on before their plan.
-    for (name, at, waited) in &slowest {
+}
+
+/// Where the tail's time went: what the slowest deployments waited on before their plan.
+fn print_slowest(slowest: &Slowest, stages: &SharedStages) {
+    for (name, at, waited) in slowest {
         let (asked, reported) = {
             let st = stages.lock().unwrap();
             let id = format!("{NS}/{name}");
@@ -289,21 +368,23 @@ async fn main() -> Result<()> {
             }
         );
     }
-    print_stages(&stages, &planned_by_name);
-    // Each change of an engine Deployment's pod template makes a ReplicaSet (and replaces
-    // its pods): more than one per deployment means plans were rolled while they settled.
-    let replica_sets =
+}
+
+/// The engine ReplicaSets in the namespace. Each change of an engine Deployment's pod
+/// template makes one (and replaces its pods): more than one per deployment means plans
+/// were rolled while they settled.
+async fn engine_replica_sets(client: &Client) -> Result<usize> {
+    Ok(
         Api::<k8s_openapi::api::apps::v1::ReplicaSet>::namespaced(client.clone(), NS)
             .list_metadata(&ListParams::default())
             .await?
             .items
-            .len();
-    println!(
-        "rollouts: {replica_sets} engine ReplicaSets for {} deployments",
-        a.deployments
-    );
-    let planning = Window::between(&before, &after);
-    planning.print("while planning");
+            .len(),
+    )
+}
+
+/// The operator's CPU while planning, beside the machine's load average.
+fn print_planning_cpu(cpu_planning: f64, wall_planning: f64) {
     println!(
         "cpu: the operator used {cpu_planning:.1} s of CPU in {wall_planning:.1} s while planning ({:.0}% of one core; the machine's load average {})",
         100.0 * cpu_planning / wall_planning.max(1e-9),
@@ -314,76 +395,106 @@ async fn main() -> Result<()> {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    println!("cpu until the last plan, the rest of the machine: {cp_planning}");
+}
+
+/// The operator's VmRSS and VmHWM (see [`Operator::memory`]).
+fn print_memory(memory: (u64, u64)) {
     println!(
         "memory: VmRSS {:.1} MiB, VmHWM {:.1} MiB",
-        mem_planned.0 as f64 / 1048576.0,
-        mem_planned.1 as f64 / 1048576.0
+        memory.0 as f64 / 1048576.0,
+        memory.1 as f64 / 1048576.0
     );
+}
 
-    // The steady state: every deployment looked at every resync period.
-    tokio::time::sleep(Duration::from_secs(a.resync_seconds)).await;
-    let s0 = op.metrics().await?;
-    tokio::time::sleep(Duration::from_secs(a.steady_seconds)).await;
-    let s1 = op.metrics().await?;
-    let steady = Window::between(&s0, &s1);
-    steady.print("steady");
-    let mem_steady = op.memory()?;
-    println!(
-        "memory: VmRSS {:.1} MiB, VmHWM {:.1} MiB",
-        mem_steady.0 as f64 / 1048576.0,
-        mem_steady.1 as f64 / 1048576.0
-    );
+/// The steady state: every deployment looked at every resync period.
+struct Steady {
+    requests: Window,
+    /// The operator's VmRSS and VmHWM at its end.
+    memory: (u64, u64),
+}
 
-    // A restart: SIGTERM (the lease is released), a new process leads and reconciles all.
-    op.stop().await?;
-    let t = Instant::now();
-    let mut op2 = Operator::start(&a, "fleet-bench-operator-1").await?;
-    let led2 = op2.wait_leading().await?;
-    let restart = loop {
-        let m = op2.metrics().await?;
-        if m.reconciles >= a.deployments as f64 {
-            break (t.elapsed(), m);
-        }
-        ensure!(
-            t.elapsed() < WAIT,
-            "the new operator did not reconcile every deployment"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let cold = Window::between(&Metrics::default(), &restart.1);
-    println!(
-        "restart: leading {:.2} s after start, every deployment reconciled after {:.2} s",
-        led2.as_secs_f64(),
-        restart.0.as_secs_f64()
-    );
-    cold.print("first pass after a restart");
-    let mem_restart = op2.memory()?;
-    op2.stop().await?;
-    agent.abort();
-
-    if let Some(path) = &a.json {
-        let report = json!({
-            "nodes": fleet.len(),
-            "deployments": a.deployments,
-            "resync_seconds": a.resync_seconds,
-            "operator_lead_seconds": led.as_secs_f64(),
-            "engine_replica_sets": replica_sets,
-            "operator_cpu_seconds_planning": cpu_planning,
-            "all_planned_seconds": planned.last().copied().unwrap_or_default().as_secs_f64(),
-            "median_planned_seconds": planned[planned.len() / 2].as_secs_f64(),
-            "available": available,
-            "last_available_seconds": available_at.as_secs_f64(),
-            "planning": planning.json(),
-            "steady": steady.json(),
-            "restart_reconciled_all_seconds": restart.0.as_secs_f64(),
-            "restart": cold.json(),
-            "rss_bytes": { "planned": mem_planned.0, "steady": mem_steady.0, "restart": mem_restart.0 },
-            "hwm_bytes": mem_steady.1.max(mem_planned.1),
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+impl Steady {
+    /// Lets a resync period pass, then measures `--steady-seconds` of it.
+    async fn measure(a: &Args, op: &Operator) -> Result<Steady> {
+        tokio::time::sleep(Duration::from_secs(a.resync_seconds)).await;
+        let s0 = op.metrics().await?;
+        tokio::time::sleep(Duration::from_secs(a.steady_seconds)).await;
+        let s1 = op.metrics().await?;
+        let steady = Window::between(&s0, &s1);
+        steady.print("steady");
+        let mem_steady = op.memory()?;
+        print_memory(mem_steady);
+        Ok(Steady {
+            requests: steady,
+            memory: mem_steady,
+        })
     }
-    Ok(())
+}
+
+/// A restart: a new operator's time to lead and reconcile every deployment once.
+struct Restart {
+    /// From the new process's start until every deployment was reconciled.
+    reconciled_all: Duration,
+    /// Its requests in that first pass.
+    requests: Window,
+    /// Its VmRSS and VmHWM then.
+    memory: (u64, u64),
+}
+
+impl Restart {
+    /// SIGTERM to `op` (the lease is released), then a new process that leads and
+    /// reconciles all, stopped once measured.
+    async fn measure(a: &Args, op: &mut Operator) -> Result<Restart> {
+        op.stop().await?;
+        let t = Instant::now();
+        let mut op2 = Operator::start(a, "fleet-bench-operator-1").await?;
+        let led2 = op2.wait_leading().await?;
+        let restart = op2.wait_reconciled(a.deployments, t).await?;
+        let cold = Window::between(&Metrics::default(), &restart.1);
+        println!(
+            "restart: leading {:.2} s after start, every deployment reconciled after {:.2} s",
+            led2.as_secs_f64(),
+            restart.0.as_secs_f64()
+        );
+        cold.print("first pass after a restart");
+        let mem_restart = op2.memory()?;
+        op2.stop().await?;
+        Ok(Restart {
+            reconciled_all: restart.0,
+            requests: cold,
+            memory: mem_restart,
+        })
+    }
+}
+
+/// The `--json` report of a run over `nodes` nodes whose first operator led after `led`.
+fn json_report(
+    a: &Args,
+    nodes: usize,
+    led: Duration,
+    planning: &Planning,
+    steady: &Steady,
+    restart: &Restart,
+) -> serde_json::Value {
+    let planned = &planning.planned;
+    json!({
+        "nodes": nodes,
+        "deployments": a.deployments,
+        "resync_seconds": a.resync_seconds,
+        "operator_lead_seconds": led.as_secs_f64(),
+        "engine_replica_sets": planning.replica_sets,
+        "operator_cpu_seconds_planning": planning.cpu_seconds,
+        "all_planned_seconds": planned.last().copied().unwrap_or_default().as_secs_f64(),
+        "median_planned_seconds": planned[planned.len() / 2].as_secs_f64(),
+        "available": planning.available,
+        "last_available_seconds": planning.last_available.as_secs_f64(),
+        "planning": planning.requests.json(),
+        "steady": steady.requests.json(),
+        "restart_reconciled_all_seconds": restart.reconciled_all.as_secs_f64(),
+        "restart": restart.requests.json(),
+        "rss_bytes": { "planned": planning.memory.0, "steady": steady.memory.0, "restart": restart.memory.0 },
+        "hwm_bytes": steady.memory.1.max(planning.memory.1),
+    })
 }
 
 /// Where the deployments' time to plan went, by stage (median, 90th percentile and
@@ -684,25 +795,29 @@ type Slowest = Vec<(String, Duration, Vec<String>)>;
 /// CPU seconds by part of the machine (see [`control_plane_cpu`]).
 type Cpu = BTreeMap<&'static str, f64>;
 
-/// When each deployment got its plan (sorted); then how many turned Available, and when
-/// the last of them did (within two minutes of the last plan: kwok runs the engine pods,
-/// but a plan's nodes may lack free GPUs for all of them); the five slowest to plan; and
-/// the CPU each part of the machine had used when the last deployment was planned.
+/// What [`wait_planned`] saw, each time counted from the deployments' creation.
+struct Plans {
+    /// When each deployment got its plan, by name.
+    by_name: BTreeMap<String, Duration>,
+    /// How many turned Available, and when the last of them did.
+    available: usize,
+    last_available: Duration,
+    /// The five slowest to plan.
+    slowest: Slowest,
+    /// The CPU each part of the machine had used when the last deployment was planned.
+    cpu: Cpu,
+}
+
+/// When each deployment got its plan; then how many turned Available, and when the last of
+/// them did (within two minutes of the last plan: kwok runs the engine pods, but a plan's
+/// nodes may lack free GPUs for all of them); the five slowest to plan; and the CPU each
+/// part of the machine had used when the last deployment was planned.
 /// Follows a watch of the deployments, so each time is when the change reached the
 /// apiserver's watch cache, and the benchmark adds no LISTs of its own to what the control
 /// plane serves while the operator is measured.
-async fn wait_planned(
-    client: &Client,
-    count: usize,
-    t0: Instant,
-) -> Result<(BTreeMap<String, Duration>, usize, Duration, Slowest, Cpu)> {
+async fn wait_planned(client: &Client, count: usize, t0: Instant) -> Result<Plans> {
     let api: Api<DiffusionDeployment> = Api::namespaced(client.clone(), NS);
-    let mut planned: BTreeMap<String, Duration> = BTreeMap::new();
-    let mut available: BTreeMap<String, Duration> = BTreeMap::new();
-    let mut waited: BTreeMap<String, BTreeMap<String, Duration>> = BTreeMap::new();
-    let mut latest: BTreeMap<String, DiffusionDeployment> = BTreeMap::new();
-    let mut all_planned: Option<Duration> = None;
-    let mut cpu_planned = BTreeMap::new();
+    let mut progress = Progress::default();
     let events = watcher(api, watcher::Config::default())
         .default_backoff()
         .applied_objects();
@@ -719,78 +834,122 @@ async fn wait_planned(
                     }
                     None => bail!("the watch of the deployments ended"),
                 };
-                let now = t0.elapsed();
-                let st = dd.status.clone().unwrap_or_default();
-                let is = |t: &str| {
-                    st.conditions
-                        .iter()
-                        .any(|c| c.type_ == t && c.status == "True")
-                };
-                if st.plan.is_some() && is("Planned") {
-                    planned.entry(dd.name_any()).or_insert(now);
-                } else {
-                    let seen = waited.entry(dd.name_any()).or_default();
-                    for c in st.conditions.iter().filter(|c| c.status != "True") {
-                        seen.entry(format!("{} {}", c.type_, c.reason))
-                            .or_insert(now);
-                    }
-                }
-                if is("Available") {
-                    available.entry(dd.name_any()).or_insert(now);
-                }
-                latest.insert(dd.name_any(), dd);
-                if planned.len() == count && all_planned.is_none() {
-                    all_planned = Some(now);
-                    cpu_planned = control_plane_cpu();
-                }
+                progress.saw(dd, t0.elapsed(), count);
             }
             _ = tick.tick() => {}
         }
         let now = t0.elapsed();
-        let settled = all_planned.is_some_and(|t| now > t + Duration::from_secs(120));
-        if available.len() == count || settled {
-            let mut by_time: Vec<(String, Duration)> =
-                planned.iter().map(|(n, t)| (n.clone(), *t)).collect();
-            by_time.sort_by_key(|(_, t)| *t);
-            let slowest = by_time
-                .iter()
-                .rev()
-                .take(5)
-                .map(|(name, at)| {
-                    let seen = waited.remove(name).unwrap_or_default();
-                    let mut seen: Vec<(String, Duration)> = seen.into_iter().collect();
-                    seen.sort_by_key(|(_, t)| *t);
-                    let seen = seen
-                        .into_iter()
-                        .map(|(why, t)| format!("{why} (from {:.1} s)", t.as_secs_f64()))
-                        .collect();
-                    (name.clone(), *at, seen)
-                })
-                .collect();
-            let last = available.values().max().copied().unwrap_or_default();
-            return Ok((planned, available.len(), last, slowest, cpu_planned));
+        let settled = progress
+            .all_planned
+            .is_some_and(|t| now > t + Duration::from_secs(120));
+        if progress.available.len() == count || settled {
+            return Ok(progress.plans());
         }
-        if all_planned.is_none() && now > WAIT {
-            let stuck: Vec<String> = latest
-                .values()
-                .filter(|d| !planned.contains_key(&d.name_any()))
-                .map(|d| {
-                    let reasons: Vec<String> = d
-                        .status
-                        .iter()
-                        .flat_map(|s| &s.conditions)
-                        .filter(|c| c.status == "False")
-                        .map(|c| format!("{} {}: {}", c.type_, c.reason, c.message))
-                        .collect();
-                    format!("{}: {}", d.name_any(), reasons.join("; "))
-                })
-                .take(5)
-                .collect();
+        if progress.all_planned.is_none() && now > WAIT {
+            let stuck = progress.stuck();
             bail!(
                 "after {now:?}: {} of {count} planned; {stuck:?}",
-                planned.len()
+                progress.planned.len()
             );
         }
+    }
+}
+
+/// What the watch of the deployments has shown so far, each time counted from their
+/// creation.
+#[derive(Default)]
+struct Progress {
+    /// When each deployment was first seen planned.
+    planned: BTreeMap<String, Duration>,
+    /// When each deployment was first seen Available.
+    available: BTreeMap<String, Duration>,
+    /// For each deployment, its not-True conditions' `type reason` seen before its plan,
+    /// with when each was first seen.
+    waited: BTreeMap<String, BTreeMap<String, Duration>>,
+    /// Each deployment as last seen.
+    latest: BTreeMap<String, DiffusionDeployment>,
+    /// When the last of them was planned.
+    all_planned: Option<Duration>,
+    /// The CPU each part of the machine had used then.
+    cpu_planned: Cpu,
+}
+
+impl Progress {
+    /// Notes what `dd` shows at `now`; once all `count` are planned, when, and the CPU used.
+    fn saw(&mut self, dd: DiffusionDeployment, now: Duration, count: usize) {
+        let st = dd.status.clone().unwrap_or_default();
+        let is = |t: &str| {
+            st.conditions
+                .iter()
+                .any(|c| c.type_ == t && c.status == "True")
+        };
+        if st.plan.is_some() && is("Planned") {
+            self.planned.entry(dd.name_any()).or_insert(now);
+        } else {
+            let seen = self.waited.entry(dd.name_any()).or_default();
+            for c in st.conditions.iter().filter(|c| c.status != "True") {
+                seen.entry(format!("{} {}", c.type_, c.reason))
+                    .or_insert(now);
+            }
+        }
+        if is("Available") {
+            self.available.entry(dd.name_any()).or_insert(now);
+        }
+        self.latest.insert(dd.name_any(), dd);
+        if self.planned.len() == count && self.all_planned.is_none() {
+            self.all_planned = Some(now);
+            self.cpu_planned = control_plane_cpu();
+        }
+    }
+
+    /// What the wait found: the plans, the Available count, and what the five slowest
+    /// waited on, in the order each reason was first seen.
+    fn plans(mut self) -> Plans {
+        let mut by_time: Vec<(String, Duration)> =
+            self.planned.iter().map(|(n, t)| (n.clone(), *t)).collect();
+        by_time.sort_by_key(|(_, t)| *t);
+        let slowest = by_time
+            .iter()
+            .rev()
+            .take(5)
+            .map(|(name, at)| {
+                let seen = self.waited.remove(name).unwrap_or_default();
+                let mut seen: Vec<(String, Duration)> = seen.into_iter().collect();
+                seen.sort_by_key(|(_, t)| *t);
+                let seen = seen
+                    .into_iter()
+                    .map(|(why, t)| format!("{why} (from {:.1} s)", t.as_secs_f64()))
+                    .collect();
+                (name.clone(), *at, seen)
+            })
+            .collect();
+        let last = self.available.values().max().copied().unwrap_or_default();
+        Plans {
+            by_name: self.planned,
+            available: self.available.len(),
+            last_available: last,
+            slowest,
+            cpu: self.cpu_planned,
+        }
+    }
+
+    /// Up to five deployments not planned yet, each with its False conditions.
+    fn stuck(&self) -> Vec<String> {
+        self.latest
+            .values()
+            .filter(|d| !self.planned.contains_key(&d.name_any()))
+            .map(|d| {
+                let reasons: Vec<String> = d
+                    .status
+                    .iter()
+                    .flat_map(|s| &s.conditions)
+                    .filter(|c| c.status == "False")
+                    .map(|c| format!("{} {}: {}", c.type_, c.reason, c.message))
+                    .collect();
+                format!("{}: {}", d.name_any(), reasons.join("; "))
+            })
+            .take(5)
+            .collect()
     }
 }
 
@@ -907,6 +1066,22 @@ impl Operator {
             }
             ensure!(self.started.elapsed() < WAIT, "the operator did not lead");
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until it has reconciled `count` times (a new operator's first pass over every
+    /// deployment); returns how long after `since` that was, and its metrics then.
+    async fn wait_reconciled(&self, count: usize, since: Instant) -> Result<(Duration, Metrics)> {
+        loop {
+            let m = self.metrics().await?;
+            if m.reconciles >= count as f64 {
+                return Ok((since.elapsed(), m));
+            }
+            ensure!(
+                since.elapsed() < WAIT,
+                "the new operator did not reconcile every deployment"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
