@@ -14,34 +14,18 @@ use axum::http::StatusCode;
 use axum::Router;
 use serde_json::{json, Value};
 
-use common::server::{call, post, send, slow_copies, Setup};
-use layerwise_engine::bounds::RequestBounds;
+use common::server::{call, image_bounds, post, send, slow_copies, Setup};
 use layerwise_engine::checkpoint::Header;
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::pipeline::{Hook, Stage};
-use layerwise_engine::server::api::Bounds;
 use layerwise_engine::server::scheduler::Retention;
-
-const BODY_LIMIT: usize = 4096;
 
 fn setup(max_queue: usize, hook: Option<Hook>, retention: Retention, timeout: u64) -> Setup {
     Setup {
         dp: 1,
         max_queue,
         hook,
-        bounds: Bounds {
-            request: RequestBounds {
-                max_width: 128,
-                max_height: 128,
-                max_frames: 1,
-                max_steps: 2000,
-                max_n: 3,
-                guidance: true,
-                max_prompt_tokens: 512,
-            },
-            body_limit: BODY_LIMIT,
-            body_timeout: Duration::from_secs(30),
-        },
+        bounds: image_bounds(),
         retention,
         name: "tiny",
         timeout: Duration::from_secs(timeout),
@@ -116,7 +100,7 @@ async fn each_client_error_class_answers_with_its_status_and_type() {
         "unsupported_media_type",
     );
     // 413: a body over the limit.
-    let big = json!({ "class_label": 1, "user": "x".repeat(BODY_LIMIT) });
+    let big = json!({ "class_label": 1, "user": "x".repeat(image_bounds().body_limit) });
     let (s, _, v) = post(&app, "/v1/jobs", big).await;
     expect((s, v), StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
     // 422: a field outside what the engine can do, named.

@@ -5,6 +5,7 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,34 +14,33 @@ use axum::Router;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use common::server::{assert_field, call, post, send, slow_copies, Setup};
-use layerwise_engine::bounds::RequestBounds;
+use common::server::{assert_field, call, image_bounds, post, send, slow_copies, Setup};
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::pipeline::Hook;
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::execution::work::{Condition, Request};
 use layerwise_engine::media::image::encode_png;
-use layerwise_engine::server::api::{app, AppState, Bounds};
+use layerwise_engine::server::api::{app, AppState};
 use layerwise_engine::server::forward::Forwarding;
 use layerwise_engine::server::ids::JobIds;
-use layerwise_engine::server::scheduler::{Retention, Scheduler};
+use layerwise_engine::server::scheduler::{DecodeJob, Retention, Scheduler};
 use layerwise_engine::server::ApiError;
 use layerwise_engine::Strategy;
 
-fn bounds() -> Bounds {
-    Bounds {
-        request: RequestBounds {
-            max_width: 128,
-            max_height: 128,
-            max_frames: 1,
-            max_steps: 2000,
-            max_n: 3,
-            guidance: true,
-            max_prompt_tokens: 512,
-        },
-        body_limit: 4096,
-        body_timeout: Duration::from_secs(30),
-    }
+/// The API over a scheduler of `dp` ranks that never report ready (none is started), and
+/// the decoder's end of its queue, to keep while the API is used.
+fn unready(model: Arc<Model>, dp: usize) -> (Router, Receiver<DecodeJob>) {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let (sched, _source) =
+        layerwise_engine::server::actor::start(dp, 4, Retention::default(), JobIds::local(), tx);
+    let app = app(AppState {
+        scheduler: sched,
+        model,
+        model_name: "tiny".into(),
+        bounds: image_bounds(),
+        forwarding: Forwarding::default(),
+    });
+    (app, rx)
 }
 
 async fn start(
@@ -63,7 +63,7 @@ async fn start_keeping(
         dp,
         max_queue,
         hook,
-        bounds: bounds(),
+        bounds: image_bounds(),
         retention,
         name: "tiny",
         timeout: Duration::from_secs(60),
@@ -91,7 +91,7 @@ async fn a_rank_that_stalls_mid_request_fails_what_is_in_flight_and_the_pod() {
         dp: 2,
         max_queue: 8,
         hook: Some(stall),
-        bounds: bounds(),
+        bounds: image_bounds(),
         retention: Retention::default(),
         name: "tiny",
         timeout: Duration::from_secs(1),
@@ -174,16 +174,7 @@ async fn not_ready_is_503() {
     let dir = tempfile::tempdir().unwrap();
     let model = Arc::new(Model::open(&common::tiny(dir.path(), 2)).unwrap());
     // A scheduler whose ranks never report ready.
-    let (tx, _rx) = std::sync::mpsc::sync_channel(1);
-    let (sched, _source) =
-        layerwise_engine::server::actor::start(2, 4, Retention::default(), JobIds::local(), tx);
-    let app = app(AppState {
-        scheduler: sched,
-        model,
-        model_name: "tiny".into(),
-        bounds: bounds(),
-        forwarding: Forwarding::default(),
-    });
+    let (app, _decoder) = unready(model, 2);
     let (s, _, _) = call(&app, "GET", "/readyz", None).await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
     let (s, _, v) = post(&app, "/v1/images/generations", json!({ "class_label": 1 })).await;
@@ -689,7 +680,7 @@ async fn every_accepted_job_of_a_burst_succeeds() {
 async fn unguided_deployments_refuse_guidance_and_run_unguided() {
     let dir = tempfile::tempdir().unwrap();
     let model = Arc::new(Model::open(&common::tiny(dir.path(), 2)).unwrap());
-    let mut b = bounds();
+    let mut b = image_bounds();
     b.request.guidance = false;
     let setup = Setup {
         dp: 1,
@@ -829,16 +820,7 @@ async fn the_served_document_is_the_routers_and_the_request_types() {
     let dir = tempfile::tempdir().unwrap();
     let model = Arc::new(Model::open(&common::tiny(dir.path(), 2)).unwrap());
     // No rank ever gets ready: every handler answers at once, without generating.
-    let (tx, _rx) = std::sync::mpsc::sync_channel(1);
-    let (sched, _source) =
-        layerwise_engine::server::actor::start(1, 4, Retention::default(), JobIds::local(), tx);
-    let app = app(AppState {
-        scheduler: sched,
-        model,
-        model_name: "tiny".into(),
-        bounds: bounds(),
-        forwarding: Forwarding::default(),
-    });
+    let (app, _decoder) = unready(model, 1);
     let (s, h, b) = call(&app, "GET", "/openapi.json", None).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(h["content-type"], "application/json");

@@ -31,6 +31,25 @@ pub fn slow_copies() -> Hook {
     })
 }
 
+/// The bounds of an image server on the tiny DiT: up to 128 px, 2000 steps, 3 images, a
+/// 4096-byte body.
+#[allow(dead_code)] // Not every test binary that includes this module serves images.
+pub fn image_bounds() -> Bounds {
+    Bounds {
+        request: layerwise_engine::bounds::RequestBounds {
+            max_width: 128,
+            max_height: 128,
+            max_frames: 1,
+            max_steps: 2000,
+            max_n: 3,
+            guidance: true,
+            max_prompt_tokens: 512,
+        },
+        body_limit: 4096,
+        body_timeout: Duration::from_secs(30),
+    }
+}
+
 /// What a test server runs with.
 pub struct Setup {
     pub dp: usize,
