@@ -858,9 +858,10 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
 }
 
 /// What a failed rank poisons its peers' collectives and the coordinator with, for them to
-/// give up quoting: its failure, naming it; for a rank that only gave up itself, the first
-/// failure it quotes, so every peer quotes the root cause however the poisons raced.
-fn first_cause(rank: usize, e: &Error) -> String {
+/// give up quoting, and what the server says of the engine's end: its failure, naming it;
+/// for a rank that only gave up itself, the first failure it quotes, so every peer (and the
+/// server, whichever rank it hears first) quotes the root cause however the poisons raced.
+pub fn first_cause(rank: usize, e: &Error) -> String {
     match e {
         Error::Abandoned(a) => a.cause.clone(),
         // Named once: "rank 1 failed: panicked: ..." rather than "rank 1 failed: rank 1: ...".
@@ -888,4 +889,32 @@ fn finite(out: Result<Output>) -> Result<Output> {
         });
     }
     Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Abandoned;
+
+    /// A failure names its rank once; a rank that only gave up passes on the cause it quotes.
+    #[test]
+    fn the_first_cause_names_the_failed_rank_once() {
+        let cause = "rank 1 failed: panicked: disk on fire";
+        let gave_up = Error::Abandoned(Abandoned {
+            rank: 0,
+            what: "all-gather",
+            cause: cause.into(),
+        });
+        assert_eq!(first_cause(0, &gave_up), cause);
+        let own = Error::Rank {
+            rank: 1,
+            msg: "panicked: disk on fire".into(),
+        };
+        assert_eq!(first_cause(1, &own), cause);
+        let transfer = Error::Transfer("no progress for 1s".into());
+        assert_eq!(
+            first_cause(2, &transfer),
+            "rank 2 failed: weight transfer failed: no progress for 1s"
+        );
+    }
 }

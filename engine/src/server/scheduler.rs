@@ -393,46 +393,9 @@ impl WorkSource for RankSource {
         self.tell(Msg::Finished { rank, key, out });
     }
     fn failed(&self, rank: usize, error: &Error) {
+        // The root cause, whichever rank is heard first: a rank that only gave up quotes it.
         self.tell(Msg::Fatal {
-            msg: fatal_message(rank, error),
+            msg: crate::execution::rank::first_cause(rank, error),
         });
-    }
-}
-
-/// What the server says of rank `rank`'s failure, the engine's end, naming the rank once. A
-/// rank that only gave up because another failed says that first failure (its cause names
-/// the rank), so whichever rank is heard first, the message is the root cause.
-fn fatal_message(rank: usize, error: &Error) -> String {
-    match error {
-        Error::Abandoned(a) => a.cause.clone(),
-        Error::Rank { .. } => error.to_string(),
-        e => format!("rank {rank}: {e}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::error::Abandoned;
-
-    #[test]
-    fn a_rank_that_gave_up_reports_the_root_cause() {
-        let cause = "rank 1 failed: panicked: disk on fire";
-        let gave_up = Error::Abandoned(Abandoned {
-            rank: 0,
-            what: "all-gather",
-            cause: cause.into(),
-        });
-        assert_eq!(fatal_message(0, &gave_up), cause);
-        let own = Error::Rank {
-            rank: 1,
-            msg: "panicked: disk on fire".into(),
-        };
-        assert_eq!(fatal_message(1, &own), "rank 1: panicked: disk on fire");
-        let transfer = Error::Transfer("no progress for 1s".into());
-        assert_eq!(
-            fatal_message(2, &transfer),
-            "rank 2: weight transfer failed: no progress for 1s"
-        );
     }
 }
