@@ -93,6 +93,13 @@ pub trait FamilyCheckpoint: std::fmt::Debug + Send + Sync {
     }
     /// What a request costs in activations: the formula the planner and the engine share.
     fn activation_cost(&self) -> crate::checkpoint::ActivationCost;
+    /// Every weight byte in the folder.
+    fn total_bytes(&self) -> u64 {
+        self.components()
+            .iter()
+            .map(|(_, c)| c.tensor_bytes())
+            .sum()
+    }
     /// The family's own checkpoint type, for code of that family (and its tests).
     fn as_any(&self) -> &dyn std::any::Any;
 }

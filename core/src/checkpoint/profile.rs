@@ -260,7 +260,7 @@ impl Profile {
         let (native_width, native_height) = ck.native_size();
         Ok(Profile {
             family: family.into(),
-            total_bytes: ck.components().iter().map(|(_, c)| c.tensor_bytes()).sum(),
+            total_bytes: ck.total_bytes(),
             transformer_bytes: sum(&|n| n.starts_with("transformer")),
             vae_bytes: sum(&|n| n == "vae"),
             files: ck.components().iter().map(|(_, c)| c.files.len()).sum(),

@@ -171,10 +171,7 @@ impl Checkpoint {
 
     /// Every weight byte in the folder.
     pub fn total_bytes(&self) -> u64 {
-        self.components()
-            .iter()
-            .map(|(_, c)| c.tensor_bytes())
-            .sum()
+        self.inner.total_bytes()
     }
 
     /// The family's runtime over this folder, its components mapped.
