@@ -264,6 +264,7 @@ fn model_for(location: &str) -> Option<(&'static str, Option<usize>)> {
         // The local volume's folder (model-store.yaml) with subPath huge-dit.
         "/models/store/huge-dit" => ("xl", Some(512)),
         "/models/wan2.1-t2v-1.3b" => ("wan2.1-1.3b", None),
+        "/models/qwen-image" => ("qwen-image", None),
         _ => return None,
     })
 }

@@ -362,15 +362,15 @@ fn synth_cmd(a: SynthArgs) -> Result<()> {
         match &mut o.model {
             SynthModel::Wan(w) => w.transformer.ffn_dim = v,
             SynthModel::Cosmos3(c) => c.transformer.intermediate_size = v,
-            SynthModel::Dit { .. } => {
-                bail!("--ffn-dim applies to Wan and Cosmos3 presets (DiT's is 4 × hidden)")
+            SynthModel::Dit { .. } | SynthModel::QwenImage(_) => {
+                bail!("--ffn-dim applies to Wan and Cosmos3 presets (DiT's and Qwen-Image's are 4 × hidden)")
             }
         }
     }
     if let Some(v) = a.sample_size {
         match &mut o.model {
             SynthModel::Dit { dit, .. } => dit.sample_size = v,
-            SynthModel::Wan(_) | SynthModel::Cosmos3(_) => {
+            SynthModel::Wan(_) | SynthModel::Cosmos3(_) | SynthModel::QwenImage(_) => {
                 bail!("--sample-size applies to DiT presets")
             }
         }

@@ -9,6 +9,8 @@ pub mod autoencoder_kl;
 pub mod checks;
 pub mod cosmos3;
 pub mod dit;
+#[allow(unused)]
+pub mod qwen_image;
 #[cfg(feature = "runtime")]
 pub mod fused;
 pub mod umt5;

@@ -17,12 +17,14 @@ use crate::families::autoencoder_kl::VaeConfig;
 use crate::families::cosmos3::prompt::{synth_tokenizer_files, SYNTH_VOCAB};
 use crate::families::cosmos3::Cosmos3Config;
 use crate::families::dit::DitConfig;
+use crate::families::qwen2_5_vl::QwenVlTextConfig;
+use crate::families::qwen_image::transformer::QwenImageTransformerConfig;
 use crate::families::umt5::{synth_tokenizer_config, synth_tokenizer_json, Umt5Config};
 use crate::families::wan::transformer::WanTransformerConfig;
 use crate::families::wan::vae::WanVaeConfig;
 use crate::families::TensorSpec;
 use crate::samplers::ddim::DdimConfig;
-use crate::samplers::flow::{FlowScheduler, UniPcConfig};
+use crate::samplers::flow::{FlowMatchEulerConfig, FlowScheduler, UniPcConfig};
 use crate::{Error, Result};
 
 /// A Wan pipeline to write.
@@ -46,6 +48,14 @@ pub struct Cosmos3Synth {
     pub flow_shift: f64,
 }
 
+/// A Qwen-Image pipeline to write.
+#[derive(Debug, Clone)]
+pub struct QwenImageSynth {
+    pub text_encoder: QwenVlTextConfig,
+    pub transformer: QwenImageTransformerConfig,
+    pub vae: WanVaeConfig,
+}
+
 /// Which family's pipeline to write.
 #[derive(Debug, Clone)]
 pub enum SynthModel {
@@ -55,6 +65,7 @@ pub enum SynthModel {
     },
     Wan(Box<WanSynth>),
     Cosmos3(Box<Cosmos3Synth>),
+    QwenImage(Box<QwenImageSynth>),
 }
 
 /// What to write.
@@ -72,7 +83,7 @@ pub struct SynthOptions {
 }
 
 /// The presets `synth --preset` takes.
-pub const PRESETS: [&str; 9] = [
+pub const PRESETS: [&str; 11] = [
     "tiny",
     "xl",
     "wan-tiny",
@@ -82,6 +93,8 @@ pub const PRESETS: [&str; 9] = [
     "cosmos3-tiny",
     "cosmos3-nano",
     "cosmos3-super",
+    "qwen-image-tiny",
+    "qwen-image",
 ];
 
 impl SynthOptions {
@@ -89,7 +102,9 @@ impl SynthOptions {
     /// (DiT-XL/2), `wan-tiny` (a two-expert Wan that runs in seconds), or the published
     /// Wan shapes `wan2.1-1.3b`, `wan2.1-14b`, `wan2.2-a14b` (bf16; with `sparse` for the
     /// large ones), `cosmos3-tiny` (the parity fixture's shapes over a byte-level
-    /// tokenizer) and the published Cosmos3 shapes `cosmos3-nano`, `cosmos3-super` (bf16).
+    /// tokenizer) and the published Cosmos3 shapes `cosmos3-nano`, `cosmos3-super` (bf16),
+    /// `qwen-image-tiny` (the parity fixture's shapes over a byte-level tokenizer) and the
+    /// published Qwen-Image shapes `qwen-image` (bf16; 58 GB, so with `sparse`).
     pub fn preset(name: &str) -> Result<Self> {
         let wan = |text_encoder, transformer, boundary_ratio, vae, flow_shift| {
             SynthModel::Wan(Box::new(WanSynth {
@@ -174,6 +189,22 @@ impl SynthOptions {
                     dtype,
                 )
             }
+            "qwen-image-tiny" => (
+                SynthModel::QwenImage(Box::new(QwenImageSynth {
+                    text_encoder: QwenVlTextConfig::tiny(SYNTH_VOCAB),
+                    transformer: QwenImageTransformerConfig::tiny(),
+                    vae: WanVaeConfig::tiny(),
+                })),
+                Dtype::F32,
+            ),
+            "qwen-image" => (
+                SynthModel::QwenImage(Box::new(QwenImageSynth {
+                    text_encoder: QwenVlTextConfig::qwen2_5_vl_7b(),
+                    transformer: QwenImageTransformerConfig::published(),
+                    vae: WanVaeConfig::wan21(),
+                })),
+                Dtype::BF16,
+            ),
             other => {
                 return Err(Error::invalid(
                     "preset",
@@ -196,6 +227,7 @@ impl SynthOptions {
             SynthModel::Dit { dit, .. } => dit.num_layers = n,
             SynthModel::Wan(w) => w.transformer.num_layers = n,
             SynthModel::Cosmos3(c) => c.transformer.num_hidden_layers = n,
+            SynthModel::QwenImage(q) => q.transformer.num_layers = n,
         }
     }
 
@@ -212,6 +244,10 @@ impl SynthOptions {
             SynthModel::Cosmos3(c) => (
                 &mut c.transformer.num_attention_heads,
                 &mut c.transformer.head_dim,
+            ),
+            SynthModel::QwenImage(q) => (
+                &mut q.transformer.num_attention_heads,
+                &mut q.transformer.attention_head_dim,
             ),
         };
         if let Some(v) = heads {
@@ -411,6 +447,7 @@ pub fn synth(out: &Path, opts: &SynthOptions) -> Result<SynthReport> {
         SynthModel::Dit { dit, vae } => synth_dit(out, opts, dit, vae)?,
         SynthModel::Wan(w) => synth_wan(out, opts, w)?,
         SynthModel::Cosmos3(c) => synth_cosmos3(out, opts, c)?,
+        SynthModel::QwenImage(q) => synth_qwen_image(out, opts, q)?,
     };
     Ok(SynthReport {
         bytes,
@@ -668,4 +705,71 @@ fn synth_cosmos3(out: &Path, opts: &SynthOptions, c: &Cosmos3Synth) -> Result<(u
         &FlowScheduler::UniPc(UniPcConfig::wan(c.flow_shift)).to_json(),
     )?;
     Ok((bytes, files))
+}
+
+fn synth_qwen_image(out: &Path, opts: &SynthOptions, q: &QwenImageSynth) -> Result<(u64, usize)> {
+    let here = Path::new("synth options");
+    q.text_encoder.validate(here)?;
+    q.transformer.validate(here)?;
+    q.vae.validate(here)?;
+    write_json(
+        &out.join("model_index.json"),
+        &serde_json::json!({
+            "_class_name": crate::families::qwen_image::checkpoint::CLASS_NAME,
+            "_diffusers_version": "0.42.1",
+            "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+            "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"],
+            "tokenizer": ["transformers", "Qwen2Tokenizer"],
+            "transformer": ["diffusers", "QwenImageTransformer2DModel"],
+            "vae": ["diffusers", "AutoencoderKLQwenImage"],
+        }),
+    )?;
+    let tok = mkdir(&out.join("tokenizer"))?;
+    for (file, text) in synth_tokenizer_files() {
+        std::fs::write(tok.join(file), text).map_err(|e| Error::io(tok.join(file), e))?;
+    }
+    let te = mkdir(&out.join("text_encoder"))?;
+    write_json(&te.join("config.json"), &q.text_encoder.to_json())?;
+    let (mut bytes, mut files) = write_component(
+        &te,
+        TRANSFORMERS_STEM,
+        &q.text_encoder.synth_specs(),
+        &|_| opts.dtype,
+        opts.max_shard_bytes,
+        opts.seed.wrapping_add(2),
+        opts.sparse,
+    )?;
+    let tdir = mkdir(&out.join("transformer"))?;
+    write_json(&tdir.join("config.json"), &q.transformer.to_json())?;
+    let (b, f) = write_component(
+        &tdir,
+        DIFFUSERS_STEM,
+        &q.transformer.all_specs(),
+        &|_| opts.dtype,
+        opts.max_shard_bytes,
+        opts.seed.wrapping_add(3),
+        opts.sparse,
+    )?;
+    bytes += b;
+    files += f;
+    let vdir = mkdir(&out.join("vae"))?;
+    write_json(
+        &vdir.join("config.json"),
+        &crate::families::qwen_image::vae::to_json(&q.vae),
+    )?;
+    let (b, f) = write_component(
+        &vdir,
+        DIFFUSERS_STEM,
+        &q.vae.tensor_specs(),
+        &|_| Dtype::F32,
+        None,
+        opts.seed.wrapping_add(1),
+        opts.sparse,
+    )?;
+    let sdir = mkdir(&out.join("scheduler"))?;
+    write_json(
+        &sdir.join("scheduler_config.json"),
+        &FlowScheduler::Euler(FlowMatchEulerConfig::qwen_image()).to_json(),
+    )?;
+    Ok((bytes + b, files + f))
 }

@@ -81,8 +81,33 @@ impl FlowMatchEulerConfig {
         }
     }
 
-    /// Refuses values whose math is not implemented here, naming the field.
+    /// The published Qwen-Image scheduler: the shift follows the image's sequence length
+    /// (0.5 at 256 tokens to 0.9 at 8192, exponential), the schedule stretched to end at 0.02.
+    pub fn qwen_image() -> Self {
+        FlowMatchEulerConfig {
+            use_dynamic_shifting: true,
+            base_shift: Some(0.5),
+            max_shift: Some(0.9),
+            base_image_seq_len: 256,
+            max_image_seq_len: 8192,
+            shift_terminal: Some(0.02),
+            ..Self::default()
+        }
+    }
+
+    /// Refuses values whose math is not implemented here, naming the field. Dynamic shifting
+    /// is refused: the pipelines that call [`Self::schedule`]'s spacing pass no `mu`.
     pub fn validate(&self, path: &Path) -> Result<()> {
+        self.check(path, false)
+    }
+
+    /// [`Self::validate`] for a pipeline that passes its own sigmas and, with dynamic
+    /// shifting, the `mu` of its image sequence ([`FlowMatchEuler::for_image`]).
+    pub fn validate_for_image(&self, path: &Path) -> Result<()> {
+        self.check(path, true)
+    }
+
+    fn check(&self, path: &Path, mu_given: bool) -> Result<()> {
         let bad = |f: &str, m: String| Err(Error::config(path, f, m));
         crate::samplers::check_train_timesteps(path, self.num_train_timesteps)?;
         super::check_shift(path, "shift", self.shift)?;
@@ -92,8 +117,11 @@ impl FlowMatchEulerConfig {
             self.use_karras_sigmas,
             self.use_exponential_sigmas,
             self.use_beta_sigmas,
-            self.use_dynamic_shifting,
+            self.use_dynamic_shifting && !mu_given,
         )?;
+        if self.use_dynamic_shifting {
+            self.check_dynamic(path)?;
+        }
         super::refuse_true(
             path,
             "stochastic_sampling",
@@ -136,6 +164,85 @@ impl FlowMatchEulerConfig {
         sigmas.push(if self.invert_sigmas { 1.0 } else { 0.0 });
         (timesteps, sigmas)
     }
+
+    /// The fields dynamic shifting reads must make a finite, increasing line.
+    fn check_dynamic(&self, path: &Path) -> Result<()> {
+        for (field, v) in [("base_shift", self.base_shift), ("max_shift", self.max_shift)] {
+            if !v.is_some_and(f64::is_finite) {
+                return Err(Error::config(
+                    path,
+                    field,
+                    "must be a number: use_dynamic_shifting computes the shift from it",
+                ));
+            }
+        }
+        if self.max_image_seq_len <= self.base_image_seq_len {
+            return Err(Error::config(
+                path,
+                "max_image_seq_len",
+                format!(
+                    "{}: must exceed base_image_seq_len ({})",
+                    self.max_image_seq_len, self.base_image_seq_len
+                ),
+            ));
+        }
+        if self.time_shift_type == "linear" && self.mu(self.base_image_seq_len) <= 0.0 {
+            return Err(Error::config(
+                path,
+                "base_shift",
+                "a linear time shift needs a positive shift at base_image_seq_len",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The pipelines' `calculate_shift` (float64): `mu` on the line through
+    /// (base_image_seq_len, base_shift) and (max_image_seq_len, max_shift).
+    pub fn mu(&self, image_seq_len: usize) -> f64 {
+        let (base, max) = (self.base_shift.unwrap_or(0.5), self.max_shift.unwrap_or(1.15));
+        let m = (max - base) / (self.max_image_seq_len as f64 - self.base_image_seq_len as f64);
+        let b = base - m * self.base_image_seq_len as f64;
+        image_seq_len as f64 * m + b
+    }
+
+    /// `set_timesteps(sigmas=np.linspace(1, 1/steps, steps), mu=mu)` as QwenImagePipeline
+    /// calls it: the given sigmas cast to float32, then every operation in float32 (numpy
+    /// keeps a float32 array float32 beside Python scalars): the time shift by `mu` with
+    /// dynamic shifting (else the static shift), the terminal stretch, timesteps σ·N.
+    fn image_schedule(&self, steps: usize, image_seq_len: usize) -> (Vec<f32>, Vec<f32>) {
+        let nf = self.num_train_timesteps as f32;
+        let given = super::linspace(1.0, 1.0 / steps as f64, steps);
+        let mut sigmas: Vec<f32> = given.iter().map(|&x| x as f32).collect();
+        if self.use_dynamic_shifting {
+            let mu = self.mu(image_seq_len);
+            let linear = self.time_shift_type == "linear";
+            let e = if linear { mu as f32 } else { mu.exp() as f32 };
+            for t in &mut sigmas {
+                *t = e / (e + (1.0 / *t - 1.0));
+            }
+        } else {
+            let shift = self.shift as f32;
+            for s in &mut sigmas {
+                *s = shift * *s / (1.0 + (shift - 1.0) * *s);
+            }
+        }
+        if let Some(terminal) = super::terminal(self.shift_terminal) {
+            let last = *sigmas.last().expect("at least one step");
+            // `1 - shift_terminal` is a Python float, cast to float32 once.
+            let scale = (1.0 - last) / ((1.0 - terminal) as f32);
+            for s in &mut sigmas {
+                *s = 1.0 - (1.0 - *s) / scale;
+            }
+        }
+        if self.invert_sigmas {
+            for x in &mut sigmas {
+                *x = 1.0 - *x;
+            }
+        }
+        let timesteps = sigmas.iter().map(|&x| x * nf).collect();
+        sigmas.push(if self.invert_sigmas { 1.0 } else { 0.0 });
+        (timesteps, sigmas)
+    }
 }
 
 /// One request's flow-matching Euler schedule.
@@ -153,6 +260,23 @@ impl FlowMatchEuler {
             super::terminal(cfg.shift_terminal),
         )?;
         let (timesteps, sigmas) = cfg.schedule(steps);
+        Self::of(timesteps, sigmas, steps)
+    }
+
+    /// The schedule of an image pipeline that passes `sigmas = linspace(1, 1/steps, steps)`
+    /// and the `mu` of its packed latent sequence of `image_seq_len` tokens
+    /// (QwenImagePipeline): see [`FlowMatchEulerConfig::validate_for_image`].
+    pub fn for_image(cfg: &FlowMatchEulerConfig, steps: usize, image_seq_len: usize) -> Result<Self> {
+        super::check_steps(
+            steps,
+            cfg.num_train_timesteps,
+            super::terminal(cfg.shift_terminal),
+        )?;
+        let (timesteps, sigmas) = cfg.image_schedule(steps, image_seq_len);
+        Self::of(timesteps, sigmas, steps)
+    }
+
+    fn of(timesteps: Vec<f32>, sigmas: Vec<f32>, steps: usize) -> Result<Self> {
         super::check_finite(&sigmas, steps)?;
         Ok(FlowMatchEuler {
             timesteps,
@@ -233,6 +357,38 @@ mod tests {
             let e = refused(&c);
             assert!(e.contains(&format!("`{field}`")), "{field}: {e}");
         }
+    }
+
+    #[test]
+    fn image_schedule_matches_diffusers() {
+        // QwenImagePipeline on the committed fixture: 3 steps on 4x6 patches, 2 on 3x2.
+        let c = FlowMatchEulerConfig::qwen_image();
+        c.validate_for_image(Path::new("x")).unwrap();
+        let s = FlowMatchEuler::for_image(&c, 3, 24).unwrap();
+        assert_eq!(s.timesteps, vec![1000.0, 582.428_6, 19.999_98]);
+        let s = FlowMatchEuler::for_image(&c, 2, 6).unwrap();
+        assert_eq!(s.timesteps, vec![1000.0, 20.000_04]);
+        assert_eq!(*s.sigmas.last().unwrap(), 0.0);
+        // Without the terminal stretch and with a static shift, as the pipeline passes them.
+        let mut c = FlowMatchEulerConfig::with_shift(3.0);
+        let s = FlowMatchEuler::for_image(&c, 2, 6).unwrap();
+        assert_eq!(s.sigmas, vec![1.0, 0.75, 0.0]);
+        // Dynamic shifting is for the pipelines that pass `mu` only, and needs its line.
+        c.use_dynamic_shifting = true;
+        assert!(refused(&c).contains("`use_dynamic_shifting`"));
+        c.max_image_seq_len = 256;
+        let e = c
+            .validate_for_image(Path::new("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`max_image_seq_len`"), "{e}");
+        c.max_image_seq_len = 4096;
+        c.max_shift = None;
+        let e = c
+            .validate_for_image(Path::new("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`max_shift`"), "{e}");
     }
 
     #[test]

@@ -1,0 +1,273 @@
+//! A Qwen-Image pipeline folder opened and checked from its headers and configs alone:
+//! `model_index.json`, the tokenizer's presence, each component's config, the scheduler's,
+//! and every tensor against what the configs imply. Nothing here reads weight data.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::transformer::QwenImageTransformerConfig;
+use crate::checkpoint::check::check_tensors;
+use crate::checkpoint::{ActivationCost, Component, ModelFolder};
+use crate::families::qwen2_5_vl::QwenVlTextConfig;
+use crate::families::wan::checkpoint::listed;
+use crate::families::wan::vae::WanVaeConfig;
+use crate::families::{BlockGroup, FamilyCheckpoint};
+use crate::samplers::flow::FlowMatchEulerConfig;
+use crate::{Error, Result};
+
+/// The class diffusers writes in `model_index.json`.
+pub const CLASS_NAME: &str = "QwenImagePipeline";
+
+/// A checked Qwen-Image pipeline folder.
+#[derive(Debug, Clone)]
+pub struct QwenImageCheckpoint {
+    pub folder: ModelFolder,
+    /// `tokenizer/`.
+    pub tokenizer: PathBuf,
+    pub text_encoder_config: QwenVlTextConfig,
+    pub transformer_config: QwenImageTransformerConfig,
+    pub vae_config: WanVaeConfig,
+    pub scheduler: FlowMatchEulerConfig,
+    pub text_encoder: Component,
+    pub transformer: Component,
+    pub vae: Component,
+}
+
+/// Reads `scheduler/scheduler_config.json`: the pipeline drives a
+/// `FlowMatchEulerDiscreteScheduler` with its own sigmas and the image's `mu`.
+fn load_scheduler(path: &Path) -> Result<FlowMatchEulerConfig> {
+    let doc: Value = crate::checkpoint::read_json(path)?;
+    match doc.get("_class_name").and_then(Value::as_str) {
+        Some("FlowMatchEulerDiscreteScheduler") => {}
+        other => {
+            return Err(Error::config(
+                path,
+                "_class_name",
+                format!(
+                    "{}: QwenImagePipeline drives FlowMatchEulerDiscreteScheduler",
+                    other.map_or("missing".to_string(), |c| format!("`{c}`"))
+                ),
+            ))
+        }
+    }
+    let c: FlowMatchEulerConfig = serde_json::from_value(doc).map_err(|e| {
+        let msg = e.to_string();
+        Error::config(path, msg.split('`').nth(1).unwrap_or("(document)"), msg)
+    })?;
+    c.validate_for_image(path)?;
+    Ok(c)
+}
+
+/// Checks that the components of `root` fit together: the transformer reads the text
+/// encoder's width and 2×2 patches of the VAE's latents, and the VAE decodes RGB.
+fn check_agreement(
+    root: &Path,
+    te: &QwenVlTextConfig,
+    tr: &QwenImageTransformerConfig,
+    vae: &WanVaeConfig,
+) -> Result<()> {
+    let config = |c: &str| root.join(c).join("config.json");
+    if te.hidden_size != tr.joint_attention_dim {
+        return Err(Error::config(
+            config("transformer"),
+            "joint_attention_dim",
+            format!(
+                "{} but the text encoder's hidden_size is {}",
+                tr.joint_attention_dim, te.hidden_size
+            ),
+        ));
+    }
+    let p2 = tr.patch_size * tr.patch_size;
+    if tr.in_channels != vae.z_dim * p2 || tr.out_channels != vae.z_dim {
+        return Err(Error::config(
+            config("transformer"),
+            "in_channels",
+            format!(
+                "in {} / out {} channels, but the VAE's latents have {} channels: the transformer reads {p2} of them per token and writes one",
+                tr.in_channels, tr.out_channels, vae.z_dim
+            ),
+        ));
+    }
+    if vae.video_channels() != 3 {
+        return Err(Error::config(
+            config("vae"),
+            "input_channels",
+            format!("{}: images are RGB (3 channels)", vae.video_channels()),
+        ));
+    }
+    Ok(())
+}
+
+impl QwenImageCheckpoint {
+    /// Opens `root` and checks every component against its config.
+    pub fn open(root: &Path) -> Result<QwenImageCheckpoint> {
+        let folder = ModelFolder::new(root)?;
+        let index_path = root.join("model_index.json");
+        let index: Value = crate::checkpoint::read_json(&index_path)?;
+        for part in [
+            "tokenizer",
+            "text_encoder",
+            "transformer",
+            "vae",
+            "scheduler",
+        ] {
+            if !listed(&index, part) {
+                return Err(Error::config(
+                    &index_path,
+                    part,
+                    "missing; a Qwen-Image pipeline needs a tokenizer, text_encoder, transformer, vae and scheduler",
+                ));
+            }
+        }
+        let tokenizer = root.join("tokenizer");
+        let dir = |c: &str| root.join(c);
+        let text_encoder_config = QwenVlTextConfig::load(&dir("text_encoder").join("config.json"))?;
+        let transformer_config =
+            QwenImageTransformerConfig::load(&dir("transformer").join("config.json"))?;
+        let vae_config = super::vae::load(&dir("vae").join("config.json"))?;
+        let scheduler = load_scheduler(&dir("scheduler").join("scheduler_config.json"))?;
+        let text_encoder = Component::open(&dir("text_encoder"))?;
+        let transformer = Component::open(&dir("transformer"))?;
+        let vae = Component::open(&dir("vae"))?;
+        text_encoder_config.check(&text_encoder)?;
+        check_tensors(&transformer, &transformer_config.all_specs(), |_| None)?;
+        check_tensors(&vae, &vae_config.tensor_specs(), |_| None)?;
+        check_agreement(root, &text_encoder_config, &transformer_config, &vae_config)?;
+        Ok(QwenImageCheckpoint {
+            folder,
+            tokenizer,
+            text_encoder_config,
+            transformer_config,
+            vae_config,
+            scheduler,
+            text_encoder,
+            transformer,
+            vae,
+        })
+    }
+
+    /// Tensors outside the blocks that every rank keeps on its device: the transformer's
+    /// prologue and epilogue, and the text encoder's final norm (its embedding table is read
+    /// from the host mapping; its vision tower and language head are never read).
+    pub fn resident_device_names(&self) -> Vec<(&'static str, String)> {
+        let mut v: Vec<(&'static str, String)> = self
+            .transformer_config
+            .resident_specs()
+            .into_iter()
+            .map(|s| ("transformer", s.name))
+            .collect();
+        v.extend(
+            self.text_encoder_config
+                .resident_specs(&self.text_encoder)
+                .into_iter()
+                .map(|s| ("text_encoder", s.name)),
+        );
+        v
+    }
+
+    /// [`FamilyCheckpoint::resident_device_bytes`] once loaded at `elem` bytes per element.
+    pub fn resident_stored_bytes(&self, elem: u64) -> u64 {
+        self.resident_bytes_at(Some(elem))
+    }
+
+    /// [`FamilyCheckpoint::decoder_bytes`] once loaded at `elem` bytes per element.
+    pub fn decoder_stored_bytes(&self, elem: u64) -> u64 {
+        self.vae.bytes_of(self.decoder_names(), Some(elem))
+    }
+
+    fn resident_bytes_at(&self, elem: Option<u64>) -> u64 {
+        self.resident_device_names()
+            .iter()
+            .map(|(comp, name)| match *comp {
+                "transformer" => self.transformer.bytes_of([name], elem),
+                _ => self.text_encoder.bytes_of([name], elem),
+            })
+            .sum()
+    }
+
+    /// The VAE's decoder tensors, which every rank that decodes keeps on its device.
+    pub fn decoder_names(&self) -> Vec<String> {
+        self.vae_config
+            .decoder_specs()
+            .into_iter()
+            .map(|s| s.name)
+            .collect()
+    }
+
+    /// Output pixels per token across: the VAE's upscale times the transformer's patch.
+    pub fn pixels_per_token_side(&self) -> usize {
+        self.vae_config.upscale() * self.transformer_config.patch_size
+    }
+}
+
+impl FamilyCheckpoint for QwenImageCheckpoint {
+    fn components(&self) -> Vec<(&'static str, &Component)> {
+        vec![
+            ("text_encoder", &self.text_encoder),
+            ("transformer", &self.transformer),
+            ("vae", &self.vae),
+        ]
+    }
+    /// The streamed groups, by group index ([`super::TEXT_ENCODER`], [`super::TRANSFORMER`]).
+    fn groups(&self) -> Vec<(&'static str, BlockGroup)> {
+        vec![
+            (
+                "text_encoder",
+                self.text_encoder_config.block_group(&self.text_encoder),
+            ),
+            ("transformer", self.transformer_config.block_group()),
+        ]
+    }
+    fn resident_device_bytes(&self) -> u64 {
+        self.resident_bytes_at(None)
+    }
+    fn decoder_bytes(&self) -> u64 {
+        self.vae.bytes_of(self.decoder_names(), None)
+    }
+    /// QwenImagePipeline's default size: 128 latents of 8 pixels, 1024 × 1024.
+    fn native_size(&self) -> (usize, usize) {
+        (1024, 1024)
+    }
+    fn limits(&self) -> crate::bounds::ModelLimits {
+        super::transformer::limits(&self.transformer_config, self.pixels_per_token_side())
+    }
+    /// What a request costs in activations (f32), from the shapes the engine computes.
+    fn activation_cost(&self) -> ActivationCost {
+        let tr = &self.transformer_config;
+        let side = self.pixels_per_token_side() as u64;
+        let base = self.vae_config.base_dim as u64;
+        ActivationCost {
+            pixels_per_token: side * side,
+            bytes_per_token: super::transformer::bytes_per_token(tr),
+            bytes_per_token_pair: 0,
+            attention_bytes: crate::families::attention::ATTENTION_CHUNK_BYTES,
+            // The decoder's first up block at full resolution: about three maps of its width
+            // for the one frame and the two its causal cache holds.
+            vae_bytes_per_pixel: 4 * 3 * base * self.vae_config.dim_mult[0] as u64,
+            frames_per_latent: 1,
+            decoder_frames: 3,
+            // The text stream runs through every block beside the image's: the same live
+            // tensors per token, and the prompt's embeddings kept for the whole request.
+            bytes_per_text_token: super::transformer::bytes_per_token(tr)
+                + 4 * tr.joint_attention_dim as u64,
+            encoder_bytes_per_token: self.text_encoder_config.bytes_per_token(),
+            encoder_bytes_per_token_pair: 0,
+            // The prompt and the negative prompt run as two sequences of their own lengths,
+            // both live through each block.
+            guidance_samples: 2,
+        }
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl crate::families::FamilyModel for QwenImageCheckpoint {
+    #[cfg(feature = "runtime")]
+    fn runtime(&self) -> Result<Box<dyn crate::execution::family::FamilyRuntime>> {
+        Ok(Box::new(super::runtime::QwenImageRuntime::new(
+            self.clone(),
+        )?))
+    }
+}

@@ -1,0 +1,499 @@
+//! Qwen-Image behind the family seam. A request is one pass over the text encoder (the
+//! prompt and, under guidance, the negative prompt: two sequences of their own lengths), then
+//! one pass per denoising step over the transformer, then the VAE decode. Conditioning
+//! follows diffusers' `QwenImagePipeline`: the prompt template, the encoder's last hidden
+//! states past the template's first 34 tokens, packed 2×2 latent patches, sigmas
+//! `linspace(1, 1/steps, steps)` shifted by the image's sequence length, and true
+//! classifier-free guidance whenever the scale is above 1, its result rescaled to the
+//! conditional prediction's norm per token.
+
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor, D};
+
+use super::checkpoint::QwenImageCheckpoint;
+use super::transformer::model::{QwenImageState, QwenImageTransformer};
+use super::{TEXT_ENCODER, TRANSFORMER};
+use crate::bounds::Dimension;
+use crate::checkpoint::Mapped;
+use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task};
+use crate::execution::weights::{self, seeded_noise, Weights};
+use crate::execution::work::{Condition, Output, Request};
+use crate::families::qwen2_5_vl::{QwenImagePrompt, QwenVlEncoder, QwenVlState};
+use crate::families::umt5::Umt5Encoder;
+use crate::families::wan::runtime::VideoDecoder;
+use crate::families::wan::vae::decoder::WanVaeDecoder;
+use crate::families::FamilyCheckpoint;
+use crate::layout::GroupLayout;
+use crate::samplers::flow::{FlowMatchEuler, Sampler};
+use crate::{Error, Result};
+
+/// A Qwen-Image pipeline folder, checked and mapped once for every rank.
+pub struct QwenImageRuntime {
+    pub checkpoint: QwenImageCheckpoint,
+    /// Mapped text encoder and transformer, by group index.
+    streamed: Vec<Mapped>,
+    vae: Mapped,
+    prompt: Arc<QwenImagePrompt>,
+}
+
+impl QwenImageRuntime {
+    pub fn new(checkpoint: QwenImageCheckpoint) -> Result<QwenImageRuntime> {
+        let prompt = Arc::new(QwenImagePrompt::load(&checkpoint.tokenizer)?);
+        Ok(QwenImageRuntime {
+            streamed: vec![
+                Mapped::map(checkpoint.text_encoder.clone())?,
+                Mapped::map(checkpoint.transformer.clone())?,
+            ],
+            vae: Mapped::map(checkpoint.vae.clone())?,
+            prompt,
+            checkpoint,
+        })
+    }
+
+    fn vae_decoder(&self, device: &Device) -> Result<WanVaeDecoder> {
+        let w = weights::load(
+            &self.vae,
+            self.checkpoint.decoder_names().into_iter(),
+            device,
+            DType::F32,
+        )?;
+        WanVaeDecoder::load(&self.checkpoint.vae_config, &w)
+    }
+
+    /// The packed latents of a request: [1, (H/16)·(W/16), 4·z].
+    fn packed_shape(&self, r: &Request) -> [usize; 3] {
+        let side = self.checkpoint.pixels_per_token_side();
+        [
+            1,
+            (r.height / side) * (r.width / side),
+            self.checkpoint.transformer_config.in_channels,
+        ]
+    }
+}
+
+/// The latents of a request as the VAE reads them (and as requests give and receive them):
+/// [1, z, 1, H/8, W/8].
+fn latent_shape(ck: &QwenImageCheckpoint, r: &Request) -> [usize; 5] {
+    let up = ck.vae_config.upscale();
+    [1, ck.vae_config.z_dim, 1, r.height / up, r.width / up]
+}
+
+/// `QwenImagePipeline._pack_latents`: [1, C, 1, H, W] to [1, (H/2)(W/2), 4C], each token a
+/// 2×2 patch (channel-major within the patch).
+pub fn pack(latents: &Tensor) -> Result<Tensor> {
+    let (b, c, t, h, w) = latents.dims5()?;
+    if t != 1 || h % 2 != 0 || w % 2 != 0 {
+        return Err(Error::bug(format!(
+            "pack: latents {:?}, expected one frame of even height and width",
+            latents.dims()
+        )));
+    }
+    Ok(latents
+        .reshape((b, c, h / 2, 2, w / 2, 2))?
+        .permute((0, 2, 4, 1, 3, 5))?
+        .reshape((b, (h / 2) * (w / 2), c * 4))?)
+}
+
+/// `QwenImagePipeline._unpack_latents`: the inverse of [`pack`] for an image of `h × w`
+/// latents.
+pub fn unpack(latents: &Tensor, h: usize, w: usize) -> Result<Tensor> {
+    let (b, s, c4) = latents.dims3()?;
+    if s != (h / 2) * (w / 2) || c4 % 4 != 0 {
+        return Err(Error::bug(format!(
+            "unpack: latents {:?} are not {h}×{w} latents in 2×2 patches",
+            latents.dims()
+        )));
+    }
+    Ok(latents
+        .reshape((b, h / 2, w / 2, c4 / 4, 2, 2))?
+        .permute((0, 3, 1, 4, 2, 5))?
+        .reshape((b, c4 / 4, 1, h, w))?)
+}
+
+/// The pipeline's guidance: `uncond + g (cond − uncond)`, rescaled per token to the
+/// conditional prediction's norm over its channels.
+fn guide(cond: &Tensor, uncond: &Tensor, scale: f32) -> Result<Tensor> {
+    let comb = (uncond + ((cond - uncond)? * scale as f64)?)?;
+    let cond_norm = cond.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?;
+    let comb_norm = comb.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?;
+    Ok(comb.broadcast_mul(&(cond_norm / comb_norm)?)?)
+}
+
+impl FamilyRuntime for QwenImageRuntime {
+    fn name(&self) -> &'static str {
+        "qwen-image"
+    }
+
+    fn layouts(&self, dp: usize) -> Result<Vec<GroupLayout>> {
+        self.checkpoint
+            .groups()
+            .iter()
+            .zip(&self.streamed)
+            .map(|((_, g), m)| {
+                GroupLayout::new(&m.component, &g.block, g.count, |i| g.block_prefix(i), dp)
+            })
+            .collect::<layerwise_core::Result<_>>()
+            .map_err(Into::into)
+    }
+
+    fn group_components(&self) -> Vec<String> {
+        self.checkpoint
+            .groups()
+            .into_iter()
+            .map(|(c, _)| c.to_string())
+            .collect()
+    }
+
+    fn mappings(&self) -> Vec<Mapped> {
+        self.streamed.clone()
+    }
+
+    fn native_size(&self) -> (usize, usize) {
+        self.checkpoint.native_size()
+    }
+
+    fn defaults(&self) -> (usize, f32) {
+        // `QwenImagePipeline.__call__`'s num_inference_steps and true_cfg_scale.
+        (50, 4.0)
+    }
+
+    fn validate(&self, r: &Request) -> Result<()> {
+        let ck = &self.checkpoint;
+        let Condition::Prompt { prompt, negative } = &r.condition else {
+            return Err(Error::invalid(
+                "class_label",
+                "Qwen-Image is text-conditioned: give a prompt, not a class label",
+            ));
+        };
+        if r.frames != 1 {
+            return Err(Error::invalid(
+                "frames",
+                format!("{}: Qwen-Image makes images (1 frame)", r.frames),
+            ));
+        }
+        crate::families::checks::clip_shape(r, ck.pixels_per_token_side(), 1)?;
+        let asked = [
+            (Dimension::Width, r.width as u64),
+            (Dimension::Height, r.height as u64),
+        ];
+        if let Some(b) = ck.limits().beyond(&asked) {
+            return Err(Error::invalid(b.dimension.request_field(), b.to_string()));
+        }
+        crate::families::checks::guidance(r, 1)?;
+        if r.max_sequence_length > super::MAX_SEQUENCE_LENGTH {
+            return Err(Error::invalid(
+                "max_sequence_length",
+                format!(
+                    "{}: QwenImagePipeline reads at most {} prompt tokens",
+                    r.max_sequence_length,
+                    super::MAX_SEQUENCE_LENGTH
+                ),
+            ));
+        }
+        FlowMatchEuler::for_image(&ck.scheduler, r.steps, self.packed_shape(r)[1])?;
+        let guided = r.guidance > 1.0;
+        let texts = [prompt.as_str(), if guided { negative } else { "" }];
+        crate::families::checks::prompt_lengths(
+            r,
+            texts,
+            " (after the template, with its closing tokens)",
+            |t| self.prompt.token_count(t),
+        )?;
+        crate::families::checks::init_latents(r, &latent_shape(ck, r))
+    }
+
+    fn resident_bytes(&self, decode: bool) -> u64 {
+        self.checkpoint.resident_device_bytes()
+            + if decode {
+                self.checkpoint.decoder_bytes()
+            } else {
+                0
+            }
+    }
+
+    fn stored_resident_bytes(&self, decode: bool, dtype: DType) -> u64 {
+        self.checkpoint
+            .resident_stored_bytes(dtype.size_in_bytes() as u64)
+            + if decode {
+                self.checkpoint.decoder_stored_bytes(4)
+            } else {
+                0
+            }
+    }
+
+    // Qwen-Image computes in f32 only (the default `compute_dtypes`), as Wan does.
+
+    fn load_rank(&self, device: &Device, dtype: DType, decode: bool) -> Result<Box<dyn RankModel>> {
+        let ck = &self.checkpoint;
+        let names = ck.resident_device_names();
+        let of = |comp: &str| {
+            names
+                .iter()
+                .filter(|(c, _)| *c == comp)
+                .map(|(_, n)| n.clone())
+                .collect::<Vec<_>>()
+        };
+        let te = weights::load(
+            &self.streamed[TEXT_ENCODER],
+            of("text_encoder").into_iter(),
+            device,
+            dtype,
+        )?;
+        let tr = weights::load(
+            &self.streamed[TRANSFORMER],
+            of("transformer").into_iter(),
+            device,
+            dtype,
+        )?;
+        Ok(Box::new(QwenImageRank(Arc::new(RankShared {
+            encoder: QwenVlEncoder::new(
+                ck.text_encoder_config.clone(),
+                &ck.text_encoder,
+                &te,
+            )?,
+            transformer: QwenImageTransformer::new(ck.transformer_config.clone(), Box::new(tr)),
+            vae: decode.then(|| self.vae_decoder(device)).transpose()?,
+            prompt: self.prompt.clone(),
+            mapping: self.streamed[TEXT_ENCODER].clone(),
+            table: ck.text_encoder_config.embedding_table(&ck.text_encoder),
+            checkpoint: ck.clone(),
+            device: device.clone(),
+        }))))
+    }
+
+    fn decoder(&self, device: &Device) -> Result<Box<dyn Decoder>> {
+        Ok(Box::new(VideoDecoder(self.vae_decoder(device)?)))
+    }
+}
+
+struct RankShared {
+    encoder: QwenVlEncoder,
+    transformer: QwenImageTransformer,
+    vae: Option<WanVaeDecoder>,
+    prompt: Arc<QwenImagePrompt>,
+    /// The text encoder's mapping and its embedding table's name, for the rows a prompt needs.
+    mapping: Mapped,
+    table: String,
+    checkpoint: QwenImageCheckpoint,
+    device: Device,
+}
+
+struct QwenImageRank(Arc<RankShared>);
+
+impl RankModel for QwenImageRank {
+    fn start(&self, req: Request) -> Result<Box<dyn Task>> {
+        let r = &self.0;
+        let Condition::Prompt { prompt, negative } = &req.condition else {
+            return Err(Error::invalid("prompt", "Qwen-Image is text-conditioned"));
+        };
+        let ck = &r.checkpoint;
+        let shape = latent_shape(ck, &req);
+        let latents = match &req.init_latents {
+            Some(l) => l.to_dtype(DType::F32)?,
+            None => seeded_noise(req.seed, &shape)?,
+        };
+        // The pipeline's `do_true_cfg`: a scale above 1 (and a negative prompt, which every
+        // request here has: empty unless given).
+        let guided = req.guidance > 1.0;
+        let mut ids = vec![r.prompt.ids(prompt)?];
+        if guided {
+            ids.push(r.prompt.ids(negative)?);
+        }
+        let up = ck.vae_config.upscale();
+        let (h, w) = (req.height / up, req.width / up);
+        let packed = pack(&latents.to_device(&r.device)?)?;
+        Ok(Box::new(QwenImageTask {
+            sampler: Box::new(FlowMatchEuler::for_image(
+                &ck.scheduler,
+                req.steps,
+                packed.dim(1)?,
+            )?),
+            latents: packed,
+            latent_hw: (h, w),
+            rank: self.0.clone(),
+            ids,
+            max_len: req.max_sequence_length,
+            guidance: req.guidance,
+            text: None,
+            encoder: Vec::new(),
+            states: Vec::new(),
+            step: 0,
+        }))
+    }
+}
+
+/// One image's generation on a rank.
+struct QwenImageTask {
+    rank: Arc<RankShared>,
+    /// Token ids of the prompt and, under guidance, the negative prompt (template applied).
+    ids: Vec<Vec<u32>>,
+    /// The request's `max_sequence_length`: prompt embeddings past it are cut, as the
+    /// pipeline cuts them (the request's check refuses prompts that would lose any).
+    max_len: usize,
+    guidance: f32,
+    sampler: Box<dyn Sampler>,
+    /// Packed latents [1, S, 4z].
+    latents: Tensor,
+    /// The latents' height and width, for unpacking.
+    latent_hw: (usize, usize),
+    /// Each sequence's prompt embeddings [1, M, D], once encoded.
+    text: Option<Vec<Tensor>>,
+    /// The text encoder's pass in flight, one state per sequence.
+    encoder: Vec<QwenVlState>,
+    /// The transformer's pass in flight, one state per sequence.
+    states: Vec<QwenImageState>,
+    step: usize,
+}
+
+impl QwenImageTask {
+    fn total(&self) -> usize {
+        self.sampler.timesteps().len()
+    }
+
+    fn group_at(&self, step: usize) -> Option<usize> {
+        (step < self.total()).then_some(TRANSFORMER)
+    }
+}
+
+impl Task for QwenImageTask {
+    fn wants(&self) -> Option<usize> {
+        match &self.text {
+            None => Some(TEXT_ENCODER),
+            Some(_) => self.group_at(self.step),
+        }
+    }
+
+    fn wants_after(&self) -> Option<usize> {
+        match &self.text {
+            None => self.group_at(0),
+            Some(_) => self.group_at(self.step + 1),
+        }
+    }
+
+    fn begin(&mut self) -> Result<()> {
+        let r = self.rank.clone();
+        match &self.text {
+            None => {
+                self.encoder = self
+                    .ids
+                    .iter()
+                    .map(|ids| {
+                        let emb = Umt5Encoder::embed(
+                            &r.mapping,
+                            &r.table,
+                            std::slice::from_ref(ids),
+                            &r.device,
+                        )?;
+                        r.encoder.prologue(emb)
+                    })
+                    .collect::<Result<_>>()?;
+            }
+            Some(text) => {
+                // The pipeline passes `timestep / 1000` in the latents' dtype.
+                let t = self.sampler.timesteps()[self.step] / 1000.0;
+                let (h, w) = self.latent_hw;
+                let grid = (1, h / 2, w / 2);
+                self.states = text
+                    .iter()
+                    .map(|e| r.transformer.prologue(&self.latents, t, e, grid))
+                    .collect::<Result<_>>()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn block(&mut self, index: usize, w: &dyn Weights) -> Result<()> {
+        let r = &self.rank;
+        if self.text.is_none() {
+            for st in &mut self.encoder {
+                r.encoder.block(index, w, st)?;
+            }
+        } else {
+            for st in &mut self.states {
+                r.transformer.block(index, w, st)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn end(&mut self) -> Result<Option<(usize, usize)>> {
+        let r = self.rank.clone();
+        if self.text.is_none() {
+            let text = std::mem::take(&mut self.encoder)
+                .into_iter()
+                .map(|st| {
+                    let e = r.prompt.embeddings(&r.encoder.epilogue(st)?)?;
+                    let keep = e.dim(1)?.min(self.max_len);
+                    Ok(e.narrow(1, 0, keep)?)
+                })
+                .collect::<Result<_>>()?;
+            self.text = Some(text);
+            return Ok(None);
+        }
+        let mut v = std::mem::take(&mut self.states)
+            .into_iter()
+            .map(|st| r.transformer.epilogue(st));
+        let cond = v
+            .next()
+            .ok_or_else(|| Error::bug("step: no activations after the pass"))??;
+        let noise = match v.next() {
+            Some(uncond) => guide(&cond, &uncond?, self.guidance)?,
+            None => cond,
+        };
+        self.latents = self.sampler.step(&noise, &self.latents)?;
+        self.step += 1;
+        Ok(Some((self.step, self.total())))
+    }
+
+    fn finish(self: Box<Self>) -> Result<Output> {
+        let (h, w) = self.latent_hw;
+        let latents = unpack(&self.latents, h, w)?;
+        let image = match &self.rank.vae {
+            Some(v) => Some(v.decode(&latents)?.squeeze(0)?.to_device(&Device::Cpu)?),
+            None => None,
+        };
+        Ok(Output {
+            latents: latents.to_device(&Device::Cpu)?,
+            image,
+            text_embeddings: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pack_and_unpack_are_the_pipelines_and_inverse() {
+        // [1, 2, 1, 2, 4]: channel c, row y, column x holds 100c + 10y + x.
+        let v: Vec<f32> = (0..2)
+            .flat_map(|c| (0..2).flat_map(move |y| (0..4).map(move |x| (100 * c + 10 * y + x) as f32)))
+            .collect();
+        let l = Tensor::from_vec(v, (1, 2, 1, 2, 4), &Device::Cpu).unwrap();
+        let p = pack(&l).unwrap();
+        assert_eq!(p.dims(), &[1, 2, 8]);
+        // Token 1 is the patch at columns 2..4: channel 0's four pixels, then channel 1's.
+        assert_eq!(
+            p.get(0).unwrap().get(1).unwrap().to_vec1::<f32>().unwrap(),
+            vec![2.0, 3.0, 12.0, 13.0, 102.0, 103.0, 112.0, 113.0]
+        );
+        let back = unpack(&p, 2, 4).unwrap();
+        let same = (back - &l).unwrap().abs().unwrap().sum_all().unwrap();
+        assert_eq!(same.to_scalar::<f32>().unwrap(), 0.0);
+    }
+
+    #[test]
+    fn guidance_keeps_the_conditional_norm_per_token() {
+        let cond = Tensor::new(&[[[3f32, 4.0], [1.0, 0.0]]], &Device::Cpu).unwrap();
+        let uncond = Tensor::new(&[[[0f32, 0.0], [0.0, 1.0]]], &Device::Cpu).unwrap();
+        let g = guide(&cond, &uncond, 2.0).unwrap();
+        let n = g.sqr().unwrap().sum(D::Minus1).unwrap().sqrt().unwrap();
+        let n = n.to_vec2::<f32>().unwrap();
+        assert!((n[0][0] - 5.0).abs() < 1e-6 && (n[0][1] - 1.0).abs() < 1e-6, "{n:?}");
+        // Token 0: the combination (6, 8), rescaled to norm 5.
+        let v = g.to_vec3::<f32>().unwrap();
+        assert!((v[0][0][0] - 3.0).abs() < 1e-6 && (v[0][0][1] - 4.0).abs() < 1e-6);
+    }
+}
