@@ -11,6 +11,7 @@ pub mod cosmos3;
 pub mod dit;
 #[cfg(feature = "runtime")]
 pub mod fused;
+pub mod qwen_image;
 pub mod umt5;
 pub mod wan;
 
