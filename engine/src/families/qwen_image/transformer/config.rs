@@ -298,7 +298,10 @@ impl QwenImageTransformerConfig {
     /// Counted, in model widths D: the stream itself, its modulated norm, q, k, v (per
     /// stream, then joined), the joined attention output and its transpose, the output
     /// projection (10 D); the feed-forward's hidden before and after its GELU
-    /// (2 × 4 D); the rotary tables' cosines and sines (head_dim).
+    /// (2 × 4 D); the rotary tables' cosines and sines (head_dim). The attention part
+    /// (at most 8 D live at once) and the feed-forward part (at most 10 D: stream, norm,
+    /// both hiddens) never peak together, so the sum is a bound with room for the
+    /// temporaries between them, not an exact peak.
     pub fn activation_bytes_per_token(&self) -> u64 {
         let d = self.hidden() as u64;
         4 * (10 * d + 2 * self.ffn_dim() as u64 + self.attention_head_dim as u64)
