@@ -9,10 +9,9 @@ pub mod autoencoder_kl;
 pub mod checks;
 pub mod cosmos3;
 pub mod dit;
-#[allow(unused)]
-pub mod qwen_image;
 #[cfg(feature = "runtime")]
 pub mod fused;
+pub mod qwen_image;
 pub mod umt5;
 pub mod wan;
 
