@@ -11,6 +11,7 @@ pub mod cosmos3;
 pub mod dit;
 #[cfg(feature = "runtime")]
 pub mod fused;
+pub mod qwen2_5_vl;
 pub mod umt5;
 pub mod wan;
 
