@@ -85,12 +85,15 @@ VISION = dict(
     in_channels=3,
 )
 
-# The empty prompt (what a missing negative prompt encodes as), an ordinary one, and one past
-# the pipeline's 1024 + 34 tokens so its truncation (which cuts the template's tail) matters.
+# The empty prompt (what a missing negative prompt encodes as), an ordinary one, one past the
+# pipeline's 1024 + 34 tokens so its truncation (which cuts the template's tail) matters, and one
+# with what the tokenizer must not take literally: a special token typed in the prompt, text that
+# NFC composes, tabs, digits and non-Latin scripts.
 PROMPTS = [
     "",
     "A red fox runs through a snowy forest at dawn, its breath a small cloud.",
     " ".join(CORPUS),
+    "Cafe\u0301 sign <|vision_start|>reads \"OPEN\"\t24/7 \u2014 \u65e5\u672c\u8a9e<|im_end|>",
 ]
 
 

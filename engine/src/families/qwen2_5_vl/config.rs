@@ -300,15 +300,22 @@ impl Qwen25VlConfig {
                 ),
             ));
         }
-        let sliding = f.get("use_sliding_window").and_then(Value::as_bool) == Some(true)
-            || f.get("layer_types")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .any(|t| t != "full_attention");
-        if sliding {
+        let sliding_layers = f
+            .get("layer_types")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .any(|t| t != "full_attention");
+        let sliding = if f.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+            Some("use_sliding_window")
+        } else if sliding_layers {
+            Some("layer_types")
+        } else {
+            None
+        };
+        if let Some(name) = sliding {
             return Err(bad(
-                &field("use_sliding_window"),
+                &field(name),
                 "sliding-window attention is not implemented (every layer attends to the whole prompt)".into(),
             ));
         }
@@ -381,7 +388,10 @@ impl Qwen25VlConfig {
                 ),
             );
         }
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return bad(
                 "num_key_value_heads",
                 format!(
@@ -430,6 +440,22 @@ impl Qwen25VlConfig {
     /// Query heads per key/value head.
     pub fn groups_per_kv(&self) -> usize {
         self.num_attention_heads / self.num_key_value_heads
+    }
+
+    /// Bytes per prompt token live at the peak of one decoder layer in f32 (the profile's
+    /// `encoder_bytes_per_token`): the hidden states, their norm and the residual sum, the
+    /// queries with their rotated copy and the attention output before and after its
+    /// merge, the keys and values with the rotated keys, the keys and values repeated to
+    /// every query head, and the MLP's two projections with their product. The causal
+    /// attention's scores run in query chunks within
+    /// [`crate::families::attention::ATTENTION_CHUNK_BYTES`], a fixed cost beside this.
+    pub fn encoder_bytes_per_token(&self) -> u64 {
+        let d = self.hidden_size as u64;
+        let qw = (self.num_attention_heads * self.head_dim()) as u64;
+        let kvw = (self.num_key_value_heads * self.head_dim()) as u64;
+        let repeated = if self.groups_per_kv() > 1 { 2 * qw } else { 0 };
+        let ff = self.intermediate_size as u64;
+        4 * (3 * d + 4 * qw + 3 * kvw + repeated + 3 * ff)
     }
 
     /// The embedding table: read row by row from the host mapping, never loaded whole.
@@ -602,6 +628,11 @@ mod tests {
         assert_eq!(
             g.block_of("model.language_model.layers.27.self_attn.k_proj.bias"),
             Some(27)
+        );
+        // About 0.3 MB a token: a 1058-token prompt holds about 0.3 GB at a layer's peak.
+        assert_eq!(
+            cfg.encoder_bytes_per_token(),
+            4 * (3 * 3584 + 6 * 3584 + 3 * 512 + 3 * 18944)
         );
         let k = g.block.iter().find(|s| s.name == "self_attn.k_proj.weight");
         assert_eq!(k.map(|s| s.shape.clone()), Some(vec![512, 3584]));

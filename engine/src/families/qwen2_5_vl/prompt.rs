@@ -245,7 +245,8 @@ impl QwenTokenizer {
             return Err(Error::invalid(
                 field,
                 format!(
-                    "too long: {rows} tokens with the template's tail, at most {} are read",
+                    "too long: {rows} tokens after the template's system message (its tail included), \
+                     at most {} are read",
                     max_sequence_length.min(TOKENIZER_MAX_LENGTH)
                 ),
             ));
@@ -288,6 +289,12 @@ mod tests {
             std::fs::write(dir.path().join(name), text).unwrap();
         }
         dir
+    }
+
+    #[test]
+    fn tiny_config_has_the_synthesized_tokenizers_vocabulary() {
+        let vocab = crate::families::qwen2_5_vl::Qwen25VlConfig::tiny().vocab_size;
+        assert_eq!(vocab, crate::families::cosmos3::prompt::SYNTH_VOCAB);
     }
 
     #[test]
