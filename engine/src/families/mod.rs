@@ -11,6 +11,7 @@ pub mod cosmos3;
 pub mod dit;
 #[cfg(feature = "runtime")]
 pub mod fused;
+pub mod qwen2_5_vl;
 pub mod qwen_image;
 pub mod umt5;
 pub mod wan;
@@ -51,7 +52,12 @@ impl std::fmt::Debug for FamilyEntry {
 }
 
 /// The families this build runs. The node agent profiles exactly these.
-pub const FAMILIES: &[FamilyEntry] = &[dit::FAMILY, wan::FAMILY, cosmos3::FAMILY];
+pub const FAMILIES: &[FamilyEntry] = &[
+    dit::FAMILY,
+    wan::FAMILY,
+    cosmos3::FAMILY,
+    qwen_image::FAMILY,
+];
 
 /// The short names of [`FAMILIES`], in order.
 pub fn names() -> Vec<&'static str> {

@@ -63,14 +63,16 @@ pub struct Cosmos3Transformer {
     resident: Box<dyn Weights + Send + Sync>,
 }
 
-fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+/// Qwen's RMS norm over the last dimension, `weight · x / √(mean(x²) + eps)` (shared with
+/// the Qwen2.5-VL text encoder).
+pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
     Ok(x.broadcast_mul(&(ms + eps)?.sqrt()?.recip()?)?
         .broadcast_mul(weight)?)
 }
 
 /// `x * cos + rotate_half(x) * sin` for x [1, H, S, D] and tables [S, D].
-fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+pub(crate) fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let half = x.dim(D::Minus1)? / 2;
     let (a, b) = (
         x.narrow(D::Minus1, 0, half)?,
@@ -82,7 +84,7 @@ fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 
 /// [1, kv heads, S, D] to [1, kv heads × groups, S, D], each key/value head serving the
 /// `groups` query heads after it (torch's `enable_gqa`).
-fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
+pub(crate) fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
     if groups == 1 {
         return Ok(x.clone());
     }

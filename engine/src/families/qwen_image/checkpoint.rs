@@ -79,13 +79,13 @@ fn check_agreement(
         ));
     }
     let p2 = tr.patch_size * tr.patch_size;
-    if tr.in_channels != vae.z_dim * p2 || tr.out_channels != vae.z_dim {
+    if tr.in_channels != vae.z_dim * p2 || tr.out() != vae.z_dim {
         return Err(Error::config(
             config("transformer"),
             "in_channels",
             format!(
                 "in {} / out {} channels, but the VAE's latents have {} channels: the transformer reads {p2} of them per token and writes one",
-                tr.in_channels, tr.out_channels, vae.z_dim
+                tr.in_channels, tr.out(), vae.z_dim
             ),
         ));
     }
@@ -229,8 +229,22 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
     fn native_size(&self) -> (usize, usize) {
         (1024, 1024)
     }
+    /// The largest image the transformer's rotary tables place with the longest prompt the
+    /// pipeline reads: text positions follow the image's half-extent, so the side in patches
+    /// is bounded by [`QwenImageTransformerConfig::max_grid_side`] of 1024 text tokens.
     fn limits(&self) -> crate::bounds::ModelLimits {
-        super::transformer::limits(&self.transformer_config, self.pixels_per_token_side())
+        let side = QwenImageTransformerConfig::max_grid_side(super::MAX_SEQUENCE_LENGTH) as u64
+            * self.pixels_per_token_side() as u64;
+        crate::bounds::ModelLimits {
+            max_width: Some(side),
+            max_height: Some(side),
+            max_frames: Some(1),
+            reason: format!(
+                "its rotary tables hold {} positions per axis, shared by the image's half-extent and a prompt of up to {} tokens",
+                super::transformer::config::ROPE_POSITIONS,
+                super::MAX_SEQUENCE_LENGTH
+            ),
+        }
     }
     /// What a request costs in activations (f32), from the shapes the engine computes.
     fn activation_cost(&self) -> ActivationCost {
@@ -239,7 +253,7 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
         let base = self.vae_config.base_dim as u64;
         ActivationCost {
             pixels_per_token: side * side,
-            bytes_per_token: super::transformer::bytes_per_token(tr),
+            bytes_per_token: tr.activation_bytes_per_token(),
             bytes_per_token_pair: 0,
             attention_bytes: crate::families::attention::ATTENTION_CHUNK_BYTES,
             // The decoder's first up block at full resolution: about three maps of its width
@@ -249,7 +263,7 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
             decoder_frames: 3,
             // The text stream runs through every block beside the image's: the same live
             // tensors per token, and the prompt's embeddings kept for the whole request.
-            bytes_per_text_token: super::transformer::bytes_per_token(tr)
+            bytes_per_text_token: tr.activation_bytes_per_token()
                 + 4 * tr.joint_attention_dim as u64,
             encoder_bytes_per_token: self.text_encoder_config.bytes_per_token(),
             encoder_bytes_per_token_pair: 0,
