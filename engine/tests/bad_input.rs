@@ -601,11 +601,17 @@ fn absurd_config_values_are_refused_at_once_naming_the_field() {
     let dit = common::tiny(d.path(), 2);
     let wan = common::wan_tiny(d.path(), 1, 1);
     let cosmos3 = common::cosmos3_tiny(d.path(), 1);
+    let qwen_image = common::qwen_image_tiny(d.path(), 1);
     // Values 10^9 cannot hurt: a count of training timesteps the scheduler may name (its own
     // bound is larger), a distance in the position buckets, and so on.
     let harmless: &[&str] = HARMLESS_AT_1E9;
     let (mut accepted, mut faults) = (Vec::new(), Vec::new());
-    for (family, model) in [("dit", dit), ("wan", wan), ("cosmos3", cosmos3)] {
+    for (family, model) in [
+        ("dit", dit),
+        ("wan", wan),
+        ("cosmos3", cosmos3),
+        ("qwen-image", qwen_image),
+    ] {
         for config in json_configs(&model) {
             let text = fs::read_to_string(&config).unwrap();
             let original: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -655,7 +661,8 @@ fn absurd_config_values_are_refused_at_once_naming_the_field() {
 /// the encoder-decoder fields of an encoder-only text model, the position buckets' distance
 /// (a log scale), and the tokenizer's bookkeeping (prompts are bounded by the server's own
 /// `max_sequence_length`), and Cosmos3's count of action domains (only an action head,
-/// which a picture never reads, is sized by it; its tensors are checked against it).
+/// which a picture never reads, is sized by it; its tensors are checked against it), and
+/// Qwen-Image's longest sequence the shift line is drawn to (a longer line only flattens it).
 const HARMLESS_AT_1E9: &[&str] = &[
     "transformer/config.json:/norm_num_groups",
     "vae/config.json:/sample_size",
@@ -663,6 +670,7 @@ const HARMLESS_AT_1E9: &[&str] = &[
     "wan:scheduler/scheduler_config.json:/steps_offset",
     "cosmos3:scheduler/scheduler_config.json:/steps_offset",
     "cosmos3:transformer/config.json:/num_embodiment_domains",
+    "qwen-image:scheduler/scheduler_config.json:/max_image_seq_len",
     "text_encoder/config.json:/decoder_start_token_id",
     "text_encoder/config.json:/eos_token_id",
     "text_encoder/config.json:/num_decoder_layers",

@@ -83,7 +83,7 @@ fn set_class(model: &Path, class: &str) {
 #[test]
 fn the_registry_names_each_family_once_and_opens_its_folders() {
     let names = families::names();
-    assert_eq!(names, ["dit", "wan", "cosmos3"]);
+    assert_eq!(names, ["dit", "wan", "cosmos3", "qwen-image"]);
     let mut classes: Vec<&str> = FAMILIES.iter().flat_map(|f| f.pipelines.to_vec()).collect();
     let n = classes.len();
     classes.sort();
@@ -95,6 +95,7 @@ fn the_registry_names_each_family_once_and_opens_its_folders() {
         (common::tiny(d.path(), 2), "dit"),
         (common::wan_tiny(d.path(), 1, 1), "wan"),
         (common::cosmos3_tiny(d.path(), 2), "cosmos3"),
+        (common::qwen_image_tiny(d.path(), 2), "qwen-image"),
     ] {
         let ck = Checkpoint::open(&model).unwrap();
         assert_eq!(ck.name(), family);

@@ -17,7 +17,7 @@ use crate::families::autoencoder_kl::VaeConfig;
 use crate::families::cosmos3::prompt::{synth_tokenizer_files, SYNTH_VOCAB};
 use crate::families::cosmos3::Cosmos3Config;
 use crate::families::dit::DitConfig;
-use crate::families::qwen2_5_vl::QwenVlTextConfig;
+use crate::families::qwen2_5_vl::{Qwen25VlConfig, TensorPrefix};
 use crate::families::qwen_image::transformer::QwenImageTransformerConfig;
 use crate::families::umt5::{synth_tokenizer_config, synth_tokenizer_json, Umt5Config};
 use crate::families::wan::transformer::WanTransformerConfig;
@@ -51,7 +51,7 @@ pub struct Cosmos3Synth {
 /// A Qwen-Image pipeline to write.
 #[derive(Debug, Clone)]
 pub struct QwenImageSynth {
-    pub text_encoder: QwenVlTextConfig,
+    pub text_encoder: Qwen25VlConfig,
     pub transformer: QwenImageTransformerConfig,
     pub vae: WanVaeConfig,
 }
@@ -189,17 +189,28 @@ impl SynthOptions {
                     dtype,
                 )
             }
-            "qwen-image-tiny" => (
-                SynthModel::QwenImage(Box::new(QwenImageSynth {
-                    text_encoder: QwenVlTextConfig::tiny(SYNTH_VOCAB),
-                    transformer: QwenImageTransformerConfig::tiny(),
-                    vae: WanVaeConfig::tiny(),
-                })),
-                Dtype::F32,
-            ),
+            "qwen-image-tiny" => {
+                // The pipeline fixture's shapes: the tiny text encoder's width feeds the
+                // tiny transformer, which reads the Wan VAE's 16 channels in 2×2 patches.
+                let text_encoder = Qwen25VlConfig::tiny();
+                let transformer = QwenImageTransformerConfig {
+                    in_channels: 64,
+                    out_channels: Some(16),
+                    joint_attention_dim: text_encoder.hidden_size,
+                    ..QwenImageTransformerConfig::tiny()
+                };
+                (
+                    SynthModel::QwenImage(Box::new(QwenImageSynth {
+                        text_encoder,
+                        transformer,
+                        vae: WanVaeConfig::tiny(),
+                    })),
+                    Dtype::F32,
+                )
+            }
             "qwen-image" => (
                 SynthModel::QwenImage(Box::new(QwenImageSynth {
-                    text_encoder: QwenVlTextConfig::qwen2_5_vl_7b(),
+                    text_encoder: Qwen25VlConfig::qwen2_5_vl_7b(),
                     transformer: QwenImageTransformerConfig::published(),
                     vae: WanVaeConfig::wan21(),
                 })),
@@ -707,9 +718,19 @@ fn synth_cosmos3(out: &Path, opts: &SynthOptions, c: &Cosmos3Synth) -> Result<(u
     Ok((bytes, files))
 }
 
+/// The text encoder's language model as transformers saves it, with its (never read)
+/// language head, so a synthesized folder weighs what a published one does but for the
+/// vision tower.
+fn qwen_text_encoder_specs(c: &Qwen25VlConfig) -> Vec<TensorSpec> {
+    let mut specs = c.all_specs(TensorPrefix::Model);
+    specs.push(TensorSpec::new("lm_head.weight", &[c.vocab_size, c.hidden_size]));
+    specs
+}
+
 fn synth_qwen_image(out: &Path, opts: &SynthOptions, q: &QwenImageSynth) -> Result<(u64, usize)> {
     let here = Path::new("synth options");
-    q.text_encoder.validate(here)?;
+    // What is written opens as transformers would read it: the config's own checks first.
+    Qwen25VlConfig::from_json(&q.text_encoder.to_json(), here)?;
     q.transformer.validate(here)?;
     q.vae.validate(here)?;
     write_json(
@@ -733,7 +754,7 @@ fn synth_qwen_image(out: &Path, opts: &SynthOptions, q: &QwenImageSynth) -> Resu
     let (mut bytes, mut files) = write_component(
         &te,
         TRANSFORMERS_STEM,
-        &q.text_encoder.synth_specs(),
+        &qwen_text_encoder_specs(&q.text_encoder),
         &|_| opts.dtype,
         opts.max_shard_bytes,
         opts.seed.wrapping_add(2),

@@ -51,6 +51,17 @@ pub fn cosmos3_tiny(dir: &Path, layers: usize) -> PathBuf {
     out
 }
 
+/// A tiny Qwen-Image pipeline folder with `layers` transformer blocks, written under `dir`.
+#[allow(dead_code)]
+pub fn qwen_image_tiny(dir: &Path, layers: usize) -> PathBuf {
+    let out = dir.join(format!("qwen-image-{layers}"));
+    let mut o = SynthOptions::preset("qwen-image-tiny").unwrap();
+    o.set_layers(layers);
+    o.seed = 17;
+    synth(&out, &o).unwrap();
+    out
+}
+
 /// A request for the tiny model (64 × 64 px).
 pub fn request(seed: u64, steps: usize, guidance: f32) -> Request {
     Request {

@@ -246,8 +246,13 @@ impl QwenTokenizer {
                 field,
                 format!(
                     "too long: {rows} tokens after the template's system message (its tail included), \
-                     at most {} are read",
-                    max_sequence_length.min(TOKENIZER_MAX_LENGTH)
+                     at most {} are read ({})",
+                    max_sequence_length.min(TOKENIZER_MAX_LENGTH),
+                    if max_sequence_length < TOKENIZER_MAX_LENGTH {
+                        "max_sequence_length"
+                    } else {
+                        "the tokenizer's limit"
+                    }
                 ),
             ));
         }

@@ -1,6 +1,5 @@
 //! A Qwen-Image pipeline folder opened and checked from its headers and configs alone:
-//! `model_index.json`, the tokenizer's presence, each component's config, the scheduler's,
-//! and every tensor against what the configs imply. Nothing here reads weight data.
+//! `model_index.json`, each component's config and every tensor against what the configs imply. Nothing here reads weight data.
 
 use std::path::{Path, PathBuf};
 
@@ -9,11 +8,10 @@ use serde_json::Value;
 use super::transformer::QwenImageTransformerConfig;
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::{ActivationCost, Component, ModelFolder};
-use crate::families::qwen2_5_vl::QwenVlTextConfig;
+use crate::families::qwen2_5_vl::{Qwen25VlConfig, TensorPrefix};
 use crate::families::wan::checkpoint::listed;
 use crate::families::wan::vae::WanVaeConfig;
 use crate::families::{BlockGroup, FamilyCheckpoint};
-use crate::samplers::flow::FlowMatchEulerConfig;
 use crate::{Error, Result};
 
 /// The class diffusers writes in `model_index.json`.
@@ -25,45 +23,22 @@ pub struct QwenImageCheckpoint {
     pub folder: ModelFolder,
     /// `tokenizer/`.
     pub tokenizer: PathBuf,
-    pub text_encoder_config: QwenVlTextConfig,
+    pub text_encoder_config: Qwen25VlConfig,
+    /// Where the text encoder's language-model tensors are named (`model.` as transformers
+    /// saves them, or `model.language_model.`).
+    pub text_encoder_prefix: TensorPrefix,
     pub transformer_config: QwenImageTransformerConfig,
     pub vae_config: WanVaeConfig,
-    pub scheduler: FlowMatchEulerConfig,
     pub text_encoder: Component,
     pub transformer: Component,
     pub vae: Component,
-}
-
-/// Reads `scheduler/scheduler_config.json`: the pipeline drives a
-/// `FlowMatchEulerDiscreteScheduler` with its own sigmas and the image's `mu`.
-fn load_scheduler(path: &Path) -> Result<FlowMatchEulerConfig> {
-    let doc: Value = crate::checkpoint::read_json(path)?;
-    match doc.get("_class_name").and_then(Value::as_str) {
-        Some("FlowMatchEulerDiscreteScheduler") => {}
-        other => {
-            return Err(Error::config(
-                path,
-                "_class_name",
-                format!(
-                    "{}: QwenImagePipeline drives FlowMatchEulerDiscreteScheduler",
-                    other.map_or("missing".to_string(), |c| format!("`{c}`"))
-                ),
-            ))
-        }
-    }
-    let c: FlowMatchEulerConfig = serde_json::from_value(doc).map_err(|e| {
-        let msg = e.to_string();
-        Error::config(path, msg.split('`').nth(1).unwrap_or("(document)"), msg)
-    })?;
-    c.validate_for_image(path)?;
-    Ok(c)
 }
 
 /// Checks that the components of `root` fit together: the transformer reads the text
 /// encoder's width and 2×2 patches of the VAE's latents, and the VAE decodes RGB.
 fn check_agreement(
     root: &Path,
-    te: &QwenVlTextConfig,
+    te: &Qwen25VlConfig,
     tr: &QwenImageTransformerConfig,
     vae: &WanVaeConfig,
 ) -> Result<()> {
@@ -122,15 +97,14 @@ impl QwenImageCheckpoint {
         }
         let tokenizer = root.join("tokenizer");
         let dir = |c: &str| root.join(c);
-        let text_encoder_config = QwenVlTextConfig::load(&dir("text_encoder").join("config.json"))?;
+        let text_encoder_config = Qwen25VlConfig::load(&dir("text_encoder").join("config.json"))?;
         let transformer_config =
             QwenImageTransformerConfig::load(&dir("transformer").join("config.json"))?;
         let vae_config = super::vae::load(&dir("vae").join("config.json"))?;
-        let scheduler = load_scheduler(&dir("scheduler").join("scheduler_config.json"))?;
         let text_encoder = Component::open(&dir("text_encoder"))?;
         let transformer = Component::open(&dir("transformer"))?;
         let vae = Component::open(&dir("vae"))?;
-        text_encoder_config.check(&text_encoder)?;
+        let text_encoder_prefix = text_encoder_config.check(&text_encoder)?;
         check_tensors(&transformer, &transformer_config.all_specs(), |_| None)?;
         check_tensors(&vae, &vae_config.tensor_specs(), |_| None)?;
         check_agreement(root, &text_encoder_config, &transformer_config, &vae_config)?;
@@ -138,9 +112,9 @@ impl QwenImageCheckpoint {
             folder,
             tokenizer,
             text_encoder_config,
+            text_encoder_prefix,
             transformer_config,
             vae_config,
-            scheduler,
             text_encoder,
             transformer,
             vae,
@@ -159,7 +133,7 @@ impl QwenImageCheckpoint {
             .collect();
         v.extend(
             self.text_encoder_config
-                .resident_specs(&self.text_encoder)
+                .resident_specs(self.text_encoder_prefix)
                 .into_iter()
                 .map(|s| ("text_encoder", s.name)),
         );
@@ -214,7 +188,7 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
         vec![
             (
                 "text_encoder",
-                self.text_encoder_config.block_group(&self.text_encoder),
+                self.text_encoder_config.block_group(self.text_encoder_prefix),
             ),
             ("transformer", self.transformer_config.block_group()),
         ]
@@ -265,7 +239,7 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
             // tensors per token, and the prompt's embeddings kept for the whole request.
             bytes_per_text_token: tr.activation_bytes_per_token()
                 + 4 * tr.joint_attention_dim as u64,
-            encoder_bytes_per_token: self.text_encoder_config.bytes_per_token(),
+            encoder_bytes_per_token: self.text_encoder_config.encoder_bytes_per_token(),
             encoder_bytes_per_token_pair: 0,
             // The prompt and the negative prompt run as two sequences of their own lengths,
             // both live through each block.

@@ -7,7 +7,10 @@
 //! classifier-free guidance whenever the scale is above 1, its result rescaled to the
 //! conditional prediction's norm per token.
 
+use std::path::Path;
 use std::sync::Arc;
+
+use serde_json::Value;
 
 use candle_core::{DType, Device, Tensor, D};
 
@@ -19,14 +22,36 @@ use crate::checkpoint::Mapped;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task};
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
-use crate::families::qwen2_5_vl::{QwenImagePrompt, QwenVlEncoder, QwenVlState};
-use crate::families::umt5::Umt5Encoder;
+use crate::families::qwen2_5_vl::prompt::prompt_embeds;
+use crate::families::qwen2_5_vl::{Qwen25VlEncoder, Qwen25VlState, QwenTokenizer};
 use crate::families::wan::runtime::VideoDecoder;
 use crate::families::wan::vae::decoder::WanVaeDecoder;
 use crate::families::FamilyCheckpoint;
 use crate::layout::GroupLayout;
-use crate::samplers::flow::{FlowMatchEuler, Sampler};
+use crate::samplers::flow::{FlowMatchEuler, FlowMatchEulerConfig, Sampler};
 use crate::{Error, Result};
+
+/// Reads `scheduler/scheduler_config.json`: the pipeline drives a
+/// `FlowMatchEulerDiscreteScheduler` with its own sigmas and the image's `mu`.
+fn load_scheduler(path: &Path) -> Result<FlowMatchEulerConfig> {
+    let doc: Value = crate::checkpoint::read_json(path)?;
+    match doc.get("_class_name").and_then(Value::as_str) {
+        Some("FlowMatchEulerDiscreteScheduler") => {}
+        other => {
+            return Err(Error::config(
+                path,
+                "_class_name",
+                format!(
+                    "{}: QwenImagePipeline drives FlowMatchEulerDiscreteScheduler",
+                    other.map_or("missing".to_string(), |c| format!("`{c}`"))
+                ),
+            ))
+        }
+    }
+    let c: FlowMatchEulerConfig = crate::samplers::flow::parse(path, doc)?;
+    c.validate_for_image(path)?;
+    Ok(c)
+}
 
 /// A Qwen-Image pipeline folder, checked and mapped once for every rank.
 pub struct QwenImageRuntime {
@@ -34,12 +59,14 @@ pub struct QwenImageRuntime {
     /// Mapped text encoder and transformer, by group index.
     streamed: Vec<Mapped>,
     vae: Mapped,
-    prompt: Arc<QwenImagePrompt>,
+    prompt: Arc<QwenTokenizer>,
+    scheduler: FlowMatchEulerConfig,
 }
 
 impl QwenImageRuntime {
     pub fn new(checkpoint: QwenImageCheckpoint) -> Result<QwenImageRuntime> {
-        let prompt = Arc::new(QwenImagePrompt::load(&checkpoint.tokenizer)?);
+        let prompt = Arc::new(QwenTokenizer::load(&checkpoint.tokenizer)?);
+        let scheduler = load_scheduler(&checkpoint.folder.scheduler_config())?;
         Ok(QwenImageRuntime {
             streamed: vec![
                 Mapped::map(checkpoint.text_encoder.clone())?,
@@ -47,6 +74,7 @@ impl QwenImageRuntime {
             ],
             vae: Mapped::map(checkpoint.vae.clone())?,
             prompt,
+            scheduler,
             checkpoint,
         })
     }
@@ -191,15 +219,15 @@ impl FamilyRuntime for QwenImageRuntime {
                 ),
             ));
         }
-        FlowMatchEuler::for_image(&ck.scheduler, r.steps, self.packed_shape(r)[1])?;
-        let guided = r.guidance > 1.0;
-        let texts = [prompt.as_str(), if guided { negative } else { "" }];
-        crate::families::checks::prompt_lengths(
-            r,
-            texts,
-            " (after the template, with its closing tokens)",
-            |t| self.prompt.token_count(t),
-        )?;
+        FlowMatchEuler::for_image(&self.scheduler, r.steps, self.packed_shape(r)[1])?;
+        if r.max_sequence_length == 0 {
+            return Err(Error::invalid("max_sequence_length", "must be at least 1"));
+        }
+        self.prompt.check(prompt, "prompt", r.max_sequence_length)?;
+        if r.guidance > 1.0 {
+            self.prompt
+                .check(negative, "negative_prompt", r.max_sequence_length)?;
+        }
         crate::families::checks::init_latents(r, &latent_shape(ck, r))
     }
 
@@ -247,17 +275,17 @@ impl FamilyRuntime for QwenImageRuntime {
             dtype,
         )?;
         Ok(Box::new(QwenImageRank(Arc::new(RankShared {
-            encoder: QwenVlEncoder::new(
+            encoder: Qwen25VlEncoder::new(
                 ck.text_encoder_config.clone(),
-                &ck.text_encoder,
+                ck.text_encoder_prefix,
                 &te,
             )?,
             transformer: QwenImageTransformer::new(ck.transformer_config.clone(), Box::new(tr)),
             vae: decode.then(|| self.vae_decoder(device)).transpose()?,
             prompt: self.prompt.clone(),
             mapping: self.streamed[TEXT_ENCODER].clone(),
-            table: ck.text_encoder_config.embedding_table(&ck.text_encoder),
             checkpoint: ck.clone(),
+            scheduler: self.scheduler.clone(),
             device: device.clone(),
         }))))
     }
@@ -268,14 +296,14 @@ impl FamilyRuntime for QwenImageRuntime {
 }
 
 struct RankShared {
-    encoder: QwenVlEncoder,
+    encoder: Qwen25VlEncoder,
     transformer: QwenImageTransformer,
     vae: Option<WanVaeDecoder>,
-    prompt: Arc<QwenImagePrompt>,
-    /// The text encoder's mapping and its embedding table's name, for the rows a prompt needs.
+    prompt: Arc<QwenTokenizer>,
+    /// The text encoder's mapping, for the embedding rows a prompt needs.
     mapping: Mapped,
-    table: String,
     checkpoint: QwenImageCheckpoint,
+    scheduler: FlowMatchEulerConfig,
     device: Device,
 }
 
@@ -296,16 +324,16 @@ impl RankModel for QwenImageRank {
         // The pipeline's `do_true_cfg`: a scale above 1 (and a negative prompt, which every
         // request here has: empty unless given).
         let guided = req.guidance > 1.0;
-        let mut ids = vec![r.prompt.ids(prompt)?];
+        let mut ids = vec![r.prompt.ids(prompt, "prompt")?];
         if guided {
-            ids.push(r.prompt.ids(negative)?);
+            ids.push(r.prompt.ids(negative, "negative_prompt")?);
         }
         let up = ck.vae_config.upscale();
         let (h, w) = (req.height / up, req.width / up);
         let packed = pack(&latents.to_device(&r.device)?)?;
         Ok(Box::new(QwenImageTask {
             sampler: Box::new(FlowMatchEuler::for_image(
-                &ck.scheduler,
+                &r.scheduler,
                 req.steps,
                 packed.dim(1)?,
             )?),
@@ -340,7 +368,7 @@ struct QwenImageTask {
     /// Each sequence's prompt embeddings [1, M, D], once encoded.
     text: Option<Vec<Tensor>>,
     /// The text encoder's pass in flight, one state per sequence.
-    encoder: Vec<QwenVlState>,
+    encoder: Vec<Qwen25VlState>,
     /// The transformer's pass in flight, one state per sequence.
     states: Vec<QwenImageState>,
     step: usize,
@@ -379,10 +407,10 @@ impl Task for QwenImageTask {
                     .ids
                     .iter()
                     .map(|ids| {
-                        let emb = Umt5Encoder::embed(
+                        let emb = Qwen25VlEncoder::embed(
                             &r.mapping,
-                            &r.table,
-                            std::slice::from_ref(ids),
+                            r.checkpoint.text_encoder_prefix,
+                            ids,
                             &r.device,
                         )?;
                         r.encoder.prologue(emb)
@@ -422,11 +450,7 @@ impl Task for QwenImageTask {
         if self.text.is_none() {
             let text = std::mem::take(&mut self.encoder)
                 .into_iter()
-                .map(|st| {
-                    let e = r.prompt.embeddings(&r.encoder.epilogue(st)?)?;
-                    let keep = e.dim(1)?.min(self.max_len);
-                    Ok(e.narrow(1, 0, keep)?)
-                })
+                .map(|st| prompt_embeds(&r.encoder.epilogue(st)?, self.max_len))
                 .collect::<Result<_>>()?;
             self.text = Some(text);
             return Ok(None);

@@ -116,7 +116,10 @@ pub trait Sampler: Send {
 }
 
 /// A config from the parsed document, naming the field serde stumbled on as `read_json` does.
-fn parse<T: serde::de::DeserializeOwned>(path: &Path, doc: serde_json::Value) -> Result<T> {
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    doc: serde_json::Value,
+) -> Result<T> {
     serde_json::from_value(doc).map_err(|e| {
         let msg = e.to_string();
         let field = msg.split('`').nth(1).unwrap_or("(document)").to_string();
