@@ -131,8 +131,7 @@ fn every_strategy_dp_k_and_kept_blocks_give_identical_latents() {
                     o.resident_blocks = ResidentBlocks::Fixed(kept);
                     o.hook = Some(common::jitter(dp as u64 * 10 + k as u64));
                     let (out, _) = model.run(requests.clone(), &o).unwrap();
-                    let got: Vec<Vec<u32>> =
-                        out.iter().map(|o| common::bits(&o.latents)).collect();
+                    let got: Vec<Vec<u32>> = out.iter().map(|o| common::bits(&o.latents)).collect();
                     assert_eq!(got, reference, "{strategy} dp={dp} K={k} kept={kept}");
                 }
             }
@@ -211,7 +210,14 @@ fn bad_requests_are_refused_naming_the_field() {
     );
     expect_err(
         run(Request {
-            init_latents: Some(Tensor::zeros((1, 16, 1, 2, 2), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap()),
+            init_latents: Some(
+                Tensor::zeros(
+                    (1, 16, 1, 2, 2),
+                    candle_core::DType::F32,
+                    &candle_core::Device::Cpu,
+                )
+                .unwrap(),
+            ),
             ..ok.clone()
         }),
         &["init_latents", "[1, 16, 1, 4, 4]"],

@@ -79,7 +79,10 @@ async fn images_from_prompts_as_the_openai_client_asks() {
     assert_eq!(images.len(), 2);
     let be = |png: &[u8], i: usize| u32::from_be_bytes(png[i..i + 4].try_into().unwrap());
     for png in &images {
-        assert_eq!((&png[1..4], be(png, 16), be(png, 20)), (&b"PNG"[..], 96, 64));
+        assert_eq!(
+            (&png[1..4], be(png, 16), be(png, 20)),
+            (&b"PNG"[..], 96, 64)
+        );
     }
 
     // Seeded, guided with a negative prompt: the same request gives the same bytes, and the
@@ -97,8 +100,16 @@ async fn images_from_prompts_as_the_openai_client_asks() {
         }
     };
     let first = image(body("blurry", 4.0)).await;
-    assert_eq!(image(body("blurry", 4.0)).await, first, "the same request, the same image");
-    assert_ne!(image(body("static", 4.0)).await, first, "the negative prompt is read");
+    assert_eq!(
+        image(body("blurry", 4.0)).await,
+        first,
+        "the same request, the same image"
+    );
+    assert_ne!(
+        image(body("static", 4.0)).await,
+        first,
+        "the negative prompt is read"
+    );
     assert_ne!(image(body("blurry", 2.0)).await, first, "the scale is read");
 
     // A size off the 16-pixel grid is refused naming the field, before anything is queued;
@@ -111,6 +122,11 @@ async fn images_from_prompts_as_the_openai_client_asks() {
     .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
     assert_field(&v, "size");
-    let (s, _, v) = post(&app, "/v1/videos", json!({ "prompt": "a fox", "frames": 5 })).await;
+    let (s, _, v) = post(
+        &app,
+        "/v1/videos",
+        json!({ "prompt": "a fox", "frames": 5 }),
+    )
+    .await;
     assert!(s.is_client_error(), "{s} {v}");
 }

@@ -723,7 +723,10 @@ fn synth_cosmos3(out: &Path, opts: &SynthOptions, c: &Cosmos3Synth) -> Result<(u
 /// vision tower.
 fn qwen_text_encoder_specs(c: &Qwen25VlConfig) -> Vec<TensorSpec> {
     let mut specs = c.all_specs(TensorPrefix::Model);
-    specs.push(TensorSpec::new("lm_head.weight", &[c.vocab_size, c.hidden_size]));
+    specs.push(TensorSpec::new(
+        "lm_head.weight",
+        &[c.vocab_size, c.hidden_size],
+    ));
     specs
 }
 

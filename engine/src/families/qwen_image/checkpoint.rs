@@ -188,7 +188,8 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
         vec![
             (
                 "text_encoder",
-                self.text_encoder_config.block_group(self.text_encoder_prefix),
+                self.text_encoder_config
+                    .block_group(self.text_encoder_prefix),
             ),
             ("transformer", self.transformer_config.block_group()),
         ]

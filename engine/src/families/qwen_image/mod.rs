@@ -10,11 +10,11 @@
 //! embedding table never goes to the device: the rows a prompt needs are read from the
 //! mapping.
 
-pub mod transformer;
-pub mod vae;
 pub mod checkpoint;
 #[cfg(feature = "runtime")]
 pub mod runtime;
+pub mod transformer;
+pub mod vae;
 
 pub use checkpoint::QwenImageCheckpoint;
 

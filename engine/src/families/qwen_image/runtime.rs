@@ -493,7 +493,9 @@ mod tests {
     fn pack_and_unpack_are_the_pipelines_and_inverse() {
         // [1, 2, 1, 2, 4]: channel c, row y, column x holds 100c + 10y + x.
         let v: Vec<f32> = (0..2)
-            .flat_map(|c| (0..2).flat_map(move |y| (0..4).map(move |x| (100 * c + 10 * y + x) as f32)))
+            .flat_map(|c| {
+                (0..2).flat_map(move |y| (0..4).map(move |x| (100 * c + 10 * y + x) as f32))
+            })
             .collect();
         let l = Tensor::from_vec(v, (1, 2, 1, 2, 4), &Device::Cpu).unwrap();
         let p = pack(&l).unwrap();
@@ -515,7 +517,10 @@ mod tests {
         let g = guide(&cond, &uncond, 2.0).unwrap();
         let n = g.sqr().unwrap().sum(D::Minus1).unwrap().sqrt().unwrap();
         let n = n.to_vec2::<f32>().unwrap();
-        assert!((n[0][0] - 5.0).abs() < 1e-6 && (n[0][1] - 1.0).abs() < 1e-6, "{n:?}");
+        assert!(
+            (n[0][0] - 5.0).abs() < 1e-6 && (n[0][1] - 1.0).abs() < 1e-6,
+            "{n:?}"
+        );
         // Token 0: the combination (6, 8), rescaled to norm 5.
         let v = g.to_vec3::<f32>().unwrap();
         assert!((v[0][0][0] - 3.0).abs() < 1e-6 && (v[0][0][1] - 4.0).abs() < 1e-6);

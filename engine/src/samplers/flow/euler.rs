@@ -167,7 +167,10 @@ impl FlowMatchEulerConfig {
 
     /// The fields dynamic shifting reads must make a finite, increasing line.
     fn check_dynamic(&self, path: &Path) -> Result<()> {
-        for (field, v) in [("base_shift", self.base_shift), ("max_shift", self.max_shift)] {
+        for (field, v) in [
+            ("base_shift", self.base_shift),
+            ("max_shift", self.max_shift),
+        ] {
             if !v.is_some_and(f64::is_finite) {
                 return Err(Error::config(
                     path,
@@ -199,7 +202,10 @@ impl FlowMatchEulerConfig {
     /// The pipelines' `calculate_shift` (float64): `mu` on the line through
     /// (base_image_seq_len, base_shift) and (max_image_seq_len, max_shift).
     pub fn mu(&self, image_seq_len: usize) -> f64 {
-        let (base, max) = (self.base_shift.unwrap_or(0.5), self.max_shift.unwrap_or(1.15));
+        let (base, max) = (
+            self.base_shift.unwrap_or(0.5),
+            self.max_shift.unwrap_or(1.15),
+        );
         let m = (max - base) / (self.max_image_seq_len as f64 - self.base_image_seq_len as f64);
         let b = base - m * self.base_image_seq_len as f64;
         image_seq_len as f64 * m + b
@@ -266,7 +272,11 @@ impl FlowMatchEuler {
     /// The schedule of an image pipeline that passes `sigmas = linspace(1, 1/steps, steps)`
     /// and the `mu` of its packed latent sequence of `image_seq_len` tokens
     /// (QwenImagePipeline): see [`FlowMatchEulerConfig::validate_for_image`].
-    pub fn for_image(cfg: &FlowMatchEulerConfig, steps: usize, image_seq_len: usize) -> Result<Self> {
+    pub fn for_image(
+        cfg: &FlowMatchEulerConfig,
+        steps: usize,
+        image_seq_len: usize,
+    ) -> Result<Self> {
         super::check_steps(
             steps,
             cfg.num_train_timesteps,
