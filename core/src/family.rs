@@ -93,6 +93,23 @@ pub trait FamilyCheckpoint: std::fmt::Debug + Send + Sync {
     }
     /// What a request costs in activations: the formula the planner and the engine share.
     fn activation_cost(&self) -> crate::checkpoint::ActivationCost;
+    /// What one block of each of [`Self::groups`] computes, in the same order: the
+    /// step-time model's input ([`crate::timing`]). By default 2 FLOPs per weight of the
+    /// block's tensors per token, attention left out, and each group's role from its
+    /// component's name ([`crate::timing::GroupCompute::of_params`]); a family whose
+    /// blocks do otherwise (two streams that each see part of the tokens, attention that
+    /// dominates) declares its own.
+    fn group_compute(&self) -> Vec<crate::timing::GroupCompute> {
+        let groups = self.groups();
+        let experts = crate::timing::experts(groups.iter().map(|(c, _)| *c));
+        groups
+            .iter()
+            .map(|(c, g)| {
+                let params = g.block.iter().map(|s| s.numel() as u64).sum();
+                crate::timing::GroupCompute::of_params(c, params, experts)
+            })
+            .collect()
+    }
     /// Every weight byte in the folder.
     fn total_bytes(&self) -> u64 {
         self.components()

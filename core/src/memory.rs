@@ -144,6 +144,9 @@ pub struct Placement {
     /// Blocks of every other group that stay on the device too
     /// ([`resident_block_mask`]); a group with no more blocks than this is whole.
     pub resident_blocks: u64,
+    /// Per group (in the order of the groups), blocks kept in place of
+    /// `resident_blocks`; `None` (or a group past the end) takes `resident_blocks`.
+    pub resident_blocks_by_group: Vec<Option<u64>>,
 }
 
 impl Placement {
@@ -155,14 +158,25 @@ impl Placement {
             slots,
             resident: vec![false; groups],
             resident_blocks: 0,
+            resident_blocks_by_group: Vec::new(),
         }
+    }
+
+    /// Blocks of group `g` kept on the device when it is not whole: its own count where
+    /// one is given, else `resident_blocks`.
+    pub fn blocks_kept(&self, g: usize) -> u64 {
+        self.resident_blocks_by_group
+            .get(g)
+            .copied()
+            .flatten()
+            .unwrap_or(self.resident_blocks)
     }
 
     /// Whether group `g` of `blocks` blocks stays whole on the device.
     pub fn is_resident(&self, g: usize, blocks: usize) -> bool {
         self.strategy == Strategy::Resident
             || self.resident.get(g).copied().unwrap_or(false)
-            || self.resident_blocks >= blocks as u64
+            || self.blocks_kept(g) >= blocks as u64
     }
 
     /// Which blocks of group `g` (of `blocks` blocks) stay on the device.
@@ -170,7 +184,7 @@ impl Placement {
         if self.is_resident(g, blocks) {
             vec![true; blocks]
         } else {
-            resident_block_mask(blocks, self.resident_blocks)
+            resident_block_mask(blocks, self.blocks_kept(g))
         }
     }
 
@@ -181,6 +195,20 @@ impl Placement {
                 .iter()
                 .enumerate()
                 .any(|(g, group)| !self.is_resident(g, group.blocks()))
+    }
+
+    /// Keeps `n` blocks of each group of every component `by_component` names (the rest
+    /// keep `resident_blocks`).
+    pub fn with_component_blocks(
+        mut self,
+        groups: &[GroupBytes],
+        by_component: &BTreeMap<String, u64>,
+    ) -> Self {
+        self.resident_blocks_by_group = groups
+            .iter()
+            .map(|g| by_component.get(&g.component).copied())
+            .collect();
+        self
     }
 
     /// Marks the groups of `components` resident.
