@@ -225,6 +225,43 @@ impl Placement {
     }
 }
 
+/// `component=n` pairs joined by commas (`transformer=20,text_encoder=0`): blocks kept of
+/// each group of the components named, in place of the one count for every group. The
+/// planner writes it ([`format_component_blocks`]) and the engine's
+/// `--resident-blocks-by-component` reads it, so both go through this code.
+pub fn parse_component_blocks(s: &str) -> crate::Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || {
+            crate::Error::invalid(
+                "resident-blocks-by-component",
+                format!("`{part}`: expected component=blocks, e.g. transformer=20"),
+            )
+        };
+        let (c, n) = part.split_once('=').ok_or_else(bad)?;
+        let (c, n) = (c.trim(), n.trim().parse::<u64>().map_err(|_| bad())?);
+        if c.is_empty() {
+            return Err(bad());
+        }
+        if out.insert(c.to_string(), n).is_some() {
+            return Err(crate::Error::invalid(
+                "resident-blocks-by-component",
+                format!("`{c}` is named twice"),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// What [`parse_component_blocks`] reads back as `counts`.
+pub fn format_component_blocks(counts: &BTreeMap<String, u64>) -> String {
+    counts
+        .iter()
+        .map(|(c, n)| format!("{c}={n}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Device bytes of one rank by purpose (see the module doc for each term).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct DeviceBytes {
@@ -379,6 +416,34 @@ mod tests {
             component: component.into(),
             blocks_by_dtype: m,
         }
+    }
+
+    #[test]
+    fn counts_by_component_read_back_what_is_written() {
+        let m = parse_component_blocks(" transformer=20, text_encoder=0").unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            parse_component_blocks(&format_component_blocks(&m)).unwrap(),
+            m
+        );
+        assert!(parse_component_blocks("").unwrap().is_empty());
+        for bad in ["transformer", "transformer=x", "=3", "a=1,a=2"] {
+            let e = parse_component_blocks(bad).unwrap_err().to_string();
+            assert!(e.contains("resident-blocks-by-component"), "{e}");
+        }
+        // Per group: the named components' own count, the others the one for every group.
+        let groups = vec![
+            group("text_encoder", &[1, 1], &[1, 1]),
+            group("transformer", &[1, 1, 1], &[1, 1, 1]),
+        ];
+        let p = Placement {
+            resident_blocks: 1,
+            ..Placement::new(Strategy::Offload, 1, 2, 2)
+        }
+        .with_component_blocks(&groups, &parse_component_blocks("transformer=2").unwrap());
+        assert_eq!((p.blocks_kept(0), p.blocks_kept(1)), (1, 2));
+        assert_eq!(p.kept(1, 3), vec![true, true, false]);
+        assert!(p.is_resident(0, 1));
     }
 
     #[test]

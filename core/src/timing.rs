@@ -201,6 +201,14 @@ pub const PRODUCT_RATES: &[(&str, Rates)] = &[
             peer: 20e9,
         },
     ),
+    (
+        "L4",
+        Rates {
+            device_flops: 7.0e13,
+            host_to_device: 25e9,
+            peer: 20e9,
+        },
+    ),
 ];
 
 impl Rates {
