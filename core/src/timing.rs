@@ -16,7 +16,9 @@
 //! - a streamed block is copied in two stages on two queues, each serial: this rank's
 //!   share from the host (`bytes/dp` under `offload-sharded`, `bytes` under `offload`)
 //!   at the host-to-device rate, then the all-gather of the rest (`bytes·(dp−1)/dp`) at
-//!   the peer rate; `sharded` only gathers, `resident` moves nothing;
+//!   the peer rate; `sharded` only gathers, `resident` moves nothing; where copies share
+//!   the compute's cores (the CPU backend), the part of a copy that cannot run beside
+//!   compute ([`Rates::overlap`]) lengthens the block's compute instead;
 //! - the copy of the j-th streamed block waits for a free slot (the compute of the
 //!   (j−K)-th streamed block to end), and a block computes once the previous one has and
 //!   its weights are in; copies run ahead across passes, as the engine prefetches across
@@ -153,6 +155,11 @@ pub struct Rates {
     pub host_to_device: f64,
     /// All-gather bytes/s each rank receives over the peer link.
     pub peer: f64,
+    /// The share of a copy's time that runs beside compute: 1 where copies have engines
+    /// of their own (a GPU's copy engines and links); less where they take the cores that
+    /// compute (the CPU backend, whose share `bench` measures). The rest of each streamed
+    /// block's copy time lengthens its compute.
+    pub overlap: f64,
 }
 
 /// Figures for one accelerator product: the substring of the product name the node agent
@@ -167,6 +174,7 @@ pub const PRODUCT_RATES: &[(&str, Rates)] = &[
             device_flops: 1.3e15,
             host_to_device: 50e9,
             peer: 700e9,
+            overlap: 1.0,
         },
     ),
     (
@@ -175,6 +183,7 @@ pub const PRODUCT_RATES: &[(&str, Rates)] = &[
             device_flops: 6.0e14,
             host_to_device: 50e9,
             peer: 350e9,
+            overlap: 1.0,
         },
     ),
     (
@@ -183,6 +192,7 @@ pub const PRODUCT_RATES: &[(&str, Rates)] = &[
             device_flops: 6.0e14,
             host_to_device: 50e9,
             peer: 350e9,
+            overlap: 1.0,
         },
     ),
     (
@@ -191,6 +201,7 @@ pub const PRODUCT_RATES: &[(&str, Rates)] = &[
             device_flops: 1.9e14,
             host_to_device: 25e9,
             peer: 230e9,
+            overlap: 1.0,
         },
     ),
     (
@@ -199,6 +210,7 @@ pub const PRODUCT_RATES: &[(&str, Rates)] = &[
             device_flops: 2.2e14,
             host_to_device: 25e9,
             peer: 20e9,
+            overlap: 1.0,
         },
     ),
     (
@@ -207,6 +219,7 @@ pub const PRODUCT_RATES: &[(&str, Rates)] = &[
             device_flops: 7.0e13,
             host_to_device: 25e9,
             peer: 20e9,
+            overlap: 1.0,
         },
     ),
 ];
@@ -217,6 +230,7 @@ impl Rates {
         device_flops: 1.9e14,
         host_to_device: 25e9,
         peer: 230e9,
+        overlap: 1.0,
     };
 
     /// The figures of the first [`PRODUCT_RATES`] entry whose name `product` contains
@@ -300,9 +314,12 @@ pub struct Prediction {
 /// One block in the simulated sequence.
 #[derive(Clone, Copy)]
 struct Block {
+    /// Seconds of compute, with the part of its copy that cannot run beside it.
     compute: f64,
-    /// Seconds of the two copy stages; `None` for a kept block.
+    /// Seconds of the two copy stages that run beside compute; `None` for a kept block.
     copy: Option<(f64, f64)>,
+    /// Seconds of its copy, the slower stage, all of it.
+    full_copy: f64,
 }
 
 /// The two-queue pipeline with a ring of `k` slots, carried across passes.
@@ -438,12 +455,9 @@ pub fn predict(
     let mut expert = (0.0f64, 0.0f64, 0.0f64);
     for (g, blocks) in passes.iter().enumerate() {
         let r = runs(compute, g);
-        let compute_s: f64 = blocks.iter().map(|b| b.compute).sum();
-        let copy_s: f64 = blocks
-            .iter()
-            .filter_map(|b| b.copy)
-            .map(|(h, a)| h.max(a))
-            .sum();
+        let copy_s: f64 = blocks.iter().map(|b| b.full_copy).sum();
+        let serial = (1.0 - rates.overlap.clamp(0.0, 1.0)) * copy_s;
+        let compute_s: f64 = blocks.iter().map(|b| b.compute).sum::<f64>() - serial;
         let per_request = match r {
             Runs::PerRequest => 1,
             Runs::PerStep => steps * work.passes_per_step.max(1),
@@ -526,16 +540,22 @@ fn pass_blocks(
                 vec![true; group.blocks()]
             };
             let bytes = block_bytes(group);
+            let beside = rates.overlap.clamp(0.0, 1.0);
             kept.iter()
                 .zip(bytes)
-                .map(|(&k, b)| Block {
-                    compute: secs,
-                    copy: (!k).then(|| {
-                        (
-                            b as f64 * host_share / rates.host_to_device.max(1.0),
-                            b as f64 * gather_share / rates.peer.max(1.0),
-                        )
-                    }),
+                .map(|(&k, b)| {
+                    let host = b as f64 * host_share / rates.host_to_device.max(1.0);
+                    let gather = b as f64 * gather_share / rates.peer.max(1.0);
+                    Block {
+                        compute: secs
+                            + if k {
+                                0.0
+                            } else {
+                                (1.0 - beside) * host.max(gather)
+                            },
+                        copy: (!k).then_some((beside * host, beside * gather)),
+                        full_copy: if k { 0.0 } else { host.max(gather) },
+                    }
                 })
                 .collect()
         })

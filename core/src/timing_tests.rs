@@ -17,6 +17,7 @@ fn rates() -> Rates {
         device_flops: 1e12,
         host_to_device: 1e9,
         peer: 10e9,
+        overlap: 1.0,
     }
 }
 
@@ -225,4 +226,30 @@ fn rates_by_product_and_work_at_bounds() {
         (video.tokens, video.samples, video.passes_per_step),
         (21 * 4096, 1, 2)
     );
+}
+
+#[test]
+fn copies_that_share_the_cores_add_to_compute() {
+    // Compute 2 s, copy 1 s: on a GPU every copy hides; where copies take the compute's
+    // cores they add up, and every kept block saves its copy.
+    let (g, c) = transformer(10, 2.0);
+    let w = work(1000, 10);
+    let serial = Rates {
+        overlap: 0.0,
+        ..rates()
+    };
+    let step = |r: &Rates, n| predict(&g, &c, &w, &offload(2, n), r).step;
+    assert!(close(step(&rates(), 0), 20.0));
+    assert!(close(step(&serial, 0), 30.0), "{}", step(&serial, 0));
+    assert!(close(step(&serial, 4), 26.0), "{}", step(&serial, 4));
+    let p = predict(&g, &c, &w, &offload(2, 0), &serial);
+    assert!(
+        close(p.step_compute, 20.0) && close(p.step_copy, 10.0),
+        "{p:?}"
+    );
+    let half = Rates {
+        overlap: 0.5,
+        ..rates()
+    };
+    assert!(step(&half, 0) > 20.0 && step(&half, 0) < 30.0);
 }

@@ -251,6 +251,7 @@ impl AcceleratorRates {
                 .host_to_device_gbps
                 .map_or(defaults.host_to_device, |g| g * 1e9),
             peer: self.peer_gbps.map_or(defaults.peer, |g| g * 1e9),
+            overlap: defaults.overlap,
         }
     }
 }

@@ -375,8 +375,12 @@ fn rows(a: &BenchArgs, configs: &[Config], rounds: Rounds) -> Vec<Row> {
 /// This machine's rates for the CPU backend, measured in this run: the ranks' FLOP/s from
 /// a `resident` run of `requests` (nothing copied: its step time is compute, which the
 /// model's FLOPs of a step divide), the copy rate from the mapped checkpoint into a
-/// block-sized buffer (what a rank's copy does), and the rate between two buffers (what
-/// the all-gather does on the CPU). Each the best of three.
+/// block-sized buffer (what a rank's copy does), the rate between two buffers (what the
+/// all-gather does on the CPU), and the share of copying that runs beside compute (the
+/// CPU backend's copies take cores the compute uses): the one at which the model predicts
+/// the step time of a `strategy` run with K = `k` and no block kept. Each run the best of
+/// three.
+#[allow(clippy::too_many_arguments)]
 fn calibrate(
     a: &BenchArgs,
     model: &Model,
@@ -384,24 +388,30 @@ fn calibrate(
     groups: &[GroupBytes],
     compute: &[GroupCompute],
     work: &Work,
+    strategy: Strategy,
+    k: u64,
 ) -> Result<Rates> {
-    let mut opts = a
-        .engine
-        .options(Strategy::Resident, ResidentBlocks::Fixed(0));
-    opts.device_memory = u64::MAX;
-    opts.activations = model.activation_bytes(requests)?;
-    opts.decode = false;
-    let mut step = f64::INFINITY;
-    for _ in 0..3 {
-        let (_, stats) = model
-            .run(requests.to_vec(), &opts)
-            .context("calibrating: resident")?;
-        step = step.min(stats.step_seconds);
-    }
+    let best_step = |strategy: Strategy, memory: u64| -> Result<f64> {
+        let mut opts = a.engine.options(strategy, ResidentBlocks::Fixed(0));
+        opts.device_memory = memory;
+        opts.slots = SlotsChoice::Fixed(k as usize);
+        opts.activations = model.activation_bytes(requests)?;
+        opts.decode = false;
+        let mut step = f64::INFINITY;
+        for _ in 0..3 {
+            let (_, stats) = model
+                .run(requests.to_vec(), &opts)
+                .with_context(|| format!("calibrating: {strategy}"))?;
+            step = step.min(stats.step_seconds);
+        }
+        Ok(step)
+    };
+    let step = best_step(Strategy::Resident, u64::MAX)?;
     let unit = Rates {
         device_flops: 1.0,
         host_to_device: f64::INFINITY,
         peer: f64::INFINITY,
+        overlap: 1.0,
     };
     let all = Placement::new(Strategy::Resident, 1, 0, groups.len());
     let flops = timing::predict(groups, compute, work, &all, &unit).step_compute;
@@ -450,11 +460,39 @@ fn calibrate(
     let host_to_device = rate(&map[..len], &mut slot);
     let other = vec![1u8; len];
     let peer = rate(&other, &mut slot);
-    Ok(Rates {
+    let mut rates = Rates {
         device_flops: flops / step.max(1e-9),
         host_to_device,
         peer,
-    })
+        overlap: 1.0,
+    };
+    // The share that runs beside compute: the predicted step falls as it grows, so
+    // bisect for the measured one (clamped to what 0 and 1 predict).
+    let streamed = best_step(
+        strategy,
+        a.engine.device_memory_mib.map_or(u64::MAX, |m| m << 20),
+    )?;
+    let base = Placement::new(strategy, a.engine.dp as u64, k, groups.len())
+        .with_resident_components(
+            groups,
+            &a.engine
+                .options(strategy, ResidentBlocks::Fixed(0))
+                .resident_components,
+        );
+    let predicted = |overlap: f64| {
+        timing::predict(groups, compute, work, &base, &Rates { overlap, ..rates }).step
+    };
+    let (mut lo, mut hi) = (0.0f64, 1.0f64);
+    for _ in 0..30 {
+        let mid = (lo + hi) / 2.0;
+        if predicted(mid) > streamed {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    rates.overlap = (lo + hi) / 2.0;
+    Ok(rates)
 }
 
 /// Per configuration, the counts the step-time model chooses where it asks for `plan`
@@ -492,7 +530,11 @@ fn plan_rows(
         },
     };
     let work = Work::at_bounds(&model.checkpoint.activation_cost(), &bounds);
-    let rates = calibrate(a, model, requests, &groups, &compute, &work)?;
+    let first = configs
+        .iter()
+        .find(|c| c.kept == Some(KeptBlocks::Plan))
+        .map_or(Strategy::Offload, |c| c.strategy);
+    let rates = calibrate(a, model, requests, &groups, &compute, &work, first, k)?;
     let opts = a
         .engine
         .options(Strategy::Offload, ResidentBlocks::Fixed(0));
@@ -540,10 +582,11 @@ fn print_plans(configs: &[Config], rows: &[Row], planned: &[Option<(Choice, Rate
             .collect();
         let pr = &choice.prediction;
         println!(
-            "{strategy} plan: calibrated {:.1} GFLOP/s, {:.2} GB/s copy, {:.2} GB/s gather; keeps {}; predicted {:.3} s/step (compute {:.3}, copy {:.3}, exposed {:.3})",
+            "{strategy} plan: calibrated {:.1} GFLOP/s, {:.2} GB/s copy, {:.2} GB/s gather, {:.0}% of copying beside compute; keeps {}; predicted {:.3} s/step (compute {:.3}, copy {:.3}, exposed {:.3})",
             rates.device_flops / 1e9,
             rates.host_to_device / 1e9,
             rates.peer / 1e9,
+            100.0 * rates.overlap,
             kept.join(", "),
             pr.step,
             pr.step_compute,
