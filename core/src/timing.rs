@@ -33,107 +33,29 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 use crate::bounds::RequestBounds;
 use crate::checkpoint::ActivationCost;
 use crate::memory::{GroupBytes, Placement};
 use crate::Strategy;
 
-/// How often a streamed group runs in a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "kebab-case")]
-pub enum Runs {
-    /// Once per request, before the steps (a text encoder).
-    PerRequest,
-    /// Once per denoising step (a transformer).
-    PerStep,
-    /// On its share of the steps: the experts of a two-expert model split the steps
-    /// evenly, in pipeline order.
-    ExpertSteps,
-}
+pub use crate::family::{experts, GroupCompute, Runs, Tokens};
 
-/// Which tokens a group's blocks run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "kebab-case")]
-pub enum Tokens {
-    /// The prompt's tokens (a text encoder).
-    Text,
-    /// The latent's tokens (a transformer).
-    Latent,
-}
-
-/// What one block of a streamed group computes, as the family declares it
-/// (`FamilyCheckpoint::group_compute`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase")]
-pub struct GroupCompute {
-    /// The component the group belongs to, as in [`GroupBytes::component`].
-    pub component: String,
-    pub runs: Runs,
-    pub tokens: Tokens,
-    /// FLOPs per token per sample of one block: 2 per weight of its linear layers.
-    pub flops_per_token: u64,
-    /// FLOPs per (query, key) pair per sample of one block: its attention (4 × the
-    /// attention width), where the family declares it; 0 leaves attention out, which
-    /// underestimates compute on long sequences (the model then keeps more blocks than
-    /// it needs, never fewer).
-    #[serde(default)]
-    pub flops_per_token_pair: u64,
-}
-
-impl GroupCompute {
-    /// The declaration every family gets unless it makes its own: 2 FLOPs per weight per
-    /// token, attention left out, and the group's role from its component's name (a
-    /// `text_encoder*` runs once per request on the prompt; a `transformer*` once per
-    /// step on the latent, or on its share of the steps where `experts` > 1).
-    pub fn of_params(component: &str, params: u64, experts: usize) -> GroupCompute {
-        let text = component.starts_with("text_encoder");
-        GroupCompute {
-            component: component.to_string(),
-            runs: if text {
-                Runs::PerRequest
-            } else if experts > 1 && component.starts_with("transformer") {
-                Runs::ExpertSteps
-            } else {
-                Runs::PerStep
-            },
-            tokens: if text { Tokens::Text } else { Tokens::Latent },
-            flops_per_token: 2 * params,
-            flops_per_token_pair: 0,
-        }
-    }
-
-    /// [`Self::of_params`] for each of `groups`, their weights counted from their bytes
-    /// by dtype: for profiles whose agent predates the declaration.
-    pub fn defaults(groups: &[GroupBytes]) -> Vec<GroupCompute> {
-        let experts = experts(groups.iter().map(|g| g.component.as_str()));
-        groups
-            .iter()
-            .map(|g| {
-                let blocks = g.blocks().max(1) as u64;
-                let params: u64 = g
-                    .blocks_by_dtype
-                    .iter()
-                    .map(|(d, b)| b.iter().sum::<u64>() / dtype_bytes(d))
-                    .sum();
-                GroupCompute::of_params(&g.component, params / blocks, experts)
-            })
-            .collect()
-    }
-}
-
-/// How many distinct `transformer*` components `components` names.
-pub fn experts<'a>(components: impl Iterator<Item = &'a str>) -> usize {
-    let mut seen: Vec<&str> = components
-        .filter(|c| c.starts_with("transformer"))
-        .collect();
-    seen.sort();
-    seen.dedup();
-    seen.len()
+/// [`GroupCompute::of_params`] for each of `groups`, their weights counted from their bytes
+/// by dtype: what a profile whose agent predates the families' declaration is timed with.
+pub fn default_compute(groups: &[GroupBytes]) -> Vec<GroupCompute> {
+    let experts = experts(groups.iter().map(|g| g.component.as_str()));
+    groups
+        .iter()
+        .map(|g| {
+            let blocks = g.blocks().max(1) as u64;
+            let params: u64 = g
+                .blocks_by_dtype
+                .iter()
+                .map(|(d, b)| b.iter().sum::<u64>() / dtype_bytes(d))
+                .sum();
+            GroupCompute::of_params(&g.component, params / blocks, experts)
+        })
+        .collect()
 }
 
 /// Bytes of one element of a safetensors dtype named `d` (1 for the 8-bit ones).

@@ -121,7 +121,7 @@ fn a_text_encoder_streams_where_its_memory_saves_more_as_transformer_blocks() {
     let te = group("text_encoder", 28, 593_000_000);
     let tr = group("transformer", 60, 670_000_000);
     let groups = vec![te, tr];
-    let compute = GroupCompute::defaults(&groups);
+    let compute = default_compute(&groups);
     assert_eq!(compute[0].runs, Runs::PerRequest);
     assert_eq!(compute[0].tokens, Tokens::Text);
     assert_eq!(compute[1].runs, Runs::PerStep);
@@ -169,7 +169,7 @@ fn a_text_encoder_streams_where_its_memory_saves_more_as_transformer_blocks() {
 #[test]
 fn experts_share_the_steps() {
     let groups = vec![group("transformer", 4, GB), group("transformer_2", 4, GB)];
-    let compute = GroupCompute::defaults(&groups);
+    let compute = default_compute(&groups);
     assert!(compute.iter().all(|c| c.runs == Runs::ExpertSteps));
     let w = work(1000, 10);
     let p = Placement::new(Strategy::Resident, 1, 0, 2);

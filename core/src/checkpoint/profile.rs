@@ -198,7 +198,7 @@ pub struct Profile {
     /// it: the step-time model's input ([`crate::timing`]). Empty in profiles of agents
     /// that predate it ([`Self::group_compute`] then derives it from the bytes).
     #[serde(default)]
-    pub compute: Vec<crate::timing::GroupCompute>,
+    pub compute: Vec<crate::family::GroupCompute>,
 }
 
 impl Profile {
@@ -288,12 +288,12 @@ impl Profile {
 
     /// What one block of each group computes: the family's declaration, or where the
     /// profile lacks one (an older agent's), the default derived from the groups' bytes
-    /// ([`crate::timing::GroupCompute::defaults`]).
-    pub fn group_compute(&self) -> Vec<crate::timing::GroupCompute> {
+    /// ([`crate::timing::default_compute`]).
+    pub fn group_compute(&self) -> Vec<crate::family::GroupCompute> {
         if self.compute.len() == self.groups.len() {
             self.compute.clone()
         } else {
-            crate::timing::GroupCompute::defaults(&self.groups)
+            crate::timing::default_compute(&self.groups)
         }
     }
 
