@@ -38,6 +38,9 @@ pub const ENV_DEVICE_OVERHEAD_MIB: &str = "LAYERWISE_DEVICE_OVERHEAD_MIB";
 pub const ENV_RESIDENT_COMPONENTS: &str = "LAYERWISE_RESIDENT_COMPONENTS";
 /// Environment variable of the engine's `--resident-blocks`.
 pub const ENV_RESIDENT_BLOCKS: &str = "LAYERWISE_RESIDENT_BLOCKS";
+/// Environment variable of the engine's `--resident-blocks-by-component`, in the form
+/// [`crate::memory::format_component_blocks`] writes.
+pub const ENV_RESIDENT_BLOCKS_BY_COMPONENT: &str = "LAYERWISE_RESIDENT_BLOCKS_BY_COMPONENT";
 
 /// What one request may ask for, beyond what the model itself can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,86 @@
 //! What a model family declares about its checkpoint, read from headers and configs alone:
 //! the tensors it expects ([`TensorSpec`]), the groups of blocks that stream
-//! ([`BlockGroup`]), and the [`FamilyCheckpoint`] trait every family implements for its
+//! ([`BlockGroup`]), what each group's blocks compute ([`GroupCompute`], the step-time
+//! model's input), and the [`FamilyCheckpoint`] trait every family implements for its
 //! folder. The families themselves, their registry and their math are the engine's.
+
+/// How often a streamed group runs in a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "kebab-case")]
+pub enum Runs {
+    /// Once per request, before the steps (a text encoder).
+    PerRequest,
+    /// Once per denoising step (a transformer).
+    PerStep,
+    /// On its share of the steps: the experts of a two-expert model split the steps
+    /// evenly, in pipeline order.
+    ExpertSteps,
+}
+
+/// Which tokens a group's blocks run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "kebab-case")]
+pub enum Tokens {
+    /// The prompt's tokens (a text encoder).
+    Text,
+    /// The latent's tokens (a transformer).
+    Latent,
+}
+
+/// What one block of a streamed group computes, as the family declares it
+/// (`FamilyCheckpoint::group_compute`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct GroupCompute {
+    /// The component the group belongs to, as in [`GroupBytes::component`].
+    pub component: String,
+    pub runs: Runs,
+    pub tokens: Tokens,
+    /// FLOPs per token per sample of one block: 2 per weight of its linear layers.
+    pub flops_per_token: u64,
+    /// FLOPs per (query, key) pair per sample of one block: its attention (4 × the
+    /// attention width), where the family declares it; 0 leaves attention out, which
+    /// underestimates compute on long sequences (the model then keeps more blocks than
+    /// it needs, never fewer).
+    #[serde(default)]
+    pub flops_per_token_pair: u64,
+}
+
+impl GroupCompute {
+    /// The declaration every family gets unless it makes its own: 2 FLOPs per weight per
+    /// token, attention left out, and the group's role from its component's name (a
+    /// `text_encoder*` runs once per request on the prompt; a `transformer*` once per
+    /// step on the latent, or on its share of the steps where `experts` > 1).
+    pub fn of_params(component: &str, params: u64, experts: usize) -> GroupCompute {
+        let text = component.starts_with("text_encoder");
+        GroupCompute {
+            component: component.to_string(),
+            runs: if text {
+                Runs::PerRequest
+            } else if experts > 1 && component.starts_with("transformer") {
+                Runs::ExpertSteps
+            } else {
+                Runs::PerStep
+            },
+            tokens: if text { Tokens::Text } else { Tokens::Latent },
+            flops_per_token: 2 * params,
+            flops_per_token_pair: 0,
+        }
+    }
+}
+
+/// How many distinct `transformer*` components `components` names.
+pub fn experts<'a>(components: impl Iterator<Item = &'a str>) -> usize {
+    let mut seen: Vec<&str> = components
+        .filter(|c| c.starts_with("transformer"))
+        .collect();
+    seen.sort();
+    seen.dedup();
+    seen.len()
+}
 
 /// One tensor a family expects, by full name and shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +172,23 @@ pub trait FamilyCheckpoint: std::fmt::Debug + Send + Sync {
     }
     /// What a request costs in activations: the formula the planner and the engine share.
     fn activation_cost(&self) -> crate::checkpoint::ActivationCost;
+    /// What one block of each of [`Self::groups`] computes, in the same order: the
+    /// step-time model's input ([`crate::timing`]). By default 2 FLOPs per weight of the
+    /// block's tensors per token, attention left out, and each group's role from its
+    /// component's name ([`GroupCompute::of_params`]), timed by [`crate::timing`]; a family whose
+    /// blocks do otherwise (two streams that each see part of the tokens, attention that
+    /// dominates) declares its own.
+    fn group_compute(&self) -> Vec<GroupCompute> {
+        let groups = self.groups();
+        let experts = experts(groups.iter().map(|(c, _)| *c));
+        groups
+            .iter()
+            .map(|(c, g)| {
+                let params = g.block.iter().map(|s| s.numel() as u64).sum();
+                GroupCompute::of_params(c, params, experts)
+            })
+            .collect()
+    }
     /// Every weight byte in the folder.
     fn total_bytes(&self) -> u64 {
         self.components()

@@ -9,6 +9,8 @@
 //!   the one memory model the planner and the engine's start check both call;
 //! - [`strategy`], [`bounds`], [`decode`]: the streaming strategies, the request bounds and
 //!   where the decoder runs;
+//! - [`timing`]: the one step-time model, which the planner and the engine's `bench`
+//!   choose resident blocks and components by;
 //! - [`metric_names`]: the engine's metrics, by the names the autoscaler reads.
 //!
 //! The engine's families and execution build on this crate; nothing here reads them.
@@ -23,6 +25,7 @@ pub mod layout;
 pub mod memory;
 pub mod metric_names;
 pub mod strategy;
+pub mod timing;
 
 pub use error::{Error, Result};
 pub use strategy::Strategy;

@@ -144,6 +144,9 @@ pub struct Placement {
     /// Blocks of every other group that stay on the device too
     /// ([`resident_block_mask`]); a group with no more blocks than this is whole.
     pub resident_blocks: u64,
+    /// Per group (in the order of the groups), blocks kept in place of
+    /// `resident_blocks`; `None` (or a group past the end) takes `resident_blocks`.
+    pub resident_blocks_by_group: Vec<Option<u64>>,
 }
 
 impl Placement {
@@ -155,14 +158,25 @@ impl Placement {
             slots,
             resident: vec![false; groups],
             resident_blocks: 0,
+            resident_blocks_by_group: Vec::new(),
         }
+    }
+
+    /// Blocks of group `g` kept on the device when it is not whole: its own count where
+    /// one is given, else `resident_blocks`.
+    pub fn blocks_kept(&self, g: usize) -> u64 {
+        self.resident_blocks_by_group
+            .get(g)
+            .copied()
+            .flatten()
+            .unwrap_or(self.resident_blocks)
     }
 
     /// Whether group `g` of `blocks` blocks stays whole on the device.
     pub fn is_resident(&self, g: usize, blocks: usize) -> bool {
         self.strategy == Strategy::Resident
             || self.resident.get(g).copied().unwrap_or(false)
-            || self.resident_blocks >= blocks as u64
+            || self.blocks_kept(g) >= blocks as u64
     }
 
     /// Which blocks of group `g` (of `blocks` blocks) stay on the device.
@@ -170,7 +184,7 @@ impl Placement {
         if self.is_resident(g, blocks) {
             vec![true; blocks]
         } else {
-            resident_block_mask(blocks, self.resident_blocks)
+            resident_block_mask(blocks, self.blocks_kept(g))
         }
     }
 
@@ -181,6 +195,20 @@ impl Placement {
                 .iter()
                 .enumerate()
                 .any(|(g, group)| !self.is_resident(g, group.blocks()))
+    }
+
+    /// Keeps `n` blocks of each group of every component `by_component` names (the rest
+    /// keep `resident_blocks`).
+    pub fn with_component_blocks(
+        mut self,
+        groups: &[GroupBytes],
+        by_component: &BTreeMap<String, u64>,
+    ) -> Self {
+        self.resident_blocks_by_group = groups
+            .iter()
+            .map(|g| by_component.get(&g.component).copied())
+            .collect();
+        self
     }
 
     /// Marks the groups of `components` resident.
@@ -195,6 +223,43 @@ impl Placement {
             .collect();
         self
     }
+}
+
+/// `component=n` pairs joined by commas (`transformer=20,text_encoder=0`): blocks kept of
+/// each group of the components named, in place of the one count for every group. The
+/// planner writes it ([`format_component_blocks`]) and the engine's
+/// `--resident-blocks-by-component` reads it, so both go through this code.
+pub fn parse_component_blocks(s: &str) -> crate::Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || {
+            crate::Error::invalid(
+                "resident-blocks-by-component",
+                format!("`{part}`: expected component=blocks, e.g. transformer=20"),
+            )
+        };
+        let (c, n) = part.split_once('=').ok_or_else(bad)?;
+        let (c, n) = (c.trim(), n.trim().parse::<u64>().map_err(|_| bad())?);
+        if c.is_empty() {
+            return Err(bad());
+        }
+        if out.insert(c.to_string(), n).is_some() {
+            return Err(crate::Error::invalid(
+                "resident-blocks-by-component",
+                format!("`{c}` is named twice"),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// What [`parse_component_blocks`] reads back as `counts`.
+pub fn format_component_blocks(counts: &BTreeMap<String, u64>) -> String {
+    counts
+        .iter()
+        .map(|(c, n)| format!("{c}={n}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Device bytes of one rank by purpose (see the module doc for each term).
@@ -351,6 +416,34 @@ mod tests {
             component: component.into(),
             blocks_by_dtype: m,
         }
+    }
+
+    #[test]
+    fn counts_by_component_read_back_what_is_written() {
+        let m = parse_component_blocks(" transformer=20, text_encoder=0").unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            parse_component_blocks(&format_component_blocks(&m)).unwrap(),
+            m
+        );
+        assert!(parse_component_blocks("").unwrap().is_empty());
+        for bad in ["transformer", "transformer=x", "=3", "a=1,a=2"] {
+            let e = parse_component_blocks(bad).unwrap_err().to_string();
+            assert!(e.contains("resident-blocks-by-component"), "{e}");
+        }
+        // Per group: the named components' own count, the others the one for every group.
+        let groups = vec![
+            group("text_encoder", &[1, 1], &[1, 1]),
+            group("transformer", &[1, 1, 1], &[1, 1, 1]),
+        ];
+        let p = Placement {
+            resident_blocks: 1,
+            ..Placement::new(Strategy::Offload, 1, 2, 2)
+        }
+        .with_component_blocks(&groups, &parse_component_blocks("transformer=2").unwrap());
+        assert_eq!((p.blocks_kept(0), p.blocks_kept(1)), (1, 2));
+        assert_eq!(p.kept(1, 3), vec![true, true, false]);
+        assert!(p.is_resident(0, 1));
     }
 
     #[test]

@@ -212,6 +212,48 @@ pub struct Accelerator {
     /// Tolerations for the engine pods (accelerator nodes are often tainted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
+    /// What the accelerators sustain, for the planner's step-time model: each figure set
+    /// here replaces the default the planner holds for the product the nodes report
+    /// (`layerwise_core::timing::PRODUCT_RATES`). Unset: those defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rates: Option<AcceleratorRates>,
+}
+
+/// Sustained figures of one accelerator (not data-sheet peaks): what the planner predicts
+/// step times from when it chooses the blocks and components to keep on the device.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AcceleratorRates {
+    /// Dense FLOP/s one device sustains in the compute dtype, in TFLOP/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0.0").message("deviceTflops must be positive"))]
+    pub device_tflops: Option<f64>,
+    /// Host-to-device copy rate of one device, in GB/s (10^9 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0.0").message("hostToDeviceGBps must be positive"))]
+    #[serde(rename = "hostToDeviceGBps")]
+    pub host_to_device_gbps: Option<f64>,
+    /// All-gather rate each rank receives over the peer link, in GB/s (10^9 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0.0").message("peerGBps must be positive"))]
+    #[serde(rename = "peerGBps")]
+    pub peer_gbps: Option<f64>,
+}
+
+impl AcceleratorRates {
+    /// `defaults` with each figure set here in its place.
+    pub fn over(&self, defaults: layerwise_core::timing::Rates) -> layerwise_core::timing::Rates {
+        layerwise_core::timing::Rates {
+            device_flops: self
+                .device_tflops
+                .map_or(defaults.device_flops, |t| t * 1e12),
+            host_to_device: self
+                .host_to_device_gbps
+                .map_or(defaults.host_to_device, |g| g * 1e9),
+            peer: self.peer_gbps.map_or(defaults.peer, |g| g * 1e9),
+            overlap: defaults.overlap,
+        }
+    }
 }
 
 impl Accelerator {
@@ -402,9 +444,16 @@ pub struct Plan {
     /// Nodes the plan fits on (pods are restricted to them).
     pub nodes: Vec<String>,
     /// Blocks of each streamed component that stay on every device (spread evenly
-    /// through it, copied once and never streamed), from the memory left after the slots.
+    /// through it, copied once and never streamed), chosen by predicted request time
+    /// among the counts that fit (see `reasons`).
     #[serde(default)]
     pub resident_blocks: u64,
+    /// Blocks kept of each group of the components named here, in place of
+    /// `residentBlocks` (the engine's `--resident-blocks-by-component`): the planner keeps
+    /// blocks where they save the most predicted time (a transformer's, which run every
+    /// step, before a text encoder's, which run once per request).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resident_blocks_by_component: BTreeMap<String, u64>,
     /// Each component with streamed blocks (text encoder, transformers) and whether its
     /// blocks stay whole on every device or stream through the slots.
     #[serde(default)]

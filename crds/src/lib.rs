@@ -15,7 +15,7 @@ pub mod node;
 
 pub use common::{quantity_bytes, ModelLocation, PvcSource, StrategyChoice};
 pub use deployment::{
-    Accelerator, Autoscaling, AutoscalingMode, ComponentPlacement, ComponentPlan,
+    Accelerator, AcceleratorRates, Autoscaling, AutoscalingMode, ComponentPlacement, ComponentPlan,
     DiffusionDeployment, DiffusionDeploymentSpec, DiffusionDeploymentStatus, DisruptionBudget,
     EngineSpec, MemoryBreakdown, ModelSpec, Plan, Workload,
 };

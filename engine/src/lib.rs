@@ -33,4 +33,6 @@ pub mod tools;
 
 pub use error::{Error, Result};
 pub use layerwise_core::Strategy;
-pub use layerwise_core::{bounds, checkpoint, decode, layout, memory, metric_names, strategy};
+pub use layerwise_core::{
+    bounds, checkpoint, decode, layout, memory, metric_names, strategy, timing,
+};

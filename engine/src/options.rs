@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::execution::cuda::plan::ResidentBlocks;
+use crate::execution::cuda::plan::{BlocksByComponent, ResidentBlocks};
 use crate::execution::cuda::{DeviceChoice, HostMode, SlotsChoice};
 use crate::execution::dtype::ComputeDtype;
 use crate::execution::rank::EngineOptions;
@@ -72,6 +72,12 @@ pub struct ResidentBlocksArgs {
     /// `--device-memory-mib` holds after the slots, the activations and the overhead).
     #[arg(long, env = bounds::ENV_RESIDENT_BLOCKS, default_value = "0")]
     pub resident_blocks: ResidentBlocks,
+    /// Blocks kept of each group of the components named, in place of
+    /// `--resident-blocks` for them: `component=n` pairs, comma-separated (e.g.
+    /// `transformer=20,text_encoder=0`, what the operator's plan writes). A component the
+    /// model does not stream is refused.
+    #[arg(long, env = bounds::ENV_RESIDENT_BLOCKS_BY_COMPONENT, default_value = "")]
+    pub resident_blocks_by_component: BlocksByComponent,
 }
 
 impl EngineArgs {

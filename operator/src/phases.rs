@@ -327,6 +327,8 @@ fn plan(
                 .iter()
                 .find(|a| a.resource_name == resource)?;
             let host = st.usable_host_bytes();
+            let (rates, rates_from) =
+                NodeShape::rates_for(&acc.product, spec.accelerator.rates.as_ref());
             Some(planner::Candidate {
                 node: NodeShape {
                     name: dn.name_any(),
@@ -335,6 +337,8 @@ fn plan(
                     host_bytes: offer.memory.map_or(host, |a| a.min(host)),
                     fast_peer_link: acc.fast_peer_link,
                     warm: p.model.state == ModelState::Warm,
+                    rates,
+                    rates_from,
                 },
                 profile: p.profile,
             })

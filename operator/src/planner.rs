@@ -9,6 +9,7 @@
 //! from the engine's [`Profile`], so there is one formula. A plan is only ever recorded for
 //! nodes it fits; a refusal names the resource that falls short and by how many bytes.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use crds::{
@@ -17,11 +18,12 @@ use crds::{
 };
 use layerwise_core::decode::{DecodeSite, DecoderBytes};
 use layerwise_core::memory::{self, Placement};
+use layerwise_core::timing::{self, Choice, GroupCompute, Prediction, Rates, Work};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// One candidate node as the planner sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct NodeShape {
     pub name: String,
     /// Accelerators of the requested resource on the node.
@@ -34,6 +36,30 @@ pub struct NodeShape {
     pub fast_peer_link: bool,
     /// Whether the model is already warm in this node's page cache.
     pub warm: bool,
+    /// What its accelerators sustain, for the step-time model ([`timing`]).
+    pub rates: Rates,
+    /// Where `rates` come from, in words (the product's defaults, the spec).
+    pub rates_from: String,
+}
+
+impl NodeShape {
+    /// The rates of accelerators of `product`: the planner's defaults for it
+    /// ([`timing::PRODUCT_RATES`]), with each figure `spec` sets in its place; and where
+    /// they come from, in words.
+    pub fn rates_for(product: &str, spec: Option<&crds::AcceleratorRates>) -> (Rates, String) {
+        let (defaults, known) = Rates::for_product(product);
+        let from = match known {
+            Some(name) => format!("the {name} defaults"),
+            None => format!("the defaults for an unknown product ({product:?})"),
+        };
+        match spec {
+            Some(r) if *r != crds::AcceleratorRates::default() => (
+                r.over(defaults),
+                format!("spec.accelerator.rates over {from}"),
+            ),
+            _ => (defaults, from),
+        }
+    }
 }
 
 /// What the spec fixes; `StrategyChoice::Auto` and `None` leave the choice to the planner.
@@ -283,7 +309,7 @@ fn device_total(b: &MemoryBreakdown) -> u64 {
     .fold(0u64, u64::saturating_add)
 }
 
-/// One (strategy, dp, K, components kept resident) the planner may choose.
+/// One (strategy, dp, K, components kept resident, blocks kept) the planner may choose.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Option_ {
     strategy: Strategy,
@@ -291,8 +317,9 @@ struct Option_ {
     k: u32,
     /// Components whose blocks stay whole on the device although the strategy streams.
     resident: Vec<String>,
-    /// Blocks of each other streamed group kept on the device.
-    resident_blocks: u64,
+    /// Blocks kept on the device of each group of the streamed components named here
+    /// (none of the others).
+    kept: BTreeMap<String, u64>,
 }
 
 impl Option_ {
@@ -302,7 +329,7 @@ impl Option_ {
             dp,
             k,
             resident: Vec::new(),
-            resident_blocks: 0,
+            kept: BTreeMap::new(),
         }
     }
 
@@ -313,8 +340,10 @@ impl Option_ {
             dp: u64::from(self.dp.max(1)),
             slots: u64::from(self.k),
             resident: self.resident_groups(profile),
-            resident_blocks: self.resident_blocks,
+            resident_blocks: 0,
+            resident_blocks_by_group: Vec::new(),
         }
+        .with_component_blocks(&profile.groups, &self.kept)
     }
 
     /// Per group of `profile`, whether it stays whole on the device.
@@ -324,6 +353,23 @@ impl Option_ {
             .iter()
             .map(|g| self.resident.contains(&g.component))
             .collect()
+    }
+
+    /// The blocks kept, as the plan records them: one count when every streamed component
+    /// keeps the same, else per component (the rest keeping none).
+    fn kept_blocks(&self) -> (u64, BTreeMap<String, u64>) {
+        let counts: Vec<u64> = self.kept.values().copied().collect();
+        match counts.first() {
+            Some(&n) if counts.iter().all(|&c| c == n) => (n, BTreeMap::new()),
+            _ => (
+                0,
+                self.kept
+                    .iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(c, n)| (c.clone(), *n))
+                    .collect(),
+            ),
+        }
     }
 }
 
@@ -340,8 +386,14 @@ impl fmt::Display for Option_ {
             if !self.resident.is_empty() {
                 write!(f, ", {} resident", self.resident.join(" and "))?;
             }
-            if self.resident_blocks > 0 {
-                write!(f, ", {} blocks kept per group", self.resident_blocks)?;
+            let kept: Vec<String> = self
+                .kept
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(c, n)| format!("{n} of {c}'s blocks"))
+                .collect();
+            if !kept.is_empty() {
+                write!(f, ", {} kept", kept.join(" and "))?;
             }
             Ok(())
         } else {
@@ -437,6 +489,11 @@ struct Site<'a> {
     profile: &'a Profile,
     act: u64,
     decoder: DecoderBytes,
+    /// The request the step-time model times: the workload at its bounds, on this
+    /// profile's tokens.
+    work: Work,
+    /// What each of the profile's groups computes.
+    compute: Vec<GroupCompute>,
 }
 
 /// A failed check, kept to build the refusal.
@@ -451,6 +508,16 @@ struct Miss {
 
 /// Checks `opt` against `node`: Ok with its need, or the first resource that falls short.
 fn check(site: &Site, opt: &Option_, limits: &Limits) -> Result<Need, Miss> {
+    check_placement(site, opt, &opt.placement(site.profile), limits)
+}
+
+/// [`check`] of `opt` with its weights placed as `placement` says.
+fn check_placement(
+    site: &Site,
+    opt: &Option_,
+    placement: &Placement,
+    limits: &Limits,
+) -> Result<Need, Miss> {
     let (profile, act, node) = (site.profile, site.act, site.node);
     let miss = |shortage, needed, available| Miss {
         shortage,
@@ -466,7 +533,7 @@ fn check(site: &Site, opt: &Option_, limits: &Limits) -> Result<Need, Miss> {
             u64::from(node.devices),
         ));
     }
-    let n = need(profile, act, site.decoder, &opt.placement(profile), limits);
+    let n = need(profile, act, site.decoder, placement, limits);
     let dev = device_total(&n.device);
     if dev > node.device_bytes {
         return Err(miss(Shortage::DeviceMemory, dev, node.device_bytes));
@@ -555,7 +622,14 @@ fn plan_decoding(
         return Err(refusal(misses));
     };
     let chosen = Chosen::new(&sites, best.option, best.site, limits);
-    let reasons = search.reasons(&chosen, best.notes, candidates.len());
+    let reasons = search.reasons(
+        &chosen,
+        best.notes,
+        best.timed.as_ref(),
+        &sites[best.site].node.rates_from,
+        candidates.len(),
+    );
+    let (resident_blocks, resident_blocks_by_component) = chosen.option.kept_blocks();
     let rejected = rejected(chosen.option.strategy, &misses);
     let n = chosen.need;
     Ok(Plan {
@@ -567,7 +641,8 @@ fn plan_decoding(
         device_bytes_per_rank: device_total(&n.device),
         host_bytes_per_pod: n.host_per_pod,
         host_bytes_per_node: n.host_shared,
-        resident_blocks: chosen.option.resident_blocks,
+        resident_blocks,
+        resident_blocks_by_component,
         device_breakdown: n.device,
         nodes: chosen
             .fits
@@ -655,30 +730,37 @@ fn sites<'a>(
             profile: c.profile,
             act,
             decoder,
+            work: Work::at_bounds(&c.profile.activation, &bounds),
+            compute: c.profile.group_compute(),
         });
     }
     Ok(sites)
 }
 
-/// How the planner ranks options that fit, the least first: the preferred strategy, then
-/// the fewest ranks, the most components kept whole, the most slots, the most blocks kept.
-fn preference(o: &Option_) -> (usize, u32, usize, u32, u64) {
-    (
-        rank(o.strategy),
-        o.dp,
-        usize::MAX - o.resident.len(),
-        u32::MAX - o.k,
-        u64::MAX - o.resident_blocks,
-    )
+/// How the planner ranks the options that fit on different nodes, the least first: the
+/// preferred strategy, then the fewest ranks, then the least predicted request time.
+fn preference(o: &Option_) -> (usize, u32) {
+    (rank(o.strategy), o.dp)
 }
 
-/// The best option over every node, with the node it was found on and the notes on the
-/// components it streams.
+/// The best option over every node, with the node it was found on, the notes on the
+/// components it keeps or streams, and its predicted time where it streams.
 struct Best {
     option: Option_,
     notes: Vec<String>,
+    timed: Option<Timed>,
     /// Its index among the sites.
     site: usize,
+}
+
+/// What the step-time model said of the chosen option: its prediction, and the request
+/// time with one block fewer and one more of each component whose blocks it keeps.
+#[derive(Debug, Clone)]
+struct Timed {
+    choice: Choice,
+    /// Per component: (blocks, request seconds with one fewer, with one more where that
+    /// fits).
+    around: Vec<(String, u64, Option<f64>, Option<f64>)>,
 }
 
 /// What one planning pass holds fixed while it searches the options: the spec's settings,
@@ -704,21 +786,23 @@ impl<'a> Search<'a> {
         }
     }
 
-    /// The best of each node's first option that fits, by [`preference`]; every miss on
-    /// the way goes to `misses`.
+    /// The best of each node's first option that fits, by [`preference`] and then the
+    /// predicted request time; every miss on the way goes to `misses`.
     fn best(&self, sites: &[Site], misses: &mut Vec<Miss>) -> Option<Best> {
         let mut best: Option<Best> = None;
         for (si, site) in sites.iter().enumerate() {
-            let Some((option, notes)) = self.first_fit(site, misses) else {
+            let Some((option, notes, timed)) = self.first_fit(site, misses) else {
                 continue;
             };
-            if best
-                .as_ref()
-                .is_none_or(|b| preference(&option) < preference(&b.option))
-            {
+            let time = |t: &Option<Timed>| t.as_ref().map_or(0.0, |t| t.choice.prediction.request);
+            let better = best.as_ref().is_none_or(|b| {
+                (preference(&option), time(&timed)) < (preference(&b.option), time(&b.timed))
+            });
+            if better {
                 best = Some(Best {
                     option,
                     notes,
+                    timed,
                     site: si,
                 });
             }
@@ -726,9 +810,14 @@ impl<'a> Search<'a> {
         best
     }
 
-    /// The first of [`options_for`] `site` that fits it, grown with the memory left where it
-    /// streams, and what was decided about each component; every miss goes to `misses`.
-    fn first_fit(&self, site: &Site, misses: &mut Vec<Miss>) -> Option<(Option_, Vec<String>)> {
+    /// The first of [`options_for`] `site` that fits it, with the components, K and
+    /// blocks kept chosen by predicted time where it streams ([`Self::by_time`]), and
+    /// what was decided about each component; every miss goes to `misses`.
+    fn first_fit(
+        &self,
+        site: &Site,
+        misses: &mut Vec<Miss>,
+    ) -> Option<(Option_, Vec<String>, Option<Timed>)> {
         for (strategy, dp) in options_for(site.node, self.overrides, self.limits) {
             let k = if strategy.streams() { self.k_first } else { 0 };
             let opt = Option_::new(strategy, dp, k);
@@ -737,81 +826,149 @@ impl<'a> Search<'a> {
                 continue;
             }
             if !strategy.streams() {
-                return Some((opt, Vec::new()));
+                return Some((opt, Vec::new(), None));
             }
-            let (opt, notes) = self.keep_components(site, opt);
-            let opt = self.grow_slots(site, opt);
-            return Some((self.keep_blocks(site, opt), notes));
+            let (opt, notes, timed) = self.by_time(site, opt);
+            return Some((opt, notes, Some(timed)));
         }
         None
     }
 
-    /// `opt` keeping whole on the device every component that still fits: it is copied once
-    /// at start instead of every pass. The notes say why each other one streams.
-    fn keep_components(&self, site: &Site, mut opt: Option_) -> (Option_, Vec<String>) {
-        let mut notes = Vec::new();
-        for c in residency_candidates(site.profile) {
-            let mut trial = opt.clone();
-            trial.resident.push(c.clone());
-            match check(site, &trial, self.limits) {
-                Ok(_) => opt = trial,
-                Err(m) => notes.push(format!(
-                    "{c} streams: keeping it whole needs {} bytes per rank, the device has {}",
-                    m.needed, m.available
-                )),
-            }
-        }
-        (opt, notes)
-    }
-
-    /// `opt` with more slots with what is left, up to the cap, unless the spec fixes them.
-    fn grow_slots(&self, site: &Site, opt: Option_) -> Option_ {
-        if self.overrides.slots.is_none() {
-            for k in (self.k_first + 1..=self.k_cap).rev() {
-                let trial = Option_ { k, ..opt.clone() };
-                if check(site, &trial, self.limits).is_ok() {
-                    return trial;
+    /// For `opt`'s strategy and dp: the components kept whole, K (unless the spec fixes
+    /// it) and the blocks kept of each streamed component with the least predicted
+    /// request time ([`timing::choose`]) among those that fit, ties within
+    /// [`timing::TIE_TOLERANCE`] going to the fewest device bytes. The notes say why each
+    /// candidate component is kept or streams.
+    fn by_time(&self, site: &Site, opt: Option_) -> (Option_, Vec<String>, Timed) {
+        let profile = site.profile;
+        let candidates = residency_candidates(profile);
+        let ks: Vec<u32> = match self.overrides.slots {
+            Some(k) => vec![k],
+            None => (self.k_first..=self.k_cap).collect(),
+        };
+        // Every subset of the candidates (pipeline order, a handful at most) with every K.
+        let subsets: Vec<Vec<String>> = (0u32..1 << candidates.len().min(4))
+            .map(|mask| {
+                candidates
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| mask & (1 << i) != 0)
+                    .map(|(_, c)| c.clone())
+                    .collect()
+            })
+            .collect();
+        let mut found: Vec<(Option_, Choice)> = Vec::new();
+        let mut misses: BTreeMap<String, Miss> = BTreeMap::new();
+        for resident in &subsets {
+            for &k in &ks {
+                let base = Option_ {
+                    resident: resident.clone(),
+                    k,
+                    ..opt.clone()
+                };
+                let fits = |p: &Placement| {
+                    check_placement(site, &base, p, self.limits)
+                        .ok()
+                        .map(|n| device_total(&n.device))
+                };
+                let placement = base.placement(profile);
+                match timing::choose(
+                    &profile.groups,
+                    &site.compute,
+                    &site.work,
+                    &placement,
+                    &site.node.rates,
+                    &fits,
+                ) {
+                    Some(choice) => {
+                        let chosen = Option_ {
+                            kept: choice.kept.clone(),
+                            ..base
+                        };
+                        found.push((chosen, choice));
+                    }
+                    None => {
+                        if let (Err(m), [c]) = (check(site, &base, self.limits), &resident[..]) {
+                            misses.entry(c.clone()).or_insert(m);
+                        }
+                    }
                 }
             }
         }
-        opt
+        let picked = timing::pick(found.iter().map(|(_, c)| c.clone()))
+            .expect("the option fits with nothing kept");
+        let (chosen, choice) = found
+            .iter()
+            .find(|(_, c)| *c == picked)
+            .cloned()
+            .expect("picked among them");
+        let notes = candidates
+            .iter()
+            .map(|c| component_note(c, &chosen, &choice, &found, misses.get(c)))
+            .collect();
+        let around = self.around(site, &chosen);
+        (chosen, notes, Timed { choice, around })
     }
 
-    /// `opt` keeping on the device as many blocks of each streamed group as the rest holds:
-    /// each is copied once instead of every pass. A plan keeping every block would stream
-    /// nothing.
-    fn keep_blocks(&self, site: &Site, opt: Option_) -> Option_ {
-        let profile = site.profile;
-        let most = profile.groups.iter().map(|g| g.blocks()).max().unwrap_or(0) as u64;
-        for n in (1..=most).rev() {
-            let trial = Option_ {
-                resident_blocks: n,
-                ..opt.clone()
-            };
-            if trial.placement(profile).streams(&profile.groups)
-                && check(site, &trial, self.limits).is_ok()
-            {
-                return trial;
-            }
-        }
-        opt
+    /// Per component whose blocks `chosen` keeps: the predicted request time with one
+    /// block fewer, and with one more where that fits.
+    fn around(
+        &self,
+        site: &Site,
+        chosen: &Option_,
+    ) -> Vec<(String, u64, Option<f64>, Option<f64>)> {
+        let time = |o: &Option_| {
+            timing::predict(
+                &site.profile.groups,
+                &site.compute,
+                &site.work,
+                &o.placement(site.profile),
+                &site.node.rates,
+            )
+            .request
+        };
+        chosen
+            .kept
+            .iter()
+            .map(|(c, &n)| {
+                let with = |m: u64| {
+                    let mut o = chosen.clone();
+                    o.kept.insert(c.clone(), m);
+                    o
+                };
+                let fewer = (n > 0).then(|| time(&with(n - 1)));
+                let more = with(n + 1);
+                let more = (more.placement(site.profile).streams(&site.profile.groups)
+                    && check(site, &more, self.limits).is_ok())
+                .then(|| time(&more));
+                (c.clone(), n, fewer, more)
+            })
+            .collect()
     }
 
     /// Why the plan is what it is: its memory, the copies of the model it holds, its
-    /// strategy, what it keeps on the device (with the search's `notes` on what streams),
-    /// its slots, the nodes it fits of `candidates`, and whether the spec fixed it.
-    fn reasons(&self, chosen: &Chosen, notes: Vec<String>, candidates: usize) -> Vec<String> {
+    /// strategy, its predicted time (`timed`, at rates from `rates_from`), what it keeps
+    /// on the device (with the search's `notes` on each component), its slots, the nodes
+    /// it fits of `candidates`, and whether the spec fixed it.
+    fn reasons(
+        &self,
+        chosen: &Chosen,
+        notes: Vec<String>,
+        timed: Option<&Timed>,
+        rates_from: &str,
+        candidates: usize,
+    ) -> Vec<String> {
         let o = &chosen.option;
         let mut reasons = vec![memory_reason(o, &chosen.need, self.limits.decode)];
         reasons.extend(chosen.copies_reason());
         reasons.push(self.strategy_reason(chosen));
-        for c in &o.resident {
-            reasons.push(format!(
-                "{c} stays whole on every device (copied once at start, never streamed): it fits beside the slots"
-            ));
+        if let Some(t) = timed {
+            reasons.push(timing_reason(&t.choice.prediction, chosen.site, rates_from));
         }
         reasons.extend(notes);
-        reasons.extend(kept_blocks_reason(o, chosen.profile));
+        if let Some(t) = timed {
+            reasons.extend(kept_blocks_reason(t, chosen.profile));
+        }
         reasons.extend(self.slots_reason(o));
         let fit_names: Vec<&str> = chosen
             .fits
@@ -876,11 +1033,14 @@ impl<'a> Search<'a> {
         }
         Some(if o.k > self.limits.min_slots {
             format!(
-                "device memory allows {} slots (cap {}), so more blocks are in flight",
+                "{} slots (cap {}): they predict a shorter request than fewer, by more than the tie",
                 o.k, self.limits.max_slots
             )
         } else {
-            format!("{} slots: more do not fit", o.k)
+            format!(
+                "{} slots: more predict no shorter request (or do not fit), so their memory stays free",
+                o.k
+            )
         })
     }
 }
@@ -892,6 +1052,8 @@ struct Chosen<'s, 'a> {
     option: Option_,
     /// The profile of the node the option was chosen on.
     profile: &'a Profile,
+    /// The node the option was chosen on.
+    site: &'s Site<'a>,
     /// Every node the option fits, with what it needs there.
     fits: Vec<(&'s Site<'a>, Need)>,
     /// The node that needs the most, and its need: the plan's figures.
@@ -914,6 +1076,7 @@ impl<'s, 'a> Chosen<'s, 'a> {
         Chosen {
             option,
             profile: sites[site].profile,
+            site: &sites[site],
             fits,
             largest,
             need,
@@ -962,29 +1125,145 @@ fn memory_reason(o: &Option_, n: &Need, decode: DecodeSite) -> String {
     )
 }
 
-/// Where `o` keeps blocks of the streamed groups on the device, how many of each.
-fn kept_blocks_reason(o: &Option_, profile: &Profile) -> Option<String> {
-    if o.resident_blocks == 0 {
-        return None;
+/// Seconds as the reasons print them.
+fn secs(t: f64) -> String {
+    if t < 1.0 {
+        format!("{:.0} ms", t * 1e3)
+    } else {
+        format!("{t:.2} s")
     }
-    let blocks: Vec<String> = profile
+}
+
+/// What the step-time model predicts of the plan on `site` at rates from `rates_from`:
+/// per step, compute against copy and what of the copy is exposed; each per-request
+/// group's pass; the request.
+fn timing_reason(p: &Prediction, site: &Site, rates_from: &str) -> String {
+    let r = &site.node.rates;
+    let w = &site.work;
+    let hidden = if p.step_exposed <= 1e-3 * p.step.max(1e-9) {
+        "every streamed copy hides behind compute".to_string()
+    } else {
+        format!(
+            "{} of copy per step is exposed (the copies outrun the compute)",
+            secs(p.step_exposed)
+        )
+    };
+    let once: Vec<String> = p
         .groups
         .iter()
-        .enumerate()
-        .filter(|(g, group)| !o.placement(profile).is_resident(*g, group.blocks()))
-        .map(|(_, group)| {
+        .filter(|g| g.runs == timing::Runs::PerRequest)
+        .map(|g| {
             format!(
-                "{} of {}'s {} blocks",
-                o.resident_blocks.min(group.blocks() as u64),
-                group.component,
-                group.blocks()
+                "{} once per request computes {}, copies {}, {} exposed",
+                g.component,
+                secs(g.compute),
+                secs(g.copy),
+                secs(g.exposed)
             )
         })
         .collect();
-    Some(format!(
-        "{} stay on the device, spread evenly (copied once, never streamed): the memory left after the slots holds them, and the bytes copied per step fall by that share",
-        blocks.join(", ")
-    ))
+    format!(
+        "predicted at {rates_from} ({:.0} TFLOP/s, {:.0} GB/s host to device, {:.0} GB/s between peers) for a request at the bounds ({} latent tokens x {} samples, {} steps): a step computes {} and copies {} per rank, so {hidden}{}; a request {}",
+        r.device_flops / 1e12,
+        r.host_to_device / 1e9,
+        r.peer / 1e9,
+        w.tokens,
+        w.samples,
+        w.steps,
+        secs(p.step_compute),
+        secs(p.step_copy),
+        if once.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", once.join("; "))
+        },
+        secs(p.request)
+    )
+}
+
+/// Why `c` stays whole or streams under `chosen` (predicted as `choice`): against the
+/// best of `found` that does the other, or what keeping it whole would need (`miss`).
+fn component_note(
+    c: &str,
+    chosen: &Option_,
+    choice: &Choice,
+    found: &[(Option_, Choice)],
+    miss: Option<&Miss>,
+) -> String {
+    let kept = chosen.resident.iter().any(|r| r == c);
+    let other = timing::pick(
+        found
+            .iter()
+            .filter(|(o, _)| o.resident.iter().any(|r| r == c) != kept)
+            .map(|(_, ch)| ch.clone()),
+    );
+    let (t, gib) = (choice.prediction.request, |b: u64| b as f64 / GIB);
+    match (kept, other, miss) {
+        (true, Some(o), _) => format!(
+            "{c} stays whole on every device (copied once at start, never streamed): a request predicts {} against {} streaming it",
+            secs(t),
+            secs(o.prediction.request)
+        ),
+        (true, None, _) => format!(
+            "{c} stays whole on every device (copied once at start, never streamed): it fits beside the slots"
+        ),
+        (false, Some(o), _) if o.prediction.request <= t * (1.0 + timing::TIE_TOLERANCE) => format!(
+            "{c} streams: keeping it whole ({:.2} GiB more per rank) predicts {} a request against {}, within the {:.0}% tie, so its memory stays free",
+            gib(o.device_bytes.saturating_sub(choice.device_bytes)),
+            secs(o.prediction.request),
+            secs(t),
+            100.0 * timing::TIE_TOLERANCE
+        ),
+        (false, Some(o), _) => format!(
+            "{c} streams: kept whole it predicts {} a request against {}: its memory saves more holding other blocks",
+            secs(o.prediction.request),
+            secs(t)
+        ),
+        (false, None, Some(m)) => format!(
+            "{c} streams: keeping it whole needs {} bytes per rank, the device has {}",
+            m.needed, m.available
+        ),
+        (false, None, None) => format!("{c} streams: keeping it whole does not fit"),
+    }
+}
+
+/// Why each streamed component keeps the blocks it does: the predicted request time
+/// with one fewer and one more.
+fn kept_blocks_reason(t: &Timed, profile: &Profile) -> Vec<String> {
+    let now = t.choice.prediction.request;
+    t.around
+        .iter()
+        .map(|(c, n, fewer, more)| {
+            let blocks = profile
+                .groups
+                .iter()
+                .filter(|g| g.component == *c)
+                .map(|g| g.blocks())
+                .max()
+                .unwrap_or(0);
+            let fewer = fewer.map_or(String::new(), |f| {
+                format!(", one fewer predicts {} more per request", secs(f - now))
+            });
+            let more = match more {
+                None => "one more does not fit".to_string(),
+                Some(m) if now - m <= 1e-6 * now => {
+                    "one more saves nothing (the remaining copies hide behind compute)".into()
+                }
+                Some(m) => format!(
+                    "one more saves {} per request, within the {:.0}% tie, so its memory stays free",
+                    secs(now - m),
+                    100.0 * timing::TIE_TOLERANCE
+                ),
+            };
+            if *n == 0 {
+                format!("no block of {c}'s {blocks} stays on the device: {more}")
+            } else {
+                format!(
+                    "{n} of {c}'s {blocks} blocks stay on the device, spread evenly (copied once, never streamed){fewer}; {more}"
+                )
+            }
+        })
+        .collect()
 }
 
 /// Why the strategies other than `chosen` lost: for each better-ranked one the closest of

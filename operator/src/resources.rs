@@ -375,6 +375,12 @@ fn engine_env(spec: &DiffusionDeploymentSpec, plan: &Plan) -> Vec<EnvVar> {
     if plan.resident_blocks > 0 {
         envs.push(env(bounds::ENV_RESIDENT_BLOCKS, plan.resident_blocks));
     }
+    if !plan.resident_blocks_by_component.is_empty() {
+        envs.push(env(
+            bounds::ENV_RESIDENT_BLOCKS_BY_COMPONENT,
+            layerwise_core::memory::format_component_blocks(&plan.resident_blocks_by_component),
+        ));
+    }
     envs.extend(engine.env.iter().cloned());
     envs
 }
@@ -709,6 +715,7 @@ mod tests {
             host_bytes_per_pod: 80 << 30,
             host_bytes_per_node: 60 << 30,
             resident_blocks: 3,
+            resident_blocks_by_component: BTreeMap::from([("transformer_2".into(), 20)]),
             device_breakdown: MemoryBreakdown {
                 decoder: 1 << 30,
                 ..MemoryBreakdown::default()
@@ -812,6 +819,14 @@ mod tests {
             env.contains(&(bounds::ENV_RESIDENT_BLOCKS.into(), "3".into())),
             "{env:?}"
         );
+        // The counts per component reach the engine in the form its flag reads: the
+        // engine's own parser gives back the plan's map.
+        let (_, by) = env
+            .iter()
+            .find(|(k, _)| k == bounds::ENV_RESIDENT_BLOCKS_BY_COMPONENT)
+            .expect("counts per component");
+        let read: layerwise_engine::execution::cuda::plan::BlocksByComponent = by.parse().unwrap();
+        assert_eq!(read.0, plan().resident_blocks_by_component);
         // The plan reserved the decoder on the device: the pods decode there; a plan
         // that did not has them decode on the host.
         assert!(

@@ -57,5 +57,6 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
             blocks_by_dtype: BTreeMap::from([("BF16".to_string(), vec![block; blocks])]),
         }],
         limits: Default::default(),
+        compute: Vec::new(),
     }
 }

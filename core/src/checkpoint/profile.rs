@@ -194,6 +194,11 @@ pub struct Profile {
     /// (no limit but memory) in profiles of agents that predate it.
     #[serde(default)]
     pub limits: crate::bounds::ModelLimits,
+    /// What one block of each of `groups` computes (same order), as the family declares
+    /// it: the step-time model's input ([`crate::timing`]). Empty in profiles of agents
+    /// that predate it ([`Self::group_compute`] then derives it from the bytes).
+    #[serde(default)]
+    pub compute: Vec<crate::family::GroupCompute>,
 }
 
 impl Profile {
@@ -277,7 +282,19 @@ impl Profile {
             decoder_bytes: ck.decoder_bytes(),
             groups: group_bytes,
             limits: ck.limits(),
+            compute: ck.group_compute(),
         })
+    }
+
+    /// What one block of each group computes: the family's declaration, or where the
+    /// profile lacks one (an older agent's), the default derived from the groups' bytes
+    /// ([`crate::timing::default_compute`]).
+    pub fn group_compute(&self) -> Vec<crate::family::GroupCompute> {
+        if self.compute.len() == self.groups.len() {
+            self.compute.clone()
+        } else {
+            crate::timing::default_compute(&self.groups)
+        }
     }
 
     /// Bytes of one device slot when blocks are split `dp` ways (padding included) and

@@ -151,19 +151,24 @@ pub struct Streamed {
     /// Blocks of every other group that stay on the device too, spread evenly
     /// ([`crate::memory::resident_block_mask`]).
     pub resident_blocks: usize,
+    /// Per group, blocks kept in place of `resident_blocks`
+    /// (`--resident-blocks-by-component`).
+    pub resident_blocks_by_group: Vec<Option<u64>>,
     pub shape: SlotShape,
 }
 
 impl Streamed {
     /// The groups of `layouts` (mapped from `mapped`, belonging to `components`), with the
-    /// groups of `resident_components` kept whole on the device. Names no component of the
-    /// model: an error that lists the ones it has.
+    /// groups of `resident_components` kept whole on the device, `resident_blocks` of every
+    /// other group kept, or of the components `by_component` names, their count. Names no
+    /// component of the model: an error that lists the ones it has.
     pub fn new(
         layouts: Vec<GroupLayout>,
         mapped: Vec<Mapped>,
         components: Vec<String>,
         resident_components: &[String],
         resident_blocks: usize,
+        by_component: &std::collections::BTreeMap<String, u64>,
     ) -> Result<Streamed> {
         if layouts.len() != mapped.len() || layouts.len() != components.len() || layouts.is_empty()
         {
@@ -178,12 +183,20 @@ impl Streamed {
         if layouts.iter().any(|l| l.dp != dp) {
             return Err(Error::bug("dp: block layouts for different dp"));
         }
-        for c in resident_components {
+        let named = resident_components
+            .iter()
+            .map(|c| ("resident-components", c))
+            .chain(
+                by_component
+                    .keys()
+                    .map(|c| ("resident-blocks-by-component", c)),
+            );
+        for (field, c) in named {
             if !components.contains(c) {
                 let mut names = components.clone();
                 names.dedup();
                 return Err(Error::invalid(
-                    "resident-components",
+                    field,
                     format!(
                         "`{c}` is not a streamed component of this model (it has {})",
                         names.join(", ")
@@ -195,11 +208,16 @@ impl Streamed {
             .iter()
             .map(|c| resident_components.contains(c))
             .collect();
+        let resident_blocks_by_group: Vec<Option<u64>> = components
+            .iter()
+            .map(|c| by_component.get(c).copied())
+            .collect();
         // A group with no more blocks than are kept is whole: it needs no slot.
         let whole: Vec<bool> = layouts
             .iter()
             .zip(&resident)
-            .map(|(l, &r)| r || resident_blocks >= l.blocks.len())
+            .zip(&resident_blocks_by_group)
+            .map(|((l, &r), n)| r || n.unwrap_or(resident_blocks as u64) >= l.blocks.len() as u64)
             .collect();
         let shape = SlotShape::of(&layouts, &whole);
         Ok(Streamed {
@@ -208,6 +226,7 @@ impl Streamed {
             components,
             resident,
             resident_blocks,
+            resident_blocks_by_group,
             shape,
         })
     }
@@ -233,6 +252,7 @@ impl Streamed {
             slots: slots as u64,
             resident: self.resident.clone(),
             resident_blocks: self.resident_blocks as u64,
+            resident_blocks_by_group: self.resident_blocks_by_group.clone(),
         }
     }
 

@@ -51,6 +51,9 @@ pub struct EngineOptions {
     pub resident_components: Vec<String>,
     /// Blocks of each other streamed group that stay on the device, spread evenly.
     pub resident_blocks: ResidentBlocks,
+    /// Blocks kept of each group of the components named, in place of `resident_blocks`
+    /// for them (`--resident-blocks-by-component`).
+    pub resident_blocks_by_component: BTreeMap<String, u64>,
     /// How weights reach the device from the mapped checkpoint. The CPU takes `auto`
     /// (copy from the mapping) and `pin` (stage through the ring, as a GPU that cannot
     /// register the mapping does).
@@ -88,6 +91,7 @@ impl Default for EngineOptions {
             overhead: 0,
             resident_components: Vec::new(),
             resident_blocks: ResidentBlocks::default(),
+            resident_blocks_by_component: BTreeMap::new(),
             host: HostMode::Auto,
             staging_buffers: memory::STAGING_BUFFERS as usize,
             timeout: Duration::from_secs(120),
@@ -212,6 +216,7 @@ impl Sizing {
                 family.group_components(),
                 &opts.resident_components,
                 n,
+                &opts.resident_blocks_by_component,
             )
         };
         let resident_blocks = match opts.resident_blocks {

@@ -240,6 +240,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         decoder,
         trace: trace.clone(),
         activations,
+        resident_blocks_by_component: a.kept.resident_blocks_by_component.0.clone(),
         ..a.engine.options(strategy, a.kept.resident_blocks)
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -108,6 +108,26 @@ impl fmt::Display for ResidentBlocks {
     }
 }
 
+/// `--resident-blocks-by-component`: blocks kept of each group of the components named
+/// (`transformer=20,text_encoder=0`), in place of `--resident-blocks`' one count for
+/// every group; read and written by the core's one code
+/// ([`memory::parse_component_blocks`]), as the planner writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BlocksByComponent(pub std::collections::BTreeMap<String, u64>);
+
+impl FromStr for BlocksByComponent {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(BlocksByComponent(memory::parse_component_blocks(s)?))
+    }
+}
+
+impl fmt::Display for BlocksByComponent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&memory::format_component_blocks(&self.0))
+    }
+}
+
 /// The most blocks of each streamed group that stay on the device with `placement`'s K
 /// while its weights (blocks, slots, and `outside` bytes) fit `budget`; 0 when none does.
 pub fn auto_resident_blocks(

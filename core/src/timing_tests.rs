@@ -1,0 +1,255 @@
+use super::*;
+
+const GB: u64 = 1_000_000_000;
+
+fn group(component: &str, blocks: usize, bytes: u64) -> GroupBytes {
+    let mut m = BTreeMap::new();
+    m.insert("BF16".to_string(), vec![bytes; blocks]);
+    GroupBytes {
+        component: component.into(),
+        blocks_by_dtype: m,
+    }
+}
+
+/// Round figures: 1 s of compute per TFLOP, 1 GB/s from the host, 10 GB/s between peers.
+fn rates() -> Rates {
+    Rates {
+        device_flops: 1e12,
+        host_to_device: 1e9,
+        peer: 10e9,
+        overlap: 1.0,
+    }
+}
+
+fn work(tokens: u64, steps: u64) -> Work {
+    Work {
+        tokens,
+        text_tokens: 100,
+        steps,
+        samples: 1,
+        passes_per_step: 1,
+    }
+}
+
+/// A transformer of `blocks` blocks of 1 GB (1 s to copy at [`rates`]) whose blocks
+/// compute for `compute` seconds each at [`work`]`(1000, _)`.
+fn transformer(blocks: usize, compute: f64) -> (Vec<GroupBytes>, Vec<GroupCompute>) {
+    let c = GroupCompute {
+        component: "transformer".into(),
+        runs: Runs::PerStep,
+        tokens: Tokens::Latent,
+        flops_per_token: (compute * 1e12 / 1000.0) as u64,
+        flops_per_token_pair: 0,
+    };
+    (vec![group("transformer", blocks, GB)], vec![c])
+}
+
+fn offload(k: u64, kept: u64) -> Placement {
+    Placement {
+        resident_blocks: kept,
+        ..Placement::new(Strategy::Offload, 1, k, 1)
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-6 * b.abs().max(1.0)
+}
+
+#[test]
+fn a_copy_bound_pass_takes_its_copies_and_a_compute_bound_one_its_compute() {
+    // Copies of 1 s behind computes of 0.25 s: the steady pass is 10 copies long.
+    let (g, c) = transformer(10, 0.25);
+    let p = predict(&g, &c, &work(1000, 10), &offload(2, 0), &rates());
+    assert!(close(p.step, 10.0), "{p:?}");
+    assert!(
+        close(p.step_compute, 2.5) && close(p.step_copy, 10.0),
+        "{p:?}"
+    );
+    assert!(close(p.step_exposed, 7.5), "{p:?}");
+    // Computes of 2 s: every copy hides, the first of the request's aside.
+    let (g, c) = transformer(10, 2.0);
+    let p = predict(&g, &c, &work(1000, 10), &offload(2, 0), &rates());
+    assert!(close(p.step, 20.0) && close(p.step_exposed, 0.0), "{p:?}");
+    assert!(close(p.request, 1.0 + 10.0 * 20.0), "{p:?}");
+    // Resident: compute alone.
+    let all = Placement::new(Strategy::Resident, 1, 0, 1);
+    let p = predict(&g, &c, &work(1000, 10), &all, &rates());
+    assert!(close(p.request, 200.0) && close(p.step_copy, 0.0), "{p:?}");
+}
+
+#[test]
+fn kept_blocks_save_their_copies_until_the_rest_hide() {
+    // 12 blocks, compute 0.5 s, copy 1 s: the streamed copies hide once 12·0.5 ≥ (12−n)·1,
+    // at n = 6, given slots enough to copy ahead across the kept blocks' computes.
+    let (g, c) = transformer(12, 0.5);
+    let w = work(1000, 20);
+    let step = |k, n| predict(&g, &c, &w, &offload(k, n), &rates()).step;
+    assert!(close(step(2, 0), 12.0));
+    assert!(close(step(4, 3), 9.0), "{}", step(4, 3));
+    assert!(close(step(6, 6), 6.0), "{}", step(6, 6));
+    assert!(close(step(6, 9), 6.0), "{}", step(6, 9));
+    // Spread evenly, the kept blocks leave no run of copies that two slots cannot hide.
+    assert!(close(step(2, 6), 6.0), "{}", step(2, 6));
+    // The choice: the fewest blocks that reach the floor, not every block that fits.
+    let fits = |p: &Placement| {
+        let kept = p.blocks_kept(0);
+        (kept <= 10).then_some(kept * GB)
+    };
+    let chosen = choose(&g, &c, &w, &offload(6, 0), &rates(), &fits).unwrap();
+    assert_eq!(chosen.kept["transformer"], 6, "{chosen:?}");
+    assert!(close(chosen.prediction.step, 6.0));
+    // Where only 4 fit, 4.
+    let tight = |p: &Placement| (p.blocks_kept(0) <= 4).then_some(p.blocks_kept(0) * GB);
+    let chosen = choose(&g, &c, &w, &offload(6, 0), &rates(), &tight).unwrap();
+    assert_eq!(chosen.kept["transformer"], 4);
+}
+
+#[test]
+fn a_long_sequence_keeps_nothing_because_its_copies_already_hide() {
+    let (g, c) = transformer(12, 0.5);
+    let fits = |p: &Placement| Some(p.blocks_kept(0) * GB);
+    // Ten times the tokens: 5 s of compute per block behind 1 s copies.
+    let chosen = choose(&g, &c, &work(10_000, 20), &offload(2, 0), &rates(), &fits).unwrap();
+    assert_eq!(chosen.kept["transformer"], 0, "{chosen:?}");
+    assert!(chosen.prediction.step_exposed < 1e-9);
+}
+
+/// A Qwen-Image-shaped model at its request bounds: a 28-layer text encoder of 16.6 GB
+/// that runs once per request, 60 transformer blocks of 0.67 GB run every step.
+#[test]
+fn a_text_encoder_streams_where_its_memory_saves_more_as_transformer_blocks() {
+    let te = group("text_encoder", 28, 593_000_000);
+    let tr = group("transformer", 60, 670_000_000);
+    let groups = vec![te, tr];
+    let compute = default_compute(&groups);
+    assert_eq!(compute[0].runs, Runs::PerRequest);
+    assert_eq!(compute[0].tokens, Tokens::Text);
+    assert_eq!(compute[1].runs, Runs::PerStep);
+    let w = Work {
+        tokens: 4096,
+        text_tokens: 512,
+        steps: 50,
+        samples: 2,
+        passes_per_step: 1,
+    };
+    let r = Rates::for_product("NVIDIA H100 80GB HBM3").0;
+    // 40 GB of device memory for blocks, beside the slots.
+    let budget = 40 * GB;
+    let fits = |p: &Placement| {
+        let b = crate::memory::device_bytes(&groups, p, 0, 0, 0).weights();
+        (b <= budget).then_some(b)
+    };
+    let base = Placement::new(Strategy::Offload, 1, 2, 2);
+    let streamed = choose(&groups, &compute, &w, &base, &r, &fits).unwrap();
+    let te_kept = base
+        .clone()
+        .with_resident_components(&groups, &["text_encoder".to_string()]);
+    let whole = choose(&groups, &compute, &w, &te_kept, &r, &fits).unwrap();
+    assert!(
+        streamed.prediction.request > whole.prediction.request,
+        "streamed {:?}\nwhole {:?}",
+        streamed.prediction,
+        whole.prediction
+    );
+    // The text encoder whole saves 0.26 s of a 27.5 s request: a tie, which goes to the
+    // option with the most memory left.
+    let best = super::pick([streamed.clone(), whole.clone()]).unwrap();
+    assert_eq!(best, streamed);
+    // The memory goes to transformer blocks until their copies hide behind the step's
+    // compute (0.55 s: 20 of the 60 blocks at 13.4 ms each), none to text-encoder layers.
+    assert_eq!(streamed.kept["text_encoder"], 0, "{:?}", streamed.kept);
+    assert_eq!(streamed.kept["transformer"], 20, "{:?}", streamed.kept);
+    assert!(
+        streamed.prediction.step_exposed < 1e-9,
+        "{:?}",
+        streamed.prediction
+    );
+}
+
+#[test]
+fn experts_share_the_steps() {
+    let groups = vec![group("transformer", 4, GB), group("transformer_2", 4, GB)];
+    let compute = default_compute(&groups);
+    assert!(compute.iter().all(|c| c.runs == Runs::ExpertSteps));
+    let w = work(1000, 10);
+    let p = Placement::new(Strategy::Resident, 1, 0, 2);
+    let pred = predict(&groups, &compute, &w, &p, &rates());
+    assert_eq!(pred.groups[0].passes, 5);
+    assert_eq!(pred.groups[1].passes, 5);
+    // Ten steps of one 4-block expert each, not two.
+    assert!(
+        close(pred.request, 10.0 * pred.groups[0].compute * 1.0),
+        "{pred:?}"
+    );
+}
+
+#[test]
+fn rates_by_product_and_work_at_bounds() {
+    assert_eq!(Rates::for_product("NVIDIA H200").1, Some("H200"));
+    assert_eq!(Rates::for_product("nvidia a100-sxm4-80gb").1, Some("A100"));
+    assert_eq!(Rates::for_product("something new"), (Rates::DEFAULT, None));
+    let cost = ActivationCost {
+        pixels_per_token: 256,
+        bytes_per_token: 0,
+        bytes_per_token_pair: 0,
+        attention_bytes: 0,
+        vae_bytes_per_pixel: 0,
+        frames_per_latent: 4,
+        decoder_frames: 1,
+        bytes_per_text_token: 0,
+        encoder_bytes_per_token: 0,
+        encoder_bytes_per_token_pair: 0,
+        guidance_samples: 2,
+    };
+    let b = RequestBounds {
+        max_width: 1024,
+        max_height: 1024,
+        max_frames: 1,
+        max_steps: 50,
+        max_n: 1,
+        guidance: true,
+        max_prompt_tokens: 512,
+    };
+    let w = Work::at_bounds(&cost, &b);
+    assert_eq!((w.tokens, w.samples, w.passes_per_step), (4096, 2, 1));
+    let video = Work::at_bounds(
+        &ActivationCost {
+            guidance_samples: 1,
+            ..cost
+        },
+        &RequestBounds {
+            max_frames: 81,
+            ..b
+        },
+    );
+    assert_eq!(
+        (video.tokens, video.samples, video.passes_per_step),
+        (21 * 4096, 1, 2)
+    );
+}
+
+#[test]
+fn copies_that_share_the_cores_add_to_compute() {
+    // Compute 2 s, copy 1 s: on a GPU every copy hides; where copies take the compute's
+    // cores they add up, and every kept block saves its copy.
+    let (g, c) = transformer(10, 2.0);
+    let w = work(1000, 10);
+    let serial = Rates {
+        overlap: 0.0,
+        ..rates()
+    };
+    let step = |r: &Rates, n| predict(&g, &c, &w, &offload(2, n), r).step;
+    assert!(close(step(&rates(), 0), 20.0));
+    assert!(close(step(&serial, 0), 30.0), "{}", step(&serial, 0));
+    assert!(close(step(&serial, 4), 26.0), "{}", step(&serial, 4));
+    let p = predict(&g, &c, &w, &offload(2, 0), &serial);
+    assert!(
+        close(p.step_compute, 20.0) && close(p.step_copy, 10.0),
+        "{p:?}"
+    );
+    let half = Rates {
+        overlap: 0.5,
+        ..rates()
+    };
+    assert!(step(&half, 0) > 20.0 && step(&half, 0) < 30.0);
+}
