@@ -72,6 +72,20 @@ impl GroupCompute {
     }
 }
 
+/// [`FamilyCheckpoint::group_compute`]'s default for `ck`'s groups, which a family's own
+/// declaration may start from: [`GroupCompute::of_params`] of each group's block weights.
+pub fn default_group_compute<C: FamilyCheckpoint + ?Sized>(ck: &C) -> Vec<GroupCompute> {
+    let groups = ck.groups();
+    let experts = experts(groups.iter().map(|(c, _)| *c));
+    groups
+        .iter()
+        .map(|(c, g)| {
+            let params = g.block.iter().map(|s| s.numel() as u64).sum();
+            GroupCompute::of_params(c, params, experts)
+        })
+        .collect()
+}
+
 /// How many distinct `transformer*` components `components` names.
 pub fn experts<'a>(components: impl Iterator<Item = &'a str>) -> usize {
     let mut seen: Vec<&str> = components
@@ -179,15 +193,7 @@ pub trait FamilyCheckpoint: std::fmt::Debug + Send + Sync {
     /// blocks do otherwise (two streams that each see part of the tokens, attention that
     /// dominates) declares its own.
     fn group_compute(&self) -> Vec<GroupCompute> {
-        let groups = self.groups();
-        let experts = experts(groups.iter().map(|(c, _)| *c));
-        groups
-            .iter()
-            .map(|(c, g)| {
-                let params = g.block.iter().map(|s| s.numel() as u64).sum();
-                GroupCompute::of_params(c, params, experts)
-            })
-            .collect()
+        default_group_compute(self)
     }
     /// Every weight byte in the folder.
     fn total_bytes(&self) -> u64 {
