@@ -177,6 +177,11 @@ pub trait FamilyCheckpoint: std::fmt::Debug + Send + Sync {
     /// Bytes of the VAE decoder's weights, which every rank that decodes keeps on its
     /// device. The engine charges exactly this.
     fn decoder_bytes(&self) -> u64;
+    /// [`Self::resident_device_bytes`] once loaded at `elem` bytes per element (a bf16
+    /// checkpoint computed in f32 holds its prologue at twice its file size).
+    fn resident_stored_bytes(&self, elem: u64) -> u64;
+    /// [`Self::decoder_bytes`] once loaded at `elem` bytes per element.
+    fn decoder_stored_bytes(&self, elem: u64) -> u64;
     /// The size the model was trained at, `(width, height)` in pixels.
     fn native_size(&self) -> (usize, usize);
     /// The largest request the model itself can run (its position tables); none but

@@ -183,7 +183,7 @@ fn kept_blocks_it_cannot_honour_are_refused_before_running() {
         ("4", "would stream nothing"),
         ("L/1", "would stream nothing"),
         ("L/0", "L/k with k ≥ 1"),
-        ("half", "expected a number of blocks, `auto` or L/k"),
+        ("half", "expected a number of blocks, `auto`, L/k"),
     ] {
         let out = bench(
             &model,

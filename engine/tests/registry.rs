@@ -38,6 +38,12 @@ impl FamilyCheckpoint for Toy {
     fn decoder_bytes(&self) -> u64 {
         self.0.decoder_bytes()
     }
+    fn resident_stored_bytes(&self, elem: u64) -> u64 {
+        self.0.resident_stored_bytes(elem)
+    }
+    fn decoder_stored_bytes(&self, elem: u64) -> u64 {
+        self.0.decoder_stored_bytes(elem)
+    }
     fn native_size(&self) -> (usize, usize) {
         (64, 64)
     }

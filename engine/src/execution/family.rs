@@ -13,20 +13,42 @@ use super::work::{Output, Request};
 use crate::checkpoint::Mapped;
 use crate::layout::GroupLayout;
 use crate::Result;
+use layerwise_core::family::FamilyCheckpoint;
 
 /// A family's runtime over one opened, mapped pipeline folder. Shared by every rank.
 pub trait FamilyRuntime: Send + Sync {
     /// The family's name (`dit`, `wan`).
     fn name(&self) -> &'static str;
-    /// Each streamed group's block layout for `dp` ranks, in group order.
-    fn layouts(&self, dp: usize) -> Result<Vec<GroupLayout>>;
+    /// The checked folder this runtime maps: its groups, sizes and byte counts.
+    fn checkpoint(&self) -> &dyn FamilyCheckpoint;
+    /// Each streamed group's block layout for `dp` ranks, in group order: each of the
+    /// checkpoint's groups over its mapped component.
+    fn layouts(&self, dp: usize) -> Result<Vec<GroupLayout>> {
+        self.checkpoint()
+            .groups()
+            .iter()
+            .zip(self.mappings())
+            .map(|((_, g), m)| {
+                GroupLayout::new(&m.component, &g.block, g.count, |i| g.block_prefix(i), dp)
+            })
+            .collect::<layerwise_core::Result<_>>()
+            .map_err(Into::into)
+    }
     /// Each streamed group's mapped component (same order as [`Self::layouts`]).
     fn mappings(&self) -> Vec<Mapped>;
     /// Each streamed group's pipeline component (`text_encoder`, `transformer`, ...; same
     /// order as [`Self::layouts`]).
-    fn group_components(&self) -> Vec<String>;
+    fn group_components(&self) -> Vec<String> {
+        self.checkpoint()
+            .groups()
+            .into_iter()
+            .map(|(c, _)| c.to_string())
+            .collect()
+    }
     /// The image size the model was trained at, `(width, height)` in pixels.
-    fn native_size(&self) -> (usize, usize);
+    fn native_size(&self) -> (usize, usize) {
+        self.checkpoint().native_size()
+    }
     /// The number of classes of a class-conditional family.
     fn classes(&self) -> Option<usize> {
         None
@@ -47,11 +69,22 @@ pub trait FamilyRuntime: Send + Sync {
     /// Device bytes a rank keeps outside the slots: prologues, epilogues and, when
     /// decoding on the rank, the decoder, at their size in the checkpoint (what the
     /// planner reads from a profile).
-    fn resident_bytes(&self, decode: bool) -> u64;
+    fn resident_bytes(&self, decode: bool) -> u64 {
+        let ck = self.checkpoint();
+        ck.resident_device_bytes() + if decode { ck.decoder_bytes() } else { 0 }
+    }
     /// As [`Self::resident_bytes`], at the size they take once loaded for compute in
     /// `dtype` (a bf16 checkpoint computed in f32 holds its prologue at twice its file
     /// size; decoders are held in f32): what a rank charges its device budget.
-    fn stored_resident_bytes(&self, decode: bool, dtype: DType) -> u64;
+    fn stored_resident_bytes(&self, decode: bool, dtype: DType) -> u64 {
+        let ck = self.checkpoint();
+        ck.resident_stored_bytes(dtype.size_in_bytes() as u64)
+            + if decode {
+                ck.decoder_stored_bytes(4)
+            } else {
+                0
+            }
+    }
     /// The compute dtypes this family's forward passes run in ([`super::dtype`]).
     fn compute_dtypes(&self) -> &'static [DType] {
         &[DType::F32]

@@ -115,12 +115,6 @@ impl Cosmos3Checkpoint {
             .collect()
     }
 
-    /// [`FamilyCheckpoint::resident_device_bytes`] once loaded at `elem` bytes per element.
-    pub fn resident_stored_bytes(&self, elem: u64) -> u64 {
-        self.transformer
-            .bytes_of(self.resident_device_names(), Some(elem))
-    }
-
     /// The VAE's decoder tensors.
     pub fn decoder_names(&self) -> Vec<String> {
         self.vae_config
@@ -130,11 +124,6 @@ impl Cosmos3Checkpoint {
             .collect()
     }
 
-    /// [`FamilyCheckpoint::decoder_bytes`] once loaded at `elem` bytes per element.
-    pub fn decoder_stored_bytes(&self, elem: u64) -> u64 {
-        self.vae.bytes_of(self.decoder_names(), Some(elem))
-    }
-
     /// The name of the text embedding table.
     pub fn embedding_table(&self) -> &'static str {
         EMBED_TOKENS
@@ -142,6 +131,16 @@ impl Cosmos3Checkpoint {
 }
 
 impl FamilyCheckpoint for Cosmos3Checkpoint {
+    /// [`FamilyCheckpoint::resident_device_bytes`] once loaded at `elem` bytes per element.
+    fn resident_stored_bytes(&self, elem: u64) -> u64 {
+        self.transformer
+            .bytes_of(self.resident_device_names(), Some(elem))
+    }
+    /// [`FamilyCheckpoint::decoder_bytes`] once loaded at `elem` bytes per element.
+    fn decoder_stored_bytes(&self, elem: u64) -> u64 {
+        self.vae.bytes_of(self.decoder_names(), Some(elem))
+    }
+
     fn components(&self) -> Vec<(&'static str, &Component)> {
         vec![("transformer", &self.transformer), ("vae", &self.vae)]
     }

@@ -21,7 +21,6 @@ use crate::families::umt5::Umt5Encoder;
 use crate::families::wan::runtime::VideoDecoder;
 use crate::families::wan::vae::decoder::WanVaeDecoder;
 use crate::families::FamilyCheckpoint;
-use crate::layout::GroupLayout;
 use crate::samplers::flow::{FlowScheduler, Sampler};
 use crate::{Error, Result};
 
@@ -78,37 +77,12 @@ impl FamilyRuntime for Cosmos3Runtime {
         "cosmos3"
     }
 
-    fn layouts(&self, dp: usize) -> Result<Vec<GroupLayout>> {
-        self.checkpoint
-            .groups()
-            .iter()
-            .map(|(_, g)| {
-                GroupLayout::new(
-                    &self.transformer.component,
-                    &g.block,
-                    g.count,
-                    |i| g.block_prefix(i),
-                    dp,
-                )
-            })
-            .collect::<layerwise_core::Result<_>>()
-            .map_err(Into::into)
-    }
-
-    fn group_components(&self) -> Vec<String> {
-        self.checkpoint
-            .groups()
-            .into_iter()
-            .map(|(c, _)| c.to_string())
-            .collect()
+    fn checkpoint(&self) -> &dyn FamilyCheckpoint {
+        &self.checkpoint
     }
 
     fn mappings(&self) -> Vec<Mapped> {
         vec![self.transformer.clone(), self.transformer.clone()]
-    }
-
-    fn native_size(&self) -> (usize, usize) {
-        self.checkpoint.native_size()
     }
 
     fn video(&self) -> Option<VideoSpec> {
@@ -157,25 +131,6 @@ impl FamilyRuntime for Cosmos3Runtime {
                 (ck.vae_config.upscale(), ck.vae_config.temporal_upscale()),
             ),
         )
-    }
-
-    fn resident_bytes(&self, decode: bool) -> u64 {
-        self.checkpoint.resident_device_bytes()
-            + if decode {
-                self.checkpoint.decoder_bytes()
-            } else {
-                0
-            }
-    }
-
-    fn stored_resident_bytes(&self, decode: bool, dtype: DType) -> u64 {
-        self.checkpoint
-            .resident_stored_bytes(dtype.size_in_bytes() as u64)
-            + if decode {
-                self.checkpoint.decoder_stored_bytes(4)
-            } else {
-                0
-            }
     }
 
     fn load_rank(&self, device: &Device, dtype: DType, decode: bool) -> Result<Box<dyn RankModel>> {

@@ -45,17 +45,6 @@ impl DitCheckpoint {
         &self.folder.root
     }
 
-    /// [`Self::resident_device_bytes`] once loaded at `elem` bytes per element.
-    pub fn resident_stored_bytes(&self, elem: u64) -> u64 {
-        let names = self.config.resident_specs().into_iter().map(|s| s.name);
-        self.transformer.bytes_of(names, Some(elem))
-    }
-
-    /// [`Self::decoder_bytes`] once loaded at `elem` bytes per element.
-    pub fn decoder_stored_bytes(&self, elem: u64) -> u64 {
-        self.vae.bytes_of(self.decoder_names(), Some(elem))
-    }
-
     /// The VAE's decoder tensors (`decoder.*` and `post_quant_conv.*`), which every rank
     /// that decodes keeps on its device.
     pub fn decoder_names(&self) -> Vec<String> {
@@ -69,6 +58,16 @@ impl DitCheckpoint {
 }
 
 impl FamilyCheckpoint for DitCheckpoint {
+    /// [`Self::resident_device_bytes`] once loaded at `elem` bytes per element.
+    fn resident_stored_bytes(&self, elem: u64) -> u64 {
+        let names = self.config.resident_specs().into_iter().map(|s| s.name);
+        self.transformer.bytes_of(names, Some(elem))
+    }
+    /// [`Self::decoder_bytes`] once loaded at `elem` bytes per element.
+    fn decoder_stored_bytes(&self, elem: u64) -> u64 {
+        self.vae.bytes_of(self.decoder_names(), Some(elem))
+    }
+
     fn components(&self) -> Vec<(&'static str, &Component)> {
         vec![("transformer", &self.transformer), ("vae", &self.vae)]
     }

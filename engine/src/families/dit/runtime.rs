@@ -14,7 +14,6 @@ use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::autoencoder_kl::decoder::VaeDecoder;
 use crate::families::FamilyCheckpoint;
-use crate::layout::GroupLayout;
 use crate::samplers::ddim::{Ddim, DdimConfig};
 use crate::{Error, Result};
 
@@ -64,27 +63,12 @@ impl FamilyRuntime for DitRuntime {
         "dit"
     }
 
-    fn layouts(&self, dp: usize) -> Result<Vec<GroupLayout>> {
-        let cfg = self.config();
-        Ok(vec![GroupLayout::new(
-            &self.checkpoint.transformer,
-            &cfg.block_specs(),
-            cfg.num_layers,
-            DitConfig::block_prefix,
-            dp,
-        )?])
-    }
-
-    fn group_components(&self) -> Vec<String> {
-        vec!["transformer".into()]
+    fn checkpoint(&self) -> &dyn FamilyCheckpoint {
+        &self.checkpoint
     }
 
     fn mappings(&self) -> Vec<Mapped> {
         vec![self.transformer.clone()]
-    }
-
-    fn native_size(&self) -> (usize, usize) {
-        self.checkpoint.native_size()
     }
 
     fn classes(&self) -> Option<usize> {
@@ -171,25 +155,6 @@ impl FamilyRuntime for DitRuntime {
             }
         }
         Ok(())
-    }
-
-    fn resident_bytes(&self, decode: bool) -> u64 {
-        self.checkpoint.resident_device_bytes()
-            + if decode {
-                self.checkpoint.decoder_bytes()
-            } else {
-                0
-            }
-    }
-
-    fn stored_resident_bytes(&self, decode: bool, dtype: DType) -> u64 {
-        self.checkpoint
-            .resident_stored_bytes(dtype.size_in_bytes() as u64)
-            + if decode {
-                self.checkpoint.decoder_stored_bytes(4)
-            } else {
-                0
-            }
     }
 
     fn compute_dtypes(&self) -> &'static [DType] {

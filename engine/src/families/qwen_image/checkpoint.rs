@@ -140,16 +140,6 @@ impl QwenImageCheckpoint {
         v
     }
 
-    /// [`FamilyCheckpoint::resident_device_bytes`] once loaded at `elem` bytes per element.
-    pub fn resident_stored_bytes(&self, elem: u64) -> u64 {
-        self.resident_bytes_at(Some(elem))
-    }
-
-    /// [`FamilyCheckpoint::decoder_bytes`] once loaded at `elem` bytes per element.
-    pub fn decoder_stored_bytes(&self, elem: u64) -> u64 {
-        self.vae.bytes_of(self.decoder_names(), Some(elem))
-    }
-
     fn resident_bytes_at(&self, elem: Option<u64>) -> u64 {
         self.resident_device_names()
             .iter()
@@ -176,6 +166,15 @@ impl QwenImageCheckpoint {
 }
 
 impl FamilyCheckpoint for QwenImageCheckpoint {
+    /// [`FamilyCheckpoint::resident_device_bytes`] once loaded at `elem` bytes per element.
+    fn resident_stored_bytes(&self, elem: u64) -> u64 {
+        self.resident_bytes_at(Some(elem))
+    }
+    /// [`FamilyCheckpoint::decoder_bytes`] once loaded at `elem` bytes per element.
+    fn decoder_stored_bytes(&self, elem: u64) -> u64 {
+        self.vae.bytes_of(self.decoder_names(), Some(elem))
+    }
+
     fn components(&self) -> Vec<(&'static str, &Component)> {
         vec![
             ("text_encoder", &self.text_encoder),

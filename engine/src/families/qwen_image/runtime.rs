@@ -14,8 +14,8 @@ use serde_json::Value;
 
 use candle_core::{DType, Device, Tensor, D};
 
-use super::checkpoint::QwenImageCheckpoint;
 use super::transformer::model::{QwenImageState, QwenImageTransformer};
+use super::QwenImageCheckpoint;
 use super::{TEXT_ENCODER, TRANSFORMER};
 use crate::bounds::Dimension;
 use crate::checkpoint::Mapped;
@@ -27,7 +27,6 @@ use crate::families::qwen2_5_vl::{Qwen25VlEncoder, Qwen25VlState, QwenTokenizer}
 use crate::families::wan::runtime::VideoDecoder;
 use crate::families::wan::vae::decoder::WanVaeDecoder;
 use crate::families::FamilyCheckpoint;
-use crate::layout::GroupLayout;
 use crate::samplers::flow::{FlowMatchEuler, FlowMatchEulerConfig, Sampler};
 use crate::{Error, Result};
 
@@ -153,32 +152,12 @@ impl FamilyRuntime for QwenImageRuntime {
         "qwen-image"
     }
 
-    fn layouts(&self, dp: usize) -> Result<Vec<GroupLayout>> {
-        self.checkpoint
-            .groups()
-            .iter()
-            .zip(&self.streamed)
-            .map(|((_, g), m)| {
-                GroupLayout::new(&m.component, &g.block, g.count, |i| g.block_prefix(i), dp)
-            })
-            .collect::<layerwise_core::Result<_>>()
-            .map_err(Into::into)
-    }
-
-    fn group_components(&self) -> Vec<String> {
-        self.checkpoint
-            .groups()
-            .into_iter()
-            .map(|(c, _)| c.to_string())
-            .collect()
+    fn checkpoint(&self) -> &dyn FamilyCheckpoint {
+        &self.checkpoint
     }
 
     fn mappings(&self) -> Vec<Mapped> {
         self.streamed.clone()
-    }
-
-    fn native_size(&self) -> (usize, usize) {
-        self.checkpoint.native_size()
     }
 
     fn defaults(&self) -> (usize, f32) {
@@ -229,25 +208,6 @@ impl FamilyRuntime for QwenImageRuntime {
                 .check(negative, "negative_prompt", r.max_sequence_length)?;
         }
         crate::families::checks::init_latents(r, &latent_shape(ck, r))
-    }
-
-    fn resident_bytes(&self, decode: bool) -> u64 {
-        self.checkpoint.resident_device_bytes()
-            + if decode {
-                self.checkpoint.decoder_bytes()
-            } else {
-                0
-            }
-    }
-
-    fn stored_resident_bytes(&self, decode: bool, dtype: DType) -> u64 {
-        self.checkpoint
-            .resident_stored_bytes(dtype.size_in_bytes() as u64)
-            + if decode {
-                self.checkpoint.decoder_stored_bytes(4)
-            } else {
-                0
-            }
     }
 
     // Qwen-Image computes in f32 only (the default `compute_dtypes`), as Wan does.

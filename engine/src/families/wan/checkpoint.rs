@@ -233,16 +233,6 @@ impl WanCheckpoint {
         v
     }
 
-    /// [`Self::resident_device_bytes`] once loaded at `elem` bytes per element.
-    pub fn resident_stored_bytes(&self, elem: u64) -> u64 {
-        self.resident_bytes_at(Some(elem))
-    }
-
-    /// [`Self::decoder_bytes`] once loaded at `elem` bytes per element.
-    pub fn decoder_stored_bytes(&self, elem: u64) -> u64 {
-        self.vae.bytes_of(self.decoder_names(), Some(elem))
-    }
-
     /// Bytes of [`Self::resident_device_names`], as stored or at `elem` bytes per element.
     fn resident_bytes_at(&self, elem: Option<u64>) -> u64 {
         let comps = self.components();
@@ -266,6 +256,15 @@ impl WanCheckpoint {
 }
 
 impl FamilyCheckpoint for WanCheckpoint {
+    /// [`Self::resident_device_bytes`] once loaded at `elem` bytes per element.
+    fn resident_stored_bytes(&self, elem: u64) -> u64 {
+        self.resident_bytes_at(Some(elem))
+    }
+    /// [`Self::decoder_bytes`] once loaded at `elem` bytes per element.
+    fn decoder_stored_bytes(&self, elem: u64) -> u64 {
+        self.vae.bytes_of(self.decoder_names(), Some(elem))
+    }
+
     /// Components with weights, in pipeline order.
     fn components(&self) -> Vec<(&'static str, &Component)> {
         let mut v = vec![

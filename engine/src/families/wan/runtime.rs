@@ -21,7 +21,6 @@ use crate::execution::work::{Condition, Output, Request};
 use crate::families::umt5::model::zero_padding;
 use crate::families::umt5::{embedding_table, PromptTokenizer, Umt5Encoder, Umt5State};
 use crate::families::FamilyCheckpoint;
-use crate::layout::GroupLayout;
 use crate::samplers::flow::{FlowScheduler, Sampler};
 use crate::{Error, Result};
 
@@ -78,32 +77,12 @@ impl FamilyRuntime for WanRuntime {
         "wan"
     }
 
-    fn layouts(&self, dp: usize) -> Result<Vec<GroupLayout>> {
-        self.checkpoint
-            .groups()
-            .iter()
-            .zip(&self.streamed)
-            .map(|((_, g), m)| {
-                GroupLayout::new(&m.component, &g.block, g.count, |i| g.block_prefix(i), dp)
-            })
-            .collect::<layerwise_core::Result<_>>()
-            .map_err(Into::into)
-    }
-
-    fn group_components(&self) -> Vec<String> {
-        self.checkpoint
-            .groups()
-            .into_iter()
-            .map(|(c, _)| c.to_string())
-            .collect()
+    fn checkpoint(&self) -> &dyn FamilyCheckpoint {
+        &self.checkpoint
     }
 
     fn mappings(&self) -> Vec<Mapped> {
         self.streamed.clone()
-    }
-
-    fn native_size(&self) -> (usize, usize) {
-        self.checkpoint.native_size()
     }
 
     fn video(&self) -> Option<VideoSpec> {
@@ -161,25 +140,6 @@ impl FamilyRuntime for WanRuntime {
                 (ck.vae_config.upscale(), ck.vae_config.temporal_upscale()),
             ),
         )
-    }
-
-    fn resident_bytes(&self, decode: bool) -> u64 {
-        self.checkpoint.resident_device_bytes()
-            + if decode {
-                self.checkpoint.decoder_bytes()
-            } else {
-                0
-            }
-    }
-
-    fn stored_resident_bytes(&self, decode: bool, dtype: DType) -> u64 {
-        self.checkpoint
-            .resident_stored_bytes(dtype.size_in_bytes() as u64)
-            + if decode {
-                self.checkpoint.decoder_stored_bytes(4)
-            } else {
-                0
-            }
     }
 
     // Wan computes in f32 only (the default `compute_dtypes`): its transformer and text
