@@ -1,9 +1,10 @@
 """OpenAI's official Python client against layerwise servers, called as a new user would.
 
-Usage: openai_check.py DIT_URL DIT_MODEL WAN_URL WAN_MODEL OUT_DIR
+Usage: openai_check.py DIT_URL DIT_MODEL WAN_URL WAN_MODEL QWEN_URL QWEN_MODEL OUT_DIR
 
 Images from a class-conditional DiT server (a prompt naming an ImageNet class, or an empty
-prompt beside `class_label`) and from a text-to-video Wan server; the whole video flow on the
+prompt beside `class_label`), from a text-to-video Wan server and from a text-to-image
+Qwen-Image server (two at once, guided by a negative prompt); the whole video flow on the
 Wan server (create, poll, download the MP4 and its thumbnail, list, delete). Writes the MP4
 and a JSON summary under OUT_DIR for the caller to check; exits non-zero on the first
 failure, with what failed.
@@ -35,7 +36,7 @@ def expect_error(kind, call):
 
 
 def main():
-    dit_url, dit_model, wan_url, wan_model, out = sys.argv[1:6]
+    dit_url, dit_model, wan_url, wan_model, qwen_url, qwen_model, out = sys.argv[1:8]
     out = Path(out)
     summary = {}
 
@@ -90,6 +91,24 @@ def main():
                      lambda: wan.videos.create(model=wan_model, prompt="x", seconds="12",
                                                size="32x32"))
     assert "seconds" in str(e), e
+    qwen = client(qwen_url)
+    assert [m.id for m in qwen.models.list().data] == [qwen_model]
+    images = qwen.images.generate(model=qwen_model, prompt="a red fox in the snow", n=2,
+                                  size="64x48", response_format="b64_json",
+                                  extra_body={"steps": 2, "seed": 3, "negative_prompt": "blurry"})
+    pngs = [base64.b64decode(d.b64_json) for d in images.data]
+    for png in pngs:
+        assert png[1:4] == b"PNG", png[:8]
+        assert (int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")) == (64, 48)
+    assert pngs[0] != pngs[1], "two images of one request differ"
+    e = expect_error(openai.UnprocessableEntityError,
+                     lambda: qwen.images.generate(model=qwen_model, prompt="a fox", size="40x40"))
+    assert "size" in str(e), e
+    e = expect_error(openai.APIStatusError,
+                     lambda: qwen.videos.create(model=qwen_model, prompt="a fox", size="32x32"))
+    assert 400 <= e.status_code < 500, e
+    summary["qwen_image_png_bytes"] = [len(p) for p in pngs]
+
     summary.update(video_id=video.id, seconds=done.seconds, frames=done.model_extra["frames"],
                    mp4_bytes=len(mp4), thumbnail_bytes=len(thumb))
     (out / "summary.json").write_text(json.dumps(summary))

@@ -1,7 +1,8 @@
 //! OpenAI's official Python client (`openai` from PyPI, in a venv `engine/clients/venv`
 //! makes) against two real `layerwise serve` processes, called as a new user would: images
-//! from a class-conditional DiT server and a text-to-video Wan server, and the video calls
-//! (create, poll, download, list, delete) on the Wan server. The MP4 it downloads is then
+//! from a class-conditional DiT server, a text-to-video Wan server and a text-to-image
+//! Qwen-Image server, and the video calls (create, poll, download, list, delete) on the Wan
+//! server. The MP4 it downloads is then
 //! read by `ffprobe`.
 
 mod common;
@@ -53,8 +54,15 @@ async fn the_official_openai_client_works_unchanged() {
         .concat(),
     );
     let wan = spawn(&wan_model, &[&common_args[..], &bounds[..]].concat());
+    let qwen_model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen-image-tiny");
+    // An image family: one frame is all its position tables and VAE make.
+    let qwen = spawn(
+        &qwen_model,
+        &[&common_args[..], &bounds[..4], &["--max-frames", "1"]].concat(),
+    );
     dit.wait_ready().await;
     wan.wait_ready().await;
+    qwen.wait_ready().await;
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/openai_check.py");
     let out_dir = dir.path().join("out");
@@ -62,11 +70,13 @@ async fn the_official_openai_client_works_unchanged() {
     let py = python();
     let wan_name = wan_model.file_name().unwrap().to_str().unwrap().to_string();
     let out = tokio::task::spawn_blocking({
-        let (dit_url, wan_url, out_dir) = (dit.url(), wan.url(), out_dir.clone());
+        let (dit_url, wan_url, qwen_url) = (dit.url(), wan.url(), qwen.url());
+        let out_dir = out_dir.clone();
         move || {
             Command::new(py)
                 .arg(script)
                 .args([&dit_url, "dit-tiny", &wan_url, &wan_name])
+                .args([&qwen_url, "qwen-image-tiny"])
                 .arg(out_dir)
                 .output()
                 .unwrap()
