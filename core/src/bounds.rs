@@ -182,14 +182,25 @@ impl RequestBounds {
     /// one formula ([`ActivationCost::checked_bytes`]) the planner reserves and the engine
     /// keeps free. `None` when no device could hold such a request.
     pub fn activation_bytes(&self, cost: &ActivationCost) -> Option<u64> {
-        cost.checked_bytes(&RequestShape {
+        self.activation_bytes_per_rank(cost, 1)
+    }
+
+    /// [`Self::activation_bytes`] on each rank of a group of `sp` that splits a request's
+    /// sequence ([`ActivationCost::checked_bytes_per_rank`]).
+    pub fn activation_bytes_per_rank(&self, cost: &ActivationCost, sp: u64) -> Option<u64> {
+        cost.checked_bytes_per_rank(&self.shape(), sp)
+    }
+
+    /// The largest request within these bounds, as the activation formula reads it.
+    pub fn shape(&self) -> RequestShape {
+        RequestShape {
             width: self.max_width,
             height: self.max_height,
             frames: self.max_frames,
             batch: self.max_n,
             guidance: self.guidance,
             text_tokens: self.max_prompt_tokens,
-        })
+        }
     }
 
     /// The environment that makes `layerwise serve` enforce these bounds.

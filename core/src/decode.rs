@@ -179,6 +179,7 @@ mod tests {
             encoder_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 0,
             guidance_samples: 2,
+            exchange_bytes_per_token: 0,
         }
     }
 

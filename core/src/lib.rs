@@ -11,6 +11,7 @@
 //!   where the decoder runs;
 //! - [`timing`]: the one step-time model, which the planner and the engine's `bench`
 //!   choose resident blocks and components by;
+//! - [`topology`]: dp groups of sp ranks, and how a request's sequence splits over a group;
 //! - [`metric_names`]: the engine's metrics, by the names the autoscaler reads.
 //!
 //! The engine's families and execution build on this crate; nothing here reads them.
@@ -26,6 +27,7 @@ pub mod memory;
 pub mod metric_names;
 pub mod strategy;
 pub mod timing;
+pub mod topology;
 
 pub use error::{Error, Result};
 pub use strategy::Strategy;

@@ -200,6 +200,7 @@ fn rates_by_product_and_work_at_bounds() {
         encoder_bytes_per_token: 0,
         encoder_bytes_per_token_pair: 0,
         guidance_samples: 2,
+        exchange_bytes_per_token: 0,
     };
     let b = RequestBounds {
         max_width: 1024,

@@ -50,6 +50,7 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
             encoder_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 0,
             guidance_samples: 2,
+            exchange_bytes_per_token: 0,
         },
         decoder_bytes: vae,
         groups: vec![GroupBytes {

@@ -58,6 +58,12 @@ pub struct ActivationCost {
     /// the prompt), 1 where a family runs them one after the other.
     #[serde(default = "two")]
     pub guidance_samples: u64,
+    /// Bytes per latent token per sample that sequence parallelism adds to a rank's block
+    /// peak: the attention's queries, keys, values and output held in both layouts while
+    /// an all-to-all moves them (tokens split, then heads split). 0 for a family whose
+    /// transformer does not split its sequence.
+    #[serde(default)]
+    pub exchange_bytes_per_token: u64,
 }
 
 fn one() -> u64 {
@@ -96,6 +102,16 @@ impl ActivationCost {
     /// them), a text-encoder layer's (every sequence of the prompt) and the decoder's;
     /// `None` when a request that large would overflow (no device could hold it).
     pub fn checked_bytes(&self, shape: &RequestShape) -> Option<u64> {
+        self.checked_bytes_per_rank(shape, 1)
+    }
+
+    /// [`Self::checked_bytes`] on each rank of a group of `sp` that splits the request's
+    /// sequence ([`crate::topology`]): the latent tokens' terms on the largest share of
+    /// the tokens (the scores' term too: each rank's heads see every key, so its share of
+    /// the token pairs is its share of the heads), the exchange's buffers beside them when
+    /// `sp > 1`; the prompt, the text encoder and the decoder stay whole on every rank.
+    pub fn checked_bytes_per_rank(&self, shape: &RequestShape, sp: u64) -> Option<u64> {
+        let sp = sp.max(1);
         let latent_frames = (shape.frames.max(1) - 1) / self.frames_per_latent.max(1) + 1;
         let pixels = shape.width as u128 * shape.height as u128;
         let tokens =
@@ -107,9 +123,15 @@ impl ActivationCost {
             1
         };
         let samples = shape.batch as u128 * per_output;
+        let share = tokens.div_ceil(sp as u128);
+        let exchange = if sp > 1 {
+            self.exchange_bytes_per_token as u128
+        } else {
+            0
+        };
         let transformer = samples
-            * (self.bytes_per_token as u128 * tokens
-                + self.bytes_per_token_pair as u128 * tokens * tokens
+            * ((self.bytes_per_token as u128 + exchange) * share
+                + self.bytes_per_token_pair as u128 * tokens * share
                 + self.bytes_per_text_token as u128 * text)
             + self.attention_bytes as u128;
         let encoder = samples

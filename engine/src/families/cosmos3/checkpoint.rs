@@ -209,6 +209,9 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
             // The conditional and unconditional sequences (their prompts differ in length)
             // are both live through each block.
             guidance_samples: 2,
+            // Under sequence parallelism: the generation pathway's q, k, v and attention
+            // output alive in both layouts across an all-to-all.
+            exchange_bytes_per_token: 4 * (2 * qw + 2 * kvw),
         }
     }
     fn as_any(&self) -> &dyn std::any::Any {

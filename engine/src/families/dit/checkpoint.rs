@@ -114,6 +114,7 @@ impl FamilyCheckpoint for DitCheckpoint {
             encoder_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 0,
             guidance_samples: 2,
+            exchange_bytes_per_token: 0,
         }
     }
     // No `limits`: DiT computes its sin-cos positions for any grid.

@@ -244,6 +244,7 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
             // The prompt and the negative prompt run as two sequences of their own lengths,
             // both live through each block.
             guidance_samples: 2,
+            exchange_bytes_per_token: 0,
         }
     }
     /// The text encoder by the default (its weights all act on every prompt token). A

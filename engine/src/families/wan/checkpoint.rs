@@ -354,6 +354,9 @@ impl FamilyCheckpoint for WanCheckpoint {
             encoder_bytes_per_token_pair: 4 * 3 * te_heads,
             // The prompt and the negative prompt go through as a batch of two.
             guidance_samples: 2,
+            // Under sequence parallelism: the self-attention's q, k, v and output, each
+            // [tokens, d], alive in both layouts across an all-to-all.
+            exchange_bytes_per_token: 4 * 4 * d,
         }
     }
     fn as_any(&self) -> &dyn std::any::Any {
