@@ -39,9 +39,10 @@ impl Model {
         self.family.layouts(dp)
     }
 
-    /// Device bytes the largest of `requests` needs for activations (each runs on one
-    /// rank, one output at a time): what a rank keeps free of its budget for them.
-    pub fn activation_bytes(&self, requests: &[Request]) -> Result<u64> {
+    /// Device bytes the largest of `requests` needs for activations on each rank of a
+    /// group of `sp` (each request runs on one group, one output at a time): what a rank
+    /// keeps free of its budget for them.
+    pub fn activation_bytes(&self, requests: &[Request], sp: usize) -> Result<u64> {
         let cost = self.checkpoint.activation_cost();
         requests.iter().try_fold(0u64, |most, r| {
             let text_tokens = match r.condition {
@@ -49,14 +50,17 @@ impl Model {
                 Condition::Class(_) => 0,
             };
             let b = cost
-                .checked_bytes(&RequestShape {
-                    width: r.width as u64,
-                    height: r.height as u64,
-                    frames: r.frames as u64,
-                    batch: 1,
-                    guidance: r.guidance > 1.0,
-                    text_tokens,
-                })
+                .checked_bytes_per_rank(
+                    &RequestShape {
+                        width: r.width as u64,
+                        height: r.height as u64,
+                        frames: r.frames as u64,
+                        batch: 1,
+                        guidance: r.guidance > 1.0,
+                        text_tokens,
+                    },
+                    sp as u64,
+                )
                 .ok_or_else(|| {
                     Error::invalid(
                         "size",
@@ -102,9 +106,7 @@ impl Model {
         requests: Vec<Request>,
         opts: &EngineOptions,
     ) -> Result<(Vec<Output>, RunStats)> {
-        if opts.dp == 0 {
-            return Err(Error::invalid("dp", "must be at least 1"));
-        }
+        rank::topology(self.family.as_ref(), opts)?;
         for r in &requests {
             self.validate(r)?;
         }
@@ -138,11 +140,12 @@ impl Model {
                 *e = (*e).max(*v);
             }
         }
-        let layouts = self.layouts(opts.dp)?;
+        let layouts = self.layouts(opts.dp * opts.sp)?;
         let stats = RunStats {
             family: self.family.name().to_string(),
             strategy: opts.strategy.to_string(),
             dp: opts.dp,
+            sp: opts.sp,
             slots: ranks.first().map_or(0, |r| r.slots),
             resident_blocks: if opts.strategy.streams() {
                 ranks.first().map_or(0, |r| r.resident_blocks)
@@ -195,6 +198,8 @@ pub struct RunStats {
     pub family: String,
     pub strategy: String,
     pub dp: usize,
+    /// Ranks per request (sequence parallelism).
+    pub sp: usize,
     /// K the ranks ran with (what `--slots auto` chose).
     pub slots: usize,
     /// Blocks of each streamed group a streaming strategy kept on the device (what

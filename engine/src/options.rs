@@ -19,9 +19,16 @@ pub struct EngineArgs {
     /// The diffusers pipeline folder.
     #[arg(long, env = "LAYERWISE_MODEL")]
     pub model: PathBuf,
-    /// Data-parallel ranks (threads of this process, one device each).
+    /// Requests served at once: data-parallel groups of `--sp` ranks (threads of this
+    /// process, one device each). The process uses dp × sp devices.
     #[arg(long, env = "LAYERWISE_DP", default_value_t = 1)]
     pub dp: usize,
+    /// Ranks per request (Ulysses sequence parallelism): each computes its share of the
+    /// request's latent tokens, and all-to-alls around attention give each rank every
+    /// token of its share of the heads. The weights stream over all dp × sp ranks. For
+    /// the video families (wan, cosmos3), at most their attention (key/value) heads.
+    #[arg(long, env = "LAYERWISE_SP", default_value_t = 1)]
+    pub sp: usize,
     /// Device slots per rank: K ≥ 2, or `auto` (as many as fit: on a GPU in its free
     /// memory, on the CPU in `--device-memory-mib`, which auto then needs).
     #[arg(long, env = "LAYERWISE_SLOTS", default_value = "2")]
@@ -52,7 +59,7 @@ pub struct EngineArgs {
     /// Seconds any rank may wait on a transfer, a peer or a step before failing.
     #[arg(long, env = "LAYERWISE_TIMEOUT_SECONDS", default_value_t = 120)]
     pub timeout_seconds: u64,
-    /// Where ranks compute: `cpu`, `cuda` (GPUs 0..dp; needs a build with the `cuda`
+    /// Where ranks compute: `cpu`, `cuda` (GPUs 0..dp×sp; needs a build with the `cuda`
     /// feature) or `auto` (CUDA when usable, else the CPU, saying why).
     #[arg(long, env = "LAYERWISE_DEVICE", default_value = "auto")]
     pub device: DeviceChoice,
@@ -87,6 +94,7 @@ impl EngineArgs {
         EngineOptions {
             strategy,
             dp: self.dp,
+            sp: self.sp,
             slots: self.slots,
             device_memory: self.device_memory_mib.map_or(u64::MAX, |m| m << 20),
             overhead: self.device_overhead_mib << 20,

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
+use layerwise_engine::execution::seq::Split;
 use layerwise_engine::checkpoint::check::check_tensors;
 use layerwise_engine::checkpoint::{Component, Mapped};
 use layerwise_engine::execution::weights;
@@ -57,13 +58,14 @@ fn compare(dir: &Path) -> (f32, f32) {
     let t: Vec<f32> = reference["timestep"].to_vec1().unwrap();
 
     let model = WanTransformer::new(cfg, Box::new(resident));
+    let whole = &mut Split::whole();
     let mut st = model
-        .prologue(&reference["latents"], t[0], &reference["text"])
+        .prologue(&reference["latents"], t[0], &reference["text"], whole)
         .unwrap();
     for (i, w) in blocks.iter().enumerate() {
-        model.block(i, w, &mut st).unwrap();
+        model.block(i, w, &mut st, whole).unwrap();
     }
-    let ours = model.epilogue(st).unwrap();
+    let ours = model.epilogue(st, whole).unwrap();
     let theirs = &reference["sample"];
     assert_eq!(ours.dims(), theirs.dims());
     (max_abs(&(&ours - theirs).unwrap()), max_abs(theirs))

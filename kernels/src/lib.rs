@@ -16,7 +16,7 @@
 
 mod linear;
 
-pub use linear::{linear, FEW_ROWS, MIN_FEATURES};
+pub use linear::{linear, linear_share, FEW_ROWS, MIN_FEATURES};
 use rayon::prelude::*;
 
 /// Rows per rayon task: enough work per task to outweigh its scheduling.

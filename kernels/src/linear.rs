@@ -12,7 +12,9 @@
 //! Products of at most [`FEW_ROWS`] rows skip gemm: dot products with W's rows as stored.
 //!
 //! An output's sum runs over k in the blocks gemm derives from k alone, in order, so
-//! results depend on neither the thread count nor how the features are split (a split
+//! results depend on neither the thread count, nor the rows (past [`FEW_ROWS`], and
+//! [`linear_share`] takes a share of a sequence down the path of its whole), nor how the
+//! features are split (a split
 //! never makes a range under [`MIN_FEATURES`], which would take gemm's small-matrix path).
 
 use rayon::prelude::*;
@@ -104,6 +106,28 @@ pub fn linear(
     (m, k, n): (usize, usize, usize),
     out: &mut [f32],
 ) {
+    linear_share(x, w, bias, (m, k, n), out, m)
+}
+
+/// Rows past which gemm's path no longer depends on them (see [`linear_share`]).
+const SAME_PATH_ROWS: usize = 65;
+
+/// As [`linear`] for `m` rows that are a share of a product of `whole` rows computed
+/// elsewhere (one rank's tokens of a sequence split across ranks): each row takes the
+/// path the whole product would, so its sums run in the same order and its outputs are
+/// the whole product's bit for bit. A share of fewer than [`SAME_PATH_ROWS`] rows (and
+/// fewer than the whole's) runs padded with zero rows, which costs little at that size.
+///
+/// # Panics
+/// As [`linear`].
+pub fn linear_share(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    (m, k, n): (usize, usize, usize),
+    out: &mut [f32],
+    whole: usize,
+) {
     crate::check(&[(x.len(), m * k), (w.len(), n * k), (out.len(), m * n)]);
     if let Some(b) = bias {
         crate::check(&[(b.len(), n)]);
@@ -120,10 +144,35 @@ pub fn linear(
         }
         return;
     }
-    if m <= FEW_ROWS {
+    if whole.max(m) <= FEW_ROWS {
         few_rows(x, w, bias, (m, k, n), out);
         return;
     }
+    // gemm picks its path from the shape: a matrix-vector one for one row, a
+    // "horizontal" one for at most 256 outputs, a small one up to 64 × 64. Past
+    // SAME_PATH_ROWS rows it takes none of them, whatever the rows; a share of fewer rows
+    // runs padded with zero rows to the whole's path.
+    let padded = whole.min(SAME_PATH_ROWS).max(m);
+    if padded > m {
+        let mut xp = x.to_vec();
+        xp.resize(padded * k, 0.0);
+        let mut op = vec![0f32; padded * n];
+        op[..m * n].copy_from_slice(out);
+        if let Some(b) = bias {
+            for row in op[m * n..].chunks_exact_mut(n) {
+                row.copy_from_slice(b);
+            }
+        }
+        gemm_rows(&xp, w, bias.is_some(), (padded, k, n), &mut op);
+        out.copy_from_slice(&op[..m * n]);
+        return;
+    }
+    gemm_rows(x, w, bias.is_some(), (m, k, n), out);
+}
+
+/// `out (+)= x Wᵀ` by gemm, the output features split over threads (`read_dst`: `out`
+/// holds the bias to accumulate into).
+fn gemm_rows(x: &[f32], w: &[f32], read_dst: bool, (m, k, n): (usize, usize, usize), out: &mut [f32]) {
     let threads = rayon::current_num_threads();
     let parts = threads
         .min(n / MIN_FEATURES)
@@ -134,7 +183,6 @@ pub fn linear(
     let per = n.div_ceil(parts).div_ceil(64) * 64;
     let ranges = (n / per).max(1);
     let dst = SendPtr(out.as_mut_ptr());
-    let read_dst = bias.is_some();
     (0..ranges).into_par_iter().for_each(|p| {
         let (lo, hi) = (p * per, if p + 1 == ranges { n } else { (p + 1) * per });
         // SAFETY: the pointers and strides address x [m, k] (row-major), W's rows lo..hi
@@ -224,6 +272,36 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_share_of_the_rows_gives_the_wholes_bits() {
+        let mut bad = Vec::new();
+        // Features past and under 128, wholes past and under 64 and 16, k past gemm's
+        // 512-wide blocks.
+        for (whole, k, n) in [
+            (40, 640, 256),
+            (64, 96, 128),
+            (12, 64, 256),
+            (300, 1024, 128),
+            (90, 700, 48),
+            (30, 96, 24),
+            (200, 32, 8),
+        ] {
+            let (x, w, b) = (fill(whole * k, 1), fill(n * k, 2), fill(n, 3));
+            let mut all = vec![0f32; whole * n];
+            linear(&x, &w, Some(&b), (whole, k, n), &mut all);
+            for (start, rows) in [(0, 1), (whole - 1, 1), (3, 2), (5, whole / 3), (0, whole / 2)] {
+                let mut part = vec![0f32; rows * n];
+                let xs = &x[start * k..(start + rows) * k];
+                linear_share(xs, &w, Some(&b), (rows, k, n), &mut part, whole);
+                let want = &all[start * n..(start + rows) * n];
+                if !part.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()) {
+                    bad.push(format!("whole {whole}, rows {start}..{}, k {k}, n {n}", start + rows));
+                }
+            }
+        }
+        assert!(bad.is_empty(), "{bad:#?}");
     }
 
     #[test]

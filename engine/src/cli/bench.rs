@@ -100,6 +100,8 @@ struct Config {
     strategy: Strategy,
     /// `None` for `resident`, which keeps every block whatever the flag says.
     kept: Option<KeptBlocks>,
+    /// Ranks per request.
+    sp: usize,
 }
 
 /// One row of the table (and of `--json`): a configuration's best round.
@@ -117,6 +119,10 @@ struct Row {
     vs_best: f64,
     /// Latents bit-identical to the reference's.
     identical: bool,
+    /// Device bytes each rank keeps for the activations of the largest request (the
+    /// memory model's figure at this row's sp), and over the reference's.
+    activations_per_rank: u64,
+    activations_vs_reference: f64,
     host_memory: String,
     #[serde(flatten)]
     stats: RunStats,
@@ -142,17 +148,29 @@ fn configs(a: &BenchArgs, deepest: usize) -> Result<Vec<Config>> {
         .iter()
         .map(|s| s.parse::<Strategy>())
         .collect::<Result<Vec<_>, _>>()?;
+    let sps = if a.sp_each.is_empty() {
+        vec![a.engine.sp]
+    } else {
+        a.sp_each.clone()
+    };
+    if sps.len() > 1 && a.resident_blocks.contains(&KeptBlocks::Plan) {
+        bail!("--resident-blocks plan times one topology: give --sp rather than --sp-each");
+    }
     let kept = if a.resident_blocks.is_empty() {
         vec![KeptBlocks::Fixed(0)]
     } else {
         a.resident_blocks.clone()
     };
     let mut out = Vec::new();
-    for strategy in strategies {
+    for (sp, strategy) in sps
+        .iter()
+        .flat_map(|&sp| strategies.iter().map(move |&s| (sp, s)))
+    {
         if !strategy.streams() {
             out.push(Config {
                 strategy,
                 kept: None,
+                sp,
             });
             continue;
         }
@@ -171,6 +189,7 @@ fn configs(a: &BenchArgs, deepest: usize) -> Result<Vec<Config>> {
             out.push(Config {
                 strategy,
                 kept: Some(k),
+                sp,
             });
         }
     }
@@ -208,7 +227,7 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
         .map(|p| p.as_ref().map(|(c, _)| c.kept.clone()))
         .collect();
     let rounds = run_rounds(&a, &model, &configs, deepest, &requests, &kept)?;
-    let rows = rows(&a, &configs, rounds);
+    let rows = rows(&a, &model, &requests, &configs, rounds)?;
     let steps = requests.first().map_or(0, |r| r.steps);
     if a.json {
         let report = Report {
@@ -226,10 +245,17 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "model {} ({}, {deepest} blocks in its deepest group), dp={}, --slots {}, --host-memory {}, device memory {}, {} output(s) of {steps} steps, best of {} rounds",
+        "model {} ({}, {deepest} blocks in its deepest group), dp={}, sp={}, --slots {}, --host-memory {}, device memory {}, {} output(s) of {steps} steps, best of {} rounds",
         a.engine.model.display(),
         gib(rows[0].stats.checkpoint_bytes),
         a.engine.dp,
+        configs
+            .iter()
+            .map(|c| c.sp.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join(","),
         a.engine.slots,
         a.engine.host_memory,
         a.engine
@@ -238,7 +264,8 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
         a.request.n,
         a.rounds.max(1)
     );
-    print_table(&rows, a.engine.dp > 1);
+    let most_sp = configs.iter().map(|c| c.sp).max().unwrap_or(1);
+    print_table(&rows, a.engine.dp * most_sp > 1);
     print_plans(&configs, &rows, &planned);
     print_groups(&model, &rows, steps)?;
     if !rows.iter().all(|r| r.identical) {
@@ -280,7 +307,6 @@ fn run_rounds(
     requests: &[Request],
     planned: &[Option<BTreeMap<String, u64>>],
 ) -> Result<Rounds> {
-    let activations = model.activation_bytes(requests)?;
     let mut best: Vec<Option<(RunStats, Vec<Tensor>)>> = vec![None; configs.len()];
     // Every round's step time, per configuration.
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
@@ -293,7 +319,8 @@ fn run_rounds(
             if let Some(by_component) = &planned[i] {
                 opts.resident_blocks_by_component = by_component.clone();
             }
-            opts.activations = activations;
+            opts.sp = c.sp;
+            opts.activations = model.activation_bytes(requests, c.sp)?;
             opts.decode = false;
             let (out, stats) =
                 model
@@ -308,8 +335,9 @@ fn run_rounds(
                 .map(|t| format!("{t:.3}"))
                 .collect();
             eprintln!(
-                "round {round}: {} N={}: {:.3}s/step (steps: {})",
+                "round {round}: {} sp={} N={}: {:.3}s/step (steps: {})",
                 c.strategy,
+                c.sp,
                 stats.resident_blocks,
                 stats.step_seconds,
                 each.join(" ")
@@ -341,33 +369,45 @@ fn paired_median(times: &[f64], base: &[f64]) -> f64 {
 }
 
 /// One row per configuration, against the reference: `resident`, else the first.
-fn rows(a: &BenchArgs, configs: &[Config], rounds: Rounds) -> Vec<Row> {
+fn rows(
+    a: &BenchArgs,
+    model: &Model,
+    requests: &[Request],
+    configs: &[Config],
+    rounds: Rounds,
+) -> Result<Vec<Row>> {
     let Rounds { best, times } = rounds;
     let reference = configs
         .iter()
         .position(|c| c.strategy == Strategy::Resident)
         .unwrap_or(0);
     let ref_step = best[reference].0.step_seconds;
+    let ref_act = model.activation_bytes(requests, configs[reference].sp)?;
     let ref_bits = bits(&best[reference].1);
+    // "Of the same strategy": at the same sp, so rows of one sp compare among themselves.
+    let family = |c: &Config| format!("{} sp {}", c.strategy, c.sp);
     let mut best_of: BTreeMap<String, f64> = BTreeMap::new();
     for (c, (stats, _)) in configs.iter().zip(&best) {
-        let e = best_of
-            .entry(c.strategy.to_string())
-            .or_insert(f64::INFINITY);
+        let e = best_of.entry(family(c)).or_insert(f64::INFINITY);
         *e = e.min(stats.step_seconds);
     }
     configs
         .iter()
         .zip(best)
         .enumerate()
-        .map(|(i, (c, (stats, latents)))| Row {
-            resident_blocks_asked: c.kept.map_or("-".into(), |k| k.to_string()),
-            vs_resident: stats.step_seconds / ref_step,
-            vs_best: stats.step_seconds / best_of[&c.strategy.to_string()],
-            vs_resident_paired: paired_median(&times[i], &times[reference]),
-            identical: ref_bits.is_some() && bits(&latents) == ref_bits,
-            host_memory: a.engine.host_memory.to_string(),
-            stats,
+        .map(|(i, (c, (stats, latents)))| {
+            let act = model.activation_bytes(requests, c.sp)?;
+            Ok(Row {
+                resident_blocks_asked: c.kept.map_or("-".into(), |k| k.to_string()),
+                vs_resident: stats.step_seconds / ref_step,
+                vs_best: stats.step_seconds / best_of[&family(c)],
+                vs_resident_paired: paired_median(&times[i], &times[reference]),
+                identical: ref_bits.is_some() && bits(&latents) == ref_bits,
+                activations_per_rank: act,
+                activations_vs_reference: act as f64 / ref_act.max(1) as f64,
+                host_memory: a.engine.host_memory.to_string(),
+                stats,
+            })
         })
         .collect()
 }
@@ -395,7 +435,7 @@ fn calibrate(
         let mut opts = a.engine.options(strategy, ResidentBlocks::Fixed(0));
         opts.device_memory = memory;
         opts.slots = SlotsChoice::Fixed(k as usize);
-        opts.activations = model.activation_bytes(requests)?;
+        opts.activations = model.activation_bytes(requests, a.engine.sp)?;
         opts.decode = false;
         let mut step = f64::INFINITY;
         for _ in 0..3 {
@@ -472,7 +512,8 @@ fn calibrate(
         strategy,
         a.engine.device_memory_mib.map_or(u64::MAX, |m| m << 20),
     )?;
-    let base = Placement::new(strategy, a.engine.dp as u64, k, groups.len())
+    let ranks = (a.engine.dp * a.engine.sp) as u64;
+    let base = Placement::new(strategy, ranks, k, groups.len())
         .with_resident_components(
             groups,
             &a.engine
@@ -540,7 +581,7 @@ fn plan_rows(
         .options(Strategy::Offload, ResidentBlocks::Fixed(0));
     let budget = opts
         .device_memory
-        .saturating_sub(model.activation_bytes(requests)?)
+        .saturating_sub(model.activation_bytes(requests, a.engine.sp)?)
         .saturating_sub(opts.overhead);
     let outside = model.family.resident_bytes(false);
     let fits = |p: &Placement| {
@@ -553,7 +594,8 @@ fn plan_rows(
             if c.kept != Some(KeptBlocks::Plan) {
                 return Ok(None);
             }
-            let base = Placement::new(c.strategy, a.engine.dp as u64, k, groups.len())
+            let ranks = (a.engine.dp * c.sp) as u64;
+            let base = Placement::new(c.strategy, ranks, k, groups.len())
                 .with_resident_components(&groups, &opts.resident_components);
             let choice = timing::choose(&groups, &compute, &work, &base, &rates, &fits)
                 .with_context(|| {
@@ -654,10 +696,11 @@ fn print_table(rows: &[Row], gathers: bool) {
         }
     };
     println!(
-        "{:<16} {:>9} {:>3} {:>9} {:>11} {:>8} {:>11} {:>7} {:>12} {:>14}{} {:>13} {:>13} {:>5} {:>13} {:>9}",
+        "{:<16} {:>9} {:>3} {:>3} {:>9} {:>11} {:>8} {:>11} {:>7} {:>12} {:>14}{} {:>13} {:>13} {:>13} {:>5} {:>13} {:>9}",
         "strategy",
         "N",
         "K",
+        "sp",
         "s/step",
         "vs resident",
         "vs best",
@@ -666,6 +709,7 @@ fn print_table(rows: &[Row], gathers: bool) {
         "switch stall",
         "copied/step",
         gathered("gathered/step".into()),
+        "act/rank",
         "peak device",
         "pinned host",
         "host",
@@ -682,10 +726,11 @@ fn print_table(rows: &[Row], gathers: bool) {
             asked => format!("{asked}={}", s.resident_blocks),
         };
         println!(
-            "{:<16} {:>9} {:>3} {:>9.3} {:>10.3}x {:>7.3}x {:>10.3}x {:>6.1}% {:>11.1}% {:>14}{} {:>13} {:>13} {:>5} {:>13} {:>9}",
+            "{:<16} {:>9} {:>3} {:>3} {:>9.3} {:>10.3}x {:>7.3}x {:>10.3}x {:>6.1}% {:>11.1}% {:>14}{} {:>13} {:>13} {:>13} {:>5} {:>13} {:>9}",
             s.strategy,
             n,
             s.slots,
+            s.sp,
             s.step_seconds,
             r.vs_resident,
             r.vs_best,
@@ -694,6 +739,7 @@ fn print_table(rows: &[Row], gathers: bool) {
             100.0 * s.switch_stall_fraction,
             mib(s.bytes_copied_per_step),
             gathered(mib(s.bytes_gathered_per_step)),
+            format!("{} {:.2}x", mib(r.activations_per_rank), r.activations_vs_reference),
             gib(s.peak_device_bytes),
             gib(s.peak_pinned_host_bytes),
             r.host_memory,

@@ -241,6 +241,11 @@ pub(crate) struct BenchArgs {
         value_delimiter = ','
     )]
     resident_blocks: Vec<bench::KeptBlocks>,
+    /// Ranks per request to compare, in place of `--sp`: every configuration once per
+    /// value (comma-separated, e.g. `1,2,4`), the first value's `resident` the reference.
+    /// Each row prints its activation bytes per rank beside its step time.
+    #[arg(long, env = "LAYERWISE_SP_EACH", value_delimiter = ',')]
+    sp_each: Vec<usize>,
     /// Rounds over all configurations; each configuration's best round is reported.
     #[arg(long, env = "LAYERWISE_ROUNDS", default_value_t = 2)]
     rounds: usize,

@@ -8,6 +8,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::seq::Split;
 use super::weights::Weights;
 use super::work::{Output, Request};
 use crate::checkpoint::Mapped;
@@ -98,13 +99,21 @@ pub trait FamilyRuntime: Send + Sync {
     fn first_group(&self) -> usize {
         0
     }
+    /// The most ranks one request's sequence may split across ([`Split`]), with what
+    /// bounds it (its attention heads, in the units an exchange moves them in); `None`
+    /// for a family whose tasks compute the whole sequence on one rank.
+    fn sequence_parallel(&self) -> Option<(usize, String)> {
+        None
+    }
 }
 
 /// One rank's resident weights; starts requests on that rank.
 pub trait RankModel: Send {
     /// Prepares `req` (initial noise drawn on the host, so every device starts from the
-    /// same bits) as a task on this rank's device.
-    fn start(&self, req: Request) -> Result<Box<dyn Task>>;
+    /// same bits) as a task on this rank's device, computing `split`'s share of its
+    /// sequence (the whole of it unless the family says it splits sequences,
+    /// [`FamilyRuntime::sequence_parallel`]).
+    fn start(&self, req: Request, split: Split) -> Result<Box<dyn Task>>;
 }
 
 /// One request on a rank: a sequence of passes, then an output.

@@ -15,11 +15,21 @@
 //! one pass per rank ahead of it. The next pass is predicted by the same rule from what
 //! every rank will want after this one, and committed when prefetched.
 
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use super::work::{Request, WorkKey};
 use crate::error::Abandoned;
 use crate::{Error, Result};
+
+/// What a sequence-parallel group's leader hands its followers at a pass boundary: the
+/// request it holds after taking work there (the followers start their share of it, or
+/// drop one it no longer holds).
+#[derive(Clone)]
+pub struct Handoff {
+    pub key: WorkKey,
+    pub req: Arc<Request>,
+}
 
 /// One rank's view at a pass boundary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +42,20 @@ pub struct Flags {
     pub closed: bool,
     /// The source's arrival generation this rank saw before it looked for work.
     pub generation: u64,
+}
+
+impl Flags {
+    /// A sequence-parallel follower's view: it takes no work of its own (its leader's
+    /// flags speak for its group), so it neither asks for a pass nor holds the others
+    /// from pausing or exiting.
+    pub fn following() -> Flags {
+        Flags {
+            want: None,
+            then: None,
+            closed: true,
+            generation: u64::MAX,
+        }
+    }
 }
 
 /// What every rank does next; identical on every rank of the round.
@@ -113,6 +137,9 @@ struct State {
     waited: Vec<u64>,
     /// The first failure, which every round from then on gives up with.
     poisoned: Option<String>,
+    /// Each rank's handoff of the round being gathered, and of the last one decided.
+    handoffs: Vec<Option<Handoff>>,
+    last_handoffs: Vec<Option<Handoff>>,
 }
 
 /// The barrier of one group of ranks.
@@ -135,6 +162,8 @@ impl Coordinator {
                 committed: None,
                 waited: vec![0; size],
                 poisoned: None,
+                handoffs: vec![None; size],
+                last_handoffs: vec![None; size],
             }),
             cv: Condvar::new(),
         }
@@ -150,6 +179,17 @@ impl Coordinator {
 
     /// Rank `rank` arrives with `flags`; returns once every rank has arrived.
     pub fn sync(&self, rank: usize, flags: Flags) -> Result<Decision> {
+        self.sync_handing(rank, flags, None).map(|(d, _)| d)
+    }
+
+    /// As [`Self::sync`], rank `rank` also handing `handoff` to its peers; returns the
+    /// decision and every rank's handoff of this round.
+    pub fn sync_handing(
+        &self,
+        rank: usize,
+        flags: Flags,
+        handoff: Option<Handoff>,
+    ) -> Result<(Decision, Vec<Option<Handoff>>)> {
         let mut s = self.state.lock().expect("coordinator lock");
         let abandoned = |cause: &str| {
             Error::Abandoned(Abandoned {
@@ -163,6 +203,7 @@ impl Coordinator {
         }
         let round = s.round;
         s.arrived[rank] = Some(flags);
+        s.handoffs[rank] = handoff;
         if s.arrived.iter().all(Option::is_some) {
             let all: Vec<Flags> = s
                 .arrived
@@ -175,17 +216,20 @@ impl Coordinator {
             }
             s.waited = waited;
             s.last = Some(d);
+            s.last_handoffs = std::mem::replace(&mut s.handoffs, vec![None; self.size]);
             s.round += 1;
             self.cv.notify_all();
-            return Ok(d);
+            return Ok((d, s.last_handoffs.clone()));
         }
         let start = Instant::now();
         loop {
             if let Some(p) = &s.poisoned {
                 return Err(abandoned(p));
             }
+            // The next round cannot be decided before this rank arrives at it, so the
+            // last decision and handoffs are this round's.
             if s.round != round {
-                return Ok(s.last.expect("decided"));
+                return Ok((s.last.expect("decided"), s.last_handoffs.clone()));
             }
             let left = self.timeout.saturating_sub(start.elapsed());
             if left.is_zero() {

@@ -14,6 +14,7 @@ pub mod lockstep;
 pub mod pipeline;
 pub mod rank;
 pub mod rss;
+pub mod seq;
 pub mod staging;
 pub mod stream;
 pub mod trace;

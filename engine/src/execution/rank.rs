@@ -22,20 +22,26 @@ use super::cuda::plan::ResidentBlocks;
 use super::cuda::{self, DeviceChoice, HostMode, Resolved, SlotsChoice};
 use super::dtype::{self, ComputeDtype};
 use super::family::{FamilyRuntime, RankModel, Task};
-use super::lockstep::{Coordinator, Decision, Flags};
+use super::lockstep::{Coordinator, Decision, Flags, Handoff};
 use super::pipeline::{Hook, Pipeline, PipelineOptions, Streamed};
+use super::seq::{LocalExchange, Rendezvous, SeqExchange, Split};
 use super::trace::{Lane, Trace};
 use super::work::{Output, PassReport, WorkKey, WorkSource};
 use crate::decode::DecoderBytes;
 use crate::layout::GroupLayout;
 use crate::memory::{self, GroupBytes};
 use crate::{Error, Result, Strategy};
+use layerwise_core::topology::Topology;
 
 /// How the engine runs.
 #[derive(Clone)]
 pub struct EngineOptions {
     pub strategy: Strategy,
+    /// Requests served at once: groups of `sp` ranks, each on its own request.
     pub dp: usize,
+    /// Ranks per group, splitting each request's sequence ([`layerwise_core::topology`]).
+    /// The run uses `dp × sp` devices, and the weights shard over all of them.
+    pub sp: usize,
     /// K, or `auto`: as many as the device memory holds (on the CPU, `device_memory`).
     pub slots: SlotsChoice,
     /// Device memory per rank, in bytes, for everything: weights, `activations` and
@@ -85,6 +91,7 @@ impl Default for EngineOptions {
         EngineOptions {
             strategy: Strategy::OffloadSharded,
             dp: 1,
+            sp: 1,
             slots: SlotsChoice::default(),
             device_memory: u64::MAX,
             activations: 0,
@@ -133,33 +140,44 @@ pub struct RankResult {
     pub peak_by_kind: BTreeMap<&'static str, u64>,
 }
 
-/// Where one rank computes: its backend, its communicator, its device memory and K.
+/// Where one rank computes: its backend, its communicator, its device memory and K, and
+/// its sequence-parallel group's exchange (none when `sp` is 1).
 struct Placement<B: Backend, C: Collective<B>> {
     backend: Arc<B>,
     comm: C,
     capacity: u64,
     slots: usize,
+    exchange: Option<Arc<dyn SeqExchange>>,
 }
+
+/// One rank's backend, communicator, device memory capacity and group exchange, as
+/// [`Run::spawn`] takes them.
+type RankParts<B, C> = (Arc<B>, C, u64, Option<Arc<dyn SeqExchange>>);
 
 /// A request a rank is working on.
 struct Active {
     key: WorkKey,
     task: Box<dyn Task>,
     cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// The request, kept by a sequence-parallel group's leader to hand its followers.
+    req: Option<Arc<crate::execution::work::Request>>,
 }
 
-/// Runs `opts.dp` rank threads of `family` on `source` until it closes and every rank is
-/// idle. Returns the root cause when a rank fails (not a peer's [`Error::Abandoned`]).
+/// Runs `opts.dp × opts.sp` rank threads of `family` on `source` until it closes and
+/// every rank is idle. Returns the root cause when a rank fails (not a peer's
+/// [`Error::Abandoned`]).
+///
+/// The source sees `dp` ranks, one per group: a group's first rank (its leader) takes its
+/// requests, reports their progress and returns their outputs; the others follow it,
+/// each computing its share of the same request.
 pub fn drive(
     family: &dyn FamilyRuntime,
     opts: &EngineOptions,
     source: &dyn WorkSource,
 ) -> Result<Vec<RankResult>> {
-    if opts.dp == 0 {
-        return Err(Error::invalid("dp", "must be at least 1"));
-    }
-    let device = cuda::resolve(opts.device, opts.dp)?;
-    let layouts = family.layouts(opts.dp)?;
+    let topology = topology(family, opts)?;
+    let device = cuda::resolve(opts.device, topology.ranks())?;
+    let layouts = family.layouts(topology.ranks())?;
     let dtype = compute_dtype(family, opts.compute_dtype, &device, &layouts)?;
     let sizing = Sizing::new(family, opts, layouts)?;
     let start = Start {
@@ -176,6 +194,33 @@ pub fn drive(
         #[cfg(not(feature = "cuda"))]
         Resolved::Cuda { .. } => unreachable!("resolve never picks CUDA without the feature"),
     }
+}
+
+/// `opts`' topology, refused where `family` cannot split a request's sequence `sp` ways.
+pub fn topology(family: &dyn FamilyRuntime, opts: &EngineOptions) -> Result<Topology> {
+    let t = Topology::new(opts.dp, opts.sp)?;
+    if t.sp > 1 {
+        match family.sequence_parallel() {
+            None => {
+                return Err(Error::invalid(
+                    "sp",
+                    format!(
+                        "{}: the {} family computes each request's sequence on one rank (sequence parallelism runs for the video families)",
+                        t.sp,
+                        family.name()
+                    ),
+                ))
+            }
+            Some((most, why)) if t.sp > most => {
+                return Err(Error::invalid(
+                    "sp",
+                    format!("{}: at most {most} for this model: {why}", t.sp),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(t)
 }
 
 /// What a run streams and the device bytes around it, known before any device is open.
@@ -310,16 +355,31 @@ impl<'a> Start<'a> {
         let slots = cuda::plan::cpu_slots(opts.slots, opts.strategy, planned, *weights_budget)?;
         check_budget(groups, streamed, opts, slots, *outside)?;
         let backend = Arc::new(CpuBackend::new(opts.timeout));
-        let group = LocalGroup::new(opts.dp, opts.timeout);
+        let group = LocalGroup::new(opts.dp * opts.sp, opts.timeout);
         let capacity = weights_budget.unwrap_or(u64::MAX);
+        let exchanges = (opts.sp > 1).then(|| {
+            (0..opts.dp)
+                .map(|_| {
+                    Arc::new(LocalExchange(Rendezvous::new(opts.sp, opts.timeout)))
+                        as Arc<dyn SeqExchange>
+                })
+                .collect::<Vec<_>>()
+        });
         let ranks = group
             .comms()
             .into_iter()
-            .map(|comm| (backend.clone(), comm, capacity))
+            .map(|comm| {
+                let x = exchanges.as_ref().map(|x| x[comm.rank() / opts.sp].clone());
+                (backend.clone(), comm, capacity, x)
+            })
             .collect();
-        let r = self
-            .run(slots, staging)
-            .spawn(ranks, &|why| group.poison(why));
+        let poison = |why: String| {
+            for x in exchanges.iter().flatten() {
+                x.poison(why.clone());
+            }
+            group.poison(why)
+        };
+        let r = self.run(slots, staging).spawn(ranks, &poison);
         match (r, group.dropped_before_poison()) {
             (Err(e), Some(rank)) => Err(Error::Rank {
                 rank,
@@ -337,6 +397,15 @@ impl<'a> Start<'a> {
     fn on_cuda(self, devices: usize) -> Result<Vec<RankResult>> {
         tracing::info!(devices, "computing on CUDA GPUs");
         let opts = self.opts;
+        if opts.sp > 1 {
+            return Err(Error::invalid(
+                "sp",
+                format!(
+                    "{}: a request's sequence splits across ranks on the CPU backend only in this build (its NCCL all-to-all is not written yet); run with --sp 1 on GPUs",
+                    opts.sp
+                ),
+            ));
+        }
         let Sizing {
             streamed,
             groups,
@@ -373,7 +442,7 @@ impl<'a> Start<'a> {
         let ranks = r
             .ranks
             .into_iter()
-            .map(|x| (x.backend, x.comm, x.capacity))
+            .map(|x| (x.backend, x.comm, x.capacity, None))
             .collect();
         let group = r.group;
         let staging = r.host.stages().then_some(opts.staging_buffers);
@@ -503,14 +572,14 @@ impl Run<'_> {
     /// group when a rank fails, so its peers stop instead of waiting.
     fn spawn<B: Backend, C: Collective<B>>(
         &self,
-        ranks: Vec<(Arc<B>, C, u64)>,
+        ranks: Vec<RankParts<B, C>>,
         poison: &(dyn Fn(String) + Sync),
     ) -> Result<Vec<RankResult>> {
-        let coord = Coordinator::new(self.opts.dp, self.opts.timeout);
+        let coord = Coordinator::new(self.opts.dp * self.opts.sp, self.opts.timeout);
         let results: Vec<Result<RankResult>> = std::thread::scope(|scope| {
             let handles: Vec<_> = ranks
                 .into_iter()
-                .map(|(backend, comm, capacity)| {
+                .map(|(backend, comm, capacity, exchange)| {
                     let coord = &coord;
                     let span = tracing::info_span!("rank", rank = comm.rank());
                     std::thread::Builder::new()
@@ -523,6 +592,7 @@ impl Run<'_> {
                                 comm,
                                 capacity,
                                 slots: self.slots,
+                                exchange,
                             };
                             // Poisons the collective group (which aborts every
                             // communicator) and the coordinator. Called by the failing
@@ -541,7 +611,7 @@ impl Run<'_> {
                             };
                             let r = self.rank_loop(place, coord, &fail);
                             if let Err(e) = &r {
-                                self.source.failed(rank, e);
+                                self.source.failed(rank / self.opts.sp, e);
                             }
                             r
                         })
@@ -612,9 +682,11 @@ impl Run<'_> {
             comm,
             capacity,
             slots,
+            exchange,
         } = place;
         let opts = self.opts;
         let rank = comm.rank();
+        let (group, member) = (rank / opts.sp, rank % opts.sp);
         let budget = DeviceBudget::new(rank, capacity);
         let dev = backend.device().clone();
         let _resident_alloc = budget.charge(
@@ -622,7 +694,10 @@ impl Run<'_> {
             "prologues, epilogues and the decoder",
             self.outside,
         )?;
-        let model = self.family.load_rank(&dev, self.dtype, opts.decode)?;
+        // A group's leader returns its outputs, so only it decodes them.
+        let model = self
+            .family
+            .load_rank(&dev, self.dtype, opts.decode && member == 0)?;
         let pipe = held.insert(Pipeline::new(
             backend,
             comm,
@@ -637,27 +712,43 @@ impl Run<'_> {
                 staging: self.staging,
             },
         )?);
-        self.source.ready(rank);
+        if member == 0 {
+            self.source.ready(group);
+        }
         let mut work = RankWork {
             run: self,
             rank,
+            group,
+            member,
+            exchange,
             model: &*model,
             pipe,
             budget: &budget,
             active: None,
+            failed: None,
             tally: Tally::default(),
         };
+        let leader = group * opts.sp;
         loop {
-            let flags = work.at_boundary()?;
-            let d = coord.sync(rank, flags)?;
+            let (flags, handoff) = if member == 0 {
+                let flags = work.at_boundary()?;
+                (flags, work.handoff())
+            } else {
+                (Flags::following(), None)
+            };
+            let (d, handoffs) = coord.sync_handing(rank, flags, handoff)?;
+            if member > 0 {
+                work.follow(handoffs[leader].clone());
+            }
             if d.exit {
                 break;
             }
             if !d.run {
-                self.source.wait(rank, d.generation)?;
+                self.source.wait(group, d.generation)?;
                 continue;
             }
-            work.pass(&d, flags.want == Some(d.group))?;
+            let busy = work.active.as_ref().and_then(|a| a.task.wants()) == Some(d.group);
+            work.pass(&d, busy)?;
         }
         work.finish(slots)
     }
@@ -685,18 +776,81 @@ struct Tally {
 struct RankWork<'r, B: Backend, C: Collective<B>> {
     run: &'r Run<'r>,
     rank: usize,
+    /// The group this rank serves requests in (what the source calls a rank), and its
+    /// place there (0 leads: it alone talks to the source).
+    group: usize,
+    member: usize,
+    /// The group's exchange, when requests split their sequence (`sp` > 1).
+    exchange: Option<Arc<dyn SeqExchange>>,
     model: &'r dyn RankModel,
     pipe: &'r mut Pipeline<B, C>,
     budget: &'r DeviceBudget,
     active: Option<Active>,
+    /// A follower's request that failed here: not started again when its leader, which
+    /// learns of it at its next exchange, still hands it over.
+    failed: Option<WorkKey>,
     tally: Tally,
 }
 
 impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
+    /// This rank's share of request `key`: the whole of it without sequence parallelism.
+    fn split(&self, key: WorkKey) -> Split {
+        match &self.exchange {
+            Some(x) => Split::member(x.clone(), self.member, key),
+            None => Split::whole(),
+        }
+    }
+
+    /// The request a leader holds, for its followers.
+    fn handoff(&self) -> Option<Handoff> {
+        let a = self.active.as_ref()?;
+        Some(Handoff {
+            key: a.key,
+            req: a.req.clone()?,
+        })
+    }
+
+    /// A follower at a pass boundary: holds the request its leader holds (`handoff`),
+    /// starting its share of a new one and dropping one the leader finished, cancelled
+    /// or failed.
+    fn follow(&mut self, handoff: Option<Handoff>) {
+        if self.active.as_ref().map(|a| a.key) == handoff.as_ref().map(|h| h.key) {
+            return;
+        }
+        self.active = None;
+        let Some(h) = handoff else { return };
+        if self.failed == Some(h.key) {
+            return;
+        }
+        match self.model.start((*h.req).clone(), self.split(h.key)) {
+            Ok(task) => {
+                self.active = Some(Active {
+                    key: h.key,
+                    task,
+                    cancel: None,
+                    req: None,
+                })
+            }
+            Err(e) => self.fail_request(h.key, &e),
+        }
+    }
+
+    /// Request `key` failed on this rank with `e`: its group's other ranks stop waiting
+    /// for it (their exchanges fail, quoting `e`); a follower remembers not to restart it.
+    fn fail_request(&mut self, key: WorkKey, e: &Error) {
+        if let Some(x) = &self.exchange {
+            x.abort(key, self.member, &e.to_string());
+        }
+        if self.member > 0 {
+            tracing::debug!(rank = self.rank, %key, error = %e, "request failed on this rank of its group");
+            self.failed = Some(key);
+        }
+    }
+
     /// At a pass boundary: drops cancelled work, finishes what streams no more, then takes
     /// new work if free. Returns this rank's view for the coordinator.
     fn at_boundary(&mut self) -> Result<Flags> {
-        let (rank, source) = (self.rank, self.run.source);
+        let (rank, source) = (self.group, self.run.source);
         if let Some(a) = self
             .active
             .take_if(|a| a.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)))
@@ -732,19 +886,21 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
     /// arrival generation and whether it is closed, as last seen (`u64::MAX` and open
     /// when busy, so it never asked).
     fn take_work(&mut self) -> Result<(u64, bool)> {
-        let (rank, source) = (self.rank, self.run.source);
+        let (rank, source) = (self.group, self.run.source);
         let (mut generation, mut closed) = (u64::MAX, false);
         while self.active.is_none() {
             let t = source.take(rank)?;
             (generation, closed) = (t.generation, t.closed);
             let Some(work) = t.work else { break };
             let key = work.key;
-            match self.model.start(work.req) {
+            let req = self.exchange.is_some().then(|| Arc::new(work.req.clone()));
+            match self.model.start(work.req, self.split(key)) {
                 Ok(task) if task.wants().is_some() => {
                     self.active = Some(Active {
                         key,
                         task,
                         cancel: work.cancel,
+                        req,
                     })
                 }
                 Ok(task) => source.finished(rank, key, finite(task.finish())),
@@ -773,15 +929,17 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
             }
             self.end_step(failure, t0);
         }
-        self.run.source.pass_done(
-            self.rank,
-            &PassReport {
-                busy,
-                elapsed: t0.elapsed(),
-                pipeline: self.pipe.stats(),
-                device_bytes: self.budget.used(),
-            },
-        );
+        if self.member == 0 {
+            self.run.source.pass_done(
+                self.group,
+                &PassReport {
+                    busy,
+                    elapsed: t0.elapsed(),
+                    pipeline: self.pipe.stats(),
+                    device_bytes: self.budget.used(),
+                },
+            );
+        }
         Ok(())
     }
 
@@ -790,10 +948,19 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
     /// joining the collectives so its peers are not disturbed. Returns that failure.
     fn compute(&mut self, d: &Decision, busy: bool) -> Result<Option<Error>> {
         let mut failure: Option<Error> = None;
+        let key = self.active.as_ref().map(|a| a.key);
+        let (exchange, member) = (self.exchange.as_deref(), self.member);
+        // A failure stops this rank's share at once; its group's others stop waiting.
+        let failed = |e: Error, failure: &mut Option<Error>| {
+            if let (Some(x), Some(k)) = (exchange, key) {
+                x.abort(k, member, &e.to_string());
+            }
+            *failure = Some(e);
+        };
         let mut task = self.active.as_mut().filter(|_| busy).map(|a| &mut a.task);
         if let Some(t) = task.as_mut() {
             if let Err(e) = t.begin() {
-                failure = Some(e);
+                failed(e, &mut failure);
             }
         }
         let (trace, rank) = (self.run.opts.trace.as_deref(), self.rank);
@@ -801,7 +968,7 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
             if let (Some(t), None) = (task.as_mut(), &failure) {
                 let start = trace.map(|t| t.now_us());
                 if let Err(e) = t.block(i, w) {
-                    failure = Some(e);
+                    failed(e, &mut failure);
                 }
                 if let (Some(t), Some(s)) = (trace, start) {
                     t.record(rank, Lane::Compute, i, s);
@@ -815,21 +982,28 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
     /// After a busy pass (started at `t0`): the request's failure in it, or its own at
     /// the step's end, ends the request; a step it completed is reported.
     fn end_step(&mut self, failure: Option<Error>, t0: Instant) {
-        let (rank, source) = (self.rank, self.run.source);
+        let (rank, source) = (self.group, self.run.source);
         let mut a = self.active.take().expect("busy has a task");
         let ended = match failure {
             Some(e) => Err(e),
-            None => a.task.end(),
+            None => a.task.end().inspect_err(|e| {
+                if let Some(x) = &self.exchange {
+                    x.abort(a.key, self.member, &e.to_string());
+                }
+            }),
         };
         let took = t0.elapsed();
         self.tally.busy_time += took;
         match ended {
+            Err(e) if self.member > 0 => self.fail_request(a.key, &e),
             Err(e) => source.finished(rank, a.key, Err(e)),
             Ok(step) => {
                 if let Some((step, total)) = step {
                     self.tally.step_time += took;
                     self.tally.steps += 1;
-                    source.step_done(rank, a.key, step, total, took);
+                    if self.member == 0 {
+                        source.step_done(rank, a.key, step, total, took);
+                    }
                 }
                 self.active = Some(a);
             }

@@ -193,6 +193,20 @@ mod compute {
         Ok(Tensor::stack(&samples, 0)?)
     }
 
+    /// The fewest query rows a chunk of [`attention_with_budget`] runs with, against `sk`
+    /// keys of value width `dv`: enough that the CPU's matrix products take their general
+    /// path (not the one-row, at-most-256-outputs or at-most-64 × 64 ones), whose sums run
+    /// over the inner dimension in an order set by its length alone. So a query row's
+    /// output does not depend on how many rows share its chunk: a rank holding part of a
+    /// sequence ([`crate::execution::seq::Split`]) computes its rows' bits as the whole
+    /// would. Chunks with fewer rows run padded with zero queries (small ones only: at
+    /// video sizes chunks hold more than this).
+    pub fn general_rows(sk: usize, dv: usize) -> usize {
+        let narrow = sk.min(dv).max(1);
+        let past_small = if narrow <= 64 { 65 } else { 2 };
+        (256 / narrow + 1).max(past_small)
+    }
+
     /// Softmax over the last dimension: the fused kernel for f32 on the CPU, else candle's.
     pub(super) fn softmax(scores: &Tensor) -> Result<Tensor> {
         if crate::families::fused::fast(&[scores]) {
@@ -212,6 +226,7 @@ mod compute {
     ) -> Result<Tensor> {
         let (b, h, sq, sk) = check_shapes(q, k, v)?;
         let rows = chunk_rows(h, sq, sk, budget);
+        let floor = general_rows(sk, v.dim(3)?);
         // One sample at a time: its chunks, and so its bits, do not depend on which
         // other samples share the batch.
         let mut samples = Vec::with_capacity(b);
@@ -223,9 +238,15 @@ mod compute {
             while start < sq {
                 let n = rows.min(sq - start);
                 // Scaling the queries costs rows × D, scaling the scores rows × Sk.
-                let qc = (qi.narrow(1, start, n)? * scale)?;
-                let probs = softmax(&qc.matmul(&kt)?)?;
-                chunks.push(probs.matmul(&vi)?);
+                let qc = qi.narrow(1, start, n)?;
+                let qc = if n < floor {
+                    qc.pad_with_zeros(1, 0, floor - n)?
+                } else {
+                    qc
+                };
+                let probs = softmax(&(qc * scale)?.matmul(&kt)?)?;
+                let out = probs.matmul(&vi)?;
+                chunks.push(if n < floor { out.narrow(1, 0, n)? } else { out });
                 start += n;
             }
             samples.push(Tensor::cat(&chunks, 1)?);

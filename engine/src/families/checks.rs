@@ -42,6 +42,20 @@ pub fn clip_latents(r: &Request, channels: usize, (up, tup): (usize, usize)) -> 
     ]
 }
 
+/// A request of `tokens` latent tokens split `sp` ways: every rank of its group needs at
+/// least one token.
+pub fn split_tokens(tokens: usize, sp: usize) -> Result<()> {
+    if tokens < sp {
+        return Err(Error::invalid(
+            "size",
+            format!(
+                "the request has {tokens} latent tokens, fewer than the {sp} ranks its sequence splits over (--sp): ask for a larger size or more frames"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The request's initial latents, when given, of shape `want`.
 pub fn init_latents(r: &Request, want: &[usize]) -> Result<()> {
     match &r.init_latents {

@@ -71,13 +71,27 @@ pub fn softmax_scaled(x: &Tensor, scale: f64) -> Result<Tensor> {
 /// by `layerwise-kernels`' product (each thread packs only its share of W, the bias added
 /// as the product accumulates), elsewhere by candle's `Linear`.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    linear_share(x, weight, bias, None)
+}
+
+/// [`linear`] of x's rows that are a share of `whole` rows computed elsewhere (one rank's
+/// tokens of a sequence split across a group, [`crate::execution::seq::Split`]): on the
+/// CPU each row comes out as the whole product's would, bit for bit
+/// ([`kernels::linear_share`]). `None`: x is the whole.
+pub fn linear_share(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    whole: Option<usize>,
+) -> Result<Tensor> {
     let mut ts = vec![x, weight];
     ts.extend(bias);
     if fast(&ts) {
         let (x, w) = (x.contiguous()?, weight.contiguous()?);
+        let op = Linear { whole };
         return Ok(match bias {
-            Some(b) => x.apply_op3_no_bwd(&w, &b.contiguous()?, &Linear)?,
-            None => x.apply_op2_no_bwd(&w, &Linear)?,
+            Some(b) => x.apply_op3_no_bwd(&w, &b.contiguous()?, &op)?,
+            None => x.apply_op2_no_bwd(&w, &op)?,
         });
     }
     Ok(candle_nn::Linear::new(weight.clone(), bias.cloned()).forward(x)?)
@@ -178,7 +192,10 @@ impl CustomOp3 for GatedResidual {
     }
 }
 
-struct Linear;
+struct Linear {
+    /// Rows of the whole product x's rows are a share of (none: x is the whole).
+    whole: Option<usize>,
+}
 
 impl Linear {
     /// `x Wᵀ + bias` of contiguous f32 storages, with (m, k, n) and y's shape checked.
@@ -202,7 +219,7 @@ impl Linear {
         };
         let m = x.len() / k.max(1);
         let mut out = vec![0f32; m * n];
-        kernels::linear(x, w, b, (m, k, n), &mut out);
+        kernels::linear_share(x, w, b, (m, k, n), &mut out, self.whole.unwrap_or(m));
         let mut shape = dims.to_vec();
         *shape.last_mut().expect("a last dimension") = n;
         Ok((CpuStorage::F32(out), Shape::from(shape)))

@@ -221,7 +221,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         reserved.max_frames = 1;
     }
     let activations = reserved
-        .activation_bytes(&model.checkpoint.activation_cost())
+        .activation_bytes_per_rank(&model.checkpoint.activation_cost(), a.engine.sp as u64)
         .ok_or_else(|| {
             Error::invalid(
                 "max-width",
@@ -309,9 +309,11 @@ pub fn start(
     let decoders = match decode {
         DecodeSite::Host => Vec::new(),
         DecodeSite::Device => {
-            let resolved = cuda::resolve(opts.device, opts.dp)?;
+            let resolved = cuda::resolve(opts.device, opts.dp * opts.sp)?;
+            // Outputs come from each group's leader: a decoder on its device.
             (0..opts.dp)
-                .map(|rank| {
+                .map(|group| {
+                    let rank = group * opts.sp;
                     let device = resolved.rank_device(rank)?;
                     let vae = model.decoder(&device).map_err(|e| Error::Rank {
                         rank,

@@ -13,6 +13,7 @@
 use candle_core::{DType, Device, Tensor, D};
 
 use super::config::Cosmos3Config;
+use crate::execution::seq::Split;
 use crate::execution::weights::Weights;
 use crate::families::attention::{attention, causal_attention};
 use crate::families::fused;
@@ -47,10 +48,16 @@ impl Understanding {
     }
 }
 
-/// One sequence's generation pathway while its blocks run.
+/// One sequence's generation pathway while its blocks run: on a rank of a
+/// sequence-parallel group, its share of the vision tokens ([`Split`]).
 pub struct Generation {
-    /// Hidden states [N, d] of the vision tokens.
+    /// Hidden states [n, d] of this rank's vision tokens.
     x: Tensor,
+    /// Vision tokens of the whole sequence.
+    tokens: usize,
+    /// `tokens` when `x` holds a share of them: the token-wise products take the whole's
+    /// path ([`fused::linear_share`]).
+    whole: Option<usize>,
     cos: Tensor,
     sin: Tensor,
     /// (latent frames, rows, columns) before padding to whole patches.
@@ -191,13 +198,25 @@ impl Cosmos3Transformer {
     }
 
     fn linear(&self, w: &dyn Weights, name: &str, x: &Tensor) -> Result<Tensor> {
+        self.linear_share(w, name, x, None)
+    }
+
+    /// [`Self::linear`] of a rank's share of the tokens, of `whole` rows in all
+    /// ([`fused::linear_share`]).
+    fn linear_share(
+        &self,
+        w: &dyn Weights,
+        name: &str,
+        x: &Tensor,
+        whole: Option<usize>,
+    ) -> Result<Tensor> {
         let weight = w.get(&format!("{name}.weight"))?;
         let bias = if self.cfg.attention_bias && name.starts_with("self_attn.") {
             Some(w.get(&format!("{name}.bias"))?)
         } else {
             None
         };
-        fused::linear(x, &weight, bias.as_ref())
+        fused::linear_share(x, &weight, bias.as_ref(), whole)
     }
 
     /// [S, heads × D] to [1, heads, S, D].
@@ -217,14 +236,17 @@ impl Cosmos3Transformer {
         )
     }
 
-    fn mlp(&self, w: &dyn Weights, prefix: &str, x: &Tensor) -> Result<Tensor> {
-        let up = self.linear(w, &format!("{prefix}.up_proj"), x)?;
+    fn mlp(&self, w: &dyn Weights, prefix: &str, x: &Tensor, whole: Option<usize>) -> Result<Tensor> {
+        let up = self.linear_share(w, &format!("{prefix}.up_proj"), x, whole)?;
         let hidden = if self.cfg.gated() {
-            (self.linear(w, &format!("{prefix}.gate_proj"), x)?.silu()? * up)?
+            (self
+                .linear_share(w, &format!("{prefix}.gate_proj"), x, whole)?
+                .silu()?
+                * up)?
         } else {
             up.relu()?.sqr()?
         };
-        self.linear(w, &format!("{prefix}.down_proj"), &hidden)
+        self.linear_share(w, &format!("{prefix}.down_proj"), &hidden, whole)
     }
 
     /// [1, H, S, D] to [S, H × D].
@@ -308,13 +330,15 @@ impl Cosmos3Transformer {
             w,
             "mlp",
             &rms_norm(&h, &w.get("post_attention_layernorm.weight")?, eps)?,
+            None,
         )?;
         st.x = (h + m)?;
         Ok(())
     }
 
     /// Starts the generation pathway for latents [1, C, T, H, W] at timestep `t` after
-    /// `text`, for a clip at `fps` whose latent frames hold `frames_per_latent` frames.
+    /// `text`, for a clip at `fps` whose latent frames hold `frames_per_latent` frames, on
+    /// `split`'s share of the vision tokens.
     pub fn generate(
         &self,
         latents: &Tensor,
@@ -322,6 +346,7 @@ impl Cosmos3Transformer {
         text: &mut Understanding,
         fps: f64,
         frames_per_latent: usize,
+        split: &Split,
     ) -> Result<Generation> {
         let cfg = &self.cfg;
         let (b, c, lt, lh, lw) = latents.dims5()?;
@@ -347,8 +372,17 @@ impl Cosmos3Transformer {
             .reshape(vec![c, lt, gh, p, gw, p])?
             .permute([1, 2, 4, 3, 5, 0])?
             .reshape((lt * gh * gw, p * p * c))?;
+        let tokens = lt * gh * gw;
+        let share = split.share(tokens);
+        let x = x.narrow(0, share.start, share.len())?;
+        let whole = (share.len() < tokens).then_some(tokens);
         let r = self.resident.as_ref();
-        let x = fused::linear(&x, &r.get("proj_in.weight")?, Some(&r.get("proj_in.bias")?))?;
+        let x = fused::linear_share(
+            &x,
+            &r.get("proj_in.weight")?,
+            Some(&r.get("proj_in.bias")?),
+            whole,
+        )?;
         let scaled = t * cfg.timestep_scale as f32;
         let proj = timestep_embedding(&[scaled], 256, x.device())?;
         let layer = |name: &str, x: &Tensor| {
@@ -367,21 +401,32 @@ impl Cosmos3Transformer {
                 (cos, sin)
             }
         };
+        let (cos, sin) = (
+            cos.narrow(0, share.start, share.len())?,
+            sin.narrow(0, share.start, share.len())?,
+        );
         Ok(Generation {
             x,
+            tokens,
+            whole,
             cos,
             sin,
             latent: (lt, lh, lw),
         })
     }
 
-    /// Layer `index`'s generation pathway over `text`'s keys and values.
+    /// Layer `index`'s generation pathway over `text`'s keys and values. On a rank of a
+    /// sequence-parallel group the projections, norms and rotary run on its tokens; an
+    /// all-to-all gives it every token of its share of the key/value heads (with their
+    /// query heads), which attend to the text's keys and values of those heads, and
+    /// another gives the tokens back.
     pub fn generation_block(
         &self,
         index: usize,
         w: &dyn Weights,
         text: &Understanding,
         st: &mut Generation,
+        split: &mut Split,
     ) -> Result<()> {
         let cfg = &self.cfg;
         let eps = cfg.rms_norm_eps;
@@ -391,44 +436,67 @@ impl Cosmos3Transformer {
             ))
         })?;
         let x = rms_norm(&st.x, &w.get("input_layernorm_moe_gen.weight")?, eps)?;
+        let whole = st.whole;
         let q = self.heads(
-            &self.linear(w, "self_attn.add_q_proj", &x)?,
+            &self.linear_share(w, "self_attn.add_q_proj", &x, whole)?,
             cfg.num_attention_heads,
         )?;
         let k = self.heads(
-            &self.linear(w, "self_attn.add_k_proj", &x)?,
+            &self.linear_share(w, "self_attn.add_k_proj", &x, whole)?,
             cfg.num_key_value_heads,
         )?;
         let v = self.heads(
-            &self.linear(w, "self_attn.add_v_proj", &x)?,
+            &self.linear_share(w, "self_attn.add_v_proj", &x, whole)?,
             cfg.num_key_value_heads,
         )?;
         let q = rotate(&self.head_norm(w, "norm_added_q", q)?, &st.cos, &st.sin)?;
         let k = rotate(&self.head_norm(w, "norm_added_k", k)?, &st.cos, &st.sin)?;
         let g = cfg.groups_per_kv();
-        let keys = repeat_kv(&Tensor::cat(&[tk, &k], 2)?, g)?;
-        let values = repeat_kv(&Tensor::cat(&[tv, &v], 2)?, g)?;
-        let o = attention(&q, &keys, &values, 1.0 / (cfg.head_dim as f64).sqrt())?;
-        let h = (&st.x + self.linear(w, "self_attn.to_add_out", &Self::merge(&o)?)?)?;
+        let scale = 1.0 / (cfg.head_dim as f64).sqrt();
+        let o = if split.size() > 1 {
+            let n = st.tokens;
+            let (q, k, v) = (
+                split.to_heads(&q, n, g)?,
+                split.to_heads(&k, n, 1)?,
+                split.to_heads(&v, n, 1)?,
+            );
+            let kv = split.share(cfg.num_key_value_heads);
+            let (tk, tv) = (
+                tk.narrow(1, kv.start, kv.len())?,
+                tv.narrow(1, kv.start, kv.len())?,
+            );
+            let keys = repeat_kv(&Tensor::cat(&[&tk, &k], 2)?, g)?;
+            let values = repeat_kv(&Tensor::cat(&[&tv, &v], 2)?, g)?;
+            split.to_tokens(&attention(&q, &keys, &values, scale)?, cfg.num_attention_heads, g)?
+        } else {
+            let keys = repeat_kv(&Tensor::cat(&[tk, &k], 2)?, g)?;
+            let values = repeat_kv(&Tensor::cat(&[tv, &v], 2)?, g)?;
+            attention(&q, &keys, &values, scale)?
+        };
+        let h = (&st.x + self.linear_share(w, "self_attn.to_add_out", &Self::merge(&o)?, whole)?)?;
         let m = self.mlp(
             w,
             "mlp_moe_gen",
             &rms_norm(&h, &w.get("post_attention_layernorm_moe_gen.weight")?, eps)?,
+            whole,
         )?;
         st.x = (h + m)?;
         Ok(())
     }
 
-    /// The velocity [1, C, T, H, W] from the generation pathway's last layer.
-    pub fn velocity(&self, st: Generation) -> Result<Tensor> {
+    /// The velocity [1, C, T, H, W] from the generation pathway's last layer (every
+    /// rank's tokens gathered first on a sequence-parallel group).
+    pub fn velocity(&self, st: Generation, split: &mut Split) -> Result<Tensor> {
         let cfg = &self.cfg;
         let r = self.resident.as_ref();
         let x = rms_norm(&st.x, &r.get("norm_moe_gen.weight")?, cfg.rms_norm_eps)?;
-        let x = fused::linear(
+        let x = fused::linear_share(
             &x,
             &r.get("proj_out.weight")?,
             Some(&r.get("proj_out.bias")?),
+            st.whole,
         )?;
+        let x = split.gather(&x, 0, st.tokens)?;
         let (lt, lh, lw) = st.latent;
         let (p, c) = (cfg.latent_patch_size, cfg.latent_channel);
         let (gh, gw) = (lh.div_ceil(p), lw.div_ceil(p));

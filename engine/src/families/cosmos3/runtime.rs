@@ -14,6 +14,7 @@ use super::model::{Cosmos3Transformer, Generation, Understanding};
 use super::prompt::{Cosmos3Tokenizer, Target};
 use super::{Cosmos3Checkpoint, GENERATION, UNDERSTANDING};
 use crate::checkpoint::Mapped;
+use crate::execution::seq::Split;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task, VideoSpec};
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
@@ -156,6 +157,17 @@ impl FamilyRuntime for Cosmos3Runtime {
     fn decoder(&self, device: &Device) -> Result<Box<dyn Decoder>> {
         Ok(Box::new(VideoDecoder(self.vae_decoder(device)?)))
     }
+
+    fn sequence_parallel(&self) -> Option<(usize, String)> {
+        let c = &self.checkpoint.config;
+        Some((
+            c.num_key_value_heads,
+            format!(
+                "the transformer has {} key/value heads (each rank of a request attends over whole ones)",
+                c.num_key_value_heads
+            ),
+        ))
+    }
 }
 
 struct RankShared {
@@ -174,13 +186,18 @@ struct RankShared {
 struct Cosmos3Rank(Arc<RankShared>);
 
 impl RankModel for Cosmos3Rank {
-    fn start(&self, req: Request) -> Result<Box<dyn Task>> {
+    fn start(&self, req: Request, split: Split) -> Result<Box<dyn Task>> {
         let r = &self.0;
         let Condition::Prompt { prompt, negative } = &req.condition else {
             return Err(Error::invalid("prompt", "Cosmos3 is text-conditioned"));
         };
         let shape =
             crate::families::checks::clip_latents(&req, r.transformer.cfg.latent_channel, r.latent);
+        let p = r.transformer.cfg.latent_patch_size;
+        crate::families::checks::split_tokens(
+            shape[2] * shape[3].div_ceil(p) * shape[4].div_ceil(p),
+            split.size(),
+        )?;
         let latents = match &req.init_latents {
             Some(l) => l.to_dtype(DType::F32)?,
             None => seeded_noise(req.seed, &shape)?,
@@ -203,6 +220,7 @@ impl RankModel for Cosmos3Rank {
             understanding: Vec::new(),
             generation: Vec::new(),
             step: 0,
+            split,
         }))
     }
 }
@@ -224,6 +242,8 @@ struct Cosmos3Task {
     /// The generation pass in flight, one state per sequence.
     generation: Vec<Generation>,
     step: usize,
+    /// This rank's share of the vision tokens, and the exchanges with its group's others.
+    split: Split,
 }
 
 impl Cosmos3Task {
@@ -271,12 +291,12 @@ impl Task for Cosmos3Task {
             }
             Some(_) => {
                 let t = self.sampler.timesteps()[self.step];
-                let (latents, fps) = (&self.latents, self.fps);
+                let (latents, fps, split) = (&self.latents, self.fps, &self.split);
                 self.generation = self
                     .text
                     .iter_mut()
                     .flatten()
-                    .map(|u| r.transformer.generate(latents, t, u, fps, r.latent.1))
+                    .map(|u| r.transformer.generate(latents, t, u, fps, r.latent.1, split))
                     .collect::<Result<_>>()?;
             }
         }
@@ -293,7 +313,7 @@ impl Task for Cosmos3Task {
             }
             Some(text) => {
                 for (u, st) in text.iter().zip(&mut self.generation) {
-                    tr.generation_block(index, w, u, st)?;
+                    tr.generation_block(index, w, u, st, &mut self.split)?;
                 }
             }
         }
@@ -306,9 +326,10 @@ impl Task for Cosmos3Task {
             return Ok(None);
         }
         let tr = &self.rank.transformer;
+        let split = &mut self.split;
         let mut v = std::mem::take(&mut self.generation)
             .into_iter()
-            .map(|g| tr.velocity(g));
+            .map(|g| tr.velocity(g, split));
         let cond = v
             .next()
             .ok_or_else(|| Error::bug("step: no activations after the pass"))??;

@@ -9,6 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use super::model::{Dit, DitState};
 use super::{DitCheckpoint, DitConfig};
 use crate::checkpoint::Mapped;
+use crate::execution::seq::Split;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task};
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
@@ -200,7 +201,7 @@ struct RankShared {
 struct DitRank(Arc<RankShared>);
 
 impl RankModel for DitRank {
-    fn start(&self, req: Request) -> Result<Box<dyn Task>> {
+    fn start(&self, req: Request, _: Split) -> Result<Box<dyn Task>> {
         let r = &self.0;
         let c = r.dit.cfg.in_channels;
         let latents = match &req.init_latents {

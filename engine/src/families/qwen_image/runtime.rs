@@ -19,6 +19,7 @@ use super::QwenImageCheckpoint;
 use super::{TEXT_ENCODER, TRANSFORMER};
 use crate::bounds::Dimension;
 use crate::checkpoint::Mapped;
+use crate::execution::seq::Split;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task};
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
@@ -270,7 +271,7 @@ struct RankShared {
 struct QwenImageRank(Arc<RankShared>);
 
 impl RankModel for QwenImageRank {
-    fn start(&self, req: Request) -> Result<Box<dyn Task>> {
+    fn start(&self, req: Request, _: Split) -> Result<Box<dyn Task>> {
         let r = &self.0;
         let Condition::Prompt { prompt, negative } = &req.condition else {
             return Err(Error::invalid("prompt", "Qwen-Image is text-conditioned"));

@@ -16,6 +16,7 @@ use super::{WanCheckpoint, TEXT_ENCODER, TRANSFORMER, TRANSFORMER_2};
 use crate::bounds::Dimension;
 use crate::checkpoint::Mapped;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task, VideoSpec};
+use crate::execution::seq::Split;
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::umt5::model::zero_padding;
@@ -195,6 +196,11 @@ impl FamilyRuntime for WanRuntime {
     fn decoder(&self, device: &Device) -> Result<Box<dyn Decoder>> {
         Ok(Box::new(VideoDecoder(self.vae_decoder(device)?)))
     }
+
+    fn sequence_parallel(&self) -> Option<(usize, String)> {
+        let heads = self.checkpoint.transformer_config.num_attention_heads;
+        Some((heads, format!("the transformer has {heads} attention heads")))
+    }
 }
 
 /// The Wan VAE as a [`Decoder`]: [1, C, T, h, w] latents to [F, 3, H, W] frames.
@@ -241,13 +247,18 @@ struct RankShared {
 struct WanRank(Arc<RankShared>);
 
 impl RankModel for WanRank {
-    fn start(&self, req: Request) -> Result<Box<dyn Task>> {
+    fn start(&self, req: Request, split: Split) -> Result<Box<dyn Task>> {
         let r = &self.0;
         let Condition::Prompt { prompt, negative } = &req.condition else {
             return Err(Error::invalid("prompt", "Wan is text-conditioned"));
         };
         let c = &r.runtime;
         let shape = crate::families::checks::clip_latents(&req, c.config.in_channels, c.latent);
+        let (pt, ph, pw) = c.config.patch();
+        crate::families::checks::split_tokens(
+            shape[2] / pt * (shape[3] / ph) * (shape[4] / pw),
+            split.size(),
+        )?;
         let latents = match &req.init_latents {
             Some(l) => l.to_dtype(DType::F32)?,
             None => seeded_noise(req.seed, &shape)?,
@@ -270,6 +281,7 @@ impl RankModel for WanRank {
             step: 0,
             encoder: None,
             state: None,
+            split,
         }))
     }
 }
@@ -291,6 +303,8 @@ struct WanTask {
     /// The text encoder's pass: its activations and the prompts' attention masks.
     encoder: Option<(Umt5State, Vec<Vec<u32>>)>,
     state: Option<WanState>,
+    /// This rank's share of the sequence, and the exchanges with its group's others.
+    split: Split,
 }
 
 impl WanTask {
@@ -348,7 +362,7 @@ impl Task for WanTask {
         } else {
             self.latents.clone()
         };
-        self.state = Some(self.expert().prologue(&input, t, text)?);
+        self.state = Some(self.expert().prologue(&input, t, text, &self.split)?);
         Ok(())
     }
 
@@ -362,7 +376,7 @@ impl Task for WanTask {
             .state
             .as_mut()
             .ok_or_else(|| Error::bug("step: block before the prologue"))?;
-        expert.block(index, w, st)
+        expert.block(index, w, st, &mut self.split)
     }
 
     fn end(&mut self) -> Result<Option<(usize, usize)>> {
@@ -377,7 +391,8 @@ impl Task for WanTask {
             .take()
             .ok_or_else(|| Error::bug("step: no activations after the pass"))?;
         let g = self.expert_group();
-        let out = self.expert().epilogue(st)?;
+        let rank = self.rank.clone();
+        let out = rank.experts[g - TRANSFORMER].epilogue(st, &mut self.split)?;
         let noise = if self.guided {
             let scale = if g == TRANSFORMER {
                 self.guidance

@@ -10,15 +10,22 @@ use candle_core::{Device, Tensor, D};
 
 use super::config::WanTransformerConfig;
 use super::rope;
+use crate::execution::seq::Split;
 use crate::execution::weights::Weights;
 use crate::families::attention::attention;
 use crate::families::fused;
 use crate::{Error, Result};
 
 fn linear(w: &dyn Weights, name: &str, x: &Tensor) -> Result<Tensor> {
+    linear_share(w, name, x, None)
+}
+
+/// [`linear`] of a rank's share of the tokens, of `whole` rows in all
+/// ([`fused::linear_share`]).
+fn linear_share(w: &dyn Weights, name: &str, x: &Tensor, whole: Option<usize>) -> Result<Tensor> {
     let weight = w.get(&format!("{name}.weight"))?;
     let bias = w.get(&format!("{name}.bias"))?;
-    fused::linear(x, &weight, Some(&bias))
+    fused::linear_share(x, &weight, Some(&bias), whole)
 }
 
 /// LayerNorm over the last dimension without affine parameters (biased variance), as
@@ -75,17 +82,23 @@ pub fn timestep_embedding(t: &[f32], dim: usize, device: &Device) -> Result<Tens
     Ok(Tensor::from_vec(out, (t.len(), dim), device)?)
 }
 
-/// One request's activations while its blocks run.
+/// One request's activations while its blocks run: on a rank of a sequence-parallel
+/// group, its share of the tokens ([`Split`]).
 pub struct WanState {
-    /// Hidden states [B, tokens, D].
+    /// Hidden states [B, tokens, D] (this rank's share of the tokens).
     pub x: Tensor,
+    /// Tokens of the whole sequence.
+    tokens: usize,
+    /// Rows (samples × tokens) of the whole sequence when `x` holds a share of it: the
+    /// token-wise products take the whole's path ([`fused::linear_share`]).
+    whole: Option<usize>,
     /// Projected text [B, text tokens, D], the cross-attention's keys and values.
     text: Tensor,
     /// Timestep embedding [B, D] (the output modulation's input).
     temb: Tensor,
     /// The blocks' modulation from the timestep, [B, 6, D].
     time_proj: Tensor,
-    /// Rotary tables [tokens, head_dim / 2].
+    /// Rotary tables [tokens, head_dim / 2] of this rank's tokens.
     cos: Tensor,
     sin: Tensor,
     /// The patch grid (frames, rows, columns).
@@ -104,8 +117,15 @@ impl WanTransformer {
     }
 
     /// Embeds latents [B, C, F, H, W] (B = 2 under guidance: conditional, then
-    /// unconditional) at timestep `t` with text embeddings [B, S, text_dim].
-    pub fn prologue(&self, latents: &Tensor, t: f32, text: &Tensor) -> Result<WanState> {
+    /// unconditional) at timestep `t` with text embeddings [B, S, text_dim]: the tokens of
+    /// `split`'s share of the sequence.
+    pub fn prologue(
+        &self,
+        latents: &Tensor,
+        t: f32,
+        text: &Tensor,
+        split: &Split,
+    ) -> Result<WanState> {
         let cfg = &self.cfg;
         let (b, c, f, h, w) = latents.dims5()?;
         let (pt, ph, pw) = cfg.patch();
@@ -125,7 +145,17 @@ impl WanTransformer {
         }
         let dev = latents.device();
         let grid = (f / pt, h / ph, w / pw);
+        let tokens = grid.0 * grid.1 * grid.2;
+        let share = split.share(tokens);
         let (cos, sin) = rope::tables(cfg, grid, dev)?;
+        let (cos, sin) = if share.len() == tokens {
+            (cos, sin)
+        } else {
+            (
+                cos.narrow(0, share.start, share.len())?,
+                sin.narrow(0, share.start, share.len())?,
+            )
+        };
 
         // Conv3d with kernel = stride = patch: one matrix product over the patches,
         // each flattened in the kernel's (channel, t, y, x) order, tokens frame-major.
@@ -136,12 +166,18 @@ impl WanTransformer {
             .reshape(vec![b, c, gf, pt, gh, ph, gw, pw])?
             .permute([0, 2, 4, 6, 1, 3, 5, 7])?
             .reshape((b, gf * gh * gw, patch))?;
+        let x = if share.len() == tokens {
+            x
+        } else {
+            x.narrow(1, share.start, share.len())?
+        };
         let weight = self
             .resident
             .get("patch_embedding.weight")?
             .reshape((d, patch))?;
         let bias = self.resident.get("patch_embedding.bias")?;
-        let x = fused::linear(&x, &weight, Some(&bias))?;
+        let whole = (share.len() < tokens).then_some(b * tokens);
+        let x = fused::linear_share(&x, &weight, Some(&bias), whole)?;
 
         let r = self.resident.as_ref();
         let t_proj = timestep_embedding(&vec![t; b], cfg.freq_dim, dev)?;
@@ -153,6 +189,8 @@ impl WanTransformer {
         let text = linear(r, "condition_embedder.text_embedder.linear_2", &text)?;
         Ok(WanState {
             x,
+            tokens,
+            whole,
             text,
             temb,
             time_proj,
@@ -163,7 +201,11 @@ impl WanTransformer {
     }
 
     /// Multi-head attention of `x` to `context` with the q/k RMS norms of attention
-    /// `prefix`; rotary only in self-attention (diffusers passes none to `attn2`).
+    /// `prefix`; rotary only in self-attention (diffusers passes none to `attn2`). With
+    /// `ulysses` (self-attention on a rank of a sequence-parallel group, and the whole
+    /// sequence's tokens), the norms and rotary run on this rank's tokens, an all-to-all
+    /// gives it every token of its share of the heads to attend over, and another gives
+    /// the tokens back.
     fn attention(
         &self,
         w: &dyn Weights,
@@ -171,6 +213,8 @@ impl WanTransformer {
         x: &Tensor,
         context: &Tensor,
         rotary: Option<(&Tensor, &Tensor)>,
+        ulysses: Option<(&mut Split, usize)>,
+        whole: Option<usize>,
     ) -> Result<Tensor> {
         let (b, s, d) = x.dims3()?;
         let l = context.dim(1)?;
@@ -185,21 +229,39 @@ impl WanTransformer {
         let heads = |t: Tensor, n: usize| -> Result<Tensor> {
             Ok(t.reshape((b, n, h, hd))?.transpose(1, 2)?.contiguous()?)
         };
-        let q = norm(linear(w, &format!("{prefix}.to_q"), x)?, "norm_q")?;
-        let k = norm(linear(w, &format!("{prefix}.to_k"), context)?, "norm_k")?;
-        let v = linear(w, &format!("{prefix}.to_v"), context)?;
-        let (mut q, mut k, v) = (heads(q, s)?, heads(k, l)?, heads(v, l)?);
+        // Self-attention's context is x itself, a share when x is one.
+        let ctx = if rotary.is_some() { whole } else { None };
+        let q = norm(linear_share(w, &format!("{prefix}.to_q"), x, whole)?, "norm_q")?;
+        let k = norm(linear_share(w, &format!("{prefix}.to_k"), context, ctx)?, "norm_k")?;
+        let v = linear_share(w, &format!("{prefix}.to_v"), context, ctx)?;
+        let (mut q, mut k, mut v) = (heads(q, s)?, heads(k, l)?, heads(v, l)?);
         if let Some((cos, sin)) = rotary {
             q = rope::apply(&q, cos, sin)?;
             k = rope::apply(&k, cos, sin)?;
         }
-        let o = attention(&q, &k, &v, 1.0 / (hd as f64).sqrt())?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let o = match ulysses {
+            Some((split, tokens)) if split.size() > 1 => {
+                q = split.to_heads(&q, tokens, 1)?;
+                k = split.to_heads(&k, tokens, 1)?;
+                v = split.to_heads(&v, tokens, 1)?;
+                split.to_tokens(&attention(&q, &k, &v, scale)?, h, 1)?
+            }
+            _ => attention(&q, &k, &v, scale)?,
+        };
         let o = o.transpose(1, 2)?.reshape((b, s, d))?;
-        linear(w, &format!("{prefix}.to_out.0"), &o)
+        linear_share(w, &format!("{prefix}.to_out.0"), &o, whole)
     }
 
-    /// Block `index` with its weights `w` (named relative to `blocks.{index}.`).
-    pub fn block(&self, index: usize, w: &dyn Weights, st: &mut WanState) -> Result<()> {
+    /// Block `index` with its weights `w` (named relative to `blocks.{index}.`), on
+    /// `split`'s share of the tokens.
+    pub fn block(
+        &self,
+        index: usize,
+        w: &dyn Weights,
+        st: &mut WanState,
+        split: &mut Split,
+    ) -> Result<()> {
         let eps = self.cfg.eps;
         let table = w.get("scale_shift_table")?;
         let m = table.broadcast_add(&st.time_proj)?.chunk(6, 1)?;
@@ -210,7 +272,15 @@ impl WanTransformer {
         };
         let x = &st.x;
         let n = norm_modulate(x, shift, scale, eps)?;
-        let a = self.attention(w, "attn1", &n, &n, Some((&st.cos, &st.sin)))?;
+        let a = self.attention(
+            w,
+            "attn1",
+            &n,
+            &n,
+            Some((&st.cos, &st.sin)),
+            Some((split, st.tokens)),
+            st.whole,
+        )?;
         let x = gated(x, &a, gate)?;
 
         let n = if self.cfg.cross_attn_norm {
@@ -220,23 +290,26 @@ impl WanTransformer {
         } else {
             x.clone()
         };
-        let x = (&x + self.attention(w, "attn2", &n, &st.text, None)?)?;
+        let x = (&x + self.attention(w, "attn2", &n, &st.text, None, None, st.whole)?)?;
 
         let n = norm_modulate(&x, c_shift, c_scale, eps)?;
-        let f = fused::gelu_tanh(&linear(w, "ffn.net.0.proj", &n)?)?;
-        let f = linear(w, "ffn.net.2", &f)?;
+        let f = fused::gelu_tanh(&linear_share(w, "ffn.net.0.proj", &n, st.whole)?)?;
+        let f = linear_share(w, "ffn.net.2", &f, st.whole)?;
         st.x = gated(&x, &f, c_gate)?;
         Ok(())
     }
 
-    /// Output norm and projection, unpatchified: [B, out_channels, F, H, W].
-    pub fn epilogue(&self, st: WanState) -> Result<Tensor> {
+    /// Output norm and projection, unpatchified: [B, out_channels, F, H, W]. On a rank of
+    /// a sequence-parallel group, every rank's projected tokens are gathered first, so
+    /// each has the whole output.
+    pub fn epilogue(&self, st: WanState, split: &mut Split) -> Result<Tensor> {
         let cfg = &self.cfg;
         let table = self.resident.get("scale_shift_table")?;
         let m = table.broadcast_add(&st.temb.unsqueeze(1)?)?;
         let (shift, scale) = (m.narrow(1, 0, 1)?, m.narrow(1, 1, 1)?);
         let x = norm_modulate(&st.x, &shift, &scale, cfg.eps)?;
-        let x = linear(self.resident.as_ref(), "proj_out", &x)?;
+        let x = linear_share(self.resident.as_ref(), "proj_out", &x, st.whole)?;
+        let x = split.gather(&x, 1, st.tokens)?;
         let b = x.dim(0)?;
         let (gf, gh, gw) = st.grid;
         let (pt, ph, pw) = cfg.patch();
@@ -286,21 +359,26 @@ mod tests {
         let model = WanTransformer::new(cfg.clone(), Box::new(resident));
         let latents = crate::execution::weights::seeded_noise(1, &[2, 16, 3, 4, 6]).unwrap();
         let text = crate::execution::weights::seeded_noise(2, &[2, 5, 32]).unwrap();
-        let mut st = model.prologue(&latents, 500.0, &text).unwrap();
+        let whole = &mut Split::whole();
+        let mut st = model.prologue(&latents, 500.0, &text, whole).unwrap();
         assert_eq!(st.x.dims(), &[2, 3 * 2 * 3, 24]);
         for i in 0..cfg.num_layers {
             let w = random_weights(&cfg.block_specs(), 1000 * (i as u64 + 1));
-            model.block(i, &w, &mut st).unwrap();
+            model.block(i, &w, &mut st, whole).unwrap();
         }
-        let out = model.epilogue(st).unwrap();
+        let out = model.epilogue(st, whole).unwrap();
         assert_eq!(out.dims(), &[2, 16, 3, 4, 6]);
 
         let odd = crate::execution::weights::seeded_noise(3, &[2, 16, 3, 5, 6]).unwrap();
-        let e = model.prologue(&odd, 1.0, &text).err().unwrap().to_string();
+        let e = model
+            .prologue(&odd, 1.0, &text, whole)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("latents"), "{e}");
         let wide = crate::execution::weights::seeded_noise(4, &[2, 5, 31]).unwrap();
         let e = model
-            .prologue(&latents, 1.0, &wide)
+            .prologue(&latents, 1.0, &wide, whole)
             .err()
             .unwrap()
             .to_string();
@@ -316,10 +394,11 @@ mod tests {
         );
         let latents = crate::execution::weights::seeded_noise(1, &[1, 16, 1, 2, 2]).unwrap();
         let text = crate::execution::weights::seeded_noise(2, &[1, 3, 32]).unwrap();
-        let mut st = model.prologue(&latents, 10.0, &text).unwrap();
+        let whole = &mut Split::whole();
+        let mut st = model.prologue(&latents, 10.0, &text, whole).unwrap();
         let mut w = random_weights(&cfg.block_specs(), 9);
         w.remove("attn2.norm_k.weight");
-        let e = model.block(0, &w, &mut st).unwrap_err().to_string();
+        let e = model.block(0, &w, &mut st, whole).unwrap_err().to_string();
         assert!(e.contains("attn2.norm_k.weight"), "{e}");
     }
 }
