@@ -285,9 +285,7 @@ fn a_request_failing_on_one_rank_of_its_group_fails_alone_naming_the_cause() {
     let dir = tempfile::tempdir().unwrap();
     let path = wan(dir.path());
     let plain = Model::open(&path).unwrap();
-    let requests: Vec<Request> = (1..=4)
-        .map(|s| prompt(s, 2, 5, 4.0, (32, 32)))
-        .collect();
+    let requests: Vec<Request> = (1..=4).map(|s| prompt(s, 2, 5, 4.0, (32, 32))).collect();
     let reference = bits(&plain, &requests, &with_sp(Strategy::Resident, 1, 1, 2));
     // The leader and a follower failing: either way only request 2 fails, with the
     // injected error, and the group goes on to its next request.

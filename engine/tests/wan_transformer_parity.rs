@@ -14,9 +14,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
-use layerwise_engine::execution::seq::Split;
 use layerwise_engine::checkpoint::check::check_tensors;
 use layerwise_engine::checkpoint::{Component, Mapped};
+use layerwise_engine::execution::seq::Split;
 use layerwise_engine::execution::weights;
 use layerwise_engine::families::wan::transformer::model::WanTransformer;
 use layerwise_engine::families::wan::transformer::WanTransformerConfig;

@@ -172,7 +172,13 @@ pub fn linear_share(
 
 /// `out (+)= x Wᵀ` by gemm, the output features split over threads (`read_dst`: `out`
 /// holds the bias to accumulate into).
-fn gemm_rows(x: &[f32], w: &[f32], read_dst: bool, (m, k, n): (usize, usize, usize), out: &mut [f32]) {
+fn gemm_rows(
+    x: &[f32],
+    w: &[f32],
+    read_dst: bool,
+    (m, k, n): (usize, usize, usize),
+    out: &mut [f32],
+) {
     let threads = rayon::current_num_threads();
     let parts = threads
         .min(n / MIN_FEATURES)
@@ -291,13 +297,26 @@ mod tests {
             let (x, w, b) = (fill(whole * k, 1), fill(n * k, 2), fill(n, 3));
             let mut all = vec![0f32; whole * n];
             linear(&x, &w, Some(&b), (whole, k, n), &mut all);
-            for (start, rows) in [(0, 1), (whole - 1, 1), (3, 2), (5, whole / 3), (0, whole / 2)] {
+            for (start, rows) in [
+                (0, 1),
+                (whole - 1, 1),
+                (3, 2),
+                (5, whole / 3),
+                (0, whole / 2),
+            ] {
                 let mut part = vec![0f32; rows * n];
                 let xs = &x[start * k..(start + rows) * k];
                 linear_share(xs, &w, Some(&b), (rows, k, n), &mut part, whole);
                 let want = &all[start * n..(start + rows) * n];
-                if !part.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()) {
-                    bad.push(format!("whole {whole}, rows {start}..{}, k {k}, n {n}", start + rows));
+                if !part
+                    .iter()
+                    .zip(want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+                {
+                    bad.push(format!(
+                        "whole {whole}, rows {start}..{}, k {k}, n {n}",
+                        start + rows
+                    ));
                 }
             }
         }

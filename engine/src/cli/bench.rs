@@ -513,13 +513,12 @@ fn calibrate(
         a.engine.device_memory_mib.map_or(u64::MAX, |m| m << 20),
     )?;
     let ranks = (a.engine.dp * a.engine.sp) as u64;
-    let base = Placement::new(strategy, ranks, k, groups.len())
-        .with_resident_components(
-            groups,
-            &a.engine
-                .options(strategy, ResidentBlocks::Fixed(0))
-                .resident_components,
-        );
+    let base = Placement::new(strategy, ranks, k, groups.len()).with_resident_components(
+        groups,
+        &a.engine
+            .options(strategy, ResidentBlocks::Fixed(0))
+            .resident_components,
+    );
     let predicted = |overlap: f64| {
         timing::predict(groups, compute, work, &base, &Rates { overlap, ..rates }).step
     };

@@ -397,15 +397,7 @@ impl<'a> Start<'a> {
     fn on_cuda(self, devices: usize) -> Result<Vec<RankResult>> {
         tracing::info!(devices, "computing on CUDA GPUs");
         let opts = self.opts;
-        if opts.sp > 1 {
-            return Err(Error::invalid(
-                "sp",
-                format!(
-                    "{}: a request's sequence splits across ranks on the CPU backend only in this build (its NCCL all-to-all is not written yet); run with --sp 1 on GPUs",
-                    opts.sp
-                ),
-            ));
-        }
+
         let Sizing {
             streamed,
             groups,
@@ -439,15 +431,44 @@ impl<'a> Start<'a> {
             },
         )?;
         check_budget(groups, streamed, opts, r.slots, *outside)?;
+        // Each group's members exchange over communicators of their own.
+        let exchanges = if opts.sp > 1 {
+            let contexts: Vec<_> = r
+                .ranks
+                .iter()
+                .map(|x| x.backend.context().clone())
+                .collect();
+            Some(
+                contexts
+                    .chunks(opts.sp)
+                    .map(|c| {
+                        cuda::seq::NcclExchange::init(c, opts.timeout)
+                            .map(|x| x as Arc<dyn SeqExchange>)
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            )
+        } else {
+            None
+        };
         let ranks = r
             .ranks
             .into_iter()
-            .map(|x| (x.backend, x.comm, x.capacity, None))
+            .map(|x| {
+                let exchange = exchanges
+                    .as_ref()
+                    .map(|e| e[x.comm.rank() / opts.sp].clone());
+                (x.backend, x.comm, x.capacity, exchange)
+            })
             .collect();
         let group = r.group;
         let staging = r.host.stages().then_some(opts.staging_buffers);
-        self.run(r.slots, staging)
-            .spawn(ranks, &|why| group.poison(why))
+        let poison = |why: String| {
+            for x in exchanges.iter().flatten() {
+                x.poison(why.clone());
+            }
+            group.poison(why)
+        };
+        self.run(r.slots, staging).spawn(ranks, &poison)
     }
 
     /// The run the ranks share, with K = `slots` and a staging ring of `staging` buffers.

@@ -99,11 +99,15 @@ impl Rendezvous {
                     cause: p.clone(),
                 }));
             }
-            s.aborted.iter().find(|(k, _)| *k == key).map(|(_, why)| {
-                Error::Conflict {
-                    what: format!("request {} failed on another rank of its group: {why}", key.id),
-                }
-            })
+            s.aborted
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, why)| Error::Conflict {
+                    what: format!(
+                        "request {} failed on another rank of its group: {why}",
+                        key.id
+                    ),
+                })
         };
         if let Some(e) = failed(&s) {
             return Err(e);
@@ -128,7 +132,10 @@ impl Rendezvous {
             if let Some(e) = failed(&s) {
                 return Err(e);
             }
-            let slot = s.slots.get_mut(&(key, index)).expect("slot stays until taken");
+            let slot = s
+                .slots
+                .get_mut(&(key, index))
+                .expect("slot stays until taken");
             if slot.posted.iter().all(Option::is_some) {
                 let mine: Vec<Option<Tensor>> = slot
                     .posted
@@ -167,7 +174,8 @@ impl Rendezvous {
             if s.aborted.len() == ABORTED_KEPT {
                 s.aborted.pop_front();
             }
-            s.aborted.push_back((key, format!("member {member}: {why}")));
+            s.aborted
+                .push_back((key, format!("member {member}: {why}")));
         }
         s.slots.retain(|(k, _), _| *k != key);
         self.cv.notify_all();
@@ -389,10 +397,7 @@ mod tests {
     }
 
     /// Runs `f(split)` on `size` member threads of one group and returns their results.
-    fn on_members<T: Send>(
-        size: usize,
-        f: impl Fn(Split) -> Result<T> + Sync,
-    ) -> Vec<Result<T>> {
+    fn on_members<T: Send>(size: usize, f: impl Fn(Split) -> Result<T> + Sync) -> Vec<Result<T>> {
         let meet = Rendezvous::new(size, Duration::from_secs(5));
         let x: Arc<dyn SeqExchange> = Arc::new(LocalExchange(meet));
         std::thread::scope(|s| {

@@ -367,3 +367,135 @@ impl Collective<CudaBackend> for NcclComm {
         }
     }
 }
+
+/// One member's sends and receives of a sequence-parallel all-to-all
+/// ([`crate::execution::seq`]), enqueued as one NCCL group on the compute stream of the
+/// device the parts are on: `parts[q]` goes to member q (not this one), and member q's
+/// part lands at `recv[q]` (a byte offset and length) of the buffer the op runs on.
+struct ExchangeOp<'a> {
+    comm: &'a NcclComm,
+    parts: &'a [Tensor],
+    recv: &'a [(usize, usize)],
+}
+
+impl ExchangeOp<'_> {
+    fn run(&self, storage: &mut CudaStorage, layout: &Layout) -> std::result::Result<(), Fault> {
+        let c = self.comm;
+        let _gate = c.group.gate.read().unwrap_or_else(|p| p.into_inner());
+        c.group.check(c.rank)?;
+        if c.comm.is_null() {
+            return Err(Fault::Failed(
+                "sequence-parallel exchange on a group created without NCCL".into(),
+            ));
+        }
+        c.ctx
+            .bind_to_thread()
+            .map_err(|e| format!("bind context: {e:?}"))?;
+        let stream = storage.device.cuda_stream();
+        let (base, n, _written) = slot_mut(storage, layout, &stream)?;
+        // Every send's storage stays borrowed until the group is enqueued.
+        let guards: Vec<_> = self.parts.iter().map(|t| t.storage_and_layout()).collect();
+        let mut sends = Vec::with_capacity(guards.len());
+        for (q, g) in guards.iter().enumerate() {
+            if q == c.rank {
+                continue;
+            }
+            let Storage::Cuda(cs) = &*g.0 else {
+                return Err(Fault::Failed(format!(
+                    "part for member {q} is not on the GPU"
+                )));
+            };
+            sends.push((q, buffer(cs, g.1, &stream)?));
+        }
+        for (q, &(at, len)) in self.recv.iter().enumerate() {
+            if q != c.rank && at + len > n {
+                return Err(Fault::Failed(format!(
+                    "member {q}'s part of {len} bytes at {at} overruns a {n}-byte buffer"
+                )));
+            }
+        }
+        let cu = stream.cu_stream() as _;
+        nccl::group_start().map_err(|e| format!("ncclGroupStart: {e:?}"))?;
+        let mut enqueued = Ok(());
+        for (q, (ptr, bytes, _)) in &sends {
+            // SAFETY: the pointer and length are a live, whole device buffer (checked by
+            // `buffer`), borrowed until the group ends.
+            enqueued = enqueued.and(
+                unsafe {
+                    nccl::send(
+                        *ptr as *const _,
+                        *bytes,
+                        nccl_sys::ncclDataType_t::ncclUint8,
+                        *q as i32,
+                        c.comm,
+                        cu,
+                    )
+                }
+                .map(drop)
+                .map_err(|e| format!("ncclSend to member {q}: {e:?}")),
+            );
+        }
+        for (q, &(at, len)) in self.recv.iter().enumerate() {
+            if q == c.rank {
+                continue;
+            }
+            // SAFETY: `at + len` is inside the receive buffer (checked above).
+            enqueued = enqueued.and(
+                unsafe {
+                    nccl::recv(
+                        (base + at as u64) as *mut _,
+                        len,
+                        nccl_sys::ncclDataType_t::ncclUint8,
+                        q as i32,
+                        c.comm,
+                        cu,
+                    )
+                }
+                .map(drop)
+                .map_err(|e| format!("ncclRecv from member {q}: {e:?}")),
+            );
+        }
+        // The group is ended whatever was enqueued: NCCL requires the pair.
+        let ended = nccl::group_end()
+            .map(drop)
+            .map_err(|e| format!("ncclGroupEnd: {e:?}"));
+        enqueued.and(ended).map_err(Fault::Failed)
+    }
+}
+
+impl InplaceOp1 for ExchangeOp<'_> {
+    fn name(&self) -> &'static str {
+        "layerwise-sequence-exchange"
+    }
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> candle_core::Result<()> {
+        candle_core::bail!("the NCCL exchange ran on a CPU tensor")
+    }
+    fn cuda_fwd(&self, storage: &mut CudaStorage, layout: &Layout) -> candle_core::Result<()> {
+        self.run(storage, layout).map_err(Fault::into_candle)
+    }
+}
+
+impl NcclComm {
+    /// This member's share of an all-to-all among its sequence-parallel group (see
+    /// [`ExchangeOp`]): `into` receives every other member's part at `recv`.
+    pub fn exchange(&self, parts: &[Tensor], into: &Tensor, recv: &[(usize, usize)]) -> Result<()> {
+        let op = ExchangeOp {
+            comm: self,
+            parts,
+            recv,
+        };
+        into.inplace_op1(&op).map_err(|e| {
+            let fault = Fault::from_candle(e, "sequence-parallel exchange");
+            if let Fault::Failed(msg) = &fault {
+                self.group.poison(msg.clone());
+            }
+            match fault {
+                Fault::Failed(msg) => crate::Error::Rank {
+                    rank: self.rank,
+                    msg,
+                },
+                Fault::Abandoned(a) => crate::Error::Abandoned(a),
+            }
+        })
+    }
+}

@@ -23,6 +23,8 @@ mod comm;
 mod host;
 #[cfg(feature = "cuda")]
 mod probe;
+#[cfg(feature = "cuda")]
+pub mod seq;
 
 #[cfg(feature = "cuda")]
 pub use backend::{CudaBackend, CudaEvent, CudaStream};

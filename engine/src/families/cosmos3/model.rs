@@ -236,7 +236,13 @@ impl Cosmos3Transformer {
         )
     }
 
-    fn mlp(&self, w: &dyn Weights, prefix: &str, x: &Tensor, whole: Option<usize>) -> Result<Tensor> {
+    fn mlp(
+        &self,
+        w: &dyn Weights,
+        prefix: &str,
+        x: &Tensor,
+        whole: Option<usize>,
+    ) -> Result<Tensor> {
         let up = self.linear_share(w, &format!("{prefix}.up_proj"), x, whole)?;
         let hidden = if self.cfg.gated() {
             (self
@@ -467,13 +473,18 @@ impl Cosmos3Transformer {
             );
             let keys = repeat_kv(&Tensor::cat(&[&tk, &k], 2)?, g)?;
             let values = repeat_kv(&Tensor::cat(&[&tv, &v], 2)?, g)?;
-            split.to_tokens(&attention(&q, &keys, &values, scale)?, cfg.num_attention_heads, g)?
+            split.to_tokens(
+                &attention(&q, &keys, &values, scale)?,
+                cfg.num_attention_heads,
+                g,
+            )?
         } else {
             let keys = repeat_kv(&Tensor::cat(&[tk, &k], 2)?, g)?;
             let values = repeat_kv(&Tensor::cat(&[tv, &v], 2)?, g)?;
             attention(&q, &keys, &values, scale)?
         };
-        let h = (&st.x + self.linear_share(w, "self_attn.to_add_out", &Self::merge(&o)?, whole)?)?;
+        let h =
+            (&st.x + self.linear_share(w, "self_attn.to_add_out", &Self::merge(&o)?, whole)?)?;
         let m = self.mlp(
             w,
             "mlp_moe_gen",

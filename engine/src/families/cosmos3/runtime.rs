@@ -14,8 +14,8 @@ use super::model::{Cosmos3Transformer, Generation, Understanding};
 use super::prompt::{Cosmos3Tokenizer, Target};
 use super::{Cosmos3Checkpoint, GENERATION, UNDERSTANDING};
 use crate::checkpoint::Mapped;
-use crate::execution::seq::Split;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task, VideoSpec};
+use crate::execution::seq::Split;
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::umt5::Umt5Encoder;
@@ -296,7 +296,10 @@ impl Task for Cosmos3Task {
                     .text
                     .iter_mut()
                     .flatten()
-                    .map(|u| r.transformer.generate(latents, t, u, fps, r.latent.1, split))
+                    .map(|u| {
+                        r.transformer
+                            .generate(latents, t, u, fps, r.latent.1, split)
+                    })
                     .collect::<Result<_>>()?;
             }
         }

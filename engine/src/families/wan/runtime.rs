@@ -199,7 +199,10 @@ impl FamilyRuntime for WanRuntime {
 
     fn sequence_parallel(&self) -> Option<(usize, String)> {
         let heads = self.checkpoint.transformer_config.num_attention_heads;
-        Some((heads, format!("the transformer has {heads} attention heads")))
+        Some((
+            heads,
+            format!("the transformer has {heads} attention heads"),
+        ))
     }
 }
 

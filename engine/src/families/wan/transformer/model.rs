@@ -82,6 +82,20 @@ pub fn timestep_embedding(t: &[f32], dim: usize, device: &Device) -> Result<Tens
     Ok(Tensor::from_vec(out, (t.len(), dim), device)?)
 }
 
+/// Which attention a block runs.
+enum Attend<'a> {
+    /// Over the latent tokens, with their rotary tables; split across `split`'s group,
+    /// whose whole sequence has `tokens` tokens.
+    SelfAttention {
+        cos: &'a Tensor,
+        sin: &'a Tensor,
+        split: &'a mut Split,
+        tokens: usize,
+    },
+    /// To the projected text.
+    Cross(&'a Tensor),
+}
+
 /// One request's activations while its blocks run: on a rank of a sequence-parallel
 /// group, its share of the tokens ([`Split`]).
 pub struct WanState {
@@ -201,21 +215,28 @@ impl WanTransformer {
     }
 
     /// Multi-head attention of `x` to `context` with the q/k RMS norms of attention
-    /// `prefix`; rotary only in self-attention (diffusers passes none to `attn2`). With
-    /// `ulysses` (self-attention on a rank of a sequence-parallel group, and the whole
-    /// sequence's tokens), the norms and rotary run on this rank's tokens, an all-to-all
-    /// gives it every token of its share of the heads to attend over, and another gives
-    /// the tokens back.
+    /// `prefix`: self-attention with rotary, or cross-attention without (diffusers passes
+    /// none to `attn2`). Self-attention on a rank of a sequence-parallel group runs its
+    /// norms and rotary on this rank's tokens; an all-to-all gives it every token of its
+    /// share of the heads to attend over, and another gives the tokens back. `whole`: the
+    /// rows of the whole sequence when `x` is a share of it.
     fn attention(
         &self,
         w: &dyn Weights,
         prefix: &str,
         x: &Tensor,
-        context: &Tensor,
-        rotary: Option<(&Tensor, &Tensor)>,
-        ulysses: Option<(&mut Split, usize)>,
+        attend: Attend,
         whole: Option<usize>,
     ) -> Result<Tensor> {
+        let (context, rotary, mut ulysses) = match attend {
+            Attend::SelfAttention {
+                cos,
+                sin,
+                split,
+                tokens,
+            } => (x, Some((cos, sin)), Some((split, tokens))),
+            Attend::Cross(text) => (text, None, None),
+        };
         let (b, s, d) = x.dims3()?;
         let l = context.dim(1)?;
         let (h, hd, eps) = (
@@ -231,8 +252,14 @@ impl WanTransformer {
         };
         // Self-attention's context is x itself, a share when x is one.
         let ctx = if rotary.is_some() { whole } else { None };
-        let q = norm(linear_share(w, &format!("{prefix}.to_q"), x, whole)?, "norm_q")?;
-        let k = norm(linear_share(w, &format!("{prefix}.to_k"), context, ctx)?, "norm_k")?;
+        let q = norm(
+            linear_share(w, &format!("{prefix}.to_q"), x, whole)?,
+            "norm_q",
+        )?;
+        let k = norm(
+            linear_share(w, &format!("{prefix}.to_k"), context, ctx)?,
+            "norm_k",
+        )?;
         let v = linear_share(w, &format!("{prefix}.to_v"), context, ctx)?;
         let (mut q, mut k, mut v) = (heads(q, s)?, heads(k, l)?, heads(v, l)?);
         if let Some((cos, sin)) = rotary {
@@ -240,8 +267,9 @@ impl WanTransformer {
             k = rope::apply(&k, cos, sin)?;
         }
         let scale = 1.0 / (hd as f64).sqrt();
-        let o = match ulysses {
+        let o = match ulysses.as_mut() {
             Some((split, tokens)) if split.size() > 1 => {
+                let tokens = *tokens;
                 q = split.to_heads(&q, tokens, 1)?;
                 k = split.to_heads(&k, tokens, 1)?;
                 v = split.to_heads(&v, tokens, 1)?;
@@ -272,15 +300,13 @@ impl WanTransformer {
         };
         let x = &st.x;
         let n = norm_modulate(x, shift, scale, eps)?;
-        let a = self.attention(
-            w,
-            "attn1",
-            &n,
-            &n,
-            Some((&st.cos, &st.sin)),
-            Some((split, st.tokens)),
-            st.whole,
-        )?;
+        let attend = Attend::SelfAttention {
+            cos: &st.cos,
+            sin: &st.sin,
+            split,
+            tokens: st.tokens,
+        };
+        let a = self.attention(w, "attn1", &n, attend, st.whole)?;
         let x = gated(x, &a, gate)?;
 
         let n = if self.cfg.cross_attn_norm {
@@ -290,7 +316,7 @@ impl WanTransformer {
         } else {
             x.clone()
         };
-        let x = (&x + self.attention(w, "attn2", &n, &st.text, None, None, st.whole)?)?;
+        let x = (&x + self.attention(w, "attn2", &n, Attend::Cross(&st.text), st.whole)?)?;
 
         let n = norm_modulate(&x, c_shift, c_scale, eps)?;
         let f = fused::gelu_tanh(&linear_share(w, "ffn.net.0.proj", &n, st.whole)?)?;
