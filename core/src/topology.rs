@@ -151,7 +151,9 @@ mod tests {
             let e = Topology::new(1, sp).unwrap_err().to_string();
             assert!(e.contains("sp") && e.contains(&sp.to_string()), "{e}");
         }
-        let e = check_heads(2, 4, "the transformer").unwrap_err().to_string();
+        let e = check_heads(2, 4, "the transformer")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("2 attention heads"), "{e}");
         check_heads(4, 4, "x").unwrap();
     }
