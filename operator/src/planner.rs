@@ -667,13 +667,90 @@ pub fn plan_candidates(
     overrides: &Overrides,
     limits: &Limits,
 ) -> Result<Plan, Refusal> {
-    match plan_decoding(candidates, workload, overrides, limits) {
+    check_overrides(overrides)?;
+    let sps = sp_choices(candidates, overrides)?;
+    let bound = workload.max_latency_seconds;
+    // Each sp in turn, the fewest first: the first that fits and meets the bound wins;
+    // where none meets it, the fastest that fits.
+    let mut tried: Vec<(u32, Result<f64, Refusal>)> = Vec::new();
+    let (mut met, mut fastest): (Option<Plan>, Option<Plan>) = (None, None);
+    for &sp in &sps {
+        let plan = match plan_sp(candidates, workload, overrides, sp, limits) {
+            Ok(plan) => plan,
+            Err(r) => {
+                tried.push((sp, Err(r)));
+                continue;
+            }
+        };
+        let latency = plan.predicted_latency_seconds.unwrap_or(f64::INFINITY);
+        tried.push((sp, Ok(latency)));
+        if bound.is_none_or(|b| latency <= b) {
+            met = Some(plan);
+            break;
+        }
+        if fastest
+            .as_ref()
+            .is_none_or(|f| latency < f.predicted_latency_seconds.unwrap_or(f64::INFINITY))
+        {
+            fastest = Some(plan);
+        }
+    }
+    let bound_met = met.is_some();
+    let Some(mut plan) = met.or(fastest) else {
+        // The refusal that got furthest (host memory is checked after device memory),
+        // closest to fitting.
+        let stage = |s: Shortage| match s {
+            Shortage::HostMemory => 0,
+            Shortage::DeviceMemory => 1,
+            _ => 2,
+        };
+        return Err(tried
+            .into_iter()
+            .filter_map(|(_, r)| r.err())
+            .min_by_key(|r| (stage(r.shortage), r.shortfall()))
+            .expect("at least one sp is tried"));
+    };
+    plan.latency_bound_met = bound.map(|_| bound_met);
+    let profile = candidates
+        .iter()
+        .find(|c| plan.nodes.contains(&c.node.name))
+        .map(|c| c.profile)
+        .expect("a plan names the nodes it fits");
+    // Why this sp: where the family splits its sequence, or where the spec or a latency
+    // bound asked for something only sequence parallelism could give.
+    if splits_sequence(profile) || overrides.sp.is_some() || bound.is_some() {
+        let why = sp_reason(&SpOutcome {
+            profile,
+            workload,
+            fixed: overrides.sp.is_some(),
+            tried: &tried,
+            sp: plan.sp,
+            latency: plan.predicted_latency_seconds.unwrap_or_default(),
+            bound_met,
+        });
+        plan.reasons.insert(1.min(plan.reasons.len()), why);
+    }
+    Ok(plan)
+}
+
+/// [`plan_candidates`] with groups of `sp` ranks. Where the pods would decode on the device
+/// and no option fits with the decoder there, the pods decode on the host instead (the
+/// plan's `decoder` term is then 0, and the operator tells the engine so), and the reasons
+/// say why.
+fn plan_sp(
+    candidates: &[Candidate],
+    workload: &Workload,
+    overrides: &Overrides,
+    sp: u32,
+    limits: &Limits,
+) -> Result<Plan, Refusal> {
+    match plan_decoding(candidates, workload, overrides, sp, limits) {
         Err(r) if limits.decode == DecodeSite::Device && r.shortage == Shortage::DeviceMemory => {
             let host = Limits {
                 decode: DecodeSite::Host,
                 ..*limits
             };
-            let mut p = plan_decoding(candidates, workload, overrides, &host)?;
+            let mut p = plan_decoding(candidates, workload, overrides, sp, &host)?;
             p.reasons.push(format!(
                 "the pods decode on the host's CPU: no option fits with the VAE decoder beside the ranks on the device ({r})"
             ));
@@ -683,11 +760,12 @@ pub fn plan_candidates(
     }
 }
 
-/// [`plan_candidates`] with the pods decoding where `limits` says.
+/// [`plan_sp`] with the pods decoding where `limits` says.
 fn plan_decoding(
     candidates: &[Candidate],
     workload: &Workload,
     overrides: &Overrides,
+    sp: u32,
     limits: &Limits,
 ) -> Result<Plan, Refusal> {
     if candidates.is_empty() {
@@ -699,57 +777,20 @@ fn plan_decoding(
             option: "no node matches the node selector, offers the accelerator and has reported a profile".into(),
         });
     }
-    check_overrides(overrides)?;
-    let sps = sp_choices(candidates, overrides)?;
-    let sites = sites(candidates, workload, overrides, limits)?;
+    let sites = sites(candidates, workload, sp, limits)?;
     let search = Search::new(overrides, limits);
-    let bound = workload.max_latency_seconds;
-    // Each sp in turn, the fewest first: the first that fits and meets the bound wins;
-    // where none meets it, the fastest that fits.
-    let mut tried: Vec<(u32, Result<f64, Refusal>)> = Vec::new();
-    let mut all_misses: Vec<Miss> = Vec::new();
-    let mut met: Option<(Best, Vec<Miss>, f64)> = None;
-    let mut fastest: Option<(Best, Vec<Miss>, f64)> = None;
-    for &sp in &sps {
-        let mut misses: Vec<Miss> = Vec::new();
-        let Some(best) = search.best(&sites, sp, &mut misses) else {
-            tried.push((sp, Err(refusal(misses.clone()))));
-            all_misses.extend(misses);
-            continue;
-        };
-        let latency = sites[best.site].latency(&best.option);
-        tried.push((sp, Ok(latency)));
-        if bound.is_none_or(|b| latency <= b) {
-            met = Some((best, misses, latency));
-            break;
-        }
-        if fastest.as_ref().is_none_or(|f| latency < f.2) {
-            fastest = Some((best, misses, latency));
-        }
-    }
-    let bound_met = met.is_some();
-    let Some((best, misses, latency)) = met.or(fastest) else {
-        return Err(refusal(all_misses));
+    let mut misses: Vec<Miss> = Vec::new();
+    let Some(best) = search.best(&sites, sp, &mut misses) else {
+        return Err(refusal(misses));
     };
+    let latency = sites[best.site].latency(&best.option);
     let chosen = Chosen::new(&sites, best.option, best.site, limits);
-    let mut reasons = search.reasons(
+    let reasons = search.reasons(
         &chosen,
         best.notes,
         best.timed.as_ref(),
         &sites[best.site].node.rates_from,
         candidates.len(),
-    );
-    reasons.insert(
-        1,
-        sp_reason(&SpOutcome {
-            site: chosen.site,
-            workload,
-            fixed: overrides.sp.is_some(),
-            tried: &tried,
-            sp: chosen.option.sp,
-            latency,
-            bound_met,
-        }),
     );
     let (resident_blocks, resident_blocks_by_component) = chosen.option.kept_blocks();
     let rejected = rejected(chosen.option.strategy, &misses);
@@ -760,7 +801,7 @@ fn plan_decoding(
         dp: chosen.option.dp,
         sp: chosen.option.sp,
         predicted_latency_seconds: Some((latency * 1e3).round() / 1e3),
-        latency_bound_met: bound.map(|_| bound_met),
+        latency_bound_met: None,
         slots: chosen.option.k,
         fast_peer_link: chosen.fits.iter().all(|(site, _)| site.node.fast_peer_link),
         device_bytes_per_rank: device_total(&n.device),
@@ -857,7 +898,7 @@ fn sp_choices(candidates: &[Candidate], overrides: &Overrides) -> Result<Vec<u32
 fn sites<'a>(
     candidates: &'a [Candidate],
     workload: &Workload,
-    overrides: &Overrides,
+    sp: u32,
     limits: &Limits,
 ) -> Result<Vec<Site<'a>>, Refusal> {
     let bounds = crate::resources::request_bounds(workload);
@@ -869,22 +910,20 @@ fn sites<'a>(
                 ..Refusal::invalid(format!("workload.{} {b}", b.dimension.workload_field()))
             });
         }
-        // The most ranks the request may split over: where even they could not hold its
-        // activations, no device could.
-        let most_sp = overrides.sp.unwrap_or_else(|| {
-            *sp_candidates(c.node.devices, splits_sequence(c.profile))
-                .last()
-                .unwrap_or(&1)
-        });
-        if activation_bytes_per_rank(c.profile, workload, most_sp).is_none() {
+        if activation_bytes_per_rank(c.profile, workload, sp).is_none() {
             return Err(Refusal::beyond_any_device(
                 &c.node,
                 format!(
-                    "activations of a {}x{}x{} request with batch {}",
+                    "activations of a {}x{}x{} request with batch {}{}",
                     workload.max_width,
                     workload.max_height,
                     workload.max_frames,
-                    workload.max_batch
+                    workload.max_batch,
+                    if sp > 1 {
+                        format!(" over sp {sp}")
+                    } else {
+                        String::new()
+                    }
                 ),
             ));
         }
@@ -1289,9 +1328,9 @@ impl<'s, 'a> Chosen<'s, 'a> {
 }
 
 /// What the search found of each sp, for [`sp_reason`].
-struct SpOutcome<'s, 'a> {
-    /// The node the plan was chosen on.
-    site: &'s Site<'a>,
+struct SpOutcome<'s> {
+    /// The profile of a node the plan fits.
+    profile: &'s Profile,
     workload: &'s Workload,
     /// Whether the spec fixed sp.
     fixed: bool,
@@ -1318,7 +1357,8 @@ fn sp_reason(o: &SpOutcome) -> String {
         "a {}x{}x{} request",
         w.max_width, w.max_height, w.max_frames
     );
-    let (one, per_rank) = (o.site.act(1), o.site.act(o.sp));
+    let act = |sp| activation_bytes_per_rank(o.profile, w, sp);
+    let (one, per_rank) = (act(1), act(o.sp));
     let bound = w.max_latency_seconds;
     let against = bound.map_or(String::new(), |b| {
         format!(
@@ -1327,10 +1367,10 @@ fn sp_reason(o: &SpOutcome) -> String {
         )
     });
     let mut out = format!("sp {}: ", o.sp);
-    if !splits_sequence(o.site.profile) {
+    if !splits_sequence(o.profile) {
         out += &format!(
             "the {} family does not split a request's sequence over ranks (sequence parallelism is for wan and cosmos3), so each request runs on one rank; {request} needs {} of activations{against}",
-            o.site.profile.family,
+            o.profile.family,
             gib(one)
         );
     } else if o.sp == 1 {
@@ -1360,7 +1400,7 @@ fn sp_reason(o: &SpOutcome) -> String {
             Ok(t) => format!("sp {sp} predicts {}", secs(*t)),
             Err(e) => format!(
                 "sp {sp} does not fit ({} of activations per rank; {e})",
-                gib(o.site.act(*sp))
+                gib(act(*sp))
             ),
         })
         .collect();
