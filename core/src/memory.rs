@@ -135,6 +135,8 @@ pub fn resident_block_mask(blocks: usize, n: u64) -> Vec<bool> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
     pub strategy: Strategy,
+    /// Ranks the weights shard over: every rank of the process, `dp` groups × `sp` ranks
+    /// each ([`crate::topology::Topology::ranks`]).
     pub dp: u64,
     /// K; ignored when nothing streams.
     pub slots: u64,

@@ -13,6 +13,16 @@
 //! - a block computes for `(flops_per_token · T + flops_per_token_pair · T²) · S / F`
 //!   seconds: T its tokens per sample (the prompt's for a text encoder, the latent's
 //!   otherwise), S the samples of a pass, F the device's sustained FLOP/s;
+//! - under sequence parallelism ([`crate::topology`], [`Work::sp`] ranks per request) a
+//!   rank of a per-step group on the latent computes its largest share `t` of the tokens
+//!   (`flops_per_token · t + flops_per_token_pair · T · t`: its heads see every key), and
+//!   each block adds the all-to-alls of the attention's q, k, v and output,
+//!   `S · t · exchange_bytes_per_token · (sp−1)/sp` bytes at the peer rate, to its
+//!   compute (attention waits for them); a per-request group (a text encoder, Cosmos3's
+//!   understanding pathway) runs whole on every rank of the group, no faster;
+//! - the weights shard over every rank of the process, `dp × sp` of them, which is what
+//!   the placement's `dp` counts here (as in [`crate::memory`]): [`predict_for`] takes a
+//!   [`Topology`] and sets both;
 //! - a streamed block is copied in two stages on two queues, each serial: this rank's
 //!   share from the host (`bytes/dp` under `offload-sharded`, `bytes` under `offload`)
 //!   at the host-to-device rate, then the all-gather of the rest (`bytes·(dp−1)/dp`) at
@@ -25,8 +35,12 @@
 //!   steps and groups. Kept blocks sit where the engine keeps them
 //!   ([`crate::memory::resident_block_mask`]) and copy nothing;
 //! - time outside the blocks (prologues, the sampler, the decode), launch gaps, and
-//!   contention between the copy and the compute for memory bandwidth are left out: the
-//!   model compares placements, which they do not tell apart.
+//!   contention between the copy and the compute for memory bandwidth (or between the
+//!   all-gather and the all-to-all for the peer link) are left out: the model compares
+//!   placements, which they do not tell apart.
+//!
+//! A request's latency is its per-request passes plus its steps ([`Prediction::request`]):
+//! what the planner holds against a latency bound.
 //!
 //! Identical steps are simulated three times and the rest extrapolated from the last,
 //! which the pipeline's steady state makes exact.
@@ -36,6 +50,7 @@ use std::collections::BTreeMap;
 use crate::bounds::RequestBounds;
 use crate::checkpoint::ActivationCost;
 use crate::memory::{GroupBytes, Placement};
+use crate::topology::{largest_share, Topology};
 use crate::Strategy;
 
 pub use crate::family::{experts, GroupCompute, Runs, Tokens};
@@ -179,6 +194,12 @@ pub struct Work {
     /// Passes over the per-step groups per step (2 where guidance runs its samples one
     /// after the other).
     pub passes_per_step: u64,
+    /// Ranks that split the request's latent sequence (1: no sequence parallelism).
+    pub sp: u64,
+    /// Bytes per latent token per sample one block's all-to-alls move under sequence
+    /// parallelism ([`ActivationCost::exchange_bytes_per_token`]: q, k, v and the
+    /// attention's output).
+    pub exchange_bytes_per_token: u64,
 }
 
 impl Work {
@@ -197,6 +218,16 @@ impl Work {
             steps: b.max_steps.max(1),
             samples: b.max_n.max(1) * if batched { cost.guidance_samples } else { 1 },
             passes_per_step: if b.guidance && !batched { 2 } else { 1 },
+            sp: 1,
+            exchange_bytes_per_token: cost.exchange_bytes_per_token,
+        }
+    }
+
+    /// This request with its latent sequence split over `sp` ranks (at least 1).
+    pub fn with_sp(self, sp: u64) -> Work {
+        Work {
+            sp: sp.max(1),
+            ..self
         }
     }
 }
@@ -211,8 +242,9 @@ pub struct GroupTime {
     pub blocks: usize,
     /// Its blocks kept on the device.
     pub kept: u64,
-    /// Seconds per pass computing, copying (the slower of its two stages, summed over
-    /// the streamed blocks), and the exposed part: the pass's time beyond its compute.
+    /// Seconds per pass computing (with the all-to-alls of sequence parallelism),
+    /// copying (the slower of its two stages, summed over the streamed blocks), and the
+    /// exposed part: the pass's time beyond its compute.
     pub compute: f64,
     pub copy: f64,
     pub exposed: f64,
@@ -229,7 +261,8 @@ pub struct Prediction {
     pub step_compute: f64,
     pub step_copy: f64,
     pub step_exposed: f64,
-    /// Seconds of the whole request's passes.
+    /// Seconds of the whole request's passes: its predicted latency (the time outside
+    /// the blocks aside).
     pub request: f64,
 }
 
@@ -300,8 +333,34 @@ impl Pipe {
     }
 }
 
+/// [`predict`] of a request served by one group of `topology`: the request's sequence
+/// split over its `sp` ranks, the weights sharded over all `dp × sp` ranks of the process
+/// (`p.dp` and `work.sp` are set from it). Its `request` is the predicted latency of one
+/// request, which the planner holds against `maxLatencySeconds`.
+pub fn predict_for(
+    groups: &[GroupBytes],
+    compute: &[GroupCompute],
+    work: &Work,
+    p: &Placement,
+    rates: &Rates,
+    topology: Topology,
+) -> Prediction {
+    let p = Placement {
+        dp: topology.ranks() as u64,
+        ..p.clone()
+    };
+    predict(
+        groups,
+        compute,
+        &work.with_sp(topology.sp as u64),
+        &p,
+        rates,
+    )
+}
+
 /// Predicts a request of `work` under `p` for `groups` (with what each computes,
-/// `compute`, in the same order) at `rates`.
+/// `compute`, in the same order) at `rates`. `p.dp` counts the ranks the weights shard
+/// over (every rank of the process), `work.sp` those the request's sequence splits over.
 pub fn predict(
     groups: &[GroupBytes],
     compute: &[GroupCompute],
@@ -447,15 +506,31 @@ fn pass_blocks(
         .enumerate()
         .map(|(g, group)| {
             let c = compute.get(g);
-            let t = match c.map(|c| c.tokens) {
-                Some(Tokens::Text) => work.text_tokens,
-                _ => work.tokens,
-            } as f64;
+            let text = c.is_some_and(|c| c.tokens == Tokens::Text);
+            let t = if text { work.text_tokens } else { work.tokens };
+            // Sequence parallelism splits the latent of the per-step groups; a
+            // per-request group runs whole on every rank of the request's group.
+            let sp = if text || runs(compute, g) == Runs::PerRequest {
+                1
+            } else {
+                work.sp.max(1)
+            };
+            let share = largest_share(t, sp) as f64;
+            let t = t as f64;
+            let samples = work.samples.max(1) as f64;
             let flops = c.map_or(0.0, |c| {
-                (c.flops_per_token as f64 * t + c.flops_per_token_pair as f64 * t * t)
-                    * work.samples.max(1) as f64
+                (c.flops_per_token as f64 * share + c.flops_per_token_pair as f64 * t * share)
+                    * samples
             });
-            let secs = flops / rates.device_flops.max(1.0);
+            let exchange = if sp > 1 {
+                let sp = sp as f64;
+                samples * share * work.exchange_bytes_per_token as f64 * (sp - 1.0)
+                    / sp
+                    / rates.peer.max(1.0)
+            } else {
+                0.0
+            };
+            let secs = flops / rates.device_flops.max(1.0) + exchange;
             let kept = if p.strategy.streams() {
                 p.kept(g, group.blocks())
             } else {

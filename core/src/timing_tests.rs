@@ -28,6 +28,8 @@ fn work(tokens: u64, steps: u64) -> Work {
         steps,
         samples: 1,
         passes_per_step: 1,
+        sp: 1,
+        exchange_bytes_per_token: 0,
     }
 }
 
@@ -131,6 +133,8 @@ fn a_text_encoder_streams_where_its_memory_saves_more_as_transformer_blocks() {
         steps: 50,
         samples: 2,
         passes_per_step: 1,
+        sp: 1,
+        exchange_bytes_per_token: 0,
     };
     let r = Rates::for_product("NVIDIA H100 80GB HBM3").0;
     // 40 GB of device memory for blocks, beside the slots.
@@ -213,6 +217,16 @@ fn rates_by_product_and_work_at_bounds() {
     };
     let w = Work::at_bounds(&cost, &b);
     assert_eq!((w.tokens, w.samples, w.passes_per_step), (4096, 2, 1));
+    assert_eq!(w.sp, 1);
+    let split = Work::at_bounds(
+        &ActivationCost {
+            exchange_bytes_per_token: 64,
+            ..cost.clone()
+        },
+        &b,
+    )
+    .with_sp(4);
+    assert_eq!((split.sp, split.exchange_bytes_per_token), (4, 64));
     let video = Work::at_bounds(
         &ActivationCost {
             guidance_samples: 1,
@@ -253,4 +267,120 @@ fn copies_that_share_the_cores_add_to_compute() {
         ..rates()
     };
     assert!(step(&half, 0) > 20.0 && step(&half, 0) < 30.0);
+}
+
+/// A text encoder of 2 blocks (per request, on the prompt) before a transformer of 10
+/// blocks of 1 GB that compute 2 s each on 1000 tokens, exchanging `exchange` bytes per
+/// token per block under sequence parallelism.
+fn encoded(exchange: u64) -> (Vec<GroupBytes>, Vec<GroupCompute>, Work) {
+    let (mut g, mut c) = transformer(10, 2.0);
+    g.insert(0, group("text_encoder", 2, GB));
+    c.insert(
+        0,
+        GroupCompute {
+            component: "text_encoder".into(),
+            runs: Runs::PerRequest,
+            tokens: Tokens::Text,
+            flops_per_token: 10_000_000_000,
+            flops_per_token_pair: 0,
+        },
+    );
+    let w = Work {
+        exchange_bytes_per_token: exchange,
+        ..work(1000, 10)
+    };
+    (g, c, w)
+}
+
+#[test]
+fn sequence_parallelism_shortens_a_long_sequence_on_fast_links() {
+    let (g, c, w) = encoded(16 * 5120);
+    let p = Placement::new(Strategy::OffloadSharded, 1, 2, 2);
+    let fast = Rates {
+        peer: 300e9,
+        ..rates()
+    };
+    let at = |sp| predict_for(&g, &c, &w, &p, &fast, Topology::new(1, sp).unwrap());
+    let (one, two, four) = (at(1), at(2), at(4));
+    // Each rank computes half (a quarter) of the tokens, plus its all-to-alls: 500
+    // tokens × 81 920 B × 1/2 at 300 GB/s per block.
+    let exchange = 500.0 * 16.0 * 5120.0 * 0.5 / 300e9;
+    assert!(
+        close(two.groups[1].compute, 10.0 * (1.0 + exchange)),
+        "{two:?}"
+    );
+    assert!(
+        two.request < 0.6 * one.request,
+        "{} vs {}",
+        two.request,
+        one.request
+    );
+    assert!(
+        four.request < two.request,
+        "{} vs {}",
+        four.request,
+        two.request
+    );
+    // The per-request text encoder is not split: the same compute on every rank.
+    for t in [&two, &four] {
+        assert!(close(t.groups[0].compute, one.groups[0].compute), "{t:?}");
+        assert_eq!(t.groups[0].runs, Runs::PerRequest);
+    }
+}
+
+#[test]
+fn sequence_parallelism_never_speeds_a_per_request_pass_and_slow_links_undo_it() {
+    // The text encoder alone: sp changes nothing of it.
+    let (g, c, w) = encoded(16 * 5120);
+    let p = Placement::new(Strategy::Resident, 1, 0, 2);
+    for sp in [2, 4, 8] {
+        let t = predict_for(&g, &c, &w, &p, &rates(), Topology::new(1, sp).unwrap());
+        let one = predict_for(&g, &c, &w, &p, &rates(), Topology::default());
+        assert!(
+            t.groups[0].compute >= one.groups[0].compute,
+            "sp {sp}: {t:?}"
+        );
+    }
+    // A short sequence on a slow link: the all-to-alls cost more than the compute saved
+    // (5 tokens × 80 KiB × 1/2 at 1 MB/s, 0.2 s, against 10 ms of compute per block).
+    let slow = Rates {
+        peer: 1e6,
+        ..rates()
+    };
+    let short = Work { tokens: 10, ..w };
+    let one = predict_for(&g, &c, &short, &p, &slow, Topology::default());
+    let two = predict_for(&g, &c, &short, &p, &slow, Topology::new(1, 2).unwrap());
+    assert!(
+        two.request > one.request,
+        "{} vs {}",
+        two.request,
+        one.request
+    );
+}
+
+#[test]
+fn weight_copies_shard_over_every_rank_of_the_process() {
+    // offload-sharded over dp 1 × sp 2: each rank copies half a block from the host (0.5
+    // s) and gathers the other half (0.05 s), as over dp 2 × sp 1.
+    let (g, c) = transformer(10, 2.0);
+    let p = Placement::new(Strategy::OffloadSharded, 1, 2, 1);
+    let w = work(1000, 10);
+    let sp = predict_for(&g, &c, &w, &p, &rates(), Topology::new(1, 2).unwrap());
+    let dp = predict_for(&g, &c, &w, &p, &rates(), Topology::new(2, 1).unwrap());
+    assert!(close(sp.groups[0].copy, 10.0 * 0.5), "{sp:?}");
+    assert!(close(dp.groups[0].copy, sp.groups[0].copy), "{dp:?}");
+    // Without exchange bytes declared only the compute halves.
+    assert!(close(sp.groups[0].compute, 10.0), "{sp:?}");
+    assert!(close(dp.groups[0].compute, 20.0), "{dp:?}");
+}
+
+#[test]
+fn token_pairs_split_by_the_share_of_queries() {
+    // Attention alone: T × t pairs per rank, t the largest share of an uneven split.
+    let (g, mut c) = transformer(1, 0.0);
+    c[0].flops_per_token_pair = 1_000_000;
+    let w = work(1001, 1);
+    let p = Placement::new(Strategy::Resident, 1, 0, 1);
+    let t = predict_for(&g, &c, &w, &p, &rates(), Topology::new(1, 4).unwrap());
+    assert!(close(t.request, 1001.0 * 251.0 * 1e6 / 1e12), "{t:?}");
 }

@@ -47,7 +47,13 @@ use crate::common::{ModelLocation, StrategyChoice};
         name = "DP",
         type_ = "integer",
         json_path = ".status.plan.dp",
-        description = "Ranks (accelerators) per pod"
+        description = "Requests a pod serves at once (groups of sp ranks)"
+    ),
+    printcolumn(
+        name = "SP",
+        type_ = "integer",
+        json_path = ".status.plan.sp",
+        description = "Ranks (accelerators) that split one request's sequence"
     ),
     printcolumn(
         name = "Replicas",
@@ -74,8 +80,8 @@ use crate::common::{ModelLocation, StrategyChoice};
     )
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.dp) || !has(self.strategy) || self.strategy != 'sharded' || self.dp >= 2").message("strategy sharded needs dp of at least 2 (use resident for one device)"))]
-#[x_kube(validation = Rule::new("!has(self.dp) || !has(self.strategy) || self.strategy != 'offload-sharded' || self.dp >= 2").message("strategy offload-sharded needs dp of at least 2 (use offload for one device)"))]
+#[x_kube(validation = Rule::new("!has(self.strategy) || self.strategy != 'sharded' || (has(self.dp) ? self.dp : 2) * (has(self.sp) ? self.sp : 2) >= 2").message("strategy sharded needs dp × sp of at least 2 ranks per pod (use resident for one device)"))]
+#[x_kube(validation = Rule::new("!has(self.strategy) || self.strategy != 'offload-sharded' || (has(self.dp) ? self.dp : 2) * (has(self.sp) ? self.sp : 2) >= 2").message("strategy offload-sharded needs dp × sp of at least 2 ranks per pod (use offload for one device)"))]
 #[x_kube(validation = Rule::new("!has(self.autoscaling) || !has(self.replicas) || self.autoscaling.mode != 'external' || (self.replicas >= self.autoscaling.minReplicas && self.replicas <= self.autoscaling.maxReplicas)").message("in external autoscaling mode replicas must lie within [minReplicas, maxReplicas]"))]
 pub struct DiffusionDeploymentSpec {
     /// The model: its family and where its files are on the nodes.
@@ -86,11 +92,19 @@ pub struct DiffusionDeploymentSpec {
     /// `auto` (the planner chooses) or one of resident, sharded, offload, offload-sharded.
     #[serde(default)]
     pub strategy: StrategyChoice,
-    /// Fixed ranks (accelerators) per pod; the planner chooses when unset.
+    /// Fixed requests a pod serves at once: groups of `sp` ranks each, so a pod uses
+    /// dp × sp accelerators; the planner chooses when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1").message("dp must be at least 1"))]
     #[schemars(range(max = 64))]
     pub dp: Option<u32>,
+    /// Fixed ranks (accelerators) that split one request's latent sequence (Ulysses
+    /// sequence parallelism; the `wan` and `cosmos3` families), 1 for none. Unset: the
+    /// planner chooses the fewest whose activations fit the device and whose predicted
+    /// latency meets `workload.maxLatencySeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 16").message("sp must be between 1 and 16"))]
+    pub sp: Option<u32>,
     /// Fixed device slots per rank (K), at least 2: one block computing while the next
     /// arrives (the engine refuses fewer). The planner grows K beyond 2 when memory allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -137,7 +151,7 @@ fn family_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 
 /// Bounds on a single request; requests beyond them are refused by the engine, and the
 /// planner reserves activation memory for a request at these bounds.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Workload {
     #[serde(default = "default_side")]
@@ -166,6 +180,13 @@ pub struct Workload {
     #[serde(default = "default_prompt_tokens")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 4096").message("maxPromptTokens must be between 1 and 4096"))]
     pub max_prompt_tokens: u64,
+    /// The most seconds a request at these bounds should take: the planner splits its
+    /// sequence over enough ranks (`sp`) that the step-time model predicts it within this,
+    /// or, where no sp can, plans the fastest and says so (the `Planned` condition's
+    /// reason `LatencyBoundNotMet`). Unset: no bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0.0").message("maxLatencySeconds must be positive"))]
+    pub max_latency_seconds: Option<f64>,
 }
 
 fn default_side() -> u64 {
@@ -194,6 +215,7 @@ impl Default for Workload {
             max_batch: 1,
             guidance: true,
             max_prompt_tokens: default_prompt_tokens(),
+            max_latency_seconds: None,
         }
     }
 }
@@ -419,13 +441,25 @@ pub struct DiffusionDeploymentStatus {
 }
 
 /// How a replica runs, and why.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Plan {
     /// The strategy the planner chose (never `auto`).
     pub strategy: Strategy,
-    /// Ranks (accelerators) per pod.
+    /// Requests a pod serves at once: groups of `sp` ranks (the pod's accelerators are
+    /// dp × sp).
     pub dp: u32,
+    /// Ranks of a group, which split one request's latent sequence (1: none).
+    #[serde(default = "one_u32")]
+    pub sp: u32,
+    /// What the step-time model predicts a request at the workload's bounds takes under
+    /// this plan, in seconds (none where nothing streams and no bound was asked for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_latency_seconds: Option<f64>,
+    /// Whether `predictedLatencySeconds` meets `workload.maxLatencySeconds`; unset where
+    /// the workload sets no bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_bound_met: Option<bool>,
     /// Device slots per rank (K); 0 for resident.
     pub slots: u32,
     /// Whether the ranks of a pod all-gather over a fast peer link.
@@ -485,7 +519,16 @@ pub enum ComponentPlacement {
     Streamed,
 }
 
+fn one_u32() -> u32 {
+    1
+}
+
 impl Plan {
+    /// Accelerators one pod uses: dp groups × sp ranks.
+    pub fn devices(&self) -> u32 {
+        self.dp.max(1).saturating_mul(self.sp.max(1))
+    }
+
     /// The components kept whole on the device although the strategy streams: what the
     /// engine's `--resident-components` takes.
     pub fn resident_components(&self) -> Vec<String> {

@@ -42,7 +42,7 @@ fn the_deployment_kind_has_scale_status_and_printer_columns() {
         .collect();
     assert_eq!(
         cols,
-        ["Strategy", "DP", "Replicas", "Ready", "Queue", "Age"]
+        ["Strategy", "DP", "SP", "Replicas", "Ready", "Queue", "Age"]
     );
     assert_eq!(crd.spec.scope, "Namespaced");
     assert_eq!(crds::DiffusionNode::crd().spec.scope, "Cluster");

@@ -367,7 +367,7 @@ fn plan(
             });
         }
     };
-    let summary = format!(
+    let mut summary = format!(
         "{}: {:.2} GiB device per rank, {:.2} GiB host per pod, on {}",
         resources::plan_summary(&plan),
         plan.device_bytes_per_rank as f64 / (1u64 << 30) as f64,
@@ -382,7 +382,28 @@ fn plan(
         r.event(EventType::Normal, "Planned", "Plan", note);
         ctx.telemetry.metrics.planned(plan.strategy.as_str());
     }
-    r.set(cond::PLANNED, true, "Planned", &summary);
+    // A latency bound no sp meets: the fastest plan runs, and the condition says so.
+    let reason = match plan.latency_bound_met {
+        Some(false) => {
+            let why = format!(
+                "no plan meets workload.maxLatencySeconds {}: the fastest predicts {:.1} s a request",
+                w.max_latency_seconds.unwrap_or_default(),
+                plan.predicted_latency_seconds.unwrap_or_default()
+            );
+            if r.old.plan.as_ref() != Some(&plan) {
+                r.event(
+                    EventType::Warning,
+                    "LatencyBoundNotMet",
+                    "Plan",
+                    why.clone(),
+                );
+            }
+            summary = format!("{summary}; {why}");
+            "LatencyBoundNotMet"
+        }
+        _ => "Planned",
+    };
+    r.set(cond::PLANNED, true, reason, &summary);
     r.status.plan = Some(plan.clone());
     let warm = shapes
         .iter()

@@ -145,7 +145,7 @@ pub fn prepare_bound(
             candidates
                 .iter()
                 .filter(|c| p.nodes.contains(&c.name()))
-                .map(|c| (c.offer.devices / p.dp.max(1)) as usize)
+                .map(|c| (c.offer.devices / p.devices()) as usize)
                 .min()
         })
         .unwrap_or(1)

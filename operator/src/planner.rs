@@ -1,5 +1,14 @@
 //! The planner: a pure function from a checkpoint profile, the candidate nodes' shapes and the
-//! workload bounds (plus any fixed strategy, dp or slots) to a plan or a refusal.
+//! workload bounds (plus any fixed strategy, dp, sp or slots) to a plan or a refusal.
+//!
+//! A pod runs `dp` groups of `sp` ranks ([`layerwise_core::topology`]): each group serves
+//! one request, its `sp` ranks splitting the request's latent sequence, and the weights
+//! shard over all `dp × sp` ranks. The planner tries sp from 1 up (1, 2, 4, 8, as far as
+//! the node's accelerators and [`MAX_SP`] allow, and only where the profile declares the
+//! all-to-all's buffers: the families that split their sequence) and keeps the first
+//! whose activations per rank fit beside the weights and whose predicted latency meets
+//! `workload.maxLatencySeconds`; within that sp the options are ranked as they always
+//! were. Where no sp meets the bound, it plans the fastest and says so.
 //!
 //! Memory is counted per rank on the device (block weights kept there, K slots of one padded
 //! block, prologue/epilogue, activations of the largest allowed request, runtime overhead,
@@ -16,9 +25,11 @@ use crds::{
     ComponentPlacement, ComponentPlan, DiffusionDeploymentSpec, MemoryBreakdown, Plan, Profile,
     Strategy, StrategyChoice, Workload,
 };
+use layerwise_core::bounds::RequestBounds;
 use layerwise_core::decode::{DecodeSite, DecoderBytes};
 use layerwise_core::memory::{self, Placement};
 use layerwise_core::timing::{self, Choice, GroupCompute, Prediction, Rates, Work};
+use layerwise_core::topology::MAX_SP;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -67,6 +78,8 @@ impl NodeShape {
 pub struct Overrides {
     pub strategy: StrategyChoice,
     pub dp: Option<u32>,
+    /// Ranks per request (sequence parallelism); `None`: the planner chooses.
+    pub sp: Option<u32>,
     pub slots: Option<u32>,
 }
 
@@ -76,6 +89,7 @@ impl Overrides {
         Overrides {
             strategy: spec.strategy,
             dp: spec.dp,
+            sp: spec.sp,
             slots: spec.slots,
         }
     }
@@ -92,7 +106,8 @@ pub struct Limits {
     pub min_slots: u32,
     /// The most slots the planner grows K to when memory allows.
     pub max_slots: u32,
-    /// The most ranks per pod the planner chooses on its own.
+    /// The most ranks per pod the planner chooses on its own (dp × sp, unless the spec
+    /// fixes sp beyond it).
     pub max_dp: u32,
     /// Where the engine pods decode ([`DecodeSite::for_resource`] of the accelerator): on
     /// the device, the planner reserves the decoder's weights and largest decode there.
@@ -136,7 +151,7 @@ impl Limits {
 pub enum Shortage {
     /// No node offers the accelerator (or matches the selector).
     NoNodes,
-    /// Fewer accelerators on every node than the plan's dp.
+    /// Fewer accelerators on every node than the plan's dp × sp.
     Accelerators,
     /// Device memory per rank.
     DeviceMemory,
@@ -248,7 +263,31 @@ pub struct Need {
 /// Peak activation bytes for the largest allowed request, or `None` when the engine's formula
 /// would overflow (a request no device could hold).
 pub fn activation_bytes(profile: &Profile, w: &Workload) -> Option<u64> {
-    crate::resources::request_bounds(w).activation_bytes(&profile.activation)
+    activation_bytes_per_rank(profile, w, 1)
+}
+
+/// [`activation_bytes`] on each rank of a group of `sp` that splits the request's sequence:
+/// the engine's own formula ([`RequestBounds::activation_bytes_per_rank`]), which its start
+/// check calls with its `--sp`.
+pub fn activation_bytes_per_rank(profile: &Profile, w: &Workload, sp: u32) -> Option<u64> {
+    crate::resources::request_bounds(w)
+        .activation_bytes_per_rank(&profile.activation, u64::from(sp))
+}
+
+/// Whether `profile`'s family splits a request's sequence over ranks: it declares the
+/// buffers of the all-to-all ([`crds::ActivationCost::exchange_bytes_per_token`]), as the
+/// `wan` and `cosmos3` families do. A profile of an agent that predates them declares none.
+pub fn splits_sequence(profile: &Profile) -> bool {
+    profile.activation.exchange_bytes_per_token > 0
+}
+
+/// The sp the planner tries, in order, where the spec leaves it: 1, then 2, 4 and 8 as far
+/// as `devices` and [`MAX_SP`] allow (none beyond 1 where `splits` is false).
+pub fn sp_candidates(devices: u32, splits: bool) -> Vec<u32> {
+    [1u32, 2, 4, 8]
+        .into_iter()
+        .filter(|&sp| sp == 1 || (splits && sp <= devices && sp as usize <= MAX_SP))
+        .collect()
 }
 
 /// What the engine pods' decoder keeps on each device where they decode (`site`): its
@@ -309,11 +348,14 @@ fn device_total(b: &MemoryBreakdown) -> u64 {
     .fold(0u64, u64::saturating_add)
 }
 
-/// One (strategy, dp, K, components kept resident, blocks kept) the planner may choose.
+/// One (strategy, dp, sp, K, components kept resident, blocks kept) the planner may choose.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Option_ {
     strategy: Strategy,
+    /// Groups: requests served at once.
     dp: u32,
+    /// Ranks of a group, splitting its request's sequence.
+    sp: u32,
     k: u32,
     /// Components whose blocks stay whole on the device although the strategy streams.
     resident: Vec<String>,
@@ -323,21 +365,28 @@ struct Option_ {
 }
 
 impl Option_ {
-    fn new(strategy: Strategy, dp: u32, k: u32) -> Option_ {
+    fn new(strategy: Strategy, dp: u32, sp: u32, k: u32) -> Option_ {
         Option_ {
             strategy,
             dp,
+            sp,
             k,
             resident: Vec::new(),
             kept: BTreeMap::new(),
         }
     }
 
-    /// Where this option puts `profile`'s weights, for the memory model.
+    /// Accelerators of a pod: dp × sp.
+    fn ranks(&self) -> u32 {
+        self.dp.max(1).saturating_mul(self.sp.max(1))
+    }
+
+    /// Where this option puts `profile`'s weights, for the memory model: sharded over
+    /// every rank of the pod.
     fn placement(&self, profile: &Profile) -> Placement {
         Placement {
             strategy: self.strategy,
-            dp: u64::from(self.dp.max(1)),
+            dp: u64::from(self.ranks()),
             slots: u64::from(self.k),
             resident: self.resident_groups(profile),
             resident_blocks: 0,
@@ -375,12 +424,16 @@ impl Option_ {
 
 impl fmt::Display for Option_ {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dp = if self.sp > 1 {
+            format!("dp={} × sp={}", self.dp, self.sp)
+        } else {
+            format!("dp={}", self.dp)
+        };
         if self.strategy.streams() {
             write!(
                 f,
-                "{} with dp={} and {} slots",
+                "{} with {dp} and {} slots",
                 self.strategy.as_str(),
-                self.dp,
                 self.k
             )?;
             if !self.resident.is_empty() {
@@ -397,7 +450,7 @@ impl fmt::Display for Option_ {
             }
             Ok(())
         } else {
-            write!(f, "{} with dp={}", self.strategy.as_str(), self.dp)
+            write!(f, "{} with {dp}", self.strategy.as_str())
         }
     }
 }
@@ -433,10 +486,13 @@ fn rank(s: Strategy) -> usize {
         .unwrap_or(PREFERENCE.len())
 }
 
-/// The (strategy, dp) pairs to try on `node`, best first; each is then tried with K from the
-/// cap down.
-fn options_for(node: &NodeShape, o: &Overrides, limits: &Limits) -> Vec<(Strategy, u32)> {
-    let max_dp = node.devices.min(limits.max_dp).max(1);
+/// The (strategy, dp) pairs to try on `node` with groups of `sp` ranks, best first; each is
+/// then tried with K from the cap down.
+fn options_for(node: &NodeShape, o: &Overrides, sp: u32, limits: &Limits) -> Vec<(Strategy, u32)> {
+    let sp = sp.max(1);
+    let max_dp = (node.devices.min(limits.max_dp) / sp).max(1);
+    // The fewest groups whose ranks can all-gather: 2, or 1 where a group has several.
+    let min_gather = if sp >= 2 { 1 } else { 2 };
     let strategies: Vec<Strategy> = match o.strategy {
         StrategyChoice::Auto => PREFERENCE.to_vec(),
         StrategyChoice::Fixed(s) => vec![s],
@@ -449,13 +505,13 @@ fn options_for(node: &NodeShape, o: &Overrides, limits: &Limits) -> Vec<(Strateg
                 let gathers = matches!(s, Strategy::Sharded | Strategy::OffloadSharded);
                 // In auto mode offload-sharded needs a fast peer link; without it (or with
                 // one rank) every rank copies whole blocks instead.
-                if gathers && dp < 2 {
+                if gathers && dp.saturating_mul(sp) < 2 {
                     continue;
                 }
                 if auto && s == Strategy::OffloadSharded && !node.fast_peer_link {
                     continue;
                 }
-                if auto && s == Strategy::Offload && dp >= 2 && node.fast_peer_link {
+                if auto && s == Strategy::Offload && dp * sp >= 2 && node.fast_peer_link {
                     // offload-sharded moves 1/dp per rank for the same memory: always better.
                     continue;
                 }
@@ -467,13 +523,13 @@ fn options_for(node: &NodeShape, o: &Overrides, limits: &Limits) -> Vec<(Strateg
             // fewer ranks that do not divide it would leave some idle.
             (Strategy::Sharded, None) => {
                 let (tiles, rest): (Vec<u32>, Vec<u32>) =
-                    (2..=max_dp).partition(|dp| node.devices.is_multiple_of(*dp));
+                    (min_gather..=max_dp).partition(|dp| node.devices.is_multiple_of(*dp * sp));
                 out.extend(tiles.into_iter().chain(rest).map(|dp| (s, dp)));
             }
             // Memory per rank does not shrink with dp here, but copy traffic per rank does:
             // use every accelerator of the node (up to the cap).
             (Strategy::OffloadSharded, None) => {
-                if max_dp >= 2 && (node.fast_peer_link || !auto) {
+                if max_dp * sp >= 2 && (node.fast_peer_link || !auto) {
                     out.push((s, max_dp));
                 }
             }
@@ -487,13 +543,39 @@ fn options_for(node: &NodeShape, o: &Overrides, limits: &Limits) -> Vec<(Strateg
 struct Site<'a> {
     node: &'a NodeShape,
     profile: &'a Profile,
-    act: u64,
+    /// The workload's bounds, which activations per rank are counted at.
+    bounds: RequestBounds,
     decoder: DecoderBytes,
     /// The request the step-time model times: the workload at its bounds, on this
-    /// profile's tokens.
+    /// profile's tokens (unsplit: [`Site::work`] splits it).
     work: Work,
     /// What each of the profile's groups computes.
     compute: Vec<GroupCompute>,
+}
+
+impl Site<'_> {
+    /// Activation bytes on each rank of a group of `sp`: the engine's formula.
+    fn act(&self, sp: u32) -> Option<u64> {
+        self.bounds
+            .activation_bytes_per_rank(&self.profile.activation, u64::from(sp))
+    }
+
+    /// The request at the bounds, its sequence split over `sp` ranks.
+    fn work(&self, sp: u32) -> Work {
+        self.work.with_sp(u64::from(sp))
+    }
+
+    /// The predicted latency of a request at the bounds under `opt`.
+    fn latency(&self, opt: &Option_) -> f64 {
+        timing::predict(
+            &self.profile.groups,
+            &self.compute,
+            &self.work(opt.sp),
+            &opt.placement(self.profile),
+            &self.node.rates,
+        )
+        .request
+    }
 }
 
 /// A failed check, kept to build the refusal.
@@ -518,7 +600,7 @@ fn check_placement(
     placement: &Placement,
     limits: &Limits,
 ) -> Result<Need, Miss> {
-    let (profile, act, node) = (site.profile, site.act, site.node);
+    let (profile, node) = (site.profile, site.node);
     let miss = |shortage, needed, available| Miss {
         shortage,
         node: node.name.clone(),
@@ -526,13 +608,16 @@ fn check_placement(
         available,
         option: opt.clone(),
     };
-    if opt.dp > node.devices {
+    if opt.ranks() > node.devices {
         return Err(miss(
             Shortage::Accelerators,
-            u64::from(opt.dp),
+            u64::from(opt.ranks()),
             u64::from(node.devices),
         ));
     }
+    let Some(act) = site.act(opt.sp) else {
+        return Err(miss(Shortage::DeviceMemory, u64::MAX, node.device_bytes));
+    };
     let n = need(profile, act, site.decoder, placement, limits);
     let dev = device_total(&n.device);
     if dev > node.device_bytes {
@@ -582,13 +667,90 @@ pub fn plan_candidates(
     overrides: &Overrides,
     limits: &Limits,
 ) -> Result<Plan, Refusal> {
-    match plan_decoding(candidates, workload, overrides, limits) {
+    check_overrides(overrides)?;
+    let sps = sp_choices(candidates, overrides)?;
+    let bound = workload.max_latency_seconds;
+    // Each sp in turn, the fewest first: the first that fits and meets the bound wins;
+    // where none meets it, the fastest that fits.
+    let mut tried: Vec<(u32, Result<f64, Refusal>)> = Vec::new();
+    let (mut met, mut fastest): (Option<Plan>, Option<Plan>) = (None, None);
+    for &sp in &sps {
+        let plan = match plan_sp(candidates, workload, overrides, sp, limits) {
+            Ok(plan) => plan,
+            Err(r) => {
+                tried.push((sp, Err(r)));
+                continue;
+            }
+        };
+        let latency = plan.predicted_latency_seconds.unwrap_or(f64::INFINITY);
+        tried.push((sp, Ok(latency)));
+        if bound.is_none_or(|b| latency <= b) {
+            met = Some(plan);
+            break;
+        }
+        if fastest
+            .as_ref()
+            .is_none_or(|f| latency < f.predicted_latency_seconds.unwrap_or(f64::INFINITY))
+        {
+            fastest = Some(plan);
+        }
+    }
+    let bound_met = met.is_some();
+    let Some(mut plan) = met.or(fastest) else {
+        // The refusal that got furthest (host memory is checked after device memory),
+        // closest to fitting.
+        let stage = |s: Shortage| match s {
+            Shortage::HostMemory => 0,
+            Shortage::DeviceMemory => 1,
+            _ => 2,
+        };
+        return Err(tried
+            .into_iter()
+            .filter_map(|(_, r)| r.err())
+            .min_by_key(|r| (stage(r.shortage), r.shortfall()))
+            .expect("at least one sp is tried"));
+    };
+    plan.latency_bound_met = bound.map(|_| bound_met);
+    let profile = candidates
+        .iter()
+        .find(|c| plan.nodes.contains(&c.node.name))
+        .map(|c| c.profile)
+        .expect("a plan names the nodes it fits");
+    // Why this sp: where the family splits its sequence, or where the spec or a latency
+    // bound asked for something only sequence parallelism could give.
+    if splits_sequence(profile) || overrides.sp.is_some() || bound.is_some() {
+        let why = sp_reason(&SpOutcome {
+            profile,
+            workload,
+            fixed: overrides.sp.is_some(),
+            tried: &tried,
+            sp: plan.sp,
+            latency: plan.predicted_latency_seconds.unwrap_or_default(),
+            bound_met,
+        });
+        plan.reasons.insert(1.min(plan.reasons.len()), why);
+    }
+    Ok(plan)
+}
+
+/// [`plan_candidates`] with groups of `sp` ranks. Where the pods would decode on the device
+/// and no option fits with the decoder there, the pods decode on the host instead (the
+/// plan's `decoder` term is then 0, and the operator tells the engine so), and the reasons
+/// say why.
+fn plan_sp(
+    candidates: &[Candidate],
+    workload: &Workload,
+    overrides: &Overrides,
+    sp: u32,
+    limits: &Limits,
+) -> Result<Plan, Refusal> {
+    match plan_decoding(candidates, workload, overrides, sp, limits) {
         Err(r) if limits.decode == DecodeSite::Device && r.shortage == Shortage::DeviceMemory => {
             let host = Limits {
                 decode: DecodeSite::Host,
                 ..*limits
             };
-            let mut p = plan_decoding(candidates, workload, overrides, &host)?;
+            let mut p = plan_decoding(candidates, workload, overrides, sp, &host)?;
             p.reasons.push(format!(
                 "the pods decode on the host's CPU: no option fits with the VAE decoder beside the ranks on the device ({r})"
             ));
@@ -598,11 +760,12 @@ pub fn plan_candidates(
     }
 }
 
-/// [`plan_candidates`] with the pods decoding where `limits` says.
+/// [`plan_sp`] with the pods decoding where `limits` says.
 fn plan_decoding(
     candidates: &[Candidate],
     workload: &Workload,
     overrides: &Overrides,
+    sp: u32,
     limits: &Limits,
 ) -> Result<Plan, Refusal> {
     if candidates.is_empty() {
@@ -614,13 +777,13 @@ fn plan_decoding(
             option: "no node matches the node selector, offers the accelerator and has reported a profile".into(),
         });
     }
-    check_overrides(overrides)?;
-    let sites = sites(candidates, workload, limits)?;
+    let sites = sites(candidates, workload, sp, limits)?;
     let search = Search::new(overrides, limits);
     let mut misses: Vec<Miss> = Vec::new();
-    let Some(best) = search.best(&sites, &mut misses) else {
+    let Some(best) = search.best(&sites, sp, &mut misses) else {
         return Err(refusal(misses));
     };
+    let latency = sites[best.site].latency(&best.option);
     let chosen = Chosen::new(&sites, best.option, best.site, limits);
     let reasons = search.reasons(
         &chosen,
@@ -636,6 +799,9 @@ fn plan_decoding(
         components: components(&chosen.option, chosen.profile),
         strategy: chosen.option.strategy,
         dp: chosen.option.dp,
+        sp: chosen.option.sp,
+        predicted_latency_seconds: Some((latency * 1e3).round() / 1e3),
+        latency_bound_met: None,
         slots: chosen.option.k,
         fast_peer_link: chosen.fits.iter().all(|(site, _)| site.node.fast_peer_link),
         device_bytes_per_rank: device_total(&n.device),
@@ -657,18 +823,26 @@ fn plan_decoding(
 /// Refuses fixed settings that contradict each other, or that the engine would refuse at
 /// start.
 fn check_overrides(overrides: &Overrides) -> Result<(), Refusal> {
-    if let (Some(dp), StrategyChoice::Fixed(Strategy::Sharded | Strategy::OffloadSharded)) =
-        (overrides.dp, overrides.strategy)
+    if let (
+        Some(dp),
+        Some(sp),
+        StrategyChoice::Fixed(Strategy::Sharded | Strategy::OffloadSharded),
+    ) = (overrides.dp, overrides.sp, overrides.strategy)
     {
-        if dp < 2 {
+        if dp.saturating_mul(sp) < 2 {
             return Err(Refusal::invalid(format!(
-                "strategy {} needs dp >= 2, got {dp}",
+                "strategy {} needs dp × sp >= 2 ranks per pod, got dp {dp} × sp {sp}",
                 overrides.strategy.as_str()
             )));
         }
     }
     if overrides.dp == Some(0) {
         return Err(Refusal::invalid("dp must be at least 1".into()));
+    }
+    if let Some(sp) = overrides.sp.filter(|&sp| sp == 0 || sp as usize > MAX_SP) {
+        return Err(Refusal::invalid(format!(
+            "sp {sp}: must be between 1 and {MAX_SP}"
+        )));
     }
     let min_slots = layerwise_core::strategy::MIN_STREAMING_SLOTS;
     if let Some(k) = overrides.slots.filter(|k| *k < min_slots) {
@@ -681,12 +855,50 @@ fn check_overrides(overrides: &Overrides) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// The sp to try, in order: the spec's, or [`sp_candidates`] up to the most accelerators a
+/// candidate has. Refuses an sp above 1 (fixed, or needed for a gathering strategy fixed
+/// with dp 1) for a family that does not split its sequence, as the engine refuses it at
+/// start.
+fn sp_choices(candidates: &[Candidate], overrides: &Overrides) -> Result<Vec<u32>, Refusal> {
+    let unsplit = candidates.iter().find(|c| !splits_sequence(c.profile));
+    let family = |c: &Candidate| {
+        format!(
+            "the {} family does not split a request's sequence over ranks (sequence parallelism is for wan and cosmos3; the profile node {} reports declares no all-to-all)",
+            c.profile.family, c.node.name
+        )
+    };
+    let gathers = matches!(
+        overrides.strategy,
+        StrategyChoice::Fixed(Strategy::Sharded | Strategy::OffloadSharded)
+    );
+    match (overrides.sp, unsplit) {
+        (Some(sp), Some(c)) if sp > 1 => Err(Refusal {
+            node: Some(c.node.name.clone()),
+            ..Refusal::invalid(format!("sp {sp}: {}", family(c)))
+        }),
+        (None, Some(c)) if gathers && overrides.dp == Some(1) => Err(Refusal {
+            node: Some(c.node.name.clone()),
+            ..Refusal::invalid(format!(
+                "strategy {} with dp 1 needs sp >= 2, and {}",
+                overrides.strategy.as_str(),
+                family(c)
+            ))
+        }),
+        (Some(sp), _) => Ok(vec![sp]),
+        (None, _) => {
+            let devices = candidates.iter().map(|c| c.node.devices).max().unwrap_or(1);
+            Ok(sp_candidates(devices, unsplit.is_none()))
+        }
+    }
+}
+
 /// Each candidate with what `workload` costs on its profile, or the refusal of the first
 /// whose model cannot run the workload: the engine refuses to start with bounds its model
 /// cannot run, and so does the plan.
 fn sites<'a>(
     candidates: &'a [Candidate],
     workload: &Workload,
+    sp: u32,
     limits: &Limits,
 ) -> Result<Vec<Site<'a>>, Refusal> {
     let bounds = crate::resources::request_bounds(workload);
@@ -698,18 +910,23 @@ fn sites<'a>(
                 ..Refusal::invalid(format!("workload.{} {b}", b.dimension.workload_field()))
             });
         }
-        let Some(act) = activation_bytes(c.profile, workload) else {
+        if activation_bytes_per_rank(c.profile, workload, sp).is_none() {
             return Err(Refusal::beyond_any_device(
                 &c.node,
                 format!(
-                    "activations of a {}x{}x{} request with batch {}",
+                    "activations of a {}x{}x{} request with batch {}{}",
                     workload.max_width,
                     workload.max_height,
                     workload.max_frames,
-                    workload.max_batch
+                    workload.max_batch,
+                    if sp > 1 {
+                        format!(" over sp {sp}")
+                    } else {
+                        String::new()
+                    }
                 ),
             ));
-        };
+        }
         let Some(decoder) = decoder_bytes(c.profile, workload, limits.decode) else {
             return Err(Refusal::beyond_any_device(
                 &c.node,
@@ -728,7 +945,7 @@ fn sites<'a>(
         sites.push(Site {
             node: &c.node,
             profile: c.profile,
-            act,
+            bounds,
             decoder,
             work: Work::at_bounds(&c.profile.activation, &bounds),
             compute: c.profile.group_compute(),
@@ -786,12 +1003,13 @@ impl<'a> Search<'a> {
         }
     }
 
-    /// The best of each node's first option that fits, by [`preference`] and then the
-    /// predicted request time; every miss on the way goes to `misses`.
-    fn best(&self, sites: &[Site], misses: &mut Vec<Miss>) -> Option<Best> {
+    /// The best of each node's first option with groups of `sp` ranks that fits, by
+    /// [`preference`] and then the predicted request time; every miss on the way goes to
+    /// `misses`.
+    fn best(&self, sites: &[Site], sp: u32, misses: &mut Vec<Miss>) -> Option<Best> {
         let mut best: Option<Best> = None;
         for (si, site) in sites.iter().enumerate() {
-            let Some((option, notes, timed)) = self.first_fit(site, misses) else {
+            let Some((option, notes, timed)) = self.first_fit(site, sp, misses) else {
                 continue;
             };
             let time = |t: &Option<Timed>| t.as_ref().map_or(0.0, |t| t.choice.prediction.request);
@@ -816,11 +1034,12 @@ impl<'a> Search<'a> {
     fn first_fit(
         &self,
         site: &Site,
+        sp: u32,
         misses: &mut Vec<Miss>,
     ) -> Option<(Option_, Vec<String>, Option<Timed>)> {
-        for (strategy, dp) in options_for(site.node, self.overrides, self.limits) {
+        for (strategy, dp) in options_for(site.node, self.overrides, sp, self.limits) {
             let k = if strategy.streams() { self.k_first } else { 0 };
-            let opt = Option_::new(strategy, dp, k);
+            let opt = Option_::new(strategy, dp, sp, k);
             if let Err(m) = check(site, &opt, self.limits) {
                 misses.push(m);
                 continue;
@@ -875,7 +1094,7 @@ impl<'a> Search<'a> {
                 match timing::choose(
                     &profile.groups,
                     &site.compute,
-                    &site.work,
+                    &site.work(base.sp),
                     &placement,
                     &site.node.rates,
                     &fits,
@@ -917,16 +1136,7 @@ impl<'a> Search<'a> {
         site: &Site,
         chosen: &Option_,
     ) -> Vec<(String, u64, Option<f64>, Option<f64>)> {
-        let time = |o: &Option_| {
-            timing::predict(
-                &site.profile.groups,
-                &site.compute,
-                &site.work,
-                &o.placement(site.profile),
-                &site.node.rates,
-            )
-            .request
-        };
+        let time = |o: &Option_| site.latency(o);
         chosen
             .kept
             .iter()
@@ -963,7 +1173,12 @@ impl<'a> Search<'a> {
         reasons.extend(chosen.copies_reason());
         reasons.push(self.strategy_reason(chosen));
         if let Some(t) = timed {
-            reasons.push(timing_reason(&t.choice.prediction, chosen.site, rates_from));
+            reasons.push(timing_reason(
+                &t.choice.prediction,
+                chosen.site,
+                o.sp,
+                rates_from,
+            ));
         }
         reasons.extend(notes);
         if let Some(t) = timed {
@@ -983,9 +1198,10 @@ impl<'a> Search<'a> {
         ));
         if self.overrides.strategy != StrategyChoice::Auto
             || self.overrides.dp.is_some()
+            || self.overrides.sp.is_some()
             || self.overrides.slots.is_some()
         {
-            reasons.push("strategy, dp or slots fixed by the spec".into());
+            reasons.push("strategy, dp, sp or slots fixed by the spec".into());
         }
         reasons
     }
@@ -998,8 +1214,9 @@ impl<'a> Search<'a> {
                 "the whole model and activations fit one device: nothing moves per step".into()
             }
             Strategy::Sharded => {
-                let fewest = (2..o.dp).find(|&dp| {
-                    let fewer = Option_::new(o.strategy, dp, self.k_first);
+                let least = if o.sp >= 2 { 1 } else { 2 };
+                let fewest = (least..o.dp).find(|&dp| {
+                    let fewer = Option_::new(o.strategy, dp, o.sp, self.k_first);
                     chosen
                         .fits
                         .iter()
@@ -1007,18 +1224,21 @@ impl<'a> Search<'a> {
                 });
                 match (fewest, self.overrides.dp) {
                     (Some(dp), None) => format!(
-                        "1/{} of the blocks plus slots fit each device; {dp} ranks would fit too, but {} divides the node's accelerators, so its pods leave none idle",
-                        o.dp, o.dp
+                        "1/{} of the blocks plus slots fit each device; {} ranks would fit too, but {} divides the node's accelerators, so its pods leave none idle",
+                        o.ranks(),
+                        dp * o.sp,
+                        o.ranks()
                     ),
                     _ => format!(
                         "1/{} of the blocks plus slots fit each device; the fewest ranks that fit",
-                        o.dp
+                        o.ranks()
                     ),
                 }
             }
             Strategy::OffloadSharded => format!(
                 "weights stream from the host, each of {} ranks copies 1/{} of a block and all-gathers",
-                o.dp, o.dp
+                o.ranks(),
+                o.ranks()
             ),
             Strategy::Offload => {
                 "weights stream from the host, each rank copies whole blocks".into()
@@ -1107,6 +1327,102 @@ impl<'s, 'a> Chosen<'s, 'a> {
     }
 }
 
+/// What the search found of each sp, for [`sp_reason`].
+struct SpOutcome<'s> {
+    /// The profile of a node the plan fits.
+    profile: &'s Profile,
+    workload: &'s Workload,
+    /// Whether the spec fixed sp.
+    fixed: bool,
+    /// Each sp tried, in order: its predicted latency, or why nothing fit.
+    tried: &'s [(u32, Result<f64, Refusal>)],
+    /// The plan's sp and predicted latency.
+    sp: u32,
+    latency: f64,
+    /// Whether the latency meets the workload's bound (true where it sets none).
+    bound_met: bool,
+}
+
+/// Why the plan splits each request over the ranks it does: the activations per rank on
+/// one device and on the chosen sp, the latency against the bound, and what the smaller
+/// sp gave.
+fn sp_reason(o: &SpOutcome) -> String {
+    let w = o.workload;
+    let gib = |b: Option<u64>| {
+        b.map_or("more than any device holds".into(), |b| {
+            format!("{:.2} GiB", b as f64 / GIB)
+        })
+    };
+    let request = format!(
+        "a {}x{}x{} request",
+        w.max_width, w.max_height, w.max_frames
+    );
+    let act = |sp| activation_bytes_per_rank(o.profile, w, sp);
+    let (one, per_rank) = (act(1), act(o.sp));
+    let bound = w.max_latency_seconds;
+    let against = bound.map_or(String::new(), |b| {
+        format!(
+            "; it predicts {} a request against maxLatencySeconds {b}",
+            secs(o.latency)
+        )
+    });
+    let mut out = format!("sp {}: ", o.sp);
+    if !splits_sequence(o.profile) {
+        out += &format!(
+            "the {} family does not split a request's sequence over ranks (sequence parallelism is for wan and cosmos3), so each request runs on one rank; {request} needs {} of activations{against}",
+            o.profile.family,
+            gib(one)
+        );
+    } else if o.sp == 1 {
+        out += &format!(
+            "{request}'s {} of activations fit one device beside the weights{against}",
+            gib(one)
+        );
+        if o.fixed {
+            out += " (sp fixed by the spec)";
+        }
+    } else {
+        out += &format!(
+            "{request} needs {} of activations on one device; {} per rank with sp {} fits{against}",
+            gib(one),
+            gib(per_rank),
+            o.sp
+        );
+        if o.fixed {
+            out += " (sp fixed by the spec)";
+        }
+    }
+    let smaller: Vec<String> = o
+        .tried
+        .iter()
+        .filter(|(sp, _)| *sp != o.sp)
+        .map(|(sp, r)| match r {
+            Ok(t) => format!("sp {sp} predicts {}", secs(*t)),
+            Err(e) => format!(
+                "sp {sp} does not fit ({} of activations per rank; {e})",
+                gib(act(*sp))
+            ),
+        })
+        .collect();
+    if !smaller.is_empty() {
+        out += &format!("; {}", smaller.join("; "));
+    }
+    if let (Some(b), false) = (bound, o.bound_met) {
+        out += &format!(
+            "; no sp that fits meets maxLatencySeconds {b}: the fastest, sp {}, is planned (predicted {})",
+            o.sp,
+            secs(o.latency)
+        );
+    }
+    if o.sp > 1 {
+        out += &format!(
+            "; the profile carries no attention-head count, so the engine checks at start that the transformer has at least {} heads (cosmos3: key/value heads) and refuses to start otherwise",
+            o.sp
+        );
+    }
+    out
+}
+
 /// What `o` needs (`n`) per rank, term by term, and per pod and node on the host, with the
 /// pods decoding at `decode`.
 fn memory_reason(o: &Option_, n: &Need, decode: DecodeSite) -> String {
@@ -1137,9 +1453,17 @@ fn secs(t: f64) -> String {
 /// What the step-time model predicts of the plan on `site` at rates from `rates_from`:
 /// per step, compute against copy and what of the copy is exposed; each per-request
 /// group's pass; the request.
-fn timing_reason(p: &Prediction, site: &Site, rates_from: &str) -> String {
+fn timing_reason(p: &Prediction, site: &Site, sp: u32, rates_from: &str) -> String {
     let r = &site.node.rates;
-    let w = &site.work;
+    let w = &site.work(sp);
+    let split = if sp > 1 {
+        format!(
+            ", each of {sp} ranks computing {} of them",
+            layerwise_core::topology::largest_share(w.tokens, u64::from(sp))
+        )
+    } else {
+        String::new()
+    };
     let hidden = if p.step_exposed <= 1e-3 * p.step.max(1e-9) {
         "every streamed copy hides behind compute".to_string()
     } else {
@@ -1163,7 +1487,7 @@ fn timing_reason(p: &Prediction, site: &Site, rates_from: &str) -> String {
         })
         .collect();
     format!(
-        "predicted at {rates_from} ({:.0} TFLOP/s, {:.0} GB/s host to device, {:.0} GB/s between peers) for a request at the bounds ({} latent tokens x {} samples, {} steps): a step computes {} and copies {} per rank, so {hidden}{}; a request {}",
+        "predicted at {rates_from} ({:.0} TFLOP/s, {:.0} GB/s host to device, {:.0} GB/s between peers) for a request at the bounds ({} latent tokens x {} samples{split}, {} steps): a step computes {} and copies {} per rank, so {hidden}{}; a request {}",
         r.device_flops / 1e12,
         r.host_to_device / 1e9,
         r.peer / 1e9,

@@ -151,6 +151,7 @@ fn fixed_settings_are_honoured() {
     let o = Overrides {
         strategy: Mode::Fixed(Planned::OffloadSharded),
         dp: Some(4),
+        sp: None,
         slots: Some(2),
     };
     let p = plan(&medium(), &[a100("a")], &wl(), &o, &Limits::default()).unwrap();
@@ -158,6 +159,7 @@ fn fixed_settings_are_honoured() {
     let o = Overrides {
         strategy: Mode::Auto,
         dp: Some(4),
+        sp: None,
         slots: None,
     };
     let p = plan(&large(), &[a100("a")], &wl(), &o, &Limits::default()).unwrap();
@@ -230,6 +232,7 @@ fn refuses_short_host_memory() {
 fn refuses_too_few_accelerators() {
     let o = Overrides {
         dp: Some(16),
+        sp: None,
         ..auto()
     };
     let err = plan(&medium(), &[a100("a")], &wl(), &o, &Limits::default()).unwrap_err();
@@ -246,6 +249,7 @@ fn refuses_no_nodes_and_contradictory_settings() {
     let o = Overrides {
         strategy: Mode::Fixed(Planned::Sharded),
         dp: Some(1),
+        sp: None,
         slots: None,
     };
     let err = plan(&medium(), &[a100("a")], &wl(), &o, &Limits::default()).unwrap_err();
@@ -279,6 +283,7 @@ fn arb_workload() -> impl Strategy<Value = Workload> {
         max_batch: b,
         guidance: g,
         max_prompt_tokens: 512,
+        max_latency_seconds: None,
     })
 }
 
@@ -311,6 +316,7 @@ fn arb_overrides() -> impl Strategy<Value = Overrides> {
         .prop_map(|(strategy, dp, slots)| Overrides {
             strategy,
             dp,
+            sp: None,
             slots,
         })
 }
@@ -343,13 +349,13 @@ proptest! {
             let act = activation_bytes(&p, &w).unwrap();
             prop_assert_eq!(plan.device_breakdown.activations, act);
             let decoder = decoder_bytes(&p, &w, crate::resources::decode_site(&plan)).unwrap();
-            let expected = need(&p, act, decoder, &Placement { resident_blocks: plan.resident_blocks, ..Placement::new(plan.strategy, u64::from(plan.dp), u64::from(plan.slots), 1) }.with_component_blocks(&p.groups, &plan.resident_blocks_by_component), &limits);
+            let expected = need(&p, act, decoder, &Placement { resident_blocks: plan.resident_blocks, ..Placement::new(plan.strategy, u64::from(plan.devices()), u64::from(plan.slots), 1) }.with_component_blocks(&p.groups, &plan.resident_blocks_by_component), &limits);
             prop_assert_eq!(&plan.device_breakdown, &expected.device);
             prop_assert_eq!(plan.host_bytes_per_node, p.total_bytes, "one copy of the model per node");
             prop_assert_eq!(plan.host_bytes_per_pod, expected.host_per_pod);
             for name in &plan.nodes {
                 let n = nodes.iter().find(|n| &n.name == name).unwrap();
-                prop_assert!(plan.dp <= n.devices);
+                prop_assert!(plan.devices() <= n.devices);
                 prop_assert!(plan.device_bytes_per_rank <= n.device_bytes);
                 prop_assert!(plan.host_bytes_per_node + plan.host_bytes_per_pod <= n.host_bytes);
             }
@@ -390,6 +396,7 @@ proptest! {
                 Planned::OffloadSharded => Mode::Fixed(Planned::OffloadSharded),
             },
             dp: Some(dp),
+            sp: None,
             slots: s.streams().then_some(k),
         };
         let got = plan(&p, std::slice::from_ref(&node), &w, &fixed, &limits);
@@ -460,6 +467,7 @@ fn sharded_dp_divides_the_nodes_accelerators_so_none_stay_idle() {
     // A fixed dp is the spec's.
     let fixed = Overrides {
         dp: Some(3),
+        sp: None,
         ..auto()
     };
     let three = plan(&p, &[a100("a")], &w, &fixed, &host).unwrap();
@@ -590,6 +598,7 @@ fn offload() -> Overrides {
     Overrides {
         strategy: Mode::Fixed(Planned::Offload),
         dp: Some(1),
+        sp: None,
         slots: None,
     }
 }
@@ -742,4 +751,251 @@ fn r_with_h2d(h2d: f64) -> Rates {
         host_to_device: h2d,
         ..Rates::for_product("H100").0
     }
+}
+
+/// A Wan-14B-shaped video profile: 40 transformer blocks of 700 MB (28 GB, one device
+/// holds it whole), a 4-frame temporal latent, activations of 400 kB per latent token per
+/// sample and the all-to-all's 80 KiB per token under sequence parallelism.
+fn video() -> Profile {
+    let mut p = profile(40, 700_000_000, GB, 250 << 20);
+    p.family = "wan".into();
+    p.activation.bytes_per_token = 400_000;
+    p.activation.bytes_per_token_pair = 0;
+    p.activation.frames_per_latent = 4;
+    p.activation.exchange_bytes_per_token = 4 * 4 * 5120;
+    p
+}
+
+/// 1280×720×121 frames: 111,600 latent tokens, two guided samples.
+fn hd_video() -> Workload {
+    Workload {
+        max_width: 1280,
+        max_height: 720,
+        max_frames: 121,
+        ..wl()
+    }
+}
+
+fn h100s(name: &str) -> NodeShape {
+    let (rates, rates_from) = NodeShape::rates_for("NVIDIA H100 80GB HBM3", None);
+    NodeShape {
+        rates,
+        rates_from,
+        ..node(name, 8, 80, 2000, true)
+    }
+}
+
+#[test]
+fn activations_that_do_not_fit_one_device_split_the_sequence() {
+    let (p, w) = (video(), hd_video());
+    let one = activation_bytes(&p, &w).unwrap();
+    assert!(one > 80 * GB, "{one}");
+    let plan = plan(&p, &[h100s("a")], &w, &auto(), &Limits::default()).unwrap();
+    assert_eq!(plan.sp, 2, "{:?}", plan.reasons);
+    // The engine's per-rank formula, for the plan's sp, is what the plan reserves.
+    assert_eq!(
+        plan.device_breakdown.activations,
+        activation_bytes_per_rank(&p, &w, 2).unwrap()
+    );
+    assert!(plan.device_breakdown.activations < one / 2 + one / 4);
+    assert_eq!(plan.latency_bound_met, None);
+    assert!(plan.predicted_latency_seconds.unwrap() > 0.0);
+    assert!(plan.devices() <= 8);
+    let why = &plan.reasons[1];
+    assert!(
+        why.starts_with("sp 2: a 1280x720x121 request needs")
+            && why.contains("per rank with sp 2 fits")
+            && why.contains("sp 1 does not fit")
+            && why.contains("at least 2 heads"),
+        "{why}"
+    );
+}
+
+#[test]
+fn a_latency_bound_splits_the_sequence_until_the_prediction_meets_it() {
+    let p = video();
+    let w = Workload {
+        max_width: 832,
+        max_height: 480,
+        max_frames: 81,
+        ..wl()
+    };
+    let free = plan(&p, &[h100s("a")], &w, &auto(), &Limits::default()).unwrap();
+    assert_eq!(free.sp, 1, "{:?}", free.reasons);
+    let alone = free.predicted_latency_seconds.unwrap();
+    // Half of sp 1's time: sp 2 cannot (its all-to-alls cost beside the halved
+    // compute), sp 4 can.
+    let bounded = |bound: f64| Workload {
+        max_latency_seconds: Some(bound),
+        ..w.clone()
+    };
+    let half = plan(
+        &p,
+        &[h100s("a")],
+        &bounded(alone / 2.0),
+        &auto(),
+        &Limits::default(),
+    )
+    .unwrap();
+    assert_eq!(half.sp, 4, "{:?}", half.reasons);
+    assert_eq!(half.latency_bound_met, Some(true));
+    assert!(half.predicted_latency_seconds.unwrap() <= alone / 2.0);
+    assert!(
+        half.reasons[1].contains("sp 2 predicts") && half.reasons[1].contains("sp 1 predicts"),
+        "{}",
+        half.reasons[1]
+    );
+    // A bound no sp meets: the fastest is planned, and the plan says the bound is missed.
+    let never = plan(
+        &p,
+        &[h100s("a")],
+        &bounded(1.0),
+        &auto(),
+        &Limits::default(),
+    )
+    .unwrap();
+    assert_eq!(never.latency_bound_met, Some(false));
+    assert_eq!(never.sp, 8, "{:?}", never.reasons);
+    assert!(never.predicted_latency_seconds.unwrap() > 1.0);
+    assert!(
+        never.reasons[1].contains("no sp that fits meets maxLatencySeconds 1"),
+        "{}",
+        never.reasons[1]
+    );
+    // A generous bound changes nothing.
+    let loose = plan(
+        &p,
+        &[h100s("a")],
+        &bounded(alone * 2.0),
+        &auto(),
+        &Limits::default(),
+    )
+    .unwrap();
+    assert_eq!((loose.sp, loose.latency_bound_met), (1, Some(true)));
+}
+
+#[test]
+fn a_fixed_sp_is_honoured_or_refused() {
+    let p = video();
+    let fixed = |sp| Overrides {
+        sp: Some(sp),
+        ..auto()
+    };
+    let four = plan(
+        &p,
+        &[h100s("a")],
+        &hd_video(),
+        &fixed(4),
+        &Limits::default(),
+    )
+    .unwrap();
+    assert_eq!(four.sp, 4);
+    assert_eq!(
+        four.device_breakdown.activations,
+        activation_bytes_per_rank(&p, &hd_video(), 4).unwrap()
+    );
+    assert!(
+        four.reasons[1].contains("sp fixed by the spec"),
+        "{}",
+        four.reasons[1]
+    );
+    // sp 1 fixed for a request whose activations need more: refused on device memory.
+    let err = plan(
+        &p,
+        &[h100s("a")],
+        &hd_video(),
+        &fixed(1),
+        &Limits::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err.shortage, Shortage::DeviceMemory, "{err}");
+    // More ranks than the node has accelerators.
+    let err = plan(
+        &p,
+        &[h100s("a")],
+        &hd_video(),
+        &fixed(16),
+        &Limits::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err.shortage, Shortage::Accelerators, "{err}");
+    assert!(err.to_string().contains("sp=16"), "{err}");
+    // Beyond what the engine takes.
+    let err = plan(
+        &p,
+        &[h100s("a")],
+        &hd_video(),
+        &fixed(17),
+        &Limits::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err.shortage, Shortage::Spec, "{err}");
+    assert!(err.to_string().contains("sp 17"), "{err}");
+    // dp fixed beside it: dp groups of sp ranks, dp × sp accelerators.
+    let both = Overrides {
+        dp: Some(2),
+        sp: Some(4),
+        ..auto()
+    };
+    let p24 = plan(&p, &[h100s("a")], &hd_video(), &both, &Limits::default()).unwrap();
+    assert_eq!((p24.dp, p24.sp, p24.devices()), (2, 4, 8));
+    // sharded with one group splits its request to have ranks to shard over.
+    let sharded = Overrides {
+        strategy: Mode::Fixed(Planned::Sharded),
+        dp: Some(1),
+        ..auto()
+    };
+    let s = plan(&p, &[h100s("a")], &hd_video(), &sharded, &Limits::default()).unwrap();
+    assert_eq!((s.strategy, s.dp), (Planned::Sharded, 1));
+    assert!(s.sp >= 2, "{:?}", s.reasons);
+}
+
+#[test]
+fn families_without_sequence_parallelism_are_never_split() {
+    let mut qwen = qwen_image();
+    qwen.family = "qwen-image".into();
+    for p in [medium(), qwen] {
+        let o = Overrides {
+            sp: Some(2),
+            ..auto()
+        };
+        let err = plan(&p, &[h100s("a")], &wl(), &o, &Limits::default()).unwrap_err();
+        assert_eq!(err.shortage, Shortage::Spec, "{err}");
+        assert!(
+            err.to_string()
+                .contains(&format!("sp 2: the {} family does not split", p.family)),
+            "{err}"
+        );
+        // A latency bound nothing meets leaves it at one rank per request.
+        let w = Workload {
+            max_latency_seconds: Some(0.001),
+            ..wl()
+        };
+        let planned = plan(&p, &[h100s("a")], &w, &auto(), &Limits::default()).unwrap();
+        assert_eq!((planned.sp, planned.latency_bound_met), (1, Some(false)));
+        assert!(
+            planned.reasons[1].contains("does not split a request's sequence"),
+            "{}",
+            planned.reasons[1]
+        );
+        // sharded fixed at one group needs sp 2, which it cannot have.
+        let o = Overrides {
+            strategy: Mode::Fixed(Planned::Sharded),
+            dp: Some(1),
+            ..auto()
+        };
+        let err = plan(&p, &[h100s("a")], &wl(), &o, &Limits::default()).unwrap_err();
+        assert_eq!(err.shortage, Shortage::Spec, "{err}");
+        assert!(err.to_string().contains("needs sp >= 2"), "{err}");
+    }
+    // Activations beyond any device, with no sp to split them: refused as before.
+    let w = Workload {
+        max_width: 4096,
+        max_height: 4096,
+        max_frames: 3,
+        max_batch: 4,
+        ..wl()
+    };
+    let err = plan(&medium(), &[h100s("a")], &w, &auto(), &Limits::default()).unwrap_err();
+    assert_eq!(err.shortage, Shortage::DeviceMemory, "{err}");
 }

@@ -165,9 +165,10 @@ fn labels(dd: &DiffusionDeployment) -> BTreeMap<String, String> {
 /// A one-line summary of the plan, recorded on the pod template.
 pub fn plan_summary(plan: &Plan) -> String {
     format!(
-        "{} dp={} slots={}",
+        "{} dp={} sp={} slots={}",
         plan.strategy.as_str(),
         plan.dp,
+        plan.sp,
         plan.slots
     )
 }
@@ -320,8 +321,10 @@ pub fn deployment(
     }
 }
 
-/// The engine's command line: `serve` under the plan's strategy, dp and slots, then the
-/// spec's extra arguments.
+/// The engine's command line: `serve` under the plan's strategy, dp, sp and slots, then
+/// the spec's extra arguments. `--sp` is passed where the plan splits requests (sp > 1):
+/// an engine without sequence parallelism then refuses to start rather than run one rank
+/// per request against a budget sized for a share of the activations.
 fn engine_args(spec: &DiffusionDeploymentSpec, plan: &Plan) -> Vec<String> {
     let engine = &spec.engine;
     let mut args = vec![
@@ -337,6 +340,9 @@ fn engine_args(spec: &DiffusionDeploymentSpec, plan: &Plan) -> Vec<String> {
         "--dp".into(),
         plan.dp.to_string(),
     ];
+    if plan.sp > 1 {
+        args.extend(["--sp".into(), plan.sp.to_string()]);
+    }
     if plan.strategy != Strategy::Resident {
         args.extend(["--slots".into(), plan.slots.to_string()]);
     }
@@ -395,7 +401,8 @@ fn engine_resources(spec: &DiffusionDeploymentSpec, plan: &Plan) -> ResourceRequ
     // The request is what the pod needs of its own; the model's page-cache copy is one per
     // node, shared by its pods (the planner checks the node holds it). The limit leaves room
     // for the mapped pages a pod faults in itself (a cold cache), which are charged to it.
-    let accel = Quantity(plan.dp.to_string());
+    // dp groups of sp ranks, one accelerator each.
+    let accel = Quantity(plan.devices().to_string());
     let requests = res.requests.get_or_insert_with(BTreeMap::new);
     requests
         .entry("cpu".into())
@@ -709,6 +716,9 @@ mod tests {
         Plan {
             strategy: Strategy::OffloadSharded,
             dp: 8,
+            sp: 1,
+            predicted_latency_seconds: None,
+            latency_bound_met: None,
             slots: 4,
             fast_peer_link: true,
             device_bytes_per_rank: (10 << 30) + 1,
@@ -762,6 +772,39 @@ mod tests {
             after("--model-roots").as_deref(),
             Some(MODEL_MOUNT),
             "{args:?}"
+        );
+    }
+
+    /// A plan of dp groups of sp ranks: the engine gets `--dp` and `--sp`, the pod dp × sp
+    /// accelerators; without sequence parallelism no `--sp` at all.
+    #[test]
+    fn engine_pods_run_dp_groups_of_sp_ranks_on_dp_times_sp_accelerators() {
+        let d = dd(json!({}));
+        let split = Plan {
+            dp: 2,
+            sp: 4,
+            ..plan()
+        };
+        for (p, sp, gpus) in [(split, Some("4"), "8"), (plan(), None, "8")] {
+            let dep = deployment(&d, &p, 1, "engine:test", &EnginePods::default(), &[]);
+            let pod = dep.spec.unwrap().template.spec.unwrap();
+            let c = &pod.containers[0];
+            let args = c.args.clone().unwrap();
+            let after = |flag: &str| args.windows(2).find(|w| w[0] == flag).map(|w| w[1].clone());
+            assert_eq!(after("--dp"), Some(p.dp.to_string()), "{args:?}");
+            assert_eq!(after("--sp").as_deref(), sp, "{args:?}");
+            let res = c.resources.as_ref().unwrap();
+            for q in [&res.requests, &res.limits] {
+                assert_eq!(q.as_ref().unwrap()["nvidia.com/gpu"].0, gpus, "{res:?}");
+            }
+        }
+        assert_eq!(
+            plan_summary(&Plan {
+                sp: 4,
+                dp: 2,
+                ..plan()
+            }),
+            "offload-sharded dp=2 sp=4 slots=4"
         );
     }
 

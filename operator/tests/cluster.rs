@@ -503,8 +503,18 @@ fn cel(ns: &str) -> Result<()> {
             "builtin autoscaling needs minReplicas of at least 1",
         ),
         (
-            json!({ "strategy": "sharded", "dp": 1 }),
-            "strategy sharded needs dp of at least 2",
+            json!({ "strategy": "sharded", "dp": 1, "sp": 1 }),
+            "strategy sharded needs dp × sp of at least 2",
+        ),
+        (
+            json!({ "strategy": "offload-sharded", "dp": 1, "sp": 1 }),
+            "strategy offload-sharded needs dp × sp of at least 2",
+        ),
+        (json!({ "sp": 0 }), "sp must be between 1 and 16"),
+        (json!({ "sp": 17 }), "sp must be between 1 and 16"),
+        (
+            json!({ "workload": { "maxLatencySeconds": 0 } }),
+            "maxLatencySeconds must be positive",
         ),
         (
             json!({ "strategy": "fastest" }),

@@ -115,7 +115,7 @@ fn bytes(n: u64) -> String {
 fn row(dd: &DiffusionDeployment, node: &NodeShape, label: &str, plan: &Plan) -> String {
     let w = &dd.spec.workload;
     // One page-cache copy of the model per node, then each pod's own bytes.
-    let pods = (node.devices / plan.dp).min(
+    let pods = (node.devices / plan.devices()).min(
         (node.host_bytes.saturating_sub(plan.host_bytes_per_node) / plan.host_bytes_per_pod) as u32,
     );
     format!(
@@ -124,11 +124,20 @@ fn row(dd: &DiffusionDeployment, node: &NodeShape, label: &str, plan: &Plan) -> 
         w.max_height,
         w.max_frames,
         plan.strategy.as_str(),
-        plan.dp,
+        dp_cell(plan),
         plan.slots,
         bytes(plan.device_bytes_per_rank),
         bytes(plan.host_bytes_per_pod)
     )
+}
+
+/// A plan's dp as the doc's tables print it: `dp × sp N` where it splits requests.
+fn dp_cell(plan: &Plan) -> String {
+    if plan.sp > 1 {
+        format!("{} × sp {}", plan.dp, plan.sp)
+    } else {
+        plan.dp.to_string()
+    }
 }
 
 /// The first two cells of the doc's per-plan rows: `dd`'s workload and `plan`'s shape.
@@ -140,7 +149,7 @@ fn plan_cells(dd: &DiffusionDeployment, plan: &Plan) -> String {
         w.max_height,
         w.max_frames,
         plan.strategy.as_str(),
-        plan.dp,
+        dp_cell(plan),
         plan.slots
     )
 }
@@ -218,7 +227,7 @@ fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, plan: 
     let groups = model.group_bytes().unwrap();
     let placement = Placement {
         resident_blocks: plan.resident_blocks,
-        ..Placement::new(strategy, u64::from(plan.dp), 0, groups.len())
+        ..Placement::new(strategy, u64::from(plan.devices()), 0, groups.len())
             .with_resident_components(&groups, &plan.resident_components())
     }
     .with_component_blocks(&groups, &plan.resident_blocks_by_component);
@@ -235,7 +244,7 @@ fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, plan: 
     assert_eq!(weights, reserved, "engine {weights} vs planned {reserved}");
     // Activations of a request at the pod's bounds: the engine's formula gives the planner's.
     let act = resources::request_bounds(&dd.spec.workload)
-        .activation_bytes(&model.checkpoint.activation_cost())
+        .activation_bytes_per_rank(&model.checkpoint.activation_cost(), u64::from(plan.sp))
         .unwrap();
     assert_eq!(act, b.activations);
     // The decoder beside each rank where the plan has room for it: the engine's figure,
@@ -245,7 +254,7 @@ fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, plan: 
         model,
         DecodeChoice::Fixed(site),
         DeviceChoice::Cpu,
-        plan.dp as usize,
+        plan.devices() as usize,
         &resources::request_bounds(&dd.spec.workload),
     )
     .unwrap();
@@ -327,7 +336,8 @@ fn the_documented_wan_a14b_plans_are_the_planners_and_fit_the_engines_accounting
         &profile,
         &[
             (&dd, &a100, Some((Strategy::Sharded, 2, 2))),
-            (&dd, &l4, None),
+            // Its activations exceed an L4, but a request split over 8 ranks fits.
+            (&dd, &l4, Some((Strategy::Offload, 1, 2))),
             (&p480, &a100, Some((Strategy::Sharded, 2, 2))),
             (&p480, &l4, Some((Strategy::Offload, 1, 2))),
             (&p480_sharded, &l4, Some((Strategy::OffloadSharded, 8, 2))),
@@ -399,7 +409,12 @@ fn documented_rows(model: &Model, profile: &Profile, cases: &[Case]) -> Vec<Stri
     for (dd, (node, label), want) in cases {
         match (plan_on(profile, dd, node), want) {
             (Ok(plan), Some(want)) => {
-                assert_eq!((plan.strategy, plan.dp, plan.slots), *want, "{label}");
+                assert_eq!(
+                    (plan.strategy, plan.dp, plan.slots),
+                    *want,
+                    "{label}: {:?}",
+                    plan.reasons
+                );
                 let weights = engine_fits(model, dd, node, &plan);
                 println!(
                     "{}\n{}\n  engine weights {weights} bytes per rank",

@@ -1,0 +1,211 @@
+//! The sequence-parallelism example of docs/operations.md: one 1280×720×121-frame Wan 2.1
+//! 14B request on a node of 80 GB devices, planned from the real profile of a sparse
+//! `synth --preset wan2.1-14b --sparse` folder (headers only). The doc's figures for sp 1
+//! and for the sp the planner chooses are the planner's, and the chosen plan's memory per
+//! rank is the engine's own accounting of the run it starts: the activations per rank by
+//! the engine's checkpoint and the formula its start check calls with `--sp`, the weights
+//! by the engine's block layouts sharded over dp × sp ranks, and K by the engine's slot
+//! choice under the budget the operator passes.
+
+use std::path::{Path, PathBuf};
+
+use crds::{DiffusionDeployment, Plan, Profile};
+use layerwise_core::decode::DecodeChoice;
+use layerwise_core::memory::Placement;
+use layerwise_engine::engine::Model;
+use layerwise_engine::execution::cuda::plan::{budget_capacity, choose_slots, DeviceNeeds};
+use layerwise_engine::execution::cuda::{DeviceChoice, SlotsChoice};
+use layerwise_engine::tools::synth::{synth, SynthOptions};
+use layerwise_operator::planner::{self, Limits, NodeShape, Overrides, Refusal};
+use layerwise_operator::resources;
+
+const MIB: u64 = 1 << 20;
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn doc() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md"))
+        .unwrap()
+}
+
+/// The doc's sequence-parallel example: the YAML block that sets `maxLatencySeconds`.
+fn documented(doc: &str) -> DiffusionDeployment {
+    let block = doc
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|b| b.split_once("```").map(|(yaml, _)| yaml))
+        .find(|yaml| yaml.contains("maxLatencySeconds:"))
+        .expect("docs/operations.md has a DiffusionDeployment with maxLatencySeconds");
+    serde_yaml::from_str(block).expect("the documented DiffusionDeployment parses")
+}
+
+/// The node the doc plans on, as its agent reports it.
+fn h100_node() -> NodeShape {
+    let (rates, rates_from) = NodeShape::rates_for("NVIDIA H100 80GB HBM3", None);
+    NodeShape {
+        name: "h100-80gb".into(),
+        devices: 8,
+        // NVML's total for an H100 80GB HBM3: 81,559 MiB.
+        device_bytes: 81_559 * MIB,
+        host_bytes: 1000 << 30,
+        fast_peer_link: true,
+        warm: true,
+        rates,
+        rates_from,
+    }
+}
+
+fn wan_14b(dir: &Path) -> (PathBuf, Profile) {
+    let out = dir.join("wan2.1-14b");
+    let mut o = SynthOptions::preset("wan2.1-14b").unwrap();
+    o.sparse = true;
+    synth(&out, &o).unwrap();
+    // The profile as an agent reports it: through the DiffusionNode's JSON.
+    let profile: Profile = serde_json::from_value(
+        serde_json::to_value(layerwise_engine::families::profile(&out).unwrap()).unwrap(),
+    )
+    .unwrap();
+    (out, profile)
+}
+
+fn plan_on(profile: &Profile, dd: &DiffusionDeployment, node: &NodeShape) -> Result<Plan, Refusal> {
+    planner::plan(
+        profile,
+        std::slice::from_ref(node),
+        &dd.spec.workload,
+        &Overrides::of(&dd.spec),
+        &Limits::default().for_spec(&dd.spec),
+    )
+}
+
+/// The doc's row for one plan.
+fn row(label: &str, p: &Plan) -> String {
+    format!(
+        "| {label} | `{}` | {} | {} | {} | {:.2} GiB | {:.2} GiB | {:.0} s | {} |",
+        p.strategy.as_str(),
+        p.dp,
+        p.sp,
+        p.slots,
+        p.device_breakdown.activations as f64 / GIB,
+        p.device_bytes_per_rank as f64 / GIB,
+        p.predicted_latency_seconds.unwrap(),
+        match p.latency_bound_met {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "no bound",
+        }
+    )
+}
+
+/// Checks `plan` against the engine's own accounting of the run it starts with `--dp`
+/// and `--sp`: the activations per rank its start check counts (its checkpoint's cost, the
+/// one formula, at the plan's sp), the weights of its block layouts sharded over dp × sp
+/// ranks, the decoder beside each rank, and the slots it chooses under the budget the
+/// operator passes.
+fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, plan: &Plan) {
+    let bounds = resources::request_bounds(&dd.spec.workload);
+    let act = bounds
+        .activation_bytes_per_rank(&model.checkpoint.activation_cost(), u64::from(plan.sp))
+        .unwrap();
+    let b = &plan.device_breakdown;
+    assert_eq!(act, b.activations, "{plan:?}");
+    let groups = model.group_bytes().unwrap();
+    let placement = Placement {
+        resident_blocks: plan.resident_blocks,
+        ..Placement::new(plan.strategy, u64::from(plan.devices()), 0, groups.len())
+            .with_resident_components(&groups, &plan.resident_components())
+    }
+    .with_component_blocks(&groups, &plan.resident_blocks_by_component);
+    let needs = DeviceNeeds::of(&groups, &placement, model.family.resident_bytes(false));
+    let k = u64::from(plan.slots);
+    let weights = needs.fixed + k * needs.slot;
+    assert_eq!(weights, b.block_weights + b.slots + b.resident_weights);
+    let site = resources::decode_site(plan);
+    let (_, decoder) = layerwise_engine::server::decode_placement(
+        model,
+        DecodeChoice::Fixed(site),
+        DeviceChoice::Cpu,
+        plan.devices() as usize,
+        &bounds,
+    )
+    .unwrap();
+    assert_eq!(decoder.total(), b.decoder);
+    assert!(weights + act + b.overhead + b.decoder <= plan.device_bytes_per_rank);
+    assert!(plan.device_bytes_per_rank <= node.device_bytes);
+    if plan.strategy.streams() {
+        let cap = plan.device_bytes_per_rank.div_ceil(MIB) * MIB;
+        let capacity = budget_capacity(
+            node.device_bytes - decoder.weights,
+            node.device_bytes,
+            Some(cap - act - b.overhead - decoder.total()),
+            act + decoder.peak,
+        );
+        let k_engine = choose_slots(
+            SlotsChoice::Fixed(plan.slots as usize),
+            plan.strategy,
+            needs,
+            capacity,
+        )
+        .unwrap_or_else(|e| panic!("the engine would not start {plan:?}: {e}"));
+        assert_eq!(k_engine as u64, k);
+    }
+}
+
+#[test]
+fn the_documented_sequence_parallel_plan_is_the_planners_and_fits_the_engines_accounting() {
+    let d = doc();
+    let dd = documented(&d);
+    let w = &dd.spec.workload;
+    assert_eq!(dd.spec.model.family, "wan");
+    assert_eq!(
+        (w.max_width, w.max_height, w.max_frames, w.max_steps),
+        (1280, 720, 121, 50)
+    );
+    assert_eq!(dd.spec.sp, None, "the example leaves sp to the planner");
+    let bound = w
+        .max_latency_seconds
+        .expect("the example sets a latency bound");
+    let dir = tempfile::tempdir().unwrap();
+    let (out, profile) = wan_14b(dir.path());
+    assert!(planner::splits_sequence(&profile));
+    let model = Model::open(&out).unwrap();
+    let node = h100_node();
+
+    // The planner's choice: the fewest ranks per request that meet the bound.
+    let chosen = plan_on(&profile, &dd, &node).unwrap();
+    assert_eq!(chosen.sp, 2, "{:?}", chosen.reasons);
+    assert_eq!(chosen.latency_bound_met, Some(true));
+    assert!(chosen.predicted_latency_seconds.unwrap() <= bound);
+    engine_fits(&model, &dd, &node, &chosen);
+    // Without the bound: one rank per request (its activations fit one device), slower
+    // than the bound.
+    let mut unbounded = dd.clone();
+    unbounded.spec.workload.max_latency_seconds = None;
+    let alone = plan_on(&profile, &unbounded, &node).unwrap();
+    assert_eq!(alone.sp, 1, "{:?}", alone.reasons);
+    assert!(alone.predicted_latency_seconds.unwrap() > bound);
+    engine_fits(&model, &unbounded, &node, &alone);
+    // Each sp fixed, for the doc's comparison.
+    let mut rows = vec![
+        row("sp 1 (no bound)", &alone),
+        row("auto, the bound", &chosen),
+    ];
+    for sp in [4, 8] {
+        let mut fixed = dd.clone();
+        fixed.spec.sp = Some(sp);
+        let p = plan_on(&profile, &fixed, &node).unwrap();
+        assert_eq!(p.sp, sp);
+        engine_fits(&model, &fixed, &node, &p);
+        rows.push(row(&format!("sp {sp} fixed"), &p));
+    }
+    let mut expected = rows;
+    expected.push(format!("> {}", chosen.reasons[1]));
+    let missing: Vec<&String> = expected
+        .iter()
+        .filter(|r| !d.contains(r.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/operations.md lacks the planner's figures:\n{}",
+        expected.join("\n")
+    );
+}
