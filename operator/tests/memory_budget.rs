@@ -26,6 +26,17 @@ const GIB: u64 = 1 << 30;
 /// A deployment of `family` at a small workload, with the strategy (and dp, K) fixed, on
 /// the default accelerator (NVIDIA GPUs).
 fn deployment(family: &str, strategy: Strategy, dp: u32, frames: u64) -> DiffusionDeployment {
+    deployment_sp(family, strategy, dp, 1, frames)
+}
+
+/// As [`deployment`], with `sp` ranks per request.
+fn deployment_sp(
+    family: &str,
+    strategy: Strategy,
+    dp: u32,
+    sp: u32,
+    frames: u64,
+) -> DiffusionDeployment {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "layerwise.dev/v1alpha1",
         "kind": "DiffusionDeployment",
@@ -38,6 +49,7 @@ fn deployment(family: &str, strategy: Strategy, dp: u32, frames: u64) -> Diffusi
             },
             "strategy": StrategyChoice::Fixed(strategy),
             "dp": dp,
+            "sp": sp,
             "slots": 2,
         }
     }))
@@ -101,12 +113,13 @@ fn engine_options(
     device_memory: u64,
 ) -> EngineOptions {
     let act = resources::request_bounds(&dd.spec.workload)
-        .activation_bytes(&model.checkpoint.activation_cost())
+        .activation_bytes_per_rank(&model.checkpoint.activation_cost(), plan.sp as u64)
         .unwrap();
     EngineOptions {
         decoder: engine_decoder(model, dd, plan),
         strategy: plan.strategy,
         dp: plan.dp as usize,
+        sp: plan.sp as usize,
         slots: SlotsChoice::Fixed(plan.slots.max(2) as usize),
         device_memory,
         activations: act,
@@ -260,6 +273,36 @@ fn wan_plans_run_at_exactly_their_budget_with_components_kept_resident() {
                 || !plan.resident_blocks_by_component.is_empty(),
             "{:?}",
             plan.reasons
+        );
+    }
+}
+
+/// A request split across the ranks of a group: the planner's bytes per rank (its share
+/// of the activations, the weights sharded over dp × sp ranks) are what the engine needs
+/// to run the plan with `--sp`, for every strategy; one byte less and both refuse.
+#[test]
+fn sequence_parallel_plans_run_at_exactly_their_budget() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("wan");
+    synth(&dir, &SynthOptions::preset("wan-tiny").unwrap()).unwrap();
+    let whole = {
+        let dd = deployment_sp("wan", Strategy::Offload, 1, 1, 9);
+        plan_on(&profile(&dir), &dd, 1 << 40).unwrap()
+    };
+    for (strategy, dp) in [
+        (Strategy::Resident, 1),
+        (Strategy::Sharded, 1),
+        (Strategy::Offload, 1),
+        (Strategy::OffloadSharded, 2),
+    ] {
+        let dd = deployment_sp("wan", strategy, dp, 2, 9);
+        let plan = exact_budget(&dir, "wan", &dd, 9);
+        assert_eq!((plan.dp, plan.sp), (dp, 2), "{:?}", plan.reasons);
+        assert!(
+            plan.device_breakdown.activations < whole.device_breakdown.activations,
+            "{} per rank at sp 2, {} at sp 1",
+            plan.device_breakdown.activations,
+            whole.device_breakdown.activations
         );
     }
 }
