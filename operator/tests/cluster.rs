@@ -159,7 +159,7 @@ async fn lifecycle(w: &World) -> Result<()> {
         .collect();
     assert_eq!(
         header,
-        ["NAME", "STRATEGY", "DP", "REPLICAS", "READY", "QUEUE", "AGE"]
+        ["NAME", "STRATEGY", "DP", "SP", "REPLICAS", "READY", "QUEUE", "AGE"]
     );
     let row: Vec<&str> = table
         .lines()
@@ -167,7 +167,7 @@ async fn lifecycle(w: &World) -> Result<()> {
         .unwrap_or("")
         .split_whitespace()
         .collect();
-    assert_eq!(&row[..5], ["big", "resident", "1", "1", "1"]);
+    assert_eq!(&row[..6], ["big", "resident", "1", "1", "1", "1"]);
 
     // Bigger images: activations no longer fit beside the whole model; the fewest H200
     // devices whose shards and activations fit is three, but pods of three would leave two
