@@ -412,10 +412,27 @@ fn request(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_images_and_videos_at_dp2_match_each_alone() {
+    mixed_match_each_alone(1).await;
+}
+
+/// The same with each of the two groups splitting its requests over two ranks
+/// (sequence parallelism): the server still sees two ranks, and every output is the one
+/// the request makes alone on one rank.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_images_and_videos_on_two_groups_of_two_ranks_match_each_alone() {
+    mixed_match_each_alone(2).await;
+}
+
+async fn mixed_match_each_alone(sp: usize) {
     let dir = tempfile::tempdir().unwrap();
     let model = model(dir.path());
-    let (app, sched) =
-        common::server::start(model.clone(), setup(2, false, Retention::default())).await;
+    let (app, sched) = common::server::start_split(
+        model.clone(),
+        setup(2, false, Retention::default()),
+        layerwise_engine::decode::DecodeSite::Host,
+        sp,
+    )
+    .await;
     // Images (one frame) and clips of different sizes, lengths and step counts, with
     // different guidance per expert, all in flight at once: the ranks run different
     // requests in lockstep, each pass over the group (text encoder, expert) its own needs.

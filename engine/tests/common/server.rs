@@ -73,9 +73,21 @@ pub async fn start_decoding(
     s: Setup,
     decode: DecodeSite,
 ) -> (Router, Scheduler) {
+    start_split(model, s, decode, 1).await
+}
+
+/// As [`start_decoding`], each of the `s.dp` groups of `sp` ranks splitting its requests'
+/// sequences.
+pub async fn start_split(
+    model: Arc<Model>,
+    s: Setup,
+    decode: DecodeSite,
+    sp: usize,
+) -> (Router, Scheduler) {
     let opts = EngineOptions {
         strategy: Strategy::OffloadSharded,
         dp: s.dp,
+        sp,
         slots: SlotsChoice::Fixed(2),
         decode: false,
         timeout: s.timeout,
