@@ -322,49 +322,57 @@ impl Split {
     /// heads for every token. Heads move in units of `unit` heads (a key/value head's
     /// query heads stay together), split as [`Self::share`] splits `H / unit` units.
     pub fn to_heads(&mut self, x: &Tensor, tokens: usize, unit: usize) -> Result<Tensor> {
-        if self.size == 1 {
-            return Ok(x.clone());
-        }
-        let (b, h, _, d) = x.dims4()?;
-        let units = h / unit.max(1);
+        let (units, size) = (x.dim(1)? / unit.max(1), self.size);
         let heads = |q: usize| {
-            let r = self.share_of(units, q);
+            let r = topology::split(units, size, q);
             r.start * unit..r.end * unit
         };
-        let parts = (0..self.size)
-            .map(|q| {
-                let r = heads(q);
-                Ok(x.narrow(1, r.start, r.len())?.contiguous()?)
-            })
-            .collect::<Result<Vec<_>>>()?;
         let mine = heads(self.member).len();
-        let recv: Vec<Vec<usize>> = (0..self.size)
-            .map(|q| vec![b, mine, self.share_of(tokens, q).len(), d])
-            .collect();
-        let got = self.exchange(parts, &recv)?;
-        Ok(Tensor::cat(&got, 2)?)
+        let share = |q| topology::split(tokens, size, q).len();
+        self.redistribute(x, (1, &heads), (2, &|q| (mine, share(q))))
     }
 
     /// Ulysses' second all-to-all, the inverse of [`Self::to_heads`]: `o` [B, h, tokens,
     /// D] of this member's heads back to [B, H, s, D], every head of its tokens.
     pub fn to_tokens(&mut self, o: &Tensor, heads: usize, unit: usize) -> Result<Tensor> {
+        let (units, size) = (heads / unit.max(1), self.size);
+        let tokens = o.dim(2)?;
+        let mine = self.share(tokens).len();
+        self.redistribute(
+            o,
+            (2, &|q| topology::split(tokens, size, q)),
+            (1, &|q| (topology::split(units, size, q).len() * unit, mine)),
+        )
+    }
+
+    /// One all-to-all of a [B, heads, tokens, D] tensor: member q gets the slice
+    /// `send.1(q)` of dimension `send.0`, and what member q sends this one, of (heads,
+    /// tokens) `recv.1(q)`, is concatenated along dimension `recv.0`.
+    #[allow(clippy::type_complexity)]
+    fn redistribute(
+        &mut self,
+        x: &Tensor,
+        send: (usize, &dyn Fn(usize) -> Range<usize>),
+        recv: (usize, &dyn Fn(usize) -> (usize, usize)),
+    ) -> Result<Tensor> {
         if self.size == 1 {
-            return Ok(o.clone());
+            return Ok(x.clone());
         }
-        let (b, _, tokens, d) = o.dims4()?;
-        let units = heads / unit.max(1);
+        let (b, _, _, d) = x.dims4()?;
         let parts = (0..self.size)
             .map(|q| {
-                let r = self.share_of(tokens, q);
-                Ok(o.narrow(2, r.start, r.len())?.contiguous()?)
+                let r = send.1(q);
+                Ok(x.narrow(send.0, r.start, r.len())?.contiguous()?)
             })
             .collect::<Result<Vec<_>>>()?;
-        let mine = self.share(tokens).len();
-        let recv: Vec<Vec<usize>> = (0..self.size)
-            .map(|q| vec![b, self.share_of(units, q).len() * unit, mine, d])
+        let shapes: Vec<Vec<usize>> = (0..self.size)
+            .map(|q| {
+                let (h, t) = recv.1(q);
+                vec![b, h, t, d]
+            })
             .collect();
-        let got = self.exchange(parts, &recv)?;
-        Ok(Tensor::cat(&got, 1)?)
+        let got = self.exchange(parts, &shapes)?;
+        Ok(Tensor::cat(&got, recv.0)?)
     }
 
     /// Every member's share of a sequence along `dim` of `x` (this member's share of

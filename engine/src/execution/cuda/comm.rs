@@ -269,21 +269,29 @@ struct GatherOp<'a> {
     src: GatherSource,
 }
 
+impl NcclComm {
+    /// Before enqueueing `what` on this communicator: the gate, held until the collective
+    /// is enqueued (a concurrent poison aborts the communicators either before, and the
+    /// check fails, or after), the poison check, and this rank's context on the thread.
+    fn enter(&self, what: &str) -> std::result::Result<std::sync::RwLockReadGuard<'_, ()>, Fault> {
+        let gate = self.group.gate.read().unwrap_or_else(|p| p.into_inner());
+        self.group.check(self.rank)?;
+        if self.comm.is_null() {
+            return Err(Fault::Failed(format!(
+                "{what} on a group created without NCCL (a strategy that never gathers)"
+            )));
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| format!("bind context: {e:?}"))?;
+        Ok(gate)
+    }
+}
+
 impl GatherOp<'_> {
     fn run(&self, storage: &mut CudaStorage, layout: &Layout) -> std::result::Result<(), Fault> {
         let c = self.comm;
-        // Held until the collective is enqueued: a concurrent poison aborts the
-        // communicators either before (and the check fails) or after.
-        let _gate = c.group.gate.read().unwrap_or_else(|p| p.into_inner());
-        c.group.check(c.rank)?;
-        if c.comm.is_null() {
-            return Err(Fault::Failed(
-                "all-gather on a group created without NCCL (a strategy that never gathers)".into(),
-            ));
-        }
-        c.ctx
-            .bind_to_thread()
-            .map_err(|e| format!("bind context: {e:?}"))?;
+        let _gate = c.enter("all-gather")?;
         let stream = &self.stream.inner;
         let (size, shard, rank) = (c.size, self.shard, c.rank);
         let (base, n, _written) = slot_mut(storage, layout, stream)?;
@@ -381,16 +389,7 @@ struct ExchangeOp<'a> {
 impl ExchangeOp<'_> {
     fn run(&self, storage: &mut CudaStorage, layout: &Layout) -> std::result::Result<(), Fault> {
         let c = self.comm;
-        let _gate = c.group.gate.read().unwrap_or_else(|p| p.into_inner());
-        c.group.check(c.rank)?;
-        if c.comm.is_null() {
-            return Err(Fault::Failed(
-                "sequence-parallel exchange on a group created without NCCL".into(),
-            ));
-        }
-        c.ctx
-            .bind_to_thread()
-            .map_err(|e| format!("bind context: {e:?}"))?;
+        let _gate = c.enter("sequence-parallel exchange")?;
         let stream = storage.device.cuda_stream();
         let (base, n, _written) = slot_mut(storage, layout, &stream)?;
         // Every send's storage stays borrowed until the group is enqueued.
