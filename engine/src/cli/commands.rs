@@ -352,9 +352,10 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
 
 fn print_stats(s: &RunStats) {
     println!(
-        "{} dp={} K={}: {:.2}s wall, {:.3}s/step, stall {:.1}% ({:.1}% across group switches), copied {}, gathered {}, peak device {}, pinned host {} per rank, peak anon RSS {} (checkpoint {})",
+        "{} dp={} sp={} K={}: {:.2}s wall, {:.3}s/step, stall {:.1}% ({:.1}% across group switches), copied {}, gathered {}, peak device {}, pinned host {} per rank, peak anon RSS {} (checkpoint {})",
         s.strategy,
         s.dp,
+        s.sp,
         s.slots,
         s.wall_seconds,
         s.step_seconds,
