@@ -569,7 +569,9 @@ fn plan_rows(
             Condition::Class(_) => 0,
         },
     };
-    let work = Work::at_bounds(&model.checkpoint.activation_cost(), &bounds);
+    // Each rank computes its share of the tokens when requests split (the planner's term).
+    let work =
+        Work::at_bounds(&model.checkpoint.activation_cost(), &bounds).with_sp(a.engine.sp as u64);
     let first = configs
         .iter()
         .find(|c| c.kept == Some(KeptBlocks::Plan))
