@@ -17,7 +17,8 @@ pub use common::{quantity_bytes, ModelLocation, PvcSource, StrategyChoice};
 pub use deployment::{
     Accelerator, AcceleratorRates, Autoscaling, AutoscalingMode, ComponentPlacement, ComponentPlan,
     DiffusionDeployment, DiffusionDeploymentSpec, DiffusionDeploymentStatus, DisruptionBudget,
-    EngineSpec, MemoryBreakdown, ModelSpec, Plan, Workload,
+    EndpointPickerRef, EngineSpec, FailureMode, InferencePoolRouting, MemoryBreakdown, ModelSpec,
+    Plan, PortNumber, Workload,
 };
 pub use layerwise_core::checkpoint::{ActivationCost, ComponentProfile, Profile};
 pub use layerwise_core::Strategy;

@@ -13,6 +13,10 @@ pub const DEGRADED: &str = "Degraded";
 /// Builtin autoscaling only: True while some engine pods' load cannot be read (the message
 /// names them); those pods hold the replicas.
 pub const SCRAPE_FAILED: &str = "ScrapeFailed";
+/// Only while `spec.inferencePool.enabled`: True once the deployment's InferencePool is
+/// applied; False (reason `InferencePoolUnavailable`) where the cluster does not serve the
+/// InferencePool API.
+pub const INFERENCE_POOL: &str = "InferencePool";
 
 /// Sets condition `type_` in `conds` (adding it when missing).
 pub fn set(

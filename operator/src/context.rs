@@ -62,6 +62,9 @@ pub struct Context {
     /// Deployments (by uid) whose spec asks for no PodDisruptionBudget and that this process
     /// has made sure have none, so the delete is sent once, not on every reconcile.
     pub no_budget: Mutex<HashSet<String>>,
+    /// Deployments (by uid) whose spec asks for no InferencePool and that this process has
+    /// made sure have none (see [`crate::inference_pool`]), so that delete is sent once too.
+    pub no_pool: Mutex<HashSet<String>>,
     /// What this process last applied of each engine Deployment and Service.
     pub applied: Applied,
     /// The prepare requests on DiffusionNodes, written by one writer per node.

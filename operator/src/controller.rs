@@ -70,6 +70,7 @@ pub async fn lead(
         telemetry: telemetry.clone(),
         job_keys: Mutex::new(HashSet::new()),
         no_budget: Mutex::new(HashSet::new()),
+        no_pool: Mutex::new(HashSet::new()),
         applied: Applied::default(),
         requests,
     });
@@ -157,6 +158,7 @@ async fn cleanup(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
     if let Some(uid) = dd.uid() {
         ctx.job_keys.lock().expect("not poisoned").remove(&uid);
         ctx.no_budget.lock().expect("not poisoned").remove(&uid);
+        ctx.no_pool.lock().expect("not poisoned").remove(&uid);
         ctx.applied.forget(&uid);
     }
     if !withdrawn.is_empty() {

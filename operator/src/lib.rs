@@ -6,7 +6,8 @@
 //! the [`controller`] runs a reconcile's [`phases`] over reflector [`stores`] with the
 //! shared [`context`], writes prepare requests through one writer per node ([`requests`])
 //! and reports through one path ([`report`]); [`leader`] decides which replica runs it;
-//! [`telemetry`], [`http`] and the counting [`client`] say what it does.
+//! [`telemetry`], [`http`] and the counting [`client`] say what it does; [`inference_pool`]
+//! keeps the Gateway API inference extension's InferencePool a deployment may ask for.
 
 pub mod autoscaler;
 pub mod client;
@@ -15,6 +16,7 @@ pub mod context;
 pub mod controller;
 pub mod error;
 pub mod http;
+pub mod inference_pool;
 pub mod leader;
 pub mod phases;
 pub mod placement;

@@ -1,8 +1,9 @@
 //! One reconcile of a DiffusionDeployment, as phases in order: admit the spec, ask nodes
 //! to prepare the model, collect their profiles, plan, size the replicas, apply the engine
-//! Deployment and Service, and report what runs. A phase that cannot go on returns
-//! `ControlFlow::Break` with a typed [`Stop`], and [`apply`] records every stop the same
-//! way ([`Report::stop`]); API errors are `Err` and go to the controller's error policy.
+//! Deployment and Service, report what runs, and keep the InferencePool the spec asks for.
+//! A phase that cannot go on returns `ControlFlow::Break` with a typed [`Stop`], and
+//! [`apply`] records every stop the same way ([`Report::stop`]); API errors are `Err` and
+//! go to the controller's error policy.
 
 use std::collections::BTreeSet;
 use std::ops::ControlFlow;
@@ -25,6 +26,7 @@ use crate::autoscaler::{self, Bounds, Observed};
 use crate::conditions as cond;
 use crate::context::{Context, MANAGER};
 use crate::error::{kube, Error, Result};
+use crate::inference_pool;
 use crate::placement::{self, Candidate};
 use crate::planner::{self, NodeShape, Overrides};
 use crate::report::{Report, Stop};
@@ -83,6 +85,7 @@ async fn phases(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Resu
     let applied = deploy(dd, ctx, &plan, replicas, existing, &warm, r).await?;
     let unplaced = unscheduled(dd, ctx, replicas, &applied);
     observe(&plan, replicas, &warm, &applied, &unplaced, r);
+    inference_pool::reconcile(dd, ctx, r).await?;
     Ok(ControlFlow::Continue(()))
 }
 

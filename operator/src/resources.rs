@@ -587,7 +587,7 @@ fn topology_spread(dd: &DiffusionDeployment) -> Vec<TopologySpreadConstraint> {
 
 /// Metadata of an object the DiffusionDeployment owns: same name and namespace, its
 /// labels, and a controller owner reference so deleting it collects the object.
-fn owned_meta(dd: &DiffusionDeployment) -> ObjectMeta {
+pub(crate) fn owned_meta(dd: &DiffusionDeployment) -> ObjectMeta {
     ObjectMeta {
         name: Some(dd.name_any()),
         namespace: dd.namespace(),

@@ -16,9 +16,12 @@ use crds::{DiffusionDeployment, DiffusionNode};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::DynamicObject;
 use kube::Api;
 use layerwise_e2e::cluster::{self, wait_until};
-use layerwise_e2e::tools::{impersonating, install_crds, ok, repo, tool};
+use layerwise_e2e::tools::{
+    apply_crds, impersonating, inference_pool_crd, install_crds, ok, repo, tool,
+};
 use serde_json::json;
 use world::{
     condition, deployment_manifest, event_reasons, profile, running_pods, status_of, Fixed, World,
@@ -520,6 +523,18 @@ fn cel(ns: &str) -> Result<()> {
             json!({ "strategy": "fastest" }),
             "Unsupported value: \"fastest\"",
         ),
+        (
+            json!({ "inferencePool": { "enabled": true, "endpointPickerRef": { "name": "epp" } } }),
+            "endpointPickerRef.port is required when kind is Service",
+        ),
+        (
+            json!({ "inferencePool": { "endpointPickerRef": { "name": "epp", "port": { "number": 0 } } } }),
+            "endpointPickerRef.port.number must be between 1 and 65535",
+        ),
+        (
+            json!({ "inferencePool": { "endpointPickerRef": { "name": "epp", "port": { "number": 9002 }, "failureMode": "Sometimes" } } }),
+            "Unsupported value: \"Sometimes\"",
+        ),
     ];
     for (extra, message) in cases {
         let manifest = serde_json::to_string(&deployment_manifest("bad", extra.clone()))?;
@@ -558,5 +573,174 @@ fn cel(ns: &str) -> Result<()> {
     if n < 4 {
         bail!("expected an example per strategy, found {n}");
     }
+    Ok(())
+}
+
+const POOL_CRD: &str = "inferencepools.inference.networking.k8s.io";
+
+/// Removes the InferencePool CRD (and so the API) and waits until discovery no longer
+/// serves it.
+async fn remove_pool_crd(client: &kube::Client) -> Result<()> {
+    let crd = inference_pool_crd()?;
+    let path = crd.to_str().unwrap();
+    let args = ["delete", "--ignore-not-found", "--wait", "-f", path];
+    ok(
+        tool("kubectl", &args, None)?,
+        "kubectl delete InferencePool CRD",
+    )?;
+    wait_until("the InferencePool API gone", WAIT, || async {
+        Ok(
+            match client
+                .list_api_group_resources("inference.networking.k8s.io/v1")
+                .await
+            {
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                Ok(l) if l.resources.is_empty() => Ok(()),
+                other => Err(format!("{:?}", other.map(|l| l.resources.len()))),
+            },
+        )
+    })
+    .await
+}
+
+/// `spec.inferencePool` against the real control plane: without the InferencePool API the
+/// deployment runs and says why it has no pool; once the inference extension's CRD (the
+/// pinned release's own YAML) is installed the operator applies the pool, owned by the
+/// deployment, selecting the engine Service's pods on the engine port with the spec's
+/// endpoint picker; switching it off deletes the pool, and deleting the deployment collects
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inference_pool_follows_the_spec_and_the_clusters_api() -> Result<()> {
+    let client = cluster::client().await?;
+    remove_pool_crd(&client).await?;
+    let world = World::new("pool", Arc::new(Fixed(AtomicU64::new(0))), profile(20, GIB)).await?;
+    let result = inference_pool(&world).await;
+    let torn = world.teardown().await;
+    let removed = remove_pool_crd(&client).await;
+    result.and(torn).and(removed)
+}
+
+async fn inference_pool(w: &World) -> Result<()> {
+    let (client, ns) = (&w.client, w.ns.as_str());
+    let api: Api<DiffusionDeployment> = Api::namespaced(client.clone(), ns);
+    let routed = json!({ "replicas": 0, "inferencePool": { "enabled": true, "endpointPickerRef": {
+        "name": "routed-epp", "port": { "number": 9002 } } } });
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(deployment_manifest("routed", routed))?,
+    )
+    .await?;
+
+    // No InferencePool API: refused with the condition naming it; the engines still run.
+    let why = wait_until("the pool refused for want of the API", WAIT, || async {
+        let s = status_of(&api, "routed").await?;
+        Ok(match condition(&s, "InferencePool") {
+            Some((st, reason, msg)) if st == "False" && reason == "InferencePoolUnavailable" => {
+                Ok(msg)
+            }
+            other => Err(format!("InferencePool {other:?}")),
+        })
+    })
+    .await?;
+    assert!(
+        why.contains("inferencepools.inference.networking.k8s.io/v1"),
+        "{why}"
+    );
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    assert!(deploys.get_opt("routed").await?.is_some());
+    assert!(event_reasons(client, ns)
+        .await?
+        .iter()
+        .any(|r| r == "InferencePoolUnavailable"));
+
+    // The inference extension's CRD installed: the pool appears at the next look.
+    apply_crds(client, &inference_pool_crd()?, &[POOL_CRD], WAIT).await?;
+    let pools: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        ns,
+        &layerwise_operator::inference_pool::api_resource(),
+    );
+    let pool = wait_until("the InferencePool applied", WAIT, || async {
+        Ok(match pools.get_opt("routed").await? {
+            Some(p) => Ok(p),
+            None => Err("no InferencePool routed".to_string()),
+        })
+    })
+    .await?;
+    let spec = &pool.data["spec"];
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    let selector = services
+        .get("routed")
+        .await?
+        .spec
+        .unwrap()
+        .selector
+        .unwrap();
+    assert_eq!(
+        spec["selector"]["matchLabels"],
+        serde_json::to_value(&selector)?,
+        "{spec}"
+    );
+    assert_eq!(spec["targetPorts"], json!([{ "number": 8080 }]), "{spec}");
+    assert_eq!(spec["endpointPickerRef"]["name"], "routed-epp", "{spec}");
+    assert_eq!(spec["endpointPickerRef"]["port"]["number"], 9002, "{spec}");
+    assert_eq!(
+        spec["endpointPickerRef"]["failureMode"], "FailClose",
+        "{spec}"
+    );
+    let owner = &pool.metadata.owner_references.as_ref().unwrap()[0];
+    let dd = api.get("routed").await?;
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), Some(&owner.uid)),
+        ("DiffusionDeployment", "routed", dd.metadata.uid.as_ref())
+    );
+    wait_until("the InferencePool condition True", WAIT, || async {
+        let s = status_of(&api, "routed").await?;
+        Ok(match condition(&s, "InferencePool") {
+            Some((st, reason, _)) if st == "True" && reason == "Applied" => Ok(()),
+            other => Err(format!("InferencePool {other:?}")),
+        })
+    })
+    .await?;
+
+    // Switched off: the pool is deleted and the condition goes.
+    let switch = |on: bool| Patch::Merge(json!({ "spec": { "inferencePool": { "enabled": on } } }));
+    api.patch("routed", &PatchParams::default(), &switch(false))
+        .await?;
+    wait_until("the InferencePool deleted", WAIT, || async {
+        let gone = pools.get_opt("routed").await?.is_none();
+        let s = status_of(&api, "routed").await?;
+        let cond = condition(&s, "InferencePool");
+        Ok(if gone && cond.is_none() {
+            Ok(())
+        } else {
+            Err(format!("pool gone {gone}, condition {cond:?}"))
+        })
+    })
+    .await?;
+    assert!(event_reasons(client, ns)
+        .await?
+        .iter()
+        .any(|r| r == "InferencePoolDeleted"));
+
+    // On again, then the deployment deleted: the pool is collected with it.
+    api.patch("routed", &PatchParams::default(), &switch(true))
+        .await?;
+    wait_until("the InferencePool applied again", WAIT, || async {
+        Ok(match pools.get_opt("routed").await? {
+            Some(_) => Ok(()),
+            None => Err("no InferencePool routed".to_string()),
+        })
+    })
+    .await?;
+    api.delete("routed", &DeleteParams::default()).await?;
+    wait_until("the InferencePool collected", WAIT, || async {
+        Ok(if pools.get_opt("routed").await?.is_none() {
+            Ok(())
+        } else {
+            Err("InferencePool routed still there".to_string())
+        })
+    })
+    .await?;
     Ok(())
 }

@@ -165,34 +165,63 @@ pub async fn install_crds(client: &Client, wait: Duration) -> Result<()> {
     static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     DONE.get_or_try_init(|| async {
         let dir = repo().join("charts/layerwise/crds");
-        let dir = dir.to_str().context("repository path is not UTF-8")?;
-        let args = ["apply", "--server-side", "--force-conflicts", "-f", dir];
-        ok(tool("kubectl", &args, None)?, "kubectl apply crds")?;
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for name in [
-            "diffusiondeployments.layerwise.dev",
-            "diffusionnodes.layerwise.dev",
-        ] {
-            wait_until(&format!("CRD {name} established"), wait, || async {
-                let crd = crds.get(name).await?;
-                let established = crd
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                Ok(if established {
-                    Ok(())
-                } else {
-                    Err("not established".into())
-                })
-            })
-            .await?;
-        }
-        Ok::<_, anyhow::Error>(())
+        apply_crds(
+            client,
+            &dir,
+            &[
+                "diffusiondeployments.layerwise.dev",
+                "diffusionnodes.layerwise.dev",
+            ],
+            wait,
+        )
+        .await
     })
     .await?;
     Ok(())
+}
+
+/// Applies the CRDs in `path` (a file or a folder) and waits until each of `names` is
+/// established.
+pub async fn apply_crds(
+    client: &Client,
+    path: &Path,
+    names: &[&str],
+    wait: Duration,
+) -> Result<()> {
+    let path = path.to_str().context("CRD path is not UTF-8")?;
+    let args = ["apply", "--server-side", "--force-conflicts", "-f", path];
+    ok(tool("kubectl", &args, None)?, "kubectl apply crds")?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in names {
+        wait_until(&format!("CRD {name} established"), wait, || async {
+            let crd = crds.get(name).await?;
+            let established = crd
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            Ok(if established {
+                Ok(())
+            } else {
+                Err("not established".into())
+            })
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// The Gateway API inference extension's InferencePool CRD, at the release
+/// `tests/tools/crd-versions` pins, as `tests/tools/build` copies it from that module.
+pub fn inference_pool_crd() -> Result<PathBuf> {
+    let path = bin_dir()?.join("../crds/inferencepools.yaml");
+    ensure!(
+        path.is_file(),
+        "{} is missing (run tests/tools/build)",
+        path.display()
+    );
+    Ok(path)
 }
 
 /// The groups every service account is in, for impersonating one.
