@@ -162,13 +162,19 @@ fn labels(dd: &DiffusionDeployment) -> BTreeMap<String, String> {
     l
 }
 
-/// A one-line summary of the plan, recorded on the pod template.
+/// A one-line summary of the plan, recorded on the pod template. `sp` only where the plan
+/// splits requests: the template of a plan without sequence parallelism is what it was
+/// before sp existed, so an operator upgrade rolls no engine pod.
 pub fn plan_summary(plan: &Plan) -> String {
+    let sp = if plan.sp > 1 {
+        format!(" sp={}", plan.sp)
+    } else {
+        String::new()
+    };
     format!(
-        "{} dp={} sp={} slots={}",
+        "{} dp={}{sp} slots={}",
         plan.strategy.as_str(),
         plan.dp,
-        plan.sp,
         plan.slots
     )
 }
@@ -806,6 +812,7 @@ mod tests {
             }),
             "offload-sharded dp=2 sp=4 slots=4"
         );
+        assert_eq!(plan_summary(&plan()), "offload-sharded dp=8 slots=4");
     }
 
     #[test]
