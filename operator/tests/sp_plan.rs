@@ -7,6 +7,8 @@
 //! by the engine's block layouts sharded over dp × sp ranks, and K by the engine's slot
 //! choice under the budget the operator passes.
 
+mod published;
+
 use std::path::{Path, PathBuf};
 
 use crds::{DiffusionDeployment, Plan, Profile};
@@ -15,7 +17,6 @@ use layerwise_core::memory::Placement;
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::plan::{budget_capacity, choose_slots, DeviceNeeds};
 use layerwise_engine::execution::cuda::{DeviceChoice, SlotsChoice};
-use layerwise_engine::tools::synth::{synth, SynthOptions};
 use layerwise_operator::planner::{self, Limits, NodeShape, Overrides, Refusal};
 use layerwise_operator::resources;
 
@@ -55,16 +56,7 @@ fn h100_node() -> NodeShape {
 }
 
 fn wan_14b(dir: &Path) -> (PathBuf, Profile) {
-    let out = dir.join("wan2.1-14b");
-    let mut o = SynthOptions::preset("wan2.1-14b").unwrap();
-    o.sparse = true;
-    synth(&out, &o).unwrap();
-    // The profile as an agent reports it: through the DiffusionNode's JSON.
-    let profile: Profile = serde_json::from_value(
-        serde_json::to_value(layerwise_engine::families::profile(&out).unwrap()).unwrap(),
-    )
-    .unwrap();
-    (out, profile)
+    published::published(dir, "wan2.1-14b")
 }
 
 fn plan_on(profile: &Profile, dd: &DiffusionDeployment, node: &NodeShape) -> Result<Plan, Refusal> {

@@ -4,6 +4,8 @@
 //! are the planner's, and the engine's own accounting of the run each plan starts fits in what
 //! the planner reserved.
 
+mod published;
+
 use std::path::{Path, PathBuf};
 
 use crds::{ComponentPlacement, DiffusionDeployment, Plan, Profile, Strategy, StrategyChoice};
@@ -306,15 +308,7 @@ fn the_documented_wan_a14b_plans_are_the_planners_and_fit_the_engines_accounting
     p480_sharded.spec.strategy = StrategyChoice::Fixed(Strategy::OffloadSharded);
 
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("wan2.2-a14b");
-    let mut o = SynthOptions::preset("wan2.2-a14b").unwrap();
-    o.sparse = true;
-    synth(&out, &o).unwrap();
-    // The profile as an agent reports it: through the DiffusionNode's JSON.
-    let profile: Profile = serde_json::from_value(
-        serde_json::to_value(layerwise_engine::families::profile(&out).unwrap()).unwrap(),
-    )
-    .unwrap();
+    let (out, profile) = published::published(dir.path(), "wan2.2-a14b");
     assert_eq!(profile.family, "wan");
     let model = Model::open(&out).unwrap();
     let mut expected = vec![
@@ -459,14 +453,7 @@ fn the_documented_cosmos3_super_plans_are_the_planners_and_fit_the_engines_accou
     streamed.spec.strategy = StrategyChoice::Fixed(Strategy::OffloadSharded);
 
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("cosmos3-super");
-    let mut o = SynthOptions::preset("cosmos3-super").unwrap();
-    o.sparse = true;
-    synth(&out, &o).unwrap();
-    let profile: Profile = serde_json::from_value(
-        serde_json::to_value(layerwise_engine::families::profile(&out).unwrap()).unwrap(),
-    )
-    .unwrap();
+    let (out, profile) = published::published(dir.path(), "cosmos3-super");
     assert_eq!(profile.family, "cosmos3");
     assert_eq!(profile.blocks, 128);
     let model = Model::open(&out).unwrap();
@@ -540,14 +527,7 @@ fn the_documented_qwen_image_plans_are_the_planners_and_fit_the_engines_accounti
     .unwrap();
     assert_eq!(dd.spec, example.spec, "the doc shows the shipped example");
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("qwen-image");
-    let mut o = SynthOptions::preset("qwen-image").unwrap();
-    o.sparse = true;
-    synth(&out, &o).unwrap();
-    let profile: Profile = serde_json::from_value(
-        serde_json::to_value(layerwise_engine::families::profile(&out).unwrap()).unwrap(),
-    )
-    .unwrap();
+    let (out, profile) = published::published(dir.path(), "qwen-image");
     assert_eq!(profile.family, "qwen-image");
     let model = Model::open(&out).unwrap();
     let [a100, l4] = nodes();
