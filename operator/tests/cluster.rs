@@ -603,6 +603,67 @@ async fn remove_pool_crd(client: &kube::Client) -> Result<()> {
     .await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latency_bound_no_plan_meets_is_said_and_the_fastest_plan_runs() -> Result<()> {
+    let world = World::new(
+        "latency",
+        Arc::new(Fixed(AtomicU64::new(0))),
+        profile(20, GIB),
+    )
+    .await?;
+    let result = latency_bound(&world).await;
+    let torn = world.teardown().await;
+    result.and(torn)
+}
+
+/// A bound no plan meets (a millisecond a request): the planner still plans the fastest
+/// option, the plan records the bound missed and its prediction, the `Planned` condition
+/// is True with reason `LatencyBoundNotMet` naming the bound, and a Warning event says so.
+async fn latency_bound(w: &World) -> Result<()> {
+    let (client, ns) = (&w.client, w.ns.as_str());
+    let api: Api<DiffusionDeployment> = Api::namespaced(client.clone(), ns);
+    let bounded = json!({ "replicas": 0, "workload": { "maxLatencySeconds": 0.001 } });
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(deployment_manifest("bounded", bounded))?,
+    )
+    .await?;
+    let (msg, plan) = wait_until("the missed bound reported", WAIT, || async {
+        let s = status_of(&api, "bounded").await?;
+        Ok(match (condition(&s, "Planned"), s.plan) {
+            (Some((st, reason, msg)), Some(plan))
+                if st == "True" && reason == "LatencyBoundNotMet" =>
+            {
+                Ok((msg, plan))
+            }
+            (other, _) => Err(format!("Planned {other:?}")),
+        })
+    })
+    .await?;
+    assert!(
+        msg.contains("maxLatencySeconds 0.001") && msg.contains("the fastest predicts"),
+        "{msg}"
+    );
+    assert_eq!(plan.latency_bound_met, Some(false), "{plan:?}");
+    assert!(
+        plan.predicted_latency_seconds.is_some_and(|s| s > 0.001),
+        "{plan:?}"
+    );
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    assert!(deploys.get_opt("bounded").await?.is_some(), "the plan runs");
+    let reasons = wait_until("the warning event", WAIT, || async {
+        let r = event_reasons(client, ns).await?;
+        Ok(if r.iter().any(|x| x == "LatencyBoundNotMet") {
+            Ok(r)
+        } else {
+            Err(format!("{r:?}"))
+        })
+    })
+    .await?;
+    assert!(reasons.iter().any(|r| r == "LatencyBoundNotMet"));
+    Ok(())
+}
+
 /// `spec.inferencePool` against the real control plane: without the InferencePool API the
 /// deployment runs and says why it has no pool; once the inference extension's CRD (the
 /// pinned release's own YAML) is installed the operator applies the pool, owned by the
