@@ -1007,17 +1007,19 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
         let mut a = self.active.take().expect("busy has a task");
         let ended = match failure {
             Some(e) => Err(e),
-            None => a.task.end().inspect_err(|e| {
-                if let Some(x) = &self.exchange {
-                    x.abort(a.key, self.member, &e.to_string());
-                }
-            }),
+            None => a.task.end(),
         };
         let took = t0.elapsed();
         self.tally.busy_time += took;
         match ended {
-            Err(e) if self.member > 0 => self.fail_request(a.key, &e),
-            Err(e) => source.finished(rank, a.key, Err(e)),
+            Err(e) => {
+                // A failure in a block has aborted the request already (a repeat is a
+                // no-op); one in `end` has not.
+                self.fail_request(a.key, &e);
+                if self.member == 0 {
+                    source.finished(rank, a.key, Err(e));
+                }
+            }
             Ok(step) => {
                 if let Some((step, total)) = step {
                     self.tally.step_time += took;

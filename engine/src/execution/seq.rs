@@ -296,11 +296,6 @@ impl Split {
         topology::split(n, self.size, self.member)
     }
 
-    /// Member `q`'s share of `n` items.
-    fn share_of(&self, n: usize, q: usize) -> Range<usize> {
-        topology::split(n, self.size, q)
-    }
-
     /// Marks the request failed on this member, so its peers stop waiting for it.
     pub fn abort(&self, why: &str) {
         if let Some((x, key)) = &self.link {
@@ -386,7 +381,7 @@ impl Split {
         let recv: Vec<Vec<usize>> = (0..self.size)
             .map(|q| {
                 let mut s = x.dims().to_vec();
-                s[dim] = self.share_of(tokens, q).len();
+                s[dim] = topology::split(tokens, self.size, q).len();
                 s
             })
             .collect();
