@@ -191,13 +191,5 @@ fn the_documented_sequence_parallel_plan_is_the_planners_and_fits_the_engines_ac
     }
     let mut expected = rows;
     expected.push(format!("> {}", chosen.reasons[1]));
-    let missing: Vec<&String> = expected
-        .iter()
-        .filter(|r| !d.contains(r.as_str()))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "docs/operations.md lacks the planner's figures:\n{}",
-        expected.join("\n")
-    );
+    published::assert_documented(&d, &expected);
 }

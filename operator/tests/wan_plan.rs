@@ -337,16 +337,7 @@ fn the_documented_wan_a14b_plans_are_the_planners_and_fit_the_engines_accounting
             (&p480_sharded, &l4, Some((Strategy::OffloadSharded, 8, 2))),
         ],
     ));
-    let missing: Vec<&String> = expected.iter().filter(|e| !doc.contains(*e)).collect();
-    assert!(
-        missing.is_empty(),
-        "docs/operations.md lacks the planner's figures:\n{}",
-        missing
-            .iter()
-            .map(|e| e.as_str())
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    published::assert_documented(&doc, &expected);
 }
 
 /// A workload beyond what the model itself runs is refused by the plan, as `serve` refuses
@@ -484,16 +475,7 @@ fn the_documented_cosmos3_super_plans_are_the_planners_and_fit_the_engines_accou
             (&streamed, &a100, COSMOS3_PLANS[7]),
         ],
     ));
-    let missing: Vec<&String> = expected.iter().filter(|e| !doc.contains(*e)).collect();
-    assert!(
-        missing.is_empty(),
-        "docs/operations.md lacks the planner's figures:\n{}",
-        missing
-            .iter()
-            .map(|e| e.as_str())
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    published::assert_documented(&doc, &expected);
 }
 
 /// What the planner chooses for the Cosmos3 example's rows (strategy, dp, slots).
@@ -561,16 +543,7 @@ fn the_documented_qwen_image_plans_are_the_planners_and_fit_the_engines_accounti
         plan.reasons
     );
     expected.extend(plan.reasons.iter().map(|r| format!("- `{r}`")));
-    let missing: Vec<&String> = expected.iter().filter(|e| !doc.contains(*e)).collect();
-    assert!(
-        missing.is_empty(),
-        "docs/operations.md lacks the planner's figures:\n{}",
-        missing
-            .iter()
-            .map(|e| e.as_str())
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    published::assert_documented(&doc, &expected);
 }
 
 /// What the planner chooses for the Qwen-Image example's rows (strategy, dp, slots).

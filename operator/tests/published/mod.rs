@@ -1,6 +1,7 @@
-//! Checkpoints of published shapes for the planner tests: the engine's `synth` preset
-//! written sparse (headers and configs at full size, no weight bytes), and its profile as
-//! an agent reports it.
+//! What the tests of the documented plans share: checkpoints of published shapes (the
+//! engine's `synth` preset written sparse: headers and configs at full size, no weight
+//! bytes) with their profile as an agent reports it, and the check that
+//! docs/operations.md shows the planner's figures.
 
 use std::path::{Path, PathBuf};
 
@@ -18,4 +19,18 @@ pub fn published(dir: &Path, preset: &str) -> (PathBuf, Profile) {
     )
     .unwrap();
     (out, profile)
+}
+
+/// Panics unless `doc` holds every one of `expected`, naming those it lacks.
+pub fn assert_documented(doc: &str, expected: &[String]) {
+    let missing: Vec<&str> = expected
+        .iter()
+        .map(String::as_str)
+        .filter(|e| !doc.contains(e))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/operations.md lacks the planner's figures:\n{}",
+        missing.join("\n")
+    );
 }
