@@ -302,6 +302,7 @@ impl Default for Workload {
 /// The accelerator to run on and the nodes to consider.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.dra) || !has(self.resourceName)").message("resourceName (an extended resource) and dra (devices by Dynamic Resource Allocation) are two ways to ask for devices: set one"))]
 pub struct Accelerator {
     /// Extended resource name of the device; `nvidia.com/gpu` when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -318,6 +319,62 @@ pub struct Accelerator {
     /// (`layerwise_core::timing::PRODUCT_RATES`). Unset: those defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rates: Option<AcceleratorRates>,
+    /// Devices by Dynamic Resource Allocation (`resource.k8s.io/v1`) instead of an extended
+    /// resource: the planner reads the nodes' devices from the ResourceSlices their DRA
+    /// driver publishes, and the engine pods claim theirs through a ResourceClaimTemplate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra: Option<DeviceAllocation>,
+}
+
+/// How the engine pods get their devices by Dynamic Resource Allocation. Name a
+/// DeviceClass and the operator generates the ResourceClaimTemplate of each plan (its dp ×
+/// sp devices of the class, each with at least the plan's device memory, all sharing one
+/// value of `linkAttribute` where the plan's ranks all-gather over a fast link); or name a
+/// ResourceClaimTemplate of the deployment's namespace, which the pods then use as it is
+/// and whose device count fixes the ranks of a pod.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.deviceClassName) != has(self.resourceClaimTemplateName)").message("dra names exactly one of deviceClassName (the operator generates the ResourceClaimTemplate) and resourceClaimTemplateName (the pods use that template)"))]
+pub struct DeviceAllocation {
+    /// The DeviceClass whose devices the engine pods claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub device_class_name: Option<String>,
+    /// A ResourceClaimTemplate in the deployment's namespace, used as it is: one request of
+    /// an exact count of devices of one DeviceClass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub resource_claim_template_name: Option<String>,
+    /// The device attribute (a qualified name) whose equal values mean the devices share a
+    /// fast peer link; `resource.kubernetes.io/pcieRoot` (the standard attribute: devices
+    /// under one PCIe root) when unset. A pod's ranks all-gather only over devices that
+    /// share a value; devices without the attribute are counted without a fast link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 317),
+        regex(
+            pattern = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-zA-Z0-9]([-_a-zA-Z0-9]*[a-zA-Z0-9])?$"
+        )
+    )]
+    pub link_attribute: Option<String>,
+}
+
+impl DeviceAllocation {
+    /// The standard attribute of devices under one PCIe root.
+    pub const DEFAULT_LINK_ATTRIBUTE: &'static str = "resource.kubernetes.io/pcieRoot";
+
+    /// The attribute whose equal values mean a fast link.
+    pub fn link_attribute(&self) -> &str {
+        self.link_attribute
+            .as_deref()
+            .unwrap_or(Self::DEFAULT_LINK_ATTRIBUTE)
+    }
 }
 
 /// Sustained figures of one accelerator (not data-sheet peaks): what the planner predicts
@@ -539,6 +596,10 @@ pub struct Plan {
     /// the workload sets no bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_bound_met: Option<bool>,
+    /// The ResourceClaimTemplate the engine pods claim their devices through, where they
+    /// get them by Dynamic Resource Allocation (`spec.accelerator.dra`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_claim_template: Option<String>,
     /// Device slots per rank (K); 0 for resident.
     pub slots: u32,
     /// Whether the ranks of a pod all-gather over a fast peer link.

@@ -16,9 +16,9 @@ pub mod node;
 pub use common::{quantity_bytes, ModelLocation, PvcSource, StrategyChoice};
 pub use deployment::{
     Accelerator, AcceleratorRates, Autoscaling, AutoscalingMode, ComponentPlacement, ComponentPlan,
-    DiffusionDeployment, DiffusionDeploymentSpec, DiffusionDeploymentStatus, DisruptionBudget,
-    EndpointPickerRef, EngineSpec, FailureMode, InferencePoolRouting, MemoryBreakdown, ModelSpec,
-    Plan, PortNumber, Workload,
+    DeviceAllocation, DiffusionDeployment, DiffusionDeploymentSpec, DiffusionDeploymentStatus,
+    DisruptionBudget, EndpointPickerRef, EngineSpec, FailureMode, InferencePoolRouting,
+    MemoryBreakdown, ModelSpec, Plan, PortNumber, Workload,
 };
 pub use layerwise_core::checkpoint::{ActivationCost, ComponentProfile, Profile};
 pub use layerwise_core::Strategy;

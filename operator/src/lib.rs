@@ -7,13 +7,15 @@
 //! shared [`context`], writes prepare requests through one writer per node ([`requests`])
 //! and reports through one path ([`report`]); [`leader`] decides which replica runs it;
 //! [`telemetry`], [`http`] and the counting [`client`] say what it does; [`inference_pool`]
-//! keeps the Gateway API inference extension's InferencePool a deployment may ask for.
+//! keeps the Gateway API inference extension's InferencePool a deployment may ask for; [`dra`]
+//! reads the devices Dynamic Resource Allocation offers and claims them for the pods.
 
 pub mod autoscaler;
 pub mod client;
 pub mod conditions;
 pub mod context;
 pub mod controller;
+pub mod dra;
 pub mod error;
 pub mod http;
 pub mod inference_pool;

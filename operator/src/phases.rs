@@ -25,6 +25,7 @@ use tracing::{debug, warn};
 use crate::autoscaler::{self, Bounds, Observed};
 use crate::conditions as cond;
 use crate::context::{Context, MANAGER};
+use crate::dra;
 use crate::error::{kube, Error, Result};
 use crate::inference_pool;
 use crate::placement::{self, Candidate};
@@ -75,11 +76,15 @@ pub async fn apply(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
 
 async fn phases(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Result<Phase<()>> {
     let located = proceed!(locate(dd, ctx).await?);
-    let asked = proceed!(prepare(dd, ctx, &located, r).await?);
+    let devices = proceed!(devices(dd, ctx).await?);
+    let asked = proceed!(prepare(dd, ctx, &located, devices.as_ref(), r).await?);
     let profiled = proceed!(profiles(dd, &asked, r));
-    let (plan, warm) = proceed!(plan(dd, ctx, &profiled, r));
+    let (plan, warm) = proceed!(plan(dd, ctx, &profiled, devices.as_ref(), r));
     if r.old.plan.as_ref() != Some(&plan) || !r.was_true(cond::PLANNED) {
         r.record(ctx, dd).await?;
+    }
+    if let Some(inv) = devices.as_ref().filter(|inv| inv.named.is_none()) {
+        claim_devices(dd, ctx, inv, &plan, r).await?;
     }
     let (replicas, existing) = replicas(dd, ctx, r).await?;
     let applied = deploy(dd, ctx, &plan, replicas, existing, &warm, r).await?;
@@ -153,12 +158,46 @@ async fn locate(dd: &DiffusionDeployment, ctx: &Context) -> Result<Phase<Located
     Ok(ControlFlow::Continue(located))
 }
 
+/// The devices Dynamic Resource Allocation offers, where the spec asks for its devices so
+/// ([`dra`]); `None` where it counts an extended resource.
+async fn devices(dd: &DiffusionDeployment, ctx: &Context) -> Result<Phase<Option<dra::Inventory>>> {
+    let Some(spec) = &dd.spec.accelerator.dra else {
+        return Ok(ControlFlow::Continue(None));
+    };
+    Ok(match dra::observe(dd, spec, ctx).await? {
+        Ok(inv) => ControlFlow::Continue(Some(inv)),
+        Err(why) => ControlFlow::Break(Stop::DevicesUnusable {
+            reason: why.reason,
+            message: why.message,
+        }),
+    })
+}
+
+/// Applies the ResourceClaimTemplate the plan's pods claim their devices through, and
+/// deletes the earlier ones no engine pod claims through any more.
+async fn claim_devices(
+    dd: &DiffusionDeployment,
+    ctx: &Context,
+    inv: &dra::Inventory,
+    plan: &Plan,
+    r: &mut Report,
+) -> Result<()> {
+    let wanted = dra::for_plan(dd, inv, plan);
+    let pods: Vec<Pod> = engine_pods(dd, ctx).iter().map(|p| (**p).clone()).collect();
+    for gone in dra::apply_template(dd, ctx, &wanted, &pods).await? {
+        let note = format!("deleted ResourceClaimTemplate {gone}: no engine pod claims through it");
+        r.event(EventType::Normal, "ClaimTemplateDeleted", "Deploy", note);
+    }
+    Ok(())
+}
+
 /// Asks the prepare set to profile and warm the model; withdraws the request from every
 /// other node. Returns the prepare set.
 async fn prepare(
     dd: &DiffusionDeployment,
     ctx: &Context,
     located: &Located,
+    devices: Option<&dra::Inventory>,
     r: &mut Report,
 ) -> Result<Phase<Vec<Candidate>>> {
     let id = model_id(dd);
@@ -168,11 +207,16 @@ async fn prepare(
     if let Some(on) = &located.nodes {
         nodes.retain(|n| volume::node_matches(on, n));
     }
-    let all = placement::candidates(spec, &nodes, |n| {
-        ctx.stores
-            .diffusion_node(n)
-            .map(|dn| ctx.requests.current(dn))
-    });
+    let all = placement::candidates(
+        spec,
+        &nodes,
+        |n| {
+            ctx.stores
+                .diffusion_node(n)
+                .map(|dn| ctx.requests.current(dn))
+        },
+        devices,
+    );
     let plan = r.old.plan.as_ref();
     let bound = placement::prepare_bound(spec, plan, &all, ctx.settings.prepare_nodes);
     let chosen: Vec<Candidate> = placement::prepare_set(&all, &id, resource, plan, bound)
@@ -230,7 +274,10 @@ async fn prepare(
     }
     if chosen.is_empty() {
         return Ok(ControlFlow::Break(Stop::NoCandidateNodes {
-            resource: resource.to_string(),
+            resource: match devices {
+                Some(inv) => format!("devices of DeviceClass {} in its ResourceSlices", inv.class),
+                None => resource.to_string(),
+            },
             volume: located.nodes.is_some().then(|| located.describe.clone()),
         }));
     }
@@ -308,12 +355,70 @@ fn profiles<'a>(
     ControlFlow::Continue(profiled)
 }
 
+/// What a node's accelerators are, for the planner: (devices one pod's ranks may use,
+/// memory of each, product, whether they share a fast link). The agent's figures, or,
+/// where the spec asks for devices by DRA, the node's ResourceSlices' (the largest group
+/// of devices that share a fast link; the agent's figure for what the slices leave out).
+fn accelerators(
+    agent: Option<&crds::AcceleratorInventory>,
+    devices: Option<&dra::Inventory>,
+    node: &str,
+    offered: u32,
+) -> Option<(u32, u64, String, bool)> {
+    match devices {
+        None => {
+            let a = agent?;
+            Some((
+                a.count.min(offered),
+                a.memory_bytes,
+                a.product.clone(),
+                a.fast_peer_link,
+            ))
+        }
+        Some(inv) => {
+            let d = inv.nodes.get(node)?;
+            let (ranks, linked) = d.for_ranks();
+            let memory = d.memory_bytes.or(agent.map(|a| a.memory_bytes))?;
+            let product = d
+                .product
+                .clone()
+                .or(agent.map(|a| a.product.clone()))
+                .unwrap_or_default();
+            Some((ranks.min(offered), memory, product, linked))
+        }
+    }
+}
+
+/// What the spec fixes; where the pods claim through the spec's own ResourceClaimTemplate,
+/// its device count fixes dp × sp (dp = count / sp), or why it cannot.
+fn overrides(
+    spec: &crds::DiffusionDeploymentSpec,
+    devices: Option<&dra::Inventory>,
+) -> Result<Overrides, String> {
+    let mut o = Overrides::of(spec);
+    let Some((template, count)) = devices.and_then(|inv| inv.named.as_ref()) else {
+        return Ok(o);
+    };
+    let sp = o.sp.unwrap_or(1).max(1);
+    let dp = count / sp;
+    if dp == 0 || dp * sp != *count || o.dp.is_some_and(|d| d != dp) {
+        return Err(format!(
+            "ResourceClaimTemplate {template} claims {count} device(s) a pod, which dp {} × sp {sp} does not use exactly; set spec.dp and spec.sp so that dp × sp = {count}, or name a DeviceClass and let the operator size the claim",
+            o.dp.map_or("(unset)".to_string(), |d| d.to_string())
+        ));
+    }
+    o.dp = Some(dp);
+    o.sp = Some(sp);
+    Ok(o)
+}
+
 /// Plans from each profiled node's own facts; returns the plan and the planned nodes where
 /// the model is warm.
 fn plan(
     dd: &DiffusionDeployment,
     ctx: &Context,
     profiled: &[Profiled],
+    devices: Option<&dra::Inventory>,
     r: &mut Report,
 ) -> Phase<(Plan, Vec<String>)> {
     let spec = &dd.spec;
@@ -325,20 +430,20 @@ fn plan(
         .filter_map(|p| {
             let (dn, offer) = (&p.candidate.dn, p.candidate.offer);
             let st = dn.status.as_ref()?;
-            let acc = st
-                .accelerators
-                .iter()
-                .find(|a| a.resource_name == resource)?;
+            let agent = st.accelerators.iter().find(|a| a.resource_name == resource);
+            let name = dn.name_any();
+            let (count, device_bytes, product, fast_peer_link) =
+                accelerators(agent, devices, &name, offer.devices)?;
             let host = st.usable_host_bytes();
             let (rates, rates_from) =
-                NodeShape::rates_for(&acc.product, spec.accelerator.rates.as_ref());
+                NodeShape::rates_for(&product, spec.accelerator.rates.as_ref());
             Some(planner::Candidate {
                 node: NodeShape {
-                    name: dn.name_any(),
-                    devices: acc.count.min(offer.devices),
-                    device_bytes: acc.memory_bytes,
+                    name,
+                    devices: count,
+                    device_bytes,
                     host_bytes: offer.memory.map_or(host, |a| a.min(host)),
-                    fast_peer_link: acc.fast_peer_link,
+                    fast_peer_link,
                     warm: p.model.state == ModelState::Warm,
                     rates,
                     rates_from,
@@ -349,8 +454,25 @@ fn plan(
         .collect();
     let limits = ctx.settings.limits.for_spec(spec);
     let w = &spec.workload;
-    let plan = match planner::plan_candidates(&shapes, w, &Overrides::of(spec), &limits) {
-        Ok(plan) => plan,
+    let fixed = match overrides(spec, devices) {
+        Ok(o) => o,
+        Err(message) => {
+            return ControlFlow::Break(Stop::DevicesUnusable {
+                reason: "ResourceClaimTemplateMismatch",
+                message,
+            })
+        }
+    };
+    let plan = match planner::plan_candidates(&shapes, w, &fixed, &limits) {
+        Ok(mut plan) => {
+            if let Some(inv) = devices {
+                plan.resource_claim_template = Some(match &inv.named {
+                    Some((name, _)) => name.clone(),
+                    None => dra::for_plan(dd, inv, &plan).name_any(),
+                });
+            }
+            plan
+        }
         Err(refusal) => {
             let message = format!(
                 "cannot serve {}x{}x{} (batch {}) requests: {refusal}{}",
@@ -952,5 +1074,97 @@ mod tests {
         assert_eq!(node_profile("wan", &failed), Err("bad header".into()));
         let pending = status(ModelState::Profiling, None, None);
         assert_eq!(node_profile("wan", &pending), Ok(None));
+    }
+
+    fn inventory(node: dra::NodeDevices, named: Option<u32>) -> dra::Inventory {
+        dra::Inventory {
+            class: "gpu.nvidia.com".into(),
+            link_attribute: crds::DeviceAllocation::DEFAULT_LINK_ATTRIBUTE.into(),
+            named: named.map(|n| ("mine".to_string(), n)),
+            nodes: [("n".to_string(), node)].into(),
+            memory_published: true,
+        }
+    }
+
+    #[test]
+    fn the_slices_figures_win_and_the_agents_fill_in_what_they_leave_out() {
+        let agent = crds::AcceleratorInventory {
+            resource_name: "nvidia.com/gpu".into(),
+            product: "NVIDIA-H100-80GB-HBM3".into(),
+            count: 8,
+            memory_bytes: 1 << 30,
+            fast_peer_link: true,
+        };
+        // No DRA: the agent's figures, bounded by what the Node offers.
+        assert_eq!(
+            accelerators(Some(&agent), None, "n", 4),
+            Some((4, 1 << 30, agent.product.clone(), true))
+        );
+        assert_eq!(accelerators(None, None, "n", 4), None);
+        // DRA: the slices' memory and product, a pod's ranks on one link group.
+        let full = dra::NodeDevices {
+            count: 8,
+            memory_bytes: Some(80 << 30),
+            product: Some("NVIDIA H100 80GB HBM3".into()),
+            linked: 4,
+        };
+        let inv = inventory(full.clone(), None);
+        assert_eq!(
+            accelerators(Some(&agent), Some(&inv), "n", 8),
+            Some((4, 80 << 30, "NVIDIA H100 80GB HBM3".into(), true))
+        );
+        // A node the slices do not list is no candidate under DRA.
+        assert_eq!(accelerators(Some(&agent), Some(&inv), "other", 8), None);
+        // Slices without memory, product or link: the agent's memory and product, every
+        // device, no fast link; and without the agent, no memory to plan with.
+        let bare = inventory(
+            dra::NodeDevices {
+                count: 8,
+                ..Default::default()
+            },
+            None,
+        );
+        assert_eq!(
+            accelerators(Some(&agent), Some(&bare), "n", 8),
+            Some((8, 1 << 30, agent.product.clone(), false))
+        );
+        assert_eq!(accelerators(None, Some(&bare), "n", 8), None);
+    }
+
+    #[test]
+    fn a_named_templates_device_count_fixes_dp_times_sp() {
+        let spec = |extra: serde_json::Value| -> crds::DiffusionDeploymentSpec {
+            let mut v = serde_json::json!({
+                "model": { "family": "wan", "location": { "hostPath": "/m" } },
+            });
+            for (k, x) in extra.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            serde_json::from_value(v).unwrap()
+        };
+        let four = inventory(dra::NodeDevices::default(), Some(4));
+        let o = overrides(&spec(serde_json::json!({})), Some(&four)).unwrap();
+        assert_eq!((o.dp, o.sp), (Some(4), Some(1)));
+        let o = overrides(&spec(serde_json::json!({ "sp": 2 })), Some(&four)).unwrap();
+        assert_eq!((o.dp, o.sp), (Some(2), Some(2)));
+        for bad in [
+            serde_json::json!({ "sp": 3 }),
+            serde_json::json!({ "dp": 2 }),
+            serde_json::json!({ "sp": 8 }),
+        ] {
+            let why = overrides(&spec(bad.clone()), Some(&four)).unwrap_err();
+            assert!(
+                why.contains("ResourceClaimTemplate mine claims 4 device(s)"),
+                "{bad}: {why}"
+            );
+        }
+        // A generated template, or none: the spec's own overrides.
+        let gen = inventory(dra::NodeDevices::default(), None);
+        let o = overrides(&spec(serde_json::json!({ "dp": 3 })), Some(&gen)).unwrap();
+        assert_eq!((o.dp, o.sp), (Some(3), None));
+        assert_eq!(
+            overrides(&spec(serde_json::json!({})), None).unwrap().dp,
+            None
+        );
     }
 }

@@ -18,6 +18,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::dra::Inventory;
 use crds::{DiffusionDeploymentSpec, DiffusionNode, Plan};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
@@ -40,10 +41,24 @@ pub fn offer(node: &Node, resource: &str) -> Option<Offer> {
         .parse::<u32>()
         .ok()
         .filter(|c| *c > 0)?;
-    let memory = allocatable
-        .get("memory")
-        .and_then(|m| crds::quantity_bytes(&m.0));
-    Some(Offer { devices, memory })
+    Some(Offer {
+        devices,
+        memory: allocatable_memory(node),
+    })
+}
+
+fn allocatable_memory(node: &Node) -> Option<u64> {
+    let allocatable = node.status.as_ref()?.allocatable.as_ref()?;
+    crds::quantity_bytes(&allocatable.get("memory")?.0)
+}
+
+/// What `node` offers of the devices its ResourceSlices publish (`dra`), when any.
+pub fn dra_offer(node: &Node, dra: &Inventory) -> Option<Offer> {
+    let devices = dra.nodes.get(&node.name_any())?.count;
+    (devices > 0).then(|| Offer {
+        devices,
+        memory: allocatable_memory(node),
+    })
 }
 
 /// Whether `labels` carry every label of `selector` (equality, as `nodeSelector` does).
@@ -73,17 +88,23 @@ impl Candidate {
 }
 
 /// The candidates for `spec` among `nodes`, by name; `dn` finds a node's DiffusionNode.
+/// Their devices are the extended resource's, or those of `dra` where the spec asks for
+/// devices by Dynamic Resource Allocation.
 pub fn candidates(
     spec: &DiffusionDeploymentSpec,
     nodes: &[Arc<Node>],
     dn: impl Fn(&str) -> Option<Arc<DiffusionNode>>,
+    dra: Option<&Inventory>,
 ) -> Vec<Candidate> {
     let resource = spec.accelerator.resource();
     let mut out: Vec<Candidate> = nodes
         .iter()
         .filter(|n| selector_matches(&spec.accelerator.node_selector, n.labels()))
         .filter_map(|n| {
-            let offer = offer(n, resource)?;
+            let offer = match dra {
+                Some(inv) => dra_offer(n, inv)?,
+                None => offer(n, resource)?,
+            };
             Some(Candidate {
                 dn: dn(&n.name_any())?,
                 offer,
@@ -309,7 +330,7 @@ mod tests {
             node("e", &[("t", "x")], "8"),
         ];
         let dns = |name: &str| (name != "e").then(|| dn(name, 80, 8, &[]));
-        let got: Vec<String> = candidates(&spec(&[("t", "x")], 1), &nodes, dns)
+        let got: Vec<String> = candidates(&spec(&[("t", "x")], 1), &nodes, dns, None)
             .iter()
             .map(Candidate::name)
             .collect();
@@ -318,7 +339,7 @@ mod tests {
             ["a", "b"],
             "c: selector, d: no GPUs, e: no DiffusionNode"
         );
-        let all = candidates(&spec(&[], 1), &nodes, dns);
+        let all = candidates(&spec(&[], 1), &nodes, dns, None);
         assert_eq!(all.len(), 3);
         assert_eq!(
             all[0].offer,

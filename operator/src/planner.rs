@@ -802,6 +802,7 @@ fn plan_decoding(
         sp: chosen.option.sp,
         predicted_latency_seconds: Some((latency * 1e3).round() / 1e3),
         latency_bound_met: None,
+        resource_claim_template: None,
         slots: chosen.option.k,
         fast_peer_link: chosen.fits.iter().all(|(site, _)| site.node.fast_peer_link),
         device_bytes_per_rank: device_total(&n.device),

@@ -38,6 +38,12 @@ pub enum Stop {
         reason: &'static str,
         message: String,
     },
+    /// The devices `spec.accelerator.dra` asks for cannot be planned: `reason` names why
+    /// ([`crate::dra::observe`]).
+    DevicesUnusable {
+        reason: &'static str,
+        message: String,
+    },
     /// The nodes asked have not reported a profile yet.
     WaitingForProfile { nodes: usize, location: String },
     /// Every node asked failed to profile the model.
@@ -57,7 +63,9 @@ impl Stop {
             Stop::NoCandidateNodes { .. } => "NoCandidateNodes",
             Stop::WaitingForProfile { .. } => "WaitingForProfile",
             Stop::ProfileFailed { .. } => "ProfileFailed",
-            Stop::Unplannable { reason, .. } | Stop::ClaimUnusable { reason, .. } => reason,
+            Stop::Unplannable { reason, .. }
+            | Stop::ClaimUnusable { reason, .. }
+            | Stop::DevicesUnusable { reason, .. } => reason,
         }
     }
 
@@ -66,7 +74,8 @@ impl Stop {
         match self {
             Stop::ModelOutsideRoots { .. }
             | Stop::Unplannable { .. }
-            | Stop::ClaimUnusable { .. } => cond::PLANNED,
+            | Stop::ClaimUnusable { .. }
+            | Stop::DevicesUnusable { .. } => cond::PLANNED,
             Stop::NoCandidateNodes { .. }
             | Stop::WaitingForProfile { .. }
             | Stop::ProfileFailed { .. } => cond::MODEL_PROFILED,
@@ -85,7 +94,9 @@ impl Stop {
         match self {
             Stop::ModelOutsideRoots { .. } => None,
             // A claim's binding and its volume are read, not watched: look again soon.
-            Stop::NoCandidateNodes { .. } | Stop::ClaimUnusable { .. } => {
+            Stop::NoCandidateNodes { .. }
+            | Stop::ClaimUnusable { .. }
+            | Stop::DevicesUnusable { .. } => {
                 Some(Duration::from_secs(30).min(resync.max(Duration::from_secs(5))))
             }
             Stop::WaitingForProfile { .. } | Stop::ProfileFailed { .. } => {
@@ -112,9 +123,9 @@ impl Stop {
                 "every candidate node failed to profile the model: {}",
                 failures.join("; ")
             ),
-            Stop::Unplannable { message, .. } | Stop::ClaimUnusable { message, .. } => {
-                message.clone()
-            }
+            Stop::Unplannable { message, .. }
+            | Stop::ClaimUnusable { message, .. }
+            | Stop::DevicesUnusable { message, .. } => message.clone(),
         }
     }
 }

@@ -12,10 +12,10 @@ use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, LocalObjectReference,
     NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
-    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
-    PreferredSchedulingTerm, Probe, ResourceRequirements, SeccompProfile, Secret,
-    SecretKeySelector, SecurityContext, Service, ServicePort, ServiceSpec, SleepAction, Toleration,
-    TopologySpreadConstraint, Volume, VolumeMount,
+    PersistentVolumeClaimVolumeSource, PodResourceClaim, PodSecurityContext, PodSpec,
+    PodTemplateSpec, PreferredSchedulingTerm, Probe, ResourceClaim, ResourceRequirements,
+    SeccompProfile, Secret, SecretKeySelector, SecurityContext, Service, ServicePort, ServiceSpec,
+    SleepAction, Toleration, TopologySpreadConstraint, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -317,6 +317,7 @@ pub fn deployment(
                     service_account_name: engine.service_account_name.clone(),
                     automount_service_account_token: Some(false),
                     priority_class_name: engine.priority_class_name.clone(),
+                    resource_claims: device_claims(plan),
                     termination_grace_period_seconds: Some(60),
                     ..Default::default()
                 }),
@@ -398,10 +399,13 @@ fn engine_env(spec: &DiffusionDeploymentSpec, plan: &Plan) -> Vec<EnvVar> {
 }
 
 /// The engine container's resources: the spec's, with the plan's accelerators and memory
-/// in place of anything it says for them.
+/// in place of anything it says for them. Where the pods claim their devices by DRA
+/// (the plan names a ResourceClaimTemplate), the container takes the pod's claim instead
+/// of an extended resource.
 fn engine_resources(spec: &DiffusionDeploymentSpec, plan: &Plan) -> ResourceRequirements {
     let engine = &spec.engine;
     let resource = spec.accelerator.resource().to_string();
+    let claimed = plan.resource_claim_template.is_some();
     // The plan's accelerators and memory win over anything the spec says for them.
     let mut res = engine.resources.clone().unwrap_or_default();
     // The request is what the pod needs of its own; the model's page-cache copy is one per
@@ -417,7 +421,11 @@ fn engine_resources(spec: &DiffusionDeploymentSpec, plan: &Plan) -> ResourceRequ
         "memory".into(),
         Quantity(plan.host_bytes_per_pod.to_string()),
     );
-    requests.insert(resource.clone(), accel.clone());
+    if claimed {
+        requests.remove(&resource);
+    } else {
+        requests.insert(resource.clone(), accel.clone());
+    }
     let limits = res.limits.get_or_insert_with(BTreeMap::new);
     limits.insert(
         "memory".into(),
@@ -427,8 +435,27 @@ fn engine_resources(spec: &DiffusionDeploymentSpec, plan: &Plan) -> ResourceRequ
                 .to_string(),
         ),
     );
-    limits.insert(resource, accel);
+    if claimed {
+        limits.remove(&resource);
+        res.claims = Some(vec![ResourceClaim {
+            name: crate::dra::CLAIM.into(),
+            request: None,
+        }]);
+    } else {
+        limits.insert(resource, accel);
+    }
     res
+}
+
+/// The pod's claim on its devices, where the plan names the ResourceClaimTemplate it
+/// claims them through.
+fn device_claims(plan: &Plan) -> Option<Vec<PodResourceClaim>> {
+    let template = plan.resource_claim_template.as_ref()?;
+    Some(vec![PodResourceClaim {
+        name: crate::dra::CLAIM.into(),
+        resource_claim_template_name: Some(template.clone()),
+        resource_claim_name: None,
+    }])
 }
 
 /// The model's volume (its hostPath, or its claim read-only) and the sub-path mounted.
@@ -725,6 +752,7 @@ mod tests {
             sp: 1,
             predicted_latency_seconds: None,
             latency_bound_met: None,
+            resource_claim_template: None,
             slots: 4,
             fast_peer_link: true,
             device_bytes_per_rank: (10 << 30) + 1,
@@ -766,6 +794,43 @@ mod tests {
 
     /// The engine reads the model only inside its mount: a file that links out of it is
     /// refused (the engine's `--model-roots`).
+    #[test]
+    fn pods_of_a_dra_plan_claim_through_its_template_instead_of_the_extended_resource() {
+        let d = dd(json!({}));
+        let mut p = plan();
+        p.resource_claim_template = Some("wan-0a1b2c3d".into());
+        let dep = deployment(&d, &p, 1, "img", &EnginePods::default(), &[]);
+        let pod = dep.spec.unwrap().template.spec.unwrap();
+        let claims = pod.resource_claims.unwrap();
+        assert_eq!(claims.len(), 1);
+        assert_eq!(claims[0].name, crate::dra::CLAIM);
+        assert_eq!(
+            claims[0].resource_claim_template_name.as_deref(),
+            Some("wan-0a1b2c3d")
+        );
+        let res = pod.containers[0].resources.clone().unwrap();
+        assert_eq!(res.claims.unwrap()[0].name, crate::dra::CLAIM);
+        for q in [res.requests.unwrap(), res.limits.unwrap()] {
+            assert!(!q.contains_key("nvidia.com/gpu"), "{q:?}");
+            assert!(q.contains_key("memory"));
+        }
+        // Without a template: the extended resource, no claim.
+        let dep = deployment(&d, &plan(), 1, "img", &EnginePods::default(), &[]);
+        let pod = dep.spec.unwrap().template.spec.unwrap();
+        assert!(pod.resource_claims.is_none());
+        assert_eq!(
+            pod.containers[0]
+                .resources
+                .as_ref()
+                .unwrap()
+                .limits
+                .as_ref()
+                .unwrap()["nvidia.com/gpu"]
+                .0,
+            "8"
+        );
+    }
+
     #[test]
     fn engine_pods_confine_the_model_to_its_mount() {
         let d = dd(json!({}));

@@ -7,6 +7,7 @@
 
 mod world;
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,10 +16,13 @@ use anyhow::{bail, ensure, Result};
 use crds::{DiffusionDeployment, DiffusionNode};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use kube::Api;
 use layerwise_e2e::cluster::{self, wait_until};
+use layerwise_e2e::dra::{self, FakeNode};
+use layerwise_e2e::shapes::Shape;
 use layerwise_e2e::tools::{
     apply_crds, impersonating, inference_pool_crd, install_crds, ok, repo, tool,
 };
@@ -535,6 +539,22 @@ fn cel(ns: &str) -> Result<()> {
             json!({ "inferencePool": { "endpointPickerRef": { "name": "epp", "port": { "number": 9002 }, "failureMode": "Sometimes" } } }),
             "Unsupported value: \"Sometimes\"",
         ),
+        (
+            json!({ "accelerator": { "resourceName": "nvidia.com/gpu", "dra": { "deviceClassName": "gpu.nvidia.com" } } }),
+            "resourceName (an extended resource) and dra (devices by Dynamic Resource Allocation) are two ways",
+        ),
+        (
+            json!({ "accelerator": { "dra": {} } }),
+            "dra names exactly one of deviceClassName",
+        ),
+        (
+            json!({ "accelerator": { "dra": { "deviceClassName": "a", "resourceClaimTemplateName": "b" } } }),
+            "dra names exactly one of deviceClassName",
+        ),
+        (
+            json!({ "accelerator": { "dra": { "deviceClassName": "gpu.nvidia.com", "linkAttribute": "not a name" } } }),
+            "spec.accelerator.dra.linkAttribute",
+        ),
     ];
     for (extra, message) in cases {
         let manifest = serde_json::to_string(&deployment_manifest("bad", extra.clone()))?;
@@ -803,5 +823,252 @@ async fn inference_pool(w: &World) -> Result<()> {
         })
     })
     .await?;
+    Ok(())
+}
+
+/// `spec.accelerator.dra` against the real control plane, with a fake DRA driver's node:
+/// eight 80 GiB GPUs under two PCIe roots, published in a ResourceSlice (its agent reports
+/// 1 GiB devices, all linked, so a plan from the agent's figures would differ). The planner
+/// takes the slice's memory and sizes a pod's ranks to one root's four GPUs; the operator
+/// generates the ResourceClaimTemplate of the plan, the pods claim through it, and the real
+/// scheduler allocates each pod four GPUs of one root, two pods taking both roots. A class
+/// that does not exist is refused with a condition naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_by_dra_are_planned_from_resource_slices_and_claimed_on_one_link() -> Result<()> {
+    let client = cluster::client().await?;
+    let node = FakeNode {
+        name: "dra-h100-0".into(),
+        octet: 200,
+        roots: vec![4, 4],
+        memory_gib: 80,
+        product: "NVIDIA H100 80GB HBM3".into(),
+    };
+    dra::withdraw(&client, &node).await?;
+    dra::publish(&client, &node).await?;
+    let world = World::new("dra", Arc::new(Fixed(AtomicU64::new(0))), profile(100, GIB)).await;
+    let world = match world {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = dra::withdraw(&client, &node).await;
+            return Err(e);
+        }
+    };
+    world.extra_shapes.lock().unwrap().push(Shape {
+        prefix: "dra-h100".into(),
+        count: 1,
+        resource: "nvidia.com/gpu".into(),
+        devices: 8,
+        device_memory_mib: 1024,
+        product: "NVIDIA-H100-80GB-HBM3".into(),
+        cpu: "64".into(),
+        memory: "2000Gi".into(),
+    });
+    let result = devices_by_dra(&world, &node).await;
+    let torn = world.teardown().await;
+    let withdrawn = dra::withdraw(&client, &node).await;
+    result.and(torn).and(withdrawn)
+}
+
+async fn devices_by_dra(w: &World, node: &FakeNode) -> Result<()> {
+    let (client, ns) = (&w.client, w.ns.as_str());
+    let api: Api<DiffusionDeployment> = Api::namespaced(client.clone(), ns);
+    let accelerator = |class: &str| {
+        json!({ "dra": { "deviceClassName": class },
+                "nodeSelector": { "kubernetes.io/hostname": node.name } })
+    };
+    let spec = json!({ "replicas": 2, "strategy": "offload-sharded",
+                       "accelerator": accelerator(dra::DRIVER) });
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(deployment_manifest("claimed", spec))?,
+    )
+    .await?;
+    let missing = json!({ "replicas": 1, "accelerator": accelerator("no-such.example.com") });
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(deployment_manifest("unclassed", missing))?,
+    )
+    .await?;
+
+    // Planned from the slice: four ranks (one root), 80 GiB devices, a fast link.
+    let plan = wait_until("the DRA plan", WAIT, || async {
+        let s = status_of(&api, "claimed").await?;
+        Ok(match (condition(&s, "Planned"), s.plan) {
+            (Some((st, _, _)), Some(plan)) if st == "True" => Ok(plan),
+            (other, _) => Err(format!("Planned {other:?}")),
+        })
+    })
+    .await?;
+    assert_eq!((plan.dp, plan.sp), (4, 1), "{plan:?}");
+    assert!(plan.fast_peer_link, "{plan:?}");
+    assert_eq!(plan.nodes, std::slice::from_ref(&node.name));
+    assert!(
+        plan.device_bytes_per_rank > GIB,
+        "the slice's memory, not the agent's"
+    );
+    let template = plan.resource_claim_template.clone().expect("a template");
+
+    // The generated template: the plan's devices, memory and link; owned by the deployment.
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), ns);
+    let t = templates.get(&template).await?;
+    let v = serde_json::to_value(&t.spec.spec)?;
+    let req = &v["devices"]["requests"][0];
+    assert_eq!(req["exactly"]["deviceClassName"], dra::DRIVER, "{v}");
+    assert_eq!(req["exactly"]["count"], 4, "{v}");
+    assert!(
+        req["exactly"]["selectors"][0]["cel"]["expression"]
+            .as_str()
+            .unwrap()
+            .contains(&plan.device_bytes_per_rank.to_string()),
+        "{v}"
+    );
+    assert_eq!(
+        v["devices"]["constraints"][0]["matchAttribute"],
+        dra::PCIE_ROOT,
+        "{v}"
+    );
+    let dd = api.get("claimed").await?;
+    assert_eq!(
+        t.metadata.owner_references.as_ref().unwrap()[0].uid,
+        dd.metadata.uid.clone().unwrap()
+    );
+
+    // The pods claim through it and ask for no extended resource.
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let pod_spec = deploys
+        .get("claimed")
+        .await?
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
+    let claims = pod_spec.resource_claims.clone().unwrap();
+    assert_eq!(
+        claims[0].resource_claim_template_name.as_deref(),
+        Some(template.as_str())
+    );
+    let res = pod_spec.containers[0].resources.clone().unwrap();
+    assert_eq!(res.claims.unwrap()[0].name, claims[0].name);
+    assert!(!res.limits.unwrap().contains_key("nvidia.com/gpu"));
+
+    // The scheduler allocates each pod four GPUs of one root; the two pods take both roots.
+    let roots = wait_until("both pods running on allocated claims", WAIT, || async {
+        let running = running_pods(client, ns, "claimed").await?;
+        let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), ns);
+        let mut roots = Vec::new();
+        for c in claims.list(&ListParams::default()).await?.items {
+            let devices: Vec<String> = c
+                .status
+                .and_then(|s| s.allocation)
+                .and_then(|a| a.devices)
+                .map(|d| d.results.unwrap_or_default())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| r.device)
+                .collect();
+            let of: BTreeSet<Option<String>> = devices.iter().map(|d| node.root_of(d)).collect();
+            roots.push((devices.len(), of));
+        }
+        Ok(if running.len() == 2 && roots.len() == 2 {
+            Ok((running, roots))
+        } else {
+            Err(format!("running {running:?}, claims {roots:?}"))
+        })
+    })
+    .await?;
+    let (running, roots) = roots;
+    assert!(running.iter().all(|(_, n)| *n == node.name), "{running:?}");
+    for (count, of) in &roots {
+        assert_eq!(*count, 4, "{roots:?}");
+        assert_eq!(of.len(), 1, "one root a pod: {roots:?}");
+    }
+    assert_ne!(
+        roots[0].1, roots[1].1,
+        "the two pods on the two roots: {roots:?}"
+    );
+
+    // A new plan (sharded: the fewest ranks that fit, 2) gets a new template; the pods roll
+    // onto it, and the old one is deleted once no pod claims through it.
+    api.patch(
+        "claimed",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "strategy": "sharded" } })),
+    )
+    .await?;
+    let replanned = wait_until("the old template deleted", WAIT, || async {
+        let plan = status_of(&api, "claimed").await?.plan;
+        let old = templates.get_opt(&template).await?;
+        Ok(match plan {
+            Some(p) if p.dp == 2 && old.is_none() => Ok(p),
+            p => Err(format!(
+                "dp {:?}, old template there: {}",
+                p.map(|p| p.dp),
+                old.is_some()
+            )),
+        })
+    })
+    .await?;
+    let new = replanned.resource_claim_template.unwrap();
+    assert_ne!(new, template);
+    let t = templates.get(&new).await?;
+    assert_eq!(
+        serde_json::to_value(&t.spec.spec)?["devices"]["requests"][0]["exactly"]["count"],
+        2
+    );
+    assert!(event_reasons(client, ns)
+        .await?
+        .iter()
+        .any(|r| r == "ClaimTemplateDeleted"));
+
+    // A class the cluster does not have: refused, naming it.
+    let why = wait_until("the missing class refused", WAIT, || async {
+        let s = status_of(&api, "unclassed").await?;
+        Ok(match condition(&s, "Planned") {
+            Some((st, reason, msg)) if st == "False" && reason == "DeviceClassNotFound" => Ok(msg),
+            other => Err(format!("Planned {other:?}")),
+        })
+    })
+    .await?;
+    assert!(why.contains("no-such.example.com"), "{why}");
+    assert!(deploys.get_opt("unclassed").await?.is_none());
+
+    // The team's own template: used as it is, its two devices fixing dp × sp.
+    let mine: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": { "name": "two-gpus" },
+        "spec": { "spec": { "devices": { "requests": [{ "name": "gpus", "exactly": {
+            "deviceClassName": dra::DRIVER, "count": 2 } }] } } },
+    }))?;
+    templates.create(&PostParams::default(), &mine).await?;
+    let named = json!({ "replicas": 0, "strategy": "offload-sharded", "accelerator": {
+        "dra": { "resourceClaimTemplateName": "two-gpus" },
+        "nodeSelector": { "kubernetes.io/hostname": node.name } } });
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(deployment_manifest("named", named))?,
+    )
+    .await?;
+    let plan = wait_until("the named template's plan", WAIT, || async {
+        Ok(match status_of(&api, "named").await?.plan {
+            Some(plan) => Ok(plan),
+            None => Err("no plan".to_string()),
+        })
+    })
+    .await?;
+    assert_eq!((plan.dp, plan.sp), (2, 1), "{plan:?}");
+    assert_eq!(plan.resource_claim_template.as_deref(), Some("two-gpus"));
+    let pod_spec = wait_until("the named template's Deployment", WAIT, || async {
+        Ok(match deploys.get_opt("named").await? {
+            Some(d) => Ok(d.spec.unwrap().template.spec.unwrap()),
+            None => Err("no Deployment".to_string()),
+        })
+    })
+    .await?;
+    let claims = pod_spec.resource_claims.unwrap();
+    assert_eq!(
+        claims[0].resource_claim_template_name.as_deref(),
+        Some("two-gpus")
+    );
     Ok(())
 }

@@ -5,9 +5,10 @@
 //! accelerator nodes. [`cluster::client`] brings it up once per test process (or reuses the
 //! one `KUBECONFIG` names); [`shapes`] reads the fleet it was given; [`net`] checks the rule
 //! that everything the tests start talks only to loopback; [`images`] runs the
-//! project's container images.
+//! project's container images; [`dra`] is a fake DRA driver's node and ResourceSlice.
 
 pub mod cluster;
+pub mod dra;
 pub mod fixtures;
 pub mod images;
 pub mod net;

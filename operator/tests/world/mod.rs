@@ -38,7 +38,13 @@ pub struct World {
     pub release: String,
     agent: JoinHandle<()>,
     operators: Vec<Operator>,
+    /// Nodes a test added to the fleet, which the fake agent reports as it does the
+    /// shapes file's.
+    pub extra_shapes: ExtraShapes,
 }
+
+/// Node shapes beside the shapes file's, shared with the fake agent.
+pub type ExtraShapes = Arc<std::sync::Mutex<Vec<layerwise_e2e::shapes::Shape>>>;
 
 /// A controller run in-process: its task, what it reports, and a way to stop it (dropping
 /// it shuts the controller down).
@@ -122,13 +128,20 @@ impl World {
                 .await
                 .unwrap_err());
         }
-        let agent = tokio::spawn(fake_agent(client.clone(), ns.clone(), answer));
+        let extra_shapes = ExtraShapes::default();
+        let agent = tokio::spawn(fake_agent(
+            client.clone(),
+            ns.clone(),
+            answer,
+            extra_shapes.clone(),
+        ));
         Ok(World {
             client,
             ns,
             release,
             agent,
             operators: Vec::new(),
+            extra_shapes,
         })
     }
 
@@ -255,13 +268,16 @@ pub fn parse_memory(q: &str) -> u64 {
 /// How the fake agent answers a prepare request: the model's profile, or why it failed.
 pub type Answer = Arc<dyn Fn(&ModelRequest) -> Result<Profile, String> + Send + Sync>;
 
-/// Plays the node agent for this namespace's models: makes sure every fake node has a
-/// DiffusionNode reporting its shape, and answers each prepare request from `ns` with
-/// `answer`'s profile, warm on the H200 node and warming elsewhere.
-pub async fn fake_agent(client: Client, ns: String, answer: Answer) {
+/// Plays the node agent for this namespace's models: makes sure every fake node (the
+/// shapes file's and `extra`'s) has a DiffusionNode reporting its shape, and answers each
+/// prepare request from `ns` with `answer`'s profile, warm on the H200 node and warming
+/// elsewhere.
+pub async fn fake_agent(client: Client, ns: String, answer: Answer, extra: ExtraShapes) {
     let dns: Api<DiffusionNode> = Api::all(client.clone());
-    let shapes = layerwise_e2e::shapes::load().expect("shapes file");
+    let file = layerwise_e2e::shapes::load().expect("shapes file");
     loop {
+        let mut shapes = file.clone();
+        shapes.extend(extra.lock().expect("not poisoned").iter().cloned());
         for shape in &shapes {
             for node in shape.node_names() {
                 let existing = match dns.get_opt(&node).await {
