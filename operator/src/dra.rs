@@ -39,7 +39,7 @@ use crate::error::{kube, Result};
 use crate::requests::model_id;
 
 /// The name of the pod's claim and of the template's one device request.
-pub const CLAIM: &str = "accelerators";
+pub use crate::resources::DEVICE_CLAIM as CLAIM;
 
 /// The CEL expression a device's attribute or driver is compared in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -349,6 +349,16 @@ pub struct Inventory {
     /// Whether every counted device publishes its memory (the generated template then
     /// asks for the plan's memory per device).
     pub memory_published: bool,
+}
+
+impl Inventory {
+    /// Devices of the class by node.
+    pub fn counts(&self) -> BTreeMap<String, u32> {
+        self.nodes
+            .iter()
+            .map(|(n, d)| (n.clone(), d.count))
+            .collect()
+    }
 }
 
 /// Each node's devices that `selector` selects, from `slices`: of each pool only the

@@ -215,7 +215,7 @@ async fn prepare(
                 .diffusion_node(n)
                 .map(|dn| ctx.requests.current(dn))
         },
-        devices,
+        devices.map(dra::Inventory::counts).as_ref(),
     );
     let plan = r.old.plan.as_ref();
     let bound = placement::prepare_bound(spec, plan, &all, ctx.settings.prepare_nodes);

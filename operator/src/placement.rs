@@ -18,7 +18,6 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::dra::Inventory;
 use crds::{DiffusionDeploymentSpec, DiffusionNode, Plan};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
@@ -52,9 +51,10 @@ fn allocatable_memory(node: &Node) -> Option<u64> {
     crds::quantity_bytes(&allocatable.get("memory")?.0)
 }
 
-/// What `node` offers of the devices its ResourceSlices publish (`dra`), when any.
-pub fn dra_offer(node: &Node, dra: &Inventory) -> Option<Offer> {
-    let devices = dra.nodes.get(&node.name_any())?.count;
+/// What `node` offers of the devices its ResourceSlices publish (`dra`: devices by node),
+/// when any.
+pub fn dra_offer(node: &Node, dra: &BTreeMap<String, u32>) -> Option<Offer> {
+    let devices = *dra.get(&node.name_any())?;
     (devices > 0).then(|| Offer {
         devices,
         memory: allocatable_memory(node),
@@ -88,13 +88,13 @@ impl Candidate {
 }
 
 /// The candidates for `spec` among `nodes`, by name; `dn` finds a node's DiffusionNode.
-/// Their devices are the extended resource's, or those of `dra` where the spec asks for
-/// devices by Dynamic Resource Allocation.
+/// Their devices are the extended resource's, or, where the spec asks for devices by
+/// Dynamic Resource Allocation, those its ResourceSlices publish (`dra`: devices by node).
 pub fn candidates(
     spec: &DiffusionDeploymentSpec,
     nodes: &[Arc<Node>],
     dn: impl Fn(&str) -> Option<Arc<DiffusionNode>>,
-    dra: Option<&Inventory>,
+    dra: Option<&BTreeMap<String, u32>>,
 ) -> Vec<Candidate> {
     let resource = spec.accelerator.resource();
     let mut out: Vec<Candidate> = nodes
@@ -348,6 +348,31 @@ mod tests {
                 memory: Some(1000 << 30)
             }
         );
+    }
+
+    #[test]
+    fn under_dra_the_candidates_are_the_nodes_whose_slices_publish_devices() {
+        let nodes = vec![
+            node("a", &[("t", "x")], "0"),
+            node("b", &[("t", "x")], "8"),
+            node("c", &[("t", "y")], "0"),
+        ];
+        let dns = |name: &str| Some(dn(name, 80, 8, &[]));
+        // a: 8 devices in its slices (no extended resource); b: none published; c: the
+        // selector leaves it out.
+        let slices = BTreeMap::from([("a".to_string(), 8), ("c".to_string(), 4)]);
+        let got = candidates(&spec(&[("t", "x")], 1), &nodes, dns, Some(&slices));
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].name(), "a");
+        assert_eq!(
+            got[0].offer,
+            Offer {
+                devices: 8,
+                memory: Some(1000 << 30)
+            }
+        );
+        let none = BTreeMap::from([("a".to_string(), 0)]);
+        assert!(candidates(&spec(&[], 1), &nodes, dns, Some(&none)).is_empty());
     }
 
     #[test]

@@ -398,6 +398,11 @@ fn engine_env(spec: &DiffusionDeploymentSpec, plan: &Plan) -> Vec<EnvVar> {
     envs
 }
 
+/// The name of an engine pod's claim on its devices (where it claims them by Dynamic
+/// Resource Allocation), and of the one device request of the templates the operator
+/// generates ([`crate::dra`]).
+pub const DEVICE_CLAIM: &str = "accelerators";
+
 /// The engine container's resources: the spec's, with the plan's accelerators and memory
 /// in place of anything it says for them. Where the pods claim their devices by DRA
 /// (the plan names a ResourceClaimTemplate), the container takes the pod's claim instead
@@ -438,7 +443,7 @@ fn engine_resources(spec: &DiffusionDeploymentSpec, plan: &Plan) -> ResourceRequ
     if claimed {
         limits.remove(&resource);
         res.claims = Some(vec![ResourceClaim {
-            name: crate::dra::CLAIM.into(),
+            name: DEVICE_CLAIM.into(),
             request: None,
         }]);
     } else {
@@ -452,7 +457,7 @@ fn engine_resources(spec: &DiffusionDeploymentSpec, plan: &Plan) -> ResourceRequ
 fn device_claims(plan: &Plan) -> Option<Vec<PodResourceClaim>> {
     let template = plan.resource_claim_template.as_ref()?;
     Some(vec![PodResourceClaim {
-        name: crate::dra::CLAIM.into(),
+        name: DEVICE_CLAIM.into(),
         resource_claim_template_name: Some(template.clone()),
         resource_claim_name: None,
     }])
@@ -803,13 +808,13 @@ mod tests {
         let pod = dep.spec.unwrap().template.spec.unwrap();
         let claims = pod.resource_claims.unwrap();
         assert_eq!(claims.len(), 1);
-        assert_eq!(claims[0].name, crate::dra::CLAIM);
+        assert_eq!(claims[0].name, DEVICE_CLAIM);
         assert_eq!(
             claims[0].resource_claim_template_name.as_deref(),
             Some("wan-0a1b2c3d")
         );
         let res = pod.containers[0].resources.clone().unwrap();
-        assert_eq!(res.claims.unwrap()[0].name, crate::dra::CLAIM);
+        assert_eq!(res.claims.unwrap()[0].name, DEVICE_CLAIM);
         for q in [res.requests.unwrap(), res.limits.unwrap()] {
             assert!(!q.contains_key("nvidia.com/gpu"), "{q:?}");
             assert!(q.contains_key("memory"));

@@ -145,7 +145,8 @@ pub async fn publish(client: &Client, node: &FakeNode) -> Result<()> {
     .await
 }
 
-/// Removes what [`publish`] made: the slice, the Node and the DeviceClass.
+/// Removes what [`publish`] made (the slice, the Node and the DeviceClass) and the node's
+/// DiffusionNode, which a fake agent may have made for it.
 pub async fn withdraw(client: &Client, node: &FakeNode) -> Result<()> {
     let gone = |r: kube::Result<_>| match r {
         Ok(_) => Ok(()),
@@ -161,6 +162,12 @@ pub async fn withdraw(client: &Client, node: &FakeNode) -> Result<()> {
     )?;
     gone(
         Api::<Node>::all(client.clone())
+            .delete(&node.name, &dp)
+            .await
+            .map(|_| ()),
+    )?;
+    gone(
+        Api::<crds::DiffusionNode>::all(client.clone())
             .delete(&node.name, &dp)
             .await
             .map(|_| ()),
