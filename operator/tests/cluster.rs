@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{bail, ensure, Context, Result};
 use crds::{DiffusionDeployment, DiffusionNode};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
@@ -592,6 +592,34 @@ fn cel(ns: &str) -> Result<()> {
     }
     if n < 4 {
         bail!("expected an example per strategy, found {n}");
+    }
+
+    // The DRA section's manifests in docs/operations.md: the DiffusionDeployment and the
+    // template it shows the operator generating are valid against the API.
+    let doc = std::fs::read_to_string(repo().join("docs/operations.md"))?;
+    let section = doc
+        .split("\n## Devices by Dynamic Resource Allocation\n")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .context("docs/operations.md has no DRA section")?;
+    let blocks: Vec<&str> = section
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .collect();
+    ensure!(blocks.len() == 2, "{} yaml blocks", blocks.len());
+    for block in blocks {
+        // In the test's namespace.
+        let manifest: String = block
+            .lines()
+            .filter(|l| !l.starts_with("  namespace:"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let (success, out) = kubectl_apply(ns, &manifest, true)?;
+        ensure!(
+            success,
+            "the docs' manifest is not valid: {out}\n{manifest}"
+        );
     }
     Ok(())
 }
