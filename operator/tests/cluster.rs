@@ -937,8 +937,16 @@ async fn devices_by_dra(w: &World, node: &FakeNode) -> Result<()> {
     let template = plan.resource_claim_template.clone().expect("a template");
 
     // The generated template: the plan's devices, memory and link; owned by the deployment.
+    // (The plan is recorded before the reconcile goes on to apply the template and the
+    // Deployment.)
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), ns);
-    let t = templates.get(&template).await?;
+    let t = wait_until("the generated template", WAIT, || async {
+        Ok(match templates.get_opt(&template).await? {
+            Some(t) => Ok(t),
+            None => Err(format!("no ResourceClaimTemplate {template}")),
+        })
+    })
+    .await?;
     let v = serde_json::to_value(&t.spec.spec)?;
     let req = &v["devices"]["requests"][0];
     assert_eq!(req["exactly"]["deviceClassName"], dra::DRIVER, "{v}");
@@ -963,14 +971,13 @@ async fn devices_by_dra(w: &World, node: &FakeNode) -> Result<()> {
 
     // The pods claim through it and ask for no extended resource.
     let deploys: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let pod_spec = deploys
-        .get("claimed")
-        .await?
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap();
+    let pod_spec = wait_until("the engine Deployment", WAIT, || async {
+        Ok(match deploys.get_opt("claimed").await? {
+            Some(d) => Ok(d.spec.unwrap().template.spec.unwrap()),
+            None => Err("no Deployment claimed".to_string()),
+        })
+    })
+    .await?;
     let claims = pod_spec.resource_claims.clone().unwrap();
     assert_eq!(
         claims[0].resource_claim_template_name.as_deref(),
@@ -1044,10 +1051,16 @@ async fn devices_by_dra(w: &World, node: &FakeNode) -> Result<()> {
         serde_json::to_value(&t.spec.spec)?["devices"]["requests"][0]["exactly"]["count"],
         2
     );
-    assert!(event_reasons(client, ns)
-        .await?
-        .iter()
-        .any(|r| r == "ClaimTemplateDeleted"));
+    // The event goes out when the reconcile that deleted the template reports.
+    wait_until("the ClaimTemplateDeleted event", WAIT, || async {
+        let r = event_reasons(client, ns).await?;
+        Ok(if r.iter().any(|x| x == "ClaimTemplateDeleted") {
+            Ok(())
+        } else {
+            Err(format!("{r:?}"))
+        })
+    })
+    .await?;
 
     // A class the cluster does not have: refused, naming it.
     let why = wait_until("the missing class refused", WAIT, || async {
