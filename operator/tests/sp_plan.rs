@@ -12,13 +12,8 @@ mod published;
 use std::path::{Path, PathBuf};
 
 use crds::{DiffusionDeployment, Plan, Profile};
-use layerwise_core::decode::DecodeChoice;
-use layerwise_core::memory::Placement;
 use layerwise_engine::engine::Model;
-use layerwise_engine::execution::cuda::plan::{budget_capacity, choose_slots, DeviceNeeds};
-use layerwise_engine::execution::cuda::{DeviceChoice, SlotsChoice};
 use layerwise_operator::planner::{self, Limits, NodeShape, Overrides, Refusal};
-use layerwise_operator::resources;
 
 const MIB: u64 = 1 << 20;
 const GIB: f64 = (1u64 << 30) as f64;
@@ -88,60 +83,6 @@ fn row(label: &str, p: &Plan) -> String {
     )
 }
 
-/// Checks `plan` against the engine's own accounting of the run it starts with `--dp`
-/// and `--sp`: the activations per rank its start check counts (its checkpoint's cost, the
-/// one formula, at the plan's sp), the weights of its block layouts sharded over dp × sp
-/// ranks, the decoder beside each rank, and the slots it chooses under the budget the
-/// operator passes.
-fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, plan: &Plan) {
-    let bounds = resources::request_bounds(&dd.spec.workload);
-    let act = bounds
-        .activation_bytes_per_rank(&model.checkpoint.activation_cost(), u64::from(plan.sp))
-        .unwrap();
-    let b = &plan.device_breakdown;
-    assert_eq!(act, b.activations, "{plan:?}");
-    let groups = model.group_bytes().unwrap();
-    let placement = Placement {
-        resident_blocks: plan.resident_blocks,
-        ..Placement::new(plan.strategy, u64::from(plan.devices()), 0, groups.len())
-            .with_resident_components(&groups, &plan.resident_components())
-    }
-    .with_component_blocks(&groups, &plan.resident_blocks_by_component);
-    let needs = DeviceNeeds::of(&groups, &placement, model.family.resident_bytes(false));
-    let k = u64::from(plan.slots);
-    let weights = needs.fixed + k * needs.slot;
-    assert_eq!(weights, b.block_weights + b.slots + b.resident_weights);
-    let site = resources::decode_site(plan);
-    let (_, decoder) = layerwise_engine::server::decode_placement(
-        model,
-        DecodeChoice::Fixed(site),
-        DeviceChoice::Cpu,
-        plan.devices() as usize,
-        &bounds,
-    )
-    .unwrap();
-    assert_eq!(decoder.total(), b.decoder);
-    assert!(weights + act + b.overhead + b.decoder <= plan.device_bytes_per_rank);
-    assert!(plan.device_bytes_per_rank <= node.device_bytes);
-    if plan.strategy.streams() {
-        let cap = plan.device_bytes_per_rank.div_ceil(MIB) * MIB;
-        let capacity = budget_capacity(
-            node.device_bytes - decoder.weights,
-            node.device_bytes,
-            Some(cap - act - b.overhead - decoder.total()),
-            act + decoder.peak,
-        );
-        let k_engine = choose_slots(
-            SlotsChoice::Fixed(plan.slots as usize),
-            plan.strategy,
-            needs,
-            capacity,
-        )
-        .unwrap_or_else(|e| panic!("the engine would not start {plan:?}: {e}"));
-        assert_eq!(k_engine as u64, k);
-    }
-}
-
 #[test]
 fn the_documented_sequence_parallel_plan_is_the_planners_and_fits_the_engines_accounting() {
     let d = doc();
@@ -167,7 +108,7 @@ fn the_documented_sequence_parallel_plan_is_the_planners_and_fits_the_engines_ac
     assert_eq!(chosen.sp, 2, "{:?}", chosen.reasons);
     assert_eq!(chosen.latency_bound_met, Some(true));
     assert!(chosen.predicted_latency_seconds.unwrap() <= bound);
-    engine_fits(&model, &dd, &node, &chosen);
+    published::engine_fits(&model, &dd, &node, &chosen);
     // Without the bound: one rank per request (its activations fit one device), slower
     // than the bound.
     let mut unbounded = dd.clone();
@@ -175,7 +116,7 @@ fn the_documented_sequence_parallel_plan_is_the_planners_and_fits_the_engines_ac
     let alone = plan_on(&profile, &unbounded, &node).unwrap();
     assert_eq!(alone.sp, 1, "{:?}", alone.reasons);
     assert!(alone.predicted_latency_seconds.unwrap() > bound);
-    engine_fits(&model, &unbounded, &node, &alone);
+    published::engine_fits(&model, &unbounded, &node, &alone);
     // Each sp fixed, for the doc's comparison.
     let mut rows = vec![
         row("sp 1 (no bound)", &alone),
@@ -186,7 +127,7 @@ fn the_documented_sequence_parallel_plan_is_the_planners_and_fits_the_engines_ac
         fixed.spec.sp = Some(sp);
         let p = plan_on(&profile, &fixed, &node).unwrap();
         assert_eq!(p.sp, sp);
-        engine_fits(&model, &fixed, &node, &p);
+        published::engine_fits(&model, &fixed, &node, &p);
         rows.push(row(&format!("sp {sp} fixed"), &p));
     }
     let mut expected = rows;

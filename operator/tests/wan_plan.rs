@@ -9,13 +9,7 @@ mod published;
 use std::path::{Path, PathBuf};
 
 use crds::{ComponentPlacement, DiffusionDeployment, Plan, Profile, Strategy, StrategyChoice};
-use layerwise_core::decode::{DecodeChoice, DecodeSite};
-use layerwise_core::memory::Placement;
 use layerwise_engine::engine::Model;
-use layerwise_engine::execution::cuda::plan::{
-    budget_capacity, choose_slots, DeviceNeeds, SlotsChoice,
-};
-use layerwise_engine::execution::cuda::DeviceChoice;
 use layerwise_engine::tools::synth::{synth, SynthOptions};
 use layerwise_operator::planner::{self, Limits, NodeShape, Overrides, Refusal, Shortage};
 use layerwise_operator::resources;
@@ -220,76 +214,6 @@ fn plan_on(profile: &Profile, dd: &DiffusionDeployment, node: &NodeShape) -> Res
     )
 }
 
-/// Checks `plan` against the engine's own accounting of the run it starts: `Model::open` of
-/// the same folder, its block layouts for the plan's dp, and the slot choice the engine makes
-/// at start on a device of `node`'s size under the plan's `LAYERWISE_DEVICE_MEMORY_MIB`.
-/// Returns the engine's device bytes for weights.
-fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, plan: &Plan) -> u64 {
-    let strategy = plan.strategy;
-    let groups = model.group_bytes().unwrap();
-    let placement = Placement {
-        resident_blocks: plan.resident_blocks,
-        ..Placement::new(strategy, u64::from(plan.devices()), 0, groups.len())
-            .with_resident_components(&groups, &plan.resident_components())
-    }
-    .with_component_blocks(&groups, &plan.resident_blocks_by_component);
-    // The ranks of `serve` never hold the decoder: it runs beside them.
-    let outside = model.family.resident_bytes(false);
-    let needs = DeviceNeeds::of(&groups, &placement, outside);
-    let k = u64::from(plan.slots);
-    let b = &plan.device_breakdown;
-    // A slot is the same bytes on both sides: one padded block of any streamed group.
-    assert_eq!(k * needs.slot, b.slots, "{plan:?}");
-    // Weights kept on the device: the engine charges exactly what the planner reserved.
-    let weights = needs.fixed + k * needs.slot;
-    let reserved = b.block_weights + b.slots + b.resident_weights;
-    assert_eq!(weights, reserved, "engine {weights} vs planned {reserved}");
-    // Activations of a request at the pod's bounds: the engine's formula gives the planner's.
-    let act = resources::request_bounds(&dd.spec.workload)
-        .activation_bytes_per_rank(&model.checkpoint.activation_cost(), u64::from(plan.sp))
-        .unwrap();
-    assert_eq!(act, b.activations);
-    // The decoder beside each rank where the plan has room for it: the engine's figure,
-    // from the site the operator passes, is the planner's.
-    let site = resources::decode_site(plan);
-    let (_, decoder) = layerwise_engine::server::decode_placement(
-        model,
-        DecodeChoice::Fixed(site),
-        DeviceChoice::Cpu,
-        plan.devices() as usize,
-        &resources::request_bounds(&dd.spec.workload),
-    )
-    .unwrap();
-    assert_eq!(decoder.total(), b.decoder);
-    assert_eq!(
-        site == DecodeSite::Device,
-        decoder.weights > 0 && decoder.peak > 0
-    );
-    assert!(weights + act + b.overhead + b.decoder <= plan.device_bytes_per_rank);
-    assert!(plan.device_bytes_per_rank <= node.device_bytes);
-    // The engine starts: on a device of this size, free but for the decoder's weights
-    // (loaded before the ranks measure), under the cap the operator passes, the plan's K
-    // fits (the engine refuses to start otherwise).
-    let cap = plan.device_bytes_per_rank.div_ceil(MIB) * MIB;
-    let weights_cap = cap - act - b.overhead - decoder.total();
-    let free = node.device_bytes - decoder.weights;
-    let capacity = budget_capacity(
-        free,
-        node.device_bytes,
-        Some(weights_cap),
-        act + decoder.peak,
-    );
-    let k_engine = choose_slots(
-        SlotsChoice::Fixed(plan.slots as usize),
-        strategy,
-        needs,
-        capacity,
-    )
-    .unwrap_or_else(|e| panic!("the engine would not start {plan:?}: {e}"));
-    assert_eq!(k_engine as u64, k);
-    weights
-}
-
 #[test]
 fn the_documented_wan_a14b_plans_are_the_planners_and_fit_the_engines_accounting() {
     let doc = std::fs::read_to_string(doc_path()).unwrap();
@@ -400,7 +324,7 @@ fn documented_rows(model: &Model, profile: &Profile, cases: &[Case]) -> Vec<Stri
                     "{label}: {:?}",
                     plan.reasons
                 );
-                let weights = engine_fits(model, dd, node, &plan);
+                let weights = published::engine_fits(model, dd, node, &plan);
                 println!(
                     "{}\n{}\n  engine weights {weights} bytes per rank",
                     row(dd, node, label, &plan),
