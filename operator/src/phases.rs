@@ -14,6 +14,7 @@ use crds::{AutoscalingMode, DiffusionDeployment, ModelState, NodeModelStatus, Pl
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -79,12 +80,12 @@ async fn phases(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Resu
     let devices = proceed!(devices(dd, ctx).await?);
     let asked = proceed!(prepare(dd, ctx, &located, devices.as_ref(), r).await?);
     let profiled = proceed!(profiles(dd, &asked, r));
-    let (plan, warm) = proceed!(plan(dd, ctx, &profiled, devices.as_ref(), r));
+    let (plan, warm, template) = proceed!(plan(dd, ctx, &profiled, devices.as_ref(), r));
     if r.old.plan.as_ref() != Some(&plan) || !r.was_true(cond::PLANNED) {
         r.record(ctx, dd).await?;
     }
-    if let Some(inv) = devices.as_ref().filter(|inv| inv.named.is_none()) {
-        claim_devices(dd, ctx, inv, &plan, r).await?;
+    if let Some(template) = &template {
+        claim_devices(dd, ctx, template, r).await?;
     }
     let (replicas, existing) = replicas(dd, ctx, r).await?;
     let applied = deploy(dd, ctx, &plan, replicas, existing, &warm, r).await?;
@@ -173,18 +174,16 @@ async fn devices(dd: &DiffusionDeployment, ctx: &Context) -> Result<Phase<Option
     })
 }
 
-/// Applies the ResourceClaimTemplate the plan's pods claim their devices through, and
-/// deletes the earlier ones no engine pod claims through any more.
+/// Applies the generated ResourceClaimTemplate the plan's pods claim their devices
+/// through, and deletes the earlier ones no engine pod claims through any more.
 async fn claim_devices(
     dd: &DiffusionDeployment,
     ctx: &Context,
-    inv: &dra::Inventory,
-    plan: &Plan,
+    wanted: &ResourceClaimTemplate,
     r: &mut Report,
 ) -> Result<()> {
-    let wanted = dra::for_plan(dd, inv, plan);
     let pods: Vec<Pod> = engine_pods(dd, ctx).iter().map(|p| (**p).clone()).collect();
-    for gone in dra::apply_template(dd, ctx, &wanted, &pods).await? {
+    for gone in dra::apply_template(dd, ctx, wanted, &pods).await? {
         let note = format!("deleted ResourceClaimTemplate {gone}: no engine pod claims through it");
         r.event(EventType::Normal, "ClaimTemplateDeleted", "Deploy", note);
     }
@@ -412,15 +411,16 @@ fn overrides(
     Ok(o)
 }
 
-/// Plans from each profiled node's own facts; returns the plan and the planned nodes where
-/// the model is warm.
+/// Plans from each profiled node's own facts; returns the plan, the planned nodes where
+/// the model is warm, and the ResourceClaimTemplate the operator generates for the plan's
+/// pods where they claim their devices by DRA from a DeviceClass.
 fn plan(
     dd: &DiffusionDeployment,
     ctx: &Context,
     profiled: &[Profiled],
     devices: Option<&dra::Inventory>,
     r: &mut Report,
-) -> Phase<(Plan, Vec<String>)> {
+) -> Phase<(Plan, Vec<String>, Option<ResourceClaimTemplate>)> {
     let spec = &dd.spec;
     let resource = spec.accelerator.resource();
     // Each node with its own profile, and the memory pods may use there: what its agent
@@ -463,12 +463,13 @@ fn plan(
             })
         }
     };
+    let mut template = None;
     let plan = match planner::plan_candidates(&shapes, w, &fixed, &limits) {
         Ok(mut plan) => {
             if let Some(inv) = devices {
                 plan.resource_claim_template = Some(match &inv.named {
                     Some((name, _)) => name.clone(),
-                    None => dra::for_plan(dd, inv, &plan).name_any(),
+                    None => template.insert(dra::for_plan(dd, inv, &plan)).name_any(),
                 });
             }
             plan
@@ -535,7 +536,7 @@ fn plan(
         .filter(|s| s.node.warm && plan.nodes.contains(&s.node.name))
         .map(|s| s.node.name.clone())
         .collect();
-    ControlFlow::Continue((plan, warm))
+    ControlFlow::Continue((plan, warm, template))
 }
 
 /// The replicas wanted: the spec's, or the builtin autoscaler's from the engine pods' load.
