@@ -1,0 +1,77 @@
+//! Taking requests from the source at a pass boundary: a group's leader drops cancelled
+//! work, returns what streams no more, takes new work when free, and tells the
+//! coordinator what it wants next.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::failure::finite;
+use super::state::{Active, RankWork};
+use crate::execution::backend::{Backend, Collective};
+use crate::execution::lockstep::Flags;
+use crate::{Error, Result};
+
+impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
+    /// At a pass boundary: drops cancelled work, finishes what streams no more, then takes
+    /// new work if free. Returns this rank's view for the coordinator.
+    pub(super) fn at_boundary(&mut self) -> Result<Flags> {
+        let (rank, source) = (self.group, self.run.source);
+        if let Some(a) = self
+            .active
+            .take_if(|a| a.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)))
+        {
+            source.finished(
+                rank,
+                a.key,
+                Err(Error::Conflict {
+                    what: format!("request {} was cancelled", a.key.id),
+                }),
+            );
+        }
+        if let Some(a) = self.active.take_if(|a| a.task.wants().is_none()) {
+            source.finished(rank, a.key, finite(a.task.finish()));
+        }
+        let (generation, closed) = self.take_work()?;
+        let want = self.active.as_ref().and_then(|a| a.task.wants());
+        let then = self
+            .active
+            .as_ref()
+            .and_then(|a| a.task.wants_after())
+            .or_else(|| source.pending(rank).then(|| self.run.family.first_group()));
+        Ok(Flags {
+            want,
+            then,
+            closed,
+            generation,
+        })
+    }
+
+    /// When free, takes requests until one wants a pass (one that wants none is finished
+    /// at once, one that fails to start fails) or none is waiting. Returns the source's
+    /// arrival generation and whether it is closed, as last seen (`u64::MAX` and open
+    /// when busy, so it never asked).
+    fn take_work(&mut self) -> Result<(u64, bool)> {
+        let (rank, source) = (self.group, self.run.source);
+        let (mut generation, mut closed) = (u64::MAX, false);
+        while self.active.is_none() {
+            let t = source.take(rank)?;
+            (generation, closed) = (t.generation, t.closed);
+            let Some(work) = t.work else { break };
+            let key = work.key;
+            let req = self.exchange.is_some().then(|| Arc::new(work.req.clone()));
+            match self.model.start(work.req, self.split(key)) {
+                Ok(task) if task.wants().is_some() => {
+                    self.active = Some(Active {
+                        key,
+                        task,
+                        cancel: work.cancel,
+                        req,
+                    })
+                }
+                Ok(task) => source.finished(rank, key, finite(task.finish())),
+                Err(e) => source.finished(rank, key, Err(e)),
+            }
+        }
+        Ok((generation, closed))
+    }
+}

@@ -1,0 +1,207 @@
+//! The boundary loop and the passes it runs: a rank loads its weights and pipeline, then
+//! meets its peers at every pass boundary and runs the pass they decide, computing each
+//! block of its request when the pass is over the group the request wants, and ends the
+//! step after it (a failure ends the request, never the pass).
+
+use std::time::Instant;
+
+use super::report::RankResult;
+use super::state::{Placement, RankWork, Run, Tally};
+use crate::execution::backend::{Backend, Collective};
+use crate::execution::budget::DeviceBudget;
+use crate::execution::lockstep::{Coordinator, Decision, Flags};
+use crate::execution::pipeline::{Pipeline, PipelineOptions};
+use crate::execution::trace::Lane;
+use crate::execution::work::PassReport;
+use crate::{Error, Result};
+
+impl Run<'_> {
+    /// One rank's work: loads its weights and pipeline (left in `held`, for
+    /// [`Run::rank_loop`] to drop after a failure), then meets its peers at every pass
+    /// boundary and runs the pass they decide, until they decide to exit.
+    pub(super) fn rank_body<B: Backend, C: Collective<B>>(
+        &self,
+        place: Placement<B, C>,
+        coord: &Coordinator,
+        held: &mut Option<Pipeline<B, C>>,
+    ) -> Result<RankResult> {
+        let Placement {
+            backend,
+            comm,
+            capacity,
+            slots,
+            exchange,
+        } = place;
+        let opts = self.opts;
+        let rank = comm.rank();
+        let (group, member) = (rank / opts.sp, rank % opts.sp);
+        let budget = DeviceBudget::new(rank, capacity);
+        let dev = backend.device().clone();
+        let _resident_alloc = budget.charge(
+            "resident_outside_blocks",
+            "prologues, epilogues and the decoder",
+            self.outside,
+        )?;
+        // A group's leader returns its outputs, so only it decodes them.
+        let model = self
+            .family
+            .load_rank(&dev, self.dtype, opts.decode && member == 0)?;
+        let pipe = held.insert(Pipeline::new(
+            backend,
+            comm,
+            self.streamed.clone(),
+            &budget,
+            PipelineOptions {
+                strategy: opts.strategy,
+                slots,
+                hook: opts.hook.clone(),
+                trace: opts.trace.clone(),
+                dtype: self.dtype,
+                staging: self.staging,
+            },
+        )?);
+        if member == 0 {
+            self.source.ready(group);
+        }
+        let mut work = RankWork {
+            run: self,
+            rank,
+            group,
+            member,
+            exchange,
+            model: &*model,
+            pipe,
+            budget: &budget,
+            active: None,
+            failed: None,
+            tally: Tally::default(),
+        };
+        let leader = group * opts.sp;
+        loop {
+            let (flags, handoff) = if member == 0 {
+                let flags = work.at_boundary()?;
+                (flags, work.handoff())
+            } else {
+                (Flags::following(), None)
+            };
+            let (d, handoffs) = coord.sync_handing(rank, flags, handoff)?;
+            if member > 0 {
+                work.follow(handoffs[leader].clone());
+            }
+            if d.exit {
+                break;
+            }
+            if !d.run {
+                self.source.wait(group, d.generation)?;
+                continue;
+            }
+            let busy = work.active.as_ref().and_then(|a| a.task.wants()) == Some(d.group);
+            work.pass(&d, busy)?;
+        }
+        work.finish(slots)
+    }
+}
+
+impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
+    /// Runs the pass `d` decided, computing when `busy` (this rank's request wants its
+    /// group), and reports it.
+    fn pass(&mut self, d: &Decision, busy: bool) -> Result<()> {
+        let t0 = Instant::now();
+        let stall_before = self.pipe.stats().stall;
+        let failure = self.compute(d, busy)?;
+        let t = &mut self.tally;
+        let switched = t.last_group.is_some_and(|g| g != d.group);
+        t.last_group = Some(d.group);
+        t.last_busy = busy;
+        if busy {
+            let stalled = self.pipe.stats().stall - stall_before;
+            t.stall += stalled;
+            if switched {
+                t.switch_stall += stalled;
+                t.switch_time += t0.elapsed();
+            }
+            self.end_step(failure, t0);
+        }
+        if self.member == 0 {
+            self.run.source.pass_done(
+                self.group,
+                &PassReport {
+                    busy,
+                    elapsed: t0.elapsed(),
+                    pipeline: self.pipe.stats(),
+                    device_bytes: self.budget.used(),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// The pass through the pipeline, with this rank's request computing each block when
+    /// `busy`. A request's own failure ends that request, never the pass: the rank keeps
+    /// joining the collectives so its peers are not disturbed. Returns that failure.
+    fn compute(&mut self, d: &Decision, busy: bool) -> Result<Option<Error>> {
+        let mut failure: Option<Error> = None;
+        let key = self.active.as_ref().map(|a| a.key);
+        let (exchange, member) = (self.exchange.as_deref(), self.member);
+        // A failure stops this rank's share at once; its group's others stop waiting.
+        let failed = |e: Error, failure: &mut Option<Error>| {
+            if let (Some(x), Some(k)) = (exchange, key) {
+                x.abort(k, member, &e.to_string());
+            }
+            *failure = Some(e);
+        };
+        let mut task = self.active.as_mut().filter(|_| busy).map(|a| &mut a.task);
+        if let Some(t) = task.as_mut() {
+            if let Err(e) = t.begin() {
+                failed(e, &mut failure);
+            }
+        }
+        let (trace, rank) = (self.run.opts.trace.as_deref(), self.rank);
+        self.pipe.pass(d.group, d.next, |i, w| {
+            if let (Some(t), None) = (task.as_mut(), &failure) {
+                let start = trace.map(|t| t.now_us());
+                if let Err(e) = t.block(i, w) {
+                    failed(e, &mut failure);
+                }
+                if let (Some(t), Some(s)) = (trace, start) {
+                    t.record(rank, Lane::Compute, i, s);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(failure)
+    }
+
+    /// After a busy pass (started at `t0`): the request's failure in it, or its own at
+    /// the step's end, ends the request; a step it completed is reported.
+    fn end_step(&mut self, failure: Option<Error>, t0: Instant) {
+        let (rank, source) = (self.group, self.run.source);
+        let mut a = self.active.take().expect("busy has a task");
+        let ended = match failure {
+            Some(e) => Err(e),
+            None => a.task.end(),
+        };
+        let took = t0.elapsed();
+        self.tally.busy_time += took;
+        match ended {
+            Err(e) => {
+                // A failure in a block has aborted the request already (a repeat is a
+                // no-op); one in `end` has not.
+                self.fail_request(a.key, &e);
+                if self.member == 0 {
+                    source.finished(rank, a.key, Err(e));
+                }
+            }
+            Ok(step) => {
+                if let Some((step, total)) = step {
+                    self.tally.step_time += took;
+                    self.tally.steps += 1;
+                    if self.member == 0 {
+                        source.step_done(rank, a.key, step, total, took);
+                    }
+                }
+                self.active = Some(a);
+            }
+        }
+    }
+}
