@@ -11,13 +11,13 @@
 //!
 //! Its parts, one a module: what shapes a pipeline and what it counts ([`options`]); the
 //! groups a model streams and which blocks stay ([`streamed`]); the device buffers a rank
-//! allocates for them ([`memory`]); the pipeline's state, set up and loaded ([`setup`]);
+//! allocates for them ([`buffers`]); the pipeline's state, set up and loaded ([`setup`]);
 //! the transfers that fill a slot ([`transfer`]); a pass over one group ([`pass`]); and the
 //! views compute reads a block's weights through ([`block_weights`]). This file only
 //! declares them and re-exports the pipeline's public face.
 
 mod block_weights;
-mod memory;
+mod buffers;
 mod options;
 mod pass;
 mod setup;

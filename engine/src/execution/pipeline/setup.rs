@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
-use super::memory::{Allocator, Slot, Stationary};
+use super::buffers::{Allocator, Slot, Stationary};
 use super::options::{PipelineOptions, PipelineStats};
 use super::streamed::Streamed;
 use crate::execution::backend::{Backend, Collective};

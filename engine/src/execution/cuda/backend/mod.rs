@@ -6,8 +6,9 @@
 //! which hands out the slot's `CudaSlice`; cudarc's event tracking then records the
 //! slot's last writer and readers, which agrees with (and never loosens) the pipeline's
 //! own events. A failure while enqueueing poisons the stream: every event recorded on it
-//! afterwards carries the error (a [`Fault`](crate::execution::fault::Fault), typed, so an abandoned all-gather stays one),
-//! so whoever waits learns of it instead of hanging, as on the CPU backend.
+//! afterwards carries the error (a [`Fault`](crate::execution::fault::Fault), typed, so
+//! an abandoned all-gather stays one), so whoever waits learns of it instead of hanging,
+//! as on the CPU backend.
 //!
 //! Its parts, one a module: the streams and events that carry a failure along
 //! ([`stream`]); the GPU a rank opens and what it holds ([`device`]); the `Backend`
