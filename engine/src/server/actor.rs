@@ -9,13 +9,13 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::error::ApiError;
 use super::ids::JobIds;
 use super::kind::Kind;
 use super::metrics::Metrics;
 use super::scheduler::{
     DecodeJob, JobState, JobStatus, Media, Msg, RankSource, Retention, Scheduler, Shared,
 };
-use super::ApiError;
 use crate::execution::work::{Condition, Output, Request};
 use crate::execution::work::{Taken, Work, WorkKey};
 use crate::{Error, Result};

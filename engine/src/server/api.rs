@@ -24,6 +24,8 @@ use utoipa::OpenApi as _;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::body;
+use super::error::ApiError;
 use super::forward::{self, Forwarding};
 use super::ids::Owner;
 use super::kind::Kind;
@@ -38,7 +40,6 @@ use super::responses::{
     VideoList,
 };
 use super::scheduler::{JobState, JobStatus, Scheduler};
-use super::{body, ApiError};
 use crate::bounds::RequestBounds;
 use crate::engine::Model;
 use crate::execution::work::{Condition, Request, DEFAULT_MAX_SEQUENCE_LENGTH};
