@@ -1,3 +1,6 @@
+//! Kept whole: one task's state machine; every method keeps the same invariants over its
+//! private state (the queue, `in_flight`, kept bytes), which a split would expose to siblings.
+//!
 //! The scheduler task itself: the one owner of the queue and of every job's state. See
 //! [`super::scheduler`] for the messages it answers and the handles that send them;
 //! [`start`] spawns it.
