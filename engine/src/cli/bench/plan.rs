@@ -2,6 +2,8 @@
 //! component the step-time model ([`crate::timing::choose`], the planner's code) chooses at
 //! them, for bench to measure beside the manual counts.
 
+use std::time::Instant;
+
 use anyhow::{bail, Context, Result};
 
 use super::options::{Config, KeptBlocks};
@@ -14,8 +16,8 @@ use crate::execution::work::{Condition, Request};
 use crate::memory::{self, GroupBytes, Placement};
 use crate::timing::{self, Choice, GroupCompute, Rates, Work};
 use crate::Strategy;
-use std::time::Instant;
 
+/// This machine's rates for the CPU backend, measured in this run: the ranks' FLOP/s from
 /// a `resident` run of `requests` (nothing copied: its step time is compute, which the
 /// model's FLOPs of a step divide), the copy rate from the mapped checkpoint into a
 /// block-sized buffer (what a rank's copy does), the rate between two buffers (what the
