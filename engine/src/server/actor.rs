@@ -1,3 +1,6 @@
+//! Kept whole: one task's state machine; every method keeps the same invariants over its
+//! private state (the queue, `in_flight`, kept bytes), which a split would expose to siblings.
+//!
 //! The scheduler task itself: the one owner of the queue and of every job's state. See
 //! [`super::scheduler`] for the messages it answers and the handles that send them;
 //! [`start`] spawns it.
@@ -9,13 +12,13 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::error::ApiError;
 use super::ids::JobIds;
 use super::kind::Kind;
 use super::metrics::Metrics;
 use super::scheduler::{
     DecodeJob, JobState, JobStatus, Media, Msg, RankSource, Retention, Scheduler, Shared,
 };
-use super::ApiError;
 use crate::execution::work::{Condition, Output, Request};
 use crate::execution::work::{Taken, Work, WorkKey};
 use crate::{Error, Result};

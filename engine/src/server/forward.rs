@@ -30,9 +30,9 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep};
 
+use super::error::ApiError;
 use super::ids::Owner;
 use super::scheduler::Shared;
-use super::ApiError;
 use crate::Error;
 
 /// Marks a request one replica sent on to another (its value: the sender's address).

@@ -10,52 +10,47 @@
 pub mod actor;
 pub mod api;
 pub mod body;
+pub mod decoders;
+pub mod error;
 pub mod field;
 pub mod forward;
 pub mod ids;
 pub mod kind;
+pub mod launch;
 pub mod metrics;
 pub mod openapi;
 pub mod requests;
 pub mod responses;
 pub mod scheduler;
+pub mod shutdown;
+
+// The names callers outside the server use (the CLI, the operator's and the engine's tests).
+pub use decoders::{decode_placement, make_media};
+pub use error::ApiError;
+pub use launch::{start, Engine};
+pub use shutdown::ExitCode;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use candle_core::{Device, Tensor};
 use clap::Args;
 
 use crate::bounds::{self, Dimension, ModelLimits, RequestBounds};
-use crate::decode::{self, DecodeChoice, DecodeSite, DecoderBytes};
+use crate::decode::{self, DecodeChoice, DecodeSite};
 use crate::engine::Model;
-use crate::execution::cuda::{self, DeviceChoice};
-use crate::execution::family::Decoder;
 use crate::execution::rank::EngineOptions;
 use crate::execution::trace::Trace;
 use crate::execution::work::DEFAULT_MAX_SEQUENCE_LENGTH;
 use crate::http;
-use crate::media::image::encode_png;
-use crate::media::video::{self, Clip, VideoFormat};
 use crate::options::{EngineArgs, ResidentBlocksArgs};
 use crate::{Error, Result, Strategy};
 use api::{AppState, Bounds};
 use forward::Forwarding;
 use ids::{JobIds, JobKey};
-use kind::Kind;
-use scheduler::{DecodeJob, Media, Msg, Retention, Scheduler};
-
-/// An error on its way to an HTTP response (shared: one failure may answer many waiters).
-#[derive(Debug, Clone)]
-pub struct ApiError(pub Arc<Error>);
-
-impl From<Error> for ApiError {
-    fn from(e: Error) -> Self {
-        ApiError(Arc::new(e))
-    }
-}
+use scheduler::{Retention, Scheduler};
+use shutdown::{exit_code, shut_down, watchdog};
 
 /// `layerwise serve` options.
 #[derive(Args, Debug, Clone)]
@@ -192,9 +187,6 @@ impl ServeArgs {
 /// How long connections may still take past the grace period at shutdown.
 const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 
-/// How the server ended: 0 after a clean shutdown, 1 when the engine failed.
-pub type ExitCode = i32;
-
 /// Runs the server until SIGTERM/SIGINT (exit 0) or an engine failure (exit 1).
 pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     let strategy: Strategy = a
@@ -256,98 +248,6 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     // Do not wait for threads a failed engine may have left stuck.
     rt.shutdown_timeout(Duration::from_secs(1));
     Ok(code)
-}
-
-/// Where `serve` decodes (`choice` for the backend that `dp` ranks on `device` resolve to)
-/// and what the decoder keeps on each rank's device there for outputs within `bounds`:
-/// the engine's side of the figure the planner reserves from the profile, by the same
-/// [`DecodeSite::decoder_bytes`].
-pub fn decode_placement(
-    model: &Model,
-    choice: DecodeChoice,
-    device: DeviceChoice,
-    dp: usize,
-    bounds: &RequestBounds,
-) -> Result<(DecodeSite, DecoderBytes)> {
-    let site = choice.resolve(cuda::resolve(device, dp)?.kind());
-    let decoder = site
-        .decoder_bytes(
-            model.checkpoint.decoder_bytes(),
-            &model.checkpoint.activation_cost(),
-            bounds,
-        )
-        .ok_or_else(|| {
-            Error::invalid(
-                "max-width",
-                format!(
-                    "decoding an output at the bounds ({}x{}) on the device needs more memory than any device holds",
-                    bounds.max_width, bounds.max_height
-                ),
-            )
-        })?;
-    Ok((site, decoder))
-}
-
-/// A started engine: the scheduler's handle and the engine thread's outcome.
-pub struct Engine {
-    pub scheduler: Scheduler,
-    pub done: tokio::sync::oneshot::Receiver<Result<()>>,
-}
-
-/// Starts the scheduler task (on the current tokio runtime), the decode threads and the
-/// engine thread with its ranks. The server and the in-process tests both start here.
-/// With `decode` on the device, each rank's device gets its decoder now, before the ranks
-/// measure what memory is left them; a decoder that does not load fails the start.
-pub fn start(
-    model: Arc<Model>,
-    opts: EngineOptions,
-    decode: DecodeSite,
-    max_queue: usize,
-    retention: Retention,
-    ids: JobIds,
-) -> Result<Engine> {
-    let decoders = match decode {
-        DecodeSite::Host => Vec::new(),
-        DecodeSite::Device => {
-            let resolved = cuda::resolve(opts.device, opts.dp * opts.sp)?;
-            // Outputs come from each group's leader: a decoder on its device.
-            (0..opts.dp)
-                .map(|group| {
-                    let rank = group * opts.sp;
-                    let device = resolved.rank_device(rank)?;
-                    let vae = model.decoder(&device).map_err(|e| Error::Rank {
-                        rank,
-                        msg: format!("cannot load the VAE decoder on its device: {e}"),
-                    })?;
-                    Ok(DeviceDecoder { rank, device, vae })
-                })
-                .collect::<Result<Vec<_>>>()?
-        }
-    };
-    // Admission keeps at most max_queue + dp outputs past the queue (see the actor's
-    // `submit`), so the decoders' channel always has room for what a rank finishes.
-    let (decode_tx, decode_rx) = std::sync::mpsc::sync_channel::<DecodeJob>(max_queue + opts.dp);
-    let (scheduler, source) = actor::start(opts.dp, max_queue, retention, ids, decode_tx);
-    let rt = tokio::runtime::Handle::current();
-    if decoders.is_empty() {
-        spawn_decoder(model.clone(), scheduler.clone(), decode_rx, rt);
-    } else {
-        // One queue, a decoder per device: an output goes to whichever is free, and each
-        // device decodes one output at a time (the peak its budget keeps free).
-        let queue = Arc::new(Mutex::new(decode_rx));
-        for d in decoders {
-            spawn_device_decoder(d, scheduler.clone(), queue.clone(), rt.clone())?;
-        }
-    }
-    let (engine_tx, done) = tokio::sync::oneshot::channel::<Result<()>>();
-    std::thread::Builder::new()
-        .name("engine".into())
-        .spawn(move || {
-            let r = model.drive(&opts, &source).map(drop);
-            let _ = engine_tx.send(r);
-        })
-        .map_err(|e| Error::internal("cannot start the engine thread", e))?;
-    Ok(Engine { scheduler, done })
 }
 
 /// How this replica writes job ids: naming itself at `bound` (or the pod IP) when it has a
@@ -458,353 +358,5 @@ fn app_state(
             max_body: a.result_bytes as u64,
             ..Forwarding::default()
         },
-    }
-}
-
-/// How serving ended, as [`shut_down`] saw it.
-struct Ending {
-    /// `Some(why)` when the engine failed while serving (empty when the scheduler was told
-    /// and recorded why).
-    failed: Option<String>,
-    /// The engine thread's result after draining, where it came in time.
-    engine: Option<std::result::Result<Result<()>, tokio::sync::oneshot::error::RecvError>>,
-}
-
-/// Waits for SIGTERM, SIGINT or an engine failure; then closes the queue and tells the
-/// server to stop accepting (`stop`). After a signal, running requests get `grace` to
-/// finish, then are aborted, and the engine `timeout` more to end.
-async fn shut_down(
-    sched: Scheduler,
-    mut engine_rx: tokio::sync::oneshot::Receiver<Result<()>>,
-    grace: Duration,
-    timeout: Duration,
-    stop: tokio::sync::oneshot::Sender<()>,
-) -> Ending {
-    let shared = sched.shared.clone();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
-    // `Some(why)` when the engine failed. The reason is kept here as well as sent to
-    // the scheduler: the exit message must not depend on the actor having handled it.
-    let failed: Option<String> = tokio::select! {
-        _ = term.recv() => None,
-        _ = tokio::signal::ctrl_c() => None,
-        _ = shared.fatal.notified() => Some(String::new()),
-        r = &mut engine_rx => {
-            let why = match r {
-                Ok(Err(e)) => e.to_string(),
-                Ok(Ok(())) => "the engine stopped while serving".to_string(),
-                Err(_) => "the engine thread ended without a result".to_string(),
-            };
-            sched.send(Msg::Fatal { msg: why.clone() }).await;
-            Some(why)
-        }
-    };
-    // Stop accepting and fail what is queued; running requests get the grace period.
-    sched.send(Msg::Close).await;
-    let _ = stop.send(());
-    if let Some(why) = failed {
-        return Ending {
-            failed: Some(why),
-            engine: None,
-        };
-    }
-    tracing::info!(?grace, "shutting down: draining running requests");
-    let deadline = Instant::now() + grace;
-    let engine = tokio::select! {
-        r = &mut engine_rx => Some(r),
-        _ = tokio::time::sleep_until(deadline.into()) => {
-            sched.send(Msg::Abort).await;
-            tokio::time::timeout(timeout, engine_rx).await.ok()
-        }
-    };
-    Ending {
-        failed: None,
-        engine,
-    }
-}
-
-/// 0 when nothing failed; otherwise 1, with the reason printed.
-fn exit_code(sched: &Scheduler, ending: Ending) -> ExitCode {
-    let Ending { failed, engine } = ending;
-    let engine_err = match &engine {
-        Some(Ok(Err(e))) => {
-            tracing::error!(error = %e, "engine failed");
-            Some(e.to_string())
-        }
-        _ => None,
-    };
-    // The first reason recorded wins: the scheduler's (a stalled rank, the watchdog), then
-    // the one the controller saw, then the engine's own result after draining.
-    let recorded = sched.shared.failed.lock().expect("shared lock").clone();
-    if recorded.is_none() && failed.is_none() && engine_err.is_none() {
-        return 0;
-    }
-    let why = [recorded, failed, engine_err]
-        .into_iter()
-        .flatten()
-        .find(|w| !w.is_empty())
-        .unwrap_or_else(|| "no reason was recorded".to_string());
-    eprintln!("layerwise: engine failed: {why}");
-    1
-}
-
-/// Fails the pod when requests are running but no rank has finished a pass for the
-/// timeout (the backend's own timeouts catch stalled transfers and peers; this catches
-/// everything else).
-async fn watchdog(s: Scheduler, timeout: Duration) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tick.tick().await;
-        let sh = &s.shared;
-        if sh.metrics.running.get() > 0 && sh.since_progress() > timeout {
-            let msg = format!(
-                "no rank finished a pass for {:?} while requests were running",
-                sh.since_progress()
-            );
-            s.send(Msg::Fatal { msg }).await;
-            return;
-        }
-    }
-}
-
-fn spawn_decoder(
-    model: Arc<Model>,
-    sched: Scheduler,
-    rx: std::sync::mpsc::Receiver<DecodeJob>,
-    rt: tokio::runtime::Handle,
-) {
-    std::thread::Builder::new()
-        .name("decode".into())
-        .spawn(move || {
-            let vae = match model.decoder(&Device::Cpu) {
-                Ok(v) => v,
-                Err(e) => {
-                    rt.block_on(sched.send(Msg::Fatal {
-                        msg: format!("cannot load the VAE decoder: {e}"),
-                    }));
-                    return;
-                }
-            };
-            for (key, latents, kind) in rx {
-                let progress = |done| rt.block_on(sched.send(Msg::Frames { key, done }));
-                let media = guarded("the CPU", || {
-                    make_media(vae.as_ref(), &latents, kind, progress)
-                });
-                rt.block_on(sched.send(Msg::Decoded { key, media }));
-            }
-        })
-        .expect("spawn decode thread");
-}
-
-/// A decoder on one rank's device.
-struct DeviceDecoder {
-    rank: usize,
-    device: Device,
-    vae: Box<dyn Decoder>,
-}
-
-impl DeviceDecoder {
-    /// Decodes one output's host `latents` on this device into its media. A failure names
-    /// the device (`name`), except latents the decoder refuses, which answer as they do
-    /// on the host.
-    fn decode(
-        &self,
-        name: &str,
-        latents: &Tensor,
-        kind: Kind,
-        progress: impl FnMut(usize),
-    ) -> Result<Media> {
-        latents
-            .to_device(&self.device)
-            .map_err(Error::from)
-            .and_then(|l| make_media(self.vae.as_ref(), &l, kind, progress))
-            .map_err(|e| match e {
-                e @ Error::Core(layerwise_core::Error::Invalid { .. }) => e,
-                e => Error::Decode {
-                    device: name.to_string(),
-                    msg: e.to_string(),
-                },
-            })
-    }
-}
-
-/// Runs one output's decode on `device`. A panic in it fails that output alone, naming the
-/// device, and the decode thread goes on to the next (a panic would otherwise end the
-/// thread and leave its job, and every one queued behind it, waiting forever).
-fn guarded(device: &str, decode: impl FnOnce() -> Result<Media>) -> Result<Media> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode)).unwrap_or_else(|p| {
-        Err(Error::Decode {
-            device: device.to_string(),
-            msg: format!(
-                "the decoder panicked: {}",
-                crate::error::panic_message(p.as_ref())
-            ),
-        })
-    })
-}
-
-/// A decode thread on rank `d.rank`'s device, taking outputs from the shared `queue`. An
-/// output that fails to decode there (out of device memory, a kernel error, latents the
-/// decoder refuses) fails its job alone, naming the device; the thread carries on.
-fn spawn_device_decoder(
-    d: DeviceDecoder,
-    sched: Scheduler,
-    queue: Arc<Mutex<std::sync::mpsc::Receiver<DecodeJob>>>,
-    rt: tokio::runtime::Handle,
-) -> Result<()> {
-    let name = match d.device {
-        Device::Cpu => format!("the CPU (rank {})", d.rank),
-        _ => format!("GPU {}", d.rank),
-    };
-    std::thread::Builder::new()
-        .name(format!("decode-{}", d.rank))
-        .spawn(move || loop {
-            // The guard is dropped at the end of the statement: the others wait on the
-            // queue only while this one does.
-            let job = queue.lock().expect("decode queue lock").recv();
-            let Ok((key, latents, kind)) = job else {
-                return;
-            };
-            let progress = |done| rt.block_on(sched.send(Msg::Frames { key, done }));
-            let media = guarded(&name, || d.decode(&name, &latents, kind, progress));
-            rt.block_on(sched.send(Msg::Decoded { key, media }));
-        })
-        .map_err(|e| Error::internal("cannot start a decode thread", e))?;
-    Ok(())
-}
-
-/// Decodes one output's latents into what the API serves: a PNG for an image; for a clip,
-/// an MP4 and its first frame as a PNG thumbnail. `progress` hears the frames decoded so far.
-pub fn make_media(
-    vae: &dyn Decoder,
-    latents: &Tensor,
-    kind: Kind,
-    mut progress: impl FnMut(usize),
-) -> Result<Media> {
-    let (mut frames, mut first, mut size) = (Vec::new(), None, (0, 0));
-    vae.decode_frames(latents, &mut |batch| {
-        // Frames decoded on a GPU come to the host once, to be encoded there.
-        let batch = batch.to_device(&Device::Cpu)?;
-        let (_, _, h, w) = batch.dims4()?;
-        size = (w, h);
-        if first.is_none() {
-            first = Some(encode_png(&batch.get(0)?)?);
-        }
-        if let Kind::Video { .. } = kind {
-            frames.extend(video::rgb8(&batch)?);
-            progress(frames.len());
-        }
-        Ok(())
-    })?;
-    let first = first.ok_or_else(|| Error::bug("the decoder made no frames"))?;
-    Ok(match kind {
-        Kind::Image => Media {
-            bytes: first,
-            content_type: "image/png",
-            thumbnail: None,
-            frames: 1,
-        },
-        Kind::Video { fps } => {
-            let clip = Clip {
-                width: size.0,
-                height: size.1,
-                fps,
-                frames: frames.iter().map(Vec::as_slice).collect(),
-            };
-            Media {
-                bytes: video::encode(&clip, VideoFormat::Mp4)?,
-                content_type: "video/mp4",
-                thumbnail: Some(first),
-                frames: frames.len(),
-            }
-        }
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A decoder that fails as a device would, or refuses the latents.
-    struct Failing {
-        refuse: bool,
-    }
-
-    impl Decoder for Failing {
-        fn decode(&self, _: &Tensor) -> Result<Tensor> {
-            Err(if self.refuse {
-                Error::invalid("latents", "expected [1, 16, frames, height, width]")
-            } else {
-                candle_core::Error::Msg("CUDA_ERROR_OUT_OF_MEMORY: out of memory".into()).into()
-            })
-        }
-    }
-
-    /// A decoder with a bug.
-    struct Panicking;
-
-    impl Decoder for Panicking {
-        fn decode(&self, _: &Tensor) -> Result<Tensor> {
-            panic!("index out of bounds: the len is 3 but the index is 7")
-        }
-    }
-
-    #[test]
-    fn a_decoder_that_panics_fails_its_output_alone() {
-        let latents = Tensor::zeros((1, 4, 2, 2), candle_core::DType::F32, &Device::Cpu).unwrap();
-        let d = DeviceDecoder {
-            rank: 0,
-            device: Device::Cpu,
-            vae: Box::new(Panicking),
-        };
-        let e = guarded("GPU 0", || d.decode("GPU 0", &latents, Kind::Image, |_| {})).unwrap_err();
-        assert_eq!(e.label(), "decode_failed");
-        let msg = e.to_string();
-        assert!(
-            msg.contains("GPU 0") && msg.contains("panicked") && msg.contains("index is 7"),
-            "{msg}"
-        );
-        // The same thread decodes the next output.
-        let ok = DeviceDecoder {
-            rank: 0,
-            device: Device::Cpu,
-            vae: Box::new(Failing { refuse: true }),
-        };
-        let e = guarded("GPU 0", || {
-            ok.decode("GPU 0", &latents, Kind::Image, |_| {})
-        })
-        .unwrap_err();
-        assert_eq!(e.http_status(), 422, "{e}");
-    }
-
-    #[test]
-    fn a_failed_decode_on_a_device_names_the_device_and_refused_latents_answer_as_on_the_host() {
-        let latents = Tensor::zeros((1, 4, 2, 2), candle_core::DType::F32, &Device::Cpu).unwrap();
-        let oom = DeviceDecoder {
-            rank: 1,
-            device: Device::Cpu,
-            vae: Box::new(Failing { refuse: false }),
-        };
-        let e = oom
-            .decode("GPU 1", &latents, Kind::Image, |_| {})
-            .unwrap_err();
-        assert!(matches!(e, Error::Decode { .. }), "{e:?}");
-        assert_eq!(e.label(), "decode_failed");
-        assert_eq!(e.http_status(), 500);
-        let msg = e.to_string();
-        assert!(
-            msg.contains("decoding on GPU 1") && msg.contains("out of memory"),
-            "{msg}"
-        );
-        let bad = DeviceDecoder {
-            rank: 0,
-            device: Device::Cpu,
-            vae: Box::new(Failing { refuse: true }),
-        };
-        let e = bad
-            .decode("GPU 0", &latents, Kind::Image, |_| {})
-            .unwrap_err();
-        assert_eq!(e.field(), Some("latents"), "{e}");
-        assert_eq!(e.http_status(), 422);
     }
 }

@@ -12,10 +12,10 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 use utoipa::ToSchema;
 
+use super::error::ApiError;
 use super::ids::JobIds;
 use super::kind::Kind;
 use super::metrics::Metrics;
-use super::ApiError;
 use crate::execution::work::{Output, Request};
 use crate::execution::work::{PassReport, Taken, WorkKey, WorkSource};
 use crate::{Error, Result};

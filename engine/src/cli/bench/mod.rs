@@ -1,0 +1,96 @@
+//! `layerwise bench`: the same requests under each strategy and, for the streaming ones,
+//! each number of blocks kept on the device, run interleaved round by round so that the
+//! machine's noise falls on every configuration alike. Each configuration's best round is
+//! reported against `resident`'s: step time, stalls, bytes moved per step, device and
+//! pinned host bytes, and whether its latents are bit-identical to the reference.
+//!
+//! `--resident-blocks each,plan` measures every manual count beside the one the
+//! step-time model chooses ([`crate::timing::choose`], the planner's code) from rates this
+//! run calibrates first ([`plan`]), and prints each against the best.
+//!
+//! By concern: what runs ([`options`]), running it ([`runs`]), `plan`'s calibration
+//! ([`plan`]) and the report ([`report`]).
+
+mod options;
+mod plan;
+mod report;
+mod runs;
+
+pub use options::KeptBlocks;
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Result};
+
+use super::commands::gib;
+use super::BenchArgs;
+use crate::engine::Model;
+use crate::memory::GroupBytes;
+use options::configs;
+use plan::plan_rows;
+use report::{print_groups, print_plans, print_table, rows, Report};
+use runs::{run_rounds, warm_page_cache};
+
+pub(super) fn bench(a: BenchArgs) -> Result<()> {
+    let model = Model::open(&a.engine.model)?;
+    let deepest = model
+        .group_bytes()?
+        .iter()
+        .map(GroupBytes::blocks)
+        .max()
+        .unwrap_or(0);
+    let configs = configs(&a, deepest)?;
+    warm_page_cache(&model)?;
+    let requests = a.request.requests(&model, None)?;
+    let planned = plan_rows(&a, &model, &configs, &requests)?;
+    let kept: Vec<Option<BTreeMap<String, u64>>> = planned
+        .iter()
+        .map(|p| p.as_ref().map(|(c, _)| c.kept.clone()))
+        .collect();
+    let rounds = run_rounds(&a, &model, &configs, deepest, &requests, &kept)?;
+    let rows = rows(&a, &model, &requests, &configs, rounds)?;
+    let steps = requests.first().map_or(0, |r| r.steps);
+    if a.json {
+        let report = Report {
+            model: a.engine.model.display().to_string(),
+            dp: a.engine.dp,
+            outputs: a.request.n,
+            steps,
+            rounds: a.rounds.max(1),
+            rows,
+        };
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        if !report.rows.iter().all(|r| r.identical) {
+            bail!("configurations produced different latents");
+        }
+        return Ok(());
+    }
+    println!(
+        "model {} ({}, {deepest} blocks in its deepest group), dp={}, sp={}, --slots {}, --host-memory {}, device memory {}, {} output(s) of {steps} steps, best of {} rounds",
+        a.engine.model.display(),
+        gib(rows[0].stats.checkpoint_bytes),
+        a.engine.dp,
+        configs
+            .iter()
+            .map(|c| c.sp.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join(","),
+        a.engine.slots,
+        a.engine.host_memory,
+        a.engine
+            .device_memory_mib
+            .map_or("unbounded".into(), |m| format!("{m} MiB")),
+        a.request.n,
+        a.rounds.max(1)
+    );
+    let most_sp = configs.iter().map(|c| c.sp).max().unwrap_or(1);
+    print_table(&rows, a.engine.dp * most_sp > 1);
+    print_plans(&configs, &rows, &planned);
+    print_groups(&model, &rows, steps)?;
+    if !rows.iter().all(|r| r.identical) {
+        bail!("configurations produced different latents");
+    }
+    Ok(())
+}

@@ -1,0 +1,76 @@
+//! What every handler works from: the state the router shares ([`AppState`], the server's
+//! [`Bounds`]), and reading a request against it: its query string, its body within the
+//! bounds on size and time, and which of this replica's jobs an id names.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::Query;
+use serde::de::DeserializeOwned;
+
+use crate::bounds::RequestBounds;
+use crate::engine::Model;
+use crate::server::body;
+use crate::server::forward::Forwarding;
+use crate::server::ids::Owner;
+use crate::server::scheduler::Scheduler;
+use crate::Error;
+
+/// What the server accepts, beyond what the model can do.
+#[derive(Debug, Clone)]
+pub struct Bounds {
+    /// Size, frames, steps, outputs and prompt tokens per request (what the operator
+    /// passes).
+    pub request: RequestBounds,
+    /// Largest request body in bytes.
+    pub body_limit: usize,
+    /// How long a body may take to arrive after its headers.
+    pub body_timeout: std::time::Duration,
+}
+
+/// Everything a handler needs.
+#[derive(Clone)]
+pub struct AppState {
+    pub scheduler: Scheduler,
+    pub model: Arc<Model>,
+    /// The served model's name (`model` in requests, `GET /v1/models`).
+    pub model_name: String,
+    pub bounds: Bounds,
+    /// How requests for another replica's jobs reach it.
+    pub forwarding: Forwarding,
+}
+
+/// The name a model folder is served under by default: its last path component.
+pub fn folder_name(path: &std::path::Path) -> String {
+    path.canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .or_else(|| path.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "model".into())
+}
+
+/// A query string the route cannot read, as a JSON 400.
+pub(super) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, Error> {
+    q.map(|Query(t)| t).map_err(|r| Error::BadRequest {
+        msg: format!("query string: {}", r.body_text()),
+    })
+}
+
+/// A request's body as `T`, within the server's bounds on its size and its time.
+pub(super) async fn read_body<T: DeserializeOwned>(
+    s: &AppState,
+    req: axum::extract::Request,
+) -> Result<T, Error> {
+    body::read(req, s.bounds.body_limit, s.bounds.body_timeout).await
+}
+
+/// This replica's number for the job `id` names (the middleware in [`crate::server::forward`] sends the
+/// requests for other replicas' jobs on before a handler runs).
+pub(super) fn here(s: &AppState, id: &str) -> Result<u64, Error> {
+    match s.scheduler.shared.ids.parse(id)? {
+        Owner::Here(n) => Ok(n),
+        Owner::Peer(_) => Err(Error::NotFound {
+            what: format!("job `{id}` on this replica"),
+        }),
+    }
+}
