@@ -149,7 +149,7 @@ fn configs(a: &BenchArgs, deepest: usize) -> Result<Vec<Config>> {
         .map(|s| s.parse::<Strategy>())
         .collect::<Result<Vec<_>, _>>()?;
     let sps = if a.sp_each.is_empty() {
-        vec![a.engine.sp]
+        vec![a.engine.run.sp]
     } else {
         a.sp_each.clone()
     };
@@ -211,7 +211,7 @@ fn mib(b: u64) -> String {
 }
 
 pub(super) fn bench(a: BenchArgs) -> Result<()> {
-    let model = Model::open(&a.engine.model)?;
+    let model = Model::open(&a.engine.run.model)?;
     let deepest = model
         .group_bytes()?
         .iter()
@@ -231,8 +231,8 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
     let steps = requests.first().map_or(0, |r| r.steps);
     if a.json {
         let report = Report {
-            model: a.engine.model.display().to_string(),
-            dp: a.engine.dp,
+            model: a.engine.run.model.display().to_string(),
+            dp: a.engine.run.dp,
             outputs: a.request.n,
             steps,
             rounds: a.rounds.max(1),
@@ -246,9 +246,9 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
     }
     println!(
         "model {} ({}, {deepest} blocks in its deepest group), dp={}, sp={}, --slots {}, --host-memory {}, device memory {}, {} output(s) of {steps} steps, best of {} rounds",
-        a.engine.model.display(),
+        a.engine.run.model.display(),
         gib(rows[0].stats.checkpoint_bytes),
-        a.engine.dp,
+        a.engine.run.dp,
         configs
             .iter()
             .map(|c| c.sp.to_string())
@@ -256,16 +256,17 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
             .into_iter()
             .collect::<Vec<_>>()
             .join(","),
-        a.engine.slots,
-        a.engine.host_memory,
+        a.engine.run.slots,
+        a.engine.backend.host_memory,
         a.engine
+            .run
             .device_memory_mib
             .map_or("unbounded".into(), |m| format!("{m} MiB")),
         a.request.n,
         a.rounds.max(1)
     );
     let most_sp = configs.iter().map(|c| c.sp).max().unwrap_or(1);
-    print_table(&rows, a.engine.dp * most_sp > 1);
+    print_table(&rows, a.engine.run.dp * most_sp > 1);
     print_plans(&configs, &rows, &planned);
     print_groups(&model, &rows, steps)?;
     if !rows.iter().all(|r| r.identical) {
@@ -405,7 +406,7 @@ fn rows(
                 identical: ref_bits.is_some() && bits(&latents) == ref_bits,
                 activations_per_rank: act,
                 activations_vs_reference: act as f64 / ref_act.max(1) as f64,
-                host_memory: a.engine.host_memory.to_string(),
+                host_memory: a.engine.backend.host_memory.to_string(),
                 stats,
             })
         })
@@ -435,7 +436,7 @@ fn calibrate(
         let mut opts = a.engine.options(strategy, ResidentBlocks::Fixed(0));
         opts.device_memory = memory;
         opts.slots = SlotsChoice::Fixed(k as usize);
-        opts.activations = model.activation_bytes(requests, a.engine.sp)?;
+        opts.activations = model.activation_bytes(requests, a.engine.run.sp)?;
         opts.decode = false;
         let mut step = f64::INFINITY;
         for _ in 0..3 {
@@ -510,9 +511,9 @@ fn calibrate(
     // bisect for the measured one (clamped to what 0 and 1 predict).
     let streamed = best_step(
         strategy,
-        a.engine.device_memory_mib.map_or(u64::MAX, |m| m << 20),
+        a.engine.run.device_memory_mib.map_or(u64::MAX, |m| m << 20),
     )?;
-    let ranks = (a.engine.dp * a.engine.sp) as u64;
+    let ranks = (a.engine.run.dp * a.engine.run.sp) as u64;
     let base = Placement::new(strategy, ranks, k, groups.len()).with_resident_components(
         groups,
         &a.engine
@@ -548,7 +549,7 @@ fn plan_rows(
     if !configs.iter().any(|c| c.kept == Some(KeptBlocks::Plan)) {
         return Ok(vec![None; configs.len()]);
     }
-    let k = match a.engine.slots {
+    let k = match a.engine.run.slots {
         SlotsChoice::Fixed(k) => k as u64,
         SlotsChoice::Auto => {
             bail!("--resident-blocks plan: give --slots a number (the model times a fixed K)")
@@ -570,8 +571,8 @@ fn plan_rows(
         },
     };
     // Each rank computes its share of the tokens when requests split (the planner's term).
-    let work =
-        Work::at_bounds(&model.checkpoint.activation_cost(), &bounds).with_sp(a.engine.sp as u64);
+    let work = Work::at_bounds(&model.checkpoint.activation_cost(), &bounds)
+        .with_sp(a.engine.run.sp as u64);
     let first = configs
         .iter()
         .find(|c| c.kept == Some(KeptBlocks::Plan))
@@ -582,7 +583,7 @@ fn plan_rows(
         .options(Strategy::Offload, ResidentBlocks::Fixed(0));
     let budget = opts
         .device_memory
-        .saturating_sub(model.activation_bytes(requests, a.engine.sp)?)
+        .saturating_sub(model.activation_bytes(requests, a.engine.run.sp)?)
         .saturating_sub(opts.overhead);
     let outside = model.family.resident_bytes(false);
     let fits = |p: &Placement| {
@@ -595,7 +596,7 @@ fn plan_rows(
             if c.kept != Some(KeptBlocks::Plan) {
                 return Ok(None);
             }
-            let ranks = (a.engine.dp * c.sp) as u64;
+            let ranks = (a.engine.run.dp * c.sp) as u64;
             let base = Placement::new(c.strategy, ranks, k, groups.len())
                 .with_resident_components(&groups, &opts.resident_components);
             let choice = timing::choose(&groups, &compute, &work, &base, &rates, &fits)
@@ -669,10 +670,7 @@ fn print_groups(model: &Model, rows: &[Row], steps: usize) -> Result<()> {
         parts.join(", "),
         mib(all)
     );
-    if let Some(r) = rows
-        .iter()
-        .find(|r| r.stats.strategy == Strategy::Offload.as_str())
-    {
+    if let Some(r) = rows.iter().find(|r| r.stats.strategy == Strategy::Offload) {
         // Every output's steps, whichever rank ran them.
         let output_steps = (steps * r.stats.outputs).max(1) as u64;
         let per_step = r.stats.bytes_copied / output_steps;
