@@ -4,6 +4,8 @@
 //! engine's own arguments (its command line, and its environment through the flags that
 //! read each name), and what they parse is the contract the operator rendered.
 
+mod world;
+
 use std::collections::BTreeMap;
 
 use crds::{
@@ -14,19 +16,11 @@ use layerwise_core::contract::{parse_container, EngineContract, SlotsChoice};
 use layerwise_core::decode::{DecodeChoice, DecodeSite};
 use layerwise_operator::resources::{self, EnginePods};
 use serde_json::json;
+use world::deployment_manifest;
 
 fn dd(workload: serde_json::Value, env: serde_json::Value) -> DiffusionDeployment {
-    serde_json::from_value(json!({
-        "apiVersion": "layerwise.dev/v1alpha1",
-        "kind": "DiffusionDeployment",
-        "metadata": { "name": "wan", "namespace": "ns" },
-        "spec": {
-            "model": { "family": "wan", "location": { "hostPath": "/models/wan" } },
-            "workload": workload,
-            "engine": { "env": env },
-        },
-    }))
-    .unwrap()
+    let extra = json!({ "workload": workload, "engine": { "env": env } });
+    serde_json::from_value(deployment_manifest("wan", extra)).unwrap()
 }
 
 fn component(name: &str, placement: ComponentPlacement) -> ComponentPlan {

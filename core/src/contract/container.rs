@@ -19,26 +19,30 @@ use super::values::{ResidentBlocks, SlotsChoice};
 use crate::bounds;
 use crate::decode::ENV_DECODE;
 
-/// `--<long>` of the engine's argument read from `env`.
-fn flag(env: &str) -> String {
-    let long = serve_command()
-        .get_arguments()
-        .find(|a| a.get_env().is_some_and(|e| e == env))
-        .and_then(|a| a.get_long().map(String::from))
-        .unwrap_or_else(|| panic!("no flag of `layerwise serve` reads {env}"));
-    format!("--{long}")
-}
-
 /// `layerwise serve` as far as the contract goes: the contract's arguments alone.
 fn serve_command() -> Command {
     EngineContract::augment_args(Command::new(SERVE_COMMAND))
 }
 
+/// `--<long>` of `command`'s argument that reads `env`, if one does.
+fn flag_of(command: &Command, env: &str) -> Option<String> {
+    command
+        .get_arguments()
+        .find(|a| a.get_env().is_some_and(|e| e == env))
+        .and_then(|a| a.get_long())
+        .map(|long| format!("--{long}"))
+}
+
 impl EngineContract {
     /// The engine container's arguments: `serve`, then the plan's shape as flags.
     pub fn argv(&self) -> Vec<String> {
+        let command = serve_command();
         let mut args = vec![SERVE_COMMAND.to_string()];
-        let mut push = |env: &str, value: String| args.extend([flag(env), value]);
+        let mut push = |env: &str, value: String| {
+            let flag = flag_of(&command, env)
+                .unwrap_or_else(|| panic!("no flag of `layerwise serve` reads {env}"));
+            args.extend([flag, value]);
+        };
         push(ENV_MODEL, self.run.model.display().to_string());
         if !self.roots.model_roots.is_empty() {
             push(ENV_MODEL_ROOTS, join(&self.roots.model_roots));
@@ -108,6 +112,7 @@ impl EngineContract {
     }
 }
 
+/// Paths in the comma-separated form `--model-roots` reads.
 fn join(paths: &[std::path::PathBuf]) -> String {
     paths
         .iter()
@@ -126,15 +131,11 @@ pub fn parse_container(
     env: &[(String, String)],
 ) -> Result<EngineContract, clap::Error> {
     let command = serve_command().args_override_self(true);
-    let mut flags: Vec<String> = Vec::new();
-    for (name, value) in env {
-        let arg = command
-            .get_arguments()
-            .find(|a| a.get_env().is_some_and(|e| e == name.as_str()));
-        if let Some(long) = arg.and_then(|a| a.get_long()) {
-            flags.extend([format!("--{long}"), value.clone()]);
-        }
-    }
+    let flags: Vec<String> = env
+        .iter()
+        .filter_map(|(name, value)| Some([flag_of(&command, name)?, value.clone()]))
+        .flatten()
+        .collect();
     let command = command.mut_args(|a| a.env(None));
     let (bin, rest) = argv
         .split_first()

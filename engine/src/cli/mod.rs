@@ -46,7 +46,7 @@ enum Cmd {
     /// Print a checkpoint's profile, read from headers only.
     Inspect {
         /// The diffusers pipeline folder.
-        #[arg(env = "LAYERWISE_MODEL")]
+        #[arg(env = contract::ENV_MODEL)]
         dir: PathBuf,
         /// Print JSON instead of a table.
         #[arg(long, env = "LAYERWISE_JSON")]
@@ -456,6 +456,38 @@ mod tests {
             (o.slots, o.host),
             (SlotsChoice::Fixed(5), HostMode::Register)
         );
+    }
+
+    /// `--model-roots` reaches `serve`'s contract and the confinement every command does,
+    /// before the subcommand or after it.
+    #[test]
+    fn model_roots_reach_serve_in_either_place() {
+        for argv in [
+            [
+                "layerwise",
+                "--model-roots",
+                "/a,/b",
+                "serve",
+                "--model",
+                "m",
+            ],
+            [
+                "layerwise",
+                "serve",
+                "--model-roots",
+                "/a,/b",
+                "--model",
+                "m",
+            ],
+        ] {
+            let cli = parse(&argv).unwrap();
+            let roots = [PathBuf::from("/a"), PathBuf::from("/b")];
+            assert_eq!(cli.roots.model_roots, roots, "{argv:?}");
+            let Cmd::Serve(a) = cli.cmd else {
+                unreachable!()
+            };
+            assert_eq!(a.contract.roots.model_roots, roots, "{argv:?}");
+        }
     }
 
     #[test]
