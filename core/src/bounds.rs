@@ -202,17 +202,4 @@ impl RequestBounds {
             text_tokens: self.max_prompt_tokens,
         }
     }
-
-    /// The environment that makes `layerwise serve` enforce these bounds.
-    pub fn env(&self) -> [(&'static str, String); 7] {
-        [
-            (ENV_MAX_WIDTH, self.max_width.to_string()),
-            (ENV_MAX_HEIGHT, self.max_height.to_string()),
-            (ENV_MAX_FRAMES, self.max_frames.to_string()),
-            (ENV_MAX_STEPS, self.max_steps.to_string()),
-            (ENV_MAX_N, self.max_n.to_string()),
-            (ENV_GUIDANCE_ALLOWED, self.guidance.to_string()),
-            (ENV_MAX_PROMPT_TOKENS, self.max_prompt_tokens.to_string()),
-        ]
-    }
 }

@@ -9,6 +9,9 @@
 //!   the one memory model the planner and the engine's start check both call;
 //! - [`strategy`], [`bounds`], [`decode`]: the streaming strategies, the request bounds and
 //!   where the decoder runs;
+//! - [`contract`]: everything a plan tells an engine, as the engine's flags parse it and
+//!   the operator's pods pass it;
+//! - [`slots`]: how many slots a rank streams through and how many blocks it keeps;
 //! - [`timing`]: the one step-time model, which the planner and the engine's `bench`
 //!   choose resident blocks and components by;
 //! - [`topology`]: dp groups of sp ranks, and how a request's sequence splits over a group;
@@ -19,12 +22,14 @@
 
 pub mod bounds;
 pub mod checkpoint;
+pub mod contract;
 pub mod decode;
 pub mod error;
 pub mod family;
 pub mod layout;
 pub mod memory;
 pub mod metric_names;
+pub mod slots;
 pub mod strategy;
 pub mod timing;
 pub mod topology;

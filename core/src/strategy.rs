@@ -14,8 +14,9 @@ use crate::Error;
 pub const MIN_STREAMING_SLOTS: u32 = 2;
 
 /// How the weights live and move: the one strategy type of the engine, the planner and the
-/// DiffusionDeployment's plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// DiffusionDeployment's plan. The default is what an engine command runs when its flags
+/// name none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum Strategy {
@@ -26,6 +27,7 @@ pub enum Strategy {
     /// Weights on the host; each rank copies whole blocks into its slots.
     Offload,
     /// Weights on the host; each rank copies 1/dp of a block, then all-gather.
+    #[default]
     OffloadSharded,
 }
 

@@ -18,7 +18,7 @@ use crate::execution::work::{Condition, Output, Request, Taken, Work, WorkKey, W
 use crate::families::Checkpoint;
 use crate::layout::GroupLayout;
 use crate::memory::GroupBytes;
-use crate::{Error, Result};
+use crate::{Error, Result, Strategy};
 
 /// A checkpoint opened, checked and mapped once for every rank.
 pub struct Model {
@@ -143,7 +143,7 @@ impl Model {
         let layouts = self.layouts(opts.dp * opts.sp)?;
         let stats = RunStats {
             family: self.family.name().to_string(),
-            strategy: opts.strategy.to_string(),
+            strategy: opts.strategy,
             dp: opts.dp,
             sp: opts.sp,
             slots: ranks.first().map_or(0, |r| r.slots),
@@ -196,7 +196,7 @@ impl Model {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RunStats {
     pub family: String,
-    pub strategy: String,
+    pub strategy: Strategy,
     pub dp: usize,
     /// Ranks per request (sequence parallelism).
     pub sp: usize,

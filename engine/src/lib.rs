@@ -34,5 +34,5 @@ pub mod tools;
 pub use error::{Error, Result};
 pub use layerwise_core::Strategy;
 pub use layerwise_core::{
-    bounds, checkpoint, decode, layout, memory, metric_names, strategy, timing,
+    bounds, checkpoint, contract, decode, layout, memory, metric_names, slots, strategy, timing,
 };

@@ -9,11 +9,11 @@
 use std::path::Path;
 
 use crds::{DiffusionDeployment, Plan, Profile, Strategy, StrategyChoice};
+use layerwise_core::contract::{ResidentBlocks, SlotsChoice};
 use layerwise_core::decode::{DecodeChoice, DecodeSite, DecoderBytes};
 use layerwise_core::memory::Placement;
 use layerwise_engine::engine::Model;
-use layerwise_engine::execution::cuda::plan::ResidentBlocks;
-use layerwise_engine::execution::cuda::{DeviceChoice, SlotsChoice};
+use layerwise_engine::execution::cuda::DeviceChoice;
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::execution::work::{Condition, Request};
 use layerwise_engine::tools::synth::{synth, SynthOptions};

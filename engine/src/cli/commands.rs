@@ -18,7 +18,6 @@ use crate::media::video::{self, Clip, VideoFormat};
 use crate::tools::loadgen::LoadgenArgs;
 use crate::tools::soak::SoakArgs;
 use crate::tools::trace_svg as svg;
-use crate::Strategy;
 
 fn parse_size(s: &str) -> Result<(usize, usize)> {
     let parse = |x: &str| {
@@ -293,7 +292,7 @@ pub(super) fn inspect(dir: &Path, json: bool) -> Result<()> {
 }
 
 pub(super) fn generate(a: GenerateArgs) -> Result<()> {
-    let strategy: Strategy = a.strategy.parse()?;
+    let strategy = a.strategy;
     // Before any compute: an output the run could not write (no extension: PNG).
     let ext = a
         .out
@@ -305,7 +304,7 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
             a.out.display()
         );
     }
-    let model = Model::open(&a.engine.model)?;
+    let model = Model::open(&a.engine.run.model)?;
     let init = a
         .init_latents
         .as_deref()
@@ -323,7 +322,7 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
     }
     let mut opts = a.engine.options(strategy, a.kept.resident_blocks);
     opts.resident_blocks_by_component = a.kept.resident_blocks_by_component.0.clone();
-    opts.activations = model.activation_bytes(&requests, a.engine.sp)?;
+    opts.activations = model.activation_bytes(&requests, a.engine.run.sp)?;
     opts.trace = a.trace.as_ref().map(|_| Trace::new(4_000_000));
     let (outputs, stats) = model.run(requests, &opts)?;
     if let (Some(t), Some(p)) = (&opts.trace, &a.trace) {

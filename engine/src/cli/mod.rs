@@ -16,13 +16,15 @@ use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
 use safetensors::Dtype;
 
+use crate::contract::{self, KeptArgs, RootsArgs};
 use crate::execution::cuda::DeviceChoice;
 use crate::execution::work::DEFAULT_MAX_SEQUENCE_LENGTH;
-use crate::options::{EngineArgs, ResidentBlocksArgs};
+use crate::options::EngineArgs;
 use crate::server::{serve, ServeArgs};
 use crate::tools::loadgen::LoadgenArgs;
 use crate::tools::soak::SoakArgs;
 use crate::tools::synth::{synth, SynthModel, SynthOptions};
+use crate::Strategy;
 
 #[derive(Parser)]
 #[command(
@@ -33,16 +35,8 @@ use crate::tools::synth::{synth, SynthModel, SynthOptions};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
-    /// Folders model files may be read from (comma-separated): a file of the model folder
-    /// that leads outside them through a symlink is refused. The operator passes the
-    /// model's mount. Unset: files may lead anywhere.
-    #[arg(
-        long,
-        global = true,
-        env = "LAYERWISE_MODEL_ROOTS",
-        value_delimiter = ','
-    )]
-    model_roots: Vec<PathBuf>,
+    #[command(flatten)]
+    roots: RootsArgs,
 }
 
 #[derive(Subcommand)]
@@ -52,7 +46,7 @@ enum Cmd {
     /// Print a checkpoint's profile, read from headers only.
     Inspect {
         /// The diffusers pipeline folder.
-        #[arg(env = "LAYERWISE_MODEL")]
+        #[arg(env = contract::ENV_MODEL)]
         dir: PathBuf,
         /// Print JSON instead of a table.
         #[arg(long, env = "LAYERWISE_JSON")]
@@ -77,6 +71,7 @@ enum Cmd {
     /// and compare step time, stalls, bytes moved per step and memory.
     Bench(BenchArgs),
     /// Serve the HTTP API (images, jobs, metrics) until SIGTERM.
+    #[command(name = contract::SERVE_COMMAND)]
     Serve(ServeArgs),
     /// Draw a pipeline trace (from `--trace`) as an SVG timeline, one lane per rank and stream.
     TraceSvg {
@@ -183,12 +178,12 @@ pub(crate) struct GenerateArgs {
     #[command(flatten)]
     engine: EngineArgs,
     #[command(flatten)]
-    kept: ResidentBlocksArgs,
+    kept: KeptArgs,
     #[command(flatten)]
     request: RequestArgs,
     /// resident, sharded, offload or offload-sharded.
-    #[arg(long, env = "LAYERWISE_STRATEGY", default_value = "offload-sharded")]
-    strategy: String,
+    #[arg(long, env = contract::ENV_STRATEGY, default_value_t = Strategy::default())]
+    strategy: Strategy,
     /// Output file: `.png` (an image, or a clip's first frame), or for clips `.mp4`
     /// (H.264), `.gif` or `.webp` (animations). With n > 1, `-<i>` is added before the
     /// extension.
@@ -263,13 +258,13 @@ pub fn may_use_gpu(args: &[OsString]) -> bool {
         Ok(Cli {
             cmd: Cmd::Generate(a),
             ..
-        }) => a.engine.device,
+        }) => a.engine.backend.device,
         Ok(Cli {
             cmd: Cmd::Bench(a), ..
-        }) => a.engine.device,
+        }) => a.engine.backend.device,
         Ok(Cli {
             cmd: Cmd::Serve(a), ..
-        }) => a.engine.device,
+        }) => a.backend.device,
         _ => return false,
     };
     device != DeviceChoice::Cpu
@@ -294,7 +289,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
             return e.exit_code();
         }
     };
-    let confined = match cli.model_roots.as_slice() {
+    let confined = match cli.roots.model_roots.as_slice() {
         [] => Ok(()),
         roots => crate::checkpoint::confine(roots),
     };
@@ -405,7 +400,8 @@ fn synth_cmd(a: SynthArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::execution::cuda::{HostMode, SlotsChoice};
+    use crate::contract::SlotsChoice;
+    use crate::execution::cuda::HostMode;
 
     fn args(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()
@@ -442,14 +438,17 @@ mod tests {
     fn slots_and_host_memory_parse() {
         let a = run_args(&[]);
         assert_eq!(
-            (a.slots, a.host_memory),
+            (a.run.slots, a.backend.host_memory),
             (SlotsChoice::Fixed(2), HostMode::Auto)
         );
         let a = run_args(&["--slots", "auto", "--host-memory", "pin"]);
-        assert_eq!((a.slots, a.host_memory), (SlotsChoice::Auto, HostMode::Pin));
+        assert_eq!(
+            (a.run.slots, a.backend.host_memory),
+            (SlotsChoice::Auto, HostMode::Pin)
+        );
         let a = run_args(&["--slots", "5", "--host-memory", "register"]);
         assert_eq!(
-            (a.slots, a.host_memory),
+            (a.run.slots, a.backend.host_memory),
             (SlotsChoice::Fixed(5), HostMode::Register)
         );
         let o = a.options(crate::Strategy::Offload, Default::default());
@@ -457,6 +456,38 @@ mod tests {
             (o.slots, o.host),
             (SlotsChoice::Fixed(5), HostMode::Register)
         );
+    }
+
+    /// `--model-roots` reaches `serve`'s contract and the confinement every command does,
+    /// before the subcommand or after it.
+    #[test]
+    fn model_roots_reach_serve_in_either_place() {
+        for argv in [
+            [
+                "layerwise",
+                "--model-roots",
+                "/a,/b",
+                "serve",
+                "--model",
+                "m",
+            ],
+            [
+                "layerwise",
+                "serve",
+                "--model-roots",
+                "/a,/b",
+                "--model",
+                "m",
+            ],
+        ] {
+            let cli = parse(&argv).unwrap();
+            let roots = [PathBuf::from("/a"), PathBuf::from("/b")];
+            assert_eq!(cli.roots.model_roots, roots, "{argv:?}");
+            let Cmd::Serve(a) = cli.cmd else {
+                unreachable!()
+            };
+            assert_eq!(a.contract.roots.model_roots, roots, "{argv:?}");
+        }
     }
 
     #[test]

@@ -37,15 +37,15 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::bounds::{self, Dimension, ModelLimits, RequestBounds};
-use crate::decode::{self, DecodeChoice, DecodeSite};
+use crate::bounds::{ModelLimits, RequestBounds};
+use crate::contract::{self, EngineContract};
+use crate::decode::DecodeSite;
 use crate::engine::Model;
 use crate::execution::rank::EngineOptions;
 use crate::execution::trace::Trace;
-use crate::execution::work::DEFAULT_MAX_SEQUENCE_LENGTH;
 use crate::http;
-use crate::options::{EngineArgs, ResidentBlocksArgs};
-use crate::{Error, Result, Strategy};
+use crate::options::BackendArgs;
+use crate::{Error, Result};
 use api::{AppState, Bounds};
 use forward::Forwarding;
 use ids::{JobIds, JobKey};
@@ -55,46 +55,14 @@ use shutdown::{exit_code, shut_down, watchdog};
 /// `layerwise serve` options.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
+    // What a plan tells the server: the operator's pods pass exactly this.
     #[command(flatten)]
-    pub engine: EngineArgs,
+    pub contract: EngineContract,
     #[command(flatten)]
-    pub kept: ResidentBlocksArgs,
-    /// resident, sharded, offload or offload-sharded.
-    #[arg(long, env = "LAYERWISE_STRATEGY", default_value = "offload-sharded")]
-    pub strategy: String,
-    /// Address to listen on (port 0 picks a free port; the chosen address is printed).
-    #[arg(long, env = "LAYERWISE_LISTEN", default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
+    pub backend: BackendArgs,
     /// Images that may wait in the queue; more get 429.
     #[arg(long, env = "LAYERWISE_MAX_QUEUE", default_value_t = 64)]
     pub max_queue: usize,
-    /// Largest output width in pixels [default: 1280, or the model's own limit where that
-    /// is smaller]. A width beyond what the model runs (its position tables) is refused at
-    /// start.
-    #[arg(long, env = bounds::ENV_MAX_WIDTH)]
-    pub max_width: Option<u64>,
-    /// Largest output height in pixels [default: 1280, or the model's own limit where that
-    /// is smaller]; refused at start beyond what the model runs.
-    #[arg(long, env = bounds::ENV_MAX_HEIGHT)]
-    pub max_height: Option<u64>,
-    /// Most frames of one clip (1 serves images only) [default: 81, or the model's own limit
-    /// where that is smaller]; refused at start beyond what the model runs.
-    #[arg(long, env = bounds::ENV_MAX_FRAMES)]
-    pub max_frames: Option<u64>,
-    /// Most denoising steps per output.
-    #[arg(long, env = bounds::ENV_MAX_STEPS, default_value_t = 250)]
-    pub max_steps: u64,
-    /// Most outputs per request.
-    #[arg(long, env = bounds::ENV_MAX_N, default_value_t = 4)]
-    pub max_n: u64,
-    /// Whether requests may use classifier-free guidance (a scale above 1, which doubles
-    /// the batch); `false` refuses such scales and runs requests unguided by default.
-    #[arg(long, env = bounds::ENV_GUIDANCE_ALLOWED, default_value_t = true, action = clap::ArgAction::Set)]
-    pub guidance_allowed: bool,
-    /// Most tokens of a prompt (text families; a request's `max_sequence_length` may not
-    /// exceed it).
-    #[arg(long, env = bounds::ENV_MAX_PROMPT_TOKENS, default_value_t = DEFAULT_MAX_SEQUENCE_LENGTH)]
-    pub max_prompt_tokens: usize,
     /// The model's name in the API (`model` of requests, `GET /v1/models`); the model
     /// folder's name when unset.
     #[arg(long, env = "LAYERWISE_SERVED_MODEL_NAME")]
@@ -127,11 +95,11 @@ pub struct ServeArgs {
     /// has the same). With it an id names the replica that owns the job, and a replica asked
     /// for another's job fetches it from there; without it ids stay local. Prefer the
     /// environment variable to the flag, which other users of the host can read.
-    #[arg(long, env = "LAYERWISE_JOB_KEY", hide_env_values = true)]
+    #[arg(long, env = contract::ENV_JOB_KEY, hide_env_values = true)]
     pub job_key: Option<JobKey>,
     /// The IP address other replicas reach this one at (the pod's IP, from the downward
     /// API); the listen address when unset. The port is the one listened on.
-    #[arg(long, env = "LAYERWISE_POD_IP")]
+    #[arg(long, env = contract::ENV_POD_IP)]
     pub pod_ip: Option<IpAddr>,
     /// Seconds the owner of a job may take to answer a request sent on to it (and between
     /// the chunks of its answer).
@@ -140,47 +108,13 @@ pub struct ServeArgs {
     /// Record every copy, gather and compute span into this Chrome trace file (at exit).
     #[arg(long, env = "LAYERWISE_TRACE")]
     pub trace: Option<PathBuf>,
-    /// Where finished latents are decoded into pixels: `auto` (on each rank's GPU when the
-    /// ranks compute on CUDA, on the host's CPU otherwise), `device` (each rank's device;
-    /// on the CPU backend that is the CPU, counted in its budget) or `host`. On the device
-    /// the decoder's weights and the decode of the largest output the bounds admit count
-    /// in `--device-memory-mib`. The operator passes its plan's decision.
-    #[arg(long, env = decode::ENV_DECODE, default_value = "auto")]
-    pub decode: DecodeChoice,
 }
 
-/// The size bounds a server takes when its flags name none (each lowered to the model's own
-/// limit where that is smaller).
-pub const DEFAULT_MAX_SIDE: u64 = 1280;
-pub const DEFAULT_MAX_FRAMES: u64 = 81;
-
 impl ServeArgs {
-    /// The bounds these flags set for a model that runs at most `limits`: what the server
-    /// admits and the device memory it keeps. A size bound the flags give beyond the model's
-    /// limits is refused, naming the flag; one they leave unset is the default, lowered to
-    /// the limit.
+    /// The bounds these flags set for a model that runs at most `limits`
+    /// ([`crate::contract::BoundsArgs::request_bounds`]).
     pub fn request_bounds(&self, limits: &ModelLimits) -> Result<RequestBounds> {
-        let pick = |given: Option<u64>, default: u64, d: Dimension| -> Result<u64> {
-            let Some(v) = given else {
-                return Ok(limits.of(d).map_or(default, |m| m.min(default)));
-            };
-            match limits.beyond(&[(d, v)]) {
-                None => Ok(v),
-                Some(b) => Err(Error::invalid(
-                    d.flag(),
-                    format!("{b}; give --{} {} or less", d.flag(), b.max),
-                )),
-            }
-        };
-        Ok(RequestBounds {
-            max_width: pick(self.max_width, DEFAULT_MAX_SIDE, Dimension::Width)?,
-            max_height: pick(self.max_height, DEFAULT_MAX_SIDE, Dimension::Height)?,
-            max_frames: pick(self.max_frames, DEFAULT_MAX_FRAMES, Dimension::Frames)?,
-            max_steps: self.max_steps,
-            max_n: self.max_n,
-            guidance: self.guidance_allowed,
-            max_prompt_tokens: self.max_prompt_tokens as u64,
-        })
+        Ok(self.contract.bounds.request_bounds(limits)?)
     }
 }
 
@@ -189,14 +123,11 @@ const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 
 /// Runs the server until SIGTERM/SIGINT (exit 0) or an engine failure (exit 1).
 pub fn serve(a: ServeArgs) -> Result<ExitCode> {
-    let strategy: Strategy = a
-        .strategy
-        .parse()
-        .map_err(|e| Error::invalid("strategy", format!("{e}")))?;
+    let strategy = a.contract.strategy;
     if a.max_queue == 0 {
         return Err(Error::invalid("max-queue", "must be at least 1"));
     }
-    let model = Arc::new(Model::open(&a.engine.model)?);
+    let model = Arc::new(Model::open(&a.contract.run.model)?);
     let trace = a.trace.as_ref().map(|_| Trace::new(1_000_000));
     // Device memory kept free for the largest request the bounds admit: what the planner
     // reserved for this pod.
@@ -213,7 +144,7 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         reserved.max_frames = 1;
     }
     let activations = reserved
-        .activation_bytes_per_rank(&model.checkpoint.activation_cost(), a.engine.sp as u64)
+        .activation_bytes_per_rank(&model.checkpoint.activation_cost(), a.contract.run.sp as u64)
         .ok_or_else(|| {
             Error::invalid(
                 "max-width",
@@ -223,8 +154,13 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
                 ),
             )
         })?;
-    let (site, decoder) =
-        decode_placement(&model, a.decode, a.engine.device, a.engine.dp, &reserved)?;
+    let (site, decoder) = decode_placement(
+        &model,
+        a.contract.decode,
+        a.backend.device,
+        a.contract.run.dp,
+        &reserved,
+    )?;
     tracing::info!(decode = %site, decoder_weights = decoder.weights, decode_peak = decoder.peak, "decoder placement");
     let opts = EngineOptions {
         // The ranks never decode: the decode threads do, beside them.
@@ -232,8 +168,9 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         decoder,
         trace: trace.clone(),
         activations,
-        resident_blocks_by_component: a.kept.resident_blocks_by_component.0.clone(),
-        ..a.engine.options(strategy, a.kept.resident_blocks)
+        resident_blocks_by_component: a.contract.kept.resident_blocks_by_component.0.clone(),
+        ..a.backend
+            .options(&a.contract.run, strategy, a.contract.kept.resident_blocks)
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -278,9 +215,9 @@ async fn run(
     decode: DecodeSite,
 ) -> Result<ExitCode> {
     // Bound first: job ids name the port actually listened on.
-    let listener = tokio::net::TcpListener::bind(a.listen)
+    let listener = tokio::net::TcpListener::bind(a.contract.listen)
         .await
-        .map_err(|e| Error::internal(format!("cannot listen on {}", a.listen), e))?;
+        .map_err(|e| Error::internal(format!("cannot listen on {}", a.contract.listen), e))?;
     let addr = listener
         .local_addr()
         .map_err(|e| Error::internal("the listener has no local address", e))?;
@@ -304,7 +241,7 @@ async fn run(
     let state = app_state(&a, sched.clone(), model, bounds);
     println!("listening on http://{addr}");
     let replica = sched.shared.ids.me().map(|m| m.to_string());
-    tracing::info!(%addr, dp = a.engine.dp, strategy = %opts.strategy, ?replica, "serving");
+    tracing::info!(%addr, dp = a.contract.run.dp, strategy = %opts.strategy, ?replica, "serving");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let grace = Duration::from_secs(a.grace_seconds);
@@ -346,7 +283,7 @@ fn app_state(
         model_name: a
             .served_model_name
             .clone()
-            .unwrap_or_else(|| api::folder_name(&a.engine.model)),
+            .unwrap_or_else(|| api::folder_name(&a.contract.run.model)),
         model,
         bounds: Bounds {
             request: bounds,

@@ -7,12 +7,12 @@
 use std::path::{Path, PathBuf};
 
 use crds::{DiffusionDeployment, Plan, Profile};
+use layerwise_core::contract::SlotsChoice;
 use layerwise_core::decode::{DecodeChoice, DecodeSite};
 use layerwise_core::memory::Placement;
+use layerwise_core::slots::{choose_slots, DeviceNeeds};
 use layerwise_engine::engine::Model;
-use layerwise_engine::execution::cuda::plan::{
-    budget_capacity, choose_slots, DeviceNeeds, SlotsChoice,
-};
+use layerwise_engine::execution::cuda::plan::budget_capacity;
 use layerwise_engine::execution::cuda::DeviceChoice;
 use layerwise_engine::tools::synth::{synth, SynthOptions};
 use layerwise_operator::planner::NodeShape;

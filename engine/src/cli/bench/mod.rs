@@ -32,7 +32,7 @@ use report::{print_groups, print_plans, print_table, rows, Report};
 use runs::{run_rounds, warm_page_cache};
 
 pub(super) fn bench(a: BenchArgs) -> Result<()> {
-    let model = Model::open(&a.engine.model)?;
+    let model = Model::open(&a.engine.run.model)?;
     let deepest = model
         .group_bytes()?
         .iter()
@@ -52,8 +52,8 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
     let steps = requests.first().map_or(0, |r| r.steps);
     if a.json {
         let report = Report {
-            model: a.engine.model.display().to_string(),
-            dp: a.engine.dp,
+            model: a.engine.run.model.display().to_string(),
+            dp: a.engine.run.dp,
             outputs: a.request.n,
             steps,
             rounds: a.rounds.max(1),
@@ -67,9 +67,9 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
     }
     println!(
         "model {} ({}, {deepest} blocks in its deepest group), dp={}, sp={}, --slots {}, --host-memory {}, device memory {}, {} output(s) of {steps} steps, best of {} rounds",
-        a.engine.model.display(),
+        a.engine.run.model.display(),
         gib(rows[0].stats.checkpoint_bytes),
-        a.engine.dp,
+        a.engine.run.dp,
         configs
             .iter()
             .map(|c| c.sp.to_string())
@@ -77,16 +77,16 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
             .into_iter()
             .collect::<Vec<_>>()
             .join(","),
-        a.engine.slots,
-        a.engine.host_memory,
-        a.engine
+        a.engine.run.slots,
+        a.engine.backend.host_memory,
+        a.engine.run
             .device_memory_mib
             .map_or("unbounded".into(), |m| format!("{m} MiB")),
         a.request.n,
         a.rounds.max(1)
     );
     let most_sp = configs.iter().map(|c| c.sp).max().unwrap_or(1);
-    print_table(&rows, a.engine.dp * most_sp > 1);
+    print_table(&rows, a.engine.run.dp * most_sp > 1);
     print_plans(&configs, &rows, &planned);
     print_groups(&model, &rows, steps)?;
     if !rows.iter().all(|r| r.identical) {

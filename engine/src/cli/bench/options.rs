@@ -97,7 +97,7 @@ pub(super) fn configs(a: &BenchArgs, deepest: usize) -> Result<Vec<Config>> {
         .map(|s| s.parse::<Strategy>())
         .collect::<Result<Vec<_>, _>>()?;
     let sps = if a.sp_each.is_empty() {
-        vec![a.engine.sp]
+        vec![a.engine.run.sp]
     } else {
         a.sp_each.clone()
     };

@@ -40,7 +40,7 @@ fn calibrate(
         let mut opts = a.engine.options(strategy, ResidentBlocks::Fixed(0));
         opts.device_memory = memory;
         opts.slots = SlotsChoice::Fixed(k as usize);
-        opts.activations = model.activation_bytes(requests, a.engine.sp)?;
+        opts.activations = model.activation_bytes(requests, a.engine.run.sp)?;
         opts.decode = false;
         let mut step = f64::INFINITY;
         for _ in 0..3 {
@@ -115,9 +115,9 @@ fn calibrate(
     // bisect for the measured one (clamped to what 0 and 1 predict).
     let streamed = best_step(
         strategy,
-        a.engine.device_memory_mib.map_or(u64::MAX, |m| m << 20),
+        a.engine.run.device_memory_mib.map_or(u64::MAX, |m| m << 20),
     )?;
-    let ranks = (a.engine.dp * a.engine.sp) as u64;
+    let ranks = (a.engine.run.dp * a.engine.run.sp) as u64;
     let base = Placement::new(strategy, ranks, k, groups.len()).with_resident_components(
         groups,
         &a.engine
@@ -153,7 +153,7 @@ pub(super) fn plan_rows(
     if !configs.iter().any(|c| c.kept == Some(KeptBlocks::Plan)) {
         return Ok(vec![None; configs.len()]);
     }
-    let k = match a.engine.slots {
+    let k = match a.engine.run.slots {
         SlotsChoice::Fixed(k) => k as u64,
         SlotsChoice::Auto => {
             bail!("--resident-blocks plan: give --slots a number (the model times a fixed K)")
@@ -175,8 +175,8 @@ pub(super) fn plan_rows(
         },
     };
     // Each rank computes its share of the tokens when requests split (the planner's term).
-    let work =
-        Work::at_bounds(&model.checkpoint.activation_cost(), &bounds).with_sp(a.engine.sp as u64);
+    let work = Work::at_bounds(&model.checkpoint.activation_cost(), &bounds)
+        .with_sp(a.engine.run.sp as u64);
     let first = configs
         .iter()
         .find(|c| c.kept == Some(KeptBlocks::Plan))
@@ -187,7 +187,7 @@ pub(super) fn plan_rows(
         .options(Strategy::Offload, ResidentBlocks::Fixed(0));
     let budget = opts
         .device_memory
-        .saturating_sub(model.activation_bytes(requests, a.engine.sp)?)
+        .saturating_sub(model.activation_bytes(requests, a.engine.run.sp)?)
         .saturating_sub(opts.overhead);
     let outside = model.family.resident_bytes(false);
     let fits = |p: &Placement| {
@@ -200,7 +200,7 @@ pub(super) fn plan_rows(
             if c.kept != Some(KeptBlocks::Plan) {
                 return Ok(None);
             }
-            let ranks = (a.engine.dp * c.sp) as u64;
+            let ranks = (a.engine.run.dp * c.sp) as u64;
             let base = Placement::new(c.strategy, ranks, k, groups.len())
                 .with_resident_components(&groups, &opts.resident_components);
             let choice = timing::choose(&groups, &compute, &work, &base, &rates, &fits)

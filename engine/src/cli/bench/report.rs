@@ -115,7 +115,7 @@ pub(super) fn rows(
                 identical: ref_bits.is_some() && bits(&latents) == ref_bits,
                 activations_per_rank: act,
                 activations_vs_reference: act as f64 / ref_act.max(1) as f64,
-                host_memory: a.engine.host_memory.to_string(),
+                host_memory: a.engine.backend.host_memory.to_string(),
                 stats,
             })
         })
@@ -184,10 +184,7 @@ pub(super) fn print_groups(model: &Model, rows: &[Row], steps: usize) -> Result<
         parts.join(", "),
         mib(all)
     );
-    if let Some(r) = rows
-        .iter()
-        .find(|r| r.stats.strategy == Strategy::Offload.as_str())
-    {
+    if let Some(r) = rows.iter().find(|r| r.stats.strategy == Strategy::Offload) {
         // Every output's steps, whichever rank ran them.
         let output_steps = (steps * r.stats.outputs).max(1) as u64;
         let per_step = r.stats.bytes_copied / output_steps;

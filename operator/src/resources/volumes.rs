@@ -1,0 +1,73 @@
+//! The engine pod's volumes and the container's mounts of them: the model (its hostPath, or
+//! its claim read-only) at [`MODEL_MOUNT`], and a scratch `/tmp` under a read-only root.
+
+use crds::DiffusionDeploymentSpec;
+use k8s_openapi::api::core::v1::{
+    EmptyDirVolumeSource, HostPathVolumeSource, PersistentVolumeClaimVolumeSource, Volume,
+    VolumeMount,
+};
+
+/// Where the model volume is mounted in the engine container.
+pub const MODEL_MOUNT: &str = "/model";
+
+/// The pod's volumes and the container's mounts of them, for `spec`'s model.
+pub(super) fn volumes(spec: &DiffusionDeploymentSpec) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let (model, sub_path) = model_volume(spec);
+    let volumes = vec![
+        model,
+        Volume {
+            name: "tmp".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        },
+    ];
+    let mounts = vec![
+        VolumeMount {
+            name: "model".into(),
+            mount_path: MODEL_MOUNT.into(),
+            read_only: Some(true),
+            sub_path,
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "tmp".into(),
+            mount_path: "/tmp".into(),
+            ..Default::default()
+        },
+    ];
+    (volumes, mounts)
+}
+
+/// The model's volume (its hostPath, or its claim read-only) and the sub-path mounted.
+fn model_volume(spec: &DiffusionDeploymentSpec) -> (Volume, Option<String>) {
+    match (
+        &spec.model.location.host_path,
+        &spec.model.location.persistent_volume_claim,
+    ) {
+        (Some(path), _) => (
+            Volume {
+                name: "model".into(),
+                host_path: Some(HostPathVolumeSource {
+                    path: path.clone(),
+                    type_: Some("Directory".into()),
+                }),
+                ..Default::default()
+            },
+            None,
+        ),
+        (None, pvc) => {
+            let pvc = pvc.clone().unwrap_or_default();
+            (
+                Volume {
+                    name: "model".into(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: pvc.claim_name,
+                        read_only: Some(true),
+                    }),
+                    ..Default::default()
+                },
+                pvc.sub_path,
+            )
+        }
+    }
+}
