@@ -25,6 +25,7 @@ pub mod family;
 pub mod layout;
 pub mod memory;
 pub mod metric_names;
+pub mod profile;
 pub mod strategy;
 pub mod timing;
 pub mod topology;
