@@ -24,7 +24,8 @@ impl Mapped {
             let f = File::open(&h.path).map_err(|e| Error::io(&h.path, e))?;
             // SAFETY: the mapping is read-only and the engine never writes through it. A
             // file truncated underneath us would fault; checkpoints are immutable inputs
-            // mounted read-only, and the header check at open (`Component::open`) ruled out short files.
+            // mounted read-only, and the header check at open (`Component::open`) ruled
+            // out short files.
             let m = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&h.path, e))?;
             if (m.len() as u64) < h.file_len {
                 return Err(Error::checkpoint(
