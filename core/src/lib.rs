@@ -1,8 +1,9 @@
 //! layerwise core: what the engine, the operator, the node agent and the Kubernetes API
 //! agree on, in one crate with no tensor math, no async runtime and no HTTP.
 //!
-//! - [`checkpoint`]: diffusers pipeline folders read from their headers and configs, and
-//!   the profile the node agent publishes;
+//! - [`checkpoint`]: diffusers pipeline folders read from their headers and configs;
+//! - [`profile`]: what a checkpoint needs (bytes, blocks, activation cost), as the node
+//!   agent publishes it;
 //! - [`family`]: what a model family declares about its checkpoint (tensors, block groups,
 //!   activation cost), the trait every family implements;
 //! - [`layout`] and [`memory`]: how a group's blocks are laid out in shards and slots, and
@@ -29,6 +30,7 @@ pub mod family;
 pub mod layout;
 pub mod memory;
 pub mod metric_names;
+pub mod profile;
 pub mod slots;
 pub mod strategy;
 pub mod timing;

@@ -2,7 +2,7 @@
 //! for a strategy, from the bytes of the streamed groups' blocks. The engine sizes its
 //! allocations and checks its budget at start with these functions (over the layouts it
 //! builds from the checkpoint), and the planner sizes a plan with them (over the same
-//! figures carried in the node's [`crate::checkpoint::Profile`]); built without the
+//! figures carried in the node's [`crate::profile::Profile`]); built without the
 //! compute runtime, so the agent, the crds and the operator use exactly this code.
 //!
 //! Device bytes of one rank, term by term (each is what the engine charges to its device

@@ -20,7 +20,8 @@ pub use deployment::{
     DisruptionBudget, EndpointPickerRef, EngineSpec, FailureMode, InferencePoolRouting,
     MemoryBreakdown, ModelSpec, Plan, PortNumber, Workload,
 };
-pub use layerwise_core::checkpoint::{ActivationCost, ComponentProfile, Profile};
+pub use layerwise_core::checkpoint::ActivationCost;
+pub use layerwise_core::profile::{ComponentProfile, Profile};
 pub use layerwise_core::Strategy;
 pub use node::{
     AcceleratorInventory, DiffusionNode, DiffusionNodeSpec, DiffusionNodeStatus, ModelRequest,

@@ -9,7 +9,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;
 use kube::KubeSchema;
-use layerwise_core::checkpoint::Profile;
+use layerwise_core::profile::Profile;
 use serde::{Deserialize, Serialize};
 
 use crate::common::ModelLocation;

@@ -15,8 +15,10 @@
 //! on neither the thread count nor which rows share a call.
 
 mod linear;
+mod operands;
 
 pub use linear::{linear, linear_share, FEW_ROWS, MIN_FEATURES};
+use operands::check;
 use rayon::prelude::*;
 
 /// Rows per rayon task: enough work per task to outweigh its scheduling.
@@ -135,15 +137,6 @@ pub fn gated_residual(
             }
         }
     });
-}
-
-fn check(lengths: &[(usize, usize)]) {
-    for &(have, want) in lengths {
-        assert_eq!(
-            have, want,
-            "a kernel's operand of {have} elements where its shape makes {want}"
-        );
-    }
 }
 
 /// `e^x` within 2 ulp over the f32 range, branch-free so a loop of it vectorises (Cody

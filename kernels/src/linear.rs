@@ -17,6 +17,7 @@
 //! features are split (a split
 //! never makes a range under [`MIN_FEATURES`], which would take gemm's small-matrix path).
 
+use crate::operands::check;
 use rayon::prelude::*;
 
 /// The fewest output features a thread's range holds: gemm's micro-kernel covers 64
@@ -128,9 +129,9 @@ pub fn linear_share(
     out: &mut [f32],
     whole: usize,
 ) {
-    crate::check(&[(x.len(), m * k), (w.len(), n * k), (out.len(), m * n)]);
+    check(&[(x.len(), m * k), (w.len(), n * k), (out.len(), m * n)]);
     if let Some(b) = bias {
-        crate::check(&[(b.len(), n)]);
+        check(&[(b.len(), n)]);
         for row in out.chunks_exact_mut(n.max(1)) {
             row.copy_from_slice(b);
         }

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use safetensors::Dtype;
 
-use super::{fp8, Component};
+use super::{component::Component, fp8};
 use crate::family::TensorSpec;
 use crate::{Error, Result};
 

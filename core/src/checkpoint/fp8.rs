@@ -7,7 +7,7 @@
 
 use safetensors::Dtype;
 
-use super::Component;
+use super::component::Component;
 use crate::{Error, Result};
 
 /// The scale's names, `<prefix>.` + each of these, in the order they are looked for.

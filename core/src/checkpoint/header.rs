@@ -64,7 +64,7 @@ impl Header {
     /// Reads and validates the header of `path`.
     pub fn read(path: &Path) -> Result<Header> {
         // A FIFO would block the open itself; a device never ends.
-        crate::checkpoint::regular_file(path)?;
+        super::files::regular_file(path)?;
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
         let bad = |msg: String| Error::checkpoint(path, msg);

@@ -66,7 +66,7 @@ pub fn names() -> Vec<&'static str> {
 
 /// Profiles the pipeline folder at `root` as the family of [`FAMILIES`] it names, reading
 /// headers and configs only: what the node agent publishes.
-pub fn profile(root: &std::path::Path) -> crate::Result<crate::checkpoint::Profile> {
+pub fn profile(root: &std::path::Path) -> crate::Result<layerwise_core::profile::Profile> {
     Checkpoint::open(root)?.profile()
 }
 
@@ -171,9 +171,9 @@ impl Checkpoint {
 
     /// The folder's profile: sizes, layouts and the activation cost, as the planner reads
     /// them.
-    pub fn profile(&self) -> crate::Result<crate::checkpoint::Profile> {
+    pub fn profile(&self) -> crate::Result<layerwise_core::profile::Profile> {
         let inner: &dyn FamilyCheckpoint = &*self.inner;
-        Ok(crate::checkpoint::Profile::of(self.family, inner)?)
+        Ok(layerwise_core::profile::Profile::of(self.family, inner)?)
     }
 
     /// Every weight byte in the folder.

@@ -7,6 +7,10 @@ use std::path::Path;
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
+use super::config_checks::{check_shift, check_terminal, refuse_sigma_variants, refuse_true};
+use super::schedule::{
+    check_finite, check_steps, linspace, shift_sigmas, stretch_to_terminal, terminal,
+};
 use super::Sampler;
 use crate::{Error, Result};
 
@@ -110,9 +114,9 @@ impl FlowMatchEulerConfig {
     fn check(&self, path: &Path, mu_given: bool) -> Result<()> {
         let bad = |f: &str, m: String| Err(Error::config(path, f, m));
         crate::samplers::check_train_timesteps(path, self.num_train_timesteps)?;
-        super::check_shift(path, "shift", self.shift)?;
-        super::check_terminal(path, self.shift_terminal)?;
-        super::refuse_sigma_variants(
+        check_shift(path, "shift", self.shift)?;
+        check_terminal(path, self.shift_terminal)?;
+        refuse_sigma_variants(
             path,
             self.use_karras_sigmas,
             self.use_exponential_sigmas,
@@ -122,7 +126,7 @@ impl FlowMatchEulerConfig {
         if self.use_dynamic_shifting {
             self.check_dynamic(path)?;
         }
-        super::refuse_true(
+        refuse_true(
             path,
             "stochastic_sampling",
             self.stochastic_sampling,
@@ -146,13 +150,13 @@ impl FlowMatchEulerConfig {
         let shift32 = |s: f32| (self.shift as f32 * s) / (1.0 + ((self.shift - 1.0) as f32) * s);
         let sigma_max = shift32(1.0) as f64;
         let sigma_min = shift32(1.0 / nf) as f64;
-        let mut s = super::linspace(sigma_max * n as f64, sigma_min * n as f64, steps);
+        let mut s = linspace(sigma_max * n as f64, sigma_min * n as f64, steps);
         for x in &mut s {
             *x /= n as f64;
         }
-        super::shift_sigmas(&mut s, self.shift);
-        if let Some(t) = super::terminal(self.shift_terminal) {
-            super::stretch_to_terminal(&mut s, t);
+        shift_sigmas(&mut s, self.shift);
+        if let Some(t) = terminal(self.shift_terminal) {
+            stretch_to_terminal(&mut s, t);
         }
         let mut sigmas: Vec<f32> = s.iter().map(|&x| x as f32).collect();
         if self.invert_sigmas {
@@ -217,7 +221,7 @@ impl FlowMatchEulerConfig {
     /// dynamic shifting (else the static shift), the terminal stretch, timesteps σ·N.
     fn image_schedule(&self, steps: usize, image_seq_len: usize) -> (Vec<f32>, Vec<f32>) {
         let nf = self.num_train_timesteps as f32;
-        let given = super::linspace(1.0, 1.0 / steps as f64, steps);
+        let given = linspace(1.0, 1.0 / steps as f64, steps);
         let mut sigmas: Vec<f32> = given.iter().map(|&x| x as f32).collect();
         if self.use_dynamic_shifting {
             let mu = self.mu(image_seq_len);
@@ -232,7 +236,7 @@ impl FlowMatchEulerConfig {
                 *s = shift * *s / (1.0 + (shift - 1.0) * *s);
             }
         }
-        if let Some(terminal) = super::terminal(self.shift_terminal) {
+        if let Some(terminal) = terminal(self.shift_terminal) {
             let last = *sigmas.last().expect("at least one step");
             // `1 - shift_terminal` is a Python float, cast to float32 once.
             let scale = (1.0 - last) / ((1.0 - terminal) as f32);
@@ -260,11 +264,7 @@ pub struct FlowMatchEuler {
 
 impl FlowMatchEuler {
     pub fn new(cfg: &FlowMatchEulerConfig, steps: usize) -> Result<Self> {
-        super::check_steps(
-            steps,
-            cfg.num_train_timesteps,
-            super::terminal(cfg.shift_terminal),
-        )?;
+        check_steps(steps, cfg.num_train_timesteps, terminal(cfg.shift_terminal))?;
         let (timesteps, sigmas) = cfg.schedule(steps);
         Self::of(timesteps, sigmas, steps)
     }
@@ -277,17 +277,13 @@ impl FlowMatchEuler {
         steps: usize,
         image_seq_len: usize,
     ) -> Result<Self> {
-        super::check_steps(
-            steps,
-            cfg.num_train_timesteps,
-            super::terminal(cfg.shift_terminal),
-        )?;
+        check_steps(steps, cfg.num_train_timesteps, terminal(cfg.shift_terminal))?;
         let (timesteps, sigmas) = cfg.image_schedule(steps, image_seq_len);
         Self::of(timesteps, sigmas, steps)
     }
 
     fn of(timesteps: Vec<f32>, sigmas: Vec<f32>, steps: usize) -> Result<Self> {
-        super::check_finite(&sigmas, steps)?;
+        check_finite(&sigmas, steps)?;
         Ok(FlowMatchEuler {
             timesteps,
             sigmas,

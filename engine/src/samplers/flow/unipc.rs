@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 
 use candle_core::Tensor;
 
+use super::schedule::{check_finite, check_steps, terminal};
 use super::{solve::solve, Sampler, UniPcConfig};
 use crate::{Error, Result};
 
@@ -34,13 +35,9 @@ pub struct UniPc {
 
 impl UniPc {
     pub fn new(cfg: &UniPcConfig, steps: usize) -> Result<Self> {
-        super::check_steps(
-            steps,
-            cfg.num_train_timesteps,
-            super::terminal(cfg.shift_terminal),
-        )?;
+        check_steps(steps, cfg.num_train_timesteps, terminal(cfg.shift_terminal))?;
         let (timesteps, sigmas) = cfg.schedule(steps);
-        super::check_finite(&sigmas, steps)?;
+        check_finite(&sigmas, steps)?;
         let lambdas = sigmas.iter().map(|&s| (1.0 - s).ln() - s.ln()).collect();
         Ok(UniPc {
             timesteps,
@@ -99,7 +96,7 @@ impl UniPc {
         (1..c.rks.len())
             .map(|k| {
                 let mk = &self.model_outputs[n - 1 - k];
-                Ok((mk - m0)?.broadcast_div(&super::scalar_like(c.rks[k - 1], m0)?)?)
+                Ok((mk - m0)?.broadcast_div(&scalar_like(c.rks[k - 1], m0)?)?)
             })
             .collect()
     }
@@ -231,6 +228,12 @@ impl Sampler for UniPc {
         self.step_index += 1;
         Ok(prev)
     }
+}
+
+/// The f32 scalar as a 0-d tensor on the sample's device and dtype, for exact elementwise
+/// division (candle's `tensor / f64` multiplies by the reciprocal instead).
+fn scalar_like(v: f32, like: &Tensor) -> Result<Tensor> {
+    Ok(Tensor::new(v, like.device())?.to_dtype(like.dtype())?)
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::config_checks::{check_shift, check_terminal, refuse_sigma_variants, refuse_true};
+use super::schedule::{linspace, shift_sigmas, stretch_to_terminal, terminal};
 use crate::{Error, Result};
 
 /// `scheduler/scheduler_config.json` of a `UniPCMultistepScheduler`, with diffusers' defaults
@@ -176,13 +178,13 @@ impl UniPcConfig {
                 "false is not supported with flow_prediction".into(),
             );
         }
-        super::refuse_true(
+        refuse_true(
             path,
             "thresholding",
             self.thresholding,
             "dynamic thresholding",
         )?;
-        super::refuse_sigma_variants(
+        refuse_sigma_variants(
             path,
             self.use_karras_sigmas,
             self.use_exponential_sigmas,
@@ -201,8 +203,8 @@ impl UniPcConfig {
         if self.solver_order == 0 {
             return bad("solver_order", "must be at least 1".into());
         }
-        super::check_shift(path, "flow_shift", self.flow_shift)?;
-        super::check_terminal(path, self.shift_terminal)?;
+        check_shift(path, "flow_shift", self.flow_shift)?;
+        check_terminal(path, self.shift_terminal)?;
         if !matches!(
             self.timestep_spacing.as_str(),
             "linspace" | "leading" | "trailing"
@@ -263,11 +265,11 @@ impl UniPcConfig {
     /// `set_timesteps(steps)` with flow sigmas: (timesteps, sigmas).
     pub(super) fn schedule(&self, steps: usize) -> (Vec<f32>, Vec<f32>) {
         let n = self.num_train_timesteps as f64;
-        let mut s = super::linspace(1.0, 1.0 / n, steps + 1);
+        let mut s = linspace(1.0, 1.0 / n, steps + 1);
         s.pop();
-        super::shift_sigmas(&mut s, self.flow_shift);
-        if let Some(t) = super::terminal(self.shift_terminal) {
-            super::stretch_to_terminal(&mut s, t);
+        shift_sigmas(&mut s, self.flow_shift);
+        if let Some(t) = terminal(self.shift_terminal) {
+            stretch_to_terminal(&mut s, t);
         }
         // diffusers keeps the first sigma off 1 so that log(alpha) stays finite.
         if (s[0] - 1.0).abs() < 1e-6 {

@@ -1,0 +1,154 @@
+//! What a request costs in device memory beside the weights, as a function of its shape:
+//! the activation figures a family computes from its checkpoint's config, and the one
+//! formula over them that the engine, the planner and the request bounds all read. Below
+//! the memory and timing models and the profile, which build on it.
+
+use serde::{Deserialize, Serialize};
+
+/// Device memory one request needs beside the weights, as a function of its size.
+/// Computed by the engine from the family's shapes (f32 activations), so the planner
+/// never guesses it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ActivationCost {
+    /// Image pixels per transformer token: (VAE upscale × patch size)².
+    pub pixels_per_token: u64,
+    /// Bytes live per token per sample at the peak of a block.
+    pub bytes_per_token: u64,
+    /// Bytes per (token, token) pair per sample: the attention scores of all heads, for
+    /// families whose attention materialises them.
+    pub bytes_per_token_pair: u64,
+    /// Bytes of attention scores at any time, for families whose attention runs in query
+    /// chunks within this budget (a fixed cost, whatever the length).
+    #[serde(default)]
+    pub attention_bytes: u64,
+    /// Bytes per output pixel at the peak of the VAE decoder (one image or one chunk of
+    /// frames at a time).
+    pub vae_bytes_per_pixel: u64,
+    /// Video frames per latent frame (1 for image families; Wan: 4, the first frame
+    /// alone): a clip of F frames has (F - 1) / this + 1 latent frames.
+    #[serde(default = "one")]
+    pub frames_per_latent: u64,
+    /// Video frames the decoder holds at full resolution at its peak (its chunk).
+    #[serde(default = "one")]
+    pub decoder_frames: u64,
+    /// Bytes per prompt token per sample live at a transformer block's peak, for text
+    /// families: the text keys and values of cross-attention (or a joint block's text
+    /// stream) beside the latent tokens.
+    #[serde(default)]
+    pub bytes_per_text_token: u64,
+    /// Bytes per prompt token per sequence at the peak of a text-encoder layer (its
+    /// hidden states, projections and feed-forward), for families that encode prompts on
+    /// the device.
+    #[serde(default)]
+    pub encoder_bytes_per_token: u64,
+    /// Bytes per (token, token) pair per sequence of a text-encoder layer whose attention
+    /// materialises its scores (scores, softmax and position bias of all heads).
+    #[serde(default)]
+    pub encoder_bytes_per_token_pair: u64,
+    /// Samples a guided output runs as at once: 2 where classifier-free guidance batches
+    /// the conditional and unconditional passes (and encodes the negative prompt beside
+    /// the prompt), 1 where a family runs them one after the other.
+    #[serde(default = "two")]
+    pub guidance_samples: u64,
+    /// Bytes per latent token per sample that sequence parallelism adds to a rank's block
+    /// peak: the attention's queries, keys, values and output held in both layouts while
+    /// an all-to-all moves them (tokens split, then heads split). 0 for a family whose
+    /// transformer does not split its sequence.
+    #[serde(default)]
+    pub exchange_bytes_per_token: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn two() -> u64 {
+    2
+}
+
+/// The shape of a request as the activation formula reads it: the size of each output,
+/// how many go through at once, whether guided, and its prompt's tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RequestShape {
+    pub width: u64,
+    pub height: u64,
+    pub frames: u64,
+    /// Outputs computed together.
+    pub batch: u64,
+    /// Classifier-free guidance is on.
+    pub guidance: bool,
+    /// Tokens of the (padded) prompt: its `max_sequence_length`; 0 for a family that reads
+    /// no prompt.
+    pub text_tokens: u64,
+}
+
+impl ActivationCost {
+    /// Peak activation bytes of a request of `shape`. Saturates at `u64::MAX` (see
+    /// [`Self::checked_bytes`]).
+    pub fn bytes(&self, shape: &RequestShape) -> u64 {
+        self.checked_bytes(shape).unwrap_or(u64::MAX)
+    }
+
+    /// The one activation formula the engine and the planner share: the largest of a
+    /// transformer block's peak (latent tokens, their attention, the prompt's tokens beside
+    /// them), a text-encoder layer's (every sequence of the prompt) and the decoder's;
+    /// `None` when a request that large would overflow (no device could hold it).
+    pub fn checked_bytes(&self, shape: &RequestShape) -> Option<u64> {
+        self.checked_bytes_per_rank(shape, 1)
+    }
+
+    /// [`Self::checked_bytes`] on each rank of a group of `sp` that splits the request's
+    /// sequence ([`crate::topology`]): the latent tokens' terms on the largest share of
+    /// the tokens (the scores' term too: each rank's heads see every key, so its share of
+    /// the token pairs is its share of the heads), the exchange's buffers beside them when
+    /// `sp > 1`; the prompt, the text encoder and the decoder stay whole on every rank.
+    pub fn checked_bytes_per_rank(&self, shape: &RequestShape, sp: u64) -> Option<u64> {
+        let sp = sp.max(1);
+        let latent_frames = (shape.frames.max(1) - 1) / self.frames_per_latent.max(1) + 1;
+        let pixels = shape.width as u128 * shape.height as u128;
+        let tokens =
+            (pixels * latent_frames as u128).div_ceil(self.pixels_per_token.max(1) as u128);
+        let text = shape.text_tokens as u128;
+        let per_output = if shape.guidance {
+            self.guidance_samples.max(1) as u128
+        } else {
+            1
+        };
+        let samples = shape.batch as u128 * per_output;
+        let share = tokens.div_ceil(sp as u128);
+        let exchange = if sp > 1 {
+            self.exchange_bytes_per_token as u128
+        } else {
+            0
+        };
+        let transformer = samples
+            * ((self.bytes_per_token as u128 + exchange) * share
+                + self.bytes_per_token_pair as u128 * tokens * share
+                + self.bytes_per_text_token as u128 * text)
+            + self.attention_bytes as u128;
+        let encoder = samples
+            * (self.encoder_bytes_per_token as u128 * text
+                + self.encoder_bytes_per_token_pair as u128 * text * text);
+        let peak = transformer
+            .max(encoder)
+            .max(self.decode_peak(shape.width, shape.height));
+        (peak <= (u64::MAX / 4) as u128).then_some(peak as u64)
+    }
+
+    /// Peak bytes of decoding one output of `width × height` (an image, or a clip of any
+    /// length: the decoder holds one chunk of frames and its cache at a time): the VAE
+    /// term of [`Self::checked_bytes`], and what a decoder beside the ranks keeps free on
+    /// their device ([`crate::decode::DecoderBytes::peak`]). `None` as there.
+    pub fn decode_bytes(&self, width: u64, height: u64) -> Option<u64> {
+        let peak = self.decode_peak(width, height);
+        (peak <= (u64::MAX / 4) as u128).then_some(peak as u64)
+    }
+
+    fn decode_peak(&self, width: u64, height: u64) -> u128 {
+        let pixels = width as u128 * height as u128;
+        (self.vae_bytes_per_pixel as u128 * self.decoder_frames.max(1) as u128)
+            .saturating_mul(pixels)
+    }
+}
