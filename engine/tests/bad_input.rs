@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use layerwise_engine::checkpoint::header::{encode_header, Header};
+use layerwise_engine::contract::SlotsChoice;
 use layerwise_engine::engine::Model;
-use layerwise_engine::execution::cuda::plan::DeviceNeeds;
-use layerwise_engine::execution::cuda::SlotsChoice;
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::memory::Placement;
+use layerwise_engine::slots::DeviceNeeds;
 use layerwise_engine::Strategy;
 use safetensors::Dtype;
 

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use layerwise_engine::checkpoint::header::encode_header;
 use layerwise_engine::checkpoint::{Component, Mapped};
+use layerwise_engine::contract::SlotsChoice;
 use layerwise_engine::engine::Model;
-use layerwise_engine::execution::cuda::SlotsChoice;
 use layerwise_engine::execution::dtype::ComputeDtype;
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::execution::work::Request;

@@ -4,8 +4,8 @@
 
 mod common;
 
+use layerwise_engine::contract::SlotsChoice;
 use layerwise_engine::engine::Model;
-use layerwise_engine::execution::cuda::SlotsChoice;
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::Strategy;
 

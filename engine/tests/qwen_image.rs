@@ -11,8 +11,8 @@ use common::{expect_err, max_abs, opts, read_safetensors, rel_err};
 use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
+use layerwise_engine::contract::ResidentBlocks;
 use layerwise_engine::engine::Model;
-use layerwise_engine::execution::cuda::plan::ResidentBlocks;
 use layerwise_engine::execution::work::{Condition, Request};
 use layerwise_engine::families::qwen_image::runtime::{pack, unpack};
 use layerwise_engine::Strategy;

@@ -9,9 +9,9 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use layerwise_engine::contract::SlotsChoice;
 use layerwise_engine::engine::Model;
 use layerwise_engine::error::Abandoned;
-use layerwise_engine::execution::cuda::SlotsChoice;
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::execution::work::{Output, Taken, Work, WorkKey, WorkSource};
 use layerwise_engine::{Error, Result, Strategy};

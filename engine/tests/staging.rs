@@ -7,8 +7,9 @@ mod common;
 
 use std::time::Duration;
 
+use layerwise_engine::contract::SlotsChoice;
 use layerwise_engine::engine::Model;
-use layerwise_engine::execution::cuda::{HostMode, SlotsChoice};
+use layerwise_engine::execution::cuda::HostMode;
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::memory::{self, Placement};
 use layerwise_engine::Strategy;

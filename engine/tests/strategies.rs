@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use layerwise_engine::contract::ResidentBlocks;
+use layerwise_engine::contract::SlotsChoice;
 use layerwise_engine::engine::Model;
-use layerwise_engine::execution::cuda::plan::ResidentBlocks;
-use layerwise_engine::execution::cuda::SlotsChoice;
 use layerwise_engine::execution::dtype::ComputeDtype;
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::memory::{self, Placement};

@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use safetensors::Dtype;
 
-use super::{GenerateArgs, RequestArgs};
+use super::args::{GenerateArgs, RequestArgs};
 use crate::checkpoint::header::{encode_header, Header};
 use crate::checkpoint::RequestShape;
 use crate::engine::{Model, RunStats};

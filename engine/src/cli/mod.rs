@@ -6,6 +6,7 @@
 //! executable, which links no CUDA, and the CUDA library it hands device commands to
 //! when a GPU driver is present (see [`crate::launch`]).
 
+mod args;
 mod bench;
 mod commands;
 
@@ -16,15 +17,14 @@ use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
 use safetensors::Dtype;
 
-use crate::contract::{self, KeptArgs, RootsArgs};
+use crate::contract::{self, RootsArgs};
 use crate::execution::cuda::DeviceChoice;
-use crate::execution::work::DEFAULT_MAX_SEQUENCE_LENGTH;
-use crate::options::EngineArgs;
 use crate::server::{serve, ServeArgs};
 use crate::tools::loadgen::LoadgenArgs;
 use crate::tools::soak::SoakArgs;
 use crate::tools::synth::{synth, SynthModel, SynthOptions};
-use crate::Strategy;
+use args::GenerateArgs;
+use bench::BenchArgs;
 
 #[derive(Parser)]
 #[command(
@@ -127,126 +127,6 @@ pub(crate) struct SynthArgs {
     /// Write real headers over sparse files (weights read as zeros): 100+ GB without the disk.
     #[arg(long, env = "LAYERWISE_SPARSE")]
     sparse: bool,
-}
-
-/// What to generate: the request flags of `generate` and `bench`.
-#[derive(Args, Clone)]
-pub(crate) struct RequestArgs {
-    /// Class-conditional families: the class to draw (0..999 for DiT-XL/2; default 207).
-    #[arg(long, env = "LAYERWISE_CLASS_LABEL", conflicts_with = "prompt")]
-    class_label: Option<u32>,
-    /// Text-conditioned families (Wan): what to draw.
-    #[arg(long, env = "LAYERWISE_PROMPT")]
-    prompt: Option<String>,
-    /// Text-conditioned families: what to steer away from (under guidance).
-    #[arg(
-        long,
-        env = "LAYERWISE_NEGATIVE_PROMPT",
-        default_value = "",
-        requires = "prompt"
-    )]
-    negative_prompt: String,
-    /// Frames of a clip: 4k + 1 for Wan (81 is five seconds at 16 fps); 1 is an image.
-    #[arg(long, env = "LAYERWISE_FRAMES", default_value_t = 1)]
-    frames: usize,
-    /// Guidance of the second expert of a two-expert model (Wan 2.2; default: --guidance).
-    #[arg(long, env = "LAYERWISE_GUIDANCE_2")]
-    guidance_2: Option<f32>,
-    /// Text-conditioned families: tokens prompts are padded to; a longer prompt is refused.
-    #[arg(long, env = "LAYERWISE_MAX_SEQUENCE_LENGTH", default_value_t = DEFAULT_MAX_SEQUENCE_LENGTH)]
-    max_sequence_length: usize,
-    /// Noise seed of the first output (output i uses seed + i).
-    #[arg(long, env = "LAYERWISE_SEED", default_value_t = 0)]
-    seed: u64,
-    /// Denoising steps (default: the family's, 25 for DiT, 50 for Wan as diffusers).
-    #[arg(long, env = "LAYERWISE_STEPS")]
-    steps: Option<usize>,
-    /// Classifier-free guidance scale, ≤ 1 disables guidance (default: the family's, 4.0 for
-    /// DiT, 5.0 for Wan).
-    #[arg(long, env = "LAYERWISE_GUIDANCE")]
-    guidance: Option<f32>,
-    /// Image size in pixels: `N` or `WxH` (default: the model's native size).
-    #[arg(long, env = "LAYERWISE_SIZE")]
-    size: Option<String>,
-    /// Number of images (dealt to the ranks round-robin).
-    #[arg(long, short = 'n', env = "LAYERWISE_N", default_value_t = 1)]
-    n: usize,
-}
-
-#[derive(Args)]
-pub(crate) struct GenerateArgs {
-    #[command(flatten)]
-    engine: EngineArgs,
-    #[command(flatten)]
-    kept: KeptArgs,
-    #[command(flatten)]
-    request: RequestArgs,
-    /// resident, sharded, offload or offload-sharded.
-    #[arg(long, env = contract::ENV_STRATEGY, default_value_t = Strategy::default())]
-    strategy: Strategy,
-    /// Output file: `.png` (an image, or a clip's first frame), or for clips `.mp4`
-    /// (H.264), `.gif` or `.webp` (animations). With n > 1, `-<i>` is added before the
-    /// extension.
-    #[arg(long, env = "LAYERWISE_OUTPUT")]
-    out: PathBuf,
-    /// Frames per second of a clip (default: the family's, Wan 16, Cosmos3 24): the rate it
-    /// is written at, and what a family that conditions on it (Cosmos3) is told.
-    #[arg(long, env = "LAYERWISE_FPS")]
-    fps: Option<f64>,
-    /// Start from these latents (safetensors, tensor `latents`: [n, C, h, w], or for clips
-    /// [n, C, T, h, w]).
-    #[arg(long, env = "LAYERWISE_INIT_LATENTS")]
-    init_latents: Option<PathBuf>,
-    /// Write the final latents before the VAE (safetensors, tensor `latents`), and for text
-    /// families the text embeddings (`prompt_embeds`, `negative_prompt_embeds`) and the
-    /// decoded frames (`frames`, [F, H, W, 3] in [0, 1]).
-    #[arg(long, env = "LAYERWISE_SAVE_LATENTS")]
-    save_latents: Option<PathBuf>,
-    /// Write run figures as JSON.
-    #[arg(long, env = "LAYERWISE_STATS")]
-    stats: Option<PathBuf>,
-    /// Record every copy, gather and compute span as a Chrome trace (Perfetto) here.
-    #[arg(long, env = "LAYERWISE_TRACE")]
-    trace: Option<PathBuf>,
-}
-
-#[derive(Args)]
-pub(crate) struct BenchArgs {
-    #[command(flatten)]
-    engine: EngineArgs,
-    #[command(flatten)]
-    request: RequestArgs,
-    /// Strategies to compare (comma-separated); `resident` is the reference.
-    #[arg(
-        long,
-        env = "LAYERWISE_STRATEGIES",
-        default_value = "resident,sharded,offload,offload-sharded",
-        value_delimiter = ','
-    )]
-    strategies: Vec<String>,
-    /// Blocks of each streamed group kept on the device, one row per value for each
-    /// streaming strategy (comma-separated; `resident` runs once, as the reference): a
-    /// number, `auto` (as many as `--device-memory-mib` holds after the slots, the
-    /// activations and the overhead) or `L/k` (the deepest streamed group's blocks ÷ k,
-    /// rounded down), e.g. `0,auto,L/2`.
-    #[arg(
-        long,
-        env = crate::bounds::ENV_RESIDENT_BLOCKS,
-        default_value = "0",
-        value_delimiter = ','
-    )]
-    resident_blocks: Vec<bench::KeptBlocks>,
-    /// Ranks per request to compare, in place of `--sp`: every configuration once per
-    /// value (comma-separated, e.g. `1,2,4`), the first value's `resident` the reference.
-    /// Each row prints its activation bytes per rank beside its step time.
-    #[arg(long, env = "LAYERWISE_SP_EACH", value_delimiter = ',')]
-    sp_each: Vec<usize>,
-    /// Rounds over all configurations; each configuration's best round is reported.
-    #[arg(long, env = "LAYERWISE_ROUNDS", default_value_t = 2)]
-    rounds: usize,
-    /// Print the rows as JSON (every figure of each run, bytes exact) instead of a table.
-    #[arg(long, env = "LAYERWISE_JSON")]
-    json: bool,
 }
 
 /// Whether the command `args` asks for may compute on a GPU: `generate`, `bench` and
@@ -402,6 +282,7 @@ mod tests {
     use super::*;
     use crate::contract::SlotsChoice;
     use crate::execution::cuda::HostMode;
+    use crate::options::EngineArgs;
 
     fn args(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()

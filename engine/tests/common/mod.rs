@@ -170,7 +170,7 @@ pub fn opts(
     layerwise_engine::execution::rank::EngineOptions {
         strategy,
         dp,
-        slots: layerwise_engine::execution::cuda::SlotsChoice::Fixed(slots),
+        slots: layerwise_engine::contract::SlotsChoice::Fixed(slots),
         decode,
         timeout: std::time::Duration::from_secs(120),
         ..layerwise_engine::execution::rank::EngineOptions::default()

@@ -10,9 +10,9 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
 
+use layerwise_engine::contract::SlotsChoice;
 use layerwise_engine::decode::DecodeSite;
 use layerwise_engine::engine::Model;
-use layerwise_engine::execution::cuda::SlotsChoice;
 use layerwise_engine::execution::pipeline::{Hook, Stage};
 use layerwise_engine::execution::rank::EngineOptions;
 use layerwise_engine::server;

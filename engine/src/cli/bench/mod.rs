@@ -11,19 +11,19 @@
 //! By concern: what runs ([`options`]), running it ([`runs`]), `plan`'s calibration
 //! ([`plan`]) and the report ([`report`]).
 
+mod args;
 mod options;
 mod plan;
 mod report;
 mod runs;
 
-pub use options::KeptBlocks;
+pub(crate) use args::BenchArgs;
 
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
 
 use super::commands::gib;
-use super::BenchArgs;
 use crate::engine::Model;
 use crate::memory::GroupBytes;
 use options::configs;

@@ -6,12 +6,13 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use super::options::{Config, KeptBlocks};
+use super::args::BenchArgs;
+use super::args::KeptBlocks;
+use super::options::Config;
 use crate::bounds::RequestBounds;
-use crate::cli::BenchArgs;
+use crate::contract::ResidentBlocks;
+use crate::contract::SlotsChoice;
 use crate::engine::Model;
-use crate::execution::cuda::plan::ResidentBlocks;
-use crate::execution::cuda::SlotsChoice;
 use crate::execution::work::{Condition, Request};
 use crate::memory::{self, GroupBytes, Placement};
 use crate::timing::{self, Choice, GroupCompute, Rates, Work};

@@ -8,10 +8,11 @@ use anyhow::Result;
 use candle_core::Tensor;
 use serde::Serialize;
 
-use super::options::{Config, KeptBlocks};
+use super::args::BenchArgs;
+use super::args::KeptBlocks;
+use super::options::Config;
 use super::runs::Rounds;
 use crate::cli::commands::gib;
-use crate::cli::BenchArgs;
 use crate::engine::{Model, RunStats};
 use crate::execution::work::Request;
 use crate::memory::GroupBytes;

@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result};
 use candle_core::Tensor;
 
+use super::args::BenchArgs;
 use super::options::Config;
-use crate::cli::BenchArgs;
+use crate::contract::ResidentBlocks;
 use crate::engine::{Model, RunStats};
-use crate::execution::cuda::plan::ResidentBlocks;
 use crate::execution::work::Request;
 
 /// Brings the checkpoint into the page cache first so no configuration pays the disk;

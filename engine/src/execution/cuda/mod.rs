@@ -35,7 +35,7 @@ pub use host::{HostMemory, HostPath};
 #[cfg(feature = "cuda")]
 pub use probe::{probe, Probe};
 
-pub use plan::{DeviceChoice, HostMode, SlotsChoice};
+pub use plan::{DeviceChoice, HostMode};
 
 use std::sync::{Once, OnceLock};
 
@@ -172,9 +172,11 @@ mod setup {
     use crate::execution::backend::Backend;
 
     use super::host::cuda;
-    use super::plan::{budget_capacity, choose_slots, DeviceNeeds, SlotsChoice};
+    use super::plan::budget_capacity;
     use super::{CudaBackend, HostMemory, HostMode, NcclComm, NcclGroup};
+    use crate::contract::SlotsChoice;
     use crate::execution::pipeline::Streamed;
+    use crate::slots::{choose_slots, DeviceNeeds};
     use crate::{Result, Strategy};
 
     /// One rank's GPU, ready for a pipeline.

@@ -8,13 +8,6 @@ use std::str::FromStr;
 
 use crate::{Error, Result};
 
-// Where the engine's callers found the slot and kept-block choices before they moved to
-// the core, with the engine contract's flags and the backend-neutral decisions on them.
-pub use crate::contract::{BlocksByComponent, ResidentBlocks, SlotsChoice};
-pub use crate::slots::{
-    auto_resident_blocks, choose_slots, cpu_slots, DeviceNeeds, MAX_AUTO_SLOTS,
-};
-
 /// `--device`: where the ranks compute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeviceChoice {

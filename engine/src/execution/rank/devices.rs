@@ -13,7 +13,9 @@ use super::sizing::{check_budget, Sizing};
 use super::state::Run;
 use crate::execution::backend::Collective;
 use crate::execution::cpu::{CpuBackend, LocalGroup};
-use crate::execution::cuda::{self, HostMode};
+#[cfg(feature = "cuda")]
+use crate::execution::cuda;
+use crate::execution::cuda::HostMode;
 use crate::execution::family::FamilyRuntime;
 use crate::execution::seq::{LocalExchange, Rendezvous, SeqExchange};
 use crate::execution::work::WorkSource;
@@ -57,8 +59,8 @@ impl<'a> Start<'a> {
             weights_budget,
         } = &self.sizing;
         let planned =
-            cuda::plan::DeviceNeeds::of(groups, &streamed.placement(opts.strategy, 0), *outside);
-        let slots = cuda::plan::cpu_slots(opts.slots, opts.strategy, planned, *weights_budget)?;
+            crate::slots::DeviceNeeds::of(groups, &streamed.placement(opts.strategy, 0), *outside);
+        let slots = crate::slots::cpu_slots(opts.slots, opts.strategy, planned, *weights_budget)?;
         check_budget(groups, streamed, opts, slots, *outside)?;
         let backend = Arc::new(CpuBackend::new(opts.timeout));
         let group = LocalGroup::new(opts.dp * opts.sp, opts.timeout);
@@ -115,7 +117,7 @@ impl<'a> Start<'a> {
         // auto` sizes K from this, so it never overcommits; the profile has no per-dtype
         // figure for them yet, so the planner and the start check cannot.
         let stored_outside = self.family.stored_resident_bytes(opts.decode, self.dtype);
-        let needs = cuda::plan::DeviceNeeds::of(
+        let needs = crate::slots::DeviceNeeds::of(
             groups,
             &streamed.placement(opts.strategy, 0),
             stored_outside,

@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::contract::ResidentBlocks;
+use crate::contract::SlotsChoice;
 use crate::decode::DecoderBytes;
-use crate::execution::cuda::plan::ResidentBlocks;
-use crate::execution::cuda::{DeviceChoice, HostMode, SlotsChoice};
+use crate::execution::cuda::{DeviceChoice, HostMode};
 use crate::execution::dtype::ComputeDtype;
 use crate::execution::pipeline::Hook;
 use crate::execution::trace::Trace;

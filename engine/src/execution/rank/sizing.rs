@@ -3,11 +3,12 @@
 //! the refusal to start when the memory model's need is more than `--device-memory-mib`.
 
 use super::options::EngineOptions;
-use crate::execution::cuda::{self, plan::ResidentBlocks};
+use crate::contract::ResidentBlocks;
 use crate::execution::family::FamilyRuntime;
 use crate::execution::pipeline::Streamed;
 use crate::layout::GroupLayout;
 use crate::memory::{self, GroupBytes};
+use crate::slots;
 use crate::{Error, Result};
 
 /// What a run streams and the device bytes around it, known before any device is open.
@@ -90,9 +91,9 @@ fn auto_resident_blocks(
     budget: u64,
 ) -> Result<usize> {
     let groups = none.bytes();
-    let needs = cuda::plan::DeviceNeeds::of(&groups, &none.placement(opts.strategy, 0), outside);
-    let k = cuda::plan::cpu_slots(opts.slots, opts.strategy, needs, Some(budget))?;
-    Ok(cuda::plan::auto_resident_blocks(
+    let needs = slots::DeviceNeeds::of(&groups, &none.placement(opts.strategy, 0), outside);
+    let k = slots::cpu_slots(opts.slots, opts.strategy, needs, Some(budget))?;
+    Ok(slots::auto_resident_blocks(
         &groups,
         &none.placement(opts.strategy, k),
         outside,
