@@ -3,7 +3,7 @@
 //! and carried in the profile), the request at the workload's bounds ([`Work`]) and the
 //! node's rates ([`Rates`]). The planner ranks the options that fit with it, and the
 //! engine's `bench` predicts its `--resident-blocks plan` row with it, so both choose by
-//! the same figures ([`choose`]).
+//! the same figures (`choose`).
 //!
 //! The model, and what it leaves out:
 //! - a request is its per-request passes (a text encoder's, once per request) followed by
@@ -45,10 +45,10 @@
 //! Identical steps are simulated three times and the rest extrapolated from the last,
 //! which the pipeline's steady state makes exact.
 //!
-//! The model is split by concern: what a node sustains ([`rates`]), the request it times
-//! ([`work`], and [`compute`] for profiles without the families' declaration), the
-//! two-queue pipeline it simulates ([`pipe`]), the prediction of one placement
-//! ([`predict`]), and the choice of the blocks to keep ([`choose`]). This file only
+//! The model is split by concern: what a node sustains (`rates`), the request it times
+//! (`work`, and `compute` for profiles without the families' declaration), the
+//! two-queue pipeline it simulates (`pipe`), the prediction of one placement
+//! (`predict`), and the choice of the blocks to keep (`choose`). This file only
 //! declares them and re-exports their names, so `crate::timing::X` stays the one path.
 
 mod choose;
