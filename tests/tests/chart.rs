@@ -1,8 +1,8 @@
 //! The chart as platform teams install it: every value set it documents (the defaults and
 //! `charts/layerwise/ci/*.yaml`) passes `helm lint --strict`, and renders to manifests the
 //! test cluster's apiserver accepts in a server-side dry run; values the schema forbids are
-//! refused by name; README's "Deploy to a cluster" installs the images `scripts/images`
-//! builds.
+//! refused by name; docs/deploy.md's "Deploy to a cluster" installs the images
+//! `scripts/images` builds.
 
 use std::time::Duration;
 
@@ -264,16 +264,16 @@ fn the_agent_enforces_its_cache_budget_in_a_prewarm_cgroup_by_default() -> Resul
     Ok(())
 }
 
-/// README's "Deploy to a cluster": its `helm install` renders, with the image values it
+/// docs/deploy.md's "Deploy to a cluster": its `helm install` renders, with the image values it
 /// sets, to manifests the test cluster's apiserver accepts (server-side dry run), whose pods
 /// run the images `scripts/images` builds, by the chart's default names.
 #[tokio::test]
-async fn readme_deploy_renders_with_the_images() -> Result<()> {
-    let readme = std::fs::read_to_string(tools::repo().join("README.md"))?;
-    let section = readme
+async fn deploy_page_renders_with_the_images() -> Result<()> {
+    let page = std::fs::read_to_string(tools::repo().join("docs/deploy.md"))?;
+    let section = page
         .split("\n## Deploy to a cluster\n")
         .nth(1)
-        .context("README has no \"## Deploy to a cluster\" section")?;
+        .context("docs/deploy.md has no \"## Deploy to a cluster\" section")?;
     let section = section.split("\n## ").next().unwrap_or(section);
     let block = section
         .split("```sh\n")
@@ -292,12 +292,12 @@ async fn readme_deploy_renders_with_the_images() -> Result<()> {
         .collect();
     ensure!(
         pushed == ["operator", "agent", "engine-cuda"],
-        "README pushes {pushed:?}"
+        "docs/deploy.md pushes {pushed:?}"
     );
     expect_in(
         block,
         &format!("\"layerwise-$image:{version}\""),
-        "README's push loop",
+        "docs/deploy.md's push loop",
     )?;
     let registry = "example.invalid/layerwise";
     let command = block.replace("\\\n", " ").replace("$registry", registry);
@@ -309,12 +309,12 @@ async fn readme_deploy_renders_with_the_images() -> Result<()> {
     ensure!(
         words.get(..4)
             == Some(&["helm", "install", "layerwise", "charts/layerwise"].map(String::from)[..]),
-        "README's helm install starts {words:?}"
+        "docs/deploy.md's helm install starts {words:?}"
     );
 
     let client = cluster::client().await?;
     tools::install_crds(&client, WAIT).await?;
-    let ns = cluster::create_namespace(&client, "readme").await?;
+    let ns = cluster::create_namespace(&client, "deploy-page").await?;
     let result = async {
         let chart = tools::repo().join("charts/layerwise");
         let chart = chart.to_str().context("repository path is not UTF-8")?;
@@ -340,7 +340,7 @@ async fn readme_deploy_renders_with_the_images() -> Result<()> {
                     args.push(rest.next().context("--set without a value")?);
                 }
                 other => anyhow::bail!(
-                    "README's helm install has {other}, which this test does not know"
+                    "docs/deploy.md's helm install has {other}, which this test does not know"
                 ),
             }
         }
@@ -355,7 +355,7 @@ async fn readme_deploy_renders_with_the_images() -> Result<()> {
                 &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
                 Some(&manifests),
             )?,
-            "kubectl apply --dry-run=server of README's helm install",
+            "kubectl apply --dry-run=server of docs/deploy.md's helm install",
         )?;
         // The chart's defaults name the images scripts/images builds.
         let defaults = ok(
@@ -384,7 +384,7 @@ async fn readme_deploy_renders_with_the_images() -> Result<()> {
 }
 
 /// Splits a shell command line into words: whitespace outside quotes separates, single and
-/// double quotes group (no escapes or expansions; README's commands need none).
+/// double quotes group (no escapes or expansions; docs/deploy.md's commands need none).
 fn shell_words(line: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut word = String::new();

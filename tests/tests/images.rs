@@ -3,8 +3,8 @@
 //! job on a model folder mounted read-only and serves over HTTP; the CUDA engine image, on
 //! this machine without a GPU, computes on the CPU under `--device auto` and refuses
 //! `--device cuda`, saying why each time; the agent and operator images answer `--help` and
-//! do their work against the test cluster. (README's "Deploy to a cluster" is checked in
-//! chart.rs.)
+//! do their work against the test cluster. (docs/deploy.md's "Deploy to a cluster" is checked
+//! in chart.rs.)
 //!
 //! Images come from `scripts/images` (see [`images::ensure_built`]); containers use the
 //! host network, and everything they listen on or dial is on 127.0.0.1.

@@ -1,4 +1,11 @@
+use std::collections::BTreeMap;
+
 use super::*;
+use crate::bounds::RequestBounds;
+use crate::checkpoint::ActivationCost;
+use crate::memory::{GroupBytes, Placement};
+use crate::topology::Topology;
+use crate::Strategy;
 
 const GB: u64 = 1_000_000_000;
 
