@@ -3,17 +3,11 @@
 //! (with the `runtime` feature) its math. Metadata is always built, without tensor math,
 //! so the node agent can profile checkpoints.
 
-pub mod attention;
-pub mod autoencoder_kl;
 #[cfg(feature = "runtime")]
 pub mod checks;
 pub mod cosmos3;
 pub mod dit;
-#[cfg(feature = "runtime")]
-pub mod fused;
-pub mod qwen2_5_vl;
 pub mod qwen_image;
-pub mod umt5;
 pub mod wan;
 
 pub use layerwise_core::family::{BlockGroup, FamilyCheckpoint, TensorSpec};

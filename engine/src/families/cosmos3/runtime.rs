@@ -14,13 +14,12 @@ use super::model::{Cosmos3Transformer, Generation, Understanding};
 use super::prompt::{Cosmos3Tokenizer, Target};
 use super::{Cosmos3Checkpoint, GENERATION, UNDERSTANDING};
 use crate::checkpoint::Mapped;
+use crate::components::umt5::Umt5Encoder;
+use crate::components::wan_vae::decoder::WanVaeDecoder;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task, VideoSpec};
 use crate::execution::seq::Split;
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
-use crate::families::umt5::Umt5Encoder;
-use crate::families::wan::runtime::VideoDecoder;
-use crate::families::wan::vae::decoder::WanVaeDecoder;
 use crate::families::FamilyCheckpoint;
 use crate::samplers::flow::{FlowScheduler, Sampler};
 use crate::{Error, Result};
@@ -155,7 +154,7 @@ impl FamilyRuntime for Cosmos3Runtime {
     }
 
     fn decoder(&self, device: &Device) -> Result<Box<dyn Decoder>> {
-        Ok(Box::new(VideoDecoder(self.vae_decoder(device)?)))
+        Ok(Box::new(self.vae_decoder(device)?))
     }
 
     fn sequence_parallel(&self) -> Option<(usize, String)> {

@@ -19,14 +19,13 @@ use super::QwenImageCheckpoint;
 use super::{TEXT_ENCODER, TRANSFORMER};
 use crate::bounds::Dimension;
 use crate::checkpoint::Mapped;
+use crate::components::qwen2_5_vl::prompt::prompt_embeds;
+use crate::components::qwen2_5_vl::{Qwen25VlEncoder, Qwen25VlState, QwenTokenizer};
+use crate::components::wan_vae::decoder::WanVaeDecoder;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task};
 use crate::execution::seq::Split;
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
-use crate::families::qwen2_5_vl::prompt::prompt_embeds;
-use crate::families::qwen2_5_vl::{Qwen25VlEncoder, Qwen25VlState, QwenTokenizer};
-use crate::families::wan::runtime::VideoDecoder;
-use crate::families::wan::vae::decoder::WanVaeDecoder;
 use crate::families::FamilyCheckpoint;
 use crate::samplers::flow::{FlowMatchEuler, FlowMatchEulerConfig, Sampler};
 use crate::{Error, Result};
@@ -252,7 +251,7 @@ impl FamilyRuntime for QwenImageRuntime {
     }
 
     fn decoder(&self, device: &Device) -> Result<Box<dyn Decoder>> {
-        Ok(Box::new(VideoDecoder(self.vae_decoder(device)?)))
+        Ok(Box::new(self.vae_decoder(device)?))
     }
 }
 

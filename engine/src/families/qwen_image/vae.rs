@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::families::wan::vae::WanVaeConfig;
+use crate::components::wan_vae::WanVaeConfig;
 use crate::{Error, Result};
 
 /// The class diffusers writes in `vae/config.json`.
@@ -98,7 +98,7 @@ pub fn load(path: &Path) -> Result<WanVaeConfig> {
 pub fn to_json(cfg: &WanVaeConfig) -> serde_json::Value {
     serde_json::json!({
         "_class_name": CLASS_NAME,
-        "_diffusers_version": crate::families::wan::vae::DIFFUSERS_VERSION,
+        "_diffusers_version": crate::components::wan_vae::DIFFUSERS_VERSION,
         "base_dim": cfg.base_dim,
         "z_dim": cfg.z_dim,
         "dim_mult": cfg.dim_mult,

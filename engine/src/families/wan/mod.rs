@@ -12,7 +12,6 @@ pub mod checkpoint;
 #[cfg(feature = "runtime")]
 pub mod runtime;
 pub mod transformer;
-pub mod vae;
 
 pub use checkpoint::WanCheckpoint;
 

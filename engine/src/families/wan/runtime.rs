@@ -11,16 +11,16 @@ use candle_core::{DType, Device, Tensor};
 
 use super::transformer::model::{WanState, WanTransformer};
 use super::transformer::WanTransformerConfig;
-use super::vae::decoder::WanVaeDecoder;
 use super::{WanCheckpoint, TEXT_ENCODER, TRANSFORMER, TRANSFORMER_2};
 use crate::bounds::Dimension;
 use crate::checkpoint::Mapped;
+use crate::components::umt5::model::zero_padding;
+use crate::components::umt5::{embedding_table, PromptTokenizer, Umt5Encoder, Umt5State};
+use crate::components::wan_vae::decoder::WanVaeDecoder;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task, VideoSpec};
 use crate::execution::seq::Split;
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
-use crate::families::umt5::model::zero_padding;
-use crate::families::umt5::{embedding_table, PromptTokenizer, Umt5Encoder, Umt5State};
 use crate::families::FamilyCheckpoint;
 use crate::samplers::flow::{FlowScheduler, Sampler};
 use crate::{Error, Result};
@@ -194,7 +194,7 @@ impl FamilyRuntime for WanRuntime {
     }
 
     fn decoder(&self, device: &Device) -> Result<Box<dyn Decoder>> {
-        Ok(Box::new(VideoDecoder(self.vae_decoder(device)?)))
+        Ok(Box::new(self.vae_decoder(device)?))
     }
 
     fn sequence_parallel(&self) -> Option<(usize, String)> {
@@ -203,23 +203,6 @@ impl FamilyRuntime for WanRuntime {
             heads,
             format!("the transformer has {heads} attention heads"),
         ))
-    }
-}
-
-/// The Wan VAE as a [`Decoder`]: [1, C, T, h, w] latents to [F, 3, H, W] frames.
-pub(crate) struct VideoDecoder(pub(crate) WanVaeDecoder);
-
-impl Decoder for VideoDecoder {
-    fn decode(&self, latents: &Tensor) -> Result<Tensor> {
-        self.0.decode(latents)
-    }
-
-    fn decode_frames(
-        &self,
-        latents: &Tensor,
-        f: &mut dyn FnMut(Tensor) -> Result<()>,
-    ) -> Result<()> {
-        self.0.decode_chunks(latents, f)
     }
 }
 

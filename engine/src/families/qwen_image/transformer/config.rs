@@ -292,7 +292,7 @@ impl QwenImageTransformerConfig {
     /// Bytes of activations (f32) live per token at the peak of a block, image and text
     /// tokens alike: the two streams run the same widths and attend jointly, so a request
     /// of S image and M text tokens holds this × (S + M), beside attention's scores,
-    /// which run in query chunks within `families::attention::ATTENTION_CHUNK_BYTES`
+    /// which run in query chunks within `components::attention::ATTENTION_CHUNK_BYTES`
     /// (over S + M keys, `num_attention_heads` heads) and so grow with no power of tokens.
     ///
     /// Counted, in model widths D: the stream itself, its modulated norm, q, k, v (per

@@ -14,9 +14,9 @@ use candle_core::{Device, Tensor, D};
 
 use super::config::{QwenImageTransformerConfig, EPS, TIMESTEP_DIM, TIMESTEP_SCALE};
 use super::rope;
+use crate::components::attention::attention;
+use crate::components::fused;
 use crate::execution::weights::Weights;
-use crate::families::attention::attention;
-use crate::families::fused;
 use crate::{Error, Result};
 
 fn linear(w: &dyn Weights, name: &str, x: &Tensor) -> Result<Tensor> {

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::Component;
-use crate::families::{BlockGroup, TensorSpec};
 use crate::{Error, Result};
+use layerwise_core::family::{BlockGroup, TensorSpec};
 
 /// Where block `i`'s tensors live: `encoder.block.{i}.…`.
 pub const BLOCK_PREFIX: &str = "encoder.block.";

@@ -20,6 +20,7 @@ use super::layers::{
     FeatCache, Resample, ResidualBlock, RmsNorm, Slot,
 };
 use super::{Upsample, WanVaeConfig};
+use crate::execution::family::Decoder;
 use crate::execution::weights::Weights;
 use crate::{Error, Result};
 
@@ -316,6 +317,22 @@ impl WanVaeDecoder {
         let x = self.norm_out.forward(&x)?.silu()?;
         let x = self.conv_out.forward_cached(&x, cache)?;
         clamp_unit(&unpatchify(&x, self.patch)?)
+    }
+}
+
+/// The Wan VAE as the runtime's [`Decoder`] (Wan, Cosmos3 and Qwen-Image all decode
+/// through it): [1, C, T, h, w] latents to [F, 3, H, W] frames.
+impl Decoder for WanVaeDecoder {
+    fn decode(&self, latents: &Tensor) -> Result<Tensor> {
+        WanVaeDecoder::decode(self, latents)
+    }
+
+    fn decode_frames(
+        &self,
+        latents: &Tensor,
+        f: &mut dyn FnMut(Tensor) -> Result<()>,
+    ) -> Result<()> {
+        self.decode_chunks(latents, f)
     }
 }
 

@@ -4,7 +4,7 @@
 //! cannot drift apart.
 
 use super::WanVaeConfig;
-use crate::families::TensorSpec;
+use layerwise_core::family::TensorSpec;
 
 /// How an up block's resampler scales.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

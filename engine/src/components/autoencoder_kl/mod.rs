@@ -10,8 +10,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::families::TensorSpec;
 use crate::{Error, Result};
+use layerwise_core::family::TensorSpec;
 
 /// The only class this module understands.
 pub const CLASS_NAME: &str = "AutoencoderKL";
