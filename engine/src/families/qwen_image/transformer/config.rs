@@ -34,70 +34,54 @@ pub const ROPE_POSITIONS: usize = 4096;
 /// Unknown fields (the published file's `pooled_projection_dim`, which diffusers ignores)
 /// are ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct QwenImageTransformerConfig {
     /// Empty when the file has no `_class_name`; `validate` rejects that.
-    #[serde(rename = "_class_name", default)]
+    #[serde(rename = "_class_name")]
     pub class_name: String,
     /// Side of the square patch the pipeline packs latents into (2 × 2 latent pixels per
     /// token); the output projection yields `patch_size² × out_channels` per token.
-    #[serde(default = "d2")]
     pub patch_size: usize,
     /// Width of one packed token (latent channels × patch_size²).
-    #[serde(default = "d64")]
     pub in_channels: usize,
     /// diffusers reads `out_channels or in_channels`: null (or 0) means `in_channels`.
-    #[serde(default = "d16o")]
     pub out_channels: Option<usize>,
-    #[serde(default = "d60")]
     pub num_layers: usize,
-    #[serde(default = "d128")]
     pub attention_head_dim: usize,
-    #[serde(default = "d24")]
     pub num_attention_heads: usize,
     /// Width of the text encoder's hidden states (Qwen2.5-VL 7B: 3584).
-    #[serde(default = "d3584")]
     pub joint_attention_dim: usize,
     /// The guidance-distilled variant. diffusers 0.42.1 builds no guidance embedder for
     /// it and its forward cannot take a guidance value, so it is refused.
-    #[serde(default)]
     pub guidance_embeds: bool,
     /// How each head's channels split between the frame, row and column rotary parts.
-    #[serde(default = "default_axes")]
     pub axes_dims_rope: Vec<usize>,
     /// Qwen-Image-Edit 2511's per-token modulation of condition images; refused.
-    #[serde(default)]
     pub zero_cond_t: bool,
     /// Qwen-Image-Layered's extra timestep condition (a tensor more); refused.
-    #[serde(default)]
     pub use_additional_t_cond: bool,
     /// Qwen-Image-Layered's layered rotary embedding; refused.
-    #[serde(default)]
     pub use_layer3d_rope: bool,
 }
 
-fn d2() -> usize {
-    2
-}
-fn d16o() -> Option<usize> {
-    Some(16)
-}
-fn d24() -> usize {
-    24
-}
-fn d60() -> usize {
-    60
-}
-fn d64() -> usize {
-    64
-}
-fn d128() -> usize {
-    128
-}
-fn d3584() -> usize {
-    3584
-}
-fn default_axes() -> Vec<usize> {
-    vec![16, 56, 56]
+impl Default for QwenImageTransformerConfig {
+    fn default() -> Self {
+        QwenImageTransformerConfig {
+            class_name: String::new(),
+            patch_size: 2,
+            in_channels: 64,
+            out_channels: Some(16),
+            num_layers: 60,
+            attention_head_dim: 128,
+            num_attention_heads: 24,
+            joint_attention_dim: 3584,
+            guidance_embeds: false,
+            axes_dims_rope: vec![16, 56, 56],
+            zero_cond_t: false,
+            use_additional_t_cond: false,
+            use_layer3d_rope: false,
+        }
+    }
 }
 
 impl QwenImageTransformerConfig {
@@ -130,7 +114,7 @@ impl QwenImageTransformerConfig {
             num_attention_heads: 24,
             joint_attention_dim: 3584,
             guidance_embeds: false,
-            axes_dims_rope: default_axes(),
+            axes_dims_rope: vec![16, 56, 56],
             zero_cond_t: false,
             use_additional_t_cond: false,
             use_layer3d_rope: false,
