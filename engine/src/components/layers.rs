@@ -58,6 +58,23 @@ pub fn timestep_embedding(t: &[f32], dim: usize, device: &Device) -> Result<Tens
     Ok(Tensor::from_vec(out, (t.len(), dim), device)?)
 }
 
+/// Seeded weights of a tenth-ish scale for every tensor of `specs`, for the transformers'
+/// unit tests (a forward over them stays finite).
+#[cfg(test)]
+pub fn random_weights(
+    specs: &[layerwise_core::family::TensorSpec],
+    seed: u64,
+) -> std::collections::HashMap<String, Tensor> {
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let t = crate::execution::weights::seeded_noise(seed + i as u64, &s.shape).unwrap();
+            (s.name.clone(), (t * 0.2).unwrap())
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,8 @@
 pub mod checks;
 pub mod cosmos3;
 pub mod dit;
+#[cfg(feature = "runtime")]
+pub mod encode_once;
 pub mod qwen_image;
 pub mod wan;
 

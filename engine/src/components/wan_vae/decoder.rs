@@ -151,6 +151,22 @@ impl WanVaeDecoder {
         Self::load_from(cfg, w, Path::new("vae"))
     }
 
+    /// Loads the decoder's tensors (f32) from the mapped `vae` folder onto `device`: what
+    /// every family that decodes through this VAE does.
+    pub fn from_mapped(
+        vae: &crate::checkpoint::Mapped,
+        cfg: &WanVaeConfig,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        let w = crate::execution::weights::load(
+            vae,
+            cfg.decoder_names().into_iter(),
+            device,
+            DType::F32,
+        )?;
+        Self::load(cfg, &w)
+    }
+
     /// As `load`, with `origin` (the component folder) labelling errors.
     pub fn load_from(cfg: &WanVaeConfig, w: &dyn Weights, origin: &Path) -> Result<Self> {
         cfg.validate(&origin.join("config.json"))?;

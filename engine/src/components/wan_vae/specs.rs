@@ -342,6 +342,12 @@ impl WanVaeConfig {
         );
         out
     }
+
+    /// The names of [`Self::decoder_specs`]: the tensors a rank that decodes keeps on its
+    /// device.
+    pub fn decoder_names(&self) -> Vec<String> {
+        self.decoder_specs().into_iter().map(|s| s.name).collect()
+    }
 }
 
 fn conv3d(out: &mut Vec<TensorSpec>, prefix: &str, cin: usize, cout: usize, k: [usize; 3]) {

@@ -117,11 +117,7 @@ impl Cosmos3Checkpoint {
 
     /// The VAE's decoder tensors.
     pub fn decoder_names(&self) -> Vec<String> {
-        self.vae_config
-            .decoder_specs()
-            .into_iter()
-            .map(|s| s.name)
-            .collect()
+        self.vae_config.decoder_names()
     }
 
     /// The name of the text embedding table.

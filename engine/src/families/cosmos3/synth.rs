@@ -134,12 +134,4 @@ impl SynthPipeline for Cosmos3Synth {
     fn ffn_dim(&mut self) -> Option<&mut usize> {
         Some(&mut self.transformer.intermediate_size)
     }
-
-    fn clone_box(&self) -> Box<dyn SynthPipeline> {
-        Box::new(self.clone())
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
 }

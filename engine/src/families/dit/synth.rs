@@ -119,12 +119,4 @@ impl SynthPipeline for DitSynth {
     fn sample_size(&mut self) -> Option<&mut usize> {
         Some(&mut self.dit.sample_size)
     }
-
-    fn clone_box(&self) -> Box<dyn SynthPipeline> {
-        Box::new(self.clone())
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
 }

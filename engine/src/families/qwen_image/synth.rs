@@ -145,12 +145,4 @@ impl SynthPipeline for QwenImageSynth {
             &mut self.transformer.attention_head_dim,
         )
     }
-
-    fn clone_box(&self) -> Box<dyn SynthPipeline> {
-        Box::new(self.clone())
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
 }

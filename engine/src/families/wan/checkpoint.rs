@@ -238,11 +238,7 @@ impl WanCheckpoint {
 
     /// The VAE's decoder tensors, which every rank that decodes keeps on its device.
     pub fn decoder_names(&self) -> Vec<String> {
-        self.vae_config
-            .decoder_specs()
-            .into_iter()
-            .map(|s| s.name)
-            .collect()
+        self.vae_config.decoder_names()
     }
 }
 

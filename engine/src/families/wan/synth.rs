@@ -204,12 +204,4 @@ impl SynthPipeline for WanSynth {
     fn ffn_dim(&mut self) -> Option<&mut usize> {
         Some(&mut self.transformer.ffn_dim)
     }
-
-    fn clone_box(&self) -> Box<dyn SynthPipeline> {
-        Box::new(self.clone())
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
 }

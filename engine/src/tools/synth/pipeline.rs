@@ -13,7 +13,7 @@ use crate::Result;
 
 /// One family's pipeline to write: the configs of its components, which the options'
 /// setters edit, and the writer of its folder.
-pub trait SynthPipeline: std::fmt::Debug + Send + Sync + Any {
+pub trait SynthPipeline: AnyPipeline + std::fmt::Debug + Send + Sync + Any {
     /// Writes every file of the folder under `out` (which exists); returns the weight
     /// files' bytes and how many files were written.
     fn write(&self, out: &Path, opts: &SynthOptions) -> Result<(u64, usize)>;
@@ -34,11 +34,23 @@ pub trait SynthPipeline: std::fmt::Debug + Send + Sync + Any {
     fn sample_size(&mut self) -> Option<&mut usize> {
         None
     }
+}
 
+/// What every [`SynthPipeline`] gets from being `Clone` and `'static`: copies of the boxed
+/// pipeline, and its family's own type for a caller that knows the family.
+pub trait AnyPipeline {
     fn clone_box(&self) -> Box<dyn SynthPipeline>;
-
-    /// For a caller that knows the family, to edit fields the setters do not reach.
     fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+impl<T: SynthPipeline + Clone> AnyPipeline for T {
+    fn clone_box(&self) -> Box<dyn SynthPipeline> {
+        Box::new(self.clone())
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
 }
 
 /// A name `synth --preset` takes, and the pipeline it writes.

@@ -254,21 +254,9 @@ impl QwenImageTransformer {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
+    use crate::components::layers::random_weights;
     use crate::execution::weights::seeded_noise;
-
-    fn random_weights(specs: &[crate::families::TensorSpec], seed: u64) -> HashMap<String, Tensor> {
-        specs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let t = seeded_noise(seed + i as u64, &s.shape).unwrap();
-                (s.name.clone(), (t * 0.2).unwrap())
-            })
-            .collect()
-    }
 
     fn tiny() -> QwenImageTransformer {
         let cfg = QwenImageTransformerConfig::tiny();

@@ -331,20 +331,8 @@ impl WanTransformer {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
-
-    fn random_weights(specs: &[crate::families::TensorSpec], seed: u64) -> HashMap<String, Tensor> {
-        specs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let t = crate::execution::weights::seeded_noise(seed + i as u64, &s.shape).unwrap();
-                (s.name.clone(), (t * 0.2).unwrap())
-            })
-            .collect()
-    }
+    use crate::components::layers::random_weights;
 
     #[test]
     fn a_forward_keeps_the_latent_shape_and_refuses_misfits() {
