@@ -106,18 +106,7 @@ impl QwenImageTransformerConfig {
     pub fn published() -> Self {
         QwenImageTransformerConfig {
             class_name: CLASS_NAME.into(),
-            patch_size: 2,
-            in_channels: 64,
-            out_channels: Some(16),
-            num_layers: 60,
-            attention_head_dim: 128,
-            num_attention_heads: 24,
-            joint_attention_dim: 3584,
-            guidance_embeds: false,
-            axes_dims_rope: vec![16, 56, 56],
-            zero_cond_t: false,
-            use_additional_t_cond: false,
-            use_layer3d_rope: false,
+            ..Self::default()
         }
     }
 

@@ -108,22 +108,7 @@ impl WanTransformerConfig {
     pub fn wan21_14b() -> Self {
         WanTransformerConfig {
             class_name: CLASS_NAME.into(),
-            patch_size: vec![1, 2, 2],
-            num_attention_heads: 40,
-            attention_head_dim: 128,
-            in_channels: 16,
-            out_channels: Some(16),
-            text_dim: 4096,
-            freq_dim: 256,
-            ffn_dim: 13824,
-            num_layers: 40,
-            cross_attn_norm: true,
-            qk_norm: Some(QK_NORM.into()),
-            eps: 1e-6,
-            image_dim: None,
-            added_kv_proj_dim: None,
-            rope_max_seq_len: 1024,
-            pos_embed_seq_len: None,
+            ..Self::default()
         }
     }
 
