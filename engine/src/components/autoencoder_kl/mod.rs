@@ -251,13 +251,13 @@ impl VaeConfig {
 
     /// The contents of a `config.json` diffusers can load.
     pub fn to_config_json(&self) -> serde_json::Value {
-        let mut value = serde_json::to_value(self).expect("VaeConfig always serializes");
-        let map = value
-            .as_object_mut()
-            .expect("VaeConfig serializes to an object");
-        map.insert("_class_name".into(), CLASS_NAME.into());
-        map.insert("_diffusers_version".into(), DIFFUSERS_VERSION.into());
-        value
+        crate::components::config_json::with_fields(
+            self,
+            &[
+                ("_class_name", CLASS_NAME.into()),
+                ("_diffusers_version", DIFFUSERS_VERSION.into()),
+            ],
+        )
     }
 
     /// Every tensor of the full AutoencoderKL (encoder, quant convs, decoder) under the

@@ -313,9 +313,7 @@ impl Umt5Config {
 
     /// Every tensor of the encoder with its full name (the embedding as `shared.weight`).
     pub fn all_specs(&self) -> Vec<TensorSpec> {
-        let mut v = self.resident_specs();
-        v.extend(self.block_group().tensor_specs());
-        v
+        crate::components::config_json::all_specs(self.resident_specs(), &self.block_group())
     }
 
     /// Checks a text encoder folder's tensors against this config: the block count, every

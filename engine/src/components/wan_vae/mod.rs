@@ -433,12 +433,12 @@ impl WanVaeConfig {
     /// The `config.json` diffusers writes for this config (loadable by
     /// `AutoencoderKLWan.from_pretrained`).
     pub fn to_json(&self) -> serde_json::Value {
-        let mut value = serde_json::to_value(self).expect("WanVaeConfig always serializes");
-        let map = value
-            .as_object_mut()
-            .expect("WanVaeConfig serializes to an object");
-        map.insert("_class_name".into(), CLASS_NAME.into());
-        map.insert("_diffusers_version".into(), DIFFUSERS_VERSION.into());
-        value
+        crate::components::config_json::with_fields(
+            self,
+            &[
+                ("_class_name", CLASS_NAME.into()),
+                ("_diffusers_version", DIFFUSERS_VERSION.into()),
+            ],
+        )
     }
 }

@@ -248,20 +248,20 @@ impl DitConfig {
 
     /// Every tensor of the transformer with its full name.
     pub fn all_specs(&self) -> Vec<TensorSpec> {
-        let mut v = self.resident_specs();
-        v.extend(self.block_group().tensor_specs());
-        v
+        crate::components::config_json::all_specs(self.resident_specs(), &self.block_group())
     }
 
     /// The JSON diffusers writes for this config.
     pub fn to_json(&self) -> serde_json::Value {
-        let mut v = serde_json::to_value(self).expect("config serialises");
-        let m = v.as_object_mut().expect("object");
-        m.insert("_diffusers_version".into(), "0.30.0".into());
-        m.insert("dropout".into(), 0.0.into());
-        m.insert("upcast_attention".into(), false.into());
-        m.insert("norm_num_groups".into(), 32.into());
-        v
+        crate::components::config_json::with_fields(
+            self,
+            &[
+                ("_diffusers_version", "0.30.0".into()),
+                ("dropout", 0.0.into()),
+                ("upcast_attention", false.into()),
+                ("norm_num_groups", 32.into()),
+            ],
+        )
     }
 }
 

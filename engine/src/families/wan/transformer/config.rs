@@ -301,19 +301,16 @@ impl WanTransformerConfig {
 
     /// Every tensor of the transformer with its full name.
     pub fn all_specs(&self) -> Vec<TensorSpec> {
-        let mut v = self.resident_specs();
-        v.extend(self.block_group().tensor_specs());
-        v
+        crate::components::config_json::all_specs(self.resident_specs(), &self.block_group())
     }
 
     /// The JSON diffusers writes for this config, so that a folder written with it loads
     /// in diffusers.
     pub fn to_json(&self) -> serde_json::Value {
-        let mut v = serde_json::to_value(self).expect("config serialises");
-        if let Some(m) = v.as_object_mut() {
-            m.insert("_diffusers_version".into(), DIFFUSERS_VERSION.into());
-        }
-        v
+        crate::components::config_json::with_fields(
+            self,
+            &[("_diffusers_version", DIFFUSERS_VERSION.into())],
+        )
     }
 }
 
