@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use candle_core::{Device, Module, Tensor};
-use layerwise_engine::families::fused;
+use layerwise_engine::components::fused;
 
 fn time(reps: usize, f: impl Fn() -> Result<Tensor>) -> Result<Vec<String>> {
     f()?; // warm-up

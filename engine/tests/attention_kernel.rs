@@ -15,8 +15,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
+use layerwise_engine::components::attention::attention;
 use layerwise_engine::execution::weights::seeded_noise;
-use layerwise_engine::families::attention::attention;
 
 fn kernels() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src/execution/cuda/kernels")

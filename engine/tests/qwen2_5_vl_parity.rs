@@ -15,11 +15,11 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use common::{read_safetensors, rel_err};
 use layerwise_engine::checkpoint::{Component, Mapped};
-use layerwise_engine::execution::weights;
-use layerwise_engine::families::qwen2_5_vl::prompt::{drop_template, MAX_TOKENS, TEMPLATE_DROP};
-use layerwise_engine::families::qwen2_5_vl::{
+use layerwise_engine::components::qwen2_5_vl::prompt::{drop_template, MAX_TOKENS, TEMPLATE_DROP};
+use layerwise_engine::components::qwen2_5_vl::{
     Qwen25VlConfig, Qwen25VlEncoder, QwenTokenizer, TensorPrefix,
 };
+use layerwise_engine::execution::weights;
 use serde_json::Value;
 
 fn fixture() -> PathBuf {

@@ -73,6 +73,7 @@ const TOY: FamilyEntry = FamilyEntry {
     name: "toy",
     pipelines: &["ToyPipeline"],
     unnamed: false,
+    presets: &[],
     open: |root| Ok(Arc::new(Toy(DitCheckpoint::open(root)?))),
 };
 

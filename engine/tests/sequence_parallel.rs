@@ -19,9 +19,11 @@ use layerwise_engine::execution::weights::Weights;
 use layerwise_engine::execution::work::{
     Condition, Output, Request, Taken, Work, WorkKey, WorkSource,
 };
+use layerwise_engine::families::cosmos3::synth::Cosmos3Synth;
+use layerwise_engine::families::wan::synth::WanSynth;
 use layerwise_engine::families::FamilyCheckpoint;
 use layerwise_engine::layout::GroupLayout;
-use layerwise_engine::tools::synth::{synth, SynthModel, SynthOptions};
+use layerwise_engine::tools::synth::{synth, SynthOptions};
 use layerwise_engine::{Error, Result, Strategy};
 
 /// A two-expert Wan with 4 attention heads (2 layers per expert, 2 text-encoder layers).
@@ -30,7 +32,7 @@ fn wan(dir: &Path) -> PathBuf {
     let mut o = SynthOptions::preset("wan-tiny").unwrap();
     o.set_layers(2);
     o.set_heads(Some(4), None);
-    if let SynthModel::Wan(w) = &mut o.model {
+    if let Some(w) = o.model_mut::<WanSynth>() {
         w.text_encoder.num_layers = 2;
     }
     o.seed = 21;
@@ -43,7 +45,7 @@ fn cosmos3(dir: &Path) -> PathBuf {
     let out = dir.join("cosmos3-sp");
     let mut o = SynthOptions::preset("cosmos3-tiny").unwrap();
     o.set_layers(2);
-    if let SynthModel::Cosmos3(c) = &mut o.model {
+    if let Some(c) = o.model_mut::<Cosmos3Synth>() {
         c.transformer.num_attention_heads = 8;
         c.transformer.num_key_value_heads = 4;
     }

@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use layerwise_engine::checkpoint::{Component, Mapped};
-use layerwise_engine::execution::weights;
-use layerwise_engine::families::umt5::model::{relative_position_bucket, zero_padding};
-use layerwise_engine::families::umt5::{
+use layerwise_engine::components::umt5::model::{relative_position_bucket, zero_padding};
+use layerwise_engine::components::umt5::{
     embedding_table, prompt_clean, PromptTokenizer, Umt5Config, Umt5Encoder, FINAL_NORM,
 };
+use layerwise_engine::execution::weights;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 

@@ -11,8 +11,8 @@ use common::{max_abs, read_safetensors};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use layerwise_engine::families::autoencoder_kl::decoder::VaeDecoder;
-use layerwise_engine::families::autoencoder_kl::VaeConfig;
+use layerwise_engine::components::autoencoder_kl::decoder::VaeDecoder;
+use layerwise_engine::components::autoencoder_kl::VaeConfig;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vae-tiny")

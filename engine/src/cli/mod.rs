@@ -22,7 +22,7 @@ use crate::execution::cuda::DeviceChoice;
 use crate::server::{serve, ServeArgs};
 use crate::tools::loadgen::LoadgenArgs;
 use crate::tools::soak::SoakArgs;
-use crate::tools::synth::{synth, SynthModel, SynthOptions};
+use crate::tools::synth::{synth, SynthOptions};
 use args::GenerateArgs;
 use bench::BenchArgs;
 
@@ -239,20 +239,17 @@ fn synth_cmd(a: SynthArgs) -> Result<()> {
     }
     o.set_heads(a.heads, a.head_dim);
     if let Some(v) = a.ffn_dim {
-        match &mut o.model {
-            SynthModel::Wan(w) => w.transformer.ffn_dim = v,
-            SynthModel::Cosmos3(c) => c.transformer.intermediate_size = v,
-            SynthModel::Dit { .. } | SynthModel::QwenImage(_) => {
+        match o.model.ffn_dim() {
+            Some(f) => *f = v,
+            None => {
                 bail!("--ffn-dim applies to Wan and Cosmos3 presets (DiT's and Qwen-Image's are 4 × hidden)")
             }
         }
     }
     if let Some(v) = a.sample_size {
-        match &mut o.model {
-            SynthModel::Dit { dit, .. } => dit.sample_size = v,
-            SynthModel::Wan(_) | SynthModel::Cosmos3(_) | SynthModel::QwenImage(_) => {
-                bail!("--sample-size applies to DiT presets")
-            }
+        match o.model.sample_size() {
+            Some(s) => *s = v,
+            None => bail!("--sample-size applies to DiT presets"),
         }
     }
     o.seed = a.seed;

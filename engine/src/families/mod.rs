@@ -3,17 +3,13 @@
 //! (with the `runtime` feature) its math. Metadata is always built, without tensor math,
 //! so the node agent can profile checkpoints.
 
-pub mod attention;
-pub mod autoencoder_kl;
 #[cfg(feature = "runtime")]
 pub mod checks;
 pub mod cosmos3;
 pub mod dit;
 #[cfg(feature = "runtime")]
-pub mod fused;
-pub mod qwen2_5_vl;
+pub mod encode_once;
 pub mod qwen_image;
-pub mod umt5;
 pub mod wan;
 
 pub use layerwise_core::family::{BlockGroup, FamilyCheckpoint, TensorSpec};
@@ -28,7 +24,8 @@ pub trait FamilyModel: FamilyCheckpoint {
 }
 
 /// One family as the registry knows it: its name and how its folders are recognised and
-/// opened. Adding a family is one module with one of these, listed in [`FAMILIES`].
+/// opened (and, with `runtime`, the synthetic folders it writes). Adding a family is one
+/// module with one of these, listed in [`FAMILIES`].
 #[derive(Clone, Copy)]
 pub struct FamilyEntry {
     /// The short name a profile's `family` and a DiffusionDeployment's `model.family` use.
@@ -40,6 +37,9 @@ pub struct FamilyEntry {
     pub unnamed: bool,
     /// Opens and checks a folder of this family.
     pub open: fn(&std::path::Path) -> crate::Result<std::sync::Arc<dyn FamilyModel>>,
+    /// The folders `synth --preset` writes for this family, by name.
+    #[cfg(feature = "runtime")]
+    pub presets: &'static [crate::tools::synth::pipeline::SynthPreset],
 }
 
 impl std::fmt::Debug for FamilyEntry {

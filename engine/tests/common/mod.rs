@@ -31,7 +31,7 @@ pub fn wan_tiny(dir: &Path, layers: usize, text_layers: usize) -> PathBuf {
     let out = dir.join(format!("wan-{layers}-{text_layers}"));
     let mut o = SynthOptions::preset("wan-tiny").unwrap();
     o.set_layers(layers);
-    if let layerwise_engine::tools::synth::SynthModel::Wan(w) = &mut o.model {
+    if let Some(w) = o.model_mut::<layerwise_engine::families::wan::synth::WanSynth>() {
         w.text_encoder.num_layers = text_layers;
     }
     o.seed = 11;

@@ -1,6 +1,6 @@
 //! The fused attention kernel on CUDA (`kernels/attention.cu`): softmax(q kᵀ · scale) v in
 //! one pass over the keys with an online softmax, so no score matrix, not even a chunk of
-//! one, exists in device memory. `families::attention` sends attention on CUDA tensors here
+//! one, exists in device memory. `components::attention` sends attention on CUDA tensors here
 //! and keeps its query chunks on the CPU.
 //!
 //! The launch geometry and limits below are the kernel's (a test reads them from the

@@ -9,8 +9,8 @@ use serde_json::Value;
 use super::config::{Cosmos3Config, EMBED_TOKENS};
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::{ActivationCost, Component, ModelFolder};
-use crate::families::wan::checkpoint::listed;
-use crate::families::wan::vae::WanVaeConfig;
+use crate::components::pipeline_index::listed;
+use crate::components::wan_vae::WanVaeConfig;
 use crate::families::{BlockGroup, FamilyCheckpoint};
 use crate::{Error, Result};
 
@@ -117,11 +117,7 @@ impl Cosmos3Checkpoint {
 
     /// The VAE's decoder tensors.
     pub fn decoder_names(&self) -> Vec<String> {
-        self.vae_config
-            .decoder_specs()
-            .into_iter()
-            .map(|s| s.name)
-            .collect()
+        self.vae_config.decoder_names()
     }
 
     /// The name of the text embedding table.
@@ -189,7 +185,7 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
             // chunks within a fixed budget.
             bytes_per_token: 4 * (3 * d + 2 * qw + 3 * kvw + 3 * ff),
             bytes_per_token_pair: 0,
-            attention_bytes: crate::families::attention::ATTENTION_CHUNK_BYTES,
+            attention_bytes: crate::components::attention::ATTENTION_CHUNK_BYTES,
             vae_bytes_per_pixel: 4
                 * 3
                 * (self

@@ -34,127 +34,84 @@ const MAX_LATENT_CHANNELS: usize = 1024;
 
 /// A diffusers `Cosmos3OmniTransformer` config. Defaults are diffusers' own.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Cosmos3Config {
-    #[serde(rename = "_class_name", default)]
+    #[serde(rename = "_class_name")]
     pub class_name: String,
-    #[serde(default)]
     pub attention_bias: bool,
-    #[serde(default = "d128")]
     pub head_dim: usize,
-    #[serde(default = "d4096")]
     pub hidden_size: usize,
-    #[serde(default = "d12288")]
     pub intermediate_size: usize,
     /// The frame rate the rotary time axis is measured in (`fps` requests are rescaled to it).
-    #[serde(default = "d24")]
     pub base_fps: usize,
     /// Positions are floats and a video's time axis is rescaled by `fps / base_fps`.
-    #[serde(default = "dtrue")]
     pub enable_fps_modulation: bool,
-    #[serde(default = "d48")]
     pub latent_channel: usize,
     /// Vision tokens' rows and columns start at 0 (else at the time offset).
-    #[serde(default = "dtrue")]
     pub unified_3d_mrope_reset_spatial_ids: bool,
     /// Positions left between the text and the first latent frame.
-    #[serde(default = "d15000")]
     pub unified_3d_mrope_temporal_modality_margin: usize,
-    #[serde(default = "d2")]
     pub latent_patch_size: usize,
-    #[serde(default = "d32")]
     pub num_attention_heads: usize,
-    #[serde(default = "d36")]
     pub num_hidden_layers: usize,
-    #[serde(default = "d8")]
     pub num_key_value_heads: usize,
-    #[serde(default = "d192")]
     pub patch_latent_dim: usize,
-    #[serde(default = "default_eps")]
     pub rms_norm_eps: f64,
     /// Read for `mrope_section` when `rope_axes_dim` is absent.
-    #[serde(default)]
     pub rope_scaling: Option<serde_json::Value>,
-    #[serde(default = "default_theta")]
     pub rope_theta: f64,
-    #[serde(default)]
     pub action_dim: Option<usize>,
-    #[serde(default)]
     pub action_gen: bool,
-    #[serde(default = "d32")]
     pub num_embodiment_domains: usize,
-    #[serde(default)]
     pub sound_dim: Option<usize>,
-    #[serde(default)]
     pub sound_gen: bool,
-    #[serde(default = "default_timestep_scale")]
     pub timestep_scale: f64,
-    #[serde(default = "d151936")]
     pub vocab_size: usize,
     /// `silu` (Qwen3's gated MLP) or `relu2` (Nemotron's squared ReLU, no gate).
-    #[serde(default = "default_act")]
     pub hidden_act: String,
     /// The understanding pathway's per-head q/k RMS norms.
-    #[serde(default = "dtrue")]
     pub qk_norm_for_text: bool,
     /// A norm of the understanding keys as the generation pathway reads them (only
     /// without `qk_norm_for_text`).
-    #[serde(default)]
     pub use_und_k_norm_for_gen: bool,
     /// Rotary frequencies per axis (time, rows, columns), interleaved.
-    #[serde(default)]
     pub rope_axes_dim: Option<Vec<usize>>,
 }
 
-fn d2() -> usize {
-    2
-}
-fn d8() -> usize {
-    8
-}
-fn d24() -> usize {
-    24
-}
-fn d32() -> usize {
-    32
-}
-fn d36() -> usize {
-    36
-}
-fn d48() -> usize {
-    48
-}
-fn d128() -> usize {
-    128
-}
-fn d192() -> usize {
-    192
-}
-fn d4096() -> usize {
-    4096
-}
-fn d12288() -> usize {
-    12288
-}
-fn d15000() -> usize {
-    15000
-}
-fn d151936() -> usize {
-    151936
-}
-fn dtrue() -> bool {
-    true
-}
-fn default_eps() -> f64 {
-    1e-6
-}
-fn default_theta() -> f64 {
-    5_000_000.0
-}
-fn default_timestep_scale() -> f64 {
-    0.001
-}
-fn default_act() -> String {
-    "silu".into()
+impl Default for Cosmos3Config {
+    fn default() -> Self {
+        Cosmos3Config {
+            class_name: String::new(),
+            attention_bias: false,
+            head_dim: 128,
+            hidden_size: 4096,
+            intermediate_size: 12288,
+            base_fps: 24,
+            enable_fps_modulation: true,
+            latent_channel: 48,
+            unified_3d_mrope_reset_spatial_ids: true,
+            unified_3d_mrope_temporal_modality_margin: 15000,
+            latent_patch_size: 2,
+            num_attention_heads: 32,
+            num_hidden_layers: 36,
+            num_key_value_heads: 8,
+            patch_latent_dim: 192,
+            rms_norm_eps: 1e-6,
+            rope_scaling: None,
+            rope_theta: 5_000_000.0,
+            action_dim: None,
+            action_gen: false,
+            num_embodiment_domains: 32,
+            sound_dim: None,
+            sound_gen: false,
+            timestep_scale: 0.001,
+            vocab_size: 151936,
+            hidden_act: "silu".into(),
+            qk_norm_for_text: true,
+            use_und_k_norm_for_gen: false,
+            rope_axes_dim: None,
+        }
+    }
 }
 
 impl Cosmos3Config {

@@ -18,6 +18,8 @@ pub mod model;
 pub mod prompt;
 #[cfg(feature = "runtime")]
 pub mod runtime;
+#[cfg(feature = "runtime")]
+pub mod synth;
 
 pub use checkpoint::Cosmos3Checkpoint;
 pub use config::Cosmos3Config;
@@ -27,6 +29,8 @@ pub const FAMILY: crate::families::FamilyEntry = crate::families::FamilyEntry {
     name: "cosmos3",
     pipelines: &["Cosmos3OmniPipeline"],
     unnamed: false,
+    #[cfg(feature = "runtime")]
+    presets: synth::PRESETS,
     open: |root| Ok(std::sync::Arc::new(Cosmos3Checkpoint::open(root)?)),
 };
 

@@ -10,14 +10,14 @@
 //! needs (diffusers computes them and reads only the generation tokens), so they are not
 //! computed.
 
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 
 use super::config::Cosmos3Config;
+use crate::components::attention::{attention, causal_attention};
+use crate::components::fused;
+use crate::components::layers::{repeat_kv, rms_norm, rotate, timestep_embedding};
 use crate::execution::seq::Split;
 use crate::execution::weights::Weights;
-use crate::families::attention::{attention, causal_attention};
-use crate::families::fused;
-use crate::families::wan::transformer::model::timestep_embedding;
 use crate::{Error, Result};
 
 /// One sequence's understanding pathway while its blocks run, and what it leaves.
@@ -68,38 +68,6 @@ pub struct Generation {
 pub struct Cosmos3Transformer {
     pub cfg: Cosmos3Config,
     resident: Box<dyn Weights + Send + Sync>,
-}
-
-/// Qwen's RMS norm over the last dimension, `weight · x / √(mean(x²) + eps)` (shared with
-/// the Qwen2.5-VL text encoder).
-pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
-    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-    Ok(x.broadcast_mul(&(ms + eps)?.sqrt()?.recip()?)?
-        .broadcast_mul(weight)?)
-}
-
-/// `x * cos + rotate_half(x) * sin` for x [1, H, S, D] and tables [S, D].
-pub(crate) fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let half = x.dim(D::Minus1)? / 2;
-    let (a, b) = (
-        x.narrow(D::Minus1, 0, half)?,
-        x.narrow(D::Minus1, half, half)?,
-    );
-    let rotated = Tensor::cat(&[&b.neg()?, &a], D::Minus1)?;
-    Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
-}
-
-/// [1, kv heads, S, D] to [1, kv heads × groups, S, D], each key/value head serving the
-/// `groups` query heads after it (torch's `enable_gqa`).
-pub(crate) fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
-    if groups == 1 {
-        return Ok(x.clone());
-    }
-    let (b, h, s, d) = x.dims4()?;
-    Ok(x.unsqueeze(2)?
-        .broadcast_as((b, h, groups, s, d))?
-        .contiguous()?
-        .reshape((b, h * groups, s, d))?)
 }
 
 /// 3D rotary tables [S, head dim] for positions [3][S] (time, rows, columns), frequencies

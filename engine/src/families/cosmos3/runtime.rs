@@ -14,13 +14,13 @@ use super::model::{Cosmos3Transformer, Generation, Understanding};
 use super::prompt::{Cosmos3Tokenizer, Target};
 use super::{Cosmos3Checkpoint, GENERATION, UNDERSTANDING};
 use crate::checkpoint::Mapped;
+use crate::components::umt5::Umt5Encoder;
+use crate::components::wan_vae::decoder::WanVaeDecoder;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task, VideoSpec};
 use crate::execution::seq::Split;
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
-use crate::families::umt5::Umt5Encoder;
-use crate::families::wan::runtime::VideoDecoder;
-use crate::families::wan::vae::decoder::WanVaeDecoder;
+use crate::families::encode_once::{EncodeOnce, EncodeThenSteps};
 use crate::families::FamilyCheckpoint;
 use crate::samplers::flow::{FlowScheduler, Sampler};
 use crate::{Error, Result};
@@ -54,13 +54,7 @@ impl Cosmos3Runtime {
     }
 
     fn vae_decoder(&self, device: &Device) -> Result<WanVaeDecoder> {
-        let w = weights::load(
-            &self.vae,
-            self.checkpoint.decoder_names().into_iter(),
-            device,
-            DType::F32,
-        )?;
-        WanVaeDecoder::load(&self.checkpoint.vae_config, &w)
+        WanVaeDecoder::from_mapped(&self.vae, &self.checkpoint.vae_config, device)
     }
 }
 
@@ -155,7 +149,7 @@ impl FamilyRuntime for Cosmos3Runtime {
     }
 
     fn decoder(&self, device: &Device) -> Result<Box<dyn Decoder>> {
-        Ok(Box::new(VideoDecoder(self.vae_decoder(device)?)))
+        Ok(Box::new(self.vae_decoder(device)?))
     }
 
     fn sequence_parallel(&self) -> Option<(usize, String)> {
@@ -209,19 +203,17 @@ impl RankModel for Cosmos3Rank {
         if guided {
             ids.push(uncond);
         }
-        Ok(Box::new(Cosmos3Task {
+        Ok(Box::new(EncodeOnce::new(Cosmos3Task {
             sampler: r.scheduler.sampler(req.steps)?,
             latents: latents.to_device(&r.device)?,
             rank: self.0.clone(),
             ids,
             guidance: req.guidance,
             fps: target(&req).fps,
-            text: None,
             understanding: Vec::new(),
             generation: Vec::new(),
-            step: 0,
             split,
-        }))
+        })))
     }
 }
 
@@ -235,99 +227,84 @@ struct Cosmos3Task {
     fps: f64,
     sampler: Box<dyn Sampler>,
     latents: Tensor,
-    /// Each sequence's understanding keys and values, once its pass is done.
-    text: Option<Vec<Understanding>>,
     /// The understanding pass in flight, one state per sequence.
     understanding: Vec<Understanding>,
     /// The generation pass in flight, one state per sequence.
     generation: Vec<Generation>,
-    step: usize,
     /// This rank's share of the vision tokens, and the exchanges with its group's others.
     split: Split,
 }
 
-impl Cosmos3Task {
+impl EncodeThenSteps for Cosmos3Task {
+    /// Each sequence's understanding keys and values.
+    type Text = Vec<Understanding>;
+
+    fn encoder_group(&self) -> usize {
+        UNDERSTANDING
+    }
+
+    fn step_group(&self, step: usize) -> Option<usize> {
+        (step < self.total()).then_some(GENERATION)
+    }
+
     fn total(&self) -> usize {
         self.sampler.timesteps().len()
     }
 
-    fn group_at(&self, step: usize) -> Option<usize> {
-        (step < self.total()).then_some(GENERATION)
-    }
-}
-
-impl Task for Cosmos3Task {
-    fn wants(&self) -> Option<usize> {
-        match &self.text {
-            None => Some(UNDERSTANDING),
-            Some(_) => self.group_at(self.step),
-        }
-    }
-
-    fn wants_after(&self) -> Option<usize> {
-        match &self.text {
-            None => self.group_at(0),
-            Some(_) => self.group_at(self.step + 1),
-        }
-    }
-
-    fn begin(&mut self) -> Result<()> {
+    fn begin_encode(&mut self) -> Result<()> {
         let r = self.rank.clone();
-        match &self.text {
-            None => {
-                self.understanding = self
-                    .ids
-                    .iter()
-                    .map(|ids| {
-                        let emb = Umt5Encoder::embed(
-                            &r.mapping,
-                            r.table,
-                            std::slice::from_ref(ids),
-                            &r.device,
-                        )?;
-                        r.transformer.understand(emb.get(0)?)
-                    })
-                    .collect::<Result<_>>()?;
-            }
-            Some(_) => {
-                let t = self.sampler.timesteps()[self.step];
-                let (latents, fps, split) = (&self.latents, self.fps, &self.split);
-                self.generation = self
-                    .text
-                    .iter_mut()
-                    .flatten()
-                    .map(|u| {
-                        r.transformer
-                            .generate(latents, t, u, fps, r.latent.1, split)
-                    })
-                    .collect::<Result<_>>()?;
-            }
+        self.understanding = self
+            .ids
+            .iter()
+            .map(|ids| {
+                let emb =
+                    Umt5Encoder::embed(&r.mapping, r.table, std::slice::from_ref(ids), &r.device)?;
+                r.transformer.understand(emb.get(0)?)
+            })
+            .collect::<Result<_>>()?;
+        Ok(())
+    }
+
+    fn encode_block(&mut self, index: usize, w: &dyn Weights) -> Result<()> {
+        for st in &mut self.understanding {
+            self.rank.transformer.understanding_block(index, w, st)?;
         }
         Ok(())
     }
 
-    fn block(&mut self, index: usize, w: &dyn Weights) -> Result<()> {
+    fn end_encode(&mut self) -> Result<Self::Text> {
+        Ok(std::mem::take(&mut self.understanding))
+    }
+
+    fn begin_step(&mut self, text: &mut Self::Text, step: usize) -> Result<()> {
+        let r = self.rank.clone();
+        let t = self.sampler.timesteps()[step];
+        let (latents, fps, split) = (&self.latents, self.fps, &self.split);
+        self.generation = text
+            .iter_mut()
+            .map(|u| {
+                r.transformer
+                    .generate(latents, t, u, fps, r.latent.1, split)
+            })
+            .collect::<Result<_>>()?;
+        Ok(())
+    }
+
+    fn step_block(
+        &mut self,
+        text: &Self::Text,
+        _step: usize,
+        index: usize,
+        w: &dyn Weights,
+    ) -> Result<()> {
         let tr = &self.rank.transformer;
-        match &self.text {
-            None => {
-                for st in &mut self.understanding {
-                    tr.understanding_block(index, w, st)?;
-                }
-            }
-            Some(text) => {
-                for (u, st) in text.iter().zip(&mut self.generation) {
-                    tr.generation_block(index, w, u, st, &mut self.split)?;
-                }
-            }
+        for (u, st) in text.iter().zip(&mut self.generation) {
+            tr.generation_block(index, w, u, st, &mut self.split)?;
         }
         Ok(())
     }
 
-    fn end(&mut self) -> Result<Option<(usize, usize)>> {
-        if self.text.is_none() {
-            self.text = Some(std::mem::take(&mut self.understanding));
-            return Ok(None);
-        }
+    fn end_step(&mut self, _text: &Self::Text, _step: usize) -> Result<()> {
         let tr = &self.rank.transformer;
         let split = &mut self.split;
         let mut v = std::mem::take(&mut self.generation)
@@ -344,11 +321,10 @@ impl Task for Cosmos3Task {
             None => cond,
         };
         self.latents = self.sampler.step(&velocity, &self.latents)?;
-        self.step += 1;
-        Ok(Some((self.step, self.total())))
+        Ok(())
     }
 
-    fn finish(self: Box<Self>) -> Result<Output> {
+    fn finish(self, _text: Option<Self::Text>) -> Result<Output> {
         let image = match &self.rank.vae {
             Some(v) => Some(v.decode(&self.latents)?.to_device(&Device::Cpu)?),
             None => None,

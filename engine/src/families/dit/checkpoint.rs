@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::{ActivationCost, Component, ModelFolder};
-use crate::families::autoencoder_kl::{legacy_attention_alias, VaeConfig};
+use crate::components::autoencoder_kl::{legacy_attention_alias, VaeConfig};
 use crate::families::dit::DitConfig;
 use crate::families::{BlockGroup, FamilyCheckpoint};
 use crate::{Error, Result};

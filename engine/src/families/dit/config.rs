@@ -15,72 +15,44 @@ pub const TIMESTEP_CHANNELS: usize = 256;
 
 /// `transformer/config.json` of a DiT, with diffusers' defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct DitConfig {
-    #[serde(rename = "_class_name", default = "default_class")]
+    #[serde(rename = "_class_name")]
     pub class_name: String,
-    #[serde(default = "d16")]
     pub num_attention_heads: usize,
-    #[serde(default = "d72")]
     pub attention_head_dim: usize,
-    #[serde(default = "d4")]
     pub in_channels: usize,
-    #[serde(default)]
     pub out_channels: Option<usize>,
-    #[serde(default = "d28")]
     pub num_layers: usize,
-    #[serde(default = "dtrue")]
     pub attention_bias: bool,
-    #[serde(default = "d32")]
     pub sample_size: usize,
-    #[serde(default = "d2o")]
     pub patch_size: Option<usize>,
-    #[serde(default = "default_act")]
     pub activation_fn: String,
-    #[serde(default = "d1000o")]
     pub num_embeds_ada_norm: Option<usize>,
-    #[serde(default = "default_norm")]
     pub norm_type: String,
-    #[serde(default)]
     pub norm_elementwise_affine: bool,
-    #[serde(default = "default_eps")]
     pub norm_eps: f64,
 }
 
-fn default_class() -> String {
-    "DiTTransformer2DModel".into()
-}
-fn default_act() -> String {
-    "gelu-approximate".into()
-}
-fn default_norm() -> String {
-    "ada_norm_zero".into()
-}
-fn default_eps() -> f64 {
-    1e-5
-}
-fn d2o() -> Option<usize> {
-    Some(2)
-}
-fn d1000o() -> Option<usize> {
-    Some(1000)
-}
-fn d4() -> usize {
-    4
-}
-fn d16() -> usize {
-    16
-}
-fn d28() -> usize {
-    28
-}
-fn d32() -> usize {
-    32
-}
-fn d72() -> usize {
-    72
-}
-fn dtrue() -> bool {
-    true
+impl Default for DitConfig {
+    fn default() -> Self {
+        DitConfig {
+            class_name: "DiTTransformer2DModel".into(),
+            num_attention_heads: 16,
+            attention_head_dim: 72,
+            in_channels: 4,
+            out_channels: None,
+            num_layers: 28,
+            attention_bias: true,
+            sample_size: 32,
+            patch_size: Some(2),
+            activation_fn: "gelu-approximate".into(),
+            num_embeds_ada_norm: Some(1000),
+            norm_type: "ada_norm_zero".into(),
+            norm_elementwise_affine: false,
+            norm_eps: 1e-5,
+        }
+    }
 }
 
 impl DitConfig {
@@ -98,20 +70,8 @@ impl DitConfig {
     /// DiT-XL/2 at 256 px, as `facebook/DiT-XL-2-256` ships it.
     pub fn xl() -> Self {
         DitConfig {
-            class_name: default_class(),
-            num_attention_heads: 16,
-            attention_head_dim: 72,
-            in_channels: 4,
             out_channels: Some(8),
-            num_layers: 28,
-            attention_bias: true,
-            sample_size: 32,
-            patch_size: Some(2),
-            activation_fn: default_act(),
-            num_embeds_ada_norm: Some(1000),
-            norm_type: default_norm(),
-            norm_elementwise_affine: false,
-            norm_eps: 1e-5,
+            ..Self::default()
         }
     }
 
@@ -288,20 +248,20 @@ impl DitConfig {
 
     /// Every tensor of the transformer with its full name.
     pub fn all_specs(&self) -> Vec<TensorSpec> {
-        let mut v = self.resident_specs();
-        v.extend(self.block_group().tensor_specs());
-        v
+        crate::components::config_json::all_specs(self.resident_specs(), &self.block_group())
     }
 
     /// The JSON diffusers writes for this config.
     pub fn to_json(&self) -> serde_json::Value {
-        let mut v = serde_json::to_value(self).expect("config serialises");
-        let m = v.as_object_mut().expect("object");
-        m.insert("_diffusers_version".into(), "0.30.0".into());
-        m.insert("dropout".into(), 0.0.into());
-        m.insert("upcast_attention".into(), false.into());
-        m.insert("norm_num_groups".into(), 32.into());
-        v
+        crate::components::config_json::with_fields(
+            self,
+            &[
+                ("_diffusers_version", "0.30.0".into()),
+                ("dropout", 0.0.into()),
+                ("upcast_attention", false.into()),
+                ("norm_num_groups", 32.into()),
+            ],
+        )
     }
 }
 

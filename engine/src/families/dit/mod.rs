@@ -8,6 +8,8 @@ pub mod config;
 pub mod model;
 #[cfg(feature = "runtime")]
 pub mod runtime;
+#[cfg(feature = "runtime")]
+pub mod synth;
 
 pub use checkpoint::DitCheckpoint;
 pub use config::{DitConfig, TIMESTEP_CHANNELS};
@@ -17,5 +19,7 @@ pub const FAMILY: crate::families::FamilyEntry = crate::families::FamilyEntry {
     name: "dit",
     pipelines: &["DiTPipeline"],
     unnamed: true,
+    #[cfg(feature = "runtime")]
+    presets: synth::PRESETS,
     open: |root| Ok(std::sync::Arc::new(DitCheckpoint::open(root)?)),
 };

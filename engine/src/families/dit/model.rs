@@ -10,10 +10,10 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::components::fused;
 use crate::execution::dtype::product;
 use crate::execution::weights::Weights;
 use crate::families::dit::{DitConfig, TIMESTEP_CHANNELS};
-use crate::families::fused;
 use crate::{Error, Result};
 
 /// eps of the LayerNorm inside adaLN-Zero and of the final norm (fixed in diffusers).

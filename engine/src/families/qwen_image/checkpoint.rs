@@ -8,9 +8,9 @@ use serde_json::Value;
 use super::transformer::QwenImageTransformerConfig;
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::{ActivationCost, Component, ModelFolder};
-use crate::families::qwen2_5_vl::{Qwen25VlConfig, TensorPrefix};
-use crate::families::wan::checkpoint::listed;
-use crate::families::wan::vae::WanVaeConfig;
+use crate::components::pipeline_index::listed;
+use crate::components::qwen2_5_vl::{Qwen25VlConfig, TensorPrefix};
+use crate::components::wan_vae::WanVaeConfig;
 use crate::families::{BlockGroup, FamilyCheckpoint};
 use crate::{Error, Result};
 
@@ -152,11 +152,7 @@ impl QwenImageCheckpoint {
 
     /// The VAE's decoder tensors, which every rank that decodes keeps on its device.
     pub fn decoder_names(&self) -> Vec<String> {
-        self.vae_config
-            .decoder_specs()
-            .into_iter()
-            .map(|s| s.name)
-            .collect()
+        self.vae_config.decoder_names()
     }
 
     /// Output pixels per token across: the VAE's upscale times the transformer's patch.
@@ -229,7 +225,7 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
             pixels_per_token: side * side,
             bytes_per_token: tr.activation_bytes_per_token(),
             bytes_per_token_pair: 0,
-            attention_bytes: crate::families::attention::ATTENTION_CHUNK_BYTES,
+            attention_bytes: crate::components::attention::ATTENTION_CHUNK_BYTES,
             // The decoder's first up block at full resolution: about three maps of its width
             // for the one frame and the two its causal cache holds.
             vae_bytes_per_pixel: 4 * 3 * base * self.vae_config.dim_mult[0] as u64,

@@ -13,6 +13,8 @@
 pub mod checkpoint;
 #[cfg(feature = "runtime")]
 pub mod runtime;
+#[cfg(feature = "runtime")]
+pub mod synth;
 pub mod transformer;
 pub mod vae;
 
@@ -23,6 +25,8 @@ pub const FAMILY: crate::families::FamilyEntry = crate::families::FamilyEntry {
     name: "qwen-image",
     pipelines: &[checkpoint::CLASS_NAME],
     unnamed: false,
+    #[cfg(feature = "runtime")]
+    presets: synth::PRESETS,
     open: |root| Ok(std::sync::Arc::new(QwenImageCheckpoint::open(root)?)),
 };
 

@@ -19,14 +19,14 @@ use super::QwenImageCheckpoint;
 use super::{TEXT_ENCODER, TRANSFORMER};
 use crate::bounds::Dimension;
 use crate::checkpoint::Mapped;
+use crate::components::qwen2_5_vl::prompt::prompt_embeds;
+use crate::components::qwen2_5_vl::{Qwen25VlEncoder, Qwen25VlState, QwenTokenizer};
+use crate::components::wan_vae::decoder::WanVaeDecoder;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task};
 use crate::execution::seq::Split;
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
-use crate::families::qwen2_5_vl::prompt::prompt_embeds;
-use crate::families::qwen2_5_vl::{Qwen25VlEncoder, Qwen25VlState, QwenTokenizer};
-use crate::families::wan::runtime::VideoDecoder;
-use crate::families::wan::vae::decoder::WanVaeDecoder;
+use crate::families::encode_once::{EncodeOnce, EncodeThenSteps};
 use crate::families::FamilyCheckpoint;
 use crate::samplers::flow::{FlowMatchEuler, FlowMatchEulerConfig, Sampler};
 use crate::{Error, Result};
@@ -80,13 +80,7 @@ impl QwenImageRuntime {
     }
 
     fn vae_decoder(&self, device: &Device) -> Result<WanVaeDecoder> {
-        let w = weights::load(
-            &self.vae,
-            self.checkpoint.decoder_names().into_iter(),
-            device,
-            DType::F32,
-        )?;
-        WanVaeDecoder::load(&self.checkpoint.vae_config, &w)
+        WanVaeDecoder::from_mapped(&self.vae, &self.checkpoint.vae_config, device)
     }
 
     /// The packed latents of a request: [1, (H/16)·(W/16), 4·z].
@@ -252,7 +246,7 @@ impl FamilyRuntime for QwenImageRuntime {
     }
 
     fn decoder(&self, device: &Device) -> Result<Box<dyn Decoder>> {
-        Ok(Box::new(VideoDecoder(self.vae_decoder(device)?)))
+        Ok(Box::new(self.vae_decoder(device)?))
     }
 }
 
@@ -292,7 +286,7 @@ impl RankModel for QwenImageRank {
         let up = ck.vae_config.upscale();
         let (h, w) = (req.height / up, req.width / up);
         let packed = pack(&latents.to_device(&r.device)?)?;
-        Ok(Box::new(QwenImageTask {
+        Ok(Box::new(EncodeOnce::new(QwenImageTask {
             sampler: Box::new(FlowMatchEuler::for_image(
                 &r.scheduler,
                 req.steps,
@@ -304,11 +298,9 @@ impl RankModel for QwenImageRank {
             ids,
             max_len: req.max_sequence_length,
             guidance: req.guidance,
-            text: None,
             encoder: Vec::new(),
             states: Vec::new(),
-            step: 0,
-        }))
+        })))
     }
 }
 
@@ -326,96 +318,89 @@ struct QwenImageTask {
     latents: Tensor,
     /// The latents' height and width, for unpacking.
     latent_hw: (usize, usize),
-    /// Each sequence's prompt embeddings [1, M, D], once encoded.
-    text: Option<Vec<Tensor>>,
     /// The text encoder's pass in flight, one state per sequence.
     encoder: Vec<Qwen25VlState>,
     /// The transformer's pass in flight, one state per sequence.
     states: Vec<QwenImageState>,
-    step: usize,
 }
 
-impl QwenImageTask {
+impl EncodeThenSteps for QwenImageTask {
+    /// Each sequence's prompt embeddings [1, M, D].
+    type Text = Vec<Tensor>;
+
+    fn encoder_group(&self) -> usize {
+        TEXT_ENCODER
+    }
+
+    fn step_group(&self, step: usize) -> Option<usize> {
+        (step < self.total()).then_some(TRANSFORMER)
+    }
+
     fn total(&self) -> usize {
         self.sampler.timesteps().len()
     }
 
-    fn group_at(&self, step: usize) -> Option<usize> {
-        (step < self.total()).then_some(TRANSFORMER)
-    }
-}
-
-impl Task for QwenImageTask {
-    fn wants(&self) -> Option<usize> {
-        match &self.text {
-            None => Some(TEXT_ENCODER),
-            Some(_) => self.group_at(self.step),
-        }
-    }
-
-    fn wants_after(&self) -> Option<usize> {
-        match &self.text {
-            None => self.group_at(0),
-            Some(_) => self.group_at(self.step + 1),
-        }
-    }
-
-    fn begin(&mut self) -> Result<()> {
+    fn begin_encode(&mut self) -> Result<()> {
         let r = self.rank.clone();
-        match &self.text {
-            None => {
-                self.encoder = self
-                    .ids
-                    .iter()
-                    .map(|ids| {
-                        let emb = Qwen25VlEncoder::embed(
-                            &r.mapping,
-                            r.checkpoint.text_encoder_prefix,
-                            ids,
-                            &r.device,
-                        )?;
-                        r.encoder.prologue(emb)
-                    })
-                    .collect::<Result<_>>()?;
-            }
-            Some(text) => {
-                // The pipeline passes `timestep / 1000` in the latents' dtype.
-                let t = self.sampler.timesteps()[self.step] / 1000.0;
-                let (h, w) = self.latent_hw;
-                let grid = (1, h / 2, w / 2);
-                self.states = text
-                    .iter()
-                    .map(|e| r.transformer.prologue(&self.latents, t, e, grid))
-                    .collect::<Result<_>>()?;
-            }
+        self.encoder = self
+            .ids
+            .iter()
+            .map(|ids| {
+                let emb = Qwen25VlEncoder::embed(
+                    &r.mapping,
+                    r.checkpoint.text_encoder_prefix,
+                    ids,
+                    &r.device,
+                )?;
+                r.encoder.prologue(emb)
+            })
+            .collect::<Result<_>>()?;
+        Ok(())
+    }
+
+    fn encode_block(&mut self, index: usize, w: &dyn Weights) -> Result<()> {
+        for st in &mut self.encoder {
+            self.rank.encoder.block(index, w, st)?;
         }
         Ok(())
     }
 
-    fn block(&mut self, index: usize, w: &dyn Weights) -> Result<()> {
-        let r = &self.rank;
-        if self.text.is_none() {
-            for st in &mut self.encoder {
-                r.encoder.block(index, w, st)?;
-            }
-        } else {
-            for st in &mut self.states {
-                r.transformer.block(index, w, st)?;
-            }
+    fn end_encode(&mut self) -> Result<Self::Text> {
+        let r = self.rank.clone();
+        std::mem::take(&mut self.encoder)
+            .into_iter()
+            .map(|st| prompt_embeds(&r.encoder.epilogue(st)?, self.max_len))
+            .collect()
+    }
+
+    fn begin_step(&mut self, text: &mut Self::Text, step: usize) -> Result<()> {
+        let r = self.rank.clone();
+        // The pipeline passes `timestep / 1000` in the latents' dtype.
+        let t = self.sampler.timesteps()[step] / 1000.0;
+        let (h, w) = self.latent_hw;
+        let grid = (1, h / 2, w / 2);
+        self.states = text
+            .iter()
+            .map(|e| r.transformer.prologue(&self.latents, t, e, grid))
+            .collect::<Result<_>>()?;
+        Ok(())
+    }
+
+    fn step_block(
+        &mut self,
+        _text: &Self::Text,
+        _step: usize,
+        index: usize,
+        w: &dyn Weights,
+    ) -> Result<()> {
+        for st in &mut self.states {
+            self.rank.transformer.block(index, w, st)?;
         }
         Ok(())
     }
 
-    fn end(&mut self) -> Result<Option<(usize, usize)>> {
+    fn end_step(&mut self, _text: &Self::Text, _step: usize) -> Result<()> {
         let r = self.rank.clone();
-        if self.text.is_none() {
-            let text = std::mem::take(&mut self.encoder)
-                .into_iter()
-                .map(|st| prompt_embeds(&r.encoder.epilogue(st)?, self.max_len))
-                .collect::<Result<_>>()?;
-            self.text = Some(text);
-            return Ok(None);
-        }
         let mut v = std::mem::take(&mut self.states)
             .into_iter()
             .map(|st| r.transformer.epilogue(st));
@@ -427,11 +412,10 @@ impl Task for QwenImageTask {
             None => cond,
         };
         self.latents = self.sampler.step(&noise, &self.latents)?;
-        self.step += 1;
-        Ok(Some((self.step, self.total())))
+        Ok(())
     }
 
-    fn finish(self: Box<Self>) -> Result<Output> {
+    fn finish(self, _text: Option<Self::Text>) -> Result<Output> {
         let (h, w) = self.latent_hw;
         let latents = unpack(&self.latents, h, w)?;
         let image = match &self.rank.vae {

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::families::wan::vae::WanVaeConfig;
+use crate::components::wan_vae::WanVaeConfig;
 use crate::{Error, Result};
 
 /// The class diffusers writes in `vae/config.json`.
@@ -15,46 +15,38 @@ pub const CLASS_NAME: &str = "AutoencoderKLQwenImage";
 
 /// Every field `AutoencoderKLQwenImage` registers, with its defaults (the published model's).
 #[derive(Debug, Deserialize)]
+#[serde(default)]
 struct QwenImageVaeConfig {
-    #[serde(rename = "_class_name", default)]
+    #[serde(rename = "_class_name")]
     class_name: String,
-    #[serde(default = "base_dim")]
     base_dim: usize,
-    #[serde(default = "z_dim")]
     z_dim: usize,
-    #[serde(default = "dim_mult")]
     dim_mult: Vec<usize>,
-    #[serde(default = "num_res_blocks")]
     num_res_blocks: usize,
-    #[serde(default)]
     attn_scales: Vec<f64>,
-    #[serde(default = "temperal_downsample")]
     temperal_downsample: Vec<bool>,
-    #[serde(default)]
     dropout: f64,
-    #[serde(default = "input_channels")]
     input_channels: usize,
     latents_mean: Option<Vec<f64>>,
     latents_std: Option<Vec<f64>>,
 }
 
-fn base_dim() -> usize {
-    96
-}
-fn z_dim() -> usize {
-    16
-}
-fn dim_mult() -> Vec<usize> {
-    vec![1, 2, 4, 4]
-}
-fn num_res_blocks() -> usize {
-    2
-}
-fn temperal_downsample() -> Vec<bool> {
-    vec![false, true, true]
-}
-fn input_channels() -> usize {
-    3
+impl Default for QwenImageVaeConfig {
+    fn default() -> Self {
+        QwenImageVaeConfig {
+            class_name: String::new(),
+            base_dim: 96,
+            z_dim: 16,
+            dim_mult: vec![1, 2, 4, 4],
+            num_res_blocks: 2,
+            attn_scales: Vec::new(),
+            temperal_downsample: vec![false, true, true],
+            dropout: 0.0,
+            input_channels: 3,
+            latents_mean: None,
+            latents_std: None,
+        }
+    }
 }
 
 /// Reads `vae/config.json` of a Qwen-Image folder as the Wan VAE config it is, and checks it
@@ -98,7 +90,7 @@ pub fn load(path: &Path) -> Result<WanVaeConfig> {
 pub fn to_json(cfg: &WanVaeConfig) -> serde_json::Value {
     serde_json::json!({
         "_class_name": CLASS_NAME,
-        "_diffusers_version": crate::families::wan::vae::DIFFUSERS_VERSION,
+        "_diffusers_version": crate::components::wan_vae::DIFFUSERS_VERSION,
         "base_dim": cfg.base_dim,
         "z_dim": cfg.z_dim,
         "dim_mult": cfg.dim_mult,

@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::transformer::WanTransformerConfig;
-use super::vae::WanVaeConfig;
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::{ActivationCost, Component, ModelFolder};
-use crate::families::umt5::{Umt5Config, FINAL_NORM};
+use crate::components::pipeline_index::listed;
+use crate::components::umt5::{Umt5Config, FINAL_NORM};
+use crate::components::wan_vae::WanVaeConfig;
 use crate::families::{BlockGroup, FamilyCheckpoint};
 use crate::{Error, Result};
 
@@ -39,16 +40,6 @@ fn differing_field(a: &Value, b: &Value) -> Option<String> {
         .chain(b.keys())
         .find(|k| a.get(*k) != b.get(*k))
         .cloned()
-}
-
-/// Whether `model_index.json` lists a component (diffusers writes `[null, null]` for an
-/// optional one that is absent).
-pub(crate) fn listed(index: &Value, name: &str) -> bool {
-    match index.get(name) {
-        None | Some(Value::Null) => false,
-        Some(Value::Array(a)) => a.iter().any(|v| !v.is_null()),
-        Some(_) => true,
-    }
 }
 
 /// Checks `model_index.json` (`index`, read from `path`): every component a Wan pipeline
@@ -247,11 +238,7 @@ impl WanCheckpoint {
 
     /// The VAE's decoder tensors, which every rank that decodes keeps on its device.
     pub fn decoder_names(&self) -> Vec<String> {
-        self.vae_config
-            .decoder_specs()
-            .into_iter()
-            .map(|s| s.name)
-            .collect()
+        self.vae_config.decoder_names()
     }
 }
 
@@ -337,7 +324,7 @@ impl FamilyCheckpoint for WanCheckpoint {
             // scores stay within a fixed budget, so no term grows with tokens².
             bytes_per_token: 4 * (8 * d + 2 * ffn),
             bytes_per_token_pair: 0,
-            attention_bytes: crate::families::attention::ATTENTION_CHUNK_BYTES,
+            attention_bytes: crate::components::attention::ATTENTION_CHUNK_BYTES,
             // The decoder's first up block at full resolution: about three maps of its
             // width for each of the frames a chunk yields and the two it caches.
             vae_bytes_per_pixel: 4 * 3 * base * self.vae_config.dim_mult[0] as u64,

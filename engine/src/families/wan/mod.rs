@@ -11,8 +11,9 @@
 pub mod checkpoint;
 #[cfg(feature = "runtime")]
 pub mod runtime;
+#[cfg(feature = "runtime")]
+pub mod synth;
 pub mod transformer;
-pub mod vae;
 
 pub use checkpoint::WanCheckpoint;
 
@@ -21,6 +22,8 @@ pub const FAMILY: crate::families::FamilyEntry = crate::families::FamilyEntry {
     name: "wan",
     pipelines: &["WanPipeline"],
     unnamed: false,
+    #[cfg(feature = "runtime")]
+    presets: synth::PRESETS,
     open: |root| Ok(std::sync::Arc::new(WanCheckpoint::open(root)?)),
 };
 

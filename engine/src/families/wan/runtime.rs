@@ -11,16 +11,17 @@ use candle_core::{DType, Device, Tensor};
 
 use super::transformer::model::{WanState, WanTransformer};
 use super::transformer::WanTransformerConfig;
-use super::vae::decoder::WanVaeDecoder;
 use super::{WanCheckpoint, TEXT_ENCODER, TRANSFORMER, TRANSFORMER_2};
 use crate::bounds::Dimension;
 use crate::checkpoint::Mapped;
+use crate::components::umt5::model::zero_padding;
+use crate::components::umt5::{embedding_table, PromptTokenizer, Umt5Encoder, Umt5State};
+use crate::components::wan_vae::decoder::WanVaeDecoder;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task, VideoSpec};
 use crate::execution::seq::Split;
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
-use crate::families::umt5::model::zero_padding;
-use crate::families::umt5::{embedding_table, PromptTokenizer, Umt5Encoder, Umt5State};
+use crate::families::encode_once::{EncodeOnce, EncodeThenSteps};
 use crate::families::FamilyCheckpoint;
 use crate::samplers::flow::{FlowScheduler, Sampler};
 use crate::{Error, Result};
@@ -63,13 +64,7 @@ impl WanRuntime {
     }
 
     fn vae_decoder(&self, device: &Device) -> Result<WanVaeDecoder> {
-        let w = weights::load(
-            &self.vae,
-            self.checkpoint.decoder_names().into_iter(),
-            device,
-            DType::F32,
-        )?;
-        WanVaeDecoder::load(&self.checkpoint.vae_config, &w)
+        WanVaeDecoder::from_mapped(&self.vae, &self.checkpoint.vae_config, device)
     }
 }
 
@@ -194,7 +189,7 @@ impl FamilyRuntime for WanRuntime {
     }
 
     fn decoder(&self, device: &Device) -> Result<Box<dyn Decoder>> {
-        Ok(Box::new(VideoDecoder(self.vae_decoder(device)?)))
+        Ok(Box::new(self.vae_decoder(device)?))
     }
 
     fn sequence_parallel(&self) -> Option<(usize, String)> {
@@ -203,23 +198,6 @@ impl FamilyRuntime for WanRuntime {
             heads,
             format!("the transformer has {heads} attention heads"),
         ))
-    }
-}
-
-/// The Wan VAE as a [`Decoder`]: [1, C, T, h, w] latents to [F, 3, H, W] frames.
-pub(crate) struct VideoDecoder(pub(crate) WanVaeDecoder);
-
-impl Decoder for VideoDecoder {
-    fn decode(&self, latents: &Tensor) -> Result<Tensor> {
-        self.0.decode(latents)
-    }
-
-    fn decode_frames(
-        &self,
-        latents: &Tensor,
-        f: &mut dyn FnMut(Tensor) -> Result<()>,
-    ) -> Result<()> {
-        self.0.decode_chunks(latents, f)
     }
 }
 
@@ -271,7 +249,7 @@ impl RankModel for WanRank {
         if guided {
             prompts.push(negative.clone());
         }
-        Ok(Box::new(WanTask {
+        Ok(Box::new(EncodeOnce::new(WanTask {
             sampler: c.scheduler.sampler(req.steps)?,
             latents: latents.to_device(&r.device)?,
             rank: self.0.clone(),
@@ -280,12 +258,10 @@ impl RankModel for WanRank {
             guidance: req.guidance,
             guidance_2: req.guidance_2.unwrap_or(req.guidance),
             guided,
-            text: None,
-            step: 0,
             encoder: None,
             state: None,
             split,
-        }))
+        })))
     }
 }
 
@@ -300,9 +276,6 @@ struct WanTask {
     guided: bool,
     sampler: Box<dyn Sampler>,
     latents: Tensor,
-    /// Text embeddings [B, M, D] (prompt, then negative prompt under guidance), once encoded.
-    text: Option<Tensor>,
-    step: usize,
     /// The text encoder's pass: its activations and the prompts' attention masks.
     encoder: Option<(Umt5State, Vec<Vec<u32>>)>,
     state: Option<WanState>,
@@ -311,10 +284,7 @@ struct WanTask {
 }
 
 impl WanTask {
-    fn total(&self) -> usize {
-        self.sampler.timesteps().len()
-    }
-
+    /// The expert step `step` runs (the group of its blocks).
     fn expert_at(&self, step: usize) -> Option<usize> {
         let t = *self.sampler.timesteps().get(step)?;
         let c = &self.rank.runtime;
@@ -324,57 +294,75 @@ impl WanTask {
         })
     }
 
-    /// The group of the current step's expert.
-    fn expert_group(&self) -> usize {
-        self.expert_at(self.step).unwrap_or(TRANSFORMER)
-    }
-
-    fn expert(&self) -> &WanTransformer {
-        &self.rank.experts[self.expert_group() - TRANSFORMER]
+    fn expert_group(&self, step: usize) -> usize {
+        self.expert_at(step).unwrap_or(TRANSFORMER)
     }
 }
 
-impl Task for WanTask {
-    fn wants(&self) -> Option<usize> {
-        match &self.text {
-            None => Some(TEXT_ENCODER),
-            Some(_) => self.expert_at(self.step),
-        }
+impl EncodeThenSteps for WanTask {
+    /// Text embeddings [B, M, D] (prompt, then negative prompt under guidance).
+    type Text = Tensor;
+
+    fn encoder_group(&self) -> usize {
+        TEXT_ENCODER
     }
 
-    fn wants_after(&self) -> Option<usize> {
-        match &self.text {
-            None => self.expert_at(0),
-            Some(_) => self.expert_at(self.step + 1),
-        }
+    fn step_group(&self, step: usize) -> Option<usize> {
+        self.expert_at(step)
     }
 
-    fn begin(&mut self) -> Result<()> {
+    fn total(&self) -> usize {
+        self.sampler.timesteps().len()
+    }
+
+    fn begin_encode(&mut self) -> Result<()> {
         let r = self.rank.clone();
-        if self.text.is_none() {
-            let refs: Vec<&str> = self.prompts.iter().map(String::as_str).collect();
-            let (ids, mask) = r.runtime.tokenizer.encode_to(&refs, self.max_len)?;
-            let emb = Umt5Encoder::embed(&r.runtime.mapping, r.runtime.table, &ids, &r.device)?;
-            self.encoder = Some((r.encoder.prologue(emb, &mask)?, mask));
-            return Ok(());
-        }
-        let text = self.text.as_ref().expect("encoded");
-        let t = self.sampler.timesteps()[self.step];
+        let refs: Vec<&str> = self.prompts.iter().map(String::as_str).collect();
+        let (ids, mask) = r.runtime.tokenizer.encode_to(&refs, self.max_len)?;
+        let emb = Umt5Encoder::embed(&r.runtime.mapping, r.runtime.table, &ids, &r.device)?;
+        self.encoder = Some((r.encoder.prologue(emb, &mask)?, mask));
+        Ok(())
+    }
+
+    fn encode_block(&mut self, index: usize, w: &dyn Weights) -> Result<()> {
+        let (st, _) = self
+            .encoder
+            .as_mut()
+            .ok_or_else(|| Error::bug("encode: block before the prologue"))?;
+        self.rank.encoder.block(index, w, st)
+    }
+
+    fn end_encode(&mut self) -> Result<Self::Text> {
+        let (st, mask) = self
+            .encoder
+            .take()
+            .ok_or_else(|| Error::bug("encode: no activations after the pass"))?;
+        // WanPipeline keeps each prompt's own rows and zeroes the padding's.
+        let hidden = self.rank.encoder.epilogue(st)?;
+        zero_padding(&hidden, &mask)
+    }
+
+    fn begin_step(&mut self, text: &mut Self::Text, step: usize) -> Result<()> {
+        let t = self.sampler.timesteps()[step];
         let input = if self.guided {
             Tensor::cat(&[&self.latents, &self.latents], 0)?
         } else {
             self.latents.clone()
         };
-        self.state = Some(self.expert().prologue(&input, t, text, &self.split)?);
+        let expert = &self.rank.experts[self.expert_group(step) - TRANSFORMER];
+        self.state = Some(expert.prologue(&input, t, text, &self.split)?);
         Ok(())
     }
 
-    fn block(&mut self, index: usize, w: &dyn Weights) -> Result<()> {
-        if let Some((st, _)) = self.encoder.as_mut() {
-            return self.rank.encoder.block(index, w, st);
-        }
+    fn step_block(
+        &mut self,
+        _text: &Self::Text,
+        step: usize,
+        index: usize,
+        w: &dyn Weights,
+    ) -> Result<()> {
         let rank = self.rank.clone();
-        let expert = &rank.experts[self.expert_group() - TRANSFORMER];
+        let expert = &rank.experts[self.expert_group(step) - TRANSFORMER];
         let st = self
             .state
             .as_mut()
@@ -382,18 +370,12 @@ impl Task for WanTask {
         expert.block(index, w, st, &mut self.split)
     }
 
-    fn end(&mut self) -> Result<Option<(usize, usize)>> {
-        if let Some((st, mask)) = self.encoder.take() {
-            // WanPipeline keeps each prompt's own rows and zeroes the padding's.
-            let hidden = self.rank.encoder.epilogue(st)?;
-            self.text = Some(zero_padding(&hidden, &mask)?);
-            return Ok(None);
-        }
+    fn end_step(&mut self, _text: &Self::Text, step: usize) -> Result<()> {
         let st = self
             .state
             .take()
             .ok_or_else(|| Error::bug("step: no activations after the pass"))?;
-        let g = self.expert_group();
+        let g = self.expert_group(step);
         let rank = self.rank.clone();
         let out = rank.experts[g - TRANSFORMER].epilogue(st, &mut self.split)?;
         let noise = if self.guided {
@@ -408,11 +390,10 @@ impl Task for WanTask {
             out
         };
         self.latents = self.sampler.step(&noise, &self.latents)?;
-        self.step += 1;
-        Ok(Some((self.step, self.total())))
+        Ok(())
     }
 
-    fn finish(self: Box<Self>) -> Result<Output> {
+    fn finish(self, text: Option<Self::Text>) -> Result<Output> {
         let image = match &self.rank.vae {
             Some(v) => Some(v.decode(&self.latents)?.to_device(&Device::Cpu)?),
             None => None,
@@ -420,7 +401,7 @@ impl Task for WanTask {
         Ok(Output {
             latents: self.latents.to_device(&Device::Cpu)?,
             image,
-            text_embeddings: self.text.map(|t| t.to_device(&Device::Cpu)).transpose()?,
+            text_embeddings: text.map(|t| t.to_device(&Device::Cpu)).transpose()?,
         })
     }
 }

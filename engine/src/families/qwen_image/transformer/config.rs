@@ -34,70 +34,54 @@ pub const ROPE_POSITIONS: usize = 4096;
 /// Unknown fields (the published file's `pooled_projection_dim`, which diffusers ignores)
 /// are ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct QwenImageTransformerConfig {
     /// Empty when the file has no `_class_name`; `validate` rejects that.
-    #[serde(rename = "_class_name", default)]
+    #[serde(rename = "_class_name")]
     pub class_name: String,
     /// Side of the square patch the pipeline packs latents into (2 × 2 latent pixels per
     /// token); the output projection yields `patch_size² × out_channels` per token.
-    #[serde(default = "d2")]
     pub patch_size: usize,
     /// Width of one packed token (latent channels × patch_size²).
-    #[serde(default = "d64")]
     pub in_channels: usize,
     /// diffusers reads `out_channels or in_channels`: null (or 0) means `in_channels`.
-    #[serde(default = "d16o")]
     pub out_channels: Option<usize>,
-    #[serde(default = "d60")]
     pub num_layers: usize,
-    #[serde(default = "d128")]
     pub attention_head_dim: usize,
-    #[serde(default = "d24")]
     pub num_attention_heads: usize,
     /// Width of the text encoder's hidden states (Qwen2.5-VL 7B: 3584).
-    #[serde(default = "d3584")]
     pub joint_attention_dim: usize,
     /// The guidance-distilled variant. diffusers 0.42.1 builds no guidance embedder for
     /// it and its forward cannot take a guidance value, so it is refused.
-    #[serde(default)]
     pub guidance_embeds: bool,
     /// How each head's channels split between the frame, row and column rotary parts.
-    #[serde(default = "default_axes")]
     pub axes_dims_rope: Vec<usize>,
     /// Qwen-Image-Edit 2511's per-token modulation of condition images; refused.
-    #[serde(default)]
     pub zero_cond_t: bool,
     /// Qwen-Image-Layered's extra timestep condition (a tensor more); refused.
-    #[serde(default)]
     pub use_additional_t_cond: bool,
     /// Qwen-Image-Layered's layered rotary embedding; refused.
-    #[serde(default)]
     pub use_layer3d_rope: bool,
 }
 
-fn d2() -> usize {
-    2
-}
-fn d16o() -> Option<usize> {
-    Some(16)
-}
-fn d24() -> usize {
-    24
-}
-fn d60() -> usize {
-    60
-}
-fn d64() -> usize {
-    64
-}
-fn d128() -> usize {
-    128
-}
-fn d3584() -> usize {
-    3584
-}
-fn default_axes() -> Vec<usize> {
-    vec![16, 56, 56]
+impl Default for QwenImageTransformerConfig {
+    fn default() -> Self {
+        QwenImageTransformerConfig {
+            class_name: String::new(),
+            patch_size: 2,
+            in_channels: 64,
+            out_channels: Some(16),
+            num_layers: 60,
+            attention_head_dim: 128,
+            num_attention_heads: 24,
+            joint_attention_dim: 3584,
+            guidance_embeds: false,
+            axes_dims_rope: vec![16, 56, 56],
+            zero_cond_t: false,
+            use_additional_t_cond: false,
+            use_layer3d_rope: false,
+        }
+    }
 }
 
 impl QwenImageTransformerConfig {
@@ -122,18 +106,7 @@ impl QwenImageTransformerConfig {
     pub fn published() -> Self {
         QwenImageTransformerConfig {
             class_name: CLASS_NAME.into(),
-            patch_size: 2,
-            in_channels: 64,
-            out_channels: Some(16),
-            num_layers: 60,
-            attention_head_dim: 128,
-            num_attention_heads: 24,
-            joint_attention_dim: 3584,
-            guidance_embeds: false,
-            axes_dims_rope: default_axes(),
-            zero_cond_t: false,
-            use_additional_t_cond: false,
-            use_layer3d_rope: false,
+            ..Self::default()
         }
     }
 
@@ -292,7 +265,7 @@ impl QwenImageTransformerConfig {
     /// Bytes of activations (f32) live per token at the peak of a block, image and text
     /// tokens alike: the two streams run the same widths and attend jointly, so a request
     /// of S image and M text tokens holds this × (S + M), beside attention's scores,
-    /// which run in query chunks within `families::attention::ATTENTION_CHUNK_BYTES`
+    /// which run in query chunks within `components::attention::ATTENTION_CHUNK_BYTES`
     /// (over S + M keys, `num_attention_heads` heads) and so grow with no power of tokens.
     ///
     /// Counted, in model widths D: the stream itself, its modulated norm, q, k, v (per
@@ -383,19 +356,16 @@ impl QwenImageTransformerConfig {
 
     /// Every tensor of the transformer with its full name.
     pub fn all_specs(&self) -> Vec<TensorSpec> {
-        let mut v = self.resident_specs();
-        v.extend(self.block_group().tensor_specs());
-        v
+        crate::components::config_json::all_specs(self.resident_specs(), &self.block_group())
     }
 
     /// The JSON diffusers writes for this config, so that a folder written with it loads
     /// in diffusers.
     pub fn to_json(&self) -> serde_json::Value {
-        let mut v = serde_json::to_value(self).expect("config serialises");
-        if let Some(m) = v.as_object_mut() {
-            m.insert("_diffusers_version".into(), DIFFUSERS_VERSION.into());
-        }
-        v
+        crate::components::config_json::with_fields(
+            self,
+            &[("_diffusers_version", DIFFUSERS_VERSION.into())],
+        )
     }
 }
 

@@ -14,9 +14,9 @@ use candle_core::{Device, Tensor, D};
 
 use super::config::{QwenImageTransformerConfig, EPS, TIMESTEP_DIM, TIMESTEP_SCALE};
 use super::rope;
+use crate::components::attention::attention;
+use crate::components::fused;
 use crate::execution::weights::Weights;
-use crate::families::attention::attention;
-use crate::families::fused;
 use crate::{Error, Result};
 
 fn linear(w: &dyn Weights, name: &str, x: &Tensor) -> Result<Tensor> {
@@ -254,21 +254,9 @@ impl QwenImageTransformer {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
+    use crate::components::layers::random_weights;
     use crate::execution::weights::seeded_noise;
-
-    fn random_weights(specs: &[crate::families::TensorSpec], seed: u64) -> HashMap<String, Tensor> {
-        specs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let t = seeded_noise(seed + i as u64, &s.shape).unwrap();
-                (s.name.clone(), (t * 0.2).unwrap())
-            })
-            .collect()
-    }
 
     fn tiny() -> QwenImageTransformer {
         let cfg = QwenImageTransformerConfig::tiny();

@@ -21,89 +21,61 @@ pub const BLOCK_PREFIX: &str = "blocks.";
 /// A diffusers `WanTransformer3DModel` config. Defaults are diffusers' own (they are the
 /// 14B model's), so a config that omits a field means what it means to diffusers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct WanTransformerConfig {
     /// Empty when the file has no `_class_name`; `validate` rejects that.
-    #[serde(rename = "_class_name", default)]
+    #[serde(rename = "_class_name")]
     pub class_name: String,
     /// (frames, height, width) of one patch.
-    #[serde(default = "default_patch")]
     pub patch_size: Vec<usize>,
-    #[serde(default = "d40")]
     pub num_attention_heads: usize,
-    #[serde(default = "d128")]
     pub attention_head_dim: usize,
-    #[serde(default = "d16")]
     pub in_channels: usize,
     /// diffusers reads `out_channels or in_channels`: null (or 0) means `in_channels`.
-    #[serde(default = "d16o")]
     pub out_channels: Option<usize>,
     /// Width of the text encoder's hidden states (UMT5-XXL: 4096).
-    #[serde(default = "d4096")]
     pub text_dim: usize,
     /// Width of the sinusoidal timestep projection.
-    #[serde(default = "d256")]
     pub freq_dim: usize,
-    #[serde(default = "d13824")]
     pub ffn_dim: usize,
-    #[serde(default = "d40")]
     pub num_layers: usize,
     /// Whether cross-attention's input goes through an affine LayerNorm (`norm2`).
-    #[serde(default = "dtrue")]
     pub cross_attn_norm: bool,
-    #[serde(default = "default_qk_norm")]
     pub qk_norm: Option<String>,
     /// Epsilon of every LayerNorm and RMSNorm in the model.
-    #[serde(default = "default_eps")]
     pub eps: f64,
     /// CLIP image embedding width of the image-to-video models; T2V has none.
-    #[serde(default)]
     pub image_dim: Option<usize>,
     /// Image key/value projections of the image-to-video models; T2V has none.
-    #[serde(default)]
     pub added_kv_proj_dim: Option<usize>,
     /// Positions the rotary tables cover, per axis (latent frames, patch rows, columns).
-    #[serde(default = "d1024")]
     pub rope_max_seq_len: usize,
     /// Position embedding of the image embedder (first-last-frame models); T2V has none.
-    #[serde(default)]
     pub pos_embed_seq_len: Option<usize>,
 }
 
-fn default_patch() -> Vec<usize> {
-    vec![1, 2, 2]
-}
-fn default_qk_norm() -> Option<String> {
-    Some(QK_NORM.into())
-}
-fn default_eps() -> f64 {
-    1e-6
-}
-fn d16() -> usize {
-    16
-}
-fn d16o() -> Option<usize> {
-    Some(16)
-}
-fn d40() -> usize {
-    40
-}
-fn d128() -> usize {
-    128
-}
-fn d256() -> usize {
-    256
-}
-fn d1024() -> usize {
-    1024
-}
-fn d4096() -> usize {
-    4096
-}
-fn d13824() -> usize {
-    13824
-}
-fn dtrue() -> bool {
-    true
+impl Default for WanTransformerConfig {
+    fn default() -> Self {
+        WanTransformerConfig {
+            class_name: String::new(),
+            patch_size: vec![1, 2, 2],
+            num_attention_heads: 40,
+            attention_head_dim: 128,
+            in_channels: 16,
+            out_channels: Some(16),
+            text_dim: 4096,
+            freq_dim: 256,
+            ffn_dim: 13824,
+            num_layers: 40,
+            cross_attn_norm: true,
+            qk_norm: Some(QK_NORM.into()),
+            eps: 1e-6,
+            image_dim: None,
+            added_kv_proj_dim: None,
+            rope_max_seq_len: 1024,
+            pos_embed_seq_len: None,
+        }
+    }
 }
 
 impl WanTransformerConfig {
@@ -136,22 +108,7 @@ impl WanTransformerConfig {
     pub fn wan21_14b() -> Self {
         WanTransformerConfig {
             class_name: CLASS_NAME.into(),
-            patch_size: default_patch(),
-            num_attention_heads: 40,
-            attention_head_dim: 128,
-            in_channels: 16,
-            out_channels: Some(16),
-            text_dim: 4096,
-            freq_dim: 256,
-            ffn_dim: 13824,
-            num_layers: 40,
-            cross_attn_norm: true,
-            qk_norm: default_qk_norm(),
-            eps: 1e-6,
-            image_dim: None,
-            added_kv_proj_dim: None,
-            rope_max_seq_len: 1024,
-            pos_embed_seq_len: None,
+            ..Self::default()
         }
     }
 
@@ -344,19 +301,16 @@ impl WanTransformerConfig {
 
     /// Every tensor of the transformer with its full name.
     pub fn all_specs(&self) -> Vec<TensorSpec> {
-        let mut v = self.resident_specs();
-        v.extend(self.block_group().tensor_specs());
-        v
+        crate::components::config_json::all_specs(self.resident_specs(), &self.block_group())
     }
 
     /// The JSON diffusers writes for this config, so that a folder written with it loads
     /// in diffusers.
     pub fn to_json(&self) -> serde_json::Value {
-        let mut v = serde_json::to_value(self).expect("config serialises");
-        if let Some(m) = v.as_object_mut() {
-            m.insert("_diffusers_version".into(), DIFFUSERS_VERSION.into());
-        }
-        v
+        crate::components::config_json::with_fields(
+            self,
+            &[("_diffusers_version", DIFFUSERS_VERSION.into())],
+        )
     }
 }
 

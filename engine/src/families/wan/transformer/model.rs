@@ -6,14 +6,15 @@
 //! keeps the norms, the modulation tables and the time embedder in f32 beside bf16
 //! weights; here every weight arrives as f32).
 
-use candle_core::{Device, Tensor, D};
+use candle_core::{Tensor, D};
 
 use super::config::WanTransformerConfig;
 use super::rope;
+use crate::components::attention::attention;
+use crate::components::fused;
+use crate::components::layers::timestep_embedding;
 use crate::execution::seq::Split;
 use crate::execution::weights::Weights;
-use crate::families::attention::attention;
-use crate::families::fused;
 use crate::{Error, Result};
 
 fn linear(w: &dyn Weights, name: &str, x: &Tensor) -> Result<Tensor> {
@@ -60,26 +61,6 @@ fn norm_modulate(x: &Tensor, shift: &Tensor, scale: &Tensor, eps: f64) -> Result
 /// `x + y * gate` with `gate` of shape [B, 1, D].
 fn gated(x: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor> {
     fused::gated_residual(x, y, &gate.squeeze(1)?)
-}
-
-/// diffusers' `get_timestep_embedding` as Wan calls it (flip_sin_to_cos, shift 0):
-/// [cos | sin] of `t · 10000^(-i / (dim / 2))`, [len(t), dim]. The exponent is formed in
-/// f32 as torch forms it; exp, sin and cos go through f64 so they round once.
-pub fn timestep_embedding(t: &[f32], dim: usize, device: &Device) -> Result<Tensor> {
-    let half = dim / 2;
-    let freqs: Vec<f32> = (0..half)
-        .map(|i| {
-            let exponent = -(10000f64.ln() as f32) * i as f32 / half as f32;
-            (exponent as f64).exp() as f32
-        })
-        .collect();
-    let mut out = Vec::with_capacity(t.len() * dim);
-    for &ts in t {
-        let args: Vec<f64> = freqs.iter().map(|f| (ts * f) as f64).collect();
-        out.extend(args.iter().map(|a| a.cos() as f32));
-        out.extend(args.iter().map(|a| a.sin() as f32));
-    }
-    Ok(Tensor::from_vec(out, (t.len(), dim), device)?)
 }
 
 /// Which attention a block runs.
@@ -350,33 +331,8 @@ impl WanTransformer {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
-
-    fn random_weights(specs: &[crate::families::TensorSpec], seed: u64) -> HashMap<String, Tensor> {
-        specs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let t = crate::execution::weights::seeded_noise(seed + i as u64, &s.shape).unwrap();
-                (s.name.clone(), (t * 0.2).unwrap())
-            })
-            .collect()
-    }
-
-    #[test]
-    fn timestep_embedding_is_cos_then_sin_without_shift() {
-        let e: Vec<Vec<f32>> = timestep_embedding(&[2.0], 8, &Device::Cpu)
-            .unwrap()
-            .to_vec2()
-            .unwrap();
-        // Frequencies 10000^(-i/4): 1, 0.1, 0.01, 0.001.
-        for (i, f) in [1.0, 0.1, 0.01, 0.001f64].iter().enumerate() {
-            assert!((e[0][i] - (2.0 * f).cos() as f32).abs() < 1e-6, "{i}");
-            assert!((e[0][4 + i] - (2.0 * f).sin() as f32).abs() < 1e-6, "{i}");
-        }
-    }
+    use crate::components::layers::random_weights;
 
     #[test]
     fn a_forward_keeps_the_latent_shape_and_refuses_misfits() {

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::Component;
-use crate::families::{BlockGroup, TensorSpec};
 use crate::{Error, Result};
+use layerwise_core::family::{BlockGroup, TensorSpec};
 
 /// Where block `i`'s tensors live: `encoder.block.{i}.…`.
 pub const BLOCK_PREFIX: &str = "encoder.block.";
@@ -33,129 +33,100 @@ pub enum TokenIds {
 /// that only matter for training or for the decoder are parsed (so a malformed value is
 /// refused) and otherwise unused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Umt5Config {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub architectures: Option<Vec<String>>,
-    #[serde(default = "default_model_type")]
     pub model_type: String,
-    #[serde(default = "d250112")]
     pub vocab_size: usize,
-    #[serde(default = "d512")]
     pub d_model: usize,
-    #[serde(default = "d64")]
     pub d_kv: usize,
-    #[serde(default = "d1024")]
     pub d_ff: usize,
-    #[serde(default = "d8")]
     pub num_layers: usize,
     /// The decoder's depth; `UMT5EncoderModel` has no decoder.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub num_decoder_layers: Option<usize>,
-    #[serde(default = "d6")]
     pub num_heads: usize,
-    #[serde(default = "d32")]
     pub relative_attention_num_buckets: usize,
-    #[serde(default = "d128")]
     pub relative_attention_max_distance: usize,
-    #[serde(default = "default_dropout")]
     pub dropout_rate: f64,
-    #[serde(default = "default_eps")]
     pub layer_norm_epsilon: f64,
-    #[serde(default = "one")]
     pub initializer_factor: f64,
-    #[serde(default = "default_ffp")]
     pub feed_forward_proj: String,
-    #[serde(default = "yes")]
     pub is_encoder_decoder: bool,
-    #[serde(default = "yes")]
     pub use_cache: bool,
-    #[serde(default = "zero_id")]
     pub pad_token_id: Option<u32>,
-    #[serde(default = "eos")]
     pub eos_token_id: Option<TokenIds>,
-    #[serde(default = "zero_id")]
     pub decoder_start_token_id: Option<u32>,
-    #[serde(default)]
     pub classifier_dropout: f64,
-    #[serde(default)]
     pub is_decoder: bool,
     /// Derived by transformers from `feed_forward_proj` on load (a stored value is
     /// overwritten), so it is derived here too.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dense_act_fn: Option<String>,
     /// Derived from `feed_forward_proj`, as `dense_act_fn`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub is_gated_act: Option<bool>,
     /// transformers forces ties for the T5 family; only the (absent) decoder reads it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tie_word_embeddings: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub scale_decoder_outputs: Option<bool>,
     /// The t5x conversion flag for a relative position bias in every layer, which is what
     /// UMT5 is; `false` would describe T5's single shared bias.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub scalable_attention: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub output_past: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tokenizer_class: Option<String>,
     /// The stored dtype as transformers ≥ 5 writes it (`torch_dtype` before); informative,
     /// the headers say what each tensor is.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dtype: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub torch_dtype: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub transformers_version: Option<String>,
 }
 
-fn default_model_type() -> String {
-    "umt5".into()
-}
-fn default_ffp() -> String {
-    "gated-gelu".into()
-}
-fn default_dropout() -> f64 {
-    0.1
-}
-fn default_eps() -> f64 {
-    1e-6
-}
-fn one() -> f64 {
-    1.0
-}
-fn yes() -> bool {
-    true
-}
-fn zero_id() -> Option<u32> {
-    Some(0)
-}
-fn eos() -> Option<TokenIds> {
-    Some(TokenIds::One(1))
-}
-fn d6() -> usize {
-    6
-}
-fn d8() -> usize {
-    8
-}
-fn d32() -> usize {
-    32
-}
-fn d64() -> usize {
-    64
-}
-fn d128() -> usize {
-    128
-}
-fn d512() -> usize {
-    512
-}
-fn d1024() -> usize {
-    1024
-}
-fn d250112() -> usize {
-    250112
+impl Default for Umt5Config {
+    fn default() -> Self {
+        Umt5Config {
+            architectures: None,
+            model_type: "umt5".into(),
+            vocab_size: 250112,
+            d_model: 512,
+            d_kv: 64,
+            d_ff: 1024,
+            num_layers: 8,
+            num_decoder_layers: None,
+            num_heads: 6,
+            relative_attention_num_buckets: 32,
+            relative_attention_max_distance: 128,
+            dropout_rate: 0.1,
+            layer_norm_epsilon: 1e-6,
+            initializer_factor: 1.0,
+            feed_forward_proj: "gated-gelu".into(),
+            is_encoder_decoder: true,
+            use_cache: true,
+            pad_token_id: Some(0),
+            eos_token_id: Some(TokenIds::One(1)),
+            decoder_start_token_id: Some(0),
+            classifier_dropout: 0.0,
+            is_decoder: false,
+            dense_act_fn: None,
+            is_gated_act: None,
+            tie_word_embeddings: None,
+            scale_decoder_outputs: None,
+            scalable_attention: None,
+            output_past: None,
+            tokenizer_class: None,
+            dtype: None,
+            torch_dtype: None,
+            transformers_version: None,
+        }
+    }
 }
 
 /// The classes whose weights are an encoder alone, in `UMT5EncoderModel`'s names.
@@ -342,9 +313,7 @@ impl Umt5Config {
 
     /// Every tensor of the encoder with its full name (the embedding as `shared.weight`).
     pub fn all_specs(&self) -> Vec<TensorSpec> {
-        let mut v = self.resident_specs();
-        v.extend(self.block_group().tensor_specs());
-        v
+        crate::components::config_json::all_specs(self.resident_specs(), &self.block_group())
     }
 
     /// Checks a text encoder folder's tensors against this config: the block count, every

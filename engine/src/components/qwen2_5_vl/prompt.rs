@@ -45,7 +45,7 @@ pub struct QwenTokenizer {
 }
 
 /// A token name as `tokenizer_config.json` writes it: a string or an AddedToken object.
-fn token_name(v: Option<&Value>) -> Option<String> {
+pub fn token_name(v: Option<&Value>) -> Option<String> {
     match v? {
         Value::String(s) => Some(s.clone()),
         Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
@@ -290,7 +290,7 @@ mod tests {
 
     fn synth_folder() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
-        for (name, text) in crate::families::cosmos3::prompt::synth_tokenizer_files() {
+        for (name, text) in crate::components::qwen2_5_vl::synth::synth_tokenizer_files() {
             std::fs::write(dir.path().join(name), text).unwrap();
         }
         dir
@@ -298,8 +298,8 @@ mod tests {
 
     #[test]
     fn tiny_config_has_the_synthesized_tokenizers_vocabulary() {
-        let vocab = crate::families::qwen2_5_vl::Qwen25VlConfig::tiny().vocab_size;
-        assert_eq!(vocab, crate::families::cosmos3::prompt::SYNTH_VOCAB);
+        let vocab = crate::components::qwen2_5_vl::Qwen25VlConfig::tiny().vocab_size;
+        assert_eq!(vocab, crate::components::qwen2_5_vl::synth::SYNTH_VOCAB);
     }
 
     #[test]

@@ -9,10 +9,10 @@ use std::path::Path;
 use candle_core::{DType, Module, Tensor};
 use candle_nn::{GroupNorm, Linear};
 
-use crate::execution::weights::Weights;
-use crate::families::autoencoder_kl::{
+use crate::components::autoencoder_kl::{
     legacy_attention_alias, shape_compatible, VaeConfig, NORM_EPS,
 };
+use crate::execution::weights::Weights;
 use crate::{Error, Result};
 
 /// Fetches tensors by full name, checks their shapes, and falls back to legacy names.
@@ -320,8 +320,8 @@ mod tests {
     use rand_distr::{Distribution, Normal};
 
     use super::*;
-    use crate::families::autoencoder_kl::current_attention_name;
-    use crate::families::TensorSpec;
+    use crate::components::autoencoder_kl::current_attention_name;
+    use layerwise_core::family::TensorSpec;
 
     /// Seeded weights that keep activations near unit scale through the whole decoder.
     fn random_weights(specs: &[TensorSpec], seed: u64) -> HashMap<String, Tensor> {

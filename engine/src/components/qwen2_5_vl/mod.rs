@@ -14,6 +14,8 @@ pub mod config;
 pub mod model;
 #[cfg(feature = "runtime")]
 pub mod prompt;
+#[cfg(feature = "runtime")]
+pub mod synth;
 
 pub use config::{is_unused, Qwen25VlConfig, TensorPrefix};
 #[cfg(feature = "runtime")]

@@ -19,11 +19,11 @@ use candle_core::{DType, Device, Tensor};
 
 use super::config::{Qwen25VlConfig, TensorPrefix};
 use crate::checkpoint::Mapped;
+use crate::components::attention::causal_attention;
+use crate::components::fused;
+use crate::components::layers::{repeat_kv, rms_norm, rotate};
+use crate::components::umt5::Umt5Encoder;
 use crate::execution::weights::Weights;
-use crate::families::attention::causal_attention;
-use crate::families::cosmos3::model::{repeat_kv, rms_norm, rotate};
-use crate::families::fused;
-use crate::families::umt5::Umt5Encoder;
 use crate::{Error, Result};
 
 /// One prompt's activations while the layers run.

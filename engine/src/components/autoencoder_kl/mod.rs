@@ -10,8 +10,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::families::TensorSpec;
 use crate::{Error, Result};
+use layerwise_core::family::TensorSpec;
 
 /// The only class this module understands.
 pub const CLASS_NAME: &str = "AutoencoderKL";
@@ -35,76 +35,51 @@ pub enum SampleSize {
 /// omits a field means what it means to diffusers; fields this engine does not use
 /// (`force_upcast`, `latents_mean`, ...) are ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct VaeConfig {
     /// Empty when the file has no `_class_name`; `validate` rejects that.
-    #[serde(rename = "_class_name", default)]
+    #[serde(rename = "_class_name")]
     pub class_name: String,
-    #[serde(default = "default_image_channels")]
     pub in_channels: usize,
-    #[serde(default = "default_image_channels")]
     pub out_channels: usize,
-    #[serde(default = "default_latent_channels")]
     pub latent_channels: usize,
-    #[serde(default = "default_block_out_channels")]
     pub block_out_channels: Vec<usize>,
-    #[serde(default = "default_layers_per_block")]
     pub layers_per_block: usize,
-    #[serde(default = "default_norm_num_groups")]
     pub norm_num_groups: usize,
-    #[serde(default = "default_act_fn")]
     pub act_fn: String,
     /// The sampler works on `latents * scaling_factor`; decoding divides it back out.
-    #[serde(default = "default_scaling_factor")]
     pub scaling_factor: f64,
     /// Added after the division by `scaling_factor` (SD3/Flux-style VAEs); DiT's has none.
-    #[serde(default)]
     pub shift_factor: Option<f64>,
-    #[serde(default = "default_down_block_types")]
     pub down_block_types: Vec<String>,
-    #[serde(default = "default_up_block_types")]
     pub up_block_types: Vec<String>,
-    #[serde(default = "default_sample_size")]
     pub sample_size: SampleSize,
-    #[serde(default = "default_true")]
     pub use_quant_conv: bool,
-    #[serde(default = "default_true")]
     pub use_post_quant_conv: bool,
-    #[serde(default = "default_true")]
     pub mid_block_add_attention: bool,
 }
 
-fn default_image_channels() -> usize {
-    3
-}
-fn default_latent_channels() -> usize {
-    4
-}
-fn default_block_out_channels() -> Vec<usize> {
-    vec![64]
-}
-fn default_layers_per_block() -> usize {
-    1
-}
-fn default_norm_num_groups() -> usize {
-    32
-}
-fn default_act_fn() -> String {
-    "silu".into()
-}
-fn default_scaling_factor() -> f64 {
-    0.18215
-}
-fn default_down_block_types() -> Vec<String> {
-    vec![DOWN_BLOCK.into()]
-}
-fn default_up_block_types() -> Vec<String> {
-    vec![UP_BLOCK.into()]
-}
-fn default_sample_size() -> SampleSize {
-    SampleSize::Square(32)
-}
-fn default_true() -> bool {
-    true
+impl Default for VaeConfig {
+    fn default() -> Self {
+        VaeConfig {
+            class_name: String::new(),
+            in_channels: 3,
+            out_channels: 3,
+            latent_channels: 4,
+            block_out_channels: vec![64],
+            layers_per_block: 1,
+            norm_num_groups: 32,
+            act_fn: "silu".into(),
+            scaling_factor: 0.18215,
+            shift_factor: None,
+            down_block_types: vec![DOWN_BLOCK.into()],
+            up_block_types: vec![UP_BLOCK.into()],
+            sample_size: SampleSize::Square(32),
+            use_quant_conv: true,
+            use_post_quant_conv: true,
+            mid_block_add_attention: true,
+        }
+    }
 }
 
 impl VaeConfig {
@@ -122,8 +97,8 @@ impl VaeConfig {
             block_out_channels,
             layers_per_block,
             norm_num_groups,
-            act_fn: default_act_fn(),
-            scaling_factor: default_scaling_factor(),
+            act_fn: "silu".into(),
+            scaling_factor: 0.18215,
             shift_factor: None,
             down_block_types: vec![DOWN_BLOCK.into(); n],
             up_block_types: vec![UP_BLOCK.into(); n],
@@ -276,13 +251,13 @@ impl VaeConfig {
 
     /// The contents of a `config.json` diffusers can load.
     pub fn to_config_json(&self) -> serde_json::Value {
-        let mut value = serde_json::to_value(self).expect("VaeConfig always serializes");
-        let map = value
-            .as_object_mut()
-            .expect("VaeConfig serializes to an object");
-        map.insert("_class_name".into(), CLASS_NAME.into());
-        map.insert("_diffusers_version".into(), DIFFUSERS_VERSION.into());
-        value
+        crate::components::config_json::with_fields(
+            self,
+            &[
+                ("_class_name", CLASS_NAME.into()),
+                ("_diffusers_version", DIFFUSERS_VERSION.into()),
+            ],
+        )
     }
 
     /// Every tensor of the full AutoencoderKL (encoder, quant convs, decoder) under the

@@ -217,7 +217,7 @@ impl PromptTokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::families::umt5::synth::synth_tokenizer_json;
+    use crate::components::umt5::synth::synth_tokenizer_json;
     use std::str::FromStr;
 
     fn synth(max_len: usize) -> PromptTokenizer {

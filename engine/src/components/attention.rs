@@ -209,8 +209,8 @@ mod compute {
 
     /// Softmax over the last dimension: the fused kernel for f32 on the CPU, else candle's.
     pub(super) fn softmax(scores: &Tensor) -> Result<Tensor> {
-        if crate::families::fused::fast(&[scores]) {
-            return crate::families::fused::softmax_scaled(scores, 1.0);
+        if crate::components::fused::fast(&[scores]) {
+            return crate::components::fused::softmax_scaled(scores, 1.0);
         }
         Ok(candle_nn::ops::softmax_last_dim(scores)?)
     }

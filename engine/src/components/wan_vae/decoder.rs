@@ -20,6 +20,7 @@ use super::layers::{
     FeatCache, Resample, ResidualBlock, RmsNorm, Slot,
 };
 use super::{Upsample, WanVaeConfig};
+use crate::execution::family::Decoder;
 use crate::execution::weights::Weights;
 use crate::{Error, Result};
 
@@ -148,6 +149,22 @@ impl WanVaeDecoder {
     /// the tensor under the label `vae`; `load_from` names the checkpoint instead.
     pub fn load(cfg: &WanVaeConfig, w: &dyn Weights) -> Result<Self> {
         Self::load_from(cfg, w, Path::new("vae"))
+    }
+
+    /// Loads the decoder's tensors (f32) from the mapped `vae` folder onto `device`: what
+    /// every family that decodes through this VAE does.
+    pub fn from_mapped(
+        vae: &crate::checkpoint::Mapped,
+        cfg: &WanVaeConfig,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        let w = crate::execution::weights::load(
+            vae,
+            cfg.decoder_names().into_iter(),
+            device,
+            DType::F32,
+        )?;
+        Self::load(cfg, &w)
     }
 
     /// As `load`, with `origin` (the component folder) labelling errors.
@@ -316,6 +333,22 @@ impl WanVaeDecoder {
         let x = self.norm_out.forward(&x)?.silu()?;
         let x = self.conv_out.forward_cached(&x, cache)?;
         clamp_unit(&unpatchify(&x, self.patch)?)
+    }
+}
+
+/// The Wan VAE as the runtime's [`Decoder`] (Wan, Cosmos3 and Qwen-Image all decode
+/// through it): [1, C, T, h, w] latents to [F, 3, H, W] frames.
+impl Decoder for WanVaeDecoder {
+    fn decode(&self, latents: &Tensor) -> Result<Tensor> {
+        WanVaeDecoder::decode(self, latents)
+    }
+
+    fn decode_frames(
+        &self,
+        latents: &Tensor,
+        f: &mut dyn FnMut(Tensor) -> Result<()>,
+    ) -> Result<()> {
+        self.decode_chunks(latents, f)
     }
 }
 

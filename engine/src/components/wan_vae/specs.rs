@@ -4,7 +4,7 @@
 //! cannot drift apart.
 
 use super::WanVaeConfig;
-use crate::families::TensorSpec;
+use layerwise_core::family::TensorSpec;
 
 /// How an up block's resampler scales.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -341,6 +341,12 @@ impl WanVaeConfig {
             [3, 3, 3],
         );
         out
+    }
+
+    /// The names of [`Self::decoder_specs`]: the tensors a rank that decodes keeps on its
+    /// device.
+    pub fn decoder_names(&self) -> Vec<String> {
+        self.decoder_specs().into_iter().map(|s| s.name).collect()
     }
 }
 

@@ -10,9 +10,9 @@ use candle_core::{DType, Device, Tensor, D};
 use safetensors::Dtype;
 
 use crate::checkpoint::Mapped;
+use crate::components::fused;
+use crate::components::umt5::{Umt5Config, FINAL_NORM};
 use crate::execution::weights::Weights;
-use crate::families::fused;
-use crate::families::umt5::{Umt5Config, FINAL_NORM};
 use crate::{Error, Result};
 
 fn linear(w: &dyn Weights, name: &str, x: &Tensor) -> Result<Tensor> {

@@ -40,85 +40,70 @@ pub const DIFFUSERS_VERSION: &str = "0.42.1";
 /// A diffusers `AutoencoderKLWan` `config.json`, every field 0.42.1 writes, with its
 /// defaults (which are the published Wan 2.1 VAE's).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct WanVaeConfig {
     /// Empty when the file has no `_class_name`; `validate` rejects that.
-    #[serde(rename = "_class_name", default)]
+    #[serde(rename = "_class_name")]
     pub class_name: String,
-    #[serde(default = "default_base_dim")]
     pub base_dim: usize,
     /// The decoder's base width when it differs from the encoder's.
-    #[serde(default)]
     pub decoder_base_dim: Option<usize>,
-    #[serde(default = "default_z_dim")]
     pub z_dim: usize,
-    #[serde(default = "default_dim_mult")]
     pub dim_mult: Vec<usize>,
-    #[serde(default = "default_num_res_blocks")]
     pub num_res_blocks: usize,
     /// Encoder levels (1, 0.5, 0.25, ...) that get an attention block after each resnet.
-    #[serde(default)]
     pub attn_scales: Vec<f64>,
     /// diffusers' spelling. The decoder upsamples in time where this, reversed, says so.
-    #[serde(default = "default_temperal_downsample")]
     pub temperal_downsample: Vec<bool>,
     /// Training only: the decoder runs in eval mode.
-    #[serde(default)]
     pub dropout: f64,
     /// `WanPipeline` decodes `latents * latents_std + latents_mean`, per channel.
-    #[serde(default = "default_latents_mean")]
     pub latents_mean: Vec<f64>,
-    #[serde(default = "default_latents_std")]
     pub latents_std: Vec<f64>,
     /// Wan 2.2's residual blocks (the TI2V 5B VAE): each resampling block gets a weightless
     /// shortcut that spreads its input's channels over the upsampled frames and pixels, and
     /// its resampler keeps the width instead of halving it.
-    #[serde(default)]
     pub is_residual: bool,
-    #[serde(default = "default_channels")]
     pub in_channels: usize,
-    #[serde(default = "default_channels")]
     pub out_channels: usize,
     /// Wan 2.2's pixel (un)shuffle around the VAE: the decoder's `out_channels` are
     /// `patch_size`² pixels of `out_channels / patch_size²` channels each. None (the
     /// identity, as is 1) or 2.
-    #[serde(default)]
     pub patch_size: Option<usize>,
     /// What the pipeline divides frame counts and sizes by; must agree with the layers.
-    #[serde(default = "default_scale_factor_temporal")]
     pub scale_factor_temporal: Option<usize>,
-    #[serde(default = "default_scale_factor_spatial")]
     pub scale_factor_spatial: Option<usize>,
     /// Not a 0.42.1 field, but the published Wan 2.2 VAE configs (Wan2.2-TI2V-5B-Diffusers,
     /// Cosmos3's) carry `false`, written by the diffusers build that converted them. 0.42.1
     /// ignores it and always clamps, and so does this decoder; the pipeline's
     /// post-processing clamps to [0, 1] after, so the frames are the same either way.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub clip_output: Option<bool>,
 }
 
-fn default_base_dim() -> usize {
-    96
-}
-fn default_z_dim() -> usize {
-    16
-}
-fn default_dim_mult() -> Vec<usize> {
-    vec![1, 2, 4, 4]
-}
-fn default_num_res_blocks() -> usize {
-    2
-}
-fn default_temperal_downsample() -> Vec<bool> {
-    vec![false, true, true]
-}
-fn default_channels() -> usize {
-    3
-}
-fn default_scale_factor_temporal() -> Option<usize> {
-    Some(4)
-}
-fn default_scale_factor_spatial() -> Option<usize> {
-    Some(8)
+impl Default for WanVaeConfig {
+    fn default() -> Self {
+        WanVaeConfig {
+            class_name: String::new(),
+            base_dim: 96,
+            decoder_base_dim: None,
+            z_dim: 16,
+            dim_mult: vec![1, 2, 4, 4],
+            num_res_blocks: 2,
+            attn_scales: Vec::new(),
+            temperal_downsample: vec![false, true, true],
+            dropout: 0.0,
+            latents_mean: WAN21_LATENTS_MEAN.to_vec(),
+            latents_std: WAN21_LATENTS_STD.to_vec(),
+            is_residual: false,
+            in_channels: 3,
+            out_channels: 3,
+            patch_size: None,
+            scale_factor_temporal: Some(4),
+            scale_factor_spatial: Some(8),
+            clip_output: None,
+        }
+    }
 }
 
 /// The published Wan 2.1 VAE's latent statistics (also Wan 2.2 A14B's, which reuses it).
@@ -146,13 +131,6 @@ const WAN22_LATENTS_STD: [f64; 48] = [
     0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
 ];
 
-fn default_latents_mean() -> Vec<f64> {
-    WAN21_LATENTS_MEAN.to_vec()
-}
-fn default_latents_std() -> Vec<f64> {
-    WAN21_LATENTS_STD.to_vec()
-}
-
 impl WanVaeConfig {
     /// The published Wan 2.1 VAE (`Wan-AI/Wan2.1-T2V-*-Diffusers/vae`), which is also
     /// diffusers' default config.
@@ -167,8 +145,8 @@ impl WanVaeConfig {
             attn_scales: vec![],
             temperal_downsample: vec![false, true, true],
             dropout: 0.0,
-            latents_mean: default_latents_mean(),
-            latents_std: default_latents_std(),
+            latents_mean: WAN21_LATENTS_MEAN.to_vec(),
+            latents_std: WAN21_LATENTS_STD.to_vec(),
             is_residual: false,
             in_channels: 3,
             out_channels: 3,
@@ -455,12 +433,12 @@ impl WanVaeConfig {
     /// The `config.json` diffusers writes for this config (loadable by
     /// `AutoencoderKLWan.from_pretrained`).
     pub fn to_json(&self) -> serde_json::Value {
-        let mut value = serde_json::to_value(self).expect("WanVaeConfig always serializes");
-        let map = value
-            .as_object_mut()
-            .expect("WanVaeConfig serializes to an object");
-        map.insert("_class_name".into(), CLASS_NAME.into());
-        map.insert("_diffusers_version".into(), DIFFUSERS_VERSION.into());
-        value
+        crate::components::config_json::with_fields(
+            self,
+            &[
+                ("_class_name", CLASS_NAME.into()),
+                ("_diffusers_version", DIFFUSERS_VERSION.into()),
+            ],
+        )
     }
 }

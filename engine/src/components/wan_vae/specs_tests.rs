@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use super::*;
-use crate::families::TensorSpec;
+use layerwise_core::family::TensorSpec;
 
 fn map(specs: &[TensorSpec]) -> BTreeMap<&str, &[usize]> {
     specs

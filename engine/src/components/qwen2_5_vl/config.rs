@@ -18,8 +18,8 @@ use serde_json::Value;
 
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::Component;
-use crate::families::{BlockGroup, TensorSpec};
 use crate::{Error, Result};
+use layerwise_core::family::{BlockGroup, TensorSpec};
 
 /// The classes whose folder holds a Qwen2.5-VL language model this encoder runs.
 const CLASSES: [&str; 2] = ["Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLModel"];
@@ -186,7 +186,7 @@ const DEFAULT_MROPE: [usize; 3] = [16, 24, 24];
 
 impl Qwen25VlConfig {
     /// A language model small enough for unit tests and synthetic folders: its vocabulary
-    /// is the synthesized Qwen tokenizer's (`cosmos3::prompt::SYNTH_VOCAB`, the 256 byte
+    /// is the synthesized Qwen tokenizer's (`qwen2_5_vl::synth::SYNTH_VOCAB`, the 256 byte
     /// symbols and Qwen's five special tokens).
     pub fn tiny() -> Self {
         Qwen25VlConfig {
@@ -448,7 +448,7 @@ impl Qwen25VlConfig {
     /// merge, the keys and values with the rotated keys, the keys and values repeated to
     /// every query head, and the MLP's two projections with their product. The causal
     /// attention's scores run in query chunks within
-    /// [`crate::families::attention::ATTENTION_CHUNK_BYTES`], a fixed cost beside this.
+    /// [`crate::components::attention::ATTENTION_CHUNK_BYTES`], a fixed cost beside this.
     pub fn encoder_bytes_per_token(&self) -> u64 {
         let d = self.hidden_size as u64;
         let qw = (self.num_attention_heads * self.head_dim()) as u64;

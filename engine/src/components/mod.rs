@@ -1,0 +1,17 @@
+//! Parts more than one model family uses and no family owns: the text encoders (UMT5,
+//! Qwen2.5-VL), the VAEs (AutoencoderKL, the Wan VAE), attention and the fused CPU
+//! kernels, the small layers several transformers share, and the reading of a pipeline's
+//! `model_index.json`. Families import these; a component never imports a family, and no
+//! family imports another, so a family can be added or removed alone.
+
+pub mod attention;
+pub mod autoencoder_kl;
+pub mod config_json;
+#[cfg(feature = "runtime")]
+pub mod fused;
+#[cfg(feature = "runtime")]
+pub mod layers;
+pub mod pipeline_index;
+pub mod qwen2_5_vl;
+pub mod umt5;
+pub mod wan_vae;
