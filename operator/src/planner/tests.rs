@@ -3,9 +3,15 @@ use crds::StrategyChoice as Mode;
 use proptest::prelude::*;
 use proptest::strategy::Strategy;
 
-use super::*;
+use std::collections::BTreeMap;
+
+use crds::{Plan, Profile, Workload};
+use layerwise_core::decode::{DecodeSite, DecoderBytes};
 use layerwise_core::memory::{GroupBytes, Placement};
-use layerwise_core::timing::{Runs, Tokens};
+use layerwise_core::timing::{GroupCompute, Rates, Runs, Tokens};
+
+use super::need::device_total;
+use super::*;
 
 const GB: u64 = 1 << 30;
 
