@@ -3,7 +3,7 @@
 //! builds itself from the same layout, so the names it loads and the names checked here
 //! cannot drift apart.
 
-use super::WanVaeConfig;
+use super::config::WanVaeConfig;
 use layerwise_core::family::TensorSpec;
 
 /// How an up block's resampler scales.

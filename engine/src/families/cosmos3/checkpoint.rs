@@ -214,10 +214,3 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
         self
     }
 }
-
-impl crate::families::FamilyModel for Cosmos3Checkpoint {
-    #[cfg(feature = "runtime")]
-    fn runtime(&self) -> Result<Box<dyn crate::execution::family::FamilyRuntime>> {
-        Ok(Box::new(super::runtime::Cosmos3Runtime::new(self.clone())?))
-    }
-}

@@ -12,6 +12,8 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod entry;
+pub mod groups;
 #[cfg(feature = "runtime")]
 pub mod model;
 #[cfg(feature = "runtime")]
@@ -23,17 +25,5 @@ pub mod synth;
 
 pub use checkpoint::Cosmos3Checkpoint;
 pub use config::Cosmos3Config;
-
-/// The Cosmos3 family in the registry ([`crate::families::FAMILIES`]).
-pub const FAMILY: crate::families::FamilyEntry = crate::families::FamilyEntry {
-    name: "cosmos3",
-    pipelines: &["Cosmos3OmniPipeline"],
-    unnamed: false,
-    #[cfg(feature = "runtime")]
-    presets: synth::PRESETS,
-    open: |root| Ok(std::sync::Arc::new(Cosmos3Checkpoint::open(root)?)),
-};
-
-/// Group indices of a Cosmos3 model's streamed blocks.
-pub const UNDERSTANDING: usize = 0;
-pub const GENERATION: usize = 1;
+pub use entry::FAMILY;
+pub use groups::{GENERATION, UNDERSTANDING};

@@ -10,12 +10,11 @@ use super::Cosmos3Config;
 use crate::components::qwen2_5_vl::synth::{synth_tokenizer_files, SYNTH_VOCAB};
 use crate::components::wan_vae::WanVaeConfig;
 use crate::samplers::flow::{FlowScheduler, UniPcConfig};
-use crate::tools::synth::pipeline::{SynthPipeline, SynthPreset};
+use crate::tools::synth::pipeline::{SynthOptions, SynthPipeline, SynthPreset};
 use crate::tools::synth::write::{
     keeping_f32, write_folder, write_json, write_scheduler, write_texts, write_vae, ComponentFiles,
     DIFFUSERS_STEM, HERE,
 };
-use crate::tools::synth::SynthOptions;
 use crate::Result;
 
 /// A Cosmos3 pipeline to write.

@@ -123,13 +123,6 @@ impl FamilyCheckpoint for DitCheckpoint {
     }
 }
 
-impl crate::families::FamilyModel for DitCheckpoint {
-    #[cfg(feature = "runtime")]
-    fn runtime(&self) -> Result<Box<dyn crate::execution::family::FamilyRuntime>> {
-        Ok(Box::new(super::runtime::DitRuntime::new(self.clone())?))
-    }
-}
-
 /// A config whose depth disagrees with the weights gets one clear message, rather than
 /// a missing-tensor error for the first absent block.
 fn check_block_count(c: &Component, cfg: &DitConfig) -> Result<()> {

@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod entry;
 #[cfg(feature = "runtime")]
 pub mod model;
 #[cfg(feature = "runtime")]
@@ -13,13 +14,4 @@ pub mod synth;
 
 pub use checkpoint::DitCheckpoint;
 pub use config::{DitConfig, TIMESTEP_CHANNELS};
-
-/// The DiT family in the registry ([`crate::families::FAMILIES`]).
-pub const FAMILY: crate::families::FamilyEntry = crate::families::FamilyEntry {
-    name: "dit",
-    pipelines: &["DiTPipeline"],
-    unnamed: true,
-    #[cfg(feature = "runtime")]
-    presets: synth::PRESETS,
-    open: |root| Ok(std::sync::Arc::new(DitCheckpoint::open(root)?)),
-};
+pub use entry::FAMILY;

@@ -8,11 +8,10 @@ use safetensors::Dtype;
 use super::DitConfig;
 use crate::components::autoencoder_kl::VaeConfig;
 use crate::samplers::ddim::DdimConfig;
-use crate::tools::synth::pipeline::{SynthPipeline, SynthPreset};
+use crate::tools::synth::pipeline::{SynthOptions, SynthPipeline, SynthPreset};
 use crate::tools::synth::write::{
     write_folder, write_json, write_scheduler, write_vae, ComponentFiles, DIFFUSERS_STEM, HERE,
 };
-use crate::tools::synth::SynthOptions;
 use crate::Result;
 
 /// A DiT pipeline to write.

@@ -264,12 +264,3 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
         self
     }
 }
-
-impl crate::families::FamilyModel for QwenImageCheckpoint {
-    #[cfg(feature = "runtime")]
-    fn runtime(&self) -> Result<Box<dyn crate::execution::family::FamilyRuntime>> {
-        Ok(Box::new(super::runtime::QwenImageRuntime::new(
-            self.clone(),
-        )?))
-    }
-}

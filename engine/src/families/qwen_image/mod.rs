@@ -11,6 +11,9 @@
 //! mapping.
 
 pub mod checkpoint;
+pub mod entry;
+pub mod groups;
+pub mod prompt;
 #[cfg(feature = "runtime")]
 pub mod runtime;
 #[cfg(feature = "runtime")]
@@ -19,20 +22,6 @@ pub mod transformer;
 pub mod vae;
 
 pub use checkpoint::QwenImageCheckpoint;
-
-/// The Qwen-Image family in the registry ([`crate::families::FAMILIES`]).
-pub const FAMILY: crate::families::FamilyEntry = crate::families::FamilyEntry {
-    name: "qwen-image",
-    pipelines: &[checkpoint::CLASS_NAME],
-    unnamed: false,
-    #[cfg(feature = "runtime")]
-    presets: synth::PRESETS,
-    open: |root| Ok(std::sync::Arc::new(QwenImageCheckpoint::open(root)?)),
-};
-
-/// Group indices of a Qwen-Image model's streamed blocks.
-pub const TEXT_ENCODER: usize = 0;
-pub const TRANSFORMER: usize = 1;
-
-/// The most prompt tokens QwenImagePipeline reads (`max_sequence_length` may not exceed it).
-pub const MAX_SEQUENCE_LENGTH: usize = 1024;
+pub use entry::FAMILY;
+pub use groups::{TEXT_ENCODER, TRANSFORMER};
+pub use prompt::MAX_SEQUENCE_LENGTH;

@@ -13,12 +13,11 @@ use crate::components::qwen2_5_vl::{Qwen25VlConfig, TensorPrefix};
 use crate::components::wan_vae::WanVaeConfig;
 use crate::families::TensorSpec;
 use crate::samplers::flow::{FlowMatchEulerConfig, FlowScheduler};
-use crate::tools::synth::pipeline::{SynthPipeline, SynthPreset};
+use crate::tools::synth::pipeline::{SynthOptions, SynthPipeline, SynthPreset};
 use crate::tools::synth::write::{
     write_folder, write_json, write_scheduler, write_texts, write_vae, ComponentFiles,
     DIFFUSERS_STEM, HERE, TRANSFORMERS_STEM,
 };
-use crate::tools::synth::SynthOptions;
 use crate::Result;
 
 /// A Qwen-Image pipeline to write.

@@ -350,10 +350,3 @@ impl FamilyCheckpoint for WanCheckpoint {
         self
     }
 }
-
-impl crate::families::FamilyModel for WanCheckpoint {
-    #[cfg(feature = "runtime")]
-    fn runtime(&self) -> Result<Box<dyn crate::execution::family::FamilyRuntime>> {
-        Ok(Box::new(super::runtime::WanRuntime::new(self.clone())?))
-    }
-}

@@ -9,6 +9,8 @@
 //! UMT5-XXL) never goes to the device: the rows a prompt needs are read from the mapping.
 
 pub mod checkpoint;
+pub mod entry;
+pub mod groups;
 #[cfg(feature = "runtime")]
 pub mod runtime;
 #[cfg(feature = "runtime")]
@@ -16,18 +18,5 @@ pub mod synth;
 pub mod transformer;
 
 pub use checkpoint::WanCheckpoint;
-
-/// The Wan family in the registry ([`crate::families::FAMILIES`]).
-pub const FAMILY: crate::families::FamilyEntry = crate::families::FamilyEntry {
-    name: "wan",
-    pipelines: &["WanPipeline"],
-    unnamed: false,
-    #[cfg(feature = "runtime")]
-    presets: synth::PRESETS,
-    open: |root| Ok(std::sync::Arc::new(WanCheckpoint::open(root)?)),
-};
-
-/// Group indices of a Wan model's streamed blocks.
-pub const TEXT_ENCODER: usize = 0;
-pub const TRANSFORMER: usize = 1;
-pub const TRANSFORMER_2: usize = 2;
+pub use entry::FAMILY;
+pub use groups::{TEXT_ENCODER, TRANSFORMER, TRANSFORMER_2};

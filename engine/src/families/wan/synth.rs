@@ -10,12 +10,11 @@ use super::transformer::WanTransformerConfig;
 use crate::components::umt5::{synth_tokenizer_config, synth_tokenizer_json, Umt5Config};
 use crate::components::wan_vae::WanVaeConfig;
 use crate::samplers::flow::{FlowScheduler, UniPcConfig};
-use crate::tools::synth::pipeline::{SynthPipeline, SynthPreset};
+use crate::tools::synth::pipeline::{SynthOptions, SynthPipeline, SynthPreset};
 use crate::tools::synth::write::{
     keeping_f32, write_folder, write_json, write_scheduler, write_texts, write_vae, ComponentFiles,
     DIFFUSERS_STEM, HERE, TRANSFORMERS_STEM,
 };
-use crate::tools::synth::SynthOptions;
 use crate::Result;
 
 /// A Wan pipeline to write.

@@ -5,8 +5,10 @@
 //! benchmarks make their models with this, never download.
 //!
 //! Each family writes its own folder and names its presets in its registry entry
-//! ([`crate::families::FamilyEntry::presets`]); this module finds a preset by name and
-//! runs the writer.
+//! ([`crate::families::FamilyEntry::presets`]); `presets` finds a preset by name among the
+//! registered families and runs the writer. A family's writer uses only the low-level
+//! `pipeline` and `write` modules, never `presets` or this root's re-exports: `presets`
+//! reads the registry, which names every family, so reaching it from a family would loop.
 
 pub mod pipeline;
 pub mod presets;

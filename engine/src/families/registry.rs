@@ -1,0 +1,144 @@
+//! The families this build runs ([`FAMILIES`]) and what reads a pipeline folder through
+//! them: [`Checkpoint`] picks the family its `model_index.json` names, and [`profile`] is
+//! what the node agent publishes. It is the one module that names every family.
+
+use layerwise_core::family::{BlockGroup, FamilyCheckpoint};
+
+use super::entry::{FamilyEntry, FamilyModel};
+
+/// The families this build runs. The node agent profiles exactly these.
+pub const FAMILIES: &[FamilyEntry] = &[
+    super::dit::FAMILY,
+    super::wan::FAMILY,
+    super::cosmos3::FAMILY,
+    super::qwen_image::FAMILY,
+];
+
+/// The short names of [`FAMILIES`], in order.
+pub fn names() -> Vec<&'static str> {
+    FAMILIES.iter().map(|f| f.name).collect()
+}
+
+/// Profiles the pipeline folder at `root` as the family of [`FAMILIES`] it names, reading
+/// headers and configs only: what the node agent publishes.
+pub fn profile(root: &std::path::Path) -> crate::Result<layerwise_core::profile::Profile> {
+    Checkpoint::open(root)?.profile()
+}
+
+/// A pipeline folder opened and checked from its headers and configs alone, whatever
+/// its family: `model_index.json`'s `_class_name` chooses the family.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub root: std::path::PathBuf,
+    /// The family's short name (one of [`names`]).
+    pub family: &'static str,
+    /// The family's checked folder.
+    pub inner: std::sync::Arc<dyn FamilyModel>,
+}
+
+impl Checkpoint {
+    /// Opens `root` as the family of [`FAMILIES`] its `model_index.json` names.
+    pub fn open(root: &std::path::Path) -> crate::Result<Checkpoint> {
+        Self::open_in(root, FAMILIES)
+    }
+
+    /// Opens `root` as the family of `registry` its `model_index.json` names.
+    pub fn open_in(root: &std::path::Path, registry: &[FamilyEntry]) -> crate::Result<Checkpoint> {
+        let folder = crate::checkpoint::ModelFolder::new(root)?;
+        let entry = registry
+            .iter()
+            .find(|f| match folder.class_name.as_deref() {
+                Some(class) => f.pipelines.contains(&class),
+                None => f.unnamed,
+            });
+        let Some(entry) = entry else {
+            let runs: Vec<&str> = registry
+                .iter()
+                .flat_map(|f| f.pipelines.iter().copied())
+                .collect();
+            return Err(crate::Error::config(
+                root.join("model_index.json"),
+                "_class_name",
+                match folder.class_name.as_deref() {
+                    Some(other) => format!(
+                        "`{other}` is not a pipeline this engine runs (it runs {})",
+                        runs.join(", ")
+                    ),
+                    None => format!(
+                        "missing: name the pipeline (this engine runs {})",
+                        runs.join(", ")
+                    ),
+                },
+            ));
+        };
+        Ok(Checkpoint {
+            root: root.to_path_buf(),
+            family: entry.name,
+            inner: (entry.open)(root)?,
+        })
+    }
+
+    /// The family's short name (`dit`, `wan`): one of [`names`].
+    pub fn name(&self) -> &'static str {
+        self.family
+    }
+
+    /// Every component with weights, by its folder name, in pipeline order.
+    pub fn components(&self) -> Vec<(&'static str, &crate::checkpoint::Component)> {
+        self.inner.components()
+    }
+
+    /// The groups of blocks that stream, each with the name of the component it is in.
+    pub fn groups(&self) -> Vec<(&'static str, BlockGroup)> {
+        self.inner.groups()
+    }
+
+    /// [`FamilyCheckpoint::resident_device_bytes`].
+    pub fn resident_device_bytes(&self) -> u64 {
+        self.inner.resident_device_bytes()
+    }
+
+    /// [`FamilyCheckpoint::decoder_bytes`].
+    pub fn decoder_bytes(&self) -> u64 {
+        self.inner.decoder_bytes()
+    }
+
+    /// The size the model was trained at, `(width, height)` in pixels.
+    pub fn native_size(&self) -> (usize, usize) {
+        self.inner.native_size()
+    }
+
+    /// The largest request the model itself can run (its position tables), whatever the
+    /// memory: what the server's bounds and the planner's workload are checked against.
+    pub fn limits(&self) -> crate::bounds::ModelLimits {
+        self.inner.limits()
+    }
+
+    /// What a request costs in activations: the formula the planner and the engine share.
+    pub fn activation_cost(&self) -> crate::checkpoint::ActivationCost {
+        self.inner.activation_cost()
+    }
+
+    /// The family's own checkpoint type, when it is `T`.
+    pub fn downcast<T: 'static>(&self) -> Option<&T> {
+        self.inner.as_any().downcast_ref()
+    }
+
+    /// The folder's profile: sizes, layouts and the activation cost, as the planner reads
+    /// them.
+    pub fn profile(&self) -> crate::Result<layerwise_core::profile::Profile> {
+        let inner: &dyn FamilyCheckpoint = &*self.inner;
+        Ok(layerwise_core::profile::Profile::of(self.family, inner)?)
+    }
+
+    /// Every weight byte in the folder.
+    pub fn total_bytes(&self) -> u64 {
+        self.inner.total_bytes()
+    }
+
+    /// The family's runtime over this folder, its components mapped.
+    #[cfg(feature = "runtime")]
+    pub fn runtime(&self) -> crate::Result<Box<dyn crate::execution::family::FamilyRuntime>> {
+        self.inner.runtime()
+    }
+}

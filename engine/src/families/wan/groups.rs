@@ -1,0 +1,7 @@
+//! The indices of the Wan model's streamed groups of blocks, which the checkpoint (that
+//! lists the groups) and the runtime (that streams them) agree on.
+
+/// Group indices of a Wan model's streamed blocks.
+pub const TEXT_ENCODER: usize = 0;
+pub const TRANSFORMER: usize = 1;
+pub const TRANSFORMER_2: usize = 2;
