@@ -1,47 +1,23 @@
-//! The families this build runs ([`FAMILIES`]) and what reads a pipeline folder through
-//! them: [`Checkpoint`] picks the family its `model_index.json` names, and [`profile`] is
-//! what the node agent publishes. It is the one module that names every family.
+//! What reads a pipeline folder through a list of families: [`Checkpoint`] picks the family
+//! its `model_index.json` names. The list this build runs ([`super::FAMILIES`]) is written
+//! once, in the families' `mod.rs`.
 
 use layerwise_core::family::{BlockGroup, FamilyCheckpoint};
 
 use super::entry::{FamilyEntry, FamilyModel};
-
-/// The families this build runs. The node agent profiles exactly these.
-pub const FAMILIES: &[FamilyEntry] = &[
-    super::dit::FAMILY,
-    super::wan::FAMILY,
-    super::cosmos3::FAMILY,
-    super::qwen_image::FAMILY,
-];
-
-/// The short names of [`FAMILIES`], in order.
-pub fn names() -> Vec<&'static str> {
-    FAMILIES.iter().map(|f| f.name).collect()
-}
-
-/// Profiles the pipeline folder at `root` as the family of [`FAMILIES`] it names, reading
-/// headers and configs only: what the node agent publishes.
-pub fn profile(root: &std::path::Path) -> crate::Result<layerwise_core::profile::Profile> {
-    Checkpoint::open(root)?.profile()
-}
 
 /// A pipeline folder opened and checked from its headers and configs alone, whatever
 /// its family: `model_index.json`'s `_class_name` chooses the family.
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
     pub root: std::path::PathBuf,
-    /// The family's short name (one of [`names`]).
+    /// The family's short name (one of [`super::names`]).
     pub family: &'static str,
     /// The family's checked folder.
     pub inner: std::sync::Arc<dyn FamilyModel>,
 }
 
 impl Checkpoint {
-    /// Opens `root` as the family of [`FAMILIES`] its `model_index.json` names.
-    pub fn open(root: &std::path::Path) -> crate::Result<Checkpoint> {
-        Self::open_in(root, FAMILIES)
-    }
-
     /// Opens `root` as the family of `registry` its `model_index.json` names.
     pub fn open_in(root: &std::path::Path, registry: &[FamilyEntry]) -> crate::Result<Checkpoint> {
         let folder = crate::checkpoint::ModelFolder::new(root)?;
@@ -78,7 +54,7 @@ impl Checkpoint {
         })
     }
 
-    /// The family's short name (`dit`, `wan`): one of [`names`].
+    /// The family's short name (`dit`, `wan`): one of [`super::names`].
     pub fn name(&self) -> &'static str {
         self.family
     }
