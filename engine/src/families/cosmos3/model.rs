@@ -16,6 +16,7 @@ use super::config::Cosmos3Config;
 use crate::components::attention::{attention, causal_attention};
 use crate::components::fused;
 use crate::components::layers::{repeat_kv, rms_norm, rotate, timestep_embedding};
+use crate::components::rotary::{f32_frequencies, RotaryTables};
 use crate::execution::seq::Split;
 use crate::execution::weights::Weights;
 use crate::{Error, Result};
@@ -83,12 +84,7 @@ pub fn rotary(
     let hd = cfg.head_dim;
     let half = hd / 2;
     let axes = cfg.axes();
-    let inv: Vec<f32> = (0..half)
-        .map(|j| {
-            let e = (2 * j) as f32 / hd as f32;
-            1.0 / (cfg.rope_theta.powf(e as f64) as f32)
-        })
-        .collect();
+    let inv = f32_frequencies(hd, cfg.rope_theta);
     let axis = |j: usize| {
         if j % 3 == 1 && j < 3 * axes[1] {
             1
@@ -99,20 +95,14 @@ pub fn rotary(
         }
     };
     let n = positions[0].len();
-    let (mut cos, mut sin) = (Vec::with_capacity(n * hd), Vec::with_capacity(n * hd));
+    let mut tables = RotaryTables::new(n, hd);
     let [t, r, c] = positions;
     for ((t, r), c) in t.iter().zip(r).zip(c) {
         let at = [*t, *r, *c];
         let f: Vec<f64> = (0..half).map(|j| (at[axis(j)] * inv[j]) as f64).collect();
-        for _ in 0..2 {
-            cos.extend(f.iter().map(|a| a.cos() as f32));
-            sin.extend(f.iter().map(|a| a.sin() as f32));
-        }
+        tables.push_halves(&f);
     }
-    Ok((
-        Tensor::from_vec(cos, (n, hd), dev)?,
-        Tensor::from_vec(sin, (n, hd), dev)?,
-    ))
+    tables.finish(dev)
 }
 
 /// Positions of `tokens` text tokens: 0, 1, ... on every axis.
