@@ -194,6 +194,23 @@ impl Cosmos3Transformer {
         )
     }
 
+    /// A layer's tail over its input `x` and attention output `o` [1, H, S, D]: the output
+    /// projection `out` added to `x`, then the MLP `mlp` over that normed by `norm`, added
+    /// in turn. The understanding and generation pathways differ only in the names.
+    fn out_and_mlp(
+        &self,
+        w: &dyn Weights,
+        x: &Tensor,
+        o: &Tensor,
+        [out, norm, mlp]: [&str; 3],
+        whole: Option<usize>,
+    ) -> Result<Tensor> {
+        let h = (x + self.linear_share(w, out, &Self::merge(o)?, whole)?)?;
+        let normed = rms_norm(&h, &w.get(norm)?, self.cfg.rms_norm_eps)?;
+        let m = self.mlp(w, mlp, &normed, whole)?;
+        Ok((h + m)?)
+    }
+
     fn mlp(
         &self,
         w: &dyn Weights,
@@ -289,14 +306,13 @@ impl Cosmos3Transformer {
             &repeat_kv(&v, g)?,
             1.0 / (cfg.head_dim as f64).sqrt(),
         )?;
-        let h = (&st.x + self.linear(w, "self_attn.to_out", &Self::merge(&o)?)?)?;
-        let m = self.mlp(
+        st.x = self.out_and_mlp(
             w,
-            "mlp",
-            &rms_norm(&h, &w.get("post_attention_layernorm.weight")?, eps)?,
+            &st.x,
+            &o,
+            ["self_attn.to_out", "post_attention_layernorm.weight", "mlp"],
             None,
         )?;
-        st.x = (h + m)?;
         Ok(())
     }
 
@@ -441,15 +457,17 @@ impl Cosmos3Transformer {
             let values = repeat_kv(&Tensor::cat(&[tv, &v], 2)?, g)?;
             attention(&q, &keys, &values, scale)?
         };
-        let h =
-            (&st.x + self.linear_share(w, "self_attn.to_add_out", &Self::merge(&o)?, whole)?)?;
-        let m = self.mlp(
+        st.x = self.out_and_mlp(
             w,
-            "mlp_moe_gen",
-            &rms_norm(&h, &w.get("post_attention_layernorm_moe_gen.weight")?, eps)?,
+            &st.x,
+            &o,
+            [
+                "self_attn.to_add_out",
+                "post_attention_layernorm_moe_gen.weight",
+                "mlp_moe_gen",
+            ],
             whole,
         )?;
-        st.x = (h + m)?;
         Ok(())
     }
 
