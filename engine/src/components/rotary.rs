@@ -2,10 +2,13 @@
 //! model decides the positions and how it forms an angle (diffusers forms Wan's in f64,
 //! the others in f32); this module owns the f32 frequencies, rounding each angle's cosine
 //! and sine to f32 once, laying them out as tables (interleaved pairs or `rotate_half`
-//! halves), and rotating q or k by the interleaved ones.
+//! halves), rotating q or k by the interleaved ones, and the causal grouped-query
+//! attention of q and k rotated by the halves.
 
 use candle_core::{Device, Tensor};
 
+use crate::components::attention::causal_attention;
+use crate::components::layers::{repeat_kv, rotate};
 use crate::Result;
 
 /// The frequencies of a rotary part of width `dim`, `1 / theta^(2j / dim)`, formed in f32
@@ -62,6 +65,26 @@ impl RotaryTables {
             Tensor::from_vec(self.sin, shape, device)?,
         ))
     }
+}
+
+/// Causal attention of q over k and v [1, heads, S, head_dim] (k and v of heads / `groups`
+/// heads, shared by each group of queries) after q and k rotate by `rotate_half` tables,
+/// scaled by 1/√head_dim: how the Qwen2-style decoders (Qwen2.5-VL, Cosmos3's
+/// understanding pathway) attend.
+pub fn rotated_causal_gqa(
+    [q, k, v]: [&Tensor; 3],
+    (cos, sin): (&Tensor, &Tensor),
+    groups: usize,
+    head_dim: usize,
+) -> Result<Tensor> {
+    let q = rotate(q, cos, sin)?;
+    let k = rotate(k, cos, sin)?;
+    causal_attention(
+        &q,
+        &repeat_kv(&k, groups)?,
+        &repeat_kv(v, groups)?,
+        1.0 / (head_dim as f64).sqrt(),
+    )
 }
 
 /// Rotates q or k [B, H, tokens, head_dim] by the tables: channels (2i, 2i + 1) form

@@ -19,10 +19,9 @@ use candle_core::{DType, Device, Tensor};
 
 use super::config::{Qwen25VlConfig, TensorPrefix};
 use crate::checkpoint::Mapped;
-use crate::components::attention::causal_attention;
 use crate::components::fused;
-use crate::components::layers::{repeat_kv, rms_norm, rotate};
-use crate::components::rotary::{f32_frequencies, RotaryTables};
+use crate::components::layers::rms_norm;
+use crate::components::rotary::{f32_frequencies, rotated_causal_gqa, RotaryTables};
 use crate::components::umt5::Umt5Encoder;
 use crate::execution::weights::Weights;
 use crate::{Error, Result};
@@ -156,14 +155,11 @@ impl Qwen25VlEncoder {
             &Self::linear(w, "self_attn.v_proj", true, h)?,
             cfg.num_key_value_heads,
         )?;
-        let q = rotate(&q, &st.cos, &st.sin)?;
-        let k = rotate(&k, &st.cos, &st.sin)?;
-        let g = cfg.groups_per_kv();
-        let o = causal_attention(
-            &q,
-            &repeat_kv(&k, g)?,
-            &repeat_kv(&v, g)?,
-            1.0 / (cfg.head_dim() as f64).sqrt(),
+        let o = rotated_causal_gqa(
+            [&q, &k, &v],
+            (&st.cos, &st.sin),
+            cfg.groups_per_kv(),
+            cfg.head_dim(),
         )?;
         let t = o.dim(2)?;
         let o = o

@@ -13,10 +13,10 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::Cosmos3Config;
-use crate::components::attention::{attention, causal_attention};
+use crate::components::attention::attention;
 use crate::components::fused;
 use crate::components::layers::{repeat_kv, rms_norm, rotate, timestep_embedding};
-use crate::components::rotary::{f32_frequencies, RotaryTables};
+use crate::components::rotary::{f32_frequencies, rotated_causal_gqa, RotaryTables};
 use crate::execution::seq::Split;
 use crate::execution::weights::Weights;
 use crate::{Error, Result};
@@ -297,14 +297,11 @@ impl Cosmos3Transformer {
             // Nothing downstream reads the last layer's understanding output.
             return Ok(());
         }
-        let q = rotate(&q, &st.cos, &st.sin)?;
-        let k = rotate(&k, &st.cos, &st.sin)?;
-        let g = cfg.groups_per_kv();
-        let o = causal_attention(
-            &q,
-            &repeat_kv(&k, g)?,
-            &repeat_kv(&v, g)?,
-            1.0 / (cfg.head_dim as f64).sqrt(),
+        let o = rotated_causal_gqa(
+            [&q, &k, &v],
+            (&st.cos, &st.sin),
+            cfg.groups_per_kv(),
+            cfg.head_dim,
         )?;
         st.x = self.out_and_mlp(
             w,
