@@ -13,5 +13,9 @@ pub mod fused;
 pub mod layers;
 pub mod pipeline_index;
 pub mod qwen2_5_vl;
+#[cfg(feature = "runtime")]
+pub mod resident;
+#[cfg(feature = "runtime")]
+pub mod rotary;
 pub mod umt5;
 pub mod wan_vae;

@@ -1,7 +1,12 @@
 //! Request checks text-to-video families share: a clip's size and length in what the VAE
-//! makes, guidance scales, prompt lengths, and initial latents of the family's shape. Each
-//! refusal names its field.
+//! makes and within the model's limits, guidance scales, prompt lengths, and initial
+//! latents of the family's shape (and the noise in their place). Each refusal names its
+//! field.
 
+use candle_core::{DType, Tensor};
+
+use crate::bounds::{Dimension, ModelLimits};
+use crate::execution::weights::seeded_noise;
 use crate::execution::work::Request;
 use crate::{Error, Result};
 
@@ -67,6 +72,15 @@ pub fn init_latents(r: &Request, want: &[usize]) -> Result<()> {
     }
 }
 
+/// The latents a request starts from: its initial latents (checked by [`init_latents`])
+/// in f32, or else noise of `shape` from its seed.
+pub fn start_latents(r: &Request, shape: &[usize]) -> Result<Tensor> {
+    match &r.init_latents {
+        Some(l) => Ok(l.to_dtype(DType::F32)?),
+        None => seeded_noise(r.seed, shape),
+    }
+}
+
 /// Guidance scales finite and ≥ 0; a second scale only for a model of two `experts`.
 pub fn guidance(r: &Request, experts: usize) -> Result<()> {
     for (field, g) in [("guidance", Some(r.guidance)), ("guidance_2", r.guidance_2)] {
@@ -110,4 +124,20 @@ pub fn prompt_lengths(
         }
     }
     Ok(())
+}
+
+/// Width, height and, for a clip (`frames`), frames within the model's `limits` (what its
+/// rotary tables place); the refusal names the first dimension past its bound.
+pub fn within_limits(r: &Request, limits: &ModelLimits, frames: bool) -> Result<()> {
+    let mut asked = vec![
+        (Dimension::Width, r.width as u64),
+        (Dimension::Height, r.height as u64),
+    ];
+    if frames {
+        asked.push((Dimension::Frames, r.frames as u64));
+    }
+    match limits.beyond(&asked) {
+        Some(b) => Err(Error::invalid(b.dimension.request_field(), b.to_string())),
+        None => Ok(()),
+    }
 }

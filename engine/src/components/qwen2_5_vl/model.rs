@@ -19,9 +19,9 @@ use candle_core::{DType, Device, Tensor};
 
 use super::config::{Qwen25VlConfig, TensorPrefix};
 use crate::checkpoint::Mapped;
-use crate::components::attention::causal_attention;
 use crate::components::fused;
-use crate::components::layers::{repeat_kv, rms_norm, rotate};
+use crate::components::layers::rms_norm;
+use crate::components::rotary::{f32_frequencies, rotated_causal_gqa, RotaryTables};
 use crate::components::umt5::Umt5Encoder;
 use crate::execution::weights::Weights;
 use crate::{Error, Result};
@@ -53,28 +53,13 @@ impl Qwen25VlState {
 /// dim repeats the frequencies (`rotate_half` layout).
 pub fn rotary(cfg: &Qwen25VlConfig, tokens: usize, dev: &Device) -> Result<(Tensor, Tensor)> {
     let hd = cfg.head_dim();
-    let half = hd / 2;
-    let inv: Vec<f32> = (0..half)
-        .map(|j| {
-            let e = (2 * j) as f32 / hd as f32;
-            1.0 / (cfg.rope_theta.powf(e as f64) as f32)
-        })
-        .collect();
-    let (mut cos, mut sin) = (
-        Vec::with_capacity(tokens * hd),
-        Vec::with_capacity(tokens * hd),
-    );
+    let inv = f32_frequencies(hd, cfg.rope_theta);
+    let mut t = RotaryTables::new(tokens, hd);
     for p in 0..tokens {
         let angles: Vec<f64> = inv.iter().map(|f| (p as f32 * f) as f64).collect();
-        for _ in 0..2 {
-            cos.extend(angles.iter().map(|a| a.cos() as f32));
-            sin.extend(angles.iter().map(|a| a.sin() as f32));
-        }
+        t.push_halves(&angles);
     }
-    Ok((
-        Tensor::from_vec(cos, (tokens, hd), dev)?,
-        Tensor::from_vec(sin, (tokens, hd), dev)?,
-    ))
+    t.finish(dev)
 }
 
 /// The language model's shape and its resident final norm.
@@ -170,14 +155,11 @@ impl Qwen25VlEncoder {
             &Self::linear(w, "self_attn.v_proj", true, h)?,
             cfg.num_key_value_heads,
         )?;
-        let q = rotate(&q, &st.cos, &st.sin)?;
-        let k = rotate(&k, &st.cos, &st.sin)?;
-        let g = cfg.groups_per_kv();
-        let o = causal_attention(
-            &q,
-            &repeat_kv(&k, g)?,
-            &repeat_kv(&v, g)?,
-            1.0 / (cfg.head_dim() as f64).sqrt(),
+        let o = rotated_causal_gqa(
+            [&q, &k, &v],
+            (&st.cos, &st.sin),
+            cfg.groups_per_kv(),
+            cfg.head_dim(),
         )?;
         let t = o.dim(2)?;
         let o = o

@@ -379,18 +379,22 @@ mod tests {
         WanVaeDecoder::load(&WanVaeConfig::tiny(), &weights()).unwrap()
     }
 
-    #[test]
-    fn chunks_stream_one_frame_then_four_and_make_up_decode() {
-        let vae = tiny();
-        let latents = seeded_noise(11, &[1, 16, 3, 2, 3]).unwrap();
-        let mut sizes = Vec::new();
+    /// The chunks `decode_chunks` streams for `latents`, and their shapes.
+    fn chunks(vae: &WanVaeDecoder, latents: &Tensor) -> (Vec<Vec<usize>>, Vec<Tensor>) {
         let mut parts = Vec::new();
-        vae.decode_chunks(&latents, |chunk| {
-            sizes.push(chunk.dims().to_vec());
+        vae.decode_chunks(latents, |chunk| {
             parts.push(chunk);
             Ok(())
         })
         .unwrap();
+        (parts.iter().map(|c| c.dims().to_vec()).collect(), parts)
+    }
+
+    #[test]
+    fn chunks_stream_one_frame_then_four_and_make_up_decode() {
+        let vae = tiny();
+        let latents = seeded_noise(11, &[1, 16, 3, 2, 3]).unwrap();
+        let (sizes, parts) = chunks(&vae, &latents);
         assert_eq!(
             sizes,
             vec![vec![1, 3, 16, 24], vec![4, 3, 16, 24], vec![4, 3, 16, 24]]
@@ -420,12 +424,7 @@ mod tests {
             (48, 3, 16)
         );
         let latents = seeded_noise(13, &[1, 48, 3, 1, 2]).unwrap();
-        let mut sizes = Vec::new();
-        vae.decode_chunks(&latents, |chunk| {
-            sizes.push(chunk.dims().to_vec());
-            Ok(())
-        })
-        .unwrap();
+        let (sizes, _) = chunks(&vae, &latents);
         assert_eq!(
             sizes,
             vec![vec![1, 3, 16, 32], vec![4, 3, 16, 32], vec![4, 3, 16, 32]]

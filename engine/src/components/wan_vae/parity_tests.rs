@@ -261,29 +261,29 @@ fn the_residual_checkpoint_is_checked_by_name_and_shape() {
     });
     let err = check_error(dir.path());
     assert!(err.contains(name) && err.contains("missing"), "{err}");
-    // A Wan 2.1-style resampler that halves the width: refused with the implied shape.
-    let name = "decoder.up_blocks.1.upsampler.resample.1.weight";
-    let dir = edited(&fixture22(), |t| {
-        t.insert(
-            name.into(),
-            Tensor::ones((1, 3, 3, 3), candle_core::DType::F32, &Device::Cpu).unwrap(),
-        );
-    });
-    let err = check_error(dir.path());
-    assert!(err.contains(name) && err.contains("[3, 3, 3, 3]"), "{err}");
-    // The head makes 2×2 patches of RGB: 12 channels.
-    let name = "decoder.conv_out.weight";
-    let dir = edited(&fixture22(), |t| {
-        t.insert(
-            name.into(),
-            Tensor::ones((3, 3, 3, 3, 3), candle_core::DType::F32, &Device::Cpu).unwrap(),
-        );
-    });
-    let err = check_error(dir.path());
-    assert!(
-        err.contains(name) && err.contains("[12, 3, 3, 3, 3]"),
-        "{err}"
-    );
+    // A Wan 2.1-style resampler that halves the width, and a head of 3 channels where it
+    // makes 2×2 patches of RGB (12): each refused with the shape it implies.
+    for (name, shape, want) in [
+        (
+            "decoder.up_blocks.1.upsampler.resample.1.weight",
+            &[1usize, 3, 3, 3][..],
+            "[3, 3, 3, 3]",
+        ),
+        (
+            "decoder.conv_out.weight",
+            &[3, 3, 3, 3, 3],
+            "[12, 3, 3, 3, 3]",
+        ),
+    ] {
+        let dir = edited(&fixture22(), |t| {
+            t.insert(
+                name.into(),
+                Tensor::ones(shape, candle_core::DType::F32, &Device::Cpu).unwrap(),
+            );
+        });
+        let err = check_error(dir.path());
+        assert!(err.contains(name) && err.contains(want), "{err}");
+    }
 }
 
 /// The end of the committed WanPipeline reference (`wan_reference.py fixture`): its final

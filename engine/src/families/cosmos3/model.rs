@@ -13,9 +13,10 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::Cosmos3Config;
-use crate::components::attention::{attention, causal_attention};
+use crate::components::attention::attention;
 use crate::components::fused;
 use crate::components::layers::{repeat_kv, rms_norm, rotate, timestep_embedding};
+use crate::components::rotary::{f32_frequencies, rotated_causal_gqa, RotaryTables};
 use crate::execution::seq::Split;
 use crate::execution::weights::Weights;
 use crate::{Error, Result};
@@ -83,12 +84,7 @@ pub fn rotary(
     let hd = cfg.head_dim;
     let half = hd / 2;
     let axes = cfg.axes();
-    let inv: Vec<f32> = (0..half)
-        .map(|j| {
-            let e = (2 * j) as f32 / hd as f32;
-            1.0 / (cfg.rope_theta.powf(e as f64) as f32)
-        })
-        .collect();
+    let inv = f32_frequencies(hd, cfg.rope_theta);
     let axis = |j: usize| {
         if j % 3 == 1 && j < 3 * axes[1] {
             1
@@ -99,20 +95,14 @@ pub fn rotary(
         }
     };
     let n = positions[0].len();
-    let (mut cos, mut sin) = (Vec::with_capacity(n * hd), Vec::with_capacity(n * hd));
+    let mut tables = RotaryTables::new(n, hd);
     let [t, r, c] = positions;
     for ((t, r), c) in t.iter().zip(r).zip(c) {
         let at = [*t, *r, *c];
         let f: Vec<f64> = (0..half).map(|j| (at[axis(j)] * inv[j]) as f64).collect();
-        for _ in 0..2 {
-            cos.extend(f.iter().map(|a| a.cos() as f32));
-            sin.extend(f.iter().map(|a| a.sin() as f32));
-        }
+        tables.push_halves(&f);
     }
-    Ok((
-        Tensor::from_vec(cos, (n, hd), dev)?,
-        Tensor::from_vec(sin, (n, hd), dev)?,
-    ))
+    tables.finish(dev)
 }
 
 /// Positions of `tokens` text tokens: 0, 1, ... on every axis.
@@ -204,6 +194,23 @@ impl Cosmos3Transformer {
         )
     }
 
+    /// A layer's tail over its input `x` and attention output `o` [1, H, S, D]: the output
+    /// projection `out` added to `x`, then the MLP `mlp` over that normed by `norm`, added
+    /// in turn. The understanding and generation pathways differ only in the names.
+    fn out_and_mlp(
+        &self,
+        w: &dyn Weights,
+        x: &Tensor,
+        o: &Tensor,
+        [out, norm, mlp]: [&str; 3],
+        whole: Option<usize>,
+    ) -> Result<Tensor> {
+        let h = (x + self.linear_share(w, out, &Self::merge(o)?, whole)?)?;
+        let normed = rms_norm(&h, &w.get(norm)?, self.cfg.rms_norm_eps)?;
+        let m = self.mlp(w, mlp, &normed, whole)?;
+        Ok((h + m)?)
+    }
+
     fn mlp(
         &self,
         w: &dyn Weights,
@@ -290,23 +297,19 @@ impl Cosmos3Transformer {
             // Nothing downstream reads the last layer's understanding output.
             return Ok(());
         }
-        let q = rotate(&q, &st.cos, &st.sin)?;
-        let k = rotate(&k, &st.cos, &st.sin)?;
-        let g = cfg.groups_per_kv();
-        let o = causal_attention(
-            &q,
-            &repeat_kv(&k, g)?,
-            &repeat_kv(&v, g)?,
-            1.0 / (cfg.head_dim as f64).sqrt(),
+        let o = rotated_causal_gqa(
+            [&q, &k, &v],
+            (&st.cos, &st.sin),
+            cfg.groups_per_kv(),
+            cfg.head_dim,
         )?;
-        let h = (&st.x + self.linear(w, "self_attn.to_out", &Self::merge(&o)?)?)?;
-        let m = self.mlp(
+        st.x = self.out_and_mlp(
             w,
-            "mlp",
-            &rms_norm(&h, &w.get("post_attention_layernorm.weight")?, eps)?,
+            &st.x,
+            &o,
+            ["self_attn.to_out", "post_attention_layernorm.weight", "mlp"],
             None,
         )?;
-        st.x = (h + m)?;
         Ok(())
     }
 
@@ -451,15 +454,17 @@ impl Cosmos3Transformer {
             let values = repeat_kv(&Tensor::cat(&[tv, &v], 2)?, g)?;
             attention(&q, &keys, &values, scale)?
         };
-        let h =
-            (&st.x + self.linear_share(w, "self_attn.to_add_out", &Self::merge(&o)?, whole)?)?;
-        let m = self.mlp(
+        st.x = self.out_and_mlp(
             w,
-            "mlp_moe_gen",
-            &rms_norm(&h, &w.get("post_attention_layernorm_moe_gen.weight")?, eps)?,
+            &st.x,
+            &o,
+            [
+                "self_attn.to_add_out",
+                "post_attention_layernorm_moe_gen.weight",
+                "mlp_moe_gen",
+            ],
             whole,
         )?;
-        st.x = (h + m)?;
         Ok(())
     }
 

@@ -18,7 +18,7 @@ use crate::components::umt5::Umt5Encoder;
 use crate::components::wan_vae::decoder::WanVaeDecoder;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task, VideoSpec};
 use crate::execution::seq::Split;
-use crate::execution::weights::{self, seeded_noise, Weights};
+use crate::execution::weights::{self, Weights};
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::encode_once::{EncodeOnce, EncodeThenSteps};
 use crate::families::FamilyCheckpoint;
@@ -192,10 +192,7 @@ impl RankModel for Cosmos3Rank {
             shape[2] * shape[3].div_ceil(p) * shape[4].div_ceil(p),
             split.size(),
         )?;
-        let latents = match &req.init_latents {
-            Some(l) => l.to_dtype(DType::F32)?,
-            None => seeded_noise(req.seed, &shape)?,
-        };
+        let latents = crate::families::checks::start_latents(&req, &shape)?;
         let (cond, uncond) = r.tokenizer.request(prompt, negative, &target(&req))?;
         // The pipeline's `do_classifier_free_guidance`: any scale but 1.
         let guided = req.guidance != 1.0;

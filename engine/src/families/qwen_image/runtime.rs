@@ -17,14 +17,14 @@ use candle_core::{DType, Device, Tensor, D};
 use super::transformer::model::{QwenImageState, QwenImageTransformer};
 use super::QwenImageCheckpoint;
 use super::{TEXT_ENCODER, TRANSFORMER};
-use crate::bounds::Dimension;
 use crate::checkpoint::Mapped;
 use crate::components::qwen2_5_vl::prompt::prompt_embeds;
 use crate::components::qwen2_5_vl::{Qwen25VlEncoder, Qwen25VlState, QwenTokenizer};
+use crate::components::resident::load_component;
 use crate::components::wan_vae::decoder::WanVaeDecoder;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task};
 use crate::execution::seq::Split;
-use crate::execution::weights::{self, seeded_noise, Weights};
+use crate::execution::weights::Weights;
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::encode_once::{EncodeOnce, EncodeThenSteps};
 use crate::families::FamilyCheckpoint;
@@ -175,13 +175,7 @@ impl FamilyRuntime for QwenImageRuntime {
             ));
         }
         crate::families::checks::clip_shape(r, ck.pixels_per_token_side(), 1)?;
-        let asked = [
-            (Dimension::Width, r.width as u64),
-            (Dimension::Height, r.height as u64),
-        ];
-        if let Some(b) = ck.limits().beyond(&asked) {
-            return Err(Error::invalid(b.dimension.request_field(), b.to_string()));
-        }
+        crate::families::checks::within_limits(r, &ck.limits(), false)?;
         crate::families::checks::guidance(r, 1)?;
         if r.max_sequence_length > super::MAX_SEQUENCE_LENGTH {
             return Err(Error::invalid(
@@ -210,25 +204,9 @@ impl FamilyRuntime for QwenImageRuntime {
     fn load_rank(&self, device: &Device, dtype: DType, decode: bool) -> Result<Box<dyn RankModel>> {
         let ck = &self.checkpoint;
         let names = ck.resident_device_names();
-        let of = |comp: &str| {
-            names
-                .iter()
-                .filter(|(c, _)| *c == comp)
-                .map(|(_, n)| n.clone())
-                .collect::<Vec<_>>()
-        };
-        let te = weights::load(
-            &self.streamed[TEXT_ENCODER],
-            of("text_encoder").into_iter(),
-            device,
-            dtype,
-        )?;
-        let tr = weights::load(
-            &self.streamed[TRANSFORMER],
-            of("transformer").into_iter(),
-            device,
-            dtype,
-        )?;
+        let load = |g: usize, comp| load_component(&self.streamed[g], &names, comp, device, dtype);
+        let te = load(TEXT_ENCODER, "text_encoder")?;
+        let tr = load(TRANSFORMER, "transformer")?;
         Ok(Box::new(QwenImageRank(Arc::new(RankShared {
             encoder: Qwen25VlEncoder::new(
                 ck.text_encoder_config.clone(),
@@ -272,10 +250,7 @@ impl RankModel for QwenImageRank {
         };
         let ck = &r.checkpoint;
         let shape = latent_shape(ck, &req);
-        let latents = match &req.init_latents {
-            Some(l) => l.to_dtype(DType::F32)?,
-            None => seeded_noise(req.seed, &shape)?,
-        };
+        let latents = crate::families::checks::start_latents(&req, &shape)?;
         // The pipeline's `do_true_cfg`: a scale above 1 (and a negative prompt, which every
         // request here has: empty unless given).
         let guided = req.guidance > 1.0;

@@ -12,14 +12,14 @@ use candle_core::{DType, Device, Tensor};
 use super::transformer::model::{WanState, WanTransformer};
 use super::transformer::WanTransformerConfig;
 use super::{WanCheckpoint, TEXT_ENCODER, TRANSFORMER, TRANSFORMER_2};
-use crate::bounds::Dimension;
 use crate::checkpoint::Mapped;
+use crate::components::resident::load_component;
 use crate::components::umt5::model::zero_padding;
 use crate::components::umt5::{embedding_table, PromptTokenizer, Umt5Encoder, Umt5State};
 use crate::components::wan_vae::decoder::WanVaeDecoder;
 use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task, VideoSpec};
 use crate::execution::seq::Split;
-use crate::execution::weights::{self, seeded_noise, Weights};
+use crate::execution::weights::Weights;
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::encode_once::{EncodeOnce, EncodeThenSteps};
 use crate::families::FamilyCheckpoint;
@@ -112,14 +112,7 @@ impl FamilyRuntime for WanRuntime {
             ck.vae_config.temporal_upscale(),
         )?;
         // Within the rotary tables: the grid a request makes must have its positions.
-        let asked = [
-            (Dimension::Width, r.width as u64),
-            (Dimension::Height, r.height as u64),
-            (Dimension::Frames, r.frames as u64),
-        ];
-        if let Some(b) = ck.limits().beyond(&asked) {
-            return Err(Error::invalid(b.dimension.request_field(), b.to_string()));
-        }
+        crate::families::checks::within_limits(r, &ck.limits(), true)?;
         crate::families::checks::guidance(r, 1 + ck.transformer_2.is_some() as usize)?;
         self.scheduler.sampler(r.steps)?;
         crate::families::checks::prompt_lengths(
@@ -144,16 +137,10 @@ impl FamilyRuntime for WanRuntime {
     fn load_rank(&self, device: &Device, dtype: DType, decode: bool) -> Result<Box<dyn RankModel>> {
         let ck = &self.checkpoint;
         let names = ck.resident_device_names();
-        let of = |comp: &str| {
-            names
-                .iter()
-                .filter(|(c, _)| *c == comp)
-                .map(|(_, n)| n.clone())
-                .collect::<Vec<_>>()
-        };
-        let te = weights::load(
+        let te = load_component(
             &self.streamed[TEXT_ENCODER],
-            of("text_encoder").into_iter(),
+            &names,
+            "text_encoder",
             device,
             dtype,
         )?;
@@ -163,7 +150,7 @@ impl FamilyRuntime for WanRuntime {
             (TRANSFORMER_2, "transformer_2"),
         ] {
             if let Some(m) = self.streamed.get(g) {
-                let w = weights::load(m, of(comp).into_iter(), device, dtype)?;
+                let w = load_component(m, &names, comp, device, dtype)?;
                 experts.push(WanTransformer::new(
                     ck.transformer_config.clone(),
                     Box::new(w),
@@ -240,10 +227,7 @@ impl RankModel for WanRank {
             shape[2] / pt * (shape[3] / ph) * (shape[4] / pw),
             split.size(),
         )?;
-        let latents = match &req.init_latents {
-            Some(l) => l.to_dtype(DType::F32)?,
-            None => seeded_noise(req.seed, &shape)?,
-        };
+        let latents = crate::families::checks::start_latents(&req, &shape)?;
         let guided = req.guidance > 1.0;
         let mut prompts = vec![prompt.clone()];
         if guided {

@@ -292,19 +292,15 @@ mod tests {
         let out = model.epilogue(st).unwrap();
         assert_eq!(out.dims(), &[1, 24, 16]);
 
-        let e = model
-            .prologue(&latents, 0.5, &text, (1, 5, 6))
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(e.contains("latents"), "{e}");
         let wide = seeded_noise(4, &[1, 5, 23]).unwrap();
-        let e = model
-            .prologue(&latents, 0.5, &wide, (1, 4, 6))
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(e.contains("text embeddings"), "{e}");
+        for (text, grid, want) in [
+            (&text, (1, 5, 6), "latents"),
+            (&wide, (1, 4, 6), "text embeddings"),
+        ] {
+            let e = model.prologue(&latents, 0.5, text, grid).err().unwrap();
+            let e = e.to_string();
+            assert!(e.contains(want), "{e}");
+        }
         let two = seeded_noise(5, &[2, 24, 16]).unwrap();
         assert!(model.prologue(&two, 0.5, &text, (1, 4, 6)).is_err());
     }

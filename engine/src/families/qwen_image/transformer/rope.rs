@@ -10,20 +10,12 @@
 use candle_core::{Device, Tensor};
 
 use super::config::QwenImageTransformerConfig;
+pub use crate::components::rotary::apply;
+use crate::components::rotary::{f32_frequencies, RotaryTables};
 use crate::Result;
 
 /// Base of the rotary frequencies (diffusers' `theta`).
 const THETA: f64 = 10000.0;
-
-/// The frequencies of one rotary part of width `dim`: `1 / theta^(2j / dim)` in f32.
-fn frequencies(dim: usize) -> Vec<f32> {
-    (0..dim / 2)
-        .map(|j| {
-            let exponent = (2 * j) as f32 / dim as f32;
-            1.0 / (THETA.powf(exponent as f64) as f32)
-        })
-        .collect()
-}
 
 /// Image rows (or columns) of a side of `n` patches, centred: -⌈n/2⌉..⌊n/2⌋.
 fn centred(n: usize) -> impl Iterator<Item = i64> {
@@ -46,18 +38,18 @@ pub fn tables(
     QwenImageTransformerConfig::check_positions(grid, text_tokens)?;
     let (frames, rows, cols) = grid;
     let (df, dh, dw) = cfg.rope_dims();
-    let (ff, fh, fw) = (frequencies(df), frequencies(dh), frequencies(dw));
-    let half = cfg.attention_head_dim / 2;
+    let (ff, fh, fw) = (
+        f32_frequencies(df, THETA),
+        f32_frequencies(dh, THETA),
+        f32_frequencies(dw, THETA),
+    );
     let tokens = text_tokens + frames * rows * cols;
-    let mut cos = Vec::with_capacity(tokens * half);
-    let mut sin = Vec::with_capacity(tokens * half);
+    let mut t = RotaryTables::new(tokens, cfg.attention_head_dim / 2);
     let mut push = |positions: [i64; 3]| {
         for (pos, part) in positions.iter().zip([&ff, &fh, &fw]) {
             for freq in part.iter() {
                 // torch.outer(index, freqs) of an integer index and f32 frequencies: f32.
-                let angle = (*pos as f32 * freq) as f64;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                t.push((*pos as f32 * freq) as f64);
             }
         }
     };
@@ -72,16 +64,7 @@ pub fn tables(
             }
         }
     }
-    Ok((
-        Tensor::from_vec(cos, (tokens, half), device)?,
-        Tensor::from_vec(sin, (tokens, half), device)?,
-    ))
-}
-
-/// Rotates q or k [B, H, tokens, head_dim] by the tables: channels (2i, 2i + 1) form
-/// pair i (diffusers' complex view of the last dimension).
-pub fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    Ok(candle_nn::rotary_emb::rope_i(&x.contiguous()?, cos, sin)?)
+    t.finish(device)
 }
 
 #[cfg(test)]

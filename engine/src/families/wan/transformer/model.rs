@@ -352,19 +352,15 @@ mod tests {
         assert_eq!(out.dims(), &[2, 16, 3, 4, 6]);
 
         let odd = crate::execution::weights::seeded_noise(3, &[2, 16, 3, 5, 6]).unwrap();
-        let e = model
-            .prologue(&odd, 1.0, &text, whole)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(e.contains("latents"), "{e}");
         let wide = crate::execution::weights::seeded_noise(4, &[2, 5, 31]).unwrap();
-        let e = model
-            .prologue(&latents, 1.0, &wide, whole)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(e.contains("text embeddings"), "{e}");
+        for (latents, text, want) in [
+            (&odd, &text, "latents"),
+            (&latents, &wide, "text embeddings"),
+        ] {
+            let e = model.prologue(latents, 1.0, text, whole).err().unwrap();
+            let e = e.to_string();
+            assert!(e.contains(want), "{e}");
+        }
     }
 
     #[test]

@@ -7,6 +7,8 @@
 use candle_core::{Device, Tensor};
 
 use super::config::WanTransformerConfig;
+pub use crate::components::rotary::apply;
+use crate::components::rotary::RotaryTables;
 use crate::{Error, Result};
 
 /// Base of the rotary frequencies (diffusers' `theta`).
@@ -38,33 +40,20 @@ pub fn tables(
             .collect()
     };
     let (ft, fh, fw) = (freqs(dt), freqs(dh), freqs(dw));
-    let half = cfg.attention_head_dim / 2;
     let tokens = frames * rows * cols;
-    let mut cos = Vec::with_capacity(tokens * half);
-    let mut sin = Vec::with_capacity(tokens * half);
+    let mut t = RotaryTables::new(tokens, cfg.attention_head_dim / 2);
     for f in 0..frames {
         for r in 0..rows {
             for c in 0..cols {
                 for (pos, part) in [(f, &ft), (r, &fh), (c, &fw)] {
                     for freq in part.iter() {
-                        let angle = pos as f64 * freq;
-                        cos.push(angle.cos() as f32);
-                        sin.push(angle.sin() as f32);
+                        t.push(pos as f64 * freq);
                     }
                 }
             }
         }
     }
-    Ok((
-        Tensor::from_vec(cos, (tokens, half), device)?,
-        Tensor::from_vec(sin, (tokens, half), device)?,
-    ))
-}
-
-/// Rotates q or k [B, H, tokens, head_dim] by the tables: channels (2i, 2i + 1) form
-/// pair i (diffusers' interleaved real/imaginary layout).
-pub fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    Ok(candle_nn::rotary_emb::rope_i(&x.contiguous()?, cos, sin)?)
+    t.finish(device)
 }
 
 #[cfg(test)]
