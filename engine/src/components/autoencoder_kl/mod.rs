@@ -148,12 +148,12 @@ impl VaeConfig {
     /// Checks everything the decoder relies on; `path` only labels the errors.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |field: &str, msg: String| Err(Error::config(path, field, msg));
-        if self.class_name != CLASS_NAME {
-            return bad(
-                "_class_name",
-                format!("expected {CLASS_NAME}, found {:?}", self.class_name),
-            );
-        }
+        crate::components::config_checks::ensure(
+            path,
+            "_class_name",
+            self.class_name == CLASS_NAME,
+            || format!("expected {CLASS_NAME}, found {:?}", self.class_name),
+        )?;
         // diffusers maps both names to nn.SiLU.
         if self.act_fn != "silu" && self.act_fn != "swish" {
             return bad(
@@ -161,17 +161,16 @@ impl VaeConfig {
                 format!("only \"silu\" is supported, found {:?}", self.act_fn),
             );
         }
-        for (field, value) in [
-            ("in_channels", self.in_channels),
-            ("out_channels", self.out_channels),
-            ("latent_channels", self.latent_channels),
-            ("layers_per_block", self.layers_per_block),
-            ("norm_num_groups", self.norm_num_groups),
-        ] {
-            if value == 0 {
-                return bad(field, "must be at least 1".into());
-            }
-        }
+        crate::components::config_checks::at_least_one(
+            path,
+            &[
+                ("in_channels", self.in_channels),
+                ("out_channels", self.out_channels),
+                ("latent_channels", self.latent_channels),
+                ("layers_per_block", self.layers_per_block),
+                ("norm_num_groups", self.norm_num_groups),
+            ],
+        )?;
         crate::checkpoint::at_most(
             path,
             &[

@@ -76,9 +76,7 @@ impl DitConfig {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        let cfg: DitConfig = crate::checkpoint::read_json(path)?;
-        cfg.validate(path)?;
-        Ok(cfg)
+        crate::components::config_checks::load(path, Self::validate)
     }
 
     /// Rejects configurations this family implementation does not compute.

@@ -119,20 +119,18 @@ impl WanTransformerConfig {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        let cfg: WanTransformerConfig = crate::checkpoint::read_json(path)?;
-        cfg.validate(path)?;
-        Ok(cfg)
+        crate::components::config_checks::load(path, Self::validate)
     }
 
     /// Rejects configurations this implementation does not compute, naming the field.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |field: &str, msg: String| Err(Error::config(path, field, msg));
-        if self.class_name != CLASS_NAME {
-            return bad(
-                "_class_name",
-                format!("`{}` is not {CLASS_NAME}", self.class_name),
-            );
-        }
+        crate::components::config_checks::ensure(
+            path,
+            "_class_name",
+            self.class_name == CLASS_NAME,
+            || format!("`{}` is not {CLASS_NAME}", self.class_name),
+        )?;
         if self.patch_size.len() != 3 || self.patch_size.contains(&0) {
             return bad(
                 "patch_size",
@@ -142,20 +140,18 @@ impl WanTransformerConfig {
                 ),
             );
         }
-        let at_least_one = [
-            ("num_attention_heads", self.num_attention_heads),
-            ("attention_head_dim", self.attention_head_dim),
-            ("in_channels", self.in_channels),
-            ("text_dim", self.text_dim),
-            ("ffn_dim", self.ffn_dim),
-            ("num_layers", self.num_layers),
-            ("rope_max_seq_len", self.rope_max_seq_len),
-        ];
-        for (field, v) in at_least_one {
-            if v == 0 {
-                return bad(field, "must be at least 1".into());
-            }
-        }
+        crate::components::config_checks::at_least_one(
+            path,
+            &[
+                ("num_attention_heads", self.num_attention_heads),
+                ("attention_head_dim", self.attention_head_dim),
+                ("in_channels", self.in_channels),
+                ("text_dim", self.text_dim),
+                ("ffn_dim", self.ffn_dim),
+                ("num_layers", self.num_layers),
+                ("rope_max_seq_len", self.rope_max_seq_len),
+            ],
+        )?;
         crate::checkpoint::layers_at_most(path, self.num_layers)?;
         if !self.attention_head_dim.is_multiple_of(2) {
             return bad(
