@@ -9,6 +9,15 @@ use serde::de::DeserializeOwned;
 
 use crate::{Error, Result};
 
+/// `named!(self: a, b)` is `[("a", self.a), ("b", self.b)]`: each field beside its own
+/// name, written once, for the checks above that take `(field, value)` lists.
+macro_rules! named {
+    ($cfg:ident: $($field:ident),+ $(,)?) => {
+        [$((stringify!($field), $cfg.$field)),+]
+    };
+}
+pub(crate) use named;
+
 /// Reads `path` as a `T` and refuses it unless `validate` accepts it.
 pub fn load<T: DeserializeOwned>(path: &Path, validate: fn(&T, &Path) -> Result<()>) -> Result<T> {
     let cfg: T = crate::checkpoint::read_json(path)?;

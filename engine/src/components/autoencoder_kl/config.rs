@@ -158,13 +158,7 @@ impl VaeConfig {
         }
         crate::components::config_checks::at_least_one(
             path,
-            &[
-                ("in_channels", self.in_channels),
-                ("out_channels", self.out_channels),
-                ("latent_channels", self.latent_channels),
-                ("layers_per_block", self.layers_per_block),
-                ("norm_num_groups", self.norm_num_groups),
-            ],
+            &crate::components::config_checks::named!(self: in_channels, out_channels, latent_channels, layers_per_block, norm_num_groups),
         )?;
         crate::checkpoint::at_most(
             path,

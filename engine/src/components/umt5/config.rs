@@ -220,14 +220,7 @@ impl Umt5Config {
         }
         crate::components::config_checks::at_least_one(
             path,
-            &[
-                ("vocab_size", self.vocab_size),
-                ("d_model", self.d_model),
-                ("d_kv", self.d_kv),
-                ("d_ff", self.d_ff),
-                ("num_layers", self.num_layers),
-                ("num_heads", self.num_heads),
-            ],
+            &crate::components::config_checks::named!(self: vocab_size, d_model, d_kv, d_ff, num_layers, num_heads),
         )?;
         crate::checkpoint::layers_at_most(path, self.num_layers)?;
         // Bidirectional bucketing halves the buckets, and half of those are exact offsets:

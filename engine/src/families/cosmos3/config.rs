@@ -230,17 +230,7 @@ impl Cosmos3Config {
         )?;
         crate::components::config_checks::at_least_one(
             path,
-            &[
-                ("num_hidden_layers", self.num_hidden_layers),
-                ("hidden_size", self.hidden_size),
-                ("intermediate_size", self.intermediate_size),
-                ("num_attention_heads", self.num_attention_heads),
-                ("num_key_value_heads", self.num_key_value_heads),
-                ("latent_channel", self.latent_channel),
-                ("latent_patch_size", self.latent_patch_size),
-                ("vocab_size", self.vocab_size),
-                ("base_fps", self.base_fps),
-            ],
+            &crate::components::config_checks::named!(self: num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, latent_channel, latent_patch_size, vocab_size, base_fps),
         )?;
         Ok(())
     }

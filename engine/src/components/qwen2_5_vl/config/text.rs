@@ -203,16 +203,10 @@ impl Qwen25VlConfig {
     fn validate(&self, path: &Path, prefix: &str, rope: &str) -> Result<()> {
         let bad =
             |field: &str, msg: String| Err(Error::config(path, format!("{prefix}{field}"), msg));
-        crate::components::config_checks::at_least_one(
+        crate::components::config_checks::at_least_one_under(
             path,
-            &[
-                ("vocab_size", self.vocab_size),
-                ("hidden_size", self.hidden_size),
-                ("intermediate_size", self.intermediate_size),
-                ("num_hidden_layers", self.num_hidden_layers),
-                ("num_attention_heads", self.num_attention_heads),
-                ("num_key_value_heads", self.num_key_value_heads),
-            ],
+            prefix,
+            &crate::components::config_checks::named!(self: vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads),
         )?;
         let layers = format!("{prefix}num_hidden_layers");
         crate::checkpoint::at_most(

@@ -125,14 +125,7 @@ impl QwenImageTransformerConfig {
         )?;
         crate::components::config_checks::at_least_one(
             path,
-            &[
-                ("patch_size", self.patch_size),
-                ("in_channels", self.in_channels),
-                ("num_layers", self.num_layers),
-                ("attention_head_dim", self.attention_head_dim),
-                ("num_attention_heads", self.num_attention_heads),
-                ("joint_attention_dim", self.joint_attention_dim),
-            ],
+            &crate::components::config_checks::named!(self: patch_size, in_channels, num_layers, attention_head_dim, num_attention_heads, joint_attention_dim),
         )?;
         crate::checkpoint::layers_at_most(path, self.num_layers)?;
         if !self.attention_head_dim.is_multiple_of(2) {

@@ -142,15 +142,7 @@ impl WanTransformerConfig {
         }
         crate::components::config_checks::at_least_one(
             path,
-            &[
-                ("num_attention_heads", self.num_attention_heads),
-                ("attention_head_dim", self.attention_head_dim),
-                ("in_channels", self.in_channels),
-                ("text_dim", self.text_dim),
-                ("ffn_dim", self.ffn_dim),
-                ("num_layers", self.num_layers),
-                ("rope_max_seq_len", self.rope_max_seq_len),
-            ],
+            &crate::components::config_checks::named!(self: num_attention_heads, attention_head_dim, in_channels, text_dim, ffn_dim, num_layers, rope_max_seq_len),
         )?;
         crate::checkpoint::layers_at_most(path, self.num_layers)?;
         if !self.attention_head_dim.is_multiple_of(2) {
