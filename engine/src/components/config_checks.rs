@@ -34,6 +34,26 @@ pub fn ensure(path: &Path, field: &str, ok: bool, msg: impl FnOnce() -> String) 
     }
 }
 
+/// How a config words a foreign `_class_name` (each wording is one its tests assert).
+#[derive(Debug, Clone, Copy)]
+pub enum ClassWording {
+    /// "expected {expected}, found {found:?}"
+    ExpectedFound,
+    /// "`{found}` is not {expected}"
+    IsNot,
+    /// "`{found}`: expected {expected}"
+    FoundExpected,
+}
+
+/// Refuses a `_class_name` other than `expected`, worded as `wording` says.
+pub fn class_name(path: &Path, found: &str, expected: &str, wording: ClassWording) -> Result<()> {
+    ensure(path, "_class_name", found == expected, || match wording {
+        ClassWording::ExpectedFound => format!("expected {expected}, found {found:?}"),
+        ClassWording::IsNot => format!("`{found}` is not {expected}"),
+        ClassWording::FoundExpected => format!("`{found}`: expected {expected}"),
+    })
+}
+
 /// Refuses the first of `fields` whose size is zero: "must be at least 1".
 pub fn at_least_one(path: &Path, fields: &[(&str, usize)]) -> Result<()> {
     at_least_one_under(path, "", fields)

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::components::config_checks::{self, ClassWording};
 use crate::{Error, Result};
 
 /// The only class this module understands.
@@ -143,11 +144,11 @@ impl VaeConfig {
     /// Checks everything the decoder relies on; `path` only labels the errors.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |field: &str, msg: String| Err(Error::config(path, field, msg));
-        crate::components::config_checks::ensure(
+        config_checks::class_name(
             path,
-            "_class_name",
-            self.class_name == CLASS_NAME,
-            || format!("expected {CLASS_NAME}, found {:?}", self.class_name),
+            &self.class_name,
+            CLASS_NAME,
+            ClassWording::ExpectedFound,
         )?;
         // diffusers maps both names to nn.SiLU.
         if self.act_fn != "silu" && self.act_fn != "swish" {
@@ -156,9 +157,9 @@ impl VaeConfig {
                 format!("only \"silu\" is supported, found {:?}", self.act_fn),
             );
         }
-        crate::components::config_checks::at_least_one(
+        config_checks::at_least_one(
             path,
-            &crate::components::config_checks::named!(self: in_channels, out_channels, latent_channels, layers_per_block, norm_num_groups),
+            &config_checks::named!(self: in_channels, out_channels, latent_channels, layers_per_block, norm_num_groups),
         )?;
         crate::checkpoint::at_most(
             path,

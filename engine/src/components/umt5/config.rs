@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::Component;
+use crate::components::config_checks;
 use crate::{Error, Result};
 use layerwise_core::family::{BlockGroup, TensorSpec};
 
@@ -167,7 +168,7 @@ impl Umt5Config {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        crate::components::config_checks::load(path, Self::validate)
+        config_checks::load(path, Self::validate)
     }
 
     /// Rejects configurations this implementation does not compute.
@@ -218,9 +219,9 @@ impl Umt5Config {
                 "false describes T5's one shared position bias; UMT5 has one per layer".into(),
             );
         }
-        crate::components::config_checks::at_least_one(
+        config_checks::at_least_one(
             path,
-            &crate::components::config_checks::named!(self: vocab_size, d_model, d_kv, d_ff, num_layers, num_heads),
+            &config_checks::named!(self: vocab_size, d_model, d_kv, d_ff, num_layers, num_heads),
         )?;
         crate::checkpoint::layers_at_most(path, self.num_layers)?;
         // Bidirectional bucketing halves the buckets, and half of those are exact offsets:

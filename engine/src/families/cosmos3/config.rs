@@ -13,6 +13,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{at_most, MAX_CONFIG_LAYERS};
+use crate::components::config_checks::{self, ClassWording};
 use crate::families::{BlockGroup, TensorSpec};
 use crate::{Error, Result};
 
@@ -151,7 +152,7 @@ impl Cosmos3Config {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        crate::components::config_checks::load(path, Self::validate)
+        config_checks::load(path, Self::validate)
     }
 
     pub fn to_json(&self) -> serde_json::Value {
@@ -190,11 +191,11 @@ impl Cosmos3Config {
     }
 
     fn validate(&self, path: &Path) -> Result<()> {
-        crate::components::config_checks::ensure(
+        config_checks::class_name(
             path,
-            "_class_name",
-            self.class_name == CLASS_NAME,
-            || format!("`{}`: expected {CLASS_NAME}", self.class_name),
+            &self.class_name,
+            CLASS_NAME,
+            ClassWording::FoundExpected,
         )?;
         self.validate_sizes(path)?;
         self.validate_layer(path)?;
@@ -228,9 +229,9 @@ impl Cosmos3Config {
                 ),
             ],
         )?;
-        crate::components::config_checks::at_least_one(
+        config_checks::at_least_one(
             path,
-            &crate::components::config_checks::named!(self: num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, latent_channel, latent_patch_size, vocab_size, base_fps),
+            &config_checks::named!(self: num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, latent_channel, latent_patch_size, vocab_size, base_fps),
         )?;
         Ok(())
     }

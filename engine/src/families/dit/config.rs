@@ -7,6 +7,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::components::config_checks;
 use crate::families::TensorSpec;
 use crate::{Error, Result};
 
@@ -76,7 +77,7 @@ impl DitConfig {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        crate::components::config_checks::load(path, Self::validate)
+        config_checks::load(path, Self::validate)
     }
 
     /// Rejects configurations this family implementation does not compute.

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::fields::Fields;
 use super::prefix::CLASSES;
+use crate::components::config_checks;
 use crate::{Error, Result};
 
 /// The language model's config: what the encoder computes with. Read by [`Self::load`]
@@ -203,10 +204,10 @@ impl Qwen25VlConfig {
     fn validate(&self, path: &Path, prefix: &str, rope: &str) -> Result<()> {
         let bad =
             |field: &str, msg: String| Err(Error::config(path, format!("{prefix}{field}"), msg));
-        crate::components::config_checks::at_least_one_under(
+        config_checks::at_least_one_under(
             path,
             prefix,
-            &crate::components::config_checks::named!(self: vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads),
+            &config_checks::named!(self: vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads),
         )?;
         let layers = format!("{prefix}num_hidden_layers");
         crate::checkpoint::at_most(

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::components::config_checks::{self, ClassWording};
 use crate::families::{BlockGroup, TensorSpec};
 use crate::{Error, Result};
 
@@ -111,21 +112,16 @@ impl QwenImageTransformerConfig {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        crate::components::config_checks::load(path, Self::validate)
+        config_checks::load(path, Self::validate)
     }
 
     /// Rejects configurations this implementation does not compute, naming the field.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |field: &str, msg: String| Err(Error::config(path, field, msg));
-        crate::components::config_checks::ensure(
+        config_checks::class_name(path, &self.class_name, CLASS_NAME, ClassWording::IsNot)?;
+        config_checks::at_least_one(
             path,
-            "_class_name",
-            self.class_name == CLASS_NAME,
-            || format!("`{}` is not {CLASS_NAME}", self.class_name),
-        )?;
-        crate::components::config_checks::at_least_one(
-            path,
-            &crate::components::config_checks::named!(self: patch_size, in_channels, num_layers, attention_head_dim, num_attention_heads, joint_attention_dim),
+            &config_checks::named!(self: patch_size, in_channels, num_layers, attention_head_dim, num_attention_heads, joint_attention_dim),
         )?;
         crate::checkpoint::layers_at_most(path, self.num_layers)?;
         if !self.attention_head_dim.is_multiple_of(2) {

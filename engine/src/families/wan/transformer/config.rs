@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::components::config_checks::{self, ClassWording};
 use crate::families::{BlockGroup, TensorSpec};
 use crate::{Error, Result};
 
@@ -119,18 +120,13 @@ impl WanTransformerConfig {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        crate::components::config_checks::load(path, Self::validate)
+        config_checks::load(path, Self::validate)
     }
 
     /// Rejects configurations this implementation does not compute, naming the field.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |field: &str, msg: String| Err(Error::config(path, field, msg));
-        crate::components::config_checks::ensure(
-            path,
-            "_class_name",
-            self.class_name == CLASS_NAME,
-            || format!("`{}` is not {CLASS_NAME}", self.class_name),
-        )?;
+        config_checks::class_name(path, &self.class_name, CLASS_NAME, ClassWording::IsNot)?;
         if self.patch_size.len() != 3 || self.patch_size.contains(&0) {
             return bad(
                 "patch_size",
@@ -140,9 +136,9 @@ impl WanTransformerConfig {
                 ),
             );
         }
-        crate::components::config_checks::at_least_one(
+        config_checks::at_least_one(
             path,
-            &crate::components::config_checks::named!(self: num_attention_heads, attention_head_dim, in_channels, text_dim, ffn_dim, num_layers, rope_max_seq_len),
+            &config_checks::named!(self: num_attention_heads, attention_head_dim, in_channels, text_dim, ffn_dim, num_layers, rope_max_seq_len),
         )?;
         crate::checkpoint::layers_at_most(path, self.num_layers)?;
         if !self.attention_head_dim.is_multiple_of(2) {
