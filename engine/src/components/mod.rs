@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod autoencoder_kl;
+pub mod config_checks;
 pub mod config_json;
 #[cfg(feature = "runtime")]
 pub mod fused;

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::Component;
+use crate::components::config_checks;
 use crate::{Error, Result};
 use layerwise_core::family::{BlockGroup, TensorSpec};
 
@@ -167,9 +168,7 @@ impl Umt5Config {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        let cfg: Umt5Config = crate::checkpoint::read_json(path)?;
-        cfg.validate(path)?;
-        Ok(cfg)
+        config_checks::load(path, Self::validate)
     }
 
     /// Rejects configurations this implementation does not compute.
@@ -220,18 +219,10 @@ impl Umt5Config {
                 "false describes T5's one shared position bias; UMT5 has one per layer".into(),
             );
         }
-        for (field, v) in [
-            ("vocab_size", self.vocab_size),
-            ("d_model", self.d_model),
-            ("d_kv", self.d_kv),
-            ("d_ff", self.d_ff),
-            ("num_layers", self.num_layers),
-            ("num_heads", self.num_heads),
-        ] {
-            if v == 0 {
-                return bad(field, "must be at least 1".into());
-            }
-        }
+        config_checks::at_least_one(
+            path,
+            &config_checks::named!(self: vocab_size, d_model, d_kv, d_ff, num_layers, num_heads),
+        )?;
         crate::checkpoint::layers_at_most(path, self.num_layers)?;
         // Bidirectional bucketing halves the buckets, and half of those are exact offsets:
         // the log-spaced rest needs at least one exact bucket and room above it.

@@ -13,6 +13,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{at_most, MAX_CONFIG_LAYERS};
+use crate::components::config_checks::{self, ClassWording};
 use crate::families::{BlockGroup, TensorSpec};
 use crate::{Error, Result};
 
@@ -151,9 +152,7 @@ impl Cosmos3Config {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        let cfg: Self = crate::checkpoint::read_json(path)?;
-        cfg.validate(path)?;
-        Ok(cfg)
+        config_checks::load(path, Self::validate)
     }
 
     pub fn to_json(&self) -> serde_json::Value {
@@ -192,13 +191,12 @@ impl Cosmos3Config {
     }
 
     fn validate(&self, path: &Path) -> Result<()> {
-        let bad = |field: &str, why: String| Err(Error::config(path, field, why));
-        if self.class_name != CLASS_NAME {
-            return bad(
-                "_class_name",
-                format!("`{}`: expected {CLASS_NAME}", self.class_name),
-            );
-        }
+        config_checks::class_name(
+            path,
+            &self.class_name,
+            CLASS_NAME,
+            ClassWording::FoundExpected,
+        )?;
         self.validate_sizes(path)?;
         self.validate_layer(path)?;
         self.validate_rotary(path)?;
@@ -207,7 +205,6 @@ impl Cosmos3Config {
 
     /// Every size and count: within the bounds no published model comes near, and not 0.
     fn validate_sizes(&self, path: &Path) -> Result<()> {
-        let bad = |field: &str, why: String| Err(Error::config(path, field, why));
         at_most(
             path,
             &[
@@ -232,21 +229,10 @@ impl Cosmos3Config {
                 ),
             ],
         )?;
-        for (field, v) in [
-            ("num_hidden_layers", self.num_hidden_layers),
-            ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
-            ("num_attention_heads", self.num_attention_heads),
-            ("num_key_value_heads", self.num_key_value_heads),
-            ("latent_channel", self.latent_channel),
-            ("latent_patch_size", self.latent_patch_size),
-            ("vocab_size", self.vocab_size),
-            ("base_fps", self.base_fps),
-        ] {
-            if v == 0 {
-                return bad(field, "must be at least 1".into());
-            }
-        }
+        config_checks::at_least_one(
+            path,
+            &config_checks::named!(self: num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, latent_channel, latent_patch_size, vocab_size, base_fps),
+        )?;
         Ok(())
     }
 

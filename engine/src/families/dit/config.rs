@@ -7,6 +7,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::components::config_checks;
 use crate::families::TensorSpec;
 use crate::{Error, Result};
 
@@ -76,9 +77,7 @@ impl DitConfig {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        let cfg: DitConfig = crate::checkpoint::read_json(path)?;
-        cfg.validate(path)?;
-        Ok(cfg)
+        config_checks::load(path, Self::validate)
     }
 
     /// Rejects configurations this family implementation does not compute.

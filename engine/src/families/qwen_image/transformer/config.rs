@@ -7,6 +7,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::components::config_checks::{self, ClassWording};
 use crate::families::{BlockGroup, TensorSpec};
 use crate::{Error, Result};
 
@@ -111,33 +112,17 @@ impl QwenImageTransformerConfig {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        let cfg: QwenImageTransformerConfig = crate::checkpoint::read_json(path)?;
-        cfg.validate(path)?;
-        Ok(cfg)
+        config_checks::load(path, Self::validate)
     }
 
     /// Rejects configurations this implementation does not compute, naming the field.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |field: &str, msg: String| Err(Error::config(path, field, msg));
-        if self.class_name != CLASS_NAME {
-            return bad(
-                "_class_name",
-                format!("`{}` is not {CLASS_NAME}", self.class_name),
-            );
-        }
-        let at_least_one = [
-            ("patch_size", self.patch_size),
-            ("in_channels", self.in_channels),
-            ("num_layers", self.num_layers),
-            ("attention_head_dim", self.attention_head_dim),
-            ("num_attention_heads", self.num_attention_heads),
-            ("joint_attention_dim", self.joint_attention_dim),
-        ];
-        for (field, v) in at_least_one {
-            if v == 0 {
-                return bad(field, "must be at least 1".into());
-            }
-        }
+        config_checks::class_name(path, &self.class_name, CLASS_NAME, ClassWording::IsNot)?;
+        config_checks::at_least_one(
+            path,
+            &config_checks::named!(self: patch_size, in_channels, num_layers, attention_head_dim, num_attention_heads, joint_attention_dim),
+        )?;
         crate::checkpoint::layers_at_most(path, self.num_layers)?;
         if !self.attention_head_dim.is_multiple_of(2) {
             return bad(

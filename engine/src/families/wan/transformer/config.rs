@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::components::config_checks::{self, ClassWording};
 use crate::families::{BlockGroup, TensorSpec};
 use crate::{Error, Result};
 
@@ -119,20 +120,13 @@ impl WanTransformerConfig {
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        let cfg: WanTransformerConfig = crate::checkpoint::read_json(path)?;
-        cfg.validate(path)?;
-        Ok(cfg)
+        config_checks::load(path, Self::validate)
     }
 
     /// Rejects configurations this implementation does not compute, naming the field.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |field: &str, msg: String| Err(Error::config(path, field, msg));
-        if self.class_name != CLASS_NAME {
-            return bad(
-                "_class_name",
-                format!("`{}` is not {CLASS_NAME}", self.class_name),
-            );
-        }
+        config_checks::class_name(path, &self.class_name, CLASS_NAME, ClassWording::IsNot)?;
         if self.patch_size.len() != 3 || self.patch_size.contains(&0) {
             return bad(
                 "patch_size",
@@ -142,20 +136,10 @@ impl WanTransformerConfig {
                 ),
             );
         }
-        let at_least_one = [
-            ("num_attention_heads", self.num_attention_heads),
-            ("attention_head_dim", self.attention_head_dim),
-            ("in_channels", self.in_channels),
-            ("text_dim", self.text_dim),
-            ("ffn_dim", self.ffn_dim),
-            ("num_layers", self.num_layers),
-            ("rope_max_seq_len", self.rope_max_seq_len),
-        ];
-        for (field, v) in at_least_one {
-            if v == 0 {
-                return bad(field, "must be at least 1".into());
-            }
-        }
+        config_checks::at_least_one(
+            path,
+            &config_checks::named!(self: num_attention_heads, attention_head_dim, in_channels, text_dim, ffn_dim, num_layers, rope_max_seq_len),
+        )?;
         crate::checkpoint::layers_at_most(path, self.num_layers)?;
         if !self.attention_head_dim.is_multiple_of(2) {
             return bad(
