@@ -56,7 +56,7 @@ SEED = 0
 
 # Qwen2.5-VL's text model on a small scale: 4 query heads over 2 key/value heads (GQA),
 # head_dim 8 whose 4 rotary frequencies are split 1/1/2 over (t, h, w) as mrope_section, q/k/v
-# biases, o_proj without. Qwen2_5_VLConfig::tiny() in engine/src/families/qwen2_5_vl/config.rs
+# biases, o_proj without. Qwen2_5_VLConfig::tiny() in engine/src/components/qwen2_5_vl/config/text.rs
 # has these numbers (its vocabulary is the synthetic tokenizer's, this one the trained one's).
 TEXT = dict(
     hidden_size=32,

@@ -47,7 +47,7 @@ from safetensors.torch import save_file
 MAX_LENGTH = 16
 SEED = 0
 
-# The tiny encoder: Umt5Config::tiny() in engine/src/families/umt5/config.rs.
+# The tiny encoder: Umt5Config::tiny() in engine/src/components/umt5/config.rs.
 TINY = dict(
     d_model=32,
     d_kv=8,

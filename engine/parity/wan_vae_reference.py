@@ -18,7 +18,7 @@ What it does
        ``video_T`` [1, 3, 1 + 4 (T - 1), s h, s w], s = 8 (Wan 2.1) or 16 (Wan 2.2).
 
 How it is used
-    The engine's test (``engine/src/families/wan/vae/parity_tests.rs``) loads the folder
+    The engine's test (``engine/src/components/wan_vae/parity_tests.rs``) loads the folder
     with the Rust decoder, decodes each ``latents_T`` and compares with ``video_T``:
     always against the committed ``engine/tests/fixtures/wan-vae-tiny/`` (Wan 2.1) and
     ``engine/tests/fixtures/wan22-vae-tiny/`` (Wan 2.2), and also against a folder named by
