@@ -45,7 +45,7 @@
 //! Identical steps are simulated three times and the rest extrapolated from the last,
 //! which the pipeline's steady state makes exact.
 //!
-//! The model is split by concern: what a node sustains (`rates`), the request it times
+//! The model is split by concern: what a node sustains (`rates`, per product `products`), the request it times
 //! (`work`, and `compute` for profiles without the families' declaration), the
 //! two-queue pipeline it simulates (`pipe`), the prediction of one placement
 //! (`predict`), and the choice of the blocks to keep (`choose`). This file only
@@ -55,6 +55,7 @@ mod choose;
 mod compute;
 mod pipe;
 mod predict;
+mod products;
 mod rates;
 mod work;
 
@@ -62,7 +63,7 @@ pub use crate::family::{experts, GroupCompute, Runs, Tokens};
 pub use choose::{choose, pick, Choice, TIE_TOLERANCE};
 pub use compute::default_compute;
 pub use predict::{predict, predict_for, GroupTime, Prediction};
-pub use rates::{Rates, PRODUCT_RATES};
+pub use rates::{HostLink, Product, Published, Rates, RatesFrom, FALLBACK_PRODUCT, PRODUCT_RATES};
 pub use work::Work;
 
 #[cfg(test)]
