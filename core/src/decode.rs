@@ -145,6 +145,41 @@ impl fmt::Display for DecodeChoice {
     }
 }
 
+/// Spatial tiles of a decode: squares of `size` output pixels a side whose corners lie
+/// `stride` apart, so neighbours overlap by `size - stride` pixels and are blended there
+/// (diffusers' `enable_tiling`: `tile_sample_min_*` and `tile_sample_stride_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tile {
+    pub size: u64,
+    pub stride: u64,
+}
+
+/// How one output is decoded: `chunk` latent frames at a time after the first (which a
+/// causal video VAE always decodes alone), whole frames or in `tile`s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeSetting {
+    pub chunk: u64,
+    pub tile: Option<Tile>,
+}
+
+impl DecodeSetting {
+    /// One latent frame at a time, whole frames: diffusers' own untiled decode.
+    pub const FRAME_BY_FRAME: DecodeSetting = DecodeSetting {
+        chunk: 1,
+        tile: None,
+    };
+}
+
+impl fmt::Display for DecodeSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} latent frame(s) a chunk, ", self.chunk)?;
+        match self.tile {
+            None => f.write_str("whole frames"),
+            Some(t) => write!(f, "{}-pixel tiles at stride {}", t.size, t.stride),
+        }
+    }
+}
+
 /// Device bytes of a decoder beside the ranks, on one rank's device: the memory model's
 /// `decoder` term ([`crate::memory::DeviceBytes::decoder`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

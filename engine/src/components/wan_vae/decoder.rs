@@ -13,13 +13,15 @@
 
 use std::path::Path;
 
-use candle_core::{DType, IndexOp, Tensor};
+use candle_core::{DType, Tensor};
 
 use super::layers::{
     clamp_unit, pointwise_matrix, to_f32, unpatchify, AttentionBlock, CausalConv3d, Conv2d, DupUp,
     FeatCache, Resample, ResidualBlock, RmsNorm, Slot,
 };
+use super::tiling::Grid;
 use super::{Upsample, WanVaeConfig};
+use crate::decode::{DecodeSetting, Tile};
 use crate::execution::family::Decoder;
 use crate::execution::weights::Weights;
 use crate::{Error, Result};
@@ -296,6 +298,21 @@ impl WanVaeDecoder {
     pub fn decode_chunks(
         &self,
         latents: &Tensor,
+        f: impl FnMut(Tensor) -> Result<()>,
+    ) -> Result<()> {
+        self.decode_chunks_with(latents, &DecodeSetting::FRAME_BY_FRAME, f)
+    }
+
+    /// As `decode_chunks`, `setting.chunk` latent frames at a time after the first (which
+    /// decodes alone, as diffusers' first chunk), in `setting.tile`s when the frame is
+    /// larger than one (diffusers' `enable_tiling`: each tile keeps its own causal cache
+    /// across the chunks, and a chunk's tiles are blended before its frames go to `f`).
+    /// Causal convolutions over a chunk of frames compute what they compute frame by frame,
+    /// so the chunk changes the peak and the speed, never the frames.
+    pub fn decode_chunks_with(
+        &self,
+        latents: &Tensor,
+        setting: &DecodeSetting,
         mut f: impl FnMut(Tensor) -> Result<()>,
     ) -> Result<()> {
         let dims = latents.dims();
@@ -305,22 +322,84 @@ impl WanVaeDecoder {
                 ),
             ));
         }
-        let latents = to_f32(&latents.to_device(self.mean.device())?)?;
-        let mut cache = FeatCache {
-            slots: vec![Slot::Empty; self.slots],
-        };
-        for i in 0..dims[2] {
-            // [1, z, h, w]: this latent frame, as a chunk of one frame.
-            let z = latents.i((.., .., i))?;
+        if setting.chunk == 0 {
+            return Err(Error::invalid(
+                "chunk",
+                "a decode chunk of 0 latent frames decodes nothing",
+            ));
+        }
+        let (t, h, w) = (dims[2], dims[3], dims[4]);
+        let grid = self.grid((h, w), setting.tile)?;
+        // One causal cache per tile, carried from chunk to chunk.
+        let mut caches: Vec<FeatCache> = (0..grid.as_ref().map_or(1, Grid::len))
+            .map(|_| FeatCache {
+                slots: vec![Slot::Empty; self.slots],
+            })
+            .collect();
+        let latents = to_f32(&latents.to_device(self.mean.device())?)?.squeeze(0)?;
+        let mut start = 0;
+        while start < t {
+            let first = start == 0;
+            let len = if first {
+                1
+            } else {
+                (setting.chunk as usize).min(t - start)
+            };
+            // [len, z, h, w]: these latent frames, denormalised as the pipeline does.
+            let z = latents
+                .narrow(1, start, len)?
+                .transpose(0, 1)?
+                .contiguous()?;
             let z = z.broadcast_div(&self.inv_std)?.broadcast_add(&self.mean)?;
-            f(self.decode_chunk(&z, &mut cache, i == 0)?)?;
+            let x = match &grid {
+                None => self.decode_chunk(&z, &mut caches[0], first)?,
+                Some(g) => {
+                    let mut tiles = Vec::with_capacity(g.len());
+                    for (((r, rows), (c, cols)), cache) in g.tiles().zip(caches.iter_mut()) {
+                        let zt = z.narrow(2, r, rows)?.narrow(3, c, cols)?.contiguous()?;
+                        tiles.push(self.decode_chunk(&zt, cache, first)?);
+                    }
+                    g.assemble(tiles)?
+                }
+            };
+            drop(z);
+            f(clamp_unit(&unpatchify(&x, self.patch)?)?)?;
+            start += len;
         }
         Ok(())
     }
 
-    /// `WanDecoder3d.forward` on one chunk (`first_chunk` for the clip's first), with the
-    /// post-quant conv before and the unpatchify and clamp after (all per-frame, so applying
-    /// them per chunk is what diffusers computes).
+    /// The tiles of a `latent` (height, width) frame under `tile` (output pixels), with
+    /// diffusers' arithmetic: latent tile and stride the sample ones over the upscale, the
+    /// blend and the kept stride in the decoder's (patched) output. `None` (untiled) when
+    /// there is no tile or the frame fits in one, as diffusers decodes it.
+    fn grid(&self, latent: (usize, usize), tile: Option<Tile>) -> Result<Option<Grid>> {
+        let Some(tile) = tile else { return Ok(None) };
+        let (size, stride) = (tile.size as usize, tile.stride as usize);
+        if stride > size {
+            return Err(Error::invalid(
+                "tile",
+                format!("a tile stride of {stride} pixels beyond its size {size} leaves gaps"),
+            ));
+        }
+        let lat = size / self.upscale;
+        if latent.0 <= lat && latent.1 <= lat {
+            return Ok(None);
+        }
+        let p = self.patch;
+        let grid = Grid::new(
+            latent,
+            lat,
+            stride / self.upscale,
+            size / p - stride / p,
+            stride / p,
+            (latent.0 * self.upscale / p, latent.1 * self.upscale / p),
+        )?;
+        Ok(Some(grid))
+    }
+
+    /// `WanDecoder3d.forward` on one chunk [T, z, h, w] (`first_chunk` for the clip's
+    /// first), with the post-quant conv before: the decoder's output, patched and unclamped.
     fn decode_chunk(&self, z: &Tensor, cache: &mut FeatCache, first_chunk: bool) -> Result<Tensor> {
         let x = self.post_quant_conv.forward(z, None)?;
         let mut x = self.conv_in.forward_cached(&x, cache)?;
@@ -331,8 +410,7 @@ impl WanVaeDecoder {
             x = block.forward(&x, cache, first_chunk)?;
         }
         let x = self.norm_out.forward(&x)?.silu()?;
-        let x = self.conv_out.forward_cached(&x, cache)?;
-        clamp_unit(&unpatchify(&x, self.patch)?)
+        self.conv_out.forward_cached(&x, cache)
     }
 }
 

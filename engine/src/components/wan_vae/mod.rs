@@ -22,6 +22,8 @@ mod parity_tests;
 pub mod specs;
 #[cfg(test)]
 mod specs_tests;
+#[cfg(feature = "runtime")]
+pub mod tiling;
 
 pub use config::{WanVaeConfig, CLASS_NAME, DIFFUSERS_VERSION};
 pub use specs::{
