@@ -58,6 +58,7 @@
 
 mod choose;
 mod compute;
+mod figures;
 mod pipe;
 mod predict;
 mod products;
@@ -67,6 +68,7 @@ mod work;
 pub use crate::family::{experts, GroupCompute, Runs, Tokens};
 pub use choose::{choose, pick, Choice, TIE_TOLERANCE};
 pub use compute::default_compute;
+pub use figures::AcceleratorRates;
 pub use predict::{predict, predict_for, GroupTime, Prediction};
 pub use rates::{HostLink, Product, Published, Rates, RatesFrom, FALLBACK_PRODUCT, PRODUCT_RATES};
 pub use work::Work;
