@@ -16,8 +16,10 @@ pub struct ActivationCost {
     pub pixels_per_token: u64,
     /// Bytes live per token per sample at the peak of a block.
     pub bytes_per_token: u64,
-    /// Bytes per (token, token) pair per sample: the attention scores of all heads, for
-    /// families whose attention materialises them.
+    /// Bytes per (token, token) pair per sample: the attention scores of all heads (and
+    /// their softmax), for families whose attention materialises them; for a family whose
+    /// attention runs in query chunks ([`Self::attention_bytes`]), the same figure caps
+    /// that budget for sequences short enough to need less (0: always the budget).
     pub bytes_per_token_pair: u64,
     /// Bytes of attention scores at any time, for families whose attention runs in query
     /// chunks within this budget (a fixed cost, whatever the length).
@@ -163,11 +165,20 @@ impl ActivationCost {
         } else {
             0
         };
+        // Scores of all heads over the token pairs: whole, every sample, where the
+        // attention materialises them; where it runs in query chunks within a budget (one
+        // sample after another), the budget, or one sample's whole scores when those are
+        // smaller (a short sequence takes a single chunk).
+        let pairs = self.bytes_per_token_pair as u128 * tokens * share;
+        let attention = match (self.attention_bytes as u128, pairs) {
+            (0, whole) => samples * whole,
+            (budget, 0) => budget,
+            (budget, whole) => budget.min(whole),
+        };
         let transformer = samples
             * ((at(self.bytes_per_token) + exchange) * share
-                + self.bytes_per_token_pair as u128 * tokens * share
                 + at(self.bytes_per_text_token) * text)
-            + self.attention_bytes as u128;
+            + attention;
         let encoder = samples
             * (at(self.encoder_bytes_per_token) * text
                 + self.encoder_bytes_per_token_pair as u128 * text * text);

@@ -186,7 +186,9 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
             // out, the MLP's two projections and their product. Attention runs in query
             // chunks within a fixed budget.
             bytes_per_token: 4 * (3 * d + 2 * qw + 3 * kvw + 3 * ff),
-            bytes_per_token_pair: 0,
+            // One chunk's scores and softmax, all heads, f32: what a sequence short
+            // enough for a single chunk holds in place of the budget.
+            bytes_per_token_pair: 8 * c.num_attention_heads as u64,
             attention_bytes: crate::components::attention::ATTENTION_CHUNK_BYTES,
             vae_bytes_per_pixel: 4
                 * 3

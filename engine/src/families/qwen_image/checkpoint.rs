@@ -224,7 +224,9 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
         ActivationCost {
             pixels_per_token: side * side,
             bytes_per_token: tr.activation_bytes_per_token(),
-            bytes_per_token_pair: 0,
+            // One chunk's scores and softmax, all heads, f32: what a sequence short
+            // enough for a single chunk holds in place of the budget.
+            bytes_per_token_pair: 8 * tr.num_attention_heads as u64,
             attention_bytes: crate::components::attention::ATTENTION_CHUNK_BYTES,
             // The decoder's first up block at full resolution: about three maps of its width
             // for the one frame and the two its causal cache holds.

@@ -323,7 +323,9 @@ impl FamilyCheckpoint for WanCheckpoint {
             // before and after its GELU: f32 each. Attention runs in query chunks whose
             // scores stay within a fixed budget, so no term grows with tokens².
             bytes_per_token: 4 * (8 * d + 2 * ffn),
-            bytes_per_token_pair: 0,
+            // One chunk's scores and softmax, all heads, f32: what a sequence short
+            // enough for a single chunk holds in place of the budget.
+            bytes_per_token_pair: 8 * tr.num_attention_heads as u64,
             attention_bytes: crate::components::attention::ATTENTION_CHUNK_BYTES,
             // The decoder's first up block at full resolution: about three maps of its
             // width for each of the frames a chunk yields and the two it caches.
