@@ -171,6 +171,10 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
         }
         v
     }
+    fn decode_cost(&self) -> Option<crate::decode::DecodeCost> {
+        Some(self.vae_config.decode_cost())
+    }
+
     fn activation_cost(&self) -> ActivationCost {
         let c = &self.config;
         let (d, ff) = (c.hidden_size as u64, c.intermediate_size as u64);
