@@ -240,6 +240,11 @@ pub trait FamilyCheckpoint: std::fmt::Debug + Send + Sync {
     }
     /// What a request costs in activations: the formula the planner and the engine share.
     fn activation_cost(&self) -> crate::checkpoint::ActivationCost;
+    /// What the VAE decoder holds at its peak, per split of a decode
+    /// ([`crate::decode::DecodeCost`]); `None` where the family does not describe it.
+    fn decode_cost(&self) -> Option<crate::decode::DecodeCost> {
+        None
+    }
     /// What one block of each of [`Self::groups`] computes, in the same order: the
     /// step-time model's input ([`crate::timing`]). By default 2 FLOPs per weight of the
     /// block's tensors per token, attention left out, and each group's role from its

@@ -21,7 +21,10 @@ use super::layers::{
 };
 use super::tiling::Grid;
 use super::{Upsample, WanVaeConfig};
-use crate::decode::{DecodeSetting, Tile};
+use crate::decode::{
+    ConvScratch, DecodeCost, DecodeSetting, OutputSize, Tile, DECODE_ELEM_BYTES,
+    DEFAULT_DECODE_BUDGET,
+};
 use crate::execution::family::Decoder;
 use crate::execution::weights::Weights;
 use crate::{Error, Result};
@@ -108,17 +111,22 @@ struct UpBlock {
 }
 
 impl UpBlock {
-    fn forward(&self, x: &Tensor, cache: &mut FeatCache, first_chunk: bool) -> Result<Tensor> {
-        let mut h = x.clone();
+    /// Takes its input by value: without a shortcut nothing needs it after the first
+    /// residual block, so it is freed there.
+    fn forward(&self, x: Tensor, cache: &mut FeatCache, first_chunk: bool) -> Result<Tensor> {
+        let (mut h, input) = match self.shortcut {
+            Some(_) => (x.clone(), Some(x)),
+            None => (x, None),
+        };
         for resnet in &self.resnets {
             h = resnet.forward(&h, cache)?;
         }
         if let Some(resample) = &self.resample {
-            h = resample.forward(&h, cache)?;
+            h = resample.forward(h, cache)?;
         }
-        match &self.shortcut {
-            Some(shortcut) => Ok((h + shortcut.forward(x, first_chunk)?)?),
-            None => Ok(h),
+        match (&self.shortcut, input) {
+            (Some(shortcut), Some(x)) => Ok((h + shortcut.forward(&x, first_chunk)?)?),
+            _ => Ok(h),
         }
     }
 }
@@ -144,6 +152,10 @@ pub struct WanVaeDecoder {
     conv_out: CausalConv3d,
     /// Causal convs with a temporal kernel, each with a cache slot.
     slots: usize,
+    /// What a decode holds at its peak per split ([`WanVaeConfig::decode_cost`]), and the
+    /// bytes a decode may hold: each output is split by the largest setting within them.
+    cost: DecodeCost,
+    budget: u64,
 }
 
 impl WanVaeDecoder {
@@ -252,6 +264,8 @@ impl WanVaeDecoder {
             norm_out,
             conv_out,
             slots: l.slots,
+            cost: cfg.decode_cost(),
+            budget: DEFAULT_DECODE_BUDGET,
         })
     }
 
@@ -275,6 +289,38 @@ impl WanVaeDecoder {
         self.temporal_upscale
     }
 
+    /// Decodes within `budget` bytes at the peak from now on (the plan's decode budget).
+    pub fn set_decode_budget(&mut self, budget: u64) {
+        self.budget = budget;
+    }
+
+    /// The split `decode_chunks` decodes `latents` [1, z, T, h, w] by: the largest whose
+    /// peak fits the budget ([`DecodeCost::choose`]), counting the convolutions' scratch
+    /// as the device the decoder is on builds it. A refusal names the budget.
+    pub fn setting_for(&self, latents: &Tensor) -> Result<DecodeSetting> {
+        let dims = latents.dims();
+        let (t, h, w) = match dims {
+            &[_, _, t, h, w] => (t, h, w),
+            _ => return Ok(DecodeSetting::FRAME_BY_FRAME),
+        };
+        let out = OutputSize {
+            width: (w * self.upscale) as u64,
+            height: (h * self.upscale) as u64,
+            frames: self.output_frames(t) as u64,
+        };
+        let scratch = if self.mean.device().is_cpu() {
+            ConvScratch::Cpu {
+                threads: rayon::current_num_threads() as u64,
+            }
+        } else {
+            ConvScratch::Device
+        };
+        let (setting, _) = self
+            .cost
+            .choose(&out, DECODE_ELEM_BYTES, scratch, self.budget)?;
+        Ok(setting)
+    }
+
     /// Frames `latent_frames` latent frames decode to: `1 + temporal_upscale (T - 1)`.
     pub fn output_frames(&self, latent_frames: usize) -> usize {
         1 + self.temporal_upscale * latent_frames.saturating_sub(1)
@@ -295,12 +341,13 @@ impl WanVaeDecoder {
     /// As `decode`, handing each latent frame's decoded frames ([1, C, H, W] for the first
     /// latent frame, [temporal_upscale, C, H, W] after) to `f` as soon as they exist, so a
     /// caller can stream them out and only one chunk's frames are ever held here.
+    /// The chunk and tiles are [`Self::setting_for`] the latents.
     pub fn decode_chunks(
         &self,
         latents: &Tensor,
         f: impl FnMut(Tensor) -> Result<()>,
     ) -> Result<()> {
-        self.decode_chunks_with(latents, &DecodeSetting::FRAME_BY_FRAME, f)
+        self.decode_chunks_with(latents, &self.setting_for(latents)?, f)
     }
 
     /// As `decode_chunks`, `setting.chunk` latent frames at a time after the first (which
@@ -401,15 +448,16 @@ impl WanVaeDecoder {
     /// `WanDecoder3d.forward` on one chunk [T, z, h, w] (`first_chunk` for the clip's
     /// first), with the post-quant conv before: the decoder's output, patched and unclamped.
     fn decode_chunk(&self, z: &Tensor, cache: &mut FeatCache, first_chunk: bool) -> Result<Tensor> {
-        let x = self.post_quant_conv.forward(z, None)?;
-        let mut x = self.conv_in.forward_cached(&x, cache)?;
+        // Each step replaces `x`, so at most one activation is alive beside the next.
+        let mut x = self.post_quant_conv.forward(z, None)?;
+        x = self.conv_in.forward_cached(&x, cache)?;
         x = self.mid_in.forward(&x, cache)?;
         x = self.mid_attention.forward(&x)?;
         x = self.mid_out.forward(&x, cache)?;
         for block in &self.up_blocks {
-            x = block.forward(&x, cache, first_chunk)?;
+            x = block.forward(x, cache, first_chunk)?;
         }
-        let x = self.norm_out.forward(&x)?.silu()?;
+        x = self.norm_out.forward(&x)?.silu()?;
         self.conv_out.forward_cached(&x, cache)
     }
 }
@@ -427,6 +475,10 @@ impl Decoder for WanVaeDecoder {
         f: &mut dyn FnMut(Tensor) -> Result<()>,
     ) -> Result<()> {
         self.decode_chunks(latents, f)
+    }
+
+    fn set_decode_budget(&mut self, budget: u64) {
+        WanVaeDecoder::set_decode_budget(self, budget)
     }
 }
 

@@ -10,6 +10,7 @@
 //! residual one with a 2×2 pixel patch (`is_residual`, `patch_size` 2, 48 latent channels,
 //! 16× in space; the TI2V 5B VAE, also Cosmos3's).
 
+mod budget;
 pub mod config;
 #[cfg(test)]
 mod config_tests;

@@ -172,6 +172,10 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
             })
             .collect()
     }
+    fn decode_cost(&self) -> Option<crate::decode::DecodeCost> {
+        Some(self.vae_config.decode_cost())
+    }
+
     /// What a request costs in activations (f32), from the shapes the engine computes.
     fn activation_cost(&self) -> ActivationCost {
         let c = &self.config;

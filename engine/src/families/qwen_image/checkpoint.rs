@@ -217,6 +217,10 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
         }
     }
     /// What a request costs in activations (f32), from the shapes the engine computes.
+    fn decode_cost(&self) -> Option<crate::decode::DecodeCost> {
+        Some(self.vae_config.decode_cost())
+    }
+
     fn activation_cost(&self) -> ActivationCost {
         let tr = &self.transformer_config;
         let side = self.pixels_per_token_side() as u64;

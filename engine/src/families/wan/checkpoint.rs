@@ -309,6 +309,10 @@ impl FamilyCheckpoint for WanCheckpoint {
         }
     }
     /// What a request costs in activations (f32), from the shapes the engine computes.
+    fn decode_cost(&self) -> Option<crate::decode::DecodeCost> {
+        Some(self.vae_config.decode_cost())
+    }
+
     fn activation_cost(&self) -> ActivationCost {
         let tr = &self.transformer_config;
         let (d, ffn) = (tr.hidden() as u64, tr.ffn_dim as u64);
