@@ -72,6 +72,27 @@ pub fn at_least_one_under(path: &Path, prefix: &str, fields: &[(&str, usize)]) -
     }
 }
 
+/// Refuses a config whose depth, `field` = `expected`, disagrees with the blocks the
+/// component's weights hold (`block_of` places a tensor name in its block; `unit` names
+/// them): one clear message rather than a missing-tensor error for the first absent block.
+pub fn depth_matches(
+    c: &crate::checkpoint::Component,
+    field: &str,
+    expected: usize,
+    block_of: impl Fn(&str) -> Option<usize>,
+    unit: &str,
+) -> Result<()> {
+    let found = c
+        .index
+        .keys()
+        .filter_map(|n| block_of(n))
+        .max()
+        .map_or(0, |m| m + 1);
+    ensure(&c.dir.join("config.json"), field, found == expected, || {
+        format!("says {expected} but the weights hold {found} {unit}")
+    })
+}
+
 /// Refuses an odd rotary head width: rotary embedding rotates pairs of channels.
 pub fn rotary_head_dim(path: &Path, head_dim: usize) -> Result<()> {
     ensure(
