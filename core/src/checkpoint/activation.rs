@@ -16,8 +16,10 @@ pub struct ActivationCost {
     pub pixels_per_token: u64,
     /// Bytes live per token per sample at the peak of a block.
     pub bytes_per_token: u64,
-    /// Bytes per (token, token) pair per sample: the attention scores of all heads, for
-    /// families whose attention materialises them.
+    /// Bytes per (token, token) pair per sample: the attention scores of all heads (and
+    /// their softmax), for families whose attention materialises them; for a family whose
+    /// attention runs in query chunks ([`Self::attention_bytes`]), the same figure caps
+    /// that budget for sequences short enough to need less (0: always the budget).
     pub bytes_per_token_pair: u64,
     /// Bytes of attention scores at any time, for families whose attention runs in query
     /// chunks within this budget (a fixed cost, whatever the length).
@@ -84,6 +86,29 @@ pub struct RequestShape {
     pub text_tokens: u64,
 }
 
+/// Peak bytes of each phase of one request on one rank, as [`ActivationCost`] predicts
+/// them: what the engine measures beside them (`layerwise_engine::measure`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseBytes {
+    /// A text-encoder layer's peak over every sequence of the prompt.
+    pub text_encoder: u64,
+    /// A transformer block's peak: latent tokens, their attention, the prompt beside them.
+    pub transformer: u64,
+    /// The decoder's peak on one output.
+    pub decode: u64,
+}
+
+impl PhaseBytes {
+    /// The largest phase: what a rank keeps free for activations.
+    pub fn peak(&self) -> u64 {
+        self.text_encoder.max(self.transformer).max(self.decode)
+    }
+}
+
+/// Bytes of an f32, the element the cost's block terms are stated in.
+pub const F32_BYTES: u64 = 4;
+
 impl ActivationCost {
     /// Peak activation bytes of a request of `shape`. Saturates at `u64::MAX` (see
     /// [`Self::checked_bytes`]).
@@ -105,7 +130,24 @@ impl ActivationCost {
     /// the token pairs is its share of the heads), the exchange's buffers beside them when
     /// `sp > 1`; the prompt, the text encoder and the decoder stay whole on every rank.
     pub fn checked_bytes_per_rank(&self, shape: &RequestShape, sp: u64) -> Option<u64> {
+        self.checked_phases(shape, sp, F32_BYTES).map(|p| p.peak())
+    }
+
+    /// Each phase's peak on each rank of a group of `sp` (as
+    /// [`Self::checked_bytes_per_rank`]) for blocks that compute in elements of
+    /// `compute_bytes` bytes (4 for f32, 2 for bf16): the block terms, stated for f32,
+    /// scale with the element; the attention's chunk budget (its scores are taken in f32
+    /// whatever the dtype) and the decoder (which runs in f32) do not. `None` when a
+    /// request that large would overflow.
+    pub fn checked_phases(
+        &self,
+        shape: &RequestShape,
+        sp: u64,
+        compute_bytes: u64,
+    ) -> Option<PhaseBytes> {
         let sp = sp.max(1);
+        let elem = compute_bytes.clamp(1, F32_BYTES) as u128;
+        let at = |f32_bytes: u64| f32_bytes as u128 * elem / F32_BYTES as u128;
         let latent_frames = (shape.frames.max(1) - 1) / self.frames_per_latent.max(1) + 1;
         let pixels = shape.width as u128 * shape.height as u128;
         let tokens =
@@ -119,22 +161,34 @@ impl ActivationCost {
         let samples = shape.batch as u128 * per_output;
         let share = tokens.div_ceil(sp as u128);
         let exchange = if sp > 1 {
-            self.exchange_bytes_per_token as u128
+            at(self.exchange_bytes_per_token)
         } else {
             0
         };
+        // Scores of all heads over the token pairs: whole, every sample, where the
+        // attention materialises them; where it runs in query chunks within a budget (one
+        // sample after another), the budget, or one sample's whole scores when those are
+        // smaller (a short sequence takes a single chunk).
+        let pairs = self.bytes_per_token_pair as u128 * tokens * share;
+        let attention = match (self.attention_bytes as u128, pairs) {
+            (0, whole) => samples * whole,
+            (budget, 0) => budget,
+            (budget, whole) => budget.min(whole),
+        };
         let transformer = samples
-            * ((self.bytes_per_token as u128 + exchange) * share
-                + self.bytes_per_token_pair as u128 * tokens * share
-                + self.bytes_per_text_token as u128 * text)
-            + self.attention_bytes as u128;
+            * ((at(self.bytes_per_token) + exchange) * share
+                + at(self.bytes_per_text_token) * text)
+            + attention;
         let encoder = samples
-            * (self.encoder_bytes_per_token as u128 * text
+            * (at(self.encoder_bytes_per_token) * text
                 + self.encoder_bytes_per_token_pair as u128 * text * text);
-        let peak = transformer
-            .max(encoder)
-            .max(self.decode_peak(shape.width, shape.height));
-        (peak <= (u64::MAX / 4) as u128).then_some(peak as u64)
+        let decode = self.decode_peak(shape.width, shape.height);
+        let fits = |b: u128| (b <= (u64::MAX / 4) as u128).then_some(b as u64);
+        Some(PhaseBytes {
+            text_encoder: fits(encoder)?,
+            transformer: fits(transformer)?,
+            decode: fits(decode)?,
+        })
     }
 
     /// Peak bytes of decoding one output of `width × height` (an image, or a clip of any

@@ -72,6 +72,32 @@ pub fn at_least_one_under(path: &Path, prefix: &str, fields: &[(&str, usize)]) -
     }
 }
 
+/// Refuses an odd rotary head width: rotary embedding rotates pairs of channels.
+pub fn rotary_head_dim(path: &Path, head_dim: usize) -> Result<()> {
+    ensure(
+        path,
+        "attention_head_dim",
+        head_dim.is_multiple_of(2),
+        || format!("{head_dim}: rotary embedding rotates pairs of channels, so it must be even"),
+    )
+}
+
+/// Asserts that `validate` refuses `valid` after each of `cases`' breaks, naming the case's
+/// field: a config test's table of one broken field a row.
+#[cfg(test)]
+pub fn assert_each_break_is_named<C: Clone>(
+    valid: &C,
+    validate: fn(&C, &Path) -> Result<()>,
+    cases: &[(&str, fn(&mut C))],
+) {
+    for (field, break_it) in cases {
+        let mut c = valid.clone();
+        break_it(&mut c);
+        let e = validate(&c, Path::new("cfg.json")).unwrap_err().to_string();
+        assert!(e.contains(&format!("`{field}`")), "{field}: {e}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

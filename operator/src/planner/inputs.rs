@@ -4,7 +4,7 @@
 
 use crds::{DiffusionDeploymentSpec, Profile, StrategyChoice};
 use layerwise_core::decode::DecodeSite;
-use layerwise_core::timing::Rates;
+use layerwise_core::timing::{Rates, RatesFrom};
 
 /// One candidate node as the planner sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,25 +22,21 @@ pub struct NodeShape {
     pub warm: bool,
     /// What its accelerators sustain, for the step-time model ([`layerwise_core::timing`]).
     pub rates: Rates,
-    /// Where `rates` come from, in words (the product's defaults, the spec).
-    pub rates_from: String,
+    /// Where `rates` come from: the product table's row for the reported product or the
+    /// fallback's, the spec's figures over them (its `Display` is the plan's words).
+    pub rates_from: RatesFrom,
 }
 
 impl NodeShape {
     /// The rates of accelerators of `product`: the planner's defaults for it
-    /// ([`layerwise_core::timing::PRODUCT_RATES`]), with each figure `spec` sets in its place; and where
-    /// they come from, in words.
-    pub fn rates_for(product: &str, spec: Option<&crds::AcceleratorRates>) -> (Rates, String) {
-        let (defaults, known) = Rates::for_product(product);
-        let from = match known {
-            Some(name) => format!("the {name} defaults"),
-            None => format!("the defaults for an unknown product ({product:?})"),
-        };
+    /// ([`layerwise_core::timing::PRODUCT_RATES`], an A100's where the table has no row),
+    /// with each figure `spec` sets in their place; and where they come from.
+    pub fn rates_for(product: &str, spec: Option<&crds::AcceleratorRates>) -> (Rates, RatesFrom) {
+        let (defaults, from) = RatesFrom::product(product);
         match spec {
-            Some(r) if *r != crds::AcceleratorRates::default() => (
-                r.over(defaults),
-                format!("spec.accelerator.rates over {from}"),
-            ),
+            Some(r) if *r != crds::AcceleratorRates::default() => {
+                (r.over(defaults), from.overridden())
+            }
             _ => (defaults, from),
         }
     }

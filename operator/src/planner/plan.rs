@@ -213,6 +213,7 @@ fn plan_decoding(
         resident_blocks_by_component,
         device_breakdown: n.device.clone(),
         nodes: a.fits.clone(),
+        rates: crds::PlanRates::of(&a.rates_from),
         reasons: Vec::new(),
         rejected: Vec::new(),
     };

@@ -368,6 +368,7 @@ impl<'a> Search<'a> {
             copies,
             largest: chosen.largest.node.name.clone(),
             fewer_groups_fit: self.fewer_groups_fit(&chosen),
+            rates_from: chosen.site.node.rates_from.clone(),
             streaming,
             slots: (o.strategy.streams() && overrides.slots.is_none()).then_some(Slots {
                 k: o.k,

@@ -9,6 +9,7 @@
 
 use candle_core::{DType, Tensor};
 
+use super::budget::ATTENTION_QUERY_BLOCK;
 use crate::Result;
 
 /// diffusers' `CACHE_T`: frames of its input a causal conv keeps for the next chunk.
@@ -17,9 +18,7 @@ pub const CACHE_T: usize = 2;
 const NORMALIZE_EPS: f64 = 1e-12;
 /// Largest im2col buffer (elements) one 2D convolution may build; taller inputs are split
 /// into bands of rows, so memory stays bounded at any frame size.
-const IM2COL_BUDGET: usize = 1 << 25;
-/// Query rows per attention score block, so a large frame's [HW, HW] scores never exist whole.
-const ATTENTION_QUERY_BLOCK: usize = 4096;
+pub const IM2COL_BUDGET: usize = 1 << 25;
 
 /// What one causal conv remembers between chunks (diffusers' `feat_cache[idx]`).
 #[derive(Debug, Clone, Default)]
@@ -62,8 +61,13 @@ impl Conv2d {
 }
 
 /// `x.conv2d(w, padding)` (no bias) computed in bands of output rows when the whole
-/// frame's im2col buffer would exceed `IM2COL_BUDGET`.
+/// frame's im2col buffer would exceed `IM2COL_BUDGET`, on devices whose convolution builds
+/// one (CUDA's); the CPU's builds a few hundred pixels' worth per thread at a time, so
+/// bands would only add their concatenation.
 fn conv2d_bounded(x: &Tensor, w: &Tensor, padding: usize) -> Result<Tensor> {
+    if x.device().is_cpu() {
+        return Ok(x.conv2d(w, padding, 1, 1, 1)?);
+    }
     conv2d_banded(x, w, padding, IM2COL_BUDGET)
 }
 
@@ -234,10 +238,11 @@ impl ResidualBlock {
             Some(conv) => conv.forward(x, None)?,
             None => x.clone(),
         };
-        let h = self.norm1.forward(x)?.silu()?;
-        let h = self.conv1.forward_cached(&h, cache)?;
-        let h = self.norm2.forward(&h)?.silu()?;
-        let h = self.conv2.forward_cached(&h, cache)?;
+        // Each step replaces `h`, so only one intermediate is alive beside the next.
+        let mut h = self.norm1.forward(x)?.silu()?;
+        h = self.conv1.forward_cached(&h, cache)?;
+        h = self.norm2.forward(&h)?.silu()?;
+        h = self.conv2.forward_cached(&h, cache)?;
         Ok((h + skip)?)
     }
 }
@@ -301,14 +306,15 @@ pub struct Resample {
 }
 
 impl Resample {
-    pub fn forward(&self, x: &Tensor, cache: &mut FeatCache) -> Result<Tensor> {
-        let mut x = x.clone();
+    pub fn forward(&self, x: Tensor, cache: &mut FeatCache) -> Result<Tensor> {
+        let mut x = x;
         if let Some(time_conv) = &self.time_conv {
             x = self.upsample_time(time_conv, &x, cache)?;
         }
         let (_, _, h, w) = x.dims4()?;
         // At an exact 2× scale nearest-exact and nearest pick the same source pixels.
         let up = x.upsample_nearest2d(2 * h, 2 * w)?;
+        drop(x);
         self.conv.forward(&up)
     }
 

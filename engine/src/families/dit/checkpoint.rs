@@ -117,6 +117,13 @@ impl FamilyCheckpoint for DitCheckpoint {
             exchange_bytes_per_token: 0,
         }
     }
+    /// The blocks by [`super::flops::transformer_block`].
+    fn group_compute(&self) -> Vec<layerwise_core::family::GroupCompute> {
+        layerwise_core::family::default_group_compute(self)
+            .into_iter()
+            .map(|g| super::flops::transformer_block(&self.config, g))
+            .collect()
+    }
     // No `limits`: DiT computes its sin-cos positions for any grid.
     fn as_any(&self) -> &dyn std::any::Any {
         self

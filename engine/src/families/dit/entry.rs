@@ -4,23 +4,11 @@
 //! re-exports.
 
 use super::checkpoint::DitCheckpoint;
-use crate::families::entry::{FamilyEntry, FamilyModel};
 
-/// The DiT family in the registry ([`crate::families::FAMILIES`]).
-pub const FAMILY: FamilyEntry = FamilyEntry {
+crate::families::entry::family_entry! {
+    /// The DiT family in the registry ([`crate::families::FAMILIES`]).
     name: "dit",
-    pipelines: &["DiTPipeline"],
+    pipelines: ["DiTPipeline"],
     unnamed: true,
-    #[cfg(feature = "runtime")]
-    presets: super::synth::PRESETS,
-    open: |root| Ok(std::sync::Arc::new(DitCheckpoint::open(root)?)),
-};
-
-/// The checkpoint's runtime lives here rather than beside the checkpoint, so that the
-/// checkpoint (which the runtime reads) never names the runtime.
-impl FamilyModel for DitCheckpoint {
-    #[cfg(feature = "runtime")]
-    fn runtime(&self) -> crate::Result<Box<dyn crate::execution::family::FamilyRuntime>> {
-        Ok(Box::new(super::runtime::DitRuntime::new(self.clone())?))
-    }
+    opens: DitCheckpoint => DitRuntime,
 }
