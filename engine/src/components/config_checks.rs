@@ -103,13 +103,17 @@ pub fn rotary_head_dim(path: &Path, head_dim: usize) -> Result<()> {
     )
 }
 
+/// One row of a config test's table: the field a break must be refused for, and the break.
+#[cfg(test)]
+pub type Break<C> = (&'static str, fn(&mut C));
+
 /// Asserts that `validate` refuses `valid` after each of `cases`' breaks, naming the case's
 /// field: a config test's table of one broken field a row.
 #[cfg(test)]
 pub fn assert_each_break_is_named<C: Clone>(
     valid: &C,
     validate: fn(&C, &Path) -> Result<()>,
-    cases: &[(&str, fn(&mut C))],
+    cases: &[Break<C>],
 ) {
     for (field, break_it) in cases {
         let mut c = valid.clone();

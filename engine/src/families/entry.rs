@@ -44,10 +44,11 @@ impl std::fmt::Debug for FamilyEntry {
 }
 
 /// Writes a family's registry entry, `pub const FAMILY`, and its checkpoint's
-/// [`FamilyModel`]: the folder opens through the checkpoint type's `open(root)`, its runtime
-/// is the family's `runtime::<Runtime>::new` over a copy of the checkpoint, and its synth
-/// presets are the family's `synth::PRESETS`. `unnamed: true` marks the family that folders
-/// naming no pipeline class are opened as (see [`FamilyEntry::unnamed`]).
+/// [`FamilyModel`]. `opens: wan::WanCheckpoint => WanRuntime` says that the family's module
+/// is `families::wan`, that its folder opens through `WanCheckpoint::open(root)`, and that
+/// its runtime is `wan::runtime::WanRuntime::new` over a copy of the checkpoint; its synth
+/// presets are `wan::synth::PRESETS`. `unnamed: true` marks the family that folders naming
+/// no pipeline class are opened as (see [`FamilyEntry::unnamed`]).
 ///
 /// The runtime is named here, in the family's `entry` module, rather than beside the
 /// checkpoint, so that the checkpoint (which the runtime reads) never names the runtime.
@@ -57,28 +58,26 @@ macro_rules! family_entry {
         name: $name:expr,
         pipelines: [$($pipeline:expr),+ $(,)?],
         $(unnamed: $unnamed:literal,)?
-        opens: $checkpoint:ident => $runtime:ident $(,)?
+        opens: $family:ident::$checkpoint:ident => $runtime:ident $(,)?
     ) => {
         $(#[$doc])*
-        pub const FAMILY: $crate::families::entry::FamilyEntry = $crate::families::entry::FamilyEntry {
+        pub const FAMILY: $crate::families::FamilyEntry = $crate::families::FamilyEntry {
             name: $name,
             pipelines: &[$($pipeline),+],
-            unnamed: $crate::families::entry::family_entry!(@unnamed $($unnamed)?),
+            unnamed: false $(|| $unnamed)?,
             #[cfg(feature = "runtime")]
-            presets: super::synth::PRESETS,
-            open: |root| Ok(std::sync::Arc::new($checkpoint::open(root)?)),
+            presets: $crate::families::$family::synth::PRESETS,
+            open: |root| Ok(std::sync::Arc::new($crate::families::$family::$checkpoint::open(root)?)),
         };
 
-        impl $crate::families::entry::FamilyModel for $checkpoint {
+        impl $crate::families::FamilyModel for $crate::families::$family::$checkpoint {
             #[cfg(feature = "runtime")]
             fn runtime(
                 &self,
             ) -> $crate::Result<Box<dyn $crate::execution::family::FamilyRuntime>> {
-                Ok(Box::new(super::runtime::$runtime::new(self.clone())?))
+                Ok(Box::new($crate::families::$family::runtime::$runtime::new(self.clone())?))
             }
         }
     };
-    (@unnamed) => { false };
-    (@unnamed $unnamed:literal) => { $unnamed };
 }
 pub(crate) use family_entry;

@@ -3,11 +3,9 @@
 //! checkpoint starts. Kept out of the family's `mod.rs` so the root only declares and
 //! re-exports.
 
-use super::checkpoint::Cosmos3Checkpoint;
-
 crate::families::entry::family_entry! {
     /// The Cosmos3 family in the registry ([`crate::families::FAMILIES`]).
     name: "cosmos3",
     pipelines: ["Cosmos3OmniPipeline"],
-    opens: Cosmos3Checkpoint => Cosmos3Runtime,
+    opens: cosmos3::Cosmos3Checkpoint => Cosmos3Runtime,
 }

@@ -95,8 +95,9 @@ impl SynthPipeline for Cosmos3Synth {
         write_json(&tdir.join("config.json"), &check.to_json())?;
         Cosmos3Config::load(&tdir.join("config.json"))?;
         let dtype = keeping_f32(opts.dtype, cosmos3_keeps_f32);
+        let specs = check.all_specs();
         let folders = vec![
-            ComponentFiles::transformer("transformer", check.to_json(), check.all_specs(), &dtype, 3),
+            ComponentFiles::transformer("transformer", check.to_json(), specs, &dtype, 3),
             ComponentFiles::vae(c.vae.to_json(), c.vae.tensor_specs()),
         ];
         let scheduler = FlowScheduler::UniPc(UniPcConfig::wan(c.flow_shift)).to_json();

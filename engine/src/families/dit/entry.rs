@@ -3,12 +3,10 @@
 //! checkpoint starts. Kept out of the family's `mod.rs` so the root only declares and
 //! re-exports.
 
-use super::checkpoint::DitCheckpoint;
-
 crate::families::entry::family_entry! {
     /// The DiT family in the registry ([`crate::families::FAMILIES`]).
     name: "dit",
     pipelines: ["DiTPipeline"],
     unnamed: true,
-    opens: DitCheckpoint => DitRuntime,
+    opens: dit::DitCheckpoint => DitRuntime,
 }

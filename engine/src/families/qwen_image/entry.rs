@@ -3,11 +3,9 @@
 //! checkpoint starts. Kept out of the family's `mod.rs` so the root only declares and
 //! re-exports.
 
-use super::checkpoint::QwenImageCheckpoint;
-
 crate::families::entry::family_entry! {
     /// The Qwen-Image family in the registry ([`crate::families::FAMILIES`]).
     name: "qwen-image",
     pipelines: [super::checkpoint::CLASS_NAME],
-    opens: QwenImageCheckpoint => QwenImageRuntime,
+    opens: qwen_image::QwenImageCheckpoint => QwenImageRuntime,
 }

@@ -3,11 +3,9 @@
 //! checkpoint starts. Kept out of the family's `mod.rs` so the root only declares and
 //! re-exports.
 
-use super::checkpoint::WanCheckpoint;
-
 crate::families::entry::family_entry! {
     /// The Wan family in the registry ([`crate::families::FAMILIES`]).
     name: "wan",
     pipelines: ["WanPipeline"],
-    opens: WanCheckpoint => WanRuntime,
+    opens: wan::WanCheckpoint => WanRuntime,
 }

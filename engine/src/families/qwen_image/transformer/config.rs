@@ -383,7 +383,8 @@ mod tests {
             ("use_additional_t_cond", |c| c.use_additional_t_cond = true),
             ("use_layer3d_rope", |c| c.use_layer3d_rope = true),
         ];
-        config_checks::assert_each_break_is_named(&QwenImageTransformerConfig::tiny(), QwenImageTransformerConfig::validate, &cases);
+        let tiny = QwenImageTransformerConfig::tiny();
+        config_checks::assert_each_break_is_named(&tiny, QwenImageTransformerConfig::validate, &cases);
     }
 
     #[test]

@@ -337,7 +337,8 @@ mod tests {
             ("eps", |c| c.eps = 0.0),
             ("num_layers", |c| c.num_layers = 0),
         ];
-        config_checks::assert_each_break_is_named(&WanTransformerConfig::tiny(), WanTransformerConfig::validate, &cases);
+        let tiny = WanTransformerConfig::tiny();
+        config_checks::assert_each_break_is_named(&tiny, WanTransformerConfig::validate, &cases);
     }
 
     #[test]
