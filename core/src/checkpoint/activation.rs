@@ -16,6 +16,13 @@ pub struct ActivationCost {
     pub pixels_per_token: u64,
     /// Bytes live per token per sample at the peak of a block.
     pub bytes_per_token: u64,
+    /// Bytes per latent token per sample live at the attention's peak beside its scores,
+    /// for a family whose block peaks at one of two moments: its attention (these, the
+    /// scores and the prompt) or the rest of the block, its feed-forward
+    /// ([`Self::bytes_per_token`] and the prompt); the block's peak is then the larger of
+    /// the two, not their sum. 0: the scores sit on top of `bytes_per_token`.
+    #[serde(default)]
+    pub attention_bytes_per_token: u64,
     /// Bytes per (token, token) pair per sample: the attention scores of all heads (and
     /// their softmax), for families whose attention materialises them; for a family whose
     /// attention runs in query chunks ([`Self::attention_bytes`]), the same figure caps
@@ -45,6 +52,12 @@ pub struct ActivationCost {
     /// the device.
     #[serde(default)]
     pub encoder_bytes_per_token: u64,
+    /// As [`Self::attention_bytes_per_token`] for a text-encoder layer: bytes per prompt
+    /// token per sequence live at its attention's peak beside the scores, when the layer
+    /// peaks at its attention or at its feed-forward ([`Self::encoder_bytes_per_token`]),
+    /// whichever is larger. 0: the scores sit on top of `encoder_bytes_per_token`.
+    #[serde(default)]
+    pub encoder_attention_bytes_per_token: u64,
     /// Bytes per (token, token) pair per sequence of a text-encoder layer whose attention
     /// materialises its scores (scores, softmax and position bias of all heads).
     #[serde(default)]
@@ -175,13 +188,18 @@ impl ActivationCost {
             (budget, 0) => budget,
             (budget, whole) => budget.min(whole),
         };
-        let transformer = samples
-            * ((at(self.bytes_per_token) + exchange) * share
-                + at(self.bytes_per_text_token) * text)
-            + attention;
-        let encoder = samples
-            * (at(self.encoder_bytes_per_token) * text
-                + self.encoder_bytes_per_token_pair as u128 * text * text);
+        let prompt = at(self.bytes_per_text_token) * text;
+        let rest = samples * ((at(self.bytes_per_token) + exchange) * share + prompt);
+        let transformer = match self.attention_bytes_per_token {
+            0 => rest + attention,
+            a => rest.max(samples * ((at(a) + exchange) * share + prompt) + attention),
+        };
+        let encoder_scores = self.encoder_bytes_per_token_pair as u128 * text * text;
+        let encoder_rest = samples * at(self.encoder_bytes_per_token) * text;
+        let encoder = match self.encoder_attention_bytes_per_token {
+            0 => encoder_rest + samples * encoder_scores,
+            a => encoder_rest.max(samples * (at(a) * text + encoder_scores)),
+        };
         let decode = self.decode_peak(shape.width, shape.height);
         let fits = |b: u128| (b <= (u64::MAX / 4) as u128).then_some(b as u64);
         Some(PhaseBytes {
@@ -204,5 +222,101 @@ impl ActivationCost {
         let pixels = width as u128 * height as u128;
         (self.vae_bytes_per_pixel as u128 * self.decoder_frames.max(1) as u128)
             .saturating_mul(pixels)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cost() -> ActivationCost {
+        ActivationCost {
+            pixels_per_token: 256,
+            bytes_per_token: 1000,
+            attention_bytes_per_token: 0,
+            bytes_per_token_pair: 0,
+            attention_bytes: 0,
+            vae_bytes_per_pixel: 10,
+            frames_per_latent: 1,
+            decoder_frames: 1,
+            bytes_per_text_token: 100,
+            encoder_bytes_per_token: 400,
+            encoder_attention_bytes_per_token: 0,
+            encoder_bytes_per_token_pair: 8,
+            guidance_samples: 2,
+            exchange_bytes_per_token: 0,
+        }
+    }
+
+    // 64 × 64 px at 256 px a token: 16 latent tokens.
+    fn shape(text_tokens: u64) -> RequestShape {
+        RequestShape {
+            width: 64,
+            height: 64,
+            frames: 1,
+            batch: 1,
+            guidance: true,
+            text_tokens,
+        }
+    }
+
+    #[test]
+    fn phases_sum_or_take_the_larger_moment() {
+        let c = cost();
+        let p = c.checked_phases(&shape(10), 1, F32_BYTES).unwrap();
+        // 16 tokens, 2 samples: (1000·16 + 100·10) each.
+        assert_eq!(p.transformer, 2 * (1000 * 16 + 100 * 10));
+        // Scores summed on top: (400·10 + 8·100) each.
+        assert_eq!(p.text_encoder, 2 * (400 * 10 + 8 * 100));
+        assert_eq!(p.decode, 10 * 64 * 64);
+        assert_eq!(c.checked_bytes(&shape(10)), Some(p.peak()));
+        // Peaking at one of two moments: the larger, not the sum.
+        let two = ActivationCost {
+            attention_bytes_per_token: 300,
+            bytes_per_token_pair: 50,
+            attention_bytes: 1 << 20,
+            encoder_attention_bytes_per_token: 100,
+            ..c.clone()
+        };
+        let q = two.checked_phases(&shape(10), 1, F32_BYTES).unwrap();
+        // Attention: 2·(300·16 + 1000) + one sample's whole scores (50·16·16 < budget).
+        let attention = 2 * (300 * 16 + 100 * 10) + 50 * 16 * 16;
+        assert_eq!(q.transformer, p.transformer.max(attention));
+        assert_eq!(q.text_encoder, (2 * 400 * 10).max(2 * (100 * 10 + 8 * 100)));
+        // A budget below the whole scores caps them.
+        let capped = ActivationCost {
+            attention_bytes: 1000,
+            attention_bytes_per_token: 2000,
+            ..two.clone()
+        };
+        let r = capped.checked_phases(&shape(10), 1, F32_BYTES).unwrap();
+        assert_eq!(r.transformer, 2 * (2000 * 16 + 100 * 10) + 1000);
+        // A budget with no per-pair figure is the budget, whatever the length.
+        let budget_only = ActivationCost {
+            bytes_per_token_pair: 0,
+            attention_bytes: 777,
+            ..cost()
+        };
+        let b = budget_only
+            .checked_phases(&shape(10), 1, F32_BYTES)
+            .unwrap();
+        assert_eq!(b.transformer, p.transformer + 777);
+    }
+
+    #[test]
+    fn block_terms_scale_with_the_compute_dtype_and_the_decoder_does_not() {
+        let c = ActivationCost {
+            bytes_per_token_pair: 8,
+            attention_bytes: 1 << 20,
+            ..cost()
+        };
+        let f32 = c.checked_phases(&shape(10), 1, 4).unwrap();
+        let bf16 = c.checked_phases(&shape(10), 1, 2).unwrap();
+        let scores = 8 * 16 * 16;
+        assert_eq!(bf16.transformer - scores, (f32.transformer - scores) / 2);
+        assert_eq!(bf16.text_encoder, 2 * (200 * 10 + 8 * 100));
+        assert_eq!(bf16.decode, f32.decode);
+        // Past f32 the element is clamped: the terms are stated for f32.
+        assert_eq!(c.checked_phases(&shape(10), 1, 8), Some(f32));
     }
 }

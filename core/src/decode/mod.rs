@@ -256,6 +256,7 @@ mod tests {
         ActivationCost {
             pixels_per_token: 256,
             bytes_per_token: 1000,
+            attention_bytes_per_token: 0,
             bytes_per_token_pair: 0,
             attention_bytes: 0,
             vae_bytes_per_pixel: 3,
@@ -263,6 +264,7 @@ mod tests {
             decoder_frames: 6,
             bytes_per_text_token: 0,
             encoder_bytes_per_token: 0,
+            encoder_attention_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 0,
             guidance_samples: 2,
             exchange_bytes_per_token: 0,

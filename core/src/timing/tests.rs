@@ -202,6 +202,7 @@ fn rates_by_product_and_work_at_bounds() {
     let cost = ActivationCost {
         pixels_per_token: 256,
         bytes_per_token: 0,
+        attention_bytes_per_token: 0,
         bytes_per_token_pair: 0,
         attention_bytes: 0,
         vae_bytes_per_pixel: 0,
@@ -209,6 +210,7 @@ fn rates_by_product_and_work_at_bounds() {
         decoder_frames: 1,
         bytes_per_text_token: 0,
         encoder_bytes_per_token: 0,
+        encoder_attention_bytes_per_token: 0,
         encoder_bytes_per_token_pair: 0,
         guidance_samples: 2,
         exchange_bytes_per_token: 0,

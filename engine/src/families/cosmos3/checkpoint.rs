@@ -192,6 +192,7 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
             bytes_per_token: 4 * (3 * d + 2 * qw + 3 * kvw + 3 * ff),
             // One chunk's scores and softmax, all heads, f32: what a sequence short
             // enough for a single chunk holds in place of the budget.
+            attention_bytes_per_token: 0,
             bytes_per_token_pair: 8 * c.num_attention_heads as u64,
             attention_bytes: crate::components::attention::ATTENTION_CHUNK_BYTES,
             vae_bytes_per_pixel: 4
@@ -209,6 +210,7 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
             // An understanding layer over the prompt: x, its norm, q, k, v, attention out
             // and the MLP; its causal attention runs in query chunks too.
             encoder_bytes_per_token: 4 * (3 * d + 2 * qw + 3 * kvw + 3 * ff) + 4 * 2 * kvw * layers,
+            encoder_attention_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 0,
             // The conditional and unconditional sequences (their prompts differ in length)
             // are both live through each block.

@@ -102,6 +102,7 @@ impl FamilyCheckpoint for DitCheckpoint {
             // plus the unpatchified output: f32 each.
             bytes_per_token: 4 * (10 * d + 2 * p * p * cfg.out() as u64),
             // Scores and their softmax, per head.
+            attention_bytes_per_token: 0,
             bytes_per_token_pair: 4 * 2 * cfg.num_attention_heads as u64,
             // At full resolution the decoder holds about four maps of the first block's
             // width plus the upsampled map of the second's.
@@ -112,6 +113,7 @@ impl FamilyCheckpoint for DitCheckpoint {
             // Class-conditional: no prompt. Guidance batches the null class beside each.
             bytes_per_text_token: 0,
             encoder_bytes_per_token: 0,
+            encoder_attention_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 0,
             guidance_samples: 2,
             exchange_bytes_per_token: 0,

@@ -230,6 +230,7 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
             bytes_per_token: tr.activation_bytes_per_token(),
             // One chunk's scores and softmax, all heads, f32: what a sequence short
             // enough for a single chunk holds in place of the budget.
+            attention_bytes_per_token: 0,
             bytes_per_token_pair: 8 * tr.num_attention_heads as u64,
             attention_bytes: crate::components::attention::ATTENTION_CHUNK_BYTES,
             // The decoder's first up block at full resolution: about three maps of its width
@@ -242,6 +243,7 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
             bytes_per_text_token: tr.activation_bytes_per_token()
                 + 4 * tr.joint_attention_dim as u64,
             encoder_bytes_per_token: self.text_encoder_config.encoder_bytes_per_token(),
+            encoder_attention_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 0,
             // The prompt and the negative prompt run as two sequences of their own lengths,
             // both live through each block.

@@ -323,10 +323,13 @@ impl FamilyCheckpoint for WanCheckpoint {
         let (te_inner, te_heads) = (te.inner_dim() as u64, te.num_heads as u64);
         ActivationCost {
             pixels_per_token: spatial * spatial,
-            // x, norm(x), q, k, v, attention out, rotary temporaries and the FFN's hidden
-            // before and after its GELU: f32 each. Attention runs in query chunks whose
-            // scores stay within a fixed budget, so no term grows with tokens².
-            bytes_per_token: 4 * (8 * d + 2 * ffn),
+            // The block peaks in its feed-forward (measured: linear in the tokens, no
+            // quadratic part, at the published widths; `engine/tests/memory_measured.rs`):
+            // x, its modulated norm, the FFN's hidden, GELU's temporary and its output.
+            bytes_per_token: 4 * (2 * d + 3 * ffn),
+            // Or in its self-attention: x, norm(x), q, k, v, the rotated q and k and the
+            // attention out, beside one query chunk's scores; whichever is larger.
+            attention_bytes_per_token: 4 * 8 * d,
             // One chunk's scores and softmax, all heads, f32: what a sequence short
             // enough for a single chunk holds in place of the budget.
             bytes_per_token_pair: 8 * tr.num_attention_heads as u64,
@@ -336,14 +339,17 @@ impl FamilyCheckpoint for WanCheckpoint {
             vae_bytes_per_pixel: 4 * 3 * base * self.vae_config.dim_mult[0] as u64,
             frames_per_latent: self.vae_config.temporal_upscale() as u64,
             decoder_frames: self.vae_config.temporal_upscale() as u64 + 2,
-            // Per prompt token and sample in each block: the projected text [M, d] kept for
-            // every block, its cross-attention keys and values, and the text embedder's
-            // input and hidden while it runs.
-            bytes_per_text_token: 4 * (tr.text_dim as u64 + 4 * d),
-            // A UMT5 layer: hidden, its norm, q, k, v and attention out, the gated
-            // feed-forward's two projections and their product.
-            encoder_bytes_per_token: 4 * (2 * te_d + 4 * te_inner + 3 * te_ff),
-            // Its scores, their softmax and the layer's position bias, every head.
+            // Per prompt token and sample at the block's peak: the projected text [M, d]
+            // kept for every block (its cross-attention keys and values are gone by the
+            // feed-forward).
+            bytes_per_text_token: 4 * d,
+            // A UMT5 layer peaks in its gated feed-forward (measured linear in the
+            // prompt's tokens): x, its norm and the layer's output, the two projections,
+            // GELU's temporary and their product.
+            encoder_bytes_per_token: 4 * (3 * te_d + 4 * te_ff),
+            // Or in its attention: hidden, its norm, q, k, v and attention out beside the
+            // scores, their softmax and the layer's position bias, every head.
+            encoder_attention_bytes_per_token: 4 * (2 * te_d + 4 * te_inner),
             encoder_bytes_per_token_pair: 4 * 3 * te_heads,
             // The prompt and the negative prompt go through as a batch of two.
             guidance_samples: 2,
