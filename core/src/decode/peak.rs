@@ -20,7 +20,7 @@ use super::{DecodeSetting, Tile};
 /// bands taller frames ([`ConvScratch::Device`]).
 pub const IM2COL_BUDGET: u64 = 1 << 25;
 /// Output pixels per task of the CPU convolution (candle's tiled im2col), each thread
-/// holding one task's im2col and the matmul's packed copy of it.
+/// holding one task's im2col, the matmul's packed copy of it and its result.
 pub const CPU_CONV_TILE: u64 = 512;
 
 /// One point of a chunk's pass where its live set may peak.
@@ -44,6 +44,10 @@ pub struct PeakPoint {
     /// rows against every pixel, each frame at once.
     #[serde(default)]
     pub attention: bool,
+    /// Elements per latent pixel of the tile's cache filled before this point at the first
+    /// chunk (the convolutions after it have cached nothing yet).
+    #[serde(default)]
+    pub cache_before: u64,
 }
 
 /// A decoder's peak, described from its layout (elements, to be multiplied by the
@@ -93,6 +97,8 @@ struct Tiles {
     covered: u128,
     /// The latent frame.
     frame: u128,
+    /// The largest row of tiles.
+    row: u128,
     /// Whether the frame is cut at all.
     tiled: bool,
 }
@@ -111,6 +117,7 @@ impl DecodeCost {
             tile: frame,
             covered: frame,
             frame,
+            row: frame,
             tiled: false,
         };
         let Some(tile) = tile else { return whole };
@@ -130,6 +137,7 @@ impl DecodeCost {
             tile: size.min(h) as u128 * size.min(w) as u128,
             covered: side(h) * side(w),
             frame,
+            row: size.min(h) as u128 * side(w),
             tiled: true,
         }
     }
@@ -154,14 +162,19 @@ impl DecodeCost {
         let conv = |p: &PeakPoint, frames: u128| -> u128 {
             match scratch {
                 ConvScratch::Cpu { threads } => {
-                    // The task's im2col and the matmul's packed copy of it.
-                    threads as u128 * CPU_CONV_TILE as u128 * 2 * p.im2col_channels as u128
+                    // Tasks of up to CPU_CONV_TILE pixels of one frame, as many at once as
+                    // threads; each holds its im2col, the matmul's packed copy of it and
+                    // the matmul's result (no larger: the kernels here make fewer output
+                    // channels than input channels × taps).
+                    let pixels = px * p.pixels_per_latent as u128;
+                    let tile = pixels.min(CPU_CONV_TILE as u128);
+                    let tasks = frames * pixels.div_ceil(CPU_CONV_TILE as u128);
+                    tasks.min(threads as u128) * tile * 3 * p.im2col_channels as u128
                 }
-                ConvScratch::Device => (p.im2col_channels as u128
-                    * p.pixels_per_latent as u128
-                    * px
-                    * frames)
-                    .min(IM2COL_BUDGET as u128),
+                ConvScratch::Device => {
+                    (p.im2col_channels as u128 * p.pixels_per_latent as u128 * px * frames)
+                        .min(IM2COL_BUDGET as u128)
+                }
             }
         };
         let scores = |p: &PeakPoint, frames: u128| -> u128 {
@@ -171,14 +184,22 @@ impl DecodeCost {
             let n = px * p.pixels_per_latent as u128;
             frames * 2 * n.min(self.attention_block.max(1) as u128) * n
         };
-        // A tile's pass: the first chunk, and a later one of k latent frames.
+        // A tile's pass with the caches beside it: at the first chunk the other tiles'
+        // full and its own filled up to the point; at a later one every tile's full.
+        let others = tiles.covered - px;
         let (mut first, mut later) = (0u128, 0u128);
         for p in &self.points {
-            first = first.max(p.first as u128 * px + conv(p, 1) + scores(p, 1));
+            first = first.max(
+                (p.first + p.cache_before) as u128 * px
+                    + self.cache_first as u128 * others
+                    + conv(p, 1)
+                    + scores(p, 1),
+            );
             if k > 0 {
                 let frames = p.frames_per_latent as u128 * k;
                 later = later.max(
                     (p.per_latent_frame as u128 * k + p.fixed as u128) * px
+                        + self.cache as u128 * tiles.covered
                         + conv(p, frames)
                         + scores(p, frames),
                 );
@@ -186,21 +207,23 @@ impl DecodeCost {
         }
         let pixel = self.out_channels as u128 * self.upscale as u128 * self.upscale as u128;
         // A chunk's whole peak: its pass beside the other tiles' outputs (`frames` output
-        // frames each), then the tiles, their blended copies and the assembled frame (its
-        // bands, itself, its crop), then the decoder's output beside its unpatchified and
-        // clamped copies; with every tile's cache and the chunk's latents (sliced, and
-        // denormalised) beside all of it.
+        // frames each); then the tiles being blended (each replaced by its blended copy,
+        // the row above kept) beside the bands of the frame, and the bands beside the
+        // frame; then two copies of the frames at a time (unpatchify, clamp's two steps);
+        // with every tile's cache and the chunk's latents (sliced, and denormalised)
+        // beside all of it.
         let chunk = |pass: u128, frames: u128, cache: u64, latent_frames: u128| -> u128 {
             let decoded = |latent_px: u128| pixel * frames * latent_px;
+            let caches = cache as u128 * tiles.covered;
             let mut phases = if tiles.tiled {
                 (pass + decoded(tiles.covered - px))
-                    .max(2 * decoded(tiles.covered) + 3 * decoded(tiles.frame))
+                    .max(decoded(tiles.covered + tiles.row + tiles.frame) + caches)
             } else {
                 pass
             };
-            phases = phases.max(3 * decoded(tiles.frame));
+            phases = phases.max(2 * decoded(tiles.frame) + caches);
             let latents = self.latent_channels as u128 * latent_frames * tiles.frame * 3;
-            phases + cache as u128 * tiles.covered + latents
+            phases + latents
         };
         let mut total = chunk(first, 1, self.cache_first, 1);
         if k > 0 {
@@ -230,7 +253,11 @@ impl DecodeCost {
         let chunks = t.saturating_sub(1).max(1);
         tiles
             .into_iter()
-            .flat_map(|tile| (1..=chunks).rev().map(move |chunk| DecodeSetting { chunk, tile }))
+            .flat_map(|tile| {
+                (1..=chunks)
+                    .rev()
+                    .map(move |chunk| DecodeSetting { chunk, tile })
+            })
             .collect()
     }
 
@@ -290,6 +317,7 @@ mod tests {
                     pixels_per_latent: 1,
                     frames_per_latent: 1,
                     attention: true,
+                    cache_before: 0,
                 },
                 PeakPoint {
                     first: 20000,
@@ -299,6 +327,7 @@ mod tests {
                     pixels_per_latent: 4,
                     frames_per_latent: 2,
                     attention: false,
+                    cache_before: 0,
                 },
             ],
         }
@@ -327,9 +356,11 @@ mod tests {
         // By hand: 8 x 4 latent pixels; the pass peaks at the second point (20000 a pixel,
         // scratch 2 threads x 512 x 9), or at the first with its scores (2 x 32 x 32).
         let px = 32u64;
-        let pass = (20000 * px + 2 * 2 * 512 * 9).max(50 * px + 2 * 2 * 512 * 27 + 2 * 32 * 32);
+        // The convolutions' tasks: 128 pixels (of one frame) at the second point, 32 at the
+        // first, one task each.
+        let pass = (20000 * px + 128 * 3 * 9).max(50 * px + 32 * 3 * 27 + 2 * 32 * 32);
         let out = 3 * 64 * px;
-        let want = (pass.max(3 * out) + 5 * px + 16 * px * 3) * 4;
+        let want = (pass.max(2 * out + 5 * px) + 16 * px * 3) * 4;
         assert_eq!(one, want);
         // A clip's later chunks grow with their length, up to the clip's.
         let clip = size(64, 32, 17);
@@ -338,7 +369,10 @@ mod tests {
             .collect();
         assert!(peaks.windows(2).all(|w| w[0] <= w[1]), "{peaks:?}");
         assert!(peaks[0] > one);
-        assert_eq!(peaks[3], peaks[5], "17 frames are 5 latent frames: chunks stop at 4");
+        assert_eq!(
+            peaks[3], peaks[5],
+            "17 frames are 5 latent frames: chunks stop at 4"
+        );
     }
 
     #[test]
@@ -354,9 +388,15 @@ mod tests {
         let t128 = c.peak(&tile(128, 96), &big, 4, ConvScratch::Device);
         assert!(t128 < t256 && t256 < whole, "{t128} {t256} {whole}");
         // A tile as large as the frame is no tiling.
-        assert_eq!(c.peak(&tile(1024, 768), &big, 4, ConvScratch::Device), whole);
+        assert_eq!(
+            c.peak(&tile(1024, 768), &big, 4, ConvScratch::Device),
+            whole
+        );
         // bf16 halves it.
-        assert_eq!(c.peak(&tile(256, 192), &big, 2, ConvScratch::Device) * 2, t256);
+        assert_eq!(
+            c.peak(&tile(256, 192), &big, 2, ConvScratch::Device) * 2,
+            t256
+        );
     }
 
     #[test]
@@ -364,7 +404,13 @@ mod tests {
         let c = cost();
         let clip = size(256, 256, 21);
         let all = c.settings(&clip);
-        assert_eq!(all[0], DecodeSetting { chunk: 5, tile: None });
+        assert_eq!(
+            all[0],
+            DecodeSetting {
+                chunk: 5,
+                tile: None
+            }
+        );
         let peaks: Vec<u64> = all.iter().map(|s| c.peak(s, &clip, 4, CPU)).collect();
         // A budget between two settings' peaks picks the first that fits.
         let budget = peaks[2];
@@ -378,6 +424,9 @@ mod tests {
         let (_, p) = c.choose(&clip, 4, CPU, least).unwrap();
         assert_eq!(p, least);
         let err = c.choose(&clip, 4, CPU, least - 1).unwrap_err().to_string();
-        assert!(err.contains("decode budget") && err.contains("256x256"), "{err}");
+        assert!(
+            err.contains("decode budget") && err.contains("256x256"),
+            "{err}"
+        );
     }
 }

@@ -101,6 +101,7 @@ impl Walk {
             pixels_per_latent: lv.q,
             frames_per_latent: lv.m,
             attention,
+            cache_before: self.cache_first,
         });
     }
 
@@ -114,10 +115,6 @@ impl Walk {
     /// `held`): the cache's next frames, the sequence with its past, the sum over taps.
     /// A resampler's time conv (`time`) skips the first chunk and keeps nothing from it.
     fn conv_cached(&mut self, held: Amt, lv: Level, cin: usize, cout: usize, k: usize, time: bool) {
-        self.cache += 2 * cin as u64 * lv.q;
-        if !time {
-            self.cache_first += cin as u64 * lv.q;
-        }
         let base = held + lv.next(cin) + lv.t(cin) + lv.past(cin);
         let first = |mut a: Amt| {
             if time {
@@ -128,12 +125,22 @@ impl Walk {
         let conv = first(base + lv.t(cout) + Self::conv_inner(lv, cin, cout));
         self.point(conv, lv, cin * k * k, false);
         self.point(first(base + lv.t(cout).times(3)), lv, 0, false);
+        // Its slot holds its frames from here on (none from a time conv's first chunk).
+        self.cache += 2 * cin as u64 * lv.q;
+        if !time {
+            self.cache_first += cin as u64 * lv.q;
+        }
     }
 
     /// A convolution without a cache (the post-quant and shortcut 1×1×1s, the
     /// resampler's 3×3), then its bias.
     fn conv_plain(&mut self, held: Amt, lv: Level, cin: usize, cout: usize, k: usize) {
-        self.point(held + Self::conv_inner(lv, cin, cout), lv, cin * k * k, false);
+        self.point(
+            held + Self::conv_inner(lv, cin, cout),
+            lv,
+            cin * k * k,
+            false,
+        );
         self.point(held + lv.t(cout).times(2), lv, 0, false);
     }
 
@@ -161,7 +168,12 @@ impl Walk {
     fn attention(&mut self, held: Amt, lv: Level, c: usize) {
         self.norm_silu(held, lv, c);
         self.point(held + lv.t(c).times(8), lv, 0, true);
-        self.point(held + lv.t(c).times(10) + Self::conv_inner(lv, c, c), lv, c, false);
+        self.point(
+            held + lv.t(c).times(10) + Self::conv_inner(lv, c, c),
+            lv,
+            c,
+            false,
+        );
     }
 
     /// `Resample::forward` on its own input of `d` channels, `outside` held by callers;
@@ -172,7 +184,10 @@ impl Walk {
             self.conv_cached(outside + lv.t(d), lv, d, 2 * d, 1, true);
             lv.m *= 2;
         }
-        let up = Level { q: 4 * lv.q, m: lv.m };
+        let up = Level {
+            q: 4 * lv.q,
+            m: lv.m,
+        };
         self.point(outside + lv.t(d) + up.t(d), up, 0, false);
         self.conv_plain(outside + up.t(d), up, d, out, 3);
         up
@@ -235,5 +250,54 @@ impl WanVaeConfig {
             cache: w.cache,
             points: w.points,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use layerwise_core::decode::{ConvScratch, DecodeSetting, OutputSize, DEFAULT_DECODE_BUDGET};
+
+    use super::*;
+
+    const GIB: f64 = (1u64 << 30) as f64;
+
+    /// The published Wan 2.2 VAE (Cosmos3's): a 1024² image and a 1280×720×121 clip, each
+    /// at the split the default budget allows on a GPU, beside a frame-by-frame decode.
+    #[test]
+    fn the_published_wan22_vae_decodes_an_image_and_a_720p_clip_within_the_default_budget() {
+        let cost = WanVaeConfig::wan22().decode_cost();
+        let image = OutputSize {
+            width: 1024,
+            height: 1024,
+            frames: 1,
+        };
+        let clip = OutputSize {
+            width: 1280,
+            height: 720,
+            frames: 121,
+        };
+        for (label, out) in [("image 1024x1024", image), ("clip 1280x720x121", clip)] {
+            let whole = cost.peak(&DecodeSetting::FRAME_BY_FRAME, &out, 4, ConvScratch::Device);
+            let (setting, peak) = cost
+                .choose(&out, 4, ConvScratch::Device, DEFAULT_DECODE_BUDGET)
+                .unwrap();
+            println!(
+                "{label}: frame by frame {:.2} GiB; within {:.0} GiB: {setting}, {:.2} GiB",
+                whole as f64 / GIB,
+                DEFAULT_DECODE_BUDGET as f64 / GIB,
+                peak as f64 / GIB
+            );
+            assert!(peak <= DEFAULT_DECODE_BUDGET && peak > 0);
+        }
+        // An image pays one frame: less than a clip of the same frame size.
+        let square_clip = OutputSize {
+            frames: 121,
+            ..image
+        };
+        let one = DecodeSetting::FRAME_BY_FRAME;
+        assert!(
+            cost.peak(&one, &image, 4, ConvScratch::Device)
+                < cost.peak(&one, &square_clip, 4, ConvScratch::Device)
+        );
     }
 }

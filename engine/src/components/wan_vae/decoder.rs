@@ -410,7 +410,10 @@ impl WanVaeDecoder {
                 }
             };
             drop(z);
-            f(clamp_unit(&unpatchify(&x, self.patch)?)?)?;
+            // The decoder's output freed once unpatchified: two copies of the frames live.
+            let frames = unpatchify(&x, self.patch)?;
+            drop(x);
+            f(clamp_unit(frames)?)?;
             start += len;
         }
         Ok(())

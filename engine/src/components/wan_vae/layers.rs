@@ -145,6 +145,8 @@ impl CausalConv3d {
         } else {
             Tensor::cat(&parts, 0)?
         };
+        // The zero frames are in `seq` now: free them before the taps run.
+        drop(parts);
         let mut out: Option<Tensor> = None;
         for (k, tap) in self.taps.iter().enumerate() {
             let y = conv2d_bounded(&seq.narrow(0, k, t)?, tap, self.padding)?;
@@ -398,9 +400,11 @@ pub fn pointwise_matrix(weight: &Tensor) -> Result<Tensor> {
     Ok(weight.reshape((cout, cin))?.t()?.contiguous()?)
 }
 
-/// Values outside [-1, 1] clamped, as `AutoencoderKLWan._decode` does.
-pub fn clamp_unit(x: &Tensor) -> Result<Tensor> {
-    Ok(x.clamp(-1f32, 1f32)?)
+/// Values outside [-1, 1] clamped, as `AutoencoderKLWan._decode` does. Takes the frames
+/// by value so that each of the two steps frees its input: two copies live, not three.
+pub fn clamp_unit(x: Tensor) -> Result<Tensor> {
+    let x = x.maximum(-1f32)?;
+    Ok(x.minimum(1f32)?)
 }
 
 /// The tensor as f32 (weights arrive as f32 already; latents may not).

@@ -93,12 +93,14 @@ impl Grid {
                 self.len()
             )));
         }
+        // Each tile is freed as its blended copy replaces it; only the row above stays.
+        let mut tiles = decoded.into_iter();
         let mut above: Vec<Tensor> = Vec::with_capacity(n);
         let mut bands = Vec::with_capacity(self.rows.len());
-        for (i, row) in decoded.chunks(n).enumerate() {
+        for i in 0..self.rows.len() {
             let mut blended: Vec<Tensor> = Vec::with_capacity(n);
-            for (j, tile) in row.iter().enumerate() {
-                let mut tile = tile.clone();
+            for j in 0..n {
+                let mut tile = tiles.next().expect("the grid's count of tiles");
                 if i > 0 {
                     tile = blend(&above[j], &tile, self.blend, 2)?;
                 }
@@ -114,8 +116,13 @@ impl Grid {
             bands.push(Tensor::cat(&crops, 3)?);
             above = blended;
         }
+        drop(above);
         let frame = Tensor::cat(&bands, 2)?;
+        drop(bands);
         let (_, _, h, w) = frame.dims4()?;
+        if (h, w) == self.out {
+            return Ok(frame);
+        }
         Ok(frame
             .narrow(2, 0, self.out.0.min(h))?
             .narrow(3, 0, self.out.1.min(w))?
