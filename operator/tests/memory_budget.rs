@@ -99,6 +99,7 @@ fn engine_decoder(model: &Model, dd: &DiffusionDeployment, plan: &Plan) -> Decod
         DeviceChoice::Cpu,
         plan.dp as usize,
         &resources::request_bounds(&dd.spec.workload),
+        layerwise_core::decode::DEFAULT_DECODE_BUDGET,
     )
     .unwrap()
     .1
