@@ -93,6 +93,17 @@ pub fn depth_matches(
     })
 }
 
+/// [`depth_matches`] for a component whose blocks are `group`: its count is the depth the
+/// config states, and it places each tensor name in its block.
+pub fn group_depth_matches(
+    c: &crate::checkpoint::Component,
+    group: &layerwise_core::family::BlockGroup,
+    field: &str,
+    unit: &str,
+) -> Result<()> {
+    depth_matches(c, field, group.count, |n| group.block_of(n), unit)
+}
+
 /// Refuses an odd rotary head width: rotary embedding rotates pairs of channels.
 pub fn rotary_head_dim(path: &Path, head_dim: usize) -> Result<()> {
     ensure(

@@ -311,14 +311,7 @@ impl Umt5Config {
     /// name, shape and dtype, and nothing else; the embedding table under either of
     /// [`EMBEDDING_NAMES`] (or both).
     pub fn check(&self, c: &Component) -> Result<()> {
-        let group = self.block_group();
-        crate::components::config_checks::depth_matches(
-            c,
-            "num_layers",
-            self.num_layers,
-            |n| group.block_of(n),
-            "blocks",
-        )?;
+        config_checks::group_depth_matches(c, &self.block_group(), "num_layers", "blocks")?;
         let table = embedding_table(c)?;
         let mut specs = self.all_specs();
         specs[0].name = table.into();

@@ -6,6 +6,7 @@ use super::prefix::{is_unused, TensorPrefix};
 use super::text::Qwen25VlConfig;
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::Component;
+use crate::components::config_checks;
 use crate::Result;
 use layerwise_core::family::{BlockGroup, TensorSpec};
 
@@ -95,13 +96,7 @@ impl Qwen25VlConfig {
     pub fn check(&self, c: &Component) -> Result<TensorPrefix> {
         let prefix = TensorPrefix::detect(c)?;
         let group = self.block_group(prefix);
-        crate::components::config_checks::depth_matches(
-            c,
-            "num_hidden_layers",
-            self.num_hidden_layers,
-            |n| group.block_of(n),
-            "layers",
-        )?;
+        config_checks::group_depth_matches(c, &group, "num_hidden_layers", "layers")?;
         let mut lm = c.clone();
         lm.index.retain(|name, _| !is_unused(name));
         check_tensors(&lm, &self.all_specs(prefix), |_| None)?;
