@@ -18,7 +18,7 @@ pub use deployment::{
     Accelerator, AcceleratorRates, Autoscaling, AutoscalingMode, ComponentPlacement, ComponentPlan,
     DeviceAllocation, DiffusionDeployment, DiffusionDeploymentSpec, DiffusionDeploymentStatus,
     DisruptionBudget, EndpointPickerRef, EngineSpec, FailureMode, InferencePoolRouting,
-    MemoryBreakdown, ModelSpec, Plan, PortNumber, Workload,
+    MemoryBreakdown, ModelSpec, Plan, PlanRates, PortNumber, Workload,
 };
 pub use layerwise_core::checkpoint::ActivationCost;
 pub use layerwise_core::profile::{ComponentProfile, Profile};

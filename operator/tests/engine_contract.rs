@@ -48,6 +48,7 @@ fn plan(strategy: Strategy, dp: u32, sp: u32, slots: u32) -> Plan {
         resident_blocks_by_component: BTreeMap::new(),
         device_breakdown: MemoryBreakdown::default(),
         nodes: vec!["n0".into()],
+        rates: None,
         components: vec![component("transformer", ComponentPlacement::Streamed)],
         reasons: Vec::new(),
         rejected: Vec::new(),

@@ -1,5 +1,11 @@
 //! The node's side of the model: what its devices sustain ([`Rates`]), per accelerator
-//! product ([`PRODUCT_RATES`]), with an A100's figures for a product without any.
+//! product ([`PRODUCT_RATES`], matched on the name NVML or GPU feature discovery reports),
+//! with an A100's figures for a product the table lacks, and where a node's rates came from
+//! ([`RatesFrom`]), so a plan can say when it was timed with a fallback.
+
+use std::fmt;
+
+pub use super::products::{HostLink, Product, Published, PRODUCT_RATES};
 
 /// What a node's devices sustain: the inputs the model turns bytes and FLOPs into time.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -17,67 +23,8 @@ pub struct Rates {
     pub overlap: f64,
 }
 
-/// Figures for one accelerator product: the substring of the product name the node agent
-/// reports that selects them, and the rates. Sustained, not data-sheet: about 60 % of the
-/// dense bf16 peak, and what a pinned host-to-device copy and an NCCL all-gather reach in
-/// practice (PCIe Gen4 x16 ~25 GB/s, Gen5 ~50 GB/s; a PCIe-only part gathers at about
-/// its host rate).
-pub const PRODUCT_RATES: &[(&str, Rates)] = &[
-    (
-        "B200",
-        Rates {
-            device_flops: 1.3e15,
-            host_to_device: 50e9,
-            peer: 700e9,
-            overlap: 1.0,
-        },
-    ),
-    (
-        "H200",
-        Rates {
-            device_flops: 6.0e14,
-            host_to_device: 50e9,
-            peer: 350e9,
-            overlap: 1.0,
-        },
-    ),
-    (
-        "H100",
-        Rates {
-            device_flops: 6.0e14,
-            host_to_device: 50e9,
-            peer: 350e9,
-            overlap: 1.0,
-        },
-    ),
-    (
-        "A100",
-        Rates {
-            device_flops: 1.9e14,
-            host_to_device: 25e9,
-            peer: 230e9,
-            overlap: 1.0,
-        },
-    ),
-    (
-        "L40S",
-        Rates {
-            device_flops: 2.2e14,
-            host_to_device: 25e9,
-            peer: 20e9,
-            overlap: 1.0,
-        },
-    ),
-    (
-        "L4",
-        Rates {
-            device_flops: 7.0e13,
-            host_to_device: 25e9,
-            peer: 20e9,
-            overlap: 1.0,
-        },
-    ),
-];
+/// The product whose figures stand in for one the table lacks.
+pub const FALLBACK_PRODUCT: &str = "A100";
 
 impl Rates {
     /// What the planner assumes of a product it has no figures for: an A100's.
@@ -88,13 +35,111 @@ impl Rates {
         overlap: 1.0,
     };
 
-    /// The figures of the first [`PRODUCT_RATES`] entry whose name `product` contains
-    /// (case-insensitive), with that name; [`Self::DEFAULT`] and `None` otherwise.
+    /// The figures of the first [`PRODUCT_RATES`] entry that `product` names, with that
+    /// entry's label; [`Self::DEFAULT`] and `None` otherwise.
     pub fn for_product(product: &str) -> (Rates, Option<&'static str>) {
-        let p = product.to_ascii_uppercase();
-        PRODUCT_RATES
-            .iter()
-            .find(|(name, _)| p.contains(name))
-            .map_or((Rates::DEFAULT, None), |(name, r)| (*r, Some(*name)))
+        Product::find(product).map_or((Rates::DEFAULT, None), |p| (p.rates, Some(p.label)))
     }
+}
+
+/// Where a node's rates came from: the product table (the entry of the product the node
+/// reports, or the fallback's where the table has none), with or without figures the
+/// spec set in their place; or given some other way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RatesFrom {
+    Product {
+        /// The product name the node reports (NVML's, or GPU feature discovery's label).
+        reported: String,
+        /// The table entry whose figures were used: [`FALLBACK_PRODUCT`] for a fallback.
+        figures: &'static str,
+        /// Whether the table has no entry for `reported`.
+        fallback: bool,
+        /// Whether figures the spec sets (`spec.accelerator.rates`) replace any of them.
+        overridden: bool,
+    },
+    /// Rates given another way (a test's, a calibration's), in words.
+    Given(String),
+}
+
+impl RatesFrom {
+    /// The rates of accelerators reporting `product`, and where they come from.
+    pub fn product(product: &str) -> (Rates, RatesFrom) {
+        let (rates, entry) = Rates::for_product(product);
+        (
+            rates,
+            RatesFrom::Product {
+                reported: product.to_string(),
+                figures: entry.unwrap_or(FALLBACK_PRODUCT),
+                fallback: entry.is_none(),
+                overridden: false,
+            },
+        )
+    }
+
+    /// These with figures the spec sets in place of some of them.
+    pub fn overridden(self) -> RatesFrom {
+        match self {
+            RatesFrom::Product {
+                reported,
+                figures,
+                fallback,
+                ..
+            } => RatesFrom::Product {
+                reported,
+                figures,
+                fallback,
+                overridden: true,
+            },
+            given => given,
+        }
+    }
+
+    /// Whether the figures are the fallback's, for a product the table lacks.
+    pub fn fallback(&self) -> bool {
+        matches!(self, RatesFrom::Product { fallback: true, .. })
+    }
+}
+
+impl From<&str> for RatesFrom {
+    fn from(words: &str) -> Self {
+        RatesFrom::Given(words.to_string())
+    }
+}
+
+impl fmt::Display for RatesFrom {
+    /// In the words of the plan's timing reason: "the H100 defaults", "spec.accelerator.rates
+    /// over the A100 defaults, a fallback for \"NVIDIA X\" (not in the product table)".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RatesFrom::Given(words) => f.write_str(words),
+            RatesFrom::Product {
+                reported,
+                figures,
+                fallback,
+                overridden,
+            } => {
+                if *overridden {
+                    f.write_str("spec.accelerator.rates over ")?;
+                }
+                write!(f, "the {figures} defaults")?;
+                if *fallback {
+                    write!(
+                        f,
+                        ", a fallback for an unknown product ({reported:?}, not in the product table)"
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The name's words, upper case: split on anything but letters and digits, so NVML's
+/// `NVIDIA GeForce RTX 4090` and GPU feature discovery's `NVIDIA-GeForce-RTX-4090` read
+/// alike.
+pub(super) fn words(name: &str) -> Vec<String> {
+    name.split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_ascii_uppercase)
+        .collect()
 }

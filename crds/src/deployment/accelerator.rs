@@ -7,6 +7,10 @@ use k8s_openapi::api::core::v1::Toleration;
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
+/// The CRD's `spec.accelerator.rates`: core's type, which `layerwise bench` and
+/// `engine/gpu-check` also print their measured rates in.
+pub use layerwise_core::timing::AcceleratorRates;
+
 /// The accelerator to run on and the nodes to consider.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
@@ -82,43 +86,6 @@ impl DeviceAllocation {
         self.link_attribute
             .as_deref()
             .unwrap_or(Self::DEFAULT_LINK_ATTRIBUTE)
-    }
-}
-
-/// Sustained figures of one accelerator (not data-sheet peaks): what the planner predicts
-/// step times from when it chooses the blocks and components to keep on the device.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct AcceleratorRates {
-    /// Dense FLOP/s one device sustains in the compute dtype, in TFLOP/s.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self > 0.0").message("deviceTflops must be positive"))]
-    pub device_tflops: Option<f64>,
-    /// Host-to-device copy rate of one device, in GB/s (10^9 bytes).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self > 0.0").message("hostToDeviceGBps must be positive"))]
-    #[serde(rename = "hostToDeviceGBps")]
-    pub host_to_device_gbps: Option<f64>,
-    /// All-gather rate each rank receives over the peer link, in GB/s (10^9 bytes).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self > 0.0").message("peerGBps must be positive"))]
-    #[serde(rename = "peerGBps")]
-    pub peer_gbps: Option<f64>,
-}
-
-impl AcceleratorRates {
-    /// `defaults` with each figure set here in its place.
-    pub fn over(&self, defaults: layerwise_core::timing::Rates) -> layerwise_core::timing::Rates {
-        layerwise_core::timing::Rates {
-            device_flops: self
-                .device_tflops
-                .map_or(defaults.device_flops, |t| t * 1e12),
-            host_to_device: self
-                .host_to_device_gbps
-                .map_or(defaults.host_to_device, |g| g * 1e9),
-            peer: self.peer_gbps.map_or(defaults.peer, |g| g * 1e9),
-            overlap: defaults.overlap,
-        }
     }
 }
 

@@ -21,5 +21,5 @@ pub use model::{ModelSpec, Workload};
 pub use routing::{EndpointPickerRef, FailureMode, InferencePoolRouting, PortNumber};
 pub use spec::{DiffusionDeployment, DiffusionDeploymentSpec};
 pub use status::{
-    ComponentPlacement, ComponentPlan, DiffusionDeploymentStatus, MemoryBreakdown, Plan,
+    ComponentPlacement, ComponentPlan, DiffusionDeploymentStatus, MemoryBreakdown, Plan, PlanRates,
 };

@@ -97,10 +97,50 @@ pub struct Plan {
     /// blocks stay whole on every device or stream through the slots.
     #[serde(default)]
     pub components: Vec<ComponentPlan>,
+    /// Whose step-time figures timed the plan: the product the nodes report, the product
+    /// table's row used, and whether that row is a fallback for a product the table lacks
+    /// (then `predictedLatencySeconds` is an A100's guess: set `spec.accelerator.rates`
+    /// from `engine/gpu-check`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rates: Option<PlanRates>,
     /// Why this plan, in words.
     pub reasons: Vec<String>,
     /// Alternatives considered and why they lost, in words.
     pub rejected: Vec<String>,
+}
+
+/// Whose figures the step-time model timed a plan with.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanRates {
+    /// The accelerator product the plan's node reports.
+    pub product: String,
+    /// The product table's row whose figures were used (`layerwise_core::timing::PRODUCT_RATES`).
+    pub figures: String,
+    /// Whether the table has no row for `product`, so `figures` stand in for it.
+    pub fallback: bool,
+    /// Whether `spec.accelerator.rates` replaced any of the row's figures.
+    pub overridden: bool,
+}
+
+impl PlanRates {
+    /// Where rates from the product table came from; `None` for rates given another way.
+    pub fn of(from: &layerwise_core::timing::RatesFrom) -> Option<PlanRates> {
+        match from {
+            layerwise_core::timing::RatesFrom::Product {
+                reported,
+                figures,
+                fallback,
+                overridden,
+            } => Some(PlanRates {
+                product: reported.clone(),
+                figures: (*figures).to_string(),
+                fallback: *fallback,
+                overridden: *overridden,
+            }),
+            layerwise_core::timing::RatesFrom::Given(_) => None,
+        }
+    }
 }
 
 /// Where one component's blocks live under a plan.

@@ -24,7 +24,7 @@ use crate::tools::loadgen::LoadgenArgs;
 use crate::tools::soak::SoakArgs;
 use crate::tools::synth::{synth, SynthOptions};
 use args::GenerateArgs;
-use bench::BenchArgs;
+use bench::{BenchArgs, RatesArgs};
 
 #[derive(Parser)]
 #[command(
@@ -70,6 +70,9 @@ enum Cmd {
     /// Run the same request under each strategy and number of blocks kept on the device,
     /// and compare step time, stalls, bytes moved per step and memory.
     Bench(BenchArgs),
+    /// Measure this machine's rates (a matmul's FLOP/s, copy rates) or render rates measured
+    /// elsewhere, and print them as the DiffusionDeployment's `spec.accelerator.rates`.
+    Rates(RatesArgs),
     /// Serve the HTTP API (images, jobs, metrics) until SIGTERM.
     #[command(name = contract::SERVE_COMMAND)]
     Serve(ServeArgs),
@@ -224,6 +227,7 @@ fn run(cmd: Cmd) -> Result<i32> {
         }
         Cmd::Generate(a) => commands::generate(a)?,
         Cmd::Bench(a) => bench::bench(a)?,
+        Cmd::Rates(a) => bench::rates(a)?,
         Cmd::Serve(a) => return Ok(serve(a)?),
         Cmd::TraceSvg { trace, out } => commands::trace_svg(&trace, out)?,
         Cmd::Loadgen(a) => commands::loadgen(&a)?,

@@ -21,6 +21,7 @@ pub(super) fn reasons(a: &Account, sp: Option<&SpAccount>) -> Vec<String> {
     reasons.extend(sp.map(sp_reason));
     reasons.extend(copies_reason(a));
     reasons.push(strategy_reason(a));
+    reasons.extend(fallback_reason(a));
     if let Some(s) = &a.streaming {
         reasons.push(timing_reason(s));
         reasons.extend(s.components.iter().map(component_note));
@@ -68,6 +69,16 @@ fn copies_reason(a: &Account) -> Option<String> {
                 .collect::<Vec<_>>()
                 .join(", "),
             a.largest
+        )
+    })
+}
+
+/// Where the node's product has no row in the product table: whose figures stood in.
+fn fallback_reason(a: &Account) -> Option<String> {
+    a.rates_from.fallback().then(|| {
+        format!(
+            "timed with {}: set spec.accelerator.rates from engine/gpu-check's measured rates for a prediction of this product",
+            a.rates_from
         )
     })
 }

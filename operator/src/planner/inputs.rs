@@ -4,7 +4,7 @@
 
 use crds::{DiffusionDeploymentSpec, Profile, StrategyChoice};
 use layerwise_core::decode::DecodeSite;
-use layerwise_core::timing::Rates;
+use layerwise_core::timing::{Rates, RatesFrom};
 
 /// One candidate node as the planner sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,26 +22,62 @@ pub struct NodeShape {
     pub warm: bool,
     /// What its accelerators sustain, for the step-time model ([`layerwise_core::timing`]).
     pub rates: Rates,
-    /// Where `rates` come from, in words (the product's defaults, the spec).
-    pub rates_from: String,
+    /// Where `rates` come from: the product table's row for the reported product or the
+    /// fallback's, the spec's figures over them (its `Display` is the plan's words).
+    pub rates_from: RatesFrom,
 }
 
 impl NodeShape {
     /// The rates of accelerators of `product`: the planner's defaults for it
-    /// ([`layerwise_core::timing::PRODUCT_RATES`]), with each figure `spec` sets in its place; and where
-    /// they come from, in words.
-    pub fn rates_for(product: &str, spec: Option<&crds::AcceleratorRates>) -> (Rates, String) {
-        let (defaults, known) = Rates::for_product(product);
-        let from = match known {
-            Some(name) => format!("the {name} defaults"),
-            None => format!("the defaults for an unknown product ({product:?})"),
-        };
+    /// ([`layerwise_core::timing::PRODUCT_RATES`], an A100's where the table has no row),
+    /// with each figure `spec` sets in their place; and where they come from.
+    pub fn rates_for(product: &str, spec: Option<&crds::AcceleratorRates>) -> (Rates, RatesFrom) {
+        let (defaults, from) = RatesFrom::product(product);
         match spec {
-            Some(r) if *r != crds::AcceleratorRates::default() => (
-                r.over(defaults),
-                format!("spec.accelerator.rates over {from}"),
-            ),
+            Some(r) if *r != crds::AcceleratorRates::default() => {
+                (r.over(defaults), from.overridden())
+            }
             _ => (defaults, from),
+        }
+    }
+}
+
+/// What a node reports of itself to the planner: its agent's figures (or the devices
+/// Dynamic Resource Allocation publishes), bounded by what the Node offers. The reconcile
+/// reads it from the cluster and `layerwise-operator plan` from its flags; both turn it into
+/// a [`NodeShape`] by [`NodeShape::for_spec`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeReport {
+    pub name: String,
+    /// Accelerators one pod's ranks may use.
+    pub devices: u32,
+    /// Memory of each.
+    pub device_bytes: u64,
+    /// The accelerator product, as the node agent reports it (NVML's name).
+    pub product: String,
+    /// Whether the devices share a fast peer link.
+    pub fast_peer_link: bool,
+    /// Host memory pods may use.
+    pub host_bytes: u64,
+    /// Whether the model is already warm in the node's page cache.
+    pub warm: bool,
+}
+
+impl NodeShape {
+    /// The planner's view of `node` for a deployment of `spec`: its figures, and the rates
+    /// of its product with what `spec.accelerator.rates` sets in their place.
+    pub fn for_spec(node: NodeReport, spec: &DiffusionDeploymentSpec) -> NodeShape {
+        let (rates, rates_from) =
+            NodeShape::rates_for(&node.product, spec.accelerator.rates.as_ref());
+        NodeShape {
+            name: node.name,
+            devices: node.devices,
+            device_bytes: node.device_bytes,
+            host_bytes: node.host_bytes,
+            fast_peer_link: node.fast_peer_link,
+            warm: node.warm,
+            rates,
+            rates_from,
         }
     }
 }

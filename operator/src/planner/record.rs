@@ -6,7 +6,7 @@
 
 use crds::Workload;
 use layerwise_core::decode::DecodeSite;
-use layerwise_core::timing::{Prediction, Rates, Work};
+use layerwise_core::timing::{Prediction, Rates, RatesFrom, Work};
 
 use super::candidates::Option_;
 use super::need::Need;
@@ -57,6 +57,9 @@ pub(super) struct Account {
     pub largest: String,
     /// For `sharded` with dp left to the planner: the fewest groups that fit too.
     pub fewer_groups_fit: Option<u32>,
+    /// Where the rates the step-time model timed the option with come from, on the node
+    /// it was chosen on: the product's row, or a fallback's for a product the table lacks.
+    pub rates_from: RatesFrom,
     /// What the step-time model said, where the option streams.
     pub streaming: Option<Streaming>,
     /// The slots, where the option streams and the spec left them to the planner.
@@ -86,8 +89,8 @@ pub(super) struct Slots {
 pub(super) struct Streaming {
     pub prediction: Prediction,
     pub rates: Rates,
-    /// Where `rates` come from, in words.
-    pub rates_from: String,
+    /// Where `rates` come from.
+    pub rates_from: RatesFrom,
     /// The request at the bounds, split over `sp` ranks.
     pub work: Work,
     pub sp: u32,

@@ -577,14 +577,14 @@ fn qwen_image() -> Profile {
             runs: Runs::PerRequest,
             tokens: Tokens::Text,
             flops_per_token: te,
-            flops_per_token_pair: 0,
+            ..Default::default()
         },
         GroupCompute {
             component: "transformer".into(),
             runs: Runs::PerStep,
             tokens: Tokens::Latent,
             flops_per_token: tr / 2,
-            flops_per_token_pair: 0,
+            ..Default::default()
         },
     ];
     p
@@ -703,7 +703,7 @@ fn a_long_sequence_keeps_fewer_blocks_because_its_copies_already_hide() {
         runs: Runs::PerStep,
         tokens: Tokens::Latent,
         flops_per_token: 670_000_000 / 2,
-        flops_per_token_pair: 0,
+        ..Default::default()
     }];
     let limits = Limits::default();
     let kept = |w: &Workload| {
@@ -736,10 +736,13 @@ fn spec_rates_replace_the_products_defaults() {
     let (r, from) = NodeShape::rates_for("NVIDIA H100 80GB HBM3", Some(&spec));
     assert_eq!(r.host_to_device, 12.5e9);
     assert_eq!(r.device_flops, Rates::for_product("H100").0.device_flops);
-    assert_eq!(from, "spec.accelerator.rates over the H100 defaults");
+    assert_eq!(
+        from.to_string(),
+        "spec.accelerator.rates over the H100 defaults"
+    );
     let (r, from) = NodeShape::rates_for("Some New Part", None);
     assert_eq!(r, Rates::DEFAULT);
-    assert!(from.contains("unknown product"), "{from}");
+    assert!(from.to_string().contains("unknown product"), "{from}");
     // A slower host link keeps more blocks.
     let p = qwen_image();
     let at = |n: NodeShape| plan(&p, &[n], &wl(), &offload(), &Limits::default()).unwrap();

@@ -51,6 +51,7 @@ fn plan() -> Plan {
             ..MemoryBreakdown::default()
         },
         nodes: vec!["n0".into()],
+        rates: None,
         components: vec![
             ComponentPlan {
                 name: "text_encoder".into(),

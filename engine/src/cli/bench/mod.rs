@@ -8,16 +8,21 @@
 //! step-time model chooses ([`crate::timing::choose`], the planner's code) from rates this
 //! run calibrates first ([`plan`]), and prints each against the best.
 //!
+//! It ends with this machine's rates, measured, in the form `spec.accelerator.rates` takes
+//! ([`rates`], which `layerwise rates` prints alone).
+//!
 //! By concern: what runs ([`options`]), running it ([`runs`]), `plan`'s calibration
-//! ([`plan`]) and the report ([`report`]).
+//! ([`plan`]), the report ([`report`]) and the measured rates ([`rates`]).
 
 mod args;
 mod options;
 mod plan;
+mod rates;
 mod report;
 mod runs;
 
 pub(crate) use args::BenchArgs;
+pub(crate) use rates::{rates, RatesArgs};
 
 use std::collections::BTreeMap;
 
@@ -90,6 +95,11 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
     print_phases(&rows);
     print_plans(&configs, &rows, &planned);
     print_groups(&model, &rows, steps)?;
+    // The CPU backend's rates: the dtype its ranks compute in there (`auto`: f32).
+    rates::print_measured(
+        &a.engine.run.model,
+        a.engine.backend.compute_dtype.resolve(false, &[]),
+    )?;
     if !rows.iter().all(|r| r.identical) {
         bail!("configurations produced different latents");
     }

@@ -2,8 +2,6 @@
 //! component the step-time model ([`crate::timing::choose`], the planner's code) chooses at
 //! them, for bench to measure beside the manual counts.
 
-use std::time::Instant;
-
 use anyhow::{bail, Context, Result};
 
 use super::args::BenchArgs;
@@ -71,41 +69,7 @@ fn calibrate(
         .max()
         .unwrap_or(0)
         .max(1 << 20) as usize;
-    let files: Vec<std::path::PathBuf> = model
-        .checkpoint
-        .components()
-        .into_iter()
-        .flat_map(|(_, c)| c.files.iter().map(|f| f.path.clone()))
-        .collect();
-    let largest = files
-        .iter()
-        .max_by_key(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
-        .context("calibrating: the checkpoint has no files")?;
-    let file =
-        std::fs::File::open(largest).with_context(|| format!("reading {}", largest.display()))?;
-    // SAFETY: the checkpoint's files are not written while the engine maps them (the
-    // engine maps them the same way to run).
-    let map = unsafe { memmap2::Mmap::map(&file) }
-        .with_context(|| format!("mapping {}", largest.display()))?;
-    let len = block.min(map.len()).max(1);
-    let mut slot = vec![0u8; len];
-    let rate = |src: &[u8], dst: &mut [u8]| {
-        let mut best = f64::INFINITY;
-        for _ in 0..3 {
-            let t = Instant::now();
-            let mut moved = 0usize;
-            while moved < (256 << 20).max(len) {
-                dst.copy_from_slice(src);
-                moved += len;
-            }
-            std::hint::black_box(&dst);
-            best = best.min(t.elapsed().as_secs_f64() / moved as f64);
-        }
-        1.0 / best
-    };
-    let host_to_device = rate(&map[..len], &mut slot);
-    let other = vec![1u8; len];
-    let peer = rate(&other, &mut slot);
+    let (host_to_device, peer) = super::rates::copy_rates(Some(&a.engine.run.model), block)?;
     let mut rates = Rates {
         device_flops: flops / step.max(1e-9),
         host_to_device,

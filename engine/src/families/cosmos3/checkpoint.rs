@@ -159,18 +159,24 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
     fn native_size(&self) -> (usize, usize) {
         (1280, 720)
     }
-    /// What a request costs in activations (f32), from the shapes the engine computes.
-    /// The default for both pathways, but the understanding pathway (group
-    /// [`super::UNDERSTANDING`]) runs once per request over the prompt's tokens, never per
-    /// step.
+    /// The understanding pathway ([`super::UNDERSTANDING`]) once per request over the
+    /// prompt's tokens, the generation pathway every step over the vision tokens
+    /// ([`super::flops`]).
     fn group_compute(&self) -> Vec<layerwise_core::family::GroupCompute> {
-        let mut v = layerwise_core::family::default_group_compute(self);
-        if let Some(u) = v.get_mut(super::UNDERSTANDING) {
-            u.runs = layerwise_core::family::Runs::PerRequest;
-            u.tokens = layerwise_core::family::Tokens::Text;
-        }
-        v
+        layerwise_core::family::default_group_compute(self)
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| match i {
+                super::UNDERSTANDING => super::flops::understanding_block(&self.config, g),
+                _ => super::flops::generation_block(&self.config, g),
+            })
+            .collect()
     }
+    fn decode_cost(&self) -> Option<crate::decode::DecodeCost> {
+        Some(self.vae_config.decode_cost())
+    }
+
+    /// What a request costs in activations (f32), from the shapes the engine computes.
     fn activation_cost(&self) -> ActivationCost {
         let c = &self.config;
         let (d, ff) = (c.hidden_size as u64, c.intermediate_size as u64);

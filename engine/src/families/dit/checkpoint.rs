@@ -9,7 +9,7 @@ use crate::checkpoint::{ActivationCost, Component, ModelFolder};
 use crate::components::autoencoder_kl::{legacy_attention_alias, VaeConfig};
 use crate::families::dit::DitConfig;
 use crate::families::{BlockGroup, FamilyCheckpoint};
-use crate::{Error, Result};
+use crate::Result;
 
 /// A checked DiT pipeline folder.
 #[derive(Debug, Clone)]
@@ -119,6 +119,13 @@ impl FamilyCheckpoint for DitCheckpoint {
             exchange_bytes_per_token: 0,
         }
     }
+    /// The blocks by [`super::flops::transformer_block`].
+    fn group_compute(&self) -> Vec<layerwise_core::family::GroupCompute> {
+        layerwise_core::family::default_group_compute(self)
+            .into_iter()
+            .map(|g| super::flops::transformer_block(&self.config, g))
+            .collect()
+    }
     // No `limits`: DiT computes its sin-cos positions for any grid.
     fn as_any(&self) -> &dyn std::any::Any {
         self
@@ -128,21 +135,11 @@ impl FamilyCheckpoint for DitCheckpoint {
 /// A config whose depth disagrees with the weights gets one clear message, rather than
 /// a missing-tensor error for the first absent block.
 fn check_block_count(c: &Component, cfg: &DitConfig) -> Result<()> {
-    let found = c
-        .index
-        .keys()
-        .filter_map(|n| DitConfig::block_of(n))
-        .max()
-        .map_or(0, |m| m + 1);
-    if found != cfg.num_layers {
-        return Err(Error::config(
-            c.dir.join("config.json"),
-            "num_layers",
-            format!(
-                "says {} but the weights hold {found} blocks",
-                cfg.num_layers
-            ),
-        ));
-    }
-    Ok(())
+    crate::components::config_checks::depth_matches(
+        c,
+        "num_layers",
+        cfg.num_layers,
+        DitConfig::block_of,
+        "blocks",
+    )
 }

@@ -309,6 +309,10 @@ impl FamilyCheckpoint for WanCheckpoint {
         }
     }
     /// What a request costs in activations (f32), from the shapes the engine computes.
+    fn decode_cost(&self) -> Option<crate::decode::DecodeCost> {
+        Some(self.vae_config.decode_cost())
+    }
+
     fn activation_cost(&self) -> ActivationCost {
         let tr = &self.transformer_config;
         let (d, ffn) = (tr.hidden() as u64, tr.ffn_dim as u64);
@@ -353,6 +357,19 @@ impl FamilyCheckpoint for WanCheckpoint {
             // [tokens, d], alive in both layouts across an all-to-all.
             exchange_bytes_per_token: 4 * 4 * d,
         }
+    }
+    /// The text encoder's blocks ([`crate::components::umt5::flops::encoder_block`]) and
+    /// each expert's ([`super::flops::transformer_block`]).
+    fn group_compute(&self) -> Vec<layerwise_core::family::GroupCompute> {
+        layerwise_core::family::default_group_compute(self)
+            .into_iter()
+            .map(|g| match g.component.as_str() {
+                "text_encoder" => {
+                    crate::components::umt5::flops::encoder_block(&self.text_encoder_config, g)
+                }
+                _ => super::flops::transformer_block(&self.transformer_config, g),
+            })
+            .collect()
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self
