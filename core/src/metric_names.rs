@@ -62,6 +62,9 @@ metric_names! {
     BYTES_GATHERED = "bytes_gathered";
     /// Accounted device bytes, per rank (gauge).
     DEVICE_BYTES = "device_bytes";
+    /// The most bytes a phase (text encoding, a denoising pass, the decode) held above its
+    /// start, per rank and phase, measured (gauge).
+    PHASE_PEAK_BYTES = "phase_peak_bytes";
     /// Time a rank spent computing a request (counter).
     RANK_BUSY_SECONDS = "rank_busy_seconds";
     /// Busy seconds over seconds since start, per rank (gauge).

@@ -116,6 +116,8 @@ pub struct PassReport<'a> {
     pub elapsed: Duration,
     pub pipeline: &'a PipelineStats,
     pub device_bytes: u64,
+    /// The most each phase of this rank has held so far, measured ([`crate::measure`]).
+    pub phase_peaks: &'a crate::measure::PhasePeaks,
 }
 
 /// Where ranks get requests and where they report. Called from rank threads.

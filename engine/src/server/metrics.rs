@@ -46,6 +46,7 @@ pub struct Metrics {
     bytes_copied: Family<Labels, Counter>,
     bytes_gathered: Family<Labels, Counter>,
     device_bytes: Family<Labels, Gauge>,
+    phase_peak_bytes: Family<Labels, Gauge>,
     busy_seconds: Family<Labels, FCounter>,
     busy_fraction: Family<Labels, FGauge>,
     requested: Family<Labels, Counter>,
@@ -76,6 +77,7 @@ impl Metrics {
             bytes_copied: Family::default(),
             bytes_gathered: Family::default(),
             device_bytes: Family::default(),
+            phase_peak_bytes: Family::default(),
             busy_seconds: Family::default(),
             busy_fraction: Family::default(),
             requested: Family::default(),
@@ -182,6 +184,11 @@ impl Metrics {
             self.device_bytes.clone(),
         );
         registry.register(
+            names::PHASE_PEAK_BYTES.short,
+            "Measured peak bytes of a phase above its start, per rank and phase (beside the activation reservation, layerwise_device_bytes)",
+            self.phase_peak_bytes.clone(),
+        );
+        registry.register(
             names::RANK_BUSY_SECONDS.short,
             "Time a rank spent computing a request",
             self.busy_seconds.clone(),
@@ -231,6 +238,11 @@ impl Metrics {
         self.device_bytes
             .get_or_create(&l)
             .set(r.device_bytes as i64);
+        for (phase, bytes) in &r.phase_peaks.0 {
+            let mut l = rank_label(rank);
+            l.push(("phase".into(), phase.name().into()));
+            self.phase_peak_bytes.get_or_create(&l).set(*bytes as i64);
+        }
         if r.busy {
             *busy_total += r.elapsed.as_secs_f64();
             self.busy_seconds
@@ -302,6 +314,8 @@ mod tests {
         m.forwarded("ok");
         m.requested(Kind::Image, 1);
         let stats = PipelineStats::default();
+        let mut peaks = crate::measure::PhasePeaks::default();
+        peaks.record(crate::measure::PhaseKind::Transformer, 1);
         m.pass(
             0,
             &PassReport {
@@ -309,6 +323,7 @@ mod tests {
                 elapsed: Duration::from_millis(1),
                 pipeline: &stats,
                 device_bytes: 1,
+                phase_peaks: &peaks,
             },
         );
         let text = m.render();
@@ -329,11 +344,14 @@ mod tests {
             bytes_copied: 100,
             ..PipelineStats::default()
         };
+        let mut peaks = crate::measure::PhasePeaks::default();
+        peaks.record(crate::measure::PhaseKind::Transformer, 7);
         let r = PassReport {
             busy: true,
             elapsed: Duration::from_millis(5),
             pipeline: &stats,
             device_bytes: 42,
+            phase_peaks: &peaks,
         };
         m.pass(1, &r);
         m.pass(1, &r);
@@ -342,6 +360,10 @@ mod tests {
         assert!(text.contains("layerwise_running_requests 0"), "{text}");
         assert!(
             text.contains("layerwise_requests_finished_total{outcome=\"succeeded\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("layerwise_phase_peak_bytes{rank=\"1\",phase=\"transformer\"} 7"),
             "{text}"
         );
         assert!(

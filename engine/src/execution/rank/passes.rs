@@ -136,6 +136,7 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
                     elapsed: t0.elapsed(),
                     pipeline: self.pipe.stats(),
                     device_bytes: self.budget.used(),
+                    phase_peaks: &self.tally.measured,
                 },
             );
         }
