@@ -35,7 +35,7 @@ pub const ENV_DECODE_BUDGET: &str = "LAYERWISE_DECODE_BUDGET";
 /// The decode budget of a plan that names none: what the planner offers a decode before
 /// it takes the largest setting that fits ([`DecodeCost::choose`]), and what an engine
 /// started without a plan decodes within.
-pub const DEFAULT_DECODE_BUDGET: u64 = 4 << 30;
+pub const DEFAULT_DECODE_BUDGET: u64 = 16 << 30;
 
 /// Element size the VAE decoders compute in: they load their weights as f32 on every
 /// device.

@@ -185,8 +185,10 @@ impl DecodeCost {
             frames * 2 * n.min(self.attention_block.max(1) as u128) * n
         };
         // A tile's pass with the caches beside it: at the first chunk the other tiles'
-        // full and its own filled up to the point; at a later one every tile's full.
-        let others = tiles.covered - px;
+        // full and its own filled up to the point; at a later one every tile's full. A
+        // decode's last chunk frees each tile's cache once the tile is decoded, so an image
+        // (whose first chunk is its last) keeps only the current tile's.
+        let others = if k > 0 { tiles.covered - px } else { 0 };
         let (mut first, mut later) = (0u128, 0u128);
         for p in &self.points {
             first = first.max(
@@ -225,7 +227,7 @@ impl DecodeCost {
             let latents = self.latent_channels as u128 * latent_frames * tiles.frame * 3;
             phases + latents
         };
-        let mut total = chunk(first, 1, self.cache_first, 1);
+        let mut total = chunk(first, 1, if k > 0 { self.cache_first } else { 0 }, 1);
         if k > 0 {
             let frames = self.temporal_upscale.max(1) as u128 * k;
             total = total.max(chunk(later, frames, self.cache, k));
@@ -360,7 +362,7 @@ mod tests {
         // first, one task each.
         let pass = (20000 * px + 128 * 3 * 9).max(50 * px + 32 * 3 * 27 + 2 * 32 * 32);
         let out = 3 * 64 * px;
-        let want = (pass.max(2 * out + 5 * px) + 16 * px * 3) * 4;
+        let want = (pass.max(2 * out) + 16 * px * 3) * 4;
         assert_eq!(one, want);
         // A clip's later chunks grow with their length, up to the clip's.
         let clip = size(64, 32, 17);
