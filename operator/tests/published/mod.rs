@@ -87,6 +87,10 @@ pub fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, pl
         DeviceChoice::Cpu,
         plan.devices() as usize,
         &resources::request_bounds(&dd.spec.workload),
+        // The budget the pod's contract names (none: the engine's default).
+        resources::engine_contract(&dd.spec, plan)
+            .decode_budget
+            .unwrap_or(layerwise_core::decode::DEFAULT_DECODE_BUDGET),
     )
     .unwrap();
     assert_eq!(decoder.total(), b.decoder);
