@@ -12,9 +12,44 @@
 //! tiles, the final unpatchify and clamp). [`DecodeCost::choose`] walks the settings from
 //! the largest down and takes the first whose peak fits.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
-use super::{DecodeSetting, Tile};
+/// Spatial tiles of a decode: squares of `size` output pixels a side whose corners lie
+/// `stride` apart, so neighbours overlap by `size - stride` pixels and are blended there
+/// (diffusers' `enable_tiling`: `tile_sample_min_*` and `tile_sample_stride_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tile {
+    pub size: u64,
+    pub stride: u64,
+}
+
+/// How one output is decoded: `chunk` latent frames at a time after the first (which a
+/// causal video VAE always decodes alone), whole frames or in `tile`s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeSetting {
+    pub chunk: u64,
+    pub tile: Option<Tile>,
+}
+
+impl DecodeSetting {
+    /// One latent frame at a time, whole frames: diffusers' own untiled decode.
+    pub const FRAME_BY_FRAME: DecodeSetting = DecodeSetting {
+        chunk: 1,
+        tile: None,
+    };
+}
+
+impl fmt::Display for DecodeSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} latent frame(s) a chunk, ", self.chunk)?;
+        match self.tile {
+            None => f.write_str("whole frames"),
+            Some(t) => write!(f, "{}-pixel tiles at stride {}", t.size, t.stride),
+        }
+    }
+}
 
 /// Rows of an im2col buffer CUDA's convolution may build at once, in elements: the engine
 /// bands taller frames ([`ConvScratch::Device`]).
