@@ -99,7 +99,10 @@ fn engine_decoder(model: &Model, dd: &DiffusionDeployment, plan: &Plan) -> Decod
         DeviceChoice::Cpu,
         plan.dp as usize,
         &resources::request_bounds(&dd.spec.workload),
-        layerwise_core::decode::DEFAULT_DECODE_BUDGET,
+        // The budget the pod's contract names (none: the engine's default).
+        resources::engine_contract(&dd.spec, plan)
+            .decode_budget
+            .unwrap_or(layerwise_core::decode::DEFAULT_DECODE_BUDGET),
     )
     .unwrap()
     .1

@@ -188,7 +188,7 @@ pub struct EngineContract {
     /// Bytes one decode may hold at its peak: each output is decoded a few latent frames
     /// at a time, in spatial tiles where needed, by the largest split within it
     /// (`layerwise_core::decode::DecodeCost::choose`); the plan charged exactly the split
-    /// of the largest output. Default: 4 GiB.
+    /// of the largest output. Default: 16 GiB.
     #[arg(long, env = decode::ENV_DECODE_BUDGET)]
     pub decode_budget: Option<u64>,
     #[command(flatten)]

@@ -19,7 +19,10 @@ mod peak;
 use std::fmt;
 use std::str::FromStr;
 
-pub use peak::{ConvScratch, DecodeCost, OutputSize, PeakPoint, CPU_CONV_TILE, IM2COL_BUDGET};
+pub use peak::{
+    ConvScratch, DecodeCost, DecodeSetting, OutputSize, PeakPoint, Tile, CPU_CONV_TILE,
+    IM2COL_BUDGET,
+};
 
 use crate::bounds::RequestBounds;
 use crate::checkpoint::ActivationCost;
@@ -35,7 +38,7 @@ pub const ENV_DECODE_BUDGET: &str = "LAYERWISE_DECODE_BUDGET";
 /// The decode budget of a plan that names none: what the planner offers a decode before
 /// it takes the largest setting that fits ([`DecodeCost::choose`]), and what an engine
 /// started without a plan decodes within.
-pub const DEFAULT_DECODE_BUDGET: u64 = 4 << 30;
+pub const DEFAULT_DECODE_BUDGET: u64 = 16 << 30;
 
 /// Element size the VAE decoders compute in: they load their weights as f32 on every
 /// device.
@@ -192,41 +195,6 @@ impl fmt::Display for DecodeChoice {
         match self {
             DecodeChoice::Auto => f.write_str("auto"),
             DecodeChoice::Fixed(s) => s.fmt(f),
-        }
-    }
-}
-
-/// Spatial tiles of a decode: squares of `size` output pixels a side whose corners lie
-/// `stride` apart, so neighbours overlap by `size - stride` pixels and are blended there
-/// (diffusers' `enable_tiling`: `tile_sample_min_*` and `tile_sample_stride_*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tile {
-    pub size: u64,
-    pub stride: u64,
-}
-
-/// How one output is decoded: `chunk` latent frames at a time after the first (which a
-/// causal video VAE always decodes alone), whole frames or in `tile`s.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DecodeSetting {
-    pub chunk: u64,
-    pub tile: Option<Tile>,
-}
-
-impl DecodeSetting {
-    /// One latent frame at a time, whole frames: diffusers' own untiled decode.
-    pub const FRAME_BY_FRAME: DecodeSetting = DecodeSetting {
-        chunk: 1,
-        tile: None,
-    };
-}
-
-impl fmt::Display for DecodeSetting {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} latent frame(s) a chunk, ", self.chunk)?;
-        match self.tile {
-            None => f.write_str("whole frames"),
-            Some(t) => write!(f, "{}-pixel tiles at stride {}", t.size, t.stride),
         }
     }
 }

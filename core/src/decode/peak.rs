@@ -12,9 +12,44 @@
 //! tiles, the final unpatchify and clamp). [`DecodeCost::choose`] walks the settings from
 //! the largest down and takes the first whose peak fits.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
-use super::{DecodeSetting, Tile};
+/// Spatial tiles of a decode: squares of `size` output pixels a side whose corners lie
+/// `stride` apart, so neighbours overlap by `size - stride` pixels and are blended there
+/// (diffusers' `enable_tiling`: `tile_sample_min_*` and `tile_sample_stride_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tile {
+    pub size: u64,
+    pub stride: u64,
+}
+
+/// How one output is decoded: `chunk` latent frames at a time after the first (which a
+/// causal video VAE always decodes alone), whole frames or in `tile`s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeSetting {
+    pub chunk: u64,
+    pub tile: Option<Tile>,
+}
+
+impl DecodeSetting {
+    /// One latent frame at a time, whole frames: diffusers' own untiled decode.
+    pub const FRAME_BY_FRAME: DecodeSetting = DecodeSetting {
+        chunk: 1,
+        tile: None,
+    };
+}
+
+impl fmt::Display for DecodeSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} latent frame(s) a chunk, ", self.chunk)?;
+        match self.tile {
+            None => f.write_str("whole frames"),
+            Some(t) => write!(f, "{}-pixel tiles at stride {}", t.size, t.stride),
+        }
+    }
+}
 
 /// Rows of an im2col buffer CUDA's convolution may build at once, in elements: the engine
 /// bands taller frames ([`ConvScratch::Device`]).
@@ -185,8 +220,10 @@ impl DecodeCost {
             frames * 2 * n.min(self.attention_block.max(1) as u128) * n
         };
         // A tile's pass with the caches beside it: at the first chunk the other tiles'
-        // full and its own filled up to the point; at a later one every tile's full.
-        let others = tiles.covered - px;
+        // full and its own filled up to the point; at a later one every tile's full. A
+        // decode's last chunk frees each tile's cache once the tile is decoded, so an image
+        // (whose first chunk is its last) keeps only the current tile's.
+        let others = if k > 0 { tiles.covered - px } else { 0 };
         let (mut first, mut later) = (0u128, 0u128);
         for p in &self.points {
             first = first.max(
@@ -225,7 +262,7 @@ impl DecodeCost {
             let latents = self.latent_channels as u128 * latent_frames * tiles.frame * 3;
             phases + latents
         };
-        let mut total = chunk(first, 1, self.cache_first, 1);
+        let mut total = chunk(first, 1, if k > 0 { self.cache_first } else { 0 }, 1);
         if k > 0 {
             let frames = self.temporal_upscale.max(1) as u128 * k;
             total = total.max(chunk(later, frames, self.cache, k));
@@ -360,7 +397,7 @@ mod tests {
         // first, one task each.
         let pass = (20000 * px + 128 * 3 * 9).max(50 * px + 32 * 3 * 27 + 2 * 32 * 32);
         let out = 3 * 64 * px;
-        let want = (pass.max(2 * out + 5 * px) + 16 * px * 3) * 4;
+        let want = (pass.max(2 * out) + 16 * px * 3) * 4;
         assert_eq!(one, want);
         // A clip's later chunks grow with their length, up to the clip's.
         let clip = size(64, 32, 17);

@@ -329,9 +329,10 @@ impl WanVaeDecoder {
     /// Decodes latents [1, z_dim, T, h, w], exactly as the pipeline holds them at the end of
     /// denoising (normalised), into video [1 + temporal_upscale (T - 1), out_channels,
     /// upscale h, upscale w] in [-1, 1].
+    /// The chunk and tiles are [`Self::setting_for`] the latents.
     pub fn decode(&self, latents: &Tensor) -> Result<Tensor> {
         let mut frames = Vec::new();
-        self.decode_chunks(latents, |chunk| {
+        self.decode_chunks_with(latents, &self.setting_for(latents)?, |chunk| {
             frames.push(chunk);
             Ok(())
         })?;
@@ -341,13 +342,13 @@ impl WanVaeDecoder {
     /// As `decode`, handing each latent frame's decoded frames ([1, C, H, W] for the first
     /// latent frame, [temporal_upscale, C, H, W] after) to `f` as soon as they exist, so a
     /// caller can stream them out and only one chunk's frames are ever held here.
-    /// The chunk and tiles are [`Self::setting_for`] the latents.
+    /// One latent frame a chunk, whole frames: diffusers' own order.
     pub fn decode_chunks(
         &self,
         latents: &Tensor,
         f: impl FnMut(Tensor) -> Result<()>,
     ) -> Result<()> {
-        self.decode_chunks_with(latents, &self.setting_for(latents)?, f)
+        self.decode_chunks_with(latents, &DecodeSetting::FRAME_BY_FRAME, f)
     }
 
     /// As `decode_chunks`, `setting.chunk` latent frames at a time after the first (which
@@ -398,6 +399,9 @@ impl WanVaeDecoder {
                 .transpose(0, 1)?
                 .contiguous()?;
             let z = z.broadcast_div(&self.inv_std)?.broadcast_add(&self.mean)?;
+            // After the clip's last chunk no tile needs its cache: each is freed as soon as
+            // its tile is decoded (an image keeps none beside the next tile's pass).
+            let last = start + len == t;
             let x = match &grid {
                 None => self.decode_chunk(&z, &mut caches[0], first)?,
                 Some(g) => {
@@ -405,10 +409,16 @@ impl WanVaeDecoder {
                     for (((r, rows), (c, cols)), cache) in g.tiles().zip(caches.iter_mut()) {
                         let zt = z.narrow(2, r, rows)?.narrow(3, c, cols)?.contiguous()?;
                         tiles.push(self.decode_chunk(&zt, cache, first)?);
+                        if last {
+                            cache.slots.clear();
+                        }
                     }
                     g.assemble(tiles)?
                 }
             };
+            if last {
+                caches.clear();
+            }
             drop(z);
             // The decoder's output freed once unpatchified: two copies of the frames live.
             let frames = unpatchify(&x, self.patch)?;
@@ -477,7 +487,7 @@ impl Decoder for WanVaeDecoder {
         latents: &Tensor,
         f: &mut dyn FnMut(Tensor) -> Result<()>,
     ) -> Result<()> {
-        self.decode_chunks(latents, f)
+        self.decode_chunks_with(latents, &self.setting_for(latents)?, f)
     }
 
     fn set_decode_budget(&mut self, budget: u64) {
