@@ -423,6 +423,10 @@ mod tests {
         );
         let (_, known) = RatesFrom::product("NVIDIA H20");
         assert_eq!(known.to_string(), "the H20 defaults");
+        assert_eq!(
+            serde_json::to_value(&known).unwrap(),
+            serde_json::json!("the H20 defaults")
+        );
         assert!(!known.fallback());
     }
 }

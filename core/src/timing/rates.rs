@@ -100,6 +100,13 @@ impl RatesFrom {
     }
 }
 
+/// Serialized as its words (what `layerwise-operator plan --json` shows as `ratesFrom`).
+impl serde::Serialize for RatesFrom {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl From<&str> for RatesFrom {
     fn from(words: &str) -> Self {
         RatesFrom::Given(words.to_string())
