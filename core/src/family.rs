@@ -5,13 +5,14 @@
 //! folder. The families themselves, their registry and their math are the engine's.
 
 /// How often a streamed group runs in a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum Runs {
     /// Once per request, before the steps (a text encoder).
     PerRequest,
     /// Once per denoising step (a transformer).
+    #[default]
     PerStep,
     /// On its share of the steps: the experts of a two-expert model split the steps
     /// evenly, in pipeline order.
@@ -19,19 +20,28 @@ pub enum Runs {
 }
 
 /// Which tokens a group's blocks run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum Tokens {
     /// The prompt's tokens (a text encoder).
     Text,
     /// The latent's tokens (a transformer).
+    #[default]
     Latent,
 }
 
 /// What one block of a streamed group computes, as the family declares it
-/// (`FamilyCheckpoint::group_compute`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// (`FamilyCheckpoint::group_compute`): the FLOPs of its matrix products (2 per
+/// multiply-add) per sample, as a polynomial in the tokens it runs on ([`Self::flops`]).
+/// A group on the latent may also see the prompt (cross-attention, a text stream beside
+/// the image's, keys and values an understanding pathway left); the text terms count
+/// that, at the prompt's tokens as the transformer receives them (the request's
+/// `max_sequence_length`: padded to it by the families that pad, Wan; the prompt's own
+/// tokens, at most it, by the others). Elementwise work (norms, softmax, rotary,
+/// activations) is left out. The engine counts what its blocks execute and a test holds
+/// every family's declaration to that count (`engine/tests/flops.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct GroupCompute {
@@ -39,14 +49,32 @@ pub struct GroupCompute {
     pub component: String,
     pub runs: Runs,
     pub tokens: Tokens,
-    /// FLOPs per token per sample of one block: 2 per weight of its linear layers.
+    /// FLOPs per token per sample of one block: 2 per weight of the linear layers a token
+    /// goes through.
     pub flops_per_token: u64,
-    /// FLOPs per (query, key) pair per sample of one block: its attention (4 × the
-    /// attention width), where the family declares it; 0 leaves attention out, which
-    /// underestimates compute on long sequences (the model then keeps more blocks than
-    /// it needs, never fewer).
+    /// FLOPs per (query, key) pair of the group's own tokens per sample of one block: its
+    /// self-attention's q·kᵀ and p·v, 4 × the attention width (heads × head width). 0
+    /// leaves attention out, which underestimates compute on long sequences (the model
+    /// then keeps more blocks than it needs, never fewer).
     #[serde(default)]
     pub flops_per_token_pair: u64,
+    /// FLOPs per prompt token per sample of one block of a latent group: the linear layers
+    /// the prompt goes through in it (Wan's cross-attention keys and values, Qwen-Image's
+    /// text stream).
+    #[serde(default)]
+    pub flops_per_text_token: u64,
+    /// FLOPs per (latent token, prompt token) pair per sample of one block: cross-attention
+    /// (4 × its width), or both directions of a joint attention (8 × its width).
+    #[serde(default)]
+    pub flops_per_cross_pair: u64,
+    /// FLOPs per (prompt token, prompt token) pair per sample of one block of a latent
+    /// group: the prompt attending to itself inside a joint attention.
+    #[serde(default)]
+    pub flops_per_text_pair: u64,
+    /// FLOPs per sample of one block whatever its tokens: products of the timestep's
+    /// embedding (a block's own modulation from it).
+    #[serde(default)]
+    pub flops_per_sample: u64,
 }
 
 impl GroupCompute {
@@ -67,8 +95,29 @@ impl GroupCompute {
             },
             tokens: if text { Tokens::Text } else { Tokens::Latent },
             flops_per_token: 2 * params,
-            flops_per_token_pair: 0,
+            ..GroupCompute::default()
         }
+    }
+
+    /// FLOPs of one block per sample on a rank that computes `share` of the group's
+    /// `tokens` (all of them without sequence parallelism) beside `text` prompt tokens:
+    /// its tokens' linear layers and their attention to every key (`share · tokens`
+    /// pairs), their cross-attention to the prompt, and what the prompt and the timestep
+    /// cost, which every rank computes whole. A group on the prompt itself
+    /// ([`Tokens::Text`]) has `tokens` the prompt's and no text terms.
+    pub fn flops(&self, tokens: u64, share: u64, text: u64) -> f64 {
+        let (t, s, l) = (tokens as f64, share as f64, text as f64);
+        self.flops_per_token as f64 * s
+            + self.flops_per_token_pair as f64 * t * s
+            + self.flops_per_cross_pair as f64 * s * l
+            + self.flops_per_text_token as f64 * l
+            + self.flops_per_text_pair as f64 * l * l
+            + self.flops_per_sample as f64
+    }
+
+    /// Whether attention is declared: a pair term of either kind.
+    pub fn declares_attention(&self) -> bool {
+        self.flops_per_token_pair > 0 || self.flops_per_cross_pair > 0
     }
 }
 
@@ -191,6 +240,11 @@ pub trait FamilyCheckpoint: std::fmt::Debug + Send + Sync {
     }
     /// What a request costs in activations: the formula the planner and the engine share.
     fn activation_cost(&self) -> crate::checkpoint::ActivationCost;
+    /// What the VAE decoder holds at its peak, per split of a decode
+    /// ([`crate::decode::DecodeCost`]); `None` where the family does not describe it.
+    fn decode_cost(&self) -> Option<crate::decode::DecodeCost> {
+        None
+    }
     /// What one block of each of [`Self::groups`] computes, in the same order: the
     /// step-time model's input ([`crate::timing`]). By default 2 FLOPs per weight of the
     /// block's tensors per token, attention left out, and each group's role from its

@@ -62,6 +62,12 @@ pub struct Profile {
     /// device (the rest of the VAE, its encoder, is never loaded).
     #[serde(default)]
     pub decoder_bytes: u64,
+    /// What the decoder holds at its peak as a function of how a decode is split
+    /// ([`crate::decode::DecodeCost`]); absent for a decoder the family does not describe
+    /// (and in profiles of agents that predate it), which is charged the activation
+    /// formula's reservation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode: Option<crate::decode::DecodeCost>,
     /// Each streamed group's block bytes by dtype (text encoder, transformers), which the
     /// memory model lays out for any dp ([`crate::memory`]).
     #[serde(default)]
@@ -157,6 +163,7 @@ impl Profile {
             activation: ck.activation_cost(),
             components,
             decoder_bytes: ck.decoder_bytes(),
+            decode: ck.decode_cost(),
             groups: group_bytes,
             limits: ck.limits(),
             compute: ck.group_compute(),

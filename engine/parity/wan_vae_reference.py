@@ -39,6 +39,17 @@ wan22 2.8 GB, written in about a minute and checked in about as long):
     LAYERWISE_WAN_VAE_REFERENCE=$PWD/target/wan-vae-wan21-reference \\
         cargo test --workspace --lib families::wan::vae -- --nocapture
 (and the same with ``--config wan22 --frames 2 --latent-size 2 3``).
+
+Tiled decode (``--tiled-from``): loads a folder this script wrote (the committed fixture's
+weights are kept as they are), decodes fresh latents with diffusers' ``enable_tiling`` at
+tile sample size ``--tile`` and stride ``--stride`` (both in output pixels; small enough
+that the tiny fixtures' frames split into overlapping tiles), and writes
+``tiled-reference.safetensors`` into that folder: ``latents`` [1, z, T, h, w], ``video``
+[1, 3, F, H, W] and ``tile`` [size, stride]. The committed ones:
+    $PYTHON engine/parity/wan_vae_reference.py --tiled-from engine/tests/fixtures/wan-vae-tiny \
+        --tile 16 8 --frames 2 --latent-size 3 5 --seed 3
+    $PYTHON engine/parity/wan_vae_reference.py --tiled-from engine/tests/fixtures/wan22-vae-tiny \
+        --tile 32 16 --frames 2 --latent-size 2 3 --seed 3
 """
 
 import argparse
@@ -135,7 +146,7 @@ def perturb(module, seed):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="tiny", choices=sorted(PRESETS))
-    parser.add_argument("--out", required=True, help="folder to write (created)")
+    parser.add_argument("--out", help="folder to write (created)")
     parser.add_argument("--frames", type=int, nargs="+", default=[3, 1], help="latent clip lengths")
     parser.add_argument(
         "--latent-size",
@@ -145,7 +156,13 @@ def main():
         help="latent height and width (one value: square)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tiled-from", help="a folder this script wrote: write its tiled decode")
+    parser.add_argument("--tile", type=int, nargs=2, metavar=("SIZE", "STRIDE"), default=[16, 8])
     args = parser.parse_args()
+    if args.tiled_from:
+        return tiled(args)
+    if not args.out:
+        parser.error("--out is required (or --tiled-from)")
 
     torch.manual_seed(args.seed)
     vae = AutoencoderKLWan(**PRESETS[args.config]).eval().float()
@@ -190,6 +207,41 @@ def main():
     save_file(tensors, os.path.join(args.out, "reference.safetensors"))
     total = sum(os.path.getsize(os.path.join(args.out, f)) for f in os.listdir(args.out))
     print(f"wrote {args.out}: {total} bytes")
+
+
+def tiled(args):
+    """diffusers' tiled decode of seeded latents through the folder's VAE."""
+    vae = AutoencoderKLWan.from_pretrained(args.tiled_from).eval().float()
+    size, stride = args.tile
+    vae.enable_tiling(
+        tile_sample_min_height=size,
+        tile_sample_min_width=size,
+        tile_sample_stride_height=stride,
+        tile_sample_stride_width=stride,
+    )
+    cfg = vae.config
+    height, width = (args.latent_size * 2)[:2]
+    generator = torch.Generator().manual_seed(args.seed)
+    latents = torch.randn(1, cfg.z_dim, args.frames[0], height, width, generator=generator)
+    with torch.no_grad():
+        latents_mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(latents.dtype)
+        latents_std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(latents.dtype)
+        z = latents / latents_std + latents_mean
+        video = vae.decode(z, return_dict=False)[0]
+        vae.disable_tiling()
+        whole = vae.decode(z, return_dict=False)[0]
+    seams = (video - whole).abs().max().item()
+    print(f"tiled {size}/{stride}: video {list(video.shape)}, max |tiled - untiled| {seams:.3e}")
+    path = os.path.join(args.tiled_from, "tiled-reference.safetensors")
+    save_file(
+        {
+            "latents": latents.contiguous(),
+            "video": video.contiguous(),
+            "tile": torch.tensor([size, stride], dtype=torch.float32),
+        },
+        path,
+    )
+    print(f"wrote {path}: {os.path.getsize(path)} bytes")
 
 
 if __name__ == "__main__":

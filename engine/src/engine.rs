@@ -10,13 +10,14 @@ use std::time::{Duration, Instant};
 use candle_core::Device;
 use serde::Serialize;
 
-use crate::checkpoint::RequestShape;
+use crate::checkpoint::{PhaseBytes, RequestShape};
 use crate::execution::family::{Decoder, FamilyRuntime};
 use crate::execution::rank::{self, EngineOptions, RankResult};
 use crate::execution::rss::RssSampler;
 use crate::execution::work::{Condition, Output, Request, Taken, Work, WorkKey, WorkSource};
 use crate::families::Checkpoint;
 use crate::layout::GroupLayout;
+use crate::measure::{PhaseKind, PhasePeaks};
 use crate::memory::GroupBytes;
 use crate::{Error, Result, Strategy};
 
@@ -43,35 +44,56 @@ impl Model {
     /// group of `sp` (each request runs on one group, one output at a time): what a rank
     /// keeps free of its budget for them.
     pub fn activation_bytes(&self, requests: &[Request], sp: usize) -> Result<u64> {
+        Ok(self
+            .phase_bytes(requests, sp, crate::checkpoint::F32_BYTES)?
+            .peak())
+    }
+
+    /// Each phase's predicted peak over `requests` on each rank of a group of `sp`, for
+    /// blocks computing in elements of `compute_bytes` bytes: what a run's measured peaks
+    /// are set beside.
+    pub fn phase_bytes(
+        &self,
+        requests: &[Request],
+        sp: usize,
+        compute_bytes: u64,
+    ) -> Result<PhaseBytes> {
         let cost = self.checkpoint.activation_cost();
-        requests.iter().try_fold(0u64, |most, r| {
-            let text_tokens = match r.condition {
-                Condition::Prompt { .. } => r.max_sequence_length as u64,
-                Condition::Class(_) => 0,
-            };
-            let b = cost
-                .checked_bytes_per_rank(
-                    &RequestShape {
-                        width: r.width as u64,
-                        height: r.height as u64,
-                        frames: r.frames as u64,
-                        batch: 1,
-                        guidance: r.guidance > 1.0,
-                        text_tokens,
-                    },
-                    sp as u64,
-                )
-                .ok_or_else(|| {
-                    Error::invalid(
-                        "size",
-                        format!(
-                            "{}x{} with {} frames needs more activation memory than any device holds",
-                            r.width, r.height, r.frames
-                        ),
+        requests
+            .iter()
+            .try_fold(PhaseBytes::default(), |most, r| {
+                let text_tokens = match r.condition {
+                    Condition::Prompt { .. } => r.max_sequence_length as u64,
+                    Condition::Class(_) => 0,
+                };
+                let b = cost
+                    .checked_phases(
+                        &RequestShape {
+                            width: r.width as u64,
+                            height: r.height as u64,
+                            frames: r.frames as u64,
+                            batch: 1,
+                            guidance: r.guidance > 1.0,
+                            text_tokens,
+                        },
+                        sp as u64,
+                        compute_bytes,
                     )
-                })?;
-            Ok(most.max(b))
-        })
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "size",
+                            format!(
+                                "{}x{} with {} frames needs more activation memory than any device holds",
+                                r.width, r.height, r.frames
+                            ),
+                        )
+                    })?;
+                Ok(PhaseBytes {
+                    text_encoder: most.text_encoder.max(b.text_encoder),
+                    transformer: most.transformer.max(b.transformer),
+                    decode: most.decode.max(b.decode),
+                })
+            })
     }
 
     /// Each streamed group's block bytes, for the memory model (the same figures the
@@ -110,6 +132,7 @@ impl Model {
         for r in &requests {
             self.validate(r)?;
         }
+        let requests_shapes = requests.clone();
         let rss = RssSampler::start();
         let start = Instant::now();
         let mut queues: Vec<VecDeque<(usize, Request)>> = vec![VecDeque::new(); opts.dp];
@@ -141,6 +164,12 @@ impl Model {
             }
         }
         let layouts = self.layouts(opts.dp * opts.sp)?;
+        let mut measured = PhasePeaks::default();
+        for r in &ranks {
+            measured.merge(&r.measured);
+        }
+        let compute_bytes = ranks.first().map_or(4, |r| r.compute_bytes);
+        let predicted = self.phase_bytes(&requests_shapes, opts.sp, compute_bytes)?;
         let stats = RunStats {
             family: self.family.name().to_string(),
             strategy: opts.strategy,
@@ -187,6 +216,8 @@ impl Model {
                 .max()
                 .unwrap_or(0),
             outputs: outputs.len(),
+            measured_peak_bytes: measured,
+            predicted_peak_bytes: predicted,
         };
         Ok((outputs.into_iter().map(|(_, o)| o).collect(), stats))
     }
@@ -239,6 +270,34 @@ pub struct RunStats {
     pub largest_padded_block_bytes: u64,
     /// Images or clips generated.
     pub outputs: usize,
+    /// Per phase (text encoding, a denoising pass, the decode), the most bytes a run of
+    /// it held above its start, worst rank ([`crate::measure`]): heap bytes on the CPU
+    /// (with the allocator installed; CPU ranks share the heap, so with dp > 1 each
+    /// counts the others' concurrent phases), the device pool's on CUDA. A phase nothing
+    /// measured is absent.
+    pub measured_peak_bytes: PhasePeaks,
+    /// What the memory model reserves for each phase of the largest request at the run's
+    /// compute dtype ([`crate::checkpoint::ActivationCost::checked_phases`]).
+    pub predicted_peak_bytes: PhaseBytes,
+}
+
+impl RunStats {
+    /// `phase  measured  predicted  ratio` lines, for `--stats` and `bench`.
+    pub fn phase_table(&self) -> Vec<(PhaseKind, Option<u64>, u64)> {
+        let p = &self.predicted_peak_bytes;
+        PhaseKind::ALL
+            .into_iter()
+            .map(|k| {
+                let predicted = match k {
+                    PhaseKind::TextEncoder => p.text_encoder,
+                    PhaseKind::Transformer => p.transformer,
+                    PhaseKind::Decode => p.decode,
+                };
+                (k, self.measured_peak_bytes.get(k), predicted)
+            })
+            .filter(|(_, m, p)| m.is_some() || *p > 0)
+            .collect()
+    }
 }
 
 fn per_step(bytes: u64, steps: usize) -> u64 {

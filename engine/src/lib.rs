@@ -20,6 +20,8 @@ pub mod http;
 #[cfg(feature = "runtime")]
 pub mod launch;
 #[cfg(feature = "runtime")]
+pub mod measure;
+#[cfg(feature = "runtime")]
 pub mod media;
 #[cfg(feature = "runtime")]
 pub mod options;

@@ -14,7 +14,9 @@ use serde_json::json;
 
 use common::server::{call, get_json, Setup};
 use layerwise_engine::bounds::RequestBounds;
-use layerwise_engine::decode::{DecodeChoice, DecodeSite, DecoderBytes};
+use layerwise_engine::decode::{
+    device_decode, DecodeChoice, DecodeSite, DecoderBytes, DEFAULT_DECODE_BUDGET,
+};
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::DeviceChoice;
 use layerwise_engine::execution::rank::EngineOptions;
@@ -48,29 +50,53 @@ fn the_cpu_backend_decodes_on_the_host_and_reserves_nothing_for_it() {
     let b = bounds().request;
     // `auto` on the CPU backend, asked for or fallen back to (this build has no CUDA).
     for device in [DeviceChoice::Cpu, DeviceChoice::Auto] {
-        let (site, bytes) = decode_placement(&model, DecodeChoice::Auto, device, 2, &b).unwrap();
+        let (site, bytes) = decode_placement(
+            &model,
+            DecodeChoice::Auto,
+            device,
+            2,
+            &b,
+            DEFAULT_DECODE_BUDGET,
+        )
+        .unwrap();
         assert_eq!(site, DecodeSite::Host, "{device:?}");
         assert_eq!(bytes, DecoderBytes::default());
     }
     // On the device (as the operator asks of pods on GPU nodes): the checkpoint's decoder
-    // weights and the decode of the largest output, by the profile's own figures.
+    // weights and the decode of the largest output at the split the budget allows, by the
+    // profile's own figures (the planner's function).
     let (site, bytes) = decode_placement(
         &model,
         DecodeChoice::Fixed(DecodeSite::Device),
         DeviceChoice::Cpu,
         2,
         &b,
+        DEFAULT_DECODE_BUDGET,
     )
     .unwrap();
     assert_eq!(site, DecodeSite::Device);
     let profile = model.checkpoint.profile().unwrap();
     assert!(profile.decoder_bytes > 0);
     assert_eq!(bytes.weights, profile.decoder_bytes);
-    assert_eq!(
-        Some(bytes.peak),
-        profile.activation.decode_bytes(b.max_width, b.max_height)
-    );
-    assert!(bytes.peak > 0);
+    let decode = profile
+        .decode
+        .as_ref()
+        .expect("the Wan VAE describes its peak");
+    let (_, peak) = device_decode(decode, &b, DEFAULT_DECODE_BUDGET).unwrap();
+    assert_eq!(bytes.peak, peak);
+    assert!(bytes.peak > 0 && bytes.peak <= DEFAULT_DECODE_BUDGET);
+    // A budget below the smallest split is refused at start, by name.
+    let err = decode_placement(
+        &model,
+        DecodeChoice::Fixed(DecodeSite::Device),
+        DeviceChoice::Cpu,
+        2,
+        &b,
+        1,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("decode budget"), "{err}");
 }
 
 fn request(prompt: &str, w: usize, h: usize, frames: usize, seed: u64) -> Request {

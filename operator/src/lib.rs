@@ -8,7 +8,9 @@
 //! and reports through one path ([`report`]); [`leader`] decides which replica runs it;
 //! [`telemetry`], [`http`] and the counting [`client`] say what it does; [`inference_pool`]
 //! keeps the Gateway API inference extension's InferencePool a deployment may ask for; [`dra`]
-//! reads the devices Dynamic Resource Allocation offers and claims them for the pods.
+//! reads the devices Dynamic Resource Allocation offers and claims them for the pods;
+//! [`plan_cli`] is the planner as a command (`layerwise-operator plan`), for sizing without
+//! a cluster.
 
 pub mod autoscaler;
 pub mod client;
@@ -22,6 +24,7 @@ pub mod inference_pool;
 pub mod leader;
 pub mod phases;
 pub mod placement;
+pub mod plan_cli;
 pub mod planner;
 pub mod report;
 pub mod requests;

@@ -1,22 +1,41 @@
 //! `layerwise-operator`: serves `/metrics`, `/healthz` and `/readyz`, takes part in leader
 //! election, and runs the DiffusionDeployment controller while it leads, until SIGTERM or
-//! Ctrl-C.
+//! Ctrl-C (the default, as the chart and the image run it); `layerwise-operator plan`
+//! prints the plan it would record for a model, a node and a workload, without a cluster
+//! ([`layerwise_operator::plan_cli`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use layerwise_operator::autoscaler::HttpLoad;
-use layerwise_operator::planner::Limits;
+use layerwise_operator::plan_cli::{self, LimitArgs, PlanArgs};
 use layerwise_operator::resources::EnginePods;
 use layerwise_operator::{client, http, resources, run, Election, Settings, Telemetry};
 use tracing::info;
 
 /// Plans and runs layerwise engine deployments from DiffusionDeployments.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: Args,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Prints the plan the operator would record for a model, a node and a workload
+    /// (strategy, dp, sp, slots, memory term by term, predicted times, reasons), or the
+    /// refusal it would state (exit code 3). Needs no cluster.
+    Plan(PlanArgs),
+}
+
+/// The operator's run (the default without a command).
+#[derive(clap::Args, Debug)]
 struct Args {
     /// Engine image for deployments that name none (the chart passes its own).
     #[arg(
@@ -41,15 +60,8 @@ struct Args {
     /// `enginePods.tolerations`), beside each DiffusionDeployment's own.
     #[arg(long, env = "LAYERWISE_ENGINE_TOLERATIONS")]
     engine_tolerations: Option<String>,
-    /// Device memory per rank kept for the runtime (MiB).
-    #[arg(long, env = "LAYERWISE_DEVICE_OVERHEAD_MIB", default_value_t = 1024)]
-    device_overhead_mib: u64,
-    /// Host memory per pod beside the model (MiB).
-    #[arg(long, env = "LAYERWISE_HOST_OVERHEAD_MIB", default_value_t = 2048)]
-    host_overhead_mib: u64,
-    /// The most device slots per rank the planner grows K to.
-    #[arg(long, env = "LAYERWISE_MAX_SLOTS", default_value_t = 4)]
-    max_slots: u32,
+    #[command(flatten)]
+    limits: LimitArgs,
     /// Seconds between looks at each deployment (the autoscaler's period).
     #[arg(long, env = "LAYERWISE_RESYNC_SECONDS", default_value_t = 15)]
     resync_seconds: u64,
@@ -94,15 +106,22 @@ struct Args {
     lease_grace_seconds: u64,
 }
 
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Plan(args)) => std::process::exit(plan_cli::run(&args)?),
+        None => serve(cli.run),
+    }
+}
+
 #[tokio::main]
-async fn main() -> Result<()> {
+async fn serve(args: Args) -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LAYERWISE_LOG")
                 .unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let args = Args::parse();
     ensure!(
         args.lease_grace_seconds >= 1 && args.lease_grace_seconds < args.lease_seconds,
         "--lease-grace-seconds ({}) must be at least 1 and less than --lease-seconds ({})",
@@ -130,12 +149,7 @@ async fn main() -> Result<()> {
     let settings = Settings {
         engine_image: args.engine_image,
         engine_pods,
-        limits: Limits {
-            device_overhead: args.device_overhead_mib << 20,
-            host_overhead: args.host_overhead_mib << 20,
-            max_slots: args.max_slots,
-            ..Limits::default()
-        },
+        limits: args.limits.limits(),
         resync: Duration::from_secs(args.resync_seconds.max(1)),
         namespace: args.namespace,
         model_roots: args.model_roots,

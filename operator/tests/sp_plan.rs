@@ -25,13 +25,7 @@ fn doc() -> String {
 
 /// The doc's sequence-parallel example: the YAML block that sets `maxLatencySeconds`.
 fn documented(doc: &str) -> DiffusionDeployment {
-    let block = doc
-        .split("```yaml\n")
-        .skip(1)
-        .filter_map(|b| b.split_once("```").map(|(yaml, _)| yaml))
-        .find(|yaml| yaml.contains("maxLatencySeconds:"))
-        .expect("docs/operations.md has a DiffusionDeployment with maxLatencySeconds");
-    serde_yaml::from_str(block).expect("the documented DiffusionDeployment parses")
+    published::documented(doc, "maxLatencySeconds:")
 }
 
 /// The node the doc plans on, as its agent reports it.

@@ -28,14 +28,7 @@ fn documented_deployment(doc: &str) -> DiffusionDeployment {
 
 /// The doc's example of `family`: the YAML block that names it.
 fn documented(doc: &str, family: &str) -> DiffusionDeployment {
-    let line = format!("family: {family}\n");
-    let block = doc
-        .split("```yaml\n")
-        .skip(1)
-        .filter_map(|b| b.split_once("```").map(|(yaml, _)| yaml))
-        .find(|yaml| yaml.contains(&line))
-        .unwrap_or_else(|| panic!("docs/operations.md has a DiffusionDeployment with `{line}`"));
-    serde_yaml::from_str(block).expect("the documented DiffusionDeployment parses")
+    published::documented(doc, &format!("family: {family}\n"))
 }
 
 /// The node shapes the doc plans on, as their agents report them.

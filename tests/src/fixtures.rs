@@ -41,6 +41,7 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
         activation: ActivationCost {
             pixels_per_token: 256,
             bytes_per_token: 4 * 10 * 3072,
+            attention_bytes_per_token: 0,
             bytes_per_token_pair: 4 * 2 * 24,
             vae_bytes_per_pixel: 4 * 5 * 128,
             attention_bytes: 0,
@@ -48,6 +49,7 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
             decoder_frames: 1,
             bytes_per_text_token: 0,
             encoder_bytes_per_token: 0,
+            encoder_attention_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 0,
             guidance_samples: 2,
             exchange_bytes_per_token: 0,

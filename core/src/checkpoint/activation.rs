@@ -16,8 +16,17 @@ pub struct ActivationCost {
     pub pixels_per_token: u64,
     /// Bytes live per token per sample at the peak of a block.
     pub bytes_per_token: u64,
-    /// Bytes per (token, token) pair per sample: the attention scores of all heads, for
-    /// families whose attention materialises them.
+    /// Bytes per latent token per sample live at the attention's peak beside its scores,
+    /// for a family whose block peaks at one of two moments: its attention (these, the
+    /// scores and the prompt) or the rest of the block, its feed-forward
+    /// ([`Self::bytes_per_token`] and the prompt); the block's peak is then the larger of
+    /// the two, not their sum. 0: the scores sit on top of `bytes_per_token`.
+    #[serde(default)]
+    pub attention_bytes_per_token: u64,
+    /// Bytes per (token, token) pair per sample: the attention scores of all heads (and
+    /// their softmax), for families whose attention materialises them; for a family whose
+    /// attention runs in query chunks ([`Self::attention_bytes`]), the same figure caps
+    /// that budget for sequences short enough to need less (0: always the budget).
     pub bytes_per_token_pair: u64,
     /// Bytes of attention scores at any time, for families whose attention runs in query
     /// chunks within this budget (a fixed cost, whatever the length).
@@ -43,6 +52,12 @@ pub struct ActivationCost {
     /// the device.
     #[serde(default)]
     pub encoder_bytes_per_token: u64,
+    /// As [`Self::attention_bytes_per_token`] for a text-encoder layer: bytes per prompt
+    /// token per sequence live at its attention's peak beside the scores, when the layer
+    /// peaks at its attention or at its feed-forward ([`Self::encoder_bytes_per_token`]),
+    /// whichever is larger. 0: the scores sit on top of `encoder_bytes_per_token`.
+    #[serde(default)]
+    pub encoder_attention_bytes_per_token: u64,
     /// Bytes per (token, token) pair per sequence of a text-encoder layer whose attention
     /// materialises its scores (scores, softmax and position bias of all heads).
     #[serde(default)]
@@ -84,6 +99,29 @@ pub struct RequestShape {
     pub text_tokens: u64,
 }
 
+/// Peak bytes of each phase of one request on one rank, as [`ActivationCost`] predicts
+/// them: what the engine measures beside them (`layerwise_engine::measure`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseBytes {
+    /// A text-encoder layer's peak over every sequence of the prompt.
+    pub text_encoder: u64,
+    /// A transformer block's peak: latent tokens, their attention, the prompt beside them.
+    pub transformer: u64,
+    /// The decoder's peak on one output.
+    pub decode: u64,
+}
+
+impl PhaseBytes {
+    /// The largest phase: what a rank keeps free for activations.
+    pub fn peak(&self) -> u64 {
+        self.text_encoder.max(self.transformer).max(self.decode)
+    }
+}
+
+/// Bytes of an f32, the element the cost's block terms are stated in.
+pub const F32_BYTES: u64 = 4;
+
 impl ActivationCost {
     /// Peak activation bytes of a request of `shape`. Saturates at `u64::MAX` (see
     /// [`Self::checked_bytes`]).
@@ -105,7 +143,24 @@ impl ActivationCost {
     /// the token pairs is its share of the heads), the exchange's buffers beside them when
     /// `sp > 1`; the prompt, the text encoder and the decoder stay whole on every rank.
     pub fn checked_bytes_per_rank(&self, shape: &RequestShape, sp: u64) -> Option<u64> {
+        self.checked_phases(shape, sp, F32_BYTES).map(|p| p.peak())
+    }
+
+    /// Each phase's peak on each rank of a group of `sp` (as
+    /// [`Self::checked_bytes_per_rank`]) for blocks that compute in elements of
+    /// `compute_bytes` bytes (4 for f32, 2 for bf16): the block terms, stated for f32,
+    /// scale with the element; the attention's chunk budget (its scores are taken in f32
+    /// whatever the dtype) and the decoder (which runs in f32) do not. `None` when a
+    /// request that large would overflow.
+    pub fn checked_phases(
+        &self,
+        shape: &RequestShape,
+        sp: u64,
+        compute_bytes: u64,
+    ) -> Option<PhaseBytes> {
         let sp = sp.max(1);
+        let elem = compute_bytes.clamp(1, F32_BYTES) as u128;
+        let at = |f32_bytes: u64| f32_bytes as u128 * elem / F32_BYTES as u128;
         let latent_frames = (shape.frames.max(1) - 1) / self.frames_per_latent.max(1) + 1;
         let pixels = shape.width as u128 * shape.height as u128;
         let tokens =
@@ -119,22 +174,39 @@ impl ActivationCost {
         let samples = shape.batch as u128 * per_output;
         let share = tokens.div_ceil(sp as u128);
         let exchange = if sp > 1 {
-            self.exchange_bytes_per_token as u128
+            at(self.exchange_bytes_per_token)
         } else {
             0
         };
-        let transformer = samples
-            * ((self.bytes_per_token as u128 + exchange) * share
-                + self.bytes_per_token_pair as u128 * tokens * share
-                + self.bytes_per_text_token as u128 * text)
-            + self.attention_bytes as u128;
-        let encoder = samples
-            * (self.encoder_bytes_per_token as u128 * text
-                + self.encoder_bytes_per_token_pair as u128 * text * text);
-        let peak = transformer
-            .max(encoder)
-            .max(self.decode_peak(shape.width, shape.height));
-        (peak <= (u64::MAX / 4) as u128).then_some(peak as u64)
+        // Scores of all heads over the token pairs: whole, every sample, where the
+        // attention materialises them; where it runs in query chunks within a budget (one
+        // sample after another), the budget, or one sample's whole scores when those are
+        // smaller (a short sequence takes a single chunk).
+        let pairs = self.bytes_per_token_pair as u128 * tokens * share;
+        let attention = match (self.attention_bytes as u128, pairs) {
+            (0, whole) => samples * whole,
+            (budget, 0) => budget,
+            (budget, whole) => budget.min(whole),
+        };
+        let prompt = at(self.bytes_per_text_token) * text;
+        let rest = samples * ((at(self.bytes_per_token) + exchange) * share + prompt);
+        let transformer = match self.attention_bytes_per_token {
+            0 => rest + attention,
+            a => rest.max(samples * ((at(a) + exchange) * share + prompt) + attention),
+        };
+        let encoder_scores = self.encoder_bytes_per_token_pair as u128 * text * text;
+        let encoder_rest = samples * at(self.encoder_bytes_per_token) * text;
+        let encoder = match self.encoder_attention_bytes_per_token {
+            0 => encoder_rest + samples * encoder_scores,
+            a => encoder_rest.max(samples * (at(a) * text + encoder_scores)),
+        };
+        let decode = self.decode_peak(shape.width, shape.height);
+        let fits = |b: u128| (b <= (u64::MAX / 4) as u128).then_some(b as u64);
+        Some(PhaseBytes {
+            text_encoder: fits(encoder)?,
+            transformer: fits(transformer)?,
+            decode: fits(decode)?,
+        })
     }
 
     /// Peak bytes of decoding one output of `width × height` (an image, or a clip of any
@@ -150,5 +222,101 @@ impl ActivationCost {
         let pixels = width as u128 * height as u128;
         (self.vae_bytes_per_pixel as u128 * self.decoder_frames.max(1) as u128)
             .saturating_mul(pixels)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cost() -> ActivationCost {
+        ActivationCost {
+            pixels_per_token: 256,
+            bytes_per_token: 1000,
+            attention_bytes_per_token: 0,
+            bytes_per_token_pair: 0,
+            attention_bytes: 0,
+            vae_bytes_per_pixel: 10,
+            frames_per_latent: 1,
+            decoder_frames: 1,
+            bytes_per_text_token: 100,
+            encoder_bytes_per_token: 400,
+            encoder_attention_bytes_per_token: 0,
+            encoder_bytes_per_token_pair: 8,
+            guidance_samples: 2,
+            exchange_bytes_per_token: 0,
+        }
+    }
+
+    // 64 × 64 px at 256 px a token: 16 latent tokens.
+    fn shape(text_tokens: u64) -> RequestShape {
+        RequestShape {
+            width: 64,
+            height: 64,
+            frames: 1,
+            batch: 1,
+            guidance: true,
+            text_tokens,
+        }
+    }
+
+    #[test]
+    fn phases_sum_or_take_the_larger_moment() {
+        let c = cost();
+        let p = c.checked_phases(&shape(10), 1, F32_BYTES).unwrap();
+        // 16 tokens, 2 samples: (1000·16 + 100·10) each.
+        assert_eq!(p.transformer, 2 * (1000 * 16 + 100 * 10));
+        // Scores summed on top: (400·10 + 8·100) each.
+        assert_eq!(p.text_encoder, 2 * (400 * 10 + 8 * 100));
+        assert_eq!(p.decode, 10 * 64 * 64);
+        assert_eq!(c.checked_bytes(&shape(10)), Some(p.peak()));
+        // Peaking at one of two moments: the larger, not the sum.
+        let two = ActivationCost {
+            attention_bytes_per_token: 300,
+            bytes_per_token_pair: 50,
+            attention_bytes: 1 << 20,
+            encoder_attention_bytes_per_token: 100,
+            ..c.clone()
+        };
+        let q = two.checked_phases(&shape(10), 1, F32_BYTES).unwrap();
+        // Attention: 2·(300·16 + 1000) + one sample's whole scores (50·16·16 < budget).
+        let attention = 2 * (300 * 16 + 100 * 10) + 50 * 16 * 16;
+        assert_eq!(q.transformer, p.transformer.max(attention));
+        assert_eq!(q.text_encoder, (2 * 400 * 10).max(2 * (100 * 10 + 8 * 100)));
+        // A budget below the whole scores caps them.
+        let capped = ActivationCost {
+            attention_bytes: 1000,
+            attention_bytes_per_token: 2000,
+            ..two.clone()
+        };
+        let r = capped.checked_phases(&shape(10), 1, F32_BYTES).unwrap();
+        assert_eq!(r.transformer, 2 * (2000 * 16 + 100 * 10) + 1000);
+        // A budget with no per-pair figure is the budget, whatever the length.
+        let budget_only = ActivationCost {
+            bytes_per_token_pair: 0,
+            attention_bytes: 777,
+            ..cost()
+        };
+        let b = budget_only
+            .checked_phases(&shape(10), 1, F32_BYTES)
+            .unwrap();
+        assert_eq!(b.transformer, p.transformer + 777);
+    }
+
+    #[test]
+    fn block_terms_scale_with_the_compute_dtype_and_the_decoder_does_not() {
+        let c = ActivationCost {
+            bytes_per_token_pair: 8,
+            attention_bytes: 1 << 20,
+            ..cost()
+        };
+        let f32 = c.checked_phases(&shape(10), 1, 4).unwrap();
+        let bf16 = c.checked_phases(&shape(10), 1, 2).unwrap();
+        let scores = 8 * 16 * 16;
+        assert_eq!(bf16.transformer - scores, (f32.transformer - scores) / 2);
+        assert_eq!(bf16.text_encoder, 2 * (200 * 10 + 8 * 100));
+        assert_eq!(bf16.decode, f32.decode);
+        // Past f32 the element is clamped: the terms are stated for f32.
+        assert_eq!(c.checked_phases(&shape(10), 1, 8), Some(f32));
     }
 }

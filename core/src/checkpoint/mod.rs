@@ -20,7 +20,7 @@ pub mod fp8;
 pub mod header;
 mod mapped;
 
-pub use activation::{ActivationCost, RequestShape};
+pub use activation::{ActivationCost, PhaseBytes, RequestShape, F32_BYTES};
 pub use component::Component;
 pub use config_limits::{
     at_most, layers_at_most, MAX_CONFIG_BLOCKS_PER_LEVEL, MAX_CONFIG_LATENT_SIDE,

@@ -185,6 +185,12 @@ pub struct EngineContract {
     /// in `--device-memory-mib`. The operator passes its plan's decision.
     #[arg(long, env = decode::ENV_DECODE, default_value = "auto")]
     pub decode: DecodeChoice,
+    /// Bytes one decode may hold at its peak: each output is decoded a few latent frames
+    /// at a time, in spatial tiles where needed, by the largest split within it
+    /// (`layerwise_core::decode::DecodeCost::choose`); the plan charged exactly the split
+    /// of the largest output. Default: 4 GiB.
+    #[arg(long, env = decode::ENV_DECODE_BUDGET)]
+    pub decode_budget: Option<u64>,
     #[command(flatten)]
     pub roots: RootsArgs,
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).

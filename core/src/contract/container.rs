@@ -17,7 +17,7 @@ use super::names::{
 };
 use super::values::{ResidentBlocks, SlotsChoice};
 use crate::bounds;
-use crate::decode::ENV_DECODE;
+use crate::decode::{ENV_DECODE, ENV_DECODE_BUDGET};
 
 /// `layerwise serve` as far as the contract goes: the contract's arguments alone.
 fn serve_command() -> Command {
@@ -90,6 +90,9 @@ impl EngineContract {
             self.run.device_overhead_mib.to_string(),
         ));
         env.push((ENV_DECODE, self.decode.to_string()));
+        if let Some(budget) = self.decode_budget {
+            env.push((ENV_DECODE_BUDGET, budget.to_string()));
+        }
         if !self.run.resident_components.is_empty() {
             env.push((
                 bounds::ENV_RESIDENT_COMPONENTS,

@@ -10,12 +10,17 @@
 //!   its steps, each step one pass over every per-step group (two passes where guidance
 //!   runs its samples one after the other); the experts of a two-expert model share the
 //!   steps evenly, in pipeline order;
-//! - a block computes for `(flops_per_token · T + flops_per_token_pair · T²) · S / F`
-//!   seconds: T its tokens per sample (the prompt's for a text encoder, the latent's
-//!   otherwise), S the samples of a pass, F the device's sustained FLOP/s;
+//! - a block computes for `flops(T, L) · S / F` seconds ([`GroupCompute::flops`]): T its
+//!   tokens per sample (the prompt's for a text encoder, the latent's otherwise), L the
+//!   prompt's tokens beside a latent group ([`Work::text_tokens`], the workload's
+//!   `maxPromptTokens`), S the samples of a pass, F the device's sustained FLOP/s, and
+//!   `flops(T, L) = a·T + b·T² + e·T·L + c·L + f·L² + g` for the family's declared
+//!   linear (a), self-attention (b), cross-attention (e), prompt (c, f) and per-sample
+//!   (g) terms;
 //! - under sequence parallelism ([`crate::topology`], [`Work::sp`] ranks per request) a
 //!   rank of a per-step group on the latent computes its largest share `t` of the tokens
-//!   (`flops_per_token · t + flops_per_token_pair · T · t`: its heads see every key), and
+//!   (`a·t + b·T·t + e·t·L`: its heads see every key; the prompt's and the per-sample
+//!   terms whole on every rank), and
 //!   each block adds the all-to-alls of the attention's q, k, v and output,
 //!   `S · t · exchange_bytes_per_token · (sp−1)/sp` bytes at the peer rate, to its
 //!   compute (attention waits for them); a per-request group (a text encoder, Cosmos3's

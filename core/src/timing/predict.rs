@@ -227,13 +227,12 @@ fn pass_blocks(
             } else {
                 work.sp.max(1)
             };
-            let share = largest_share(t, sp) as f64;
-            let t = t as f64;
+            let share = largest_share(t, sp);
+            // A group on the prompt has no prompt beside it.
+            let prompt = if text { 0 } else { work.text_tokens };
             let samples = work.samples.max(1) as f64;
-            let flops = c.map_or(0.0, |c| {
-                (c.flops_per_token as f64 * share + c.flops_per_token_pair as f64 * t * share)
-                    * samples
-            });
+            let flops = c.map_or(0.0, |c| c.flops(t, share, prompt) * samples);
+            let share = share as f64;
             let exchange = if sp > 1 {
                 let sp = sp as f64;
                 samples * share * work.exchange_bytes_per_token as f64 * (sp - 1.0)

@@ -48,7 +48,7 @@ fn transformer(blocks: usize, compute: f64) -> (Vec<GroupBytes>, Vec<GroupComput
         runs: Runs::PerStep,
         tokens: Tokens::Latent,
         flops_per_token: (compute * 1e12 / 1000.0) as u64,
-        flops_per_token_pair: 0,
+        ..GroupCompute::default()
     };
     (vec![group("transformer", blocks, GB)], vec![c])
 }
@@ -202,6 +202,7 @@ fn rates_by_product_and_work_at_bounds() {
     let cost = ActivationCost {
         pixels_per_token: 256,
         bytes_per_token: 0,
+        attention_bytes_per_token: 0,
         bytes_per_token_pair: 0,
         attention_bytes: 0,
         vae_bytes_per_pixel: 0,
@@ -209,6 +210,7 @@ fn rates_by_product_and_work_at_bounds() {
         decoder_frames: 1,
         bytes_per_text_token: 0,
         encoder_bytes_per_token: 0,
+        encoder_attention_bytes_per_token: 0,
         encoder_bytes_per_token_pair: 0,
         guidance_samples: 2,
         exchange_bytes_per_token: 0,
@@ -289,7 +291,7 @@ fn encoded(exchange: u64) -> (Vec<GroupBytes>, Vec<GroupCompute>, Work) {
             runs: Runs::PerRequest,
             tokens: Tokens::Text,
             flops_per_token: 10_000_000_000,
-            flops_per_token_pair: 0,
+            ..GroupCompute::default()
         },
     );
     let w = Work {
@@ -390,4 +392,54 @@ fn token_pairs_split_by_the_share_of_queries() {
     let p = Placement::new(Strategy::Resident, 1, 0, 1);
     let t = predict_for(&g, &c, &w, &p, &rates(), Topology::new(1, 4).unwrap());
     assert!(close(t.request, 1001.0 * 251.0 * 1e6 / 1e12), "{t:?}");
+}
+
+#[test]
+fn the_prompt_terms_count_whole_on_every_rank_and_cross_pairs_by_the_share() {
+    // One block seeing a 100-token prompt (work's): cross pairs 1e6 each, prompt tokens
+    // 1e9 each, joint prompt pairs 1e7 each, 1e10 per sample, two samples.
+    let (g, mut c) = transformer(1, 0.0);
+    c[0].flops_per_cross_pair = 1_000_000;
+    c[0].flops_per_text_token = 1_000_000_000;
+    c[0].flops_per_text_pair = 10_000_000;
+    c[0].flops_per_sample = 10_000_000_000;
+    let w = Work {
+        samples: 2,
+        ..work(1001, 1)
+    };
+    let whole = 100.0 * 1e9 + 100.0 * 100.0 * 1e7 + 1e10;
+    let p = Placement::new(Strategy::Resident, 1, 0, 1);
+    let one = predict_for(&g, &c, &w, &p, &rates(), Topology::default());
+    assert!(
+        close(one.request, 2.0 * (1001.0 * 100.0 * 1e6 + whole) / 1e12),
+        "{one:?}"
+    );
+    let four = predict_for(&g, &c, &w, &p, &rates(), Topology::new(1, 4).unwrap());
+    assert!(
+        close(four.request, 2.0 * (251.0 * 100.0 * 1e6 + whole) / 1e12),
+        "{four:?}"
+    );
+    // A group on the prompt itself has no prompt beside it: its text terms never count.
+    c[0].tokens = Tokens::Text;
+    let text = predict_for(&g, &c, &w, &p, &rates(), Topology::default());
+    assert!(close(text.request, 2.0 * 1e10 / 1e12), "{text:?}");
+}
+
+#[test]
+fn a_declaration_is_its_polynomial() {
+    let c = GroupCompute {
+        flops_per_token: 3,
+        flops_per_token_pair: 5,
+        flops_per_text_token: 7,
+        flops_per_cross_pair: 11,
+        flops_per_text_pair: 13,
+        flops_per_sample: 17,
+        ..GroupCompute::default()
+    };
+    // T = 10 whole, L = 4: 3·10 + 5·100 + 11·40 + 7·4 + 13·16 + 17.
+    assert_eq!(c.flops(10, 10, 4), (30 + 500 + 440 + 28 + 208 + 17) as f64);
+    // A share of 3 of the 10 queries: pairs and cross pairs by the share.
+    assert_eq!(c.flops(10, 3, 4), (9 + 150 + 132 + 28 + 208 + 17) as f64);
+    assert!(c.declares_attention());
+    assert!(!GroupCompute::of_params("transformer", 1, 1).declares_attention());
 }

@@ -99,6 +99,7 @@ mod compute {
     use candle_core::Tensor;
 
     use super::{chunk_rows, AttentionKernel, ATTENTION_CHUNK_BYTES};
+    use crate::components::flops::matmul;
     use crate::{Error, Result};
 
     /// softmax(q kᵀ · scale) v for q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv]:
@@ -109,6 +110,13 @@ mod compute {
         check_shapes(q, k, v)?;
         if AttentionKernel::from_env()? == AttentionKernel::Fused {
             if let Some(out) = fused(q, k, v, scale)? {
+                // The kernel's two products, q kᵀ and p v, over every (query, key) pair.
+                let (b, h, sq, d) = q.dims4()?;
+                let (sk, dv) = (k.dim(2)?, v.dim(3)?);
+                crate::components::flops::add(
+                    crate::components::flops::product_flops(b * h, sq, d, sk)
+                        + crate::components::flops::product_flops(b * h, sq, sk, dv),
+                );
                 return Ok(out);
             }
         }
@@ -183,9 +191,9 @@ mod compute {
                 let mask = Tensor::from_vec(mask, (n, keys), q.device())?.to_dtype(q.dtype())?;
                 let qc = (qi.narrow(1, start, n)? * scale)?;
                 let kt = ki.narrow(1, 0, keys)?.t()?;
-                let scores = qc.matmul(&kt)?.broadcast_add(&mask)?;
+                let scores = matmul(&qc, &kt)?.broadcast_add(&mask)?;
                 let probs = softmax(&scores)?;
-                chunks.push(probs.matmul(&vi.narrow(1, 0, keys)?.contiguous()?)?);
+                chunks.push(matmul(&probs, &vi.narrow(1, 0, keys)?.contiguous()?)?);
                 start += n;
             }
             samples.push(Tensor::cat(&chunks, 1)?);
@@ -244,8 +252,8 @@ mod compute {
                 } else {
                     qc
                 };
-                let probs = softmax(&(qc * scale)?.matmul(&kt)?)?;
-                let out = probs.matmul(&vi)?;
+                let probs = softmax(&matmul(&(qc * scale)?, &kt)?)?;
+                let out = matmul(&probs, &vi)?;
                 chunks.push(if n < floor { out.narrow(1, 0, n)? } else { out });
                 start += n;
             }

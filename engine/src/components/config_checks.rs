@@ -72,6 +72,57 @@ pub fn at_least_one_under(path: &Path, prefix: &str, fields: &[(&str, usize)]) -
     }
 }
 
+/// Refuses a config whose depth, `field` = `expected`, disagrees with the blocks the
+/// component's weights hold (`block_of` places a tensor name in its block; `unit` names
+/// them): one clear message rather than a missing-tensor error for the first absent block.
+pub fn depth_matches(
+    c: &crate::checkpoint::Component,
+    field: &str,
+    expected: usize,
+    block_of: impl Fn(&str) -> Option<usize>,
+    unit: &str,
+) -> Result<()> {
+    let found = c
+        .index
+        .keys()
+        .filter_map(|n| block_of(n))
+        .max()
+        .map_or(0, |m| m + 1);
+    ensure(&c.dir.join("config.json"), field, found == expected, || {
+        format!("says {expected} but the weights hold {found} {unit}")
+    })
+}
+
+/// Refuses an odd rotary head width: rotary embedding rotates pairs of channels.
+pub fn rotary_head_dim(path: &Path, head_dim: usize) -> Result<()> {
+    ensure(
+        path,
+        "attention_head_dim",
+        head_dim.is_multiple_of(2),
+        || format!("{head_dim}: rotary embedding rotates pairs of channels, so it must be even"),
+    )
+}
+
+/// One row of a config test's table: the field a break must be refused for, and the break.
+#[cfg(test)]
+pub type Break<C> = (&'static str, fn(&mut C));
+
+/// Asserts that `validate` refuses `valid` after each of `cases`' breaks, naming the case's
+/// field: a config test's table of one broken field a row.
+#[cfg(test)]
+pub fn assert_each_break_is_named<C: Clone>(
+    valid: &C,
+    validate: fn(&C, &Path) -> Result<()>,
+    cases: &[Break<C>],
+) {
+    for (field, break_it) in cases {
+        let mut c = valid.clone();
+        break_it(&mut c);
+        let e = validate(&c, Path::new("cfg.json")).unwrap_err().to_string();
+        assert!(e.contains(&format!("`{field}`")), "{field}: {e}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

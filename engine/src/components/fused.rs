@@ -84,6 +84,11 @@ pub fn linear_share(
     bias: Option<&Tensor>,
     whole: Option<usize>,
 ) -> Result<Tensor> {
+    // 2 FLOPs per multiply-add of the product; the bias is elementwise.
+    if let (Some(&k), Some(&n)) = (x.dims().last(), weight.dims().first()) {
+        let rows = x.elem_count().checked_div(k).unwrap_or(0);
+        crate::components::flops::add(crate::components::flops::product_flops(1, rows, k, n));
+    }
     let mut ts = vec![x, weight];
     ts.extend(bias);
     if fast(&ts) {

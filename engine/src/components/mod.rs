@@ -8,6 +8,7 @@ pub mod attention;
 pub mod autoencoder_kl;
 pub mod config_checks;
 pub mod config_json;
+pub mod flops;
 #[cfg(feature = "runtime")]
 pub mod fused;
 #[cfg(feature = "runtime")]

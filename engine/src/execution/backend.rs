@@ -45,6 +45,12 @@ pub trait Backend: Send + Sync + 'static {
     fn drain_stall(&self) -> Result<Duration> {
         Ok(Duration::ZERO)
     }
+    /// Opens a measured phase on this device ([`crate::measure`]): the heap's watch on
+    /// the CPU, where tensors are heap memory; a device overrides it with its own
+    /// allocator's high-water mark.
+    fn phase(&self) -> crate::measure::Phase {
+        crate::measure::Phase::heap()
+    }
     /// A zeroed 1-D device buffer of `bytes` bytes of `dtype`. Accounting is the caller's.
     fn alloc(&self, dtype: DType, bytes: u64) -> Result<Tensor>;
     /// Enqueues host→device copies of `runs` of the mapped checkpoint into `dst`

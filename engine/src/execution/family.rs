@@ -168,4 +168,8 @@ pub trait Decoder: Send {
         let x = self.decode(latents)?;
         f(if x.rank() == 3 { x.unsqueeze(0)? } else { x })
     }
+
+    /// Decode within `budget` bytes at the peak (the plan's decode budget,
+    /// [`crate::decode::DecodeCost::choose`]), for decoders that split their decode.
+    fn set_decode_budget(&mut self, _budget: u64) {}
 }

@@ -42,3 +42,42 @@ impl std::fmt::Debug for FamilyEntry {
             .finish()
     }
 }
+
+/// Writes a family's registry entry, `pub const FAMILY`, and its checkpoint's
+/// [`FamilyModel`]. `opens: wan::WanCheckpoint => WanRuntime` says that the family's module
+/// is `families::wan`, that its folder opens through `WanCheckpoint::open(root)`, and that
+/// its runtime is `wan::runtime::WanRuntime::new` over a copy of the checkpoint; its synth
+/// presets are `wan::synth::PRESETS`. `unnamed: true` marks the family that folders naming
+/// no pipeline class are opened as (see [`FamilyEntry::unnamed`]).
+///
+/// The runtime is named here, in the family's `entry` module, rather than beside the
+/// checkpoint, so that the checkpoint (which the runtime reads) never names the runtime.
+macro_rules! family_entry {
+    (
+        $(#[$doc:meta])*
+        name: $name:expr,
+        pipelines: [$($pipeline:expr),+ $(,)?],
+        $(unnamed: $unnamed:literal,)?
+        opens: $family:ident::$checkpoint:ident => $runtime:ident $(,)?
+    ) => {
+        $(#[$doc])*
+        pub const FAMILY: $crate::families::FamilyEntry = $crate::families::FamilyEntry {
+            name: $name,
+            pipelines: &[$($pipeline),+],
+            unnamed: false $(|| $unnamed)?,
+            #[cfg(feature = "runtime")]
+            presets: $crate::families::$family::synth::PRESETS,
+            open: |root| Ok(std::sync::Arc::new($crate::families::$family::$checkpoint::open(root)?)),
+        };
+
+        impl $crate::families::FamilyModel for $crate::families::$family::$checkpoint {
+            #[cfg(feature = "runtime")]
+            fn runtime(
+                &self,
+            ) -> $crate::Result<Box<dyn $crate::execution::family::FamilyRuntime>> {
+                Ok(Box::new($crate::families::$family::runtime::$runtime::new(self.clone())?))
+            }
+        }
+    };
+}
+pub(crate) use family_entry;

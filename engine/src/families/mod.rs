@@ -9,6 +9,8 @@ pub mod checks;
 pub mod encode_once;
 pub mod entry;
 pub mod registry;
+#[cfg(feature = "runtime")]
+pub mod steps;
 
 pub use entry::{FamilyEntry, FamilyModel};
 pub use layerwise_core::family::{BlockGroup, FamilyCheckpoint, TensorSpec};

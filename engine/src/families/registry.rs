@@ -79,6 +79,11 @@ impl Checkpoint {
         self.inner.decoder_bytes()
     }
 
+    /// [`FamilyCheckpoint::decode_cost`].
+    pub fn decode_cost(&self) -> Option<crate::decode::DecodeCost> {
+        self.inner.decode_cost()
+    }
+
     /// The size the model was trained at, `(width, height)` in pixels.
     pub fn native_size(&self) -> (usize, usize) {
         self.inner.native_size()

@@ -29,12 +29,20 @@ pub fn decode_placement(
     device: DeviceChoice,
     dp: usize,
     bounds: &RequestBounds,
+    budget: u64,
 ) -> Result<(DecodeSite, DecoderBytes)> {
     let site = choice.resolve(cuda::resolve(device, dp)?.kind());
+    let decode = model.checkpoint.decode_cost();
+    if let (DecodeSite::Device, Some(d)) = (site, &decode) {
+        // The refusal names the budget and what the smallest split needs.
+        crate::decode::device_decode(d, bounds, budget)?;
+    }
     let decoder = site
         .decoder_bytes(
             model.checkpoint.decoder_bytes(),
             &model.checkpoint.activation_cost(),
+            decode.as_ref(),
+            budget,
             bounds,
         )
         .ok_or_else(|| {
@@ -66,10 +74,11 @@ pub(super) fn on_devices(
                 .map(|group| {
                     let rank = group * opts.sp;
                     let device = resolved.rank_device(rank)?;
-                    let vae = model.decoder(&device).map_err(|e| Error::Rank {
+                    let mut vae = model.decoder(&device).map_err(|e| Error::Rank {
                         rank,
                         msg: format!("cannot load the VAE decoder on its device: {e}"),
                     })?;
+                    vae.set_decode_budget(opts.decode_budget);
                     Ok(DeviceDecoder { rank, device, vae })
                 })
                 .collect::<Result<Vec<_>>>()?
@@ -82,12 +91,13 @@ pub(super) fn on_devices(
 pub(super) fn spawn(
     decoders: Vec<DeviceDecoder>,
     model: Arc<Model>,
+    budget: u64,
     scheduler: &Scheduler,
     decode_rx: std::sync::mpsc::Receiver<DecodeJob>,
 ) -> Result<()> {
     let rt = tokio::runtime::Handle::current();
     if decoders.is_empty() {
-        spawn_decoder(model, scheduler.clone(), decode_rx, rt);
+        spawn_decoder(model, budget, scheduler.clone(), decode_rx, rt);
     } else {
         // One queue, a decoder per device: an output goes to whichever is free, and each
         // device decodes one output at a time (the peak its budget keeps free).
@@ -101,6 +111,7 @@ pub(super) fn spawn(
 
 fn spawn_decoder(
     model: Arc<Model>,
+    budget: u64,
     sched: Scheduler,
     rx: std::sync::mpsc::Receiver<DecodeJob>,
     rt: tokio::runtime::Handle,
@@ -108,7 +119,7 @@ fn spawn_decoder(
     std::thread::Builder::new()
         .name("decode".into())
         .spawn(move || {
-            let vae = match model.decoder(&Device::Cpu) {
+            let mut vae = match model.decoder(&Device::Cpu) {
                 Ok(v) => v,
                 Err(e) => {
                     rt.block_on(sched.send(Msg::Fatal {
@@ -117,6 +128,7 @@ fn spawn_decoder(
                     return;
                 }
             };
+            vae.set_decode_budget(budget);
             for (key, latents, kind) in rx {
                 let progress = |done| rt.block_on(sched.send(Msg::Frames { key, done }));
                 let media = guarded("the CPU", || {

@@ -36,7 +36,13 @@ pub fn start(
     // `submit`), so the decoders' channel always has room for what a rank finishes.
     let (decode_tx, decode_rx) = std::sync::mpsc::sync_channel::<DecodeJob>(max_queue + opts.dp);
     let (scheduler, source) = actor::start(opts.dp, max_queue, retention, ids, decode_tx);
-    decoders::spawn(decoders, model.clone(), &scheduler, decode_rx)?;
+    decoders::spawn(
+        decoders,
+        model.clone(),
+        opts.decode_budget,
+        &scheduler,
+        decode_rx,
+    )?;
     let (engine_tx, done) = tokio::sync::oneshot::channel::<Result<()>>();
     std::thread::Builder::new()
         .name("engine".into())

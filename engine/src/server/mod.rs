@@ -154,18 +154,30 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
                 ),
             )
         })?;
+    let offered = a
+        .contract
+        .decode_budget
+        .unwrap_or(crate::decode::DEFAULT_DECODE_BUDGET);
     let (site, decoder) = decode_placement(
         &model,
         a.contract.decode,
         a.backend.device,
         a.contract.run.dp,
         &reserved,
+        offered,
     )?;
+    // On the device the plan charged the peak of the largest output's split: every
+    // output decodes within that, not within all the plan offered.
+    let decode_budget = match site {
+        DecodeSite::Device if model.checkpoint.decode_cost().is_some() => decoder.peak,
+        _ => offered,
+    };
     tracing::info!(decode = %site, decoder_weights = decoder.weights, decode_peak = decoder.peak, "decoder placement");
     let opts = EngineOptions {
         // The ranks never decode: the decode threads do, beside them.
         decode: false,
         decoder,
+        decode_budget,
         trace: trace.clone(),
         activations,
         resident_blocks_by_component: a.contract.kept.resident_blocks_by_component.0.clone(),

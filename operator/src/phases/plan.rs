@@ -14,7 +14,7 @@ use crate::context::Context;
 use crate::dra;
 use crate::error::Result;
 use crate::placement::Candidate;
-use crate::planner::{self, NodeShape, Overrides};
+use crate::planner::{self, NodeReport, NodeShape, Overrides};
 use crate::report::{Report, Stop};
 use crate::requests::model_id;
 use crate::resources::{self};
@@ -173,24 +173,21 @@ pub(super) fn plan(
             let (count, device_bytes, product, fast_peer_link) =
                 accelerators(agent, devices, &name, offer.devices)?;
             let host = st.usable_host_bytes();
-            let (rates, rates_from) =
-                NodeShape::rates_for(&product, spec.accelerator.rates.as_ref());
+            let report = NodeReport {
+                name,
+                devices: count,
+                device_bytes,
+                product,
+                fast_peer_link,
+                host_bytes: offer.memory.map_or(host, |a| a.min(host)),
+                warm: p.model.state == ModelState::Warm,
+            };
             Some(planner::Candidate {
-                node: NodeShape {
-                    name,
-                    devices: count,
-                    device_bytes,
-                    host_bytes: offer.memory.map_or(host, |a| a.min(host)),
-                    fast_peer_link,
-                    warm: p.model.state == ModelState::Warm,
-                    rates,
-                    rates_from,
-                },
+                node: NodeShape::for_spec(report, spec),
                 profile: p.profile,
             })
         })
         .collect();
-    let limits = ctx.settings.limits.for_spec(spec);
     let w = &spec.workload;
     let fixed = match overrides(spec, devices) {
         Ok(o) => o,
@@ -202,8 +199,8 @@ pub(super) fn plan(
         }
     };
     let mut template = None;
-    let plan = match planner::plan_candidates(&shapes, w, &fixed, &limits) {
-        Ok(mut plan) => {
+    let plan = match planner::plan_deployment(spec, &shapes, &fixed, &ctx.settings.limits) {
+        Ok(planner::Recorded { mut plan, .. }) => {
             if let Some(inv) = devices {
                 plan.resource_claim_template = Some(match &inv.named {
                     Some((name, _)) => name.clone(),
@@ -214,11 +211,8 @@ pub(super) fn plan(
         }
         Err(refusal) => {
             let message = format!(
-                "cannot serve {}x{}x{} (batch {}) requests: {refusal}{}",
-                w.max_width,
-                w.max_height,
-                w.max_frames,
-                w.max_batch,
+                "{}{}",
+                refusal.for_workload(w),
                 if r.status.plan.is_some() {
                     "; the previous plan keeps running"
                 } else {

@@ -296,6 +296,11 @@ impl Site<'_> {
 
     /// The predicted latency of a request at the bounds under `opt`.
     pub(super) fn latency(&self, opt: &Option_) -> f64 {
+        self.prediction(opt).request
+    }
+
+    /// What the step-time model predicts of a request at the bounds under `opt`.
+    pub(super) fn prediction(&self, opt: &Option_) -> timing::Prediction {
         timing::predict(
             &self.profile.groups,
             &self.compute,
@@ -303,7 +308,6 @@ impl Site<'_> {
             &opt.placement(self.profile),
             &self.node.rates,
         )
-        .request
     }
 }
 

@@ -42,6 +42,46 @@ impl NodeShape {
     }
 }
 
+/// What a node reports of itself to the planner: its agent's figures (or the devices
+/// Dynamic Resource Allocation publishes), bounded by what the Node offers. The reconcile
+/// reads it from the cluster and `layerwise-operator plan` from its flags; both turn it into
+/// a [`NodeShape`] by [`NodeShape::for_spec`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeReport {
+    pub name: String,
+    /// Accelerators one pod's ranks may use.
+    pub devices: u32,
+    /// Memory of each.
+    pub device_bytes: u64,
+    /// The accelerator product, as the node agent reports it (NVML's name).
+    pub product: String,
+    /// Whether the devices share a fast peer link.
+    pub fast_peer_link: bool,
+    /// Host memory pods may use.
+    pub host_bytes: u64,
+    /// Whether the model is already warm in the node's page cache.
+    pub warm: bool,
+}
+
+impl NodeShape {
+    /// The planner's view of `node` for a deployment of `spec`: its figures, and the rates
+    /// of its product with what `spec.accelerator.rates` sets in their place.
+    pub fn for_spec(node: NodeReport, spec: &DiffusionDeploymentSpec) -> NodeShape {
+        let (rates, rates_from) =
+            NodeShape::rates_for(&node.product, spec.accelerator.rates.as_ref());
+        NodeShape {
+            name: node.name,
+            devices: node.devices,
+            device_bytes: node.device_bytes,
+            host_bytes: node.host_bytes,
+            fast_peer_link: node.fast_peer_link,
+            warm: node.warm,
+            rates,
+            rates_from,
+        }
+    }
+}
+
 /// What the spec fixes; `StrategyChoice::Auto` and `None` leave the choice to the planner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Overrides {

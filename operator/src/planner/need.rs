@@ -45,6 +45,8 @@ pub fn decoder_bytes(profile: &Profile, w: &Workload, site: DecodeSite) -> Optio
     site.decoder_bytes(
         profile.decoder_bytes,
         &profile.activation,
+        profile.decode.as_ref(),
+        layerwise_core::decode::DEFAULT_DECODE_BUDGET,
         &crate::resources::request_bounds(w),
     )
 }

@@ -3,7 +3,9 @@
 //! with the decoder on the device, and the [`Plan`] the operator records, its reasons
 //! written from the search's record by [`super::explain`].
 
-use crds::{ComponentPlacement, ComponentPlan, Plan, Profile, Strategy, Workload};
+use crds::{
+    ComponentPlacement, ComponentPlan, DiffusionDeploymentSpec, Plan, Profile, Strategy, Workload,
+};
 use layerwise_core::decode::DecodeSite;
 
 use super::candidates::{sp_choices, splits_sequence, Option_};
@@ -14,8 +16,36 @@ use super::record::{Account, SpAccount, SpTry};
 use super::refusal::{check_overrides, Refusal, Shortage};
 use super::search::search;
 
-/// A plan of one sp, its reasons still to be written, and the search's record of it.
-type Planned = (Plan, Account);
+/// A plan of one sp, its reasons still to be written, the search's record of it, and the
+/// seconds of one step it predicts.
+type Planned = (Plan, Account, f64);
+
+/// A plan as the operator records it, with what the step-time model predicts of one
+/// denoising step under it (the record holds the request's latency, not the step's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    pub plan: Plan,
+    /// Seconds of one step of a request at the workload's bounds, in the steady state.
+    pub step_seconds: f64,
+}
+
+/// Plans a DiffusionDeployment of `spec` on `candidates` as the reconcile does: the spec's
+/// workload, what it fixes (`overrides`: [`Overrides::of`] the spec, or what the devices it
+/// claims fix), and the operator's `limits` with the spec's own allowances in their place.
+/// The reconcile and `layerwise-operator plan` both call this.
+pub fn plan_deployment(
+    spec: &DiffusionDeploymentSpec,
+    candidates: &[Candidate],
+    overrides: &Overrides,
+    limits: &Limits,
+) -> Result<Recorded, Refusal> {
+    plan_recorded(
+        candidates,
+        &spec.workload,
+        overrides,
+        &limits.for_spec(spec),
+    )
+}
 
 /// Plans one replica of `profile` on the best of `nodes` (every node reporting the same
 /// profile) for requests up to `workload`.
@@ -47,6 +77,16 @@ pub fn plan_candidates(
     overrides: &Overrides,
     limits: &Limits,
 ) -> Result<Plan, Refusal> {
+    plan_recorded(candidates, workload, overrides, limits).map(|r| r.plan)
+}
+
+/// [`plan_candidates`], with the step the plan predicts.
+fn plan_recorded(
+    candidates: &[Candidate],
+    workload: &Workload,
+    overrides: &Overrides,
+    limits: &Limits,
+) -> Result<Recorded, Refusal> {
     check_overrides(overrides)?;
     let sps = sp_choices(candidates, overrides)?;
     let bound = workload.max_latency_seconds;
@@ -70,13 +110,13 @@ pub fn plan_candidates(
         }
         if fastest
             .as_ref()
-            .is_none_or(|(f, _)| latency < f.predicted_latency_seconds.unwrap_or(f64::INFINITY))
+            .is_none_or(|(f, _, _)| latency < f.predicted_latency_seconds.unwrap_or(f64::INFINITY))
         {
             fastest = Some(planned);
         }
     }
     let bound_met = met.is_some();
-    let Some((mut plan, account)) = met.or(fastest) else {
+    let Some((mut plan, account, step_seconds)) = met.or(fastest) else {
         return Err(
             Refusal::furthest(tried.into_iter().filter_map(|(_, r)| r.err()))
                 .expect("at least one sp is tried"),
@@ -114,7 +154,7 @@ pub fn plan_candidates(
     });
     plan.reasons = explain::reasons(&account, sp.as_ref());
     plan.rejected = explain::rejected(&account);
-    Ok(plan)
+    Ok(Recorded { plan, step_seconds })
 }
 
 /// [`plan_candidates`] with groups of `sp` ranks, and the search's record of it. Where the
@@ -134,9 +174,9 @@ fn plan_sp(
                 decode: DecodeSite::Host,
                 ..*limits
             };
-            let (p, mut account) = plan_decoding(candidates, workload, overrides, sp, &host)?;
+            let (p, mut account, step) = plan_decoding(candidates, workload, overrides, sp, &host)?;
             account.device_decode_refused = Some(r);
-            Ok((p, account))
+            Ok((p, account, step))
         }
         r => r,
     }
@@ -177,7 +217,7 @@ fn plan_decoding(
         reasons: Vec::new(),
         rejected: Vec::new(),
     };
-    Ok((plan, a))
+    Ok((plan, a, found.step))
 }
 
 /// Each component of `profile` under `o`: kept whole or streamed, and its block bytes over

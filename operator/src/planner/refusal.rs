@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crds::{Strategy, StrategyChoice};
+use crds::{Strategy, StrategyChoice, Workload};
 use layerwise_core::topology::MAX_SP;
 
 use super::inputs::{NodeShape, Overrides};
@@ -67,6 +67,14 @@ impl Refusal {
         refusals
             .into_iter()
             .min_by_key(|r| (stage(r.shortage), r.shortfall()))
+    }
+
+    /// This refusal as the `Planned` condition states it for requests up to `w`.
+    pub fn for_workload(&self, w: &Workload) -> String {
+        format!(
+            "cannot serve {}x{}x{} (batch {}) requests: {self}",
+            w.max_width, w.max_height, w.max_frames, w.max_batch
+        )
     }
 
     /// A refusal of settings that contradict each other or what the engine accepts.

@@ -18,12 +18,13 @@ use super::record::{Account, Alternative, ComponentVerdict, KeptBlocks, Miss, Sl
 use super::refusal::{Refusal, Shortage};
 
 /// What a search of one sp found: the record of the option kept, the profile of the node
-/// it was chosen on, its predicted latency, and whether every node it fits all-gathers
-/// over a fast peer link.
+/// it was chosen on, its predicted latency and step, and whether every node it fits
+/// all-gathers over a fast peer link.
 pub(super) struct Found<'a> {
     pub account: Account,
     pub profile: &'a Profile,
     pub latency: f64,
+    pub step: f64,
     pub fast_peer_link: bool,
 }
 
@@ -58,14 +59,15 @@ pub(super) fn search<'a>(
         );
     };
     let site = &sites[best.site];
-    let (profile, latency) = (site.profile, site.latency(&best.option));
+    let (profile, predicted) = (site.profile, site.prediction(&best.option));
     let chosen = Chosen::new(&sites, best.option, best.site, limits);
     let fast_peer_link = chosen.fits.iter().all(|(site, _)| site.node.fast_peer_link);
     let account = search.account(chosen, best.verdicts, best.timed, candidates.len(), misses);
     Ok(Found {
         account,
         profile,
-        latency,
+        latency: predicted.request,
+        step: predicted.step,
         fast_peer_link,
     })
 }

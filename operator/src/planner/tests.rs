@@ -577,14 +577,14 @@ fn qwen_image() -> Profile {
             runs: Runs::PerRequest,
             tokens: Tokens::Text,
             flops_per_token: te,
-            flops_per_token_pair: 0,
+            ..Default::default()
         },
         GroupCompute {
             component: "transformer".into(),
             runs: Runs::PerStep,
             tokens: Tokens::Latent,
             flops_per_token: tr / 2,
-            flops_per_token_pair: 0,
+            ..Default::default()
         },
     ];
     p
@@ -703,7 +703,7 @@ fn a_long_sequence_keeps_fewer_blocks_because_its_copies_already_hide() {
         runs: Runs::PerStep,
         tokens: Tokens::Latent,
         flops_per_token: 670_000_000 / 2,
-        flops_per_token_pair: 0,
+        ..Default::default()
     }];
     let limits = Limits::default();
     let kept = |w: &Workload| {

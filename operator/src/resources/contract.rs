@@ -75,6 +75,9 @@ pub fn engine_contract(spec: &DiffusionDeploymentSpec, plan: &Plan) -> EngineCon
         strategy: plan.strategy,
         bounds: request_bounds(&spec.workload).into(),
         decode: DecodeChoice::Fixed(decode_site(plan)),
+        // The plan offered the decode the default budget and charged the split the
+        // engine takes within it ([`layerwise_core::decode::device_decode`], both sides).
+        decode_budget: None,
         roots: RootsArgs {
             model_roots: vec![MODEL_MOUNT.into()],
         },

@@ -33,6 +33,22 @@ pub fn published(dir: &Path, preset: &str) -> (PathBuf, Profile) {
     (out, profile)
 }
 
+/// The YAML of the DiffusionDeployment example of `doc` (docs/operations.md) that holds
+/// `needle` (a line such as `family: wan\n`), as the doc writes it.
+pub fn yaml_block<'a>(doc: &'a str, needle: &str) -> &'a str {
+    doc.split("```yaml\n")
+        .skip(1)
+        .filter_map(|b| b.split_once("```").map(|(yaml, _)| yaml))
+        .find(|yaml| yaml.contains(needle))
+        .unwrap_or_else(|| panic!("docs/operations.md has a DiffusionDeployment with `{needle}`"))
+}
+
+/// [`yaml_block`] read as a DiffusionDeployment.
+pub fn documented(doc: &str, needle: &str) -> DiffusionDeployment {
+    serde_yaml::from_str(yaml_block(doc, needle))
+        .expect("the documented DiffusionDeployment parses")
+}
+
 /// Panics unless `doc` holds every one of `expected`, naming those it lacks.
 pub fn assert_documented(doc: &str, expected: &[String]) {
     let missing: Vec<&str> = expected

@@ -33,7 +33,7 @@ use crate::engine::Model;
 use crate::memory::GroupBytes;
 use options::configs;
 use plan::plan_rows;
-use report::{print_groups, print_plans, print_table, rows, Report};
+use report::{print_groups, print_phases, print_plans, print_table, rows, Report};
 use runs::{run_rounds, warm_page_cache};
 
 pub(super) fn bench(a: BenchArgs) -> Result<()> {
@@ -92,6 +92,7 @@ pub(super) fn bench(a: BenchArgs) -> Result<()> {
     );
     let most_sp = configs.iter().map(|c| c.sp).max().unwrap_or(1);
     print_table(&rows, a.engine.run.dp * most_sp > 1);
+    print_phases(&rows);
     print_plans(&configs, &rows, &planned);
     print_groups(&model, &rows, steps)?;
     // The CPU backend's rates: the dtype its ranks compute in there (`auto`: f32).

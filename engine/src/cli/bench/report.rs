@@ -199,6 +199,20 @@ pub(super) fn print_groups(model: &Model, rows: &[Row], steps: usize) -> Result<
     Ok(())
 }
 
+/// Per configuration, each phase's measured peak beside what the memory model reserves.
+pub(super) fn print_phases(rows: &[Row]) {
+    for r in rows {
+        let s = &r.stats;
+        println!(
+            "memory by phase, {} N={} sp={}: {}",
+            s.strategy,
+            r.resident_blocks_asked,
+            s.sp,
+            crate::cli::commands::phases_line(s)
+        );
+    }
+}
+
 /// The table: one line per configuration; the gathered column only where ranks gather.
 /// `vs resident` is best over best; `paired med` the median of the rounds' own ratios.
 pub(super) fn print_table(rows: &[Row], gathers: bool) {

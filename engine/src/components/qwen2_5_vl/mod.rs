@@ -10,6 +10,7 @@
 //! `epilogue`, then [`prompt::prompt_embeds`].
 
 pub mod config;
+pub mod flops;
 #[cfg(feature = "runtime")]
 pub mod model;
 #[cfg(feature = "runtime")]

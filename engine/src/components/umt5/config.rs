@@ -312,22 +312,13 @@ impl Umt5Config {
     /// [`EMBEDDING_NAMES`] (or both).
     pub fn check(&self, c: &Component) -> Result<()> {
         let group = self.block_group();
-        let found = c
-            .index
-            .keys()
-            .filter_map(|n| group.block_of(n))
-            .max()
-            .map_or(0, |m| m + 1);
-        if found != self.num_layers {
-            return Err(Error::config(
-                c.dir.join("config.json"),
-                "num_layers",
-                format!(
-                    "says {} but the weights hold {found} blocks",
-                    self.num_layers
-                ),
-            ));
-        }
+        crate::components::config_checks::depth_matches(
+            c,
+            "num_layers",
+            self.num_layers,
+            |n| group.block_of(n),
+            "blocks",
+        )?;
         let table = embedding_table(c)?;
         let mut specs = self.all_specs();
         specs[0].name = table.into();

@@ -5,6 +5,7 @@
 
 pub mod config;
 mod entities;
+pub mod flops;
 #[cfg(feature = "runtime")]
 pub mod model;
 pub mod prompt;

@@ -10,8 +10,8 @@ use candle_core::{DType, Device, Tensor, D};
 use safetensors::Dtype;
 
 use crate::checkpoint::Mapped;
-use crate::components::fused;
 use crate::components::umt5::{Umt5Config, FINAL_NORM};
+use crate::components::{flops, fused};
 use crate::execution::weights::Weights;
 use crate::{Error, Result};
 
@@ -190,13 +190,11 @@ impl Umt5Encoder {
             .permute((2, 0, 1))?
             .unsqueeze(0)?;
         // No 1/√d_kv: T5's initialisation folds it into the query weights.
-        let scores = q
-            .matmul(&k.t()?)?
+        let scores = flops::matmul(&q, &k.t()?)?
             .broadcast_add(&position)?
             .broadcast_add(&st.mask_bias)?;
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-        let o = probs
-            .matmul(&v)?
+        let o = flops::matmul(&probs, &v)?
             .transpose(1, 2)?
             .reshape((b, s, heads * dk))?;
         linear(w, "layer.0.SelfAttention.o.weight", &o)

@@ -13,13 +13,18 @@
 
 use std::path::Path;
 
-use candle_core::{DType, IndexOp, Tensor};
+use candle_core::{DType, Tensor};
 
 use super::layers::{
     clamp_unit, pointwise_matrix, to_f32, unpatchify, AttentionBlock, CausalConv3d, Conv2d, DupUp,
     FeatCache, Resample, ResidualBlock, RmsNorm, Slot,
 };
+use super::tiling::Grid;
 use super::{Upsample, WanVaeConfig};
+use crate::decode::{
+    ConvScratch, DecodeCost, DecodeSetting, OutputSize, Tile, DECODE_ELEM_BYTES,
+    DEFAULT_DECODE_BUDGET,
+};
 use crate::execution::family::Decoder;
 use crate::execution::weights::Weights;
 use crate::{Error, Result};
@@ -106,17 +111,22 @@ struct UpBlock {
 }
 
 impl UpBlock {
-    fn forward(&self, x: &Tensor, cache: &mut FeatCache, first_chunk: bool) -> Result<Tensor> {
-        let mut h = x.clone();
+    /// Takes its input by value: without a shortcut nothing needs it after the first
+    /// residual block, so it is freed there.
+    fn forward(&self, x: Tensor, cache: &mut FeatCache, first_chunk: bool) -> Result<Tensor> {
+        let (mut h, input) = match self.shortcut {
+            Some(_) => (x.clone(), Some(x)),
+            None => (x, None),
+        };
         for resnet in &self.resnets {
             h = resnet.forward(&h, cache)?;
         }
         if let Some(resample) = &self.resample {
-            h = resample.forward(&h, cache)?;
+            h = resample.forward(h, cache)?;
         }
-        match &self.shortcut {
-            Some(shortcut) => Ok((h + shortcut.forward(x, first_chunk)?)?),
-            None => Ok(h),
+        match (&self.shortcut, input) {
+            (Some(shortcut), Some(x)) => Ok((h + shortcut.forward(&x, first_chunk)?)?),
+            _ => Ok(h),
         }
     }
 }
@@ -142,6 +152,10 @@ pub struct WanVaeDecoder {
     conv_out: CausalConv3d,
     /// Causal convs with a temporal kernel, each with a cache slot.
     slots: usize,
+    /// What a decode holds at its peak per split ([`WanVaeConfig::decode_cost`]), and the
+    /// bytes a decode may hold: each output is split by the largest setting within them.
+    cost: DecodeCost,
+    budget: u64,
 }
 
 impl WanVaeDecoder {
@@ -250,6 +264,8 @@ impl WanVaeDecoder {
             norm_out,
             conv_out,
             slots: l.slots,
+            cost: cfg.decode_cost(),
+            budget: DEFAULT_DECODE_BUDGET,
         })
     }
 
@@ -273,6 +289,38 @@ impl WanVaeDecoder {
         self.temporal_upscale
     }
 
+    /// Decodes within `budget` bytes at the peak from now on (the plan's decode budget).
+    pub fn set_decode_budget(&mut self, budget: u64) {
+        self.budget = budget;
+    }
+
+    /// The split `decode_chunks` decodes `latents` [1, z, T, h, w] by: the largest whose
+    /// peak fits the budget ([`DecodeCost::choose`]), counting the convolutions' scratch
+    /// as the device the decoder is on builds it. A refusal names the budget.
+    pub fn setting_for(&self, latents: &Tensor) -> Result<DecodeSetting> {
+        let dims = latents.dims();
+        let (t, h, w) = match dims {
+            &[_, _, t, h, w] => (t, h, w),
+            _ => return Ok(DecodeSetting::FRAME_BY_FRAME),
+        };
+        let out = OutputSize {
+            width: (w * self.upscale) as u64,
+            height: (h * self.upscale) as u64,
+            frames: self.output_frames(t) as u64,
+        };
+        let scratch = if self.mean.device().is_cpu() {
+            ConvScratch::Cpu {
+                threads: rayon::current_num_threads() as u64,
+            }
+        } else {
+            ConvScratch::Device
+        };
+        let (setting, _) = self
+            .cost
+            .choose(&out, DECODE_ELEM_BYTES, scratch, self.budget)?;
+        Ok(setting)
+    }
+
     /// Frames `latent_frames` latent frames decode to: `1 + temporal_upscale (T - 1)`.
     pub fn output_frames(&self, latent_frames: usize) -> usize {
         1 + self.temporal_upscale * latent_frames.saturating_sub(1)
@@ -293,9 +341,25 @@ impl WanVaeDecoder {
     /// As `decode`, handing each latent frame's decoded frames ([1, C, H, W] for the first
     /// latent frame, [temporal_upscale, C, H, W] after) to `f` as soon as they exist, so a
     /// caller can stream them out and only one chunk's frames are ever held here.
+    /// The chunk and tiles are [`Self::setting_for`] the latents.
     pub fn decode_chunks(
         &self,
         latents: &Tensor,
+        f: impl FnMut(Tensor) -> Result<()>,
+    ) -> Result<()> {
+        self.decode_chunks_with(latents, &self.setting_for(latents)?, f)
+    }
+
+    /// As `decode_chunks`, `setting.chunk` latent frames at a time after the first (which
+    /// decodes alone, as diffusers' first chunk), in `setting.tile`s when the frame is
+    /// larger than one (diffusers' `enable_tiling`: each tile keeps its own causal cache
+    /// across the chunks, and a chunk's tiles are blended before its frames go to `f`).
+    /// Causal convolutions over a chunk of frames compute what they compute frame by frame,
+    /// so the chunk changes the peak and the speed, never the frames.
+    pub fn decode_chunks_with(
+        &self,
+        latents: &Tensor,
+        setting: &DecodeSetting,
         mut f: impl FnMut(Tensor) -> Result<()>,
     ) -> Result<()> {
         let dims = latents.dims();
@@ -305,34 +369,99 @@ impl WanVaeDecoder {
                 ),
             ));
         }
-        let latents = to_f32(&latents.to_device(self.mean.device())?)?;
-        let mut cache = FeatCache {
-            slots: vec![Slot::Empty; self.slots],
-        };
-        for i in 0..dims[2] {
-            // [1, z, h, w]: this latent frame, as a chunk of one frame.
-            let z = latents.i((.., .., i))?;
+        if setting.chunk == 0 {
+            return Err(Error::invalid(
+                "chunk",
+                "a decode chunk of 0 latent frames decodes nothing",
+            ));
+        }
+        let (t, h, w) = (dims[2], dims[3], dims[4]);
+        let grid = self.grid((h, w), setting.tile)?;
+        // One causal cache per tile, carried from chunk to chunk.
+        let mut caches: Vec<FeatCache> = (0..grid.as_ref().map_or(1, Grid::len))
+            .map(|_| FeatCache {
+                slots: vec![Slot::Empty; self.slots],
+            })
+            .collect();
+        let latents = to_f32(&latents.to_device(self.mean.device())?)?.squeeze(0)?;
+        let mut start = 0;
+        while start < t {
+            let first = start == 0;
+            let len = if first {
+                1
+            } else {
+                (setting.chunk as usize).min(t - start)
+            };
+            // [len, z, h, w]: these latent frames, denormalised as the pipeline does.
+            let z = latents
+                .narrow(1, start, len)?
+                .transpose(0, 1)?
+                .contiguous()?;
             let z = z.broadcast_div(&self.inv_std)?.broadcast_add(&self.mean)?;
-            f(self.decode_chunk(&z, &mut cache, i == 0)?)?;
+            let x = match &grid {
+                None => self.decode_chunk(&z, &mut caches[0], first)?,
+                Some(g) => {
+                    let mut tiles = Vec::with_capacity(g.len());
+                    for (((r, rows), (c, cols)), cache) in g.tiles().zip(caches.iter_mut()) {
+                        let zt = z.narrow(2, r, rows)?.narrow(3, c, cols)?.contiguous()?;
+                        tiles.push(self.decode_chunk(&zt, cache, first)?);
+                    }
+                    g.assemble(tiles)?
+                }
+            };
+            drop(z);
+            // The decoder's output freed once unpatchified: two copies of the frames live.
+            let frames = unpatchify(&x, self.patch)?;
+            drop(x);
+            f(clamp_unit(frames)?)?;
+            start += len;
         }
         Ok(())
     }
 
-    /// `WanDecoder3d.forward` on one chunk (`first_chunk` for the clip's first), with the
-    /// post-quant conv before and the unpatchify and clamp after (all per-frame, so applying
-    /// them per chunk is what diffusers computes).
+    /// The tiles of a `latent` (height, width) frame under `tile` (output pixels), with
+    /// diffusers' arithmetic: latent tile and stride the sample ones over the upscale, the
+    /// blend and the kept stride in the decoder's (patched) output. `None` (untiled) when
+    /// there is no tile or the frame fits in one, as diffusers decodes it.
+    fn grid(&self, latent: (usize, usize), tile: Option<Tile>) -> Result<Option<Grid>> {
+        let Some(tile) = tile else { return Ok(None) };
+        let (size, stride) = (tile.size as usize, tile.stride as usize);
+        if stride > size {
+            return Err(Error::invalid(
+                "tile",
+                format!("a tile stride of {stride} pixels beyond its size {size} leaves gaps"),
+            ));
+        }
+        let lat = size / self.upscale;
+        if latent.0 <= lat && latent.1 <= lat {
+            return Ok(None);
+        }
+        let p = self.patch;
+        let grid = Grid::new(
+            latent,
+            lat,
+            stride / self.upscale,
+            size / p - stride / p,
+            stride / p,
+            (latent.0 * self.upscale / p, latent.1 * self.upscale / p),
+        )?;
+        Ok(Some(grid))
+    }
+
+    /// `WanDecoder3d.forward` on one chunk [T, z, h, w] (`first_chunk` for the clip's
+    /// first), with the post-quant conv before: the decoder's output, patched and unclamped.
     fn decode_chunk(&self, z: &Tensor, cache: &mut FeatCache, first_chunk: bool) -> Result<Tensor> {
-        let x = self.post_quant_conv.forward(z, None)?;
-        let mut x = self.conv_in.forward_cached(&x, cache)?;
+        // Each step replaces `x`, so at most one activation is alive beside the next.
+        let mut x = self.post_quant_conv.forward(z, None)?;
+        x = self.conv_in.forward_cached(&x, cache)?;
         x = self.mid_in.forward(&x, cache)?;
         x = self.mid_attention.forward(&x)?;
         x = self.mid_out.forward(&x, cache)?;
         for block in &self.up_blocks {
-            x = block.forward(&x, cache, first_chunk)?;
+            x = block.forward(x, cache, first_chunk)?;
         }
-        let x = self.norm_out.forward(&x)?.silu()?;
-        let x = self.conv_out.forward_cached(&x, cache)?;
-        clamp_unit(&unpatchify(&x, self.patch)?)
+        x = self.norm_out.forward(&x)?.silu()?;
+        self.conv_out.forward_cached(&x, cache)
     }
 }
 
@@ -349,6 +478,10 @@ impl Decoder for WanVaeDecoder {
         f: &mut dyn FnMut(Tensor) -> Result<()>,
     ) -> Result<()> {
         self.decode_chunks(latents, f)
+    }
+
+    fn set_decode_budget(&mut self, budget: u64) {
+        WanVaeDecoder::set_decode_budget(self, budget)
     }
 }
 

@@ -9,6 +9,7 @@
 
 use candle_core::{DType, Tensor};
 
+use super::budget::ATTENTION_QUERY_BLOCK;
 use crate::Result;
 
 /// diffusers' `CACHE_T`: frames of its input a causal conv keeps for the next chunk.
@@ -17,9 +18,7 @@ pub const CACHE_T: usize = 2;
 const NORMALIZE_EPS: f64 = 1e-12;
 /// Largest im2col buffer (elements) one 2D convolution may build; taller inputs are split
 /// into bands of rows, so memory stays bounded at any frame size.
-const IM2COL_BUDGET: usize = 1 << 25;
-/// Query rows per attention score block, so a large frame's [HW, HW] scores never exist whole.
-const ATTENTION_QUERY_BLOCK: usize = 4096;
+pub const IM2COL_BUDGET: usize = 1 << 25;
 
 /// What one causal conv remembers between chunks (diffusers' `feat_cache[idx]`).
 #[derive(Debug, Clone, Default)]
@@ -62,8 +61,13 @@ impl Conv2d {
 }
 
 /// `x.conv2d(w, padding)` (no bias) computed in bands of output rows when the whole
-/// frame's im2col buffer would exceed `IM2COL_BUDGET`.
+/// frame's im2col buffer would exceed `IM2COL_BUDGET`, on devices whose convolution builds
+/// one (CUDA's); the CPU's builds a few hundred pixels' worth per thread at a time, so
+/// bands would only add their concatenation.
 fn conv2d_bounded(x: &Tensor, w: &Tensor, padding: usize) -> Result<Tensor> {
+    if x.device().is_cpu() {
+        return Ok(x.conv2d(w, padding, 1, 1, 1)?);
+    }
     conv2d_banded(x, w, padding, IM2COL_BUDGET)
 }
 
@@ -141,6 +145,8 @@ impl CausalConv3d {
         } else {
             Tensor::cat(&parts, 0)?
         };
+        // The zero frames are in `seq` now: free them before the taps run.
+        drop(parts);
         let mut out: Option<Tensor> = None;
         for (k, tap) in self.taps.iter().enumerate() {
             let y = conv2d_bounded(&seq.narrow(0, k, t)?, tap, self.padding)?;
@@ -234,10 +240,11 @@ impl ResidualBlock {
             Some(conv) => conv.forward(x, None)?,
             None => x.clone(),
         };
-        let h = self.norm1.forward(x)?.silu()?;
-        let h = self.conv1.forward_cached(&h, cache)?;
-        let h = self.norm2.forward(&h)?.silu()?;
-        let h = self.conv2.forward_cached(&h, cache)?;
+        // Each step replaces `h`, so only one intermediate is alive beside the next.
+        let mut h = self.norm1.forward(x)?.silu()?;
+        h = self.conv1.forward_cached(&h, cache)?;
+        h = self.norm2.forward(&h)?.silu()?;
+        h = self.conv2.forward_cached(&h, cache)?;
         Ok((h + skip)?)
     }
 }
@@ -301,14 +308,15 @@ pub struct Resample {
 }
 
 impl Resample {
-    pub fn forward(&self, x: &Tensor, cache: &mut FeatCache) -> Result<Tensor> {
-        let mut x = x.clone();
+    pub fn forward(&self, x: Tensor, cache: &mut FeatCache) -> Result<Tensor> {
+        let mut x = x;
         if let Some(time_conv) = &self.time_conv {
             x = self.upsample_time(time_conv, &x, cache)?;
         }
         let (_, _, h, w) = x.dims4()?;
         // At an exact 2× scale nearest-exact and nearest pick the same source pixels.
         let up = x.upsample_nearest2d(2 * h, 2 * w)?;
+        drop(x);
         self.conv.forward(&up)
     }
 
@@ -392,9 +400,11 @@ pub fn pointwise_matrix(weight: &Tensor) -> Result<Tensor> {
     Ok(weight.reshape((cout, cin))?.t()?.contiguous()?)
 }
 
-/// Values outside [-1, 1] clamped, as `AutoencoderKLWan._decode` does.
-pub fn clamp_unit(x: &Tensor) -> Result<Tensor> {
-    Ok(x.clamp(-1f32, 1f32)?)
+/// Values outside [-1, 1] clamped, as `AutoencoderKLWan._decode` does. Takes the frames
+/// by value so that each of the two steps frees its input: two copies live, not three.
+pub fn clamp_unit(x: Tensor) -> Result<Tensor> {
+    let x = x.maximum(-1f32)?;
+    Ok(x.minimum(1f32)?)
 }
 
 /// The tensor as f32 (weights arrive as f32 already; latents may not).

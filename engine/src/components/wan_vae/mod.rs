@@ -10,6 +10,7 @@
 //! residual one with a 2×2 pixel patch (`is_residual`, `patch_size` 2, 48 latent channels,
 //! 16× in space; the TI2V 5B VAE, also Cosmos3's).
 
+mod budget;
 pub mod config;
 #[cfg(test)]
 mod config_tests;
@@ -22,6 +23,8 @@ mod parity_tests;
 pub mod specs;
 #[cfg(test)]
 mod specs_tests;
+#[cfg(feature = "runtime")]
+pub mod tiling;
 
 pub use config::{WanVaeConfig, CLASS_NAME, DIFFUSERS_VERSION};
 pub use specs::{

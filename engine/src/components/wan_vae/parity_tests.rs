@@ -13,6 +13,7 @@ use super::decoder::WanVaeDecoder;
 use super::WanVaeConfig;
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::{Component, Mapped};
+use crate::decode::{DecodeSetting, Tile};
 use crate::execution::weights;
 use crate::testing::max_abs_diff;
 
@@ -167,6 +168,96 @@ fn decoder_matches_diffusers_on_the_tiny_fixture() {
 #[test]
 fn residual_decoder_matches_diffusers_on_the_wan22_tiny_fixture() {
     check_parity(&fixture22(), "wan22-vae-tiny");
+}
+
+/// diffusers' tiled decode (`enable_tiling` at the tile and stride the file names) of the
+/// folder's `tiled-reference.safetensors` against ours at the same tile, one latent frame a
+/// chunk and two: the max abs diff of the worse.
+fn tiled_parity(dir: &Path, label: &str) -> f32 {
+    let (_, vae) = load(dir);
+    let refs: HashMap<String, Tensor> =
+        candle_core::safetensors::load(dir.join("tiled-reference.safetensors"), &Device::Cpu)
+            .unwrap();
+    let tile: Vec<f32> = refs["tile"].to_vec1().unwrap();
+    let tile = Tile {
+        size: tile[0] as u64,
+        stride: tile[1] as u64,
+    };
+    let theirs = refs["video"]
+        .squeeze(0)
+        .unwrap()
+        .permute((1, 0, 2, 3))
+        .unwrap();
+    let (_, _, h, w) = theirs.dims4().unwrap();
+    assert!(
+        h > tile.size as usize || w > tile.size as usize,
+        "{label}: the frame must span several tiles"
+    );
+    let untiled = vae.decode(&refs["latents"]).unwrap();
+    let seams = max_abs_diff(&untiled, &theirs);
+    assert!(
+        seams > 1e-2,
+        "{label}: tiling changed nothing ({seams}), so proves nothing"
+    );
+    let mut worst = 0f32;
+    for chunk in [1, 2] {
+        let setting = DecodeSetting {
+            chunk,
+            tile: Some(tile),
+        };
+        let mut parts = Vec::new();
+        vae.decode_chunks_with(&refs["latents"], &setting, |c| {
+            parts.push(c);
+            Ok(())
+        })
+        .unwrap();
+        let ours = Tensor::cat(&parts, 0).unwrap();
+        assert_eq!(ours.dims(), theirs.dims(), "{label}");
+        let diff = max_abs_diff(&ours, &theirs);
+        println!(
+            "{label} tiled {}/{} chunk {chunk}: max |ours - diffusers| = {diff:.3e} \
+             (untiled differs by {seams:.3})",
+            tile.size, tile.stride
+        );
+        worst = worst.max(diff);
+    }
+    worst
+}
+
+#[test]
+fn tiled_decode_matches_diffusers_enable_tiling_on_the_tiny_fixtures() {
+    for (dir, label) in [(fixture(), "wan-vae-tiny"), (fixture22(), "wan22-vae-tiny")] {
+        let diff = tiled_parity(&dir, label);
+        assert!(diff < 1e-4, "{label}: max abs diff {diff}");
+    }
+}
+
+#[test]
+fn chunks_of_several_latent_frames_decode_what_diffusers_decodes_frame_by_frame() {
+    for dir in [fixture(), fixture22()] {
+        let (_, vae) = load(&dir);
+        let refs = reference(&dir);
+        let theirs = refs["video_3"]
+            .squeeze(0)
+            .unwrap()
+            .permute((1, 0, 2, 3))
+            .unwrap();
+        for chunk in [2, 5] {
+            let mut sizes = Vec::new();
+            let mut parts = Vec::new();
+            let setting = DecodeSetting { chunk, tile: None };
+            vae.decode_chunks_with(&refs["latents_3"], &setting, |c| {
+                sizes.push(c.dim(0)?);
+                parts.push(c);
+                Ok(())
+            })
+            .unwrap();
+            // The first latent frame alone, then the other two together.
+            assert_eq!(sizes, vec![1, 8], "{}", dir.display());
+            let diff = max_abs_diff(&Tensor::cat(&parts, 0).unwrap(), &theirs);
+            assert!(diff < 1e-4, "{} chunk {chunk}: {diff}", dir.display());
+        }
+    }
 }
 
 #[test]

@@ -258,6 +258,11 @@ impl<B: Backend, C: Collective<B>> Pipeline<B, C> {
         &self.stats
     }
 
+    /// Opens a measured phase on this rank's device ([`crate::measure`]).
+    pub fn phase(&self) -> crate::measure::Phase {
+        self.backend.phase()
+    }
+
     pub fn rank(&self) -> usize {
         self.comm.rank()
     }

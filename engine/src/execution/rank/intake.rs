@@ -8,7 +8,10 @@ use std::sync::Arc;
 use super::failure::finite;
 use super::state::{Active, RankWork};
 use crate::execution::backend::{Backend, Collective};
+use crate::execution::family::Task;
 use crate::execution::lockstep::Flags;
+use crate::execution::work::Output;
+use crate::measure::PhaseKind;
 use crate::{Error, Result};
 
 impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
@@ -29,7 +32,8 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
             );
         }
         if let Some(a) = self.active.take_if(|a| a.task.wants().is_none()) {
-            source.finished(rank, a.key, finite(a.task.finish()));
+            let out = self.finish_task(a.task);
+            source.finished(rank, a.key, out);
         }
         let (generation, closed) = self.take_work()?;
         let want = self.active.as_ref().and_then(|a| a.task.wants());
@@ -44,6 +48,17 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
             closed,
             generation,
         })
+    }
+
+    /// A task's output; measured as a decode where this rank decodes its outputs.
+    fn finish_task(&mut self, task: Box<dyn Task>) -> Result<Output> {
+        let decodes = self.run.opts.decode && self.member == 0;
+        let phase = decodes.then(|| self.pipe.phase());
+        let out = finite(task.finish());
+        if let Some(bytes) = phase.and_then(|p| p.peak()) {
+            self.tally.measured.record(PhaseKind::Decode, bytes);
+        }
+        out
     }
 
     /// When free, takes requests until one wants a pass (one that wants none is finished
@@ -68,7 +83,10 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
                         req,
                     })
                 }
-                Ok(task) => source.finished(rank, key, finite(task.finish())),
+                Ok(task) => {
+                    let out = self.finish_task(task);
+                    source.finished(rank, key, out)
+                }
                 Err(e) => source.finished(rank, key, Err(e)),
             }
         }

@@ -60,6 +60,9 @@ pub struct EngineOptions {
     /// start, and its decode peak, kept free. Counted in `device_memory`; zero when
     /// nothing decodes beside the ranks on their devices.
     pub decoder: DecoderBytes,
+    /// Bytes one decode may hold at its peak (the plan's `--decode-budget`): each
+    /// decoder splits an output's decode by the largest setting within it.
+    pub decode_budget: u64,
     /// Record copy, gather and compute spans here.
     pub trace: Option<Arc<Trace>>,
     /// Where the ranks compute: the CPU backend, CUDA GPUs (the `cuda` feature), or
@@ -88,6 +91,7 @@ impl Default for EngineOptions {
             hook: None,
             decode: true,
             decoder: DecoderBytes::default(),
+            decode_budget: crate::decode::DEFAULT_DECODE_BUDGET,
             trace: None,
             device: DeviceChoice::Cpu,
             compute_dtype: ComputeDtype::Auto,

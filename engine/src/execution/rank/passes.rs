@@ -108,6 +108,7 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
     fn pass(&mut self, d: &Decision, busy: bool) -> Result<()> {
         let t0 = Instant::now();
         let stall_before = self.pipe.stats().stall;
+        let phase = busy.then(|| self.pipe.phase());
         let failure = self.compute(d, busy)?;
         let t = &mut self.tally;
         let switched = t.last_group.is_some_and(|g| g != d.group);
@@ -121,6 +122,11 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
                 t.switch_time += t0.elapsed();
             }
             self.end_step(failure, t0);
+            // The step's end (the sampler's update) belongs to the pass's peak.
+            if let Some(bytes) = phase.and_then(|p| p.peak()) {
+                let kind = self.run.phase_of(d.group);
+                self.tally.measured.record(kind, bytes);
+            }
         }
         if self.member == 0 {
             self.run.source.pass_done(

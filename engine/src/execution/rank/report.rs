@@ -35,6 +35,11 @@ pub struct RankResult {
     pub pinned_host_bytes: u64,
     pub peak: u64,
     pub peak_by_kind: BTreeMap<&'static str, u64>,
+    /// Per phase, the most bytes a busy pass or a decode held above its start
+    /// ([`crate::measure`]).
+    pub measured: crate::measure::PhasePeaks,
+    /// Bytes of an element of the dtype its blocks computed in.
+    pub compute_bytes: u64,
 }
 
 impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
@@ -60,6 +65,8 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
             pinned_host_bytes: s.pinned_host_bytes,
             peak: self.budget.peak(),
             peak_by_kind: self.budget.peak_by_kind(),
+            measured: t.measured,
+            compute_bytes: self.run.dtype.size_in_bytes() as u64,
         })
     }
 }

@@ -32,6 +32,24 @@ pub(super) struct Run<'a> {
     pub(super) staging: Option<usize>,
 }
 
+impl Run<'_> {
+    /// The measured phase a pass over `group` is: a text encoder's (a group that reads
+    /// the prompt's tokens) or a transformer's.
+    pub(super) fn phase_of(&self, group: usize) -> crate::measure::PhaseKind {
+        let text = self
+            .family
+            .checkpoint()
+            .group_compute()
+            .get(group)
+            .is_some_and(|g| g.tokens == layerwise_core::family::Tokens::Text);
+        if text {
+            crate::measure::PhaseKind::TextEncoder
+        } else {
+            crate::measure::PhaseKind::Transformer
+        }
+    }
+}
+
 /// Where one rank computes: its backend, its communicator, its device memory and K, and
 /// its sequence-parallel group's exchange (none when `sp` is 1).
 pub(super) struct Placement<B: Backend, C: Collective<B>> {
@@ -70,6 +88,8 @@ pub(super) struct Tally {
     /// switch, whose first blocks only a prefetch keeps from stalling.
     pub(super) last_group: Option<usize>,
     pub(super) last_busy: bool,
+    /// The peaks its busy passes and decodes held above their starts.
+    pub(super) measured: crate::measure::PhasePeaks,
 }
 
 /// One rank between its start and its exit: the request it works on, its pipeline, and

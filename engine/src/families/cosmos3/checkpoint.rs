@@ -159,18 +159,24 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
     fn native_size(&self) -> (usize, usize) {
         (1280, 720)
     }
-    /// What a request costs in activations (f32), from the shapes the engine computes.
-    /// The default for both pathways, but the understanding pathway (group
-    /// [`super::UNDERSTANDING`]) runs once per request over the prompt's tokens, never per
-    /// step.
+    /// The understanding pathway ([`super::UNDERSTANDING`]) once per request over the
+    /// prompt's tokens, the generation pathway every step over the vision tokens
+    /// ([`super::flops`]).
     fn group_compute(&self) -> Vec<layerwise_core::family::GroupCompute> {
-        let mut v = layerwise_core::family::default_group_compute(self);
-        if let Some(u) = v.get_mut(super::UNDERSTANDING) {
-            u.runs = layerwise_core::family::Runs::PerRequest;
-            u.tokens = layerwise_core::family::Tokens::Text;
-        }
-        v
+        layerwise_core::family::default_group_compute(self)
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| match i {
+                super::UNDERSTANDING => super::flops::understanding_block(&self.config, g),
+                _ => super::flops::generation_block(&self.config, g),
+            })
+            .collect()
     }
+    fn decode_cost(&self) -> Option<crate::decode::DecodeCost> {
+        Some(self.vae_config.decode_cost())
+    }
+
+    /// What a request costs in activations (f32), from the shapes the engine computes.
     fn activation_cost(&self) -> ActivationCost {
         let c = &self.config;
         let (d, ff) = (c.hidden_size as u64, c.intermediate_size as u64);
@@ -184,7 +190,10 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
             // out, the MLP's two projections and their product. Attention runs in query
             // chunks within a fixed budget.
             bytes_per_token: 4 * (3 * d + 2 * qw + 3 * kvw + 3 * ff),
-            bytes_per_token_pair: 0,
+            // One chunk's scores and softmax, all heads, f32: what a sequence short
+            // enough for a single chunk holds in place of the budget.
+            attention_bytes_per_token: 0,
+            bytes_per_token_pair: 8 * c.num_attention_heads as u64,
             attention_bytes: crate::components::attention::ATTENTION_CHUNK_BYTES,
             vae_bytes_per_pixel: 4
                 * 3
@@ -201,6 +210,7 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
             // An understanding layer over the prompt: x, its norm, q, k, v, attention out
             // and the MLP; its causal attention runs in query chunks too.
             encoder_bytes_per_token: 4 * (3 * d + 2 * qw + 3 * kvw + 3 * ff) + 4 * 2 * kvw * layers,
+            encoder_attention_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 0,
             // The conditional and unconditional sequences (their prompts differ in length)
             // are both live through each block.

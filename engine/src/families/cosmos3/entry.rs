@@ -3,24 +3,9 @@
 //! checkpoint starts. Kept out of the family's `mod.rs` so the root only declares and
 //! re-exports.
 
-use super::checkpoint::Cosmos3Checkpoint;
-use crate::families::entry::{FamilyEntry, FamilyModel};
-
-/// The Cosmos3 family in the registry ([`crate::families::FAMILIES`]).
-pub const FAMILY: FamilyEntry = FamilyEntry {
+crate::families::entry::family_entry! {
+    /// The Cosmos3 family in the registry ([`crate::families::FAMILIES`]).
     name: "cosmos3",
-    pipelines: &["Cosmos3OmniPipeline"],
-    unnamed: false,
-    #[cfg(feature = "runtime")]
-    presets: super::synth::PRESETS,
-    open: |root| Ok(std::sync::Arc::new(Cosmos3Checkpoint::open(root)?)),
-};
-
-/// The checkpoint's runtime lives here rather than beside the checkpoint, so that the
-/// checkpoint (which the runtime reads) never names the runtime.
-impl FamilyModel for Cosmos3Checkpoint {
-    #[cfg(feature = "runtime")]
-    fn runtime(&self) -> crate::Result<Box<dyn crate::execution::family::FamilyRuntime>> {
-        Ok(Box::new(super::runtime::Cosmos3Runtime::new(self.clone())?))
-    }
+    pipelines: ["Cosmos3OmniPipeline"],
+    opens: cosmos3::Cosmos3Checkpoint => Cosmos3Runtime,
 }

@@ -13,6 +13,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod entry;
+pub mod flops;
 pub mod groups;
 #[cfg(feature = "runtime")]
 pub mod model;

@@ -21,6 +21,7 @@ use crate::execution::seq::Split;
 use crate::execution::weights::{self, Weights};
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::encode_once::{EncodeOnce, EncodeThenSteps};
+use crate::families::steps::{guide, guided, output};
 use crate::families::FamilyCheckpoint;
 use crate::samplers::flow::{FlowScheduler, Sampler};
 use crate::{Error, Result};
@@ -304,32 +305,16 @@ impl EncodeThenSteps for Cosmos3Task {
     fn end_step(&mut self, _text: &Self::Text, _step: usize) -> Result<()> {
         let tr = &self.rank.transformer;
         let split = &mut self.split;
-        let mut v = std::mem::take(&mut self.generation)
+        let v = std::mem::take(&mut self.generation)
             .into_iter()
             .map(|g| tr.velocity(g, split));
-        let cond = v
-            .next()
-            .ok_or_else(|| Error::bug("step: no activations after the pass"))??;
-        let velocity = match v.next() {
-            Some(uncond) => {
-                let uncond = uncond?;
-                (&uncond + ((cond - &uncond)? * self.guidance as f64)?)?
-            }
-            None => cond,
-        };
+        let velocity = guided(v, |c, u| guide(c, u, self.guidance))?;
         self.latents = self.sampler.step(&velocity, &self.latents)?;
         Ok(())
     }
 
     fn finish(self, _text: Option<Self::Text>) -> Result<Output> {
-        let image = match &self.rank.vae {
-            Some(v) => Some(v.decode(&self.latents)?.to_device(&Device::Cpu)?),
-            None => None,
-        };
-        Ok(Output {
-            latents: self.latents.to_device(&Device::Cpu)?,
-            image,
-            text_embeddings: None,
-        })
+        let image = self.rank.vae.as_ref().map(|v| v.decode(&self.latents));
+        output(&self.latents, image, None)
     }
 }

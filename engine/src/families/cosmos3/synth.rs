@@ -10,10 +10,9 @@ use super::Cosmos3Config;
 use crate::components::qwen2_5_vl::synth::{synth_tokenizer_files, SYNTH_VOCAB};
 use crate::components::wan_vae::WanVaeConfig;
 use crate::samplers::flow::{FlowScheduler, UniPcConfig};
-use crate::tools::synth::pipeline::{SynthOptions, SynthPipeline, SynthPreset};
+use crate::tools::synth::pipeline::{Knobs, SynthOptions, SynthPipeline, SynthPreset};
 use crate::tools::synth::write::{
-    keeping_f32, write_folder, write_json, write_scheduler, write_texts, write_vae, ComponentFiles,
-    DIFFUSERS_STEM, HERE,
+    keeping_f32, write_components, write_json, write_texts, ComponentFiles, HERE,
 };
 use crate::Result;
 
@@ -96,41 +95,20 @@ impl SynthPipeline for Cosmos3Synth {
         write_json(&tdir.join("config.json"), &check.to_json())?;
         Cosmos3Config::load(&tdir.join("config.json"))?;
         let dtype = keeping_f32(opts.dtype, cosmos3_keeps_f32);
-        let (mut bytes, mut files) = write_folder(
-            out,
-            opts,
-            ComponentFiles {
-                name: "transformer",
-                config: check.to_json(),
-                stem: DIFFUSERS_STEM,
-                specs: check.all_specs(),
-                dtype: &dtype,
-                sharded: true,
-                seed_offset: 3,
-            },
-        )?;
-        let (b, f) = write_vae(out, opts, c.vae.to_json(), c.vae.tensor_specs())?;
-        bytes += b;
-        files += f;
-        write_scheduler(
-            out,
-            &FlowScheduler::UniPc(UniPcConfig::wan(c.flow_shift)).to_json(),
-        )?;
-        Ok((bytes, files))
+        let specs = check.all_specs();
+        let folders = vec![
+            ComponentFiles::transformer("transformer", check.to_json(), specs, &dtype, 3),
+            ComponentFiles::vae(c.vae.to_json(), c.vae.tensor_specs()),
+        ];
+        let scheduler = FlowScheduler::UniPc(UniPcConfig::wan(c.flow_shift)).to_json();
+        write_components(out, opts, folders, &scheduler)
     }
 
-    fn layers(&mut self) -> &mut usize {
-        &mut self.transformer.num_hidden_layers
-    }
-
-    fn heads(&mut self) -> (&mut usize, &mut usize) {
-        (
-            &mut self.transformer.num_attention_heads,
-            &mut self.transformer.head_dim,
-        )
-    }
-
-    fn ffn_dim(&mut self) -> Option<&mut usize> {
-        Some(&mut self.transformer.intermediate_size)
+    fn knobs(&mut self) -> Knobs<'_> {
+        let t = &mut self.transformer;
+        Knobs {
+            ffn_dim: Some(&mut t.intermediate_size),
+            ..Knobs::new(&mut t.num_hidden_layers, &mut t.num_attention_heads, &mut t.head_dim)
+        }
     }
 }

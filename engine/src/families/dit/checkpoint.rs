@@ -9,7 +9,7 @@ use crate::checkpoint::{ActivationCost, Component, ModelFolder};
 use crate::components::autoencoder_kl::{legacy_attention_alias, VaeConfig};
 use crate::families::dit::DitConfig;
 use crate::families::{BlockGroup, FamilyCheckpoint};
-use crate::{Error, Result};
+use crate::Result;
 
 /// A checked DiT pipeline folder.
 #[derive(Debug, Clone)]
@@ -102,6 +102,7 @@ impl FamilyCheckpoint for DitCheckpoint {
             // plus the unpatchified output: f32 each.
             bytes_per_token: 4 * (10 * d + 2 * p * p * cfg.out() as u64),
             // Scores and their softmax, per head.
+            attention_bytes_per_token: 0,
             bytes_per_token_pair: 4 * 2 * cfg.num_attention_heads as u64,
             // At full resolution the decoder holds about four maps of the first block's
             // width plus the upsampled map of the second's.
@@ -112,10 +113,18 @@ impl FamilyCheckpoint for DitCheckpoint {
             // Class-conditional: no prompt. Guidance batches the null class beside each.
             bytes_per_text_token: 0,
             encoder_bytes_per_token: 0,
+            encoder_attention_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 0,
             guidance_samples: 2,
             exchange_bytes_per_token: 0,
         }
+    }
+    /// The blocks by [`super::flops::transformer_block`].
+    fn group_compute(&self) -> Vec<layerwise_core::family::GroupCompute> {
+        layerwise_core::family::default_group_compute(self)
+            .into_iter()
+            .map(|g| super::flops::transformer_block(&self.config, g))
+            .collect()
     }
     // No `limits`: DiT computes its sin-cos positions for any grid.
     fn as_any(&self) -> &dyn std::any::Any {
@@ -126,21 +135,11 @@ impl FamilyCheckpoint for DitCheckpoint {
 /// A config whose depth disagrees with the weights gets one clear message, rather than
 /// a missing-tensor error for the first absent block.
 fn check_block_count(c: &Component, cfg: &DitConfig) -> Result<()> {
-    let found = c
-        .index
-        .keys()
-        .filter_map(|n| DitConfig::block_of(n))
-        .max()
-        .map_or(0, |m| m + 1);
-    if found != cfg.num_layers {
-        return Err(Error::config(
-            c.dir.join("config.json"),
-            "num_layers",
-            format!(
-                "says {} but the weights hold {found} blocks",
-                cfg.num_layers
-            ),
-        ));
-    }
-    Ok(())
+    crate::components::config_checks::depth_matches(
+        c,
+        "num_layers",
+        cfg.num_layers,
+        DitConfig::block_of,
+        "blocks",
+    )
 }

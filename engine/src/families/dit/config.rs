@@ -157,9 +157,6 @@ impl DitConfig {
         Ok(())
     }
 
-    pub fn hidden(&self) -> usize {
-        self.num_attention_heads * self.attention_head_dim
-    }
     pub fn patch(&self) -> usize {
         self.patch_size.unwrap_or(0)
     }
@@ -177,13 +174,6 @@ impl DitConfig {
     /// Prefix of block `i`'s tensors.
     pub fn block_prefix(i: usize) -> String {
         format!("transformer_blocks.{i}.")
-    }
-
-    /// The block index a tensor name belongs to, if any.
-    pub fn block_of(name: &str) -> Option<usize> {
-        let rest = name.strip_prefix("transformer_blocks.")?;
-        let (idx, _) = rest.split_once('.')?;
-        idx.parse().ok()
     }
 
     /// Tensors outside the blocks that stay resident: patch embedding and final layer.
@@ -234,35 +224,18 @@ impl DitConfig {
         ]);
         v
     }
-
-    /// The transformer's blocks as a streamed group.
-    pub fn block_group(&self) -> super::super::BlockGroup {
-        super::super::BlockGroup {
-            name: "transformer".into(),
-            prefix: "transformer_blocks.".into(),
-            count: self.num_layers,
-            block: self.block_specs(),
-        }
-    }
-
-    /// Every tensor of the transformer with its full name.
-    pub fn all_specs(&self) -> Vec<TensorSpec> {
-        crate::components::config_json::all_specs(self.resident_specs(), &self.block_group())
-    }
-
-    /// The JSON diffusers writes for this config.
-    pub fn to_json(&self) -> serde_json::Value {
-        crate::components::config_json::with_fields(
-            self,
-            &[
-                ("_diffusers_version", "0.30.0".into()),
-                ("dropout", 0.0.into()),
-                ("upcast_attention", false.into()),
-                ("norm_num_groups", 32.into()),
-            ],
-        )
-    }
 }
+
+crate::components::config_json::transformer_specs!(
+    DitConfig,
+    prefix: "transformer_blocks.",
+    json: [
+        ("_diffusers_version", "0.30.0"),
+        ("dropout", 0.0),
+        ("upcast_attention", false),
+        ("norm_num_groups", 32),
+    ],
+);
 
 #[cfg(test)]
 mod tests {
@@ -271,11 +244,7 @@ mod tests {
     #[test]
     fn xl_has_the_published_parameter_count() {
         // DiT-XL/2 has 675M parameters; diffusers' layout repeats the embedder per block.
-        let n: usize = DitConfig::xl()
-            .all_specs()
-            .iter()
-            .map(TensorSpec::numel)
-            .sum();
+        let n = DitConfig::xl().parameter_count();
         assert!(n > 670_000_000 && n < 700_000_000 * 2, "{n}");
     }
 

@@ -3,24 +3,10 @@
 //! checkpoint starts. Kept out of the family's `mod.rs` so the root only declares and
 //! re-exports.
 
-use super::checkpoint::DitCheckpoint;
-use crate::families::entry::{FamilyEntry, FamilyModel};
-
-/// The DiT family in the registry ([`crate::families::FAMILIES`]).
-pub const FAMILY: FamilyEntry = FamilyEntry {
+crate::families::entry::family_entry! {
+    /// The DiT family in the registry ([`crate::families::FAMILIES`]).
     name: "dit",
-    pipelines: &["DiTPipeline"],
+    pipelines: ["DiTPipeline"],
     unnamed: true,
-    #[cfg(feature = "runtime")]
-    presets: super::synth::PRESETS,
-    open: |root| Ok(std::sync::Arc::new(DitCheckpoint::open(root)?)),
-};
-
-/// The checkpoint's runtime lives here rather than beside the checkpoint, so that the
-/// checkpoint (which the runtime reads) never names the runtime.
-impl FamilyModel for DitCheckpoint {
-    #[cfg(feature = "runtime")]
-    fn runtime(&self) -> crate::Result<Box<dyn crate::execution::family::FamilyRuntime>> {
-        Ok(Box::new(super::runtime::DitRuntime::new(self.clone())?))
-    }
+    opens: dit::DitCheckpoint => DitRuntime,
 }

@@ -5,6 +5,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod entry;
+pub mod flops;
 #[cfg(feature = "runtime")]
 pub mod model;
 #[cfg(feature = "runtime")]

@@ -10,7 +10,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::components::fused;
+use crate::components::{flops, fused};
 use crate::execution::dtype::product;
 use crate::execution::weights::Weights;
 use crate::families::dit::{DitConfig, TIMESTEP_CHANNELS};
@@ -153,9 +153,9 @@ impl Dit {
             heads("attn1.to_k")?,
             heads("attn1.to_v")?,
         );
-        let scores = product(&[&q, &k.t()?], |t| Ok(t[0].matmul(&t[1])?))?;
+        let scores = product(&[&q, &k.t()?], |t| Ok(flops::matmul(&t[0], &t[1])?))?;
         let probs = fused::softmax_scaled(&scores, 1.0 / (hd as f64).sqrt())?;
-        let o = product(&[&probs, &v], |t| Ok(t[0].matmul(&t[1])?))?
+        let o = product(&[&probs, &v], |t| Ok(flops::matmul(&t[0], &t[1])?))?
             .transpose(1, 2)?
             .reshape((b, t, d))?;
         linear(w, "attn1.to_out.0", &o)

@@ -14,6 +14,7 @@ use crate::execution::family::{Decoder, FamilyRuntime, RankModel, Task};
 use crate::execution::seq::Split;
 use crate::execution::weights::{self, seeded_noise, Weights};
 use crate::execution::work::{Condition, Output, Request};
+use crate::families::steps::{guide, output};
 use crate::families::FamilyCheckpoint;
 use crate::samplers::ddim::{Ddim, DdimConfig};
 use crate::{Error, Result};
@@ -288,8 +289,7 @@ impl Task for DitTask {
         let out = self.rank.dit.epilogue(st)?;
         let eps = out.narrow(1, 0, c)?;
         let eps = if self.guided() {
-            let (cond, uncond) = (eps.narrow(0, 0, 1)?, eps.narrow(0, 1, 1)?);
-            (&uncond + ((cond - &uncond)? * self.guidance as f64)?)?
+            guide(&eps.narrow(0, 0, 1)?, &eps.narrow(0, 1, 1)?, self.guidance)?
         } else {
             eps
         };
@@ -300,18 +300,7 @@ impl Task for DitTask {
     }
 
     fn finish(self: Box<Self>) -> Result<Output> {
-        let image = match &self.rank.vae {
-            Some(v) => Some(
-                v.decode(&self.latents)?
-                    .squeeze(0)?
-                    .to_device(&Device::Cpu)?,
-            ),
-            None => None,
-        };
-        Ok(Output {
-            latents: self.latents.to_device(&Device::Cpu)?,
-            image,
-            text_embeddings: None,
-        })
+        let image = self.rank.vae.as_ref().map(|v| Ok(v.decode(&self.latents)?.squeeze(0)?));
+        output(&self.latents, image, None)
     }
 }

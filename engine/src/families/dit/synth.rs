@@ -8,10 +8,8 @@ use safetensors::Dtype;
 use super::DitConfig;
 use crate::components::autoencoder_kl::VaeConfig;
 use crate::samplers::ddim::DdimConfig;
-use crate::tools::synth::pipeline::{SynthOptions, SynthPipeline, SynthPreset};
-use crate::tools::synth::write::{
-    write_folder, write_json, write_scheduler, write_vae, ComponentFiles, DIFFUSERS_STEM, HERE,
-};
+use crate::tools::synth::pipeline::{Knobs, SynthOptions, SynthPipeline, SynthPreset};
+use crate::tools::synth::write::{write_components, write_json, ComponentFiles, HERE};
 use crate::Result;
 
 /// A DiT pipeline to write.
@@ -86,36 +84,19 @@ impl SynthPipeline for DitSynth {
                 "vae": ["diffusers", "AutoencoderKL"],
             }),
         )?;
-        let (tb, tf) = write_folder(
-            out,
-            opts,
-            ComponentFiles {
-                name: "transformer",
-                config: dit.to_json(),
-                stem: DIFFUSERS_STEM,
-                specs: dit.all_specs(),
-                dtype: &|_| opts.dtype,
-                sharded: true,
-                seed_offset: 0,
-            },
-        )?;
-        let (vb, vf) = write_vae(out, opts, vae.to_config_json(), vae.tensor_specs())?;
-        write_scheduler(out, &DdimConfig::dit().to_json())?;
-        Ok((tb + vb, tf + vf))
+        let same = |_: &str| opts.dtype;
+        let folders = vec![
+            ComponentFiles::transformer("transformer", dit.to_json(), dit.all_specs(), &same, 0),
+            ComponentFiles::vae(vae.to_config_json(), vae.tensor_specs()),
+        ];
+        write_components(out, opts, folders, &DdimConfig::dit().to_json())
     }
 
-    fn layers(&mut self) -> &mut usize {
-        &mut self.dit.num_layers
-    }
-
-    fn heads(&mut self) -> (&mut usize, &mut usize) {
-        (
-            &mut self.dit.num_attention_heads,
-            &mut self.dit.attention_head_dim,
-        )
-    }
-
-    fn sample_size(&mut self) -> Option<&mut usize> {
-        Some(&mut self.dit.sample_size)
+    fn knobs(&mut self) -> Knobs<'_> {
+        let t = &mut self.dit;
+        Knobs {
+            sample_size: Some(&mut t.sample_size),
+            ..Knobs::new(&mut t.num_layers, &mut t.num_attention_heads, &mut t.attention_head_dim)
+        }
     }
 }

@@ -217,6 +217,10 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
         }
     }
     /// What a request costs in activations (f32), from the shapes the engine computes.
+    fn decode_cost(&self) -> Option<crate::decode::DecodeCost> {
+        Some(self.vae_config.decode_cost())
+    }
+
     fn activation_cost(&self) -> ActivationCost {
         let tr = &self.transformer_config;
         let side = self.pixels_per_token_side() as u64;
@@ -224,7 +228,10 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
         ActivationCost {
             pixels_per_token: side * side,
             bytes_per_token: tr.activation_bytes_per_token(),
-            bytes_per_token_pair: 0,
+            // One chunk's scores and softmax, all heads, f32: what a sequence short
+            // enough for a single chunk holds in place of the budget.
+            attention_bytes_per_token: 0,
+            bytes_per_token_pair: 8 * tr.num_attention_heads as u64,
             attention_bytes: crate::components::attention::ATTENTION_CHUNK_BYTES,
             // The decoder's first up block at full resolution: about three maps of its width
             // for the one frame and the two its causal cache holds.
@@ -236,6 +243,7 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
             bytes_per_text_token: tr.activation_bytes_per_token()
                 + 4 * tr.joint_attention_dim as u64,
             encoder_bytes_per_token: self.text_encoder_config.encoder_bytes_per_token(),
+            encoder_attention_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 0,
             // The prompt and the negative prompt run as two sequences of their own lengths,
             // both live through each block.
@@ -243,22 +251,19 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
             exchange_bytes_per_token: 0,
         }
     }
-    /// The text encoder by the default (its weights all act on every prompt token). A
-    /// transformer block sends each image token through the image stream's half of its
-    /// weights (q, k, v, out and the feed-forward: 12·D² multiply-adds; the modulation acts
-    /// once per sample) and attends over the joint sequence (4·D per query-key pair); the
-    /// text stream's half runs on the prompt's few hundred tokens, left out.
+    /// The text encoder's layers ([`crate::components::qwen2_5_vl::flops::encoder_block`])
+    /// and the transformer's double-stream blocks ([`super::flops::transformer_block`]).
     fn group_compute(&self) -> Vec<layerwise_core::family::GroupCompute> {
-        let tr = &self.transformer_config;
-        let d = tr.hidden() as u64;
-        let mut v = layerwise_core::family::default_group_compute(self);
-        for g in &mut v {
-            if g.component == "transformer" {
-                g.flops_per_token = 2 * (4 * d * d + 2 * d * (tr.ffn_dim() as u64));
-                g.flops_per_token_pair = 4 * d;
-            }
-        }
-        v
+        layerwise_core::family::default_group_compute(self)
+            .into_iter()
+            .map(|g| match g.component.as_str() {
+                "text_encoder" => crate::components::qwen2_5_vl::flops::encoder_block(
+                    &self.text_encoder_config,
+                    g,
+                ),
+                _ => super::flops::transformer_block(&self.transformer_config, g),
+            })
+            .collect()
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

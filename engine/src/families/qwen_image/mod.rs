@@ -12,6 +12,7 @@
 
 pub mod checkpoint;
 pub mod entry;
+pub mod flops;
 pub mod groups;
 pub mod prompt;
 #[cfg(feature = "runtime")]

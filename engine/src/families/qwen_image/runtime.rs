@@ -27,6 +27,7 @@ use crate::execution::seq::Split;
 use crate::execution::weights::Weights;
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::encode_once::{EncodeOnce, EncodeThenSteps};
+use crate::families::steps::{guided, output};
 use crate::families::FamilyCheckpoint;
 use crate::samplers::flow::{FlowMatchEuler, FlowMatchEulerConfig, Sampler};
 use crate::{Error, Result};
@@ -136,7 +137,7 @@ pub fn unpack(latents: &Tensor, h: usize, w: usize) -> Result<Tensor> {
 /// The pipeline's guidance: `uncond + g (cond − uncond)`, rescaled per token to the
 /// conditional prediction's norm over its channels.
 fn guide(cond: &Tensor, uncond: &Tensor, scale: f32) -> Result<Tensor> {
-    let comb = (uncond + ((cond - uncond)? * scale as f64)?)?;
+    let comb = crate::families::steps::guide(cond, uncond, scale)?;
     let cond_norm = cond.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?;
     let comb_norm = comb.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?;
     Ok(comb.broadcast_mul(&(cond_norm / comb_norm)?)?)
@@ -376,16 +377,10 @@ impl EncodeThenSteps for QwenImageTask {
 
     fn end_step(&mut self, _text: &Self::Text, _step: usize) -> Result<()> {
         let r = self.rank.clone();
-        let mut v = std::mem::take(&mut self.states)
+        let v = std::mem::take(&mut self.states)
             .into_iter()
             .map(|st| r.transformer.epilogue(st));
-        let cond = v
-            .next()
-            .ok_or_else(|| Error::bug("step: no activations after the pass"))??;
-        let noise = match v.next() {
-            Some(uncond) => guide(&cond, &uncond?, self.guidance)?,
-            None => cond,
-        };
+        let noise = guided(v, |c, u| guide(c, u, self.guidance))?;
         self.latents = self.sampler.step(&noise, &self.latents)?;
         Ok(())
     }
@@ -393,15 +388,8 @@ impl EncodeThenSteps for QwenImageTask {
     fn finish(self, _text: Option<Self::Text>) -> Result<Output> {
         let (h, w) = self.latent_hw;
         let latents = unpack(&self.latents, h, w)?;
-        let image = match &self.rank.vae {
-            Some(v) => Some(v.decode(&latents)?.squeeze(0)?.to_device(&Device::Cpu)?),
-            None => None,
-        };
-        Ok(Output {
-            latents: latents.to_device(&Device::Cpu)?,
-            image,
-            text_embeddings: None,
-        })
+        let image = self.rank.vae.as_ref().map(|v| Ok(v.decode(&latents)?.squeeze(0)?));
+        output(&latents, image, None)
     }
 }
 

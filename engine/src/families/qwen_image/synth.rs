@@ -13,10 +13,9 @@ use crate::components::qwen2_5_vl::{Qwen25VlConfig, TensorPrefix};
 use crate::components::wan_vae::WanVaeConfig;
 use crate::families::TensorSpec;
 use crate::samplers::flow::{FlowMatchEulerConfig, FlowScheduler};
-use crate::tools::synth::pipeline::{SynthOptions, SynthPipeline, SynthPreset};
+use crate::tools::synth::pipeline::{Knobs, SynthOptions, SynthPipeline, SynthPreset};
 use crate::tools::synth::write::{
-    write_folder, write_json, write_scheduler, write_texts, write_vae, ComponentFiles,
-    DIFFUSERS_STEM, HERE, TRANSFORMERS_STEM,
+    write_components, write_json, write_texts, ComponentFiles, HERE,
 };
 use crate::Result;
 
@@ -98,50 +97,19 @@ impl SynthPipeline for QwenImageSynth {
             }),
         )?;
         write_texts(out, "tokenizer", &synth_tokenizer_files())?;
-        let (mut bytes, mut files) = write_folder(
-            out,
-            opts,
-            ComponentFiles {
-                name: "text_encoder",
-                config: q.text_encoder.to_json(),
-                stem: TRANSFORMERS_STEM,
-                specs: qwen_text_encoder_specs(&q.text_encoder),
-                dtype: &|_| opts.dtype,
-                sharded: true,
-                seed_offset: 2,
-            },
-        )?;
-        let (b, f) = write_folder(
-            out,
-            opts,
-            ComponentFiles {
-                name: "transformer",
-                config: q.transformer.to_json(),
-                stem: DIFFUSERS_STEM,
-                specs: q.transformer.all_specs(),
-                dtype: &|_| opts.dtype,
-                sharded: true,
-                seed_offset: 3,
-            },
-        )?;
-        bytes += b;
-        files += f;
-        let (b, f) = write_vae(out, opts, super::vae::to_json(&q.vae), q.vae.tensor_specs())?;
-        write_scheduler(
-            out,
-            &FlowScheduler::Euler(FlowMatchEulerConfig::qwen_image()).to_json(),
-        )?;
-        Ok((bytes + b, files + f))
+        let same = |_: &str| opts.dtype;
+        let (te, t) = (&q.text_encoder, &q.transformer);
+        let folders = vec![
+            ComponentFiles::text_encoder(te.to_json(), qwen_text_encoder_specs(te), &same),
+            ComponentFiles::transformer("transformer", t.to_json(), t.all_specs(), &same, 3),
+            ComponentFiles::vae(super::vae::to_json(&q.vae), q.vae.tensor_specs()),
+        ];
+        let scheduler = FlowScheduler::Euler(FlowMatchEulerConfig::qwen_image()).to_json();
+        write_components(out, opts, folders, &scheduler)
     }
 
-    fn layers(&mut self) -> &mut usize {
-        &mut self.transformer.num_layers
-    }
-
-    fn heads(&mut self) -> (&mut usize, &mut usize) {
-        (
-            &mut self.transformer.num_attention_heads,
-            &mut self.transformer.attention_head_dim,
-        )
+    fn knobs(&mut self) -> Knobs<'_> {
+        let t = &mut self.transformer;
+        Knobs::new(&mut t.num_layers, &mut t.num_attention_heads, &mut t.attention_head_dim)
     }
 }

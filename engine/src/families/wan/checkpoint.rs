@@ -309,6 +309,10 @@ impl FamilyCheckpoint for WanCheckpoint {
         }
     }
     /// What a request costs in activations (f32), from the shapes the engine computes.
+    fn decode_cost(&self) -> Option<crate::decode::DecodeCost> {
+        Some(self.vae_config.decode_cost())
+    }
+
     fn activation_cost(&self) -> ActivationCost {
         let tr = &self.transformer_config;
         let (d, ffn) = (tr.hidden() as u64, tr.ffn_dim as u64);
@@ -319,25 +323,33 @@ impl FamilyCheckpoint for WanCheckpoint {
         let (te_inner, te_heads) = (te.inner_dim() as u64, te.num_heads as u64);
         ActivationCost {
             pixels_per_token: spatial * spatial,
-            // x, norm(x), q, k, v, attention out, rotary temporaries and the FFN's hidden
-            // before and after its GELU: f32 each. Attention runs in query chunks whose
-            // scores stay within a fixed budget, so no term grows with tokens².
-            bytes_per_token: 4 * (8 * d + 2 * ffn),
-            bytes_per_token_pair: 0,
+            // The block peaks in its feed-forward (measured: linear in the tokens, no
+            // quadratic part, at the published widths; `engine/tests/memory_measured.rs`):
+            // x, its modulated norm, the FFN's hidden, GELU's temporary and its output.
+            bytes_per_token: 4 * (2 * d + 3 * ffn),
+            // Or in its self-attention: x, norm(x), q, k, v, the rotated q and k and the
+            // attention out, beside one query chunk's scores; whichever is larger.
+            attention_bytes_per_token: 4 * 8 * d,
+            // One chunk's scores and softmax, all heads, f32: what a sequence short
+            // enough for a single chunk holds in place of the budget.
+            bytes_per_token_pair: 8 * tr.num_attention_heads as u64,
             attention_bytes: crate::components::attention::ATTENTION_CHUNK_BYTES,
             // The decoder's first up block at full resolution: about three maps of its
             // width for each of the frames a chunk yields and the two it caches.
             vae_bytes_per_pixel: 4 * 3 * base * self.vae_config.dim_mult[0] as u64,
             frames_per_latent: self.vae_config.temporal_upscale() as u64,
             decoder_frames: self.vae_config.temporal_upscale() as u64 + 2,
-            // Per prompt token and sample in each block: the projected text [M, d] kept for
-            // every block, its cross-attention keys and values, and the text embedder's
-            // input and hidden while it runs.
-            bytes_per_text_token: 4 * (tr.text_dim as u64 + 4 * d),
-            // A UMT5 layer: hidden, its norm, q, k, v and attention out, the gated
-            // feed-forward's two projections and their product.
-            encoder_bytes_per_token: 4 * (2 * te_d + 4 * te_inner + 3 * te_ff),
-            // Its scores, their softmax and the layer's position bias, every head.
+            // Per prompt token and sample at the block's peak: the projected text [M, d]
+            // kept for every block (its cross-attention keys and values are gone by the
+            // feed-forward).
+            bytes_per_text_token: 4 * d,
+            // A UMT5 layer peaks in its gated feed-forward (measured linear in the
+            // prompt's tokens): x, its norm and the layer's output, the two projections,
+            // GELU's temporary and their product.
+            encoder_bytes_per_token: 4 * (3 * te_d + 4 * te_ff),
+            // Or in its attention: hidden, its norm, q, k, v and attention out beside the
+            // scores, their softmax and the layer's position bias, every head.
+            encoder_attention_bytes_per_token: 4 * (2 * te_d + 4 * te_inner),
             encoder_bytes_per_token_pair: 4 * 3 * te_heads,
             // The prompt and the negative prompt go through as a batch of two.
             guidance_samples: 2,
@@ -345,6 +357,19 @@ impl FamilyCheckpoint for WanCheckpoint {
             // [tokens, d], alive in both layouts across an all-to-all.
             exchange_bytes_per_token: 4 * 4 * d,
         }
+    }
+    /// The text encoder's blocks ([`crate::components::umt5::flops::encoder_block`]) and
+    /// each expert's ([`super::flops::transformer_block`]).
+    fn group_compute(&self) -> Vec<layerwise_core::family::GroupCompute> {
+        layerwise_core::family::default_group_compute(self)
+            .into_iter()
+            .map(|g| match g.component.as_str() {
+                "text_encoder" => {
+                    crate::components::umt5::flops::encoder_block(&self.text_encoder_config, g)
+                }
+                _ => super::flops::transformer_block(&self.transformer_config, g),
+            })
+            .collect()
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

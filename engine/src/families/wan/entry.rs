@@ -3,24 +3,9 @@
 //! checkpoint starts. Kept out of the family's `mod.rs` so the root only declares and
 //! re-exports.
 
-use super::checkpoint::WanCheckpoint;
-use crate::families::entry::{FamilyEntry, FamilyModel};
-
-/// The Wan family in the registry ([`crate::families::FAMILIES`]).
-pub const FAMILY: FamilyEntry = FamilyEntry {
+crate::families::entry::family_entry! {
+    /// The Wan family in the registry ([`crate::families::FAMILIES`]).
     name: "wan",
-    pipelines: &["WanPipeline"],
-    unnamed: false,
-    #[cfg(feature = "runtime")]
-    presets: super::synth::PRESETS,
-    open: |root| Ok(std::sync::Arc::new(WanCheckpoint::open(root)?)),
-};
-
-/// The checkpoint's runtime lives here rather than beside the checkpoint, so that the
-/// checkpoint (which the runtime reads) never names the runtime.
-impl FamilyModel for WanCheckpoint {
-    #[cfg(feature = "runtime")]
-    fn runtime(&self) -> crate::Result<Box<dyn crate::execution::family::FamilyRuntime>> {
-        Ok(Box::new(super::runtime::WanRuntime::new(self.clone())?))
-    }
+    pipelines: ["WanPipeline"],
+    opens: wan::WanCheckpoint => WanRuntime,
 }

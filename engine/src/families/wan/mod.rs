@@ -10,6 +10,7 @@
 
 pub mod checkpoint;
 pub mod entry;
+pub mod flops;
 pub mod groups;
 #[cfg(feature = "runtime")]
 pub mod runtime;

@@ -22,6 +22,7 @@ use crate::execution::seq::Split;
 use crate::execution::weights::Weights;
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::encode_once::{EncodeOnce, EncodeThenSteps};
+use crate::families::steps::{guide, output};
 use crate::families::FamilyCheckpoint;
 use crate::samplers::flow::{FlowScheduler, Sampler};
 use crate::{Error, Result};
@@ -368,8 +369,7 @@ impl EncodeThenSteps for WanTask {
             } else {
                 self.guidance_2
             };
-            let (cond, uncond) = (out.narrow(0, 0, 1)?, out.narrow(0, 1, 1)?);
-            (&uncond + ((cond - &uncond)? * scale as f64)?)?
+            guide(&out.narrow(0, 0, 1)?, &out.narrow(0, 1, 1)?, scale)?
         } else {
             out
         };
@@ -378,14 +378,7 @@ impl EncodeThenSteps for WanTask {
     }
 
     fn finish(self, text: Option<Self::Text>) -> Result<Output> {
-        let image = match &self.rank.vae {
-            Some(v) => Some(v.decode(&self.latents)?.to_device(&Device::Cpu)?),
-            None => None,
-        };
-        Ok(Output {
-            latents: self.latents.to_device(&Device::Cpu)?,
-            image,
-            text_embeddings: text.map(|t| t.to_device(&Device::Cpu)).transpose()?,
-        })
+        let image = self.rank.vae.as_ref().map(|v| v.decode(&self.latents));
+        output(&self.latents, image, text)
     }
 }

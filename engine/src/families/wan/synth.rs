@@ -10,10 +10,9 @@ use super::transformer::WanTransformerConfig;
 use crate::components::umt5::{synth_tokenizer_config, synth_tokenizer_json, Umt5Config};
 use crate::components::wan_vae::WanVaeConfig;
 use crate::samplers::flow::{FlowScheduler, UniPcConfig};
-use crate::tools::synth::pipeline::{SynthOptions, SynthPipeline, SynthPreset};
+use crate::tools::synth::pipeline::{Knobs, SynthOptions, SynthPipeline, SynthPreset};
 use crate::tools::synth::write::{
-    keeping_f32, write_folder, write_json, write_scheduler, write_texts, write_vae, ComponentFiles,
-    DIFFUSERS_STEM, HERE, TRANSFORMERS_STEM,
+    keeping_f32, write_components, write_json, write_texts, ComponentFiles, HERE,
 };
 use crate::Result;
 
@@ -145,19 +144,12 @@ impl SynthPipeline for WanSynth {
                 ("tokenizer_config.json", synth_tokenizer_config()),
             ],
         )?;
-        let (mut bytes, mut files) = write_folder(
-            out,
-            opts,
-            ComponentFiles {
-                name: "text_encoder",
-                config: w.text_encoder.to_json(),
-                stem: TRANSFORMERS_STEM,
-                specs: w.text_encoder.all_specs(),
-                dtype: &|_| opts.dtype,
-                sharded: true,
-                seed_offset: 2,
-            },
-        )?;
+        let same = |_: &str| opts.dtype;
+        let mut folders = vec![ComponentFiles::text_encoder(
+            w.text_encoder.to_json(),
+            w.text_encoder.all_specs(),
+            &same,
+        )];
         let experts: &[&str] = if two {
             &["transformer", "transformer_2"]
         } else {
@@ -165,42 +157,24 @@ impl SynthPipeline for WanSynth {
         };
         let dtype = keeping_f32(opts.dtype, wan_keeps_f32);
         for (i, name) in experts.iter().enumerate() {
-            let (b, f) = write_folder(
-                out,
-                opts,
-                ComponentFiles {
-                    name,
-                    config: w.transformer.to_json(),
-                    stem: DIFFUSERS_STEM,
-                    specs: w.transformer.all_specs(),
-                    dtype: &dtype,
-                    sharded: true,
-                    seed_offset: 3 + i as u64,
-                },
-            )?;
-            bytes += b;
-            files += f;
+            folders.push(ComponentFiles::transformer(
+                name,
+                w.transformer.to_json(),
+                w.transformer.all_specs(),
+                &dtype,
+                3 + i as u64,
+            ));
         }
-        let (b, f) = write_vae(out, opts, w.vae.to_json(), w.vae.tensor_specs())?;
-        write_scheduler(
-            out,
-            &FlowScheduler::UniPc(UniPcConfig::wan(w.flow_shift)).to_json(),
-        )?;
-        Ok((bytes + b, files + f))
+        folders.push(ComponentFiles::vae(w.vae.to_json(), w.vae.tensor_specs()));
+        let scheduler = FlowScheduler::UniPc(UniPcConfig::wan(w.flow_shift)).to_json();
+        write_components(out, opts, folders, &scheduler)
     }
 
-    fn layers(&mut self) -> &mut usize {
-        &mut self.transformer.num_layers
-    }
-
-    fn heads(&mut self) -> (&mut usize, &mut usize) {
-        (
-            &mut self.transformer.num_attention_heads,
-            &mut self.transformer.attention_head_dim,
-        )
-    }
-
-    fn ffn_dim(&mut self) -> Option<&mut usize> {
-        Some(&mut self.transformer.ffn_dim)
+    fn knobs(&mut self) -> Knobs<'_> {
+        let t = &mut self.transformer;
+        Knobs {
+            ffn_dim: Some(&mut t.ffn_dim),
+            ..Knobs::new(&mut t.num_layers, &mut t.num_attention_heads, &mut t.attention_head_dim)
+        }
     }
 }

@@ -18,21 +18,48 @@ pub trait SynthPipeline: AnyPipeline + std::fmt::Debug + Send + Sync + Any {
     /// files' bytes and how many files were written.
     fn write(&self, out: &Path, opts: &SynthOptions) -> Result<(u64, usize)>;
 
-    /// The depth of the (first) transformer, which its twin expert shares.
-    fn layers(&mut self) -> &mut usize;
-
-    /// The transformer's attention heads and their width.
-    fn heads(&mut self) -> (&mut usize, &mut usize);
+    /// The transformer's sizes that the options' setters change: fields of its config.
+    fn knobs(&mut self) -> Knobs<'_>;
 
     /// The transformer's feed-forward width, where it is a field of its own (not a fixed
     /// multiple of the hidden size).
     fn ffn_dim(&mut self) -> Option<&mut usize> {
-        None
+        self.knobs().ffn_dim
     }
 
     /// The latent sample size, where the config fixes one (DiT).
     fn sample_size(&mut self) -> Option<&mut usize> {
-        None
+        self.knobs().sample_size
+    }
+}
+
+/// The sizes of a family's transformer that `synth`'s options set, as the fields of its
+/// config they are.
+#[derive(Debug)]
+pub struct Knobs<'a> {
+    /// The depth of the (first) transformer, which its twin expert shares.
+    pub layers: &'a mut usize,
+    /// The attention heads and their width.
+    pub heads: &'a mut usize,
+    pub head_dim: &'a mut usize,
+    /// The feed-forward width, where it is a field of its own (not a fixed multiple of the
+    /// hidden size).
+    pub ffn_dim: Option<&'a mut usize>,
+    /// The latent sample size, where the config fixes one (DiT).
+    pub sample_size: Option<&'a mut usize>,
+}
+
+impl<'a> Knobs<'a> {
+    /// A transformer's depth, heads and head width; no feed-forward width or sample size of
+    /// their own.
+    pub fn new(layers: &'a mut usize, heads: &'a mut usize, head_dim: &'a mut usize) -> Self {
+        Knobs {
+            layers,
+            heads,
+            head_dim,
+            ffn_dim: None,
+            sample_size: None,
+        }
     }
 }
 
@@ -112,17 +139,17 @@ impl SynthOptions {
 
     /// Sets the depth of the (first) transformer, and of its twin expert.
     pub fn set_layers(&mut self, n: usize) {
-        *self.model.layers() = n;
+        *self.model.knobs().layers = n;
     }
 
     /// Sets the transformer's attention heads and, if given, their width.
     pub fn set_heads(&mut self, heads: Option<usize>, head_dim: Option<usize>) {
-        let (h, d) = self.model.heads();
+        let k = self.model.knobs();
         if let Some(v) = heads {
-            *h = v;
+            *k.heads = v;
         }
         if let Some(v) = head_dim {
-            *d = v;
+            *k.head_dim = v;
         }
     }
 }

@@ -222,26 +222,80 @@ pub fn write_folder(out: &Path, opts: &SynthOptions, c: ComponentFiles) -> Resul
     )
 }
 
-/// Writes a VAE folder: its config, its f32 weights in one file.
-pub fn write_vae(
-    out: &Path,
-    opts: &SynthOptions,
-    config: serde_json::Value,
-    specs: Vec<TensorSpec>,
-) -> Result<(u64, usize)> {
-    write_folder(
-        out,
-        opts,
+/// The dtype of every tensor of a VAE, as diffusers ships it.
+fn f32_weights(_: &str) -> Dtype {
+    Dtype::F32
+}
+
+impl<'a> ComponentFiles<'a> {
+    /// The text encoder's folder, `text_encoder`, as transformers saves it (sharded).
+    pub fn text_encoder(
+        config: serde_json::Value,
+        specs: Vec<TensorSpec>,
+        dtype: &'a dyn Fn(&str) -> Dtype,
+    ) -> Self {
+        ComponentFiles {
+            name: "text_encoder",
+            config,
+            stem: TRANSFORMERS_STEM,
+            specs,
+            dtype,
+            sharded: true,
+            seed_offset: 2,
+        }
+    }
+
+    /// A transformer's folder `name`, as diffusers saves it (sharded), its weights drawn
+    /// with `seed_offset` (the second expert's differ from the first's).
+    pub fn transformer(
+        name: &'a str,
+        config: serde_json::Value,
+        specs: Vec<TensorSpec>,
+        dtype: &'a dyn Fn(&str) -> Dtype,
+        seed_offset: u64,
+    ) -> Self {
+        ComponentFiles {
+            name,
+            config,
+            stem: DIFFUSERS_STEM,
+            specs,
+            dtype,
+            sharded: true,
+            seed_offset,
+        }
+    }
+
+    /// The VAE's folder, `vae`: its f32 weights in one file.
+    pub fn vae(config: serde_json::Value, specs: Vec<TensorSpec>) -> Self {
         ComponentFiles {
             name: "vae",
             config,
             stem: DIFFUSERS_STEM,
             specs,
-            dtype: &|_| Dtype::F32,
+            dtype: &f32_weights,
             sharded: false,
             seed_offset: 1,
-        },
-    )
+        }
+    }
+}
+
+/// Writes each of `folders` under `out`, in order, then `scheduler/scheduler_config.json`:
+/// the weights and configs of a pipeline folder; returns the weight files' bytes and how
+/// many weight files were written.
+pub fn write_components(
+    out: &Path,
+    opts: &SynthOptions,
+    folders: Vec<ComponentFiles>,
+    scheduler: &serde_json::Value,
+) -> Result<(u64, usize)> {
+    let (mut bytes, mut files) = (0, 0);
+    for c in folders {
+        let (b, f) = write_folder(out, opts, c)?;
+        bytes += b;
+        files += f;
+    }
+    write_scheduler(out, scheduler)?;
+    Ok((bytes, files))
 }
 
 /// Writes `scheduler/scheduler_config.json`.

@@ -6,7 +6,7 @@ use super::prefix::{is_unused, TensorPrefix};
 use super::text::Qwen25VlConfig;
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::Component;
-use crate::{Error, Result};
+use crate::Result;
 use layerwise_core::family::{BlockGroup, TensorSpec};
 
 impl Qwen25VlConfig {
@@ -95,22 +95,13 @@ impl Qwen25VlConfig {
     pub fn check(&self, c: &Component) -> Result<TensorPrefix> {
         let prefix = TensorPrefix::detect(c)?;
         let group = self.block_group(prefix);
-        let found = c
-            .index
-            .keys()
-            .filter_map(|n| group.block_of(n))
-            .max()
-            .map_or(0, |m| m + 1);
-        if found != self.num_hidden_layers {
-            return Err(Error::config(
-                c.dir.join("config.json"),
-                "num_hidden_layers",
-                format!(
-                    "says {} but the weights hold {found} layers",
-                    self.num_hidden_layers
-                ),
-            ));
-        }
+        crate::components::config_checks::depth_matches(
+            c,
+            "num_hidden_layers",
+            self.num_hidden_layers,
+            |n| group.block_of(n),
+            "layers",
+        )?;
         let mut lm = c.clone();
         lm.index.retain(|name, _| !is_unused(name));
         check_tensors(&lm, &self.all_specs(prefix), |_| None)?;

@@ -37,6 +37,10 @@ impl Backend for CudaBackend {
         &self.device
     }
 
+    fn phase(&self) -> crate::measure::Phase {
+        crate::measure::cuda::pool_phase(&self.ctx)
+    }
+
     fn new_stream(&self, name: &str) -> Result<CudaStream> {
         let inner = self
             .ctx

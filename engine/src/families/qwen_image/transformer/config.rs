@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::components::config_checks::{self, ClassWording};
-use crate::families::{BlockGroup, TensorSpec};
+use crate::families::TensorSpec;
 use crate::{Error, Result};
 
 /// The only class this module understands.
@@ -124,15 +124,7 @@ impl QwenImageTransformerConfig {
             &config_checks::named!(self: patch_size, in_channels, num_layers, attention_head_dim, num_attention_heads, joint_attention_dim),
         )?;
         crate::checkpoint::layers_at_most(path, self.num_layers)?;
-        if !self.attention_head_dim.is_multiple_of(2) {
-            return bad(
-                "attention_head_dim",
-                format!(
-                    "{}: rotary embedding rotates pairs of channels, so it must be even",
-                    self.attention_head_dim
-                ),
-            );
-        }
+        config_checks::rotary_head_dim(path, self.attention_head_dim)?;
         let axes = &self.axes_dims_rope;
         if axes.len() != 3 || axes.iter().any(|d| !d.is_multiple_of(2)) {
             return bad(
@@ -182,10 +174,6 @@ impl QwenImageTransformerConfig {
         Ok(())
     }
 
-    /// The model width: heads × head width.
-    pub fn hidden(&self) -> usize {
-        self.num_attention_heads * self.attention_head_dim
-    }
     /// Latent channels per output pixel: `out_channels`, or `in_channels` when unset.
     pub fn out(&self) -> usize {
         match self.out_channels {
@@ -265,13 +253,6 @@ impl QwenImageTransformerConfig {
         4 * (10 * d + 2 * self.ffn_dim() as u64 + self.attention_head_dim as u64)
     }
 
-    /// The block index a tensor name of this component belongs to, if any.
-    pub fn block_of(name: &str) -> Option<usize> {
-        let rest = name.strip_prefix(BLOCK_PREFIX)?;
-        let (idx, _) = rest.split_once('.')?;
-        idx.parse().ok()
-    }
-
     /// Tensors outside the blocks, which stay resident: the timestep embedder, the text
     /// norm and input projections, and the output modulation and projection.
     pub fn resident_specs(&self) -> Vec<TensorSpec> {
@@ -328,45 +309,23 @@ impl QwenImageTransformerConfig {
         }
         v
     }
-
-    /// The blocks as a streamed group called `transformer`.
-    pub fn block_group(&self) -> BlockGroup {
-        BlockGroup {
-            name: "transformer".into(),
-            prefix: BLOCK_PREFIX.into(),
-            count: self.num_layers,
-            block: self.block_specs(),
-        }
-    }
-
-    /// Every tensor of the transformer with its full name.
-    pub fn all_specs(&self) -> Vec<TensorSpec> {
-        crate::components::config_json::all_specs(self.resident_specs(), &self.block_group())
-    }
-
-    /// The JSON diffusers writes for this config, so that a folder written with it loads
-    /// in diffusers.
-    pub fn to_json(&self) -> serde_json::Value {
-        crate::components::config_json::with_fields(
-            self,
-            &[("_diffusers_version", DIFFUSERS_VERSION.into())],
-        )
-    }
 }
+
+crate::components::config_json::transformer_specs!(
+    QwenImageTransformerConfig,
+    prefix: BLOCK_PREFIX,
+    json: [("_diffusers_version", DIFFUSERS_VERSION)],
+);
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn params(c: &QwenImageTransformerConfig) -> usize {
-        c.all_specs().iter().map(TensorSpec::numel).sum()
-    }
-
     #[test]
     fn the_published_preset_is_the_20b_model() {
         // 36 D² per block (two 6 D modulations, eight attention projections, two 4 D
         // feed-forwards) × 60 blocks at D = 3072: 20.43 B parameters as diffusers counts.
-        let n = params(&QwenImageTransformerConfig::published());
+        let n = QwenImageTransformerConfig::published().parameter_count();
         assert!((20_300_000_000..20_500_000_000).contains(&n), "{n}");
         for c in [
             QwenImageTransformerConfig::tiny(),
@@ -424,12 +383,8 @@ mod tests {
             ("use_additional_t_cond", |c| c.use_additional_t_cond = true),
             ("use_layer3d_rope", |c| c.use_layer3d_rope = true),
         ];
-        for (field, break_it) in cases {
-            let mut c = QwenImageTransformerConfig::tiny();
-            break_it(&mut c);
-            let e = c.validate(Path::new("cfg.json")).unwrap_err().to_string();
-            assert!(e.contains(&format!("`{field}`")), "{field}: {e}");
-        }
+        let tiny = QwenImageTransformerConfig::tiny();
+        config_checks::assert_each_break_is_named(&tiny, QwenImageTransformerConfig::validate, &cases);
     }
 
     #[test]
@@ -457,13 +412,7 @@ mod tests {
     #[test]
     fn specs_cover_the_block_and_the_rest_once() {
         let c = QwenImageTransformerConfig::tiny();
-        let all = c.all_specs();
-        let in_blocks = all
-            .iter()
-            .filter(|s| QwenImageTransformerConfig::block_of(&s.name).is_some())
-            .count();
-        assert_eq!(in_blocks, c.num_layers * c.block_specs().len());
-        assert_eq!(all.len() - in_blocks, c.resident_specs().len());
+        c.assert_specs_cover_once();
         assert_eq!(
             QwenImageTransformerConfig::block_of("transformer_blocks.59.attn.to_add_out.bias"),
             Some(59)

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::components::config_checks::{self, ClassWording};
-use crate::families::{BlockGroup, TensorSpec};
+use crate::families::TensorSpec;
 use crate::{Error, Result};
 
 /// The only class this module understands.
@@ -141,15 +141,7 @@ impl WanTransformerConfig {
             &config_checks::named!(self: num_attention_heads, attention_head_dim, in_channels, text_dim, ffn_dim, num_layers, rope_max_seq_len),
         )?;
         crate::checkpoint::layers_at_most(path, self.num_layers)?;
-        if !self.attention_head_dim.is_multiple_of(2) {
-            return bad(
-                "attention_head_dim",
-                format!(
-                    "{}: rotary embedding rotates pairs of channels, so it must be even",
-                    self.attention_head_dim
-                ),
-            );
-        }
+        config_checks::rotary_head_dim(path, self.attention_head_dim)?;
         if self.freq_dim < 2 || !self.freq_dim.is_multiple_of(2) {
             return bad(
                 "freq_dim",
@@ -181,10 +173,6 @@ impl WanTransformerConfig {
         Ok(())
     }
 
-    /// The model width: heads × head width.
-    pub fn hidden(&self) -> usize {
-        self.num_attention_heads * self.attention_head_dim
-    }
     pub fn out(&self) -> usize {
         match self.out_channels {
             Some(0) | None => self.in_channels,
@@ -208,13 +196,6 @@ impl WanTransformerConfig {
     pub fn rope_dims(&self) -> (usize, usize, usize) {
         let hw = 2 * (self.attention_head_dim / 6);
         (self.attention_head_dim - 2 * hw, hw, hw)
-    }
-
-    /// The block index a tensor name of this component belongs to, if any.
-    pub fn block_of(name: &str) -> Option<usize> {
-        let rest = name.strip_prefix(BLOCK_PREFIX)?;
-        let (idx, _) = rest.split_once('.')?;
-        idx.parse().ok()
     }
 
     /// Tensors outside the blocks, which stay resident: the patch embedding, the
@@ -271,49 +252,26 @@ impl WanTransformerConfig {
         ]);
         v
     }
-
-    /// The blocks as a streamed group called `transformer` (the caller renames it for
-    /// Wan 2.2's second expert).
-    pub fn block_group(&self) -> BlockGroup {
-        BlockGroup {
-            name: "transformer".into(),
-            prefix: BLOCK_PREFIX.into(),
-            count: self.num_layers,
-            block: self.block_specs(),
-        }
-    }
-
-    /// Every tensor of the transformer with its full name.
-    pub fn all_specs(&self) -> Vec<TensorSpec> {
-        crate::components::config_json::all_specs(self.resident_specs(), &self.block_group())
-    }
-
-    /// The JSON diffusers writes for this config, so that a folder written with it loads
-    /// in diffusers.
-    pub fn to_json(&self) -> serde_json::Value {
-        crate::components::config_json::with_fields(
-            self,
-            &[("_diffusers_version", DIFFUSERS_VERSION.into())],
-        )
-    }
 }
+
+crate::components::config_json::transformer_specs!(
+    WanTransformerConfig,
+    prefix: BLOCK_PREFIX,
+    json: [("_diffusers_version", DIFFUSERS_VERSION)],
+);
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn params(c: &WanTransformerConfig) -> usize {
-        c.all_specs().iter().map(TensorSpec::numel).sum()
-    }
-
     #[test]
     fn presets_have_the_published_parameter_counts() {
         // Wan 2.1 "1.3B" is 1.42 B parameters as diffusers counts them, "14B" 14.3 B.
-        let small = params(&WanTransformerConfig::wan21_1_3b());
+        let small = WanTransformerConfig::wan21_1_3b().parameter_count();
         assert!((1_300_000_000..1_500_000_000).contains(&small), "{small}");
-        let big = params(&WanTransformerConfig::wan21_14b());
+        let big = WanTransformerConfig::wan21_14b().parameter_count();
         assert!((14_000_000_000..14_500_000_000).contains(&big), "{big}");
-        assert_eq!(params(&WanTransformerConfig::wan22_a14b()), big);
+        assert_eq!(WanTransformerConfig::wan22_a14b().parameter_count(), big);
         for c in [
             WanTransformerConfig::tiny(),
             WanTransformerConfig::wan21_1_3b(),
@@ -379,24 +337,14 @@ mod tests {
             ("eps", |c| c.eps = 0.0),
             ("num_layers", |c| c.num_layers = 0),
         ];
-        for (field, break_it) in cases {
-            let mut c = WanTransformerConfig::tiny();
-            break_it(&mut c);
-            let e = c.validate(Path::new("cfg.json")).unwrap_err().to_string();
-            assert!(e.contains(&format!("`{field}`")), "{field}: {e}");
-        }
+        let tiny = WanTransformerConfig::tiny();
+        config_checks::assert_each_break_is_named(&tiny, WanTransformerConfig::validate, &cases);
     }
 
     #[test]
     fn specs_cover_the_block_and_the_rest_once() {
         let c = WanTransformerConfig::tiny();
-        let all = c.all_specs();
-        let in_blocks = all
-            .iter()
-            .filter(|s| WanTransformerConfig::block_of(&s.name).is_some())
-            .count();
-        assert_eq!(in_blocks, c.num_layers * c.block_specs().len());
-        assert_eq!(all.len() - in_blocks, c.resident_specs().len());
+        c.assert_specs_cover_once();
         assert_eq!(
             WanTransformerConfig::block_of("blocks.7.ffn.net.2.bias"),
             Some(7)

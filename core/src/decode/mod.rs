@@ -14,8 +14,12 @@
 //! backend the host is the device: the decoder stays on the CPU, outside the ranks' budget,
 //! as it always has.
 
+mod peak;
+
 use std::fmt;
 use std::str::FromStr;
+
+pub use peak::{ConvScratch, DecodeCost, OutputSize, PeakPoint, CPU_CONV_TILE, IM2COL_BUDGET};
 
 use crate::bounds::RequestBounds;
 use crate::checkpoint::ActivationCost;
@@ -23,6 +27,19 @@ use crate::checkpoint::ActivationCost;
 /// Environment variable of `layerwise serve --decode` (the operator sets it from the
 /// plan's decision).
 pub const ENV_DECODE: &str = "LAYERWISE_DECODE";
+
+/// Environment variable of `layerwise serve --decode-budget`: the bytes a decode may hold
+/// at its peak, which the plan charged (the operator sets it from the plan).
+pub const ENV_DECODE_BUDGET: &str = "LAYERWISE_DECODE_BUDGET";
+
+/// The decode budget of a plan that names none: what the planner offers a decode before
+/// it takes the largest setting that fits ([`DecodeCost::choose`]), and what an engine
+/// started without a plan decodes within.
+pub const DEFAULT_DECODE_BUDGET: u64 = 4 << 30;
+
+/// Element size the VAE decoders compute in: they load their weights as f32 on every
+/// device.
+pub const DECODE_ELEM_BYTES: u64 = 4;
 
 /// The kind of device the ranks compute on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,20 +97,54 @@ impl DecodeSite {
 
     /// Device bytes the decoder takes on each rank's device when it runs at this site, for
     /// a decoder of `decoder_weights` bytes (the checkpoint's, [`crate::checkpoint::
-    /// Profile::decoder_bytes`]) and outputs within `bounds`: nothing on the host.
-    /// `None` when the largest output's decode would overflow (no device could hold it).
+    /// Profile::decoder_bytes`]) and outputs within `bounds`: nothing on the host. A
+    /// decoder the family describes (`decode`) decodes the largest output at the largest
+    /// split that fits `budget` ([`DecodeCost::choose`], on the device), and its peak is
+    /// charged; one it does not is charged the activation formula's reservation. `None`
+    /// when no split fits the budget or the reservation would overflow.
     pub fn decoder_bytes(
         self,
         decoder_weights: u64,
         cost: &ActivationCost,
+        decode: Option<&DecodeCost>,
+        budget: u64,
         bounds: &RequestBounds,
     ) -> Option<DecoderBytes> {
         match self {
             DecodeSite::Host => Some(DecoderBytes::default()),
             DecodeSite::Device => Some(DecoderBytes {
                 weights: decoder_weights,
-                peak: cost.decode_bytes(bounds.max_width, bounds.max_height)?,
+                peak: match decode {
+                    Some(d) => device_decode(d, bounds, budget).ok()?.1,
+                    None => cost.decode_bytes(bounds.max_width, bounds.max_height)?,
+                },
             }),
+        }
+    }
+}
+
+/// The split and the peak of decoding the largest output `bounds` admit on a device within
+/// `budget`: the planner's charge and the engine's start check, one function.
+pub fn device_decode(
+    decode: &DecodeCost,
+    bounds: &RequestBounds,
+    budget: u64,
+) -> crate::Result<(DecodeSetting, u64)> {
+    decode.choose(
+        &OutputSize::of_bounds(bounds),
+        DECODE_ELEM_BYTES,
+        ConvScratch::Device,
+        budget,
+    )
+}
+
+impl OutputSize {
+    /// The largest output `bounds` admit.
+    pub fn of_bounds(bounds: &RequestBounds) -> OutputSize {
+        OutputSize {
+            width: bounds.max_width,
+            height: bounds.max_height,
+            frames: bounds.max_frames.max(1),
         }
     }
 }
@@ -145,6 +196,41 @@ impl fmt::Display for DecodeChoice {
     }
 }
 
+/// Spatial tiles of a decode: squares of `size` output pixels a side whose corners lie
+/// `stride` apart, so neighbours overlap by `size - stride` pixels and are blended there
+/// (diffusers' `enable_tiling`: `tile_sample_min_*` and `tile_sample_stride_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tile {
+    pub size: u64,
+    pub stride: u64,
+}
+
+/// How one output is decoded: `chunk` latent frames at a time after the first (which a
+/// causal video VAE always decodes alone), whole frames or in `tile`s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeSetting {
+    pub chunk: u64,
+    pub tile: Option<Tile>,
+}
+
+impl DecodeSetting {
+    /// One latent frame at a time, whole frames: diffusers' own untiled decode.
+    pub const FRAME_BY_FRAME: DecodeSetting = DecodeSetting {
+        chunk: 1,
+        tile: None,
+    };
+}
+
+impl fmt::Display for DecodeSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} latent frame(s) a chunk, ", self.chunk)?;
+        match self.tile {
+            None => f.write_str("whole frames"),
+            Some(t) => write!(f, "{}-pixel tiles at stride {}", t.size, t.stride),
+        }
+    }
+}
+
 /// Device bytes of a decoder beside the ranks, on one rank's device: the memory model's
 /// `decoder` term ([`crate::memory::DeviceBytes::decoder`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -170,6 +256,7 @@ mod tests {
         ActivationCost {
             pixels_per_token: 256,
             bytes_per_token: 1000,
+            attention_bytes_per_token: 0,
             bytes_per_token_pair: 0,
             attention_bytes: 0,
             vae_bytes_per_pixel: 3,
@@ -177,6 +264,7 @@ mod tests {
             decoder_frames: 6,
             bytes_per_text_token: 0,
             encoder_bytes_per_token: 0,
+            encoder_attention_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 0,
             guidance_samples: 2,
             exchange_bytes_per_token: 0,
@@ -231,9 +319,13 @@ mod tests {
     #[test]
     fn the_decoder_term_is_its_weights_and_the_largest_decode_on_the_device_only() {
         let b = bounds(64, 32, 9);
-        let host = DecodeSite::Host.decoder_bytes(500, &cost(), &b).unwrap();
+        let host = DecodeSite::Host
+            .decoder_bytes(500, &cost(), None, DEFAULT_DECODE_BUDGET, &b)
+            .unwrap();
         assert_eq!(host, DecoderBytes::default());
-        let dev = DecodeSite::Device.decoder_bytes(500, &cost(), &b).unwrap();
+        let dev = DecodeSite::Device
+            .decoder_bytes(500, &cost(), None, DEFAULT_DECODE_BUDGET, &b)
+            .unwrap();
         // 3 bytes per pixel for each of the 6 frames the chunked decoder holds at once.
         assert_eq!(dev.weights, 500);
         assert_eq!(dev.peak, 3 * 64 * 32 * 6);
@@ -252,10 +344,10 @@ mod tests {
         );
         // Overflow: no device holds it.
         assert!(DecodeSite::Device
-            .decoder_bytes(500, &cost(), &bounds(u64::MAX, u64::MAX, 1))
+            .decoder_bytes(500, &cost(), None, 0, &bounds(u64::MAX, u64::MAX, 1))
             .is_none());
         assert!(DecodeSite::Host
-            .decoder_bytes(500, &cost(), &bounds(u64::MAX, u64::MAX, 1))
+            .decoder_bytes(500, &cost(), None, 0, &bounds(u64::MAX, u64::MAX, 1))
             .is_some());
     }
 }
