@@ -4,9 +4,7 @@
 //! docs/operations.md shows the planner's figures, and the check that a plan fits the engine's
 //! own accounting.
 
-use std::path::{Path, PathBuf};
-
-use crds::{DiffusionDeployment, Plan, Profile};
+use crds::{DiffusionDeployment, Plan};
 use layerwise_core::contract::SlotsChoice;
 use layerwise_core::decode::{DecodeChoice, DecodeSite};
 use layerwise_core::memory::Placement;
