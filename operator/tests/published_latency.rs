@@ -10,8 +10,8 @@
 //! expects; `LAYERWISE_UPDATE_DOCS=1 cargo test -p layerwise-operator --test
 //! published_latency` writes them into the doc.
 
-#[allow(dead_code)]
-mod published;
+#[path = "published/sparse.rs"]
+mod sparse;
 
 use std::path::Path;
 
@@ -104,7 +104,7 @@ fn rows(dir: &Path) -> Vec<String> {
         .map(|m| {
             let profile = profiles
                 .entry(m.preset)
-                .or_insert_with(|| published::published(dir, m.preset).1);
+                .or_insert_with(|| sparse::published(dir, m.preset).1);
             let (rates, from) = NodeShape::rates_for(m.gpu, None);
             assert!(!from.fallback(), "{}: {from}", m.gpu);
             let work = Work::at_bounds(

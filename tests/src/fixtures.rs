@@ -62,5 +62,6 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
         }],
         limits: Default::default(),
         compute: Vec::new(),
+        decode: None,
     }
 }

@@ -70,7 +70,8 @@ pub use choose::{choose, pick, Choice, TIE_TOLERANCE};
 pub use compute::default_compute;
 pub use figures::AcceleratorRates;
 pub use predict::{predict, predict_for, GroupTime, Prediction};
-pub use rates::{HostLink, Product, Published, Rates, RatesFrom, FALLBACK_PRODUCT, PRODUCT_RATES};
+pub use products::{HostLink, Product, Published, PRODUCT_RATES};
+pub use rates::{Rates, RatesFrom, FALLBACK_PRODUCT};
 pub use work::Work;
 
 #[cfg(test)]

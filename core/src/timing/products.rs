@@ -17,7 +17,7 @@
 //! A node's measured rates (`engine/gpu-check`, `layerwise bench`) replace these through
 //! `spec.accelerator.rates`.
 
-use super::rates::{words, Rates};
+use super::rates::Rates;
 
 /// The link between the host's memory and the device, as published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +81,24 @@ impl Product {
                 .any(|n| n.split(' ').all(|w| have.iter().any(|h| h == w)))
         })
     }
+}
+
+impl Rates {
+    /// The figures of the first [`PRODUCT_RATES`] entry that `product` names, with that
+    /// entry's label; [`Self::DEFAULT`] and `None` otherwise.
+    pub fn for_product(product: &str) -> (Rates, Option<&'static str>) {
+        Product::find(product).map_or((Rates::DEFAULT, None), |p| (p.rates, Some(p.label)))
+    }
+}
+
+/// The name's words, upper case: split on anything but letters and digits, so NVML's
+/// `NVIDIA GeForce RTX 4090` and GPU feature discovery's `NVIDIA-GeForce-RTX-4090` read
+/// alike.
+fn words(name: &str) -> Vec<String> {
+    name.split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_ascii_uppercase)
+        .collect()
 }
 
 /// Sustained rates of a GPU (its copies have engines of their own).
@@ -423,6 +441,10 @@ mod tests {
         );
         let (_, known) = RatesFrom::product("NVIDIA H20");
         assert_eq!(known.to_string(), "the H20 defaults");
+        assert_eq!(
+            serde_json::to_value(&known).unwrap(),
+            serde_json::json!("the H20 defaults")
+        );
         assert!(!known.fallback());
     }
 }

@@ -1,11 +1,9 @@
 //! The node's side of the model: what its devices sustain ([`Rates`]), per accelerator
-//! product ([`PRODUCT_RATES`], matched on the name NVML or GPU feature discovery reports),
+//! product (`PRODUCT_RATES`, matched on the name NVML or GPU feature discovery reports),
 //! with an A100's figures for a product the table lacks, and where a node's rates came from
 //! ([`RatesFrom`]), so a plan can say when it was timed with a fallback.
 
 use std::fmt;
-
-pub use super::products::{HostLink, Product, Published, PRODUCT_RATES};
 
 /// What a node's devices sustain: the inputs the model turns bytes and FLOPs into time.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -34,12 +32,6 @@ impl Rates {
         peer: 230e9,
         overlap: 1.0,
     };
-
-    /// The figures of the first [`PRODUCT_RATES`] entry that `product` names, with that
-    /// entry's label; [`Self::DEFAULT`] and `None` otherwise.
-    pub fn for_product(product: &str) -> (Rates, Option<&'static str>) {
-        Product::find(product).map_or((Rates::DEFAULT, None), |p| (p.rates, Some(p.label)))
-    }
 }
 
 /// Where a node's rates came from: the product table (the entry of the product the node
@@ -100,6 +92,13 @@ impl RatesFrom {
     }
 }
 
+/// Serialized as its words (what `layerwise-operator plan --json` shows as `ratesFrom`).
+impl serde::Serialize for RatesFrom {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl From<&str> for RatesFrom {
     fn from(words: &str) -> Self {
         RatesFrom::Given(words.to_string())
@@ -132,14 +131,4 @@ impl fmt::Display for RatesFrom {
             }
         }
     }
-}
-
-/// The name's words, upper case: split on anything but letters and digits, so NVML's
-/// `NVIDIA GeForce RTX 4090` and GPU feature discovery's `NVIDIA-GeForce-RTX-4090` read
-/// alike.
-pub(super) fn words(name: &str) -> Vec<String> {
-    name.split(|c: char| !c.is_ascii_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(str::to_ascii_uppercase)
-        .collect()
 }

@@ -4,9 +4,7 @@
 //! docs/operations.md shows the planner's figures, and the check that a plan fits the engine's
 //! own accounting.
 
-use std::path::{Path, PathBuf};
-
-use crds::{DiffusionDeployment, Plan, Profile};
+use crds::{DiffusionDeployment, Plan};
 use layerwise_core::contract::SlotsChoice;
 use layerwise_core::decode::{DecodeChoice, DecodeSite};
 use layerwise_core::memory::Placement;
@@ -14,24 +12,13 @@ use layerwise_core::slots::{choose_slots, DeviceNeeds};
 use layerwise_engine::engine::Model;
 use layerwise_engine::execution::cuda::plan::budget_capacity;
 use layerwise_engine::execution::cuda::DeviceChoice;
-use layerwise_engine::tools::synth::{synth, SynthOptions};
 use layerwise_operator::planner::NodeShape;
 use layerwise_operator::resources;
 
-const MIB: u64 = 1 << 20;
+mod sparse;
+pub use sparse::published;
 
-/// `preset` written sparse under `dir`, and its profile through the DiffusionNode's JSON.
-pub fn published(dir: &Path, preset: &str) -> (PathBuf, Profile) {
-    let out = dir.join(preset);
-    let mut o = SynthOptions::preset(preset).unwrap();
-    o.sparse = true;
-    synth(&out, &o).unwrap();
-    let profile: Profile = serde_json::from_value(
-        serde_json::to_value(layerwise_engine::families::profile(&out).unwrap()).unwrap(),
-    )
-    .unwrap();
-    (out, profile)
-}
+const MIB: u64 = 1 << 20;
 
 /// The YAML of the DiffusionDeployment example of `doc` (docs/operations.md) that holds
 /// `needle` (a line such as `family: wan\n`), as the doc writes it.
