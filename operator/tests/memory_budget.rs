@@ -213,12 +213,14 @@ fn exact_budget(dir: &Path, family: &str, dd: &DiffusionDeployment, frames: usiz
                 (
                     &p.components,
                     p.resident_blocks,
+                    &p.resident_blocks_by_component,
                     p.slots,
                     p.device_breakdown.decoder
                 ),
                 (
                     &plan.components,
                     plan.resident_blocks,
+                    &plan.resident_blocks_by_component,
                     plan.slots,
                     plan.device_breakdown.decoder
                 ),
