@@ -64,7 +64,9 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOCATOR: Counting = Counting;
 
 fn load(cfg: &WanVaeConfig, fixture: &str) -> WanVaeDecoder {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(fixture);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(fixture);
     let w = candle_core::safetensors::load(
         dir.join("diffusion_pytorch_model.safetensors"),
         &Device::Cpu,
@@ -90,8 +92,20 @@ fn the_decode_peak_formula_bounds_the_measured_peak_within_fifteen_percent() {
     let threads = rayon::current_num_threads() as u64;
     let scratch = ConvScratch::Cpu { threads };
     let cases = [
-        (WanVaeConfig::tiny(), "wan-vae-tiny", [1, 16, 4, 24, 32], 64, 48),
-        (WanVaeConfig::tiny22(), "wan22-vae-tiny", [1, 48, 4, 12, 16], 128, 96),
+        (
+            WanVaeConfig::tiny(),
+            "wan-vae-tiny",
+            [1, 16, 4, 24, 32],
+            64,
+            48,
+        ),
+        (
+            WanVaeConfig::tiny22(),
+            "wan22-vae-tiny",
+            [1, 48, 4, 12, 16],
+            128,
+            96,
+        ),
     ];
     let mut failures = Vec::new();
     for (cfg, fixture, shape, size, stride) in cases {
@@ -137,5 +151,8 @@ fn the_decode_peak_formula_bounds_the_measured_peak_within_fifteen_percent() {
             }
         }
     }
-    assert!(failures.is_empty(), "predicted / measured out of [1, 1.15]: {failures:?}");
+    assert!(
+        failures.is_empty(),
+        "predicted / measured out of [1, 1.15]: {failures:?}"
+    );
 }

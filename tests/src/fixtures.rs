@@ -53,6 +53,7 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
             exchange_bytes_per_token: 0,
         },
         decoder_bytes: vae,
+        decode: None,
         groups: vec![GroupBytes {
             component: "transformer".into(),
             blocks_by_dtype: BTreeMap::from([("BF16".to_string(), vec![block; blocks])]),

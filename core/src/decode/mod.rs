@@ -317,9 +317,13 @@ mod tests {
     #[test]
     fn the_decoder_term_is_its_weights_and_the_largest_decode_on_the_device_only() {
         let b = bounds(64, 32, 9);
-        let host = DecodeSite::Host.decoder_bytes(500, &cost(), None, DEFAULT_DECODE_BUDGET, &b).unwrap();
+        let host = DecodeSite::Host
+            .decoder_bytes(500, &cost(), None, DEFAULT_DECODE_BUDGET, &b)
+            .unwrap();
         assert_eq!(host, DecoderBytes::default());
-        let dev = DecodeSite::Device.decoder_bytes(500, &cost(), None, DEFAULT_DECODE_BUDGET, &b).unwrap();
+        let dev = DecodeSite::Device
+            .decoder_bytes(500, &cost(), None, DEFAULT_DECODE_BUDGET, &b)
+            .unwrap();
         // 3 bytes per pixel for each of the 6 frames the chunked decoder holds at once.
         assert_eq!(dev.weights, 500);
         assert_eq!(dev.peak, 3 * 64 * 32 * 6);

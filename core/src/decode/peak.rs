@@ -157,11 +157,10 @@ impl DecodeCost {
                     // The task's im2col and the matmul's packed copy of it.
                     threads as u128 * CPU_CONV_TILE as u128 * 2 * p.im2col_channels as u128
                 }
-                ConvScratch::Device => (p.im2col_channels as u128
-                    * p.pixels_per_latent as u128
-                    * px
-                    * frames)
-                    .min(IM2COL_BUDGET as u128),
+                ConvScratch::Device => {
+                    (p.im2col_channels as u128 * p.pixels_per_latent as u128 * px * frames)
+                        .min(IM2COL_BUDGET as u128)
+                }
             }
         };
         let scores = |p: &PeakPoint, frames: u128| -> u128 {
@@ -230,7 +229,11 @@ impl DecodeCost {
         let chunks = t.saturating_sub(1).max(1);
         tiles
             .into_iter()
-            .flat_map(|tile| (1..=chunks).rev().map(move |chunk| DecodeSetting { chunk, tile }))
+            .flat_map(|tile| {
+                (1..=chunks)
+                    .rev()
+                    .map(move |chunk| DecodeSetting { chunk, tile })
+            })
             .collect()
     }
 
@@ -338,7 +341,10 @@ mod tests {
             .collect();
         assert!(peaks.windows(2).all(|w| w[0] <= w[1]), "{peaks:?}");
         assert!(peaks[0] > one);
-        assert_eq!(peaks[3], peaks[5], "17 frames are 5 latent frames: chunks stop at 4");
+        assert_eq!(
+            peaks[3], peaks[5],
+            "17 frames are 5 latent frames: chunks stop at 4"
+        );
     }
 
     #[test]
@@ -354,9 +360,15 @@ mod tests {
         let t128 = c.peak(&tile(128, 96), &big, 4, ConvScratch::Device);
         assert!(t128 < t256 && t256 < whole, "{t128} {t256} {whole}");
         // A tile as large as the frame is no tiling.
-        assert_eq!(c.peak(&tile(1024, 768), &big, 4, ConvScratch::Device), whole);
+        assert_eq!(
+            c.peak(&tile(1024, 768), &big, 4, ConvScratch::Device),
+            whole
+        );
         // bf16 halves it.
-        assert_eq!(c.peak(&tile(256, 192), &big, 2, ConvScratch::Device) * 2, t256);
+        assert_eq!(
+            c.peak(&tile(256, 192), &big, 2, ConvScratch::Device) * 2,
+            t256
+        );
     }
 
     #[test]
@@ -364,7 +376,13 @@ mod tests {
         let c = cost();
         let clip = size(256, 256, 21);
         let all = c.settings(&clip);
-        assert_eq!(all[0], DecodeSetting { chunk: 5, tile: None });
+        assert_eq!(
+            all[0],
+            DecodeSetting {
+                chunk: 5,
+                tile: None
+            }
+        );
         let peaks: Vec<u64> = all.iter().map(|s| c.peak(s, &clip, 4, CPU)).collect();
         // A budget between two settings' peaks picks the first that fits.
         let budget = peaks[2];
@@ -378,6 +396,9 @@ mod tests {
         let (_, p) = c.choose(&clip, 4, CPU, least).unwrap();
         assert_eq!(p, least);
         let err = c.choose(&clip, 4, CPU, least - 1).unwrap_err().to_string();
-        assert!(err.contains("decode budget") && err.contains("256x256"), "{err}");
+        assert!(
+            err.contains("decode budget") && err.contains("256x256"),
+            "{err}"
+        );
     }
 }

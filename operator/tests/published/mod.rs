@@ -103,6 +103,7 @@ pub fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, pl
         DeviceChoice::Cpu,
         plan.devices() as usize,
         &resources::request_bounds(&dd.spec.workload),
+        layerwise_core::decode::DEFAULT_DECODE_BUDGET,
     )
     .unwrap();
     assert_eq!(decoder.total(), b.decoder);

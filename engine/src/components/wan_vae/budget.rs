@@ -133,7 +133,12 @@ impl Walk {
     /// A convolution without a cache (the post-quant and shortcut 1×1×1s, the
     /// resampler's 3×3), then its bias.
     fn conv_plain(&mut self, held: Amt, lv: Level, cin: usize, cout: usize, k: usize) {
-        self.point(held + Self::conv_inner(lv, cin, cout), lv, cin * k * k, false);
+        self.point(
+            held + Self::conv_inner(lv, cin, cout),
+            lv,
+            cin * k * k,
+            false,
+        );
         self.point(held + lv.t(cout).times(2), lv, 0, false);
     }
 
@@ -161,7 +166,12 @@ impl Walk {
     fn attention(&mut self, held: Amt, lv: Level, c: usize) {
         self.norm_silu(held, lv, c);
         self.point(held + lv.t(c).times(8), lv, 0, true);
-        self.point(held + lv.t(c).times(10) + Self::conv_inner(lv, c, c), lv, c, false);
+        self.point(
+            held + lv.t(c).times(10) + Self::conv_inner(lv, c, c),
+            lv,
+            c,
+            false,
+        );
     }
 
     /// `Resample::forward` on its own input of `d` channels, `outside` held by callers;
@@ -172,7 +182,10 @@ impl Walk {
             self.conv_cached(outside + lv.t(d), lv, d, 2 * d, 1, true);
             lv.m *= 2;
         }
-        let up = Level { q: 4 * lv.q, m: lv.m };
+        let up = Level {
+            q: 4 * lv.q,
+            m: lv.m,
+        };
         self.point(outside + lv.t(d) + up.t(d), up, 0, false);
         self.conv_plain(outside + up.t(d), up, d, out, 3);
         up
