@@ -56,7 +56,7 @@ pub fn record(p: &Planned) -> Value {
             "hostBytes": n.host_bytes,
             "fastPeerLink": n.fast_peer_link,
             "rates": rates(n),
-            "ratesFrom": crds::PlanRates::of(&n.rates_from),
+            "ratesFrom": n.rates_from.to_string(),
         },
         "workload": p.spec.workload,
     });
