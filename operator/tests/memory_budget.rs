@@ -9,6 +9,7 @@
 use std::path::Path;
 
 use crds::{DiffusionDeployment, Plan, Profile, Strategy, StrategyChoice};
+use layerwise_core::checkpoint::F32_BYTES;
 use layerwise_core::contract::{ResidentBlocks, SlotsChoice};
 use layerwise_core::decode::{DecodeChoice, DecodeSite, DecoderBytes};
 use layerwise_core::memory::Placement;
@@ -304,12 +305,26 @@ fn sequence_parallel_plans_run_at_exactly_their_budget() {
         let dd = deployment_sp("wan", strategy, dp, 2, 9);
         let plan = exact_budget(&dir, "wan", &dd, 9);
         assert_eq!((plan.dp, plan.sp), (dp, 2), "{:?}", plan.reasons);
+        // A rank holds its share of the transformer pass's activations; the text encoder
+        // and the decoder stay whole, so the request's peak (the largest phase) shrinks
+        // only where the pass is that phase.
         assert!(
-            plan.device_breakdown.activations < whole.device_breakdown.activations,
+            plan.device_breakdown.activations <= whole.device_breakdown.activations,
             "{} per rank at sp 2, {} at sp 1",
             plan.device_breakdown.activations,
             whole.device_breakdown.activations
         );
+        let shape = resources::request_bounds(&dd.spec.workload).shape();
+        let cost = profile(&dir).activation;
+        let phases = |sp| cost.checked_phases(&shape, sp, F32_BYTES).unwrap();
+        assert!(
+            phases(2).transformer < phases(1).transformer,
+            "the pass holds {} per rank at sp 2, {} at sp 1",
+            phases(2).transformer,
+            phases(1).transformer
+        );
+        assert_eq!(phases(2).text_encoder, phases(1).text_encoder);
+        assert_eq!(plan.device_breakdown.activations, phases(2).peak());
     }
 }
 

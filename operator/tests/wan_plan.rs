@@ -247,8 +247,9 @@ fn the_documented_wan_a14b_plans_are_the_planners_and_fit_the_engines_accounting
         &profile,
         &[
             (&dd, &a100, Some((Strategy::Sharded, 2, 2))),
-            // Its activations exceed an L4, but a request split over 8 ranks fits.
-            (&dd, &l4, Some((Strategy::Offload, 1, 2))),
+            // Its activations exceed an L4, but a request split over 4 ranks fits, two
+            // such groups sharding the blocks.
+            (&dd, &l4, Some((Strategy::Sharded, 2, 2))),
             (&p480, &a100, Some((Strategy::Sharded, 2, 2))),
             (&p480, &l4, Some((Strategy::Offload, 1, 2))),
             (&p480_sharded, &l4, Some((Strategy::OffloadSharded, 8, 2))),
@@ -397,11 +398,11 @@ fn the_documented_cosmos3_super_plans_are_the_planners_and_fit_the_engines_accou
 
 /// What the planner chooses for the Cosmos3 example's rows (strategy, dp, slots).
 const COSMOS3_PLANS: [Option<(Strategy, u32, u32)>; 8] = [
-    Some((Strategy::Sharded, 8, 2)),
+    Some((Strategy::Sharded, 4, 2)),
     Some((Strategy::Sharded, 4, 2)),
     Some((Strategy::Sharded, 8, 2)),
     Some((Strategy::Sharded, 4, 2)),
-    Some((Strategy::Sharded, 2, 2)),
+    Some((Strategy::Sharded, 4, 2)),
     Some((Strategy::Sharded, 4, 2)),
     Some((Strategy::OffloadSharded, 8, 2)),
     Some((Strategy::OffloadSharded, 8, 2)),
@@ -467,7 +468,7 @@ fn the_documented_qwen_image_plans_are_the_planners_and_fit_the_engines_accounti
 const QWEN_IMAGE_PLANS: [Option<(Strategy, u32, u32)>; 3] = [
     Some((Strategy::Resident, 1, 0)),
     Some((Strategy::Sharded, 2, 2)),
-    Some((Strategy::Sharded, 4, 2)),
+    Some((Strategy::Sharded, 8, 2)),
 ];
 
 /// A 48 GB PCIe node the Qwen-Image example also plans on, as its agent reports it.
