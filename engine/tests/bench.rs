@@ -152,8 +152,25 @@ fn one_row_per_strategy_and_kept_blocks_with_copies_cut_by_n_over_l() {
     );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{text}");
-    let lines: Vec<&str> = text.lines().collect();
+    // The table (a title, the header, a row a configuration), each configuration's memory
+    // by phase (measured beside reserved), then the measured rates after a blank line.
+    let (lines, memory): (Vec<&str>, Vec<&str>) = text
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .partition(|l| !l.starts_with("memory by phase"));
     assert_eq!(lines.len(), 5, "{text}");
+    assert_eq!(memory.len(), 3, "{text}");
+    for (m, row) in memory.iter().zip([
+        "resident N=-",
+        "offload-sharded N=0",
+        "offload-sharded N=auto",
+    ]) {
+        assert!(
+            m.contains(row) && m.contains("measured") && m.contains("reserved"),
+            "{text}"
+        );
+    }
+    assert!(text.contains("measured rates:"), "{text}");
     for col in [
         "strategy",
         "N",

@@ -71,9 +71,13 @@ fn a_text_familys_activations_grow_with_its_prompt() {
     };
     let (short, long) = (a.bytes(&shape(16, true)), a.bytes(&shape(4096, true)));
     assert!(long > short, "{short} {long}");
-    // 4096 tokens: the encoder's scores (quadratic in the prompt) are the peak, twice over
-    // under guidance (the negative prompt encodes beside the prompt).
-    let encoder = |t: u64| a.encoder_bytes_per_token * t + a.encoder_bytes_per_token_pair * t * t;
+    // 4096 tokens: the encoder peaks at its attention, whose scores are quadratic in the
+    // prompt (above its feed-forward), twice over under guidance (the negative prompt
+    // encodes beside the prompt).
+    let encoder =
+        |t: u64| a.encoder_attention_bytes_per_token * t + a.encoder_bytes_per_token_pair * t * t;
+    assert!(a.encoder_attention_bytes_per_token > 0, "{a:?}");
+    assert!(encoder(4096) > a.encoder_bytes_per_token * 4096, "{a:?}");
     assert_eq!(long, 2 * encoder(4096));
     assert_eq!(a.bytes(&shape(4096, false)), encoder(4096));
     let guided_once = ActivationCost {
