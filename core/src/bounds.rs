@@ -12,6 +12,140 @@
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{ActivationCost, RequestShape};
+use crate::{Error, Result};
+
+/// The slowest frame rate a clip is made at: below it a frame's duration overflows the
+/// containers' time fields (GIF's u16 centiseconds, the MP4 ticks of [`MAX_FPS`]'s scale).
+pub const MIN_FPS: f64 = 0.1;
+/// The fastest frame rate a clip is made at.
+pub const MAX_FPS: f64 = 240.0;
+
+/// A clip's frame rate, checked once for every party that takes one: the API document
+/// states [`MIN_FPS`]..=[`MAX_FPS`], the server refuses a request's `fps` outside it with a
+/// 422 before queueing, and the engine refuses it before running (so a family such as
+/// Cosmos3, whose positions divide by it, never sees a rate it would turn into
+/// non-finite values). `field` names what gave it (`fps`, `--fps`).
+pub fn check_fps(field: &str, fps: f64) -> Result<f64> {
+    if fps.is_finite() && (MIN_FPS..=MAX_FPS).contains(&fps) {
+        return Ok(fps);
+    }
+    Err(Error::invalid(
+        field,
+        format!("{fps}: expected a frame rate of {MIN_FPS} to {MAX_FPS} frames per second"),
+    ))
+}
+
+/// Latent tokens of one output `width` × `height` pixels and `frames` frames, as the
+/// activation cost counts them: its latent frames (the first alone, then one per
+/// [`ActivationCost::frames_per_latent`]) times its pixels over
+/// [`ActivationCost::pixels_per_token`]. Exact for every size the family takes (whole
+/// patches).
+pub fn latent_tokens(cost: &ActivationCost, width: u64, height: u64, frames: u64) -> u64 {
+    let latent_frames = (frames.max(1) - 1) / cost.frames_per_latent.max(1) + 1;
+    width
+        .saturating_mul(height)
+        .saturating_mul(latent_frames)
+        .div_ceil(cost.pixels_per_token.max(1))
+}
+
+/// A request of `tokens` latent tokens split over a group of `sp` ranks (`--sp`): every
+/// rank of the group needs at least one, so fewer than `sp` is refused, naming `size`. The
+/// server checks it at submit ([`latent_tokens`] of the request) and each family again
+/// when a group takes the request.
+pub fn split_tokens(tokens: u64, sp: u64) -> Result<()> {
+    if tokens < sp {
+        return Err(Error::invalid(
+            "size",
+            format!(
+                "the request has {tokens} latent tokens, fewer than the {sp} ranks its sequence splits over (--sp): ask for a larger size or more frames"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The range one request bound may be set to, stated once for the engine's flag
+/// (`--max-width`, refused at start outside it) and the DiffusionDeployment's `workload`
+/// field (`maxWidth`, whose CEL rule [`Self::cel`] writes), so `kubectl apply` and
+/// `layerwise serve` refuse the same values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoundRange {
+    /// The engine's flag, without its dashes.
+    pub flag: &'static str,
+    /// The `workload` field of a DiffusionDeployment.
+    pub workload_field: &'static str,
+    pub min: u64,
+    pub max: u64,
+}
+
+impl BoundRange {
+    /// `value` when it lies in the range, else an error naming the flag and the range.
+    pub fn check(&self, value: u64) -> Result<u64> {
+        if (self.min..=self.max).contains(&value) {
+            return Ok(value);
+        }
+        Err(Error::invalid(
+            self.flag,
+            format!("{value}: --{} takes {}..={}", self.flag, self.min, self.max),
+        ))
+    }
+
+    /// The CRD's CEL rule for the workload field.
+    pub fn cel(&self) -> String {
+        format!("self >= {} && self <= {}", self.min, self.max)
+    }
+
+    /// The message `kubectl apply` shows when [`Self::cel`] fails.
+    pub fn cel_message(&self) -> String {
+        format!(
+            "{} must be between {} and {}",
+            self.workload_field, self.min, self.max
+        )
+    }
+}
+
+/// `--max-width` / `maxWidth`: 8 pixels (one latent patch of the smallest VAE) to 16384.
+pub const WIDTH_RANGE: BoundRange = BoundRange {
+    flag: "max-width",
+    workload_field: "maxWidth",
+    min: 8,
+    max: 16384,
+};
+/// `--max-height` / `maxHeight`.
+pub const HEIGHT_RANGE: BoundRange = BoundRange {
+    flag: "max-height",
+    workload_field: "maxHeight",
+    min: 8,
+    max: 16384,
+};
+/// `--max-frames` / `maxFrames` (1: images only).
+pub const FRAMES_RANGE: BoundRange = BoundRange {
+    flag: "max-frames",
+    workload_field: "maxFrames",
+    min: 1,
+    max: 1024,
+};
+/// `--max-steps` / `maxSteps`.
+pub const STEPS_RANGE: BoundRange = BoundRange {
+    flag: "max-steps",
+    workload_field: "maxSteps",
+    min: 1,
+    max: 1000,
+};
+/// `--max-n` / `maxBatch`: outputs per request.
+pub const N_RANGE: BoundRange = BoundRange {
+    flag: "max-n",
+    workload_field: "maxBatch",
+    min: 1,
+    max: 64,
+};
+/// `--max-prompt-tokens` / `maxPromptTokens`.
+pub const PROMPT_TOKENS_RANGE: BoundRange = BoundRange {
+    flag: "max-prompt-tokens",
+    workload_field: "maxPromptTokens",
+    min: 1,
+    max: 4096,
+};
 
 /// Environment variable of `layerwise serve --max-width`.
 pub const ENV_MAX_WIDTH: &str = "LAYERWISE_MAX_WIDTH";
@@ -169,6 +303,19 @@ impl ModelLimits {
 }
 
 impl RequestBounds {
+    /// These bounds when each lies in its range ([`WIDTH_RANGE`] and the rest), else an
+    /// error naming the first flag outside: a bound of 0 would make a server that starts and
+    /// then refuses every request.
+    pub fn checked(self) -> Result<Self> {
+        WIDTH_RANGE.check(self.max_width)?;
+        HEIGHT_RANGE.check(self.max_height)?;
+        FRAMES_RANGE.check(self.max_frames)?;
+        STEPS_RANGE.check(self.max_steps)?;
+        N_RANGE.check(self.max_n)?;
+        PROMPT_TOKENS_RANGE.check(self.max_prompt_tokens)?;
+        Ok(self)
+    }
+
     /// The first of these bounds that the model cannot run.
     pub fn beyond(&self, limits: &ModelLimits) -> Option<Beyond> {
         limits.beyond(&[

@@ -109,6 +109,9 @@ impl Model {
 
     /// Checks a request against the model before it takes a rank.
     pub fn validate(&self, r: &Request) -> Result<()> {
+        if let Some(fps) = r.fps {
+            crate::bounds::check_fps("fps", fps)?;
+        }
         self.family.validate(r)
     }
 

@@ -55,6 +55,10 @@ pub enum Error {
     /// A request body over the server's limit.
     #[error("request body over the {limit}-byte limit")]
     PayloadTooLarge { limit: usize },
+    /// A request whose credential is malformed, or that needs one it does not carry
+    /// (listing jobs anonymously where the operator has not allowed it).
+    #[error("unauthorized: {msg}")]
+    Unauthorized { msg: String },
     /// A job id that the server does not know (never existed or already evicted).
     #[error("no {what}")]
     NotFound { what: String },
@@ -142,6 +146,7 @@ impl Error {
     pub fn http_status(&self) -> u16 {
         match self {
             Error::BadRequest { .. } => 400,
+            Error::Unauthorized { .. } => 401,
             Error::NotFound { .. } => 404,
             Error::Conflict { .. } => 409,
             Error::Gone { .. } | Error::ReplicaGone { .. } => 410,
@@ -160,6 +165,7 @@ impl Error {
     pub fn label(&self) -> &'static str {
         match self {
             Error::BadRequest { .. } => "bad_request",
+            Error::Unauthorized { .. } => "unauthorized",
             Error::NotFound { .. } => "not_found",
             Error::Conflict { .. } => "conflict",
             Error::Gone { .. } => "expired",

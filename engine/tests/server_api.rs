@@ -39,6 +39,8 @@ fn unready(model: Arc<Model>, dp: usize) -> (Router, Receiver<DecodeJob>) {
         model_name: "tiny".into(),
         bounds: image_bounds(),
         forwarding: Forwarding::default(),
+        sp: 1,
+        anonymous_list: false,
     });
     (app, rx)
 }

@@ -4,6 +4,8 @@
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
+use layerwise_core::bounds;
+
 use crate::common::ModelLocation;
 
 /// The model to serve.
@@ -30,26 +32,28 @@ fn family_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 }
 
 /// Bounds on a single request; requests beyond them are refused by the engine, and the
-/// planner reserves activation memory for a request at these bounds.
+/// planner reserves activation memory for a request at these bounds. Each bound's range is
+/// the engine's own for its flag (`layerwise_core::bounds::WIDTH_RANGE` and the rest), so
+/// `kubectl apply` and `layerwise serve` refuse the same values.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Workload {
     #[serde(default = "default_side")]
-    #[x_kube(validation = Rule::new("self >= 8 && self <= 16384").message("maxWidth must be between 8 and 16384"))]
+    #[x_kube(validation = Rule::new(bounds::WIDTH_RANGE.cel()).message(bounds::WIDTH_RANGE.cel_message().as_str()))]
     pub max_width: u64,
     #[serde(default = "default_side")]
-    #[x_kube(validation = Rule::new("self >= 8 && self <= 16384").message("maxHeight must be between 8 and 16384"))]
+    #[x_kube(validation = Rule::new(bounds::HEIGHT_RANGE.cel()).message(bounds::HEIGHT_RANGE.cel_message().as_str()))]
     pub max_height: u64,
     /// Frames per request (1 for images).
     #[serde(default = "one")]
-    #[x_kube(validation = Rule::new("self >= 1 && self <= 1024").message("maxFrames must be between 1 and 1024"))]
+    #[x_kube(validation = Rule::new(bounds::FRAMES_RANGE.cel()).message(bounds::FRAMES_RANGE.cel_message().as_str()))]
     pub max_frames: u64,
     #[serde(default = "default_steps")]
-    #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("maxSteps must be between 1 and 1000"))]
+    #[x_kube(validation = Rule::new(bounds::STEPS_RANGE.cel()).message(bounds::STEPS_RANGE.cel_message().as_str()))]
     pub max_steps: u64,
     /// Images per request.
     #[serde(default = "one")]
-    #[x_kube(validation = Rule::new("self >= 1 && self <= 64").message("maxBatch must be between 1 and 64"))]
+    #[x_kube(validation = Rule::new(bounds::N_RANGE.cel()).message(bounds::N_RANGE.cel_message().as_str()))]
     pub max_batch: u64,
     /// Whether requests may use classifier-free guidance (doubles the transformer's batch).
     #[serde(default = "yes")]
@@ -58,7 +62,7 @@ pub struct Workload {
     /// planner reserves the text encoder's and the transformer's activations for a prompt
     /// this long, and the engine refuses longer ones.
     #[serde(default = "default_prompt_tokens")]
-    #[x_kube(validation = Rule::new("self >= 1 && self <= 4096").message("maxPromptTokens must be between 1 and 4096"))]
+    #[x_kube(validation = Rule::new(bounds::PROMPT_TOKENS_RANGE.cel()).message(bounds::PROMPT_TOKENS_RANGE.cel_message().as_str()))]
     pub max_prompt_tokens: u64,
     /// The most seconds a request at these bounds should take: the planner splits its
     /// sequence over enough ranks (`sp`) that the step-time model predicts it within this,

@@ -314,9 +314,7 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
     let fps = a
         .fps
         .unwrap_or_else(|| model.family.video().map_or(16.0, |v| v.default_fps));
-    if !(fps.is_finite() && fps > 0.0) {
-        bail!("--fps {fps}: expected a positive frame rate");
-    }
+    let fps = crate::bounds::check_fps("fps", fps)?;
     for r in &mut requests {
         r.fps = Some(fps);
     }

@@ -50,15 +50,8 @@ pub fn clip_latents(r: &Request, channels: usize, (up, tup): (usize, usize)) -> 
 /// A request of `tokens` latent tokens split `sp` ways: every rank of its group needs at
 /// least one token.
 pub fn split_tokens(tokens: usize, sp: usize) -> Result<()> {
-    if tokens < sp {
-        return Err(Error::invalid(
-            "size",
-            format!(
-                "the request has {tokens} latent tokens, fewer than the {sp} ranks its sequence splits over (--sp): ask for a larger size or more frames"
-            ),
-        ));
-    }
-    Ok(())
+    // The server's check at submit, the same one.
+    Ok(crate::bounds::split_tokens(tokens as u64, sp as u64)?)
 }
 
 /// The request's initial latents, when given, of shape `want`.

@@ -16,6 +16,7 @@ use super::error::ApiError;
 use super::ids::JobIds;
 use super::kind::Kind;
 use super::metrics::Metrics;
+use super::owner::Credential;
 use super::scheduler::{
     DecodeJob, JobState, JobStatus, Media, Msg, RankSource, Retention, Scheduler, Shared,
 };
@@ -44,6 +45,8 @@ enum Image {
 pub(super) struct Job {
     requests: Vec<Request>,
     kind: Kind,
+    /// The credential that created it ([`super::owner`]).
+    owner: Option<Credential>,
     images: Vec<Image>,
     steps: Vec<usize>,
     frames_decoded: Vec<usize>,
@@ -109,9 +112,10 @@ impl Actor {
             Msg::Submit {
                 requests,
                 kind,
+                owner,
                 reply,
             } => {
-                let _ = reply.send(self.submit(requests, kind));
+                let _ = reply.send(self.submit(requests, kind, owner));
             }
             Msg::List { kind, reply } => {
                 let mut all: Vec<(Instant, JobStatus)> = self
@@ -201,7 +205,12 @@ impl Actor {
         Some((j, s))
     }
 
-    fn submit(&mut self, requests: Vec<Request>, kind: Kind) -> Result<u64, ApiError> {
+    fn submit(
+        &mut self,
+        requests: Vec<Request>,
+        kind: Kind,
+        owner: Option<Credential>,
+    ) -> Result<u64, ApiError> {
         if let Some(f) = self.shared.failed.lock().expect("shared lock").as_ref() {
             return Err(Error::unavailable(format!("engine failed: {f}")).into());
         }
@@ -239,6 +248,7 @@ impl Actor {
             Job {
                 requests,
                 kind,
+                owner,
                 images: vec![Image::Queued; n],
                 steps: vec![0; n],
                 frames_decoded: vec![0; n],
@@ -502,6 +512,7 @@ impl Actor {
         Ok(JobStatus {
             id: self.shared.ids.format(id),
             kind: j.kind.label(),
+            owner: j.owner,
             state: j.state,
             queue_position,
             n: j.images.len(),

@@ -136,6 +136,10 @@ async fn forward(
         header::HOST,
         HeaderValue::from_str(&owner.to_string()).expect("an address is a header value"),
     );
+    // The owner checks the caller's credential itself ([`super::owner`]).
+    if let Some(auth) = req.headers().get(header::AUTHORIZATION) {
+        headers.insert(header::AUTHORIZATION, auth.clone());
+    }
     let from = me.map_or_else(|| "unknown".to_string(), |a| a.to_string());
     headers.insert(
         FORWARDED_BY,

@@ -13,12 +13,14 @@ pub mod body;
 pub mod decoders;
 pub mod error;
 pub mod field;
+pub mod flags;
 pub mod forward;
 pub mod ids;
 pub mod kind;
 pub mod launch;
 pub mod metrics;
 pub mod openapi;
+pub mod owner;
 pub mod requests;
 pub mod responses;
 pub mod scheduler;
@@ -105,6 +107,11 @@ pub struct ServeArgs {
     /// the chunks of its answer).
     #[arg(long, env = "LAYERWISE_FORWARD_TIMEOUT_SECONDS", default_value_t = 10)]
     pub forward_timeout_seconds: u64,
+    /// Let a caller without a credential (no `Authorization: Bearer` header) list jobs: it
+    /// then sees every anonymous caller's. Off by default, as jobs belong to the credential
+    /// that created them and anonymous callers share none.
+    #[arg(long, env = "LAYERWISE_ANONYMOUS_LIST", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub anonymous_list: bool,
     /// Record every copy, gather and compute span into this Chrome trace file (at exit).
     #[arg(long, env = "LAYERWISE_TRACE")]
     pub trace: Option<PathBuf>,
@@ -113,8 +120,10 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// The bounds these flags set for a model that runs at most `limits`
     /// ([`crate::contract::BoundsArgs::request_bounds`]).
+    /// Each bound within its range ([`RequestBounds::checked`], the ranges the
+    /// DiffusionDeployment's rules state).
     pub fn request_bounds(&self, limits: &ModelLimits) -> Result<RequestBounds> {
-        Ok(self.contract.bounds.request_bounds(limits)?)
+        Ok(self.contract.bounds.request_bounds(limits)?.checked()?)
     }
 }
 
@@ -124,9 +133,7 @@ const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 /// Runs the server until SIGTERM/SIGINT (exit 0) or an engine failure (exit 1).
 pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     let strategy = a.contract.strategy;
-    if a.max_queue == 0 {
-        return Err(Error::invalid("max-queue", "must be at least 1"));
-    }
+    flags::check(&a)?;
     let model = Arc::new(Model::open(&a.contract.run.model)?);
     let trace = a.trace.as_ref().map(|_| Trace::new(1_000_000));
     // Device memory kept free for the largest request the bounds admit: what the planner
@@ -265,7 +272,7 @@ async fn run(
         stop_tx,
     ));
     let limits = http::HttpLimits {
-        header_timeout: Duration::from_secs(a.header_timeout_seconds.max(1)),
+        header_timeout: Duration::from_secs(a.header_timeout_seconds),
         max_connections: a.max_connections,
         // Running requests get the grace period, then fail at once: their connections
         // answer within it and a moment more; no client can hold the shutdown longer.
@@ -303,9 +310,11 @@ fn app_state(
             body_timeout: Duration::from_secs(a.body_timeout_seconds),
         },
         forwarding: Forwarding {
-            timeout: Duration::from_secs(a.forward_timeout_seconds.max(1)),
+            timeout: Duration::from_secs(a.forward_timeout_seconds),
             max_body: a.result_bytes as u64,
             ..Forwarding::default()
         },
+        sp: a.contract.run.sp,
+        anonymous_list: a.anonymous_list,
     }
 }

@@ -125,7 +125,9 @@ impl ImageRequest {
     }
 }
 
-/// An output's size, `"WxH"` in pixels (`X` and blanks around the numbers are taken too).
+/// An output's size, `"WxH"` in pixels: exactly what the published schema's pattern
+/// ([`SIZE_PATTERN`]) takes, decimal digits on either side of a lower-case `x`, so a value
+/// the document refuses is never taken (no blanks, no sign, no `X`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Size {
     pub width: usize,
@@ -139,13 +141,28 @@ impl<'de> Deserialize<'de> for Size {
             return Err(D::Error::custom(format!("{v}: expected a string \"WxH\"")));
         };
         let bad = || D::Error::custom(format!("`{s}`: expected \"WxH\", e.g. \"256x256\""));
-        let (w, h) = s.split_once(['x', 'X']).ok_or_else(bad)?;
+        // `str::parse` takes a leading `+`: only digits pass here, as the pattern says.
+        let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+        let (w, h) = s.split_once('x').ok_or_else(bad)?;
+        if !(digits(w) && digits(h)) {
+            return Err(bad());
+        }
+        let number = |t: &str| {
+            t.parse().map_err(|_| {
+                D::Error::custom(format!("`{s}`: {t} pixels is more than any server allows"))
+            })
+        };
         Ok(Size {
-            width: w.trim().parse().map_err(|_| bad())?,
-            height: h.trim().parse().map_err(|_| bad())?,
+            width: number(w)?,
+            height: number(h)?,
         })
     }
 }
+
+/// The pattern the document gives `size` (the request types' attributes spell it out, as
+/// their macro wants a literal; a test holds them to this), which [`Size`]'s reader follows
+/// exactly.
+pub const SIZE_PATTERN: &str = "^[0-9]+x[0-9]+$";
 
 /// How an image request's images come back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
@@ -230,9 +247,10 @@ pub struct VideoRequest {
     #[serde(default, deserialize_with = "field::integer")]
     #[schema(minimum = 1)]
     pub frames: Option<u64>,
-    /// Frames per second the MP4 plays at (default: the family's, 16 for Wan).
+    /// Frames per second the MP4 plays at, 0.1 to 240 (default: the family's, 16 for Wan);
+    /// Cosmos3 also conditions on it.
     #[serde(default, deserialize_with = "field::number")]
-    #[schema(exclusive_minimum = 0, maximum = 240)]
+    #[schema(minimum = 0.1, maximum = 240)]
     pub fps: Option<f64>,
 }
 
@@ -502,17 +520,67 @@ mod tests {
             height: 32,
         };
         assert_eq!(size(json!("64x32")).unwrap(), Some(want));
-        assert_eq!(size(json!(" 64 X 32 ")).unwrap(), Some(want));
+        assert_eq!(size(json!("064x032")).unwrap(), Some(want));
         for (v, said) in [
             (json!(64), "64: expected a string \"WxH\""),
             (json!("big"), "`big`: expected \"WxH\", e.g. \"256x256\""),
             (json!("64x"), "`64x`: expected \"WxH\", e.g. \"256x256\""),
+            (
+                json!("99999999999999999999x1"),
+                "`99999999999999999999x1`: 99999999999999999999 pixels is more than any server allows",
+            ),
         ] {
             match size(v) {
                 Err(Error::Core(layerwise_core::Error::Invalid { field, msg })) => {
                     assert_eq!((&*field, &*msg), ("size", said))
                 }
                 other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    /// The reader takes a size exactly when the published schema's pattern does: blanks, a
+    /// sign, an upper-case `X` or a second `x` are refused, naming `size`.
+    #[test]
+    fn sizes_are_taken_exactly_when_the_documented_pattern_matches() {
+        let schema = serde_json::to_value(ImageRequest::schema()).unwrap();
+        assert_eq!(schema["properties"]["size"]["pattern"], SIZE_PATTERN);
+        let video = serde_json::to_value(VideoRequest::schema()).unwrap();
+        assert_eq!(video["properties"]["size"]["pattern"], SIZE_PATTERN);
+        // The pattern, read by hand: digits, `x`, digits, nothing else.
+        let matches = |t: &str| {
+            t.split_once('x').is_some_and(|(w, h)| {
+                [w, h]
+                    .iter()
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            })
+        };
+        for text in [
+            "32x32",
+            "1x1",
+            " 32x32",
+            "32x32 ",
+            "32 x32",
+            "32X32",
+            "+32x32",
+            "32x+32",
+            "-32x32",
+            "32x32x32",
+            "x32",
+            "32x",
+            "",
+            "３２x32",
+            "32\u{00a0}x32",
+            "0x32",
+        ] {
+            let got = Fields::json(Map::from_iter([("size".to_string(), json!(text))]))
+                .parse::<ImageRequest>();
+            match got {
+                Ok(r) => assert!(matches(text), "took `{text}` as {:?}", r.size),
+                Err(e) => {
+                    assert!(!matches(text), "refused `{text}`: {e}");
+                    assert_eq!(e.field(), Some("size"), "{text}");
+                }
             }
         }
     }

@@ -77,6 +77,16 @@ pub struct Limits {
     pub max_prompt_tokens: u64,
     /// Whether a guidance scale above 1 is taken.
     pub guidance: bool,
+    /// The fewest latent tokens a request may have: the ranks its sequence is split over
+    /// (`--sp`), each of which needs one; fewer is a 422 naming `size`. A request's tokens
+    /// are ceil(width × height × latent frames / `pixels_per_latent_token`), its latent
+    /// frames (frames − 1) / `frames_per_latent_frame` + 1.
+    pub min_latent_tokens: u64,
+    /// Output pixels per latent token of one latent frame (the VAE's and the patch's
+    /// scales, squared).
+    pub pixels_per_latent_token: u64,
+    /// Frames per latent frame after the first (1 for an image model).
+    pub frames_per_latent_frame: u64,
 }
 
 /// `POST /v1/images/generations`: the images, in the shape of OpenAI's image response, with

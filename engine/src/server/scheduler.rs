@@ -16,6 +16,7 @@ use super::error::ApiError;
 use super::ids::JobIds;
 use super::kind::Kind;
 use super::metrics::Metrics;
+use super::owner::Credential;
 use crate::execution::work::{Output, Request};
 use crate::execution::work::{PassReport, Taken, WorkKey, WorkSource};
 use crate::{Error, Result};
@@ -68,6 +69,11 @@ pub struct JobStatus {
     pub id: String,
     /// `image` or `video`.
     pub kind: &'static str,
+    /// The credential that created it, which alone may see it ([`super::owner`]); never
+    /// shown.
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub owner: Option<Credential>,
     pub state: JobState,
     /// Images queued ahead of this job's first queued image (0: next to run).
     pub queue_position: Option<usize>,
@@ -151,6 +157,7 @@ pub enum Msg {
     Submit {
         requests: Vec<Request>,
         kind: Kind,
+        owner: Option<Credential>,
         reply: Reply<u64>,
     },
     Status {
@@ -285,13 +292,44 @@ async fn ask<T>(tx: &mpsc::Sender<Msg>, make: impl FnOnce(Reply<T>) -> Msg) -> R
 }
 
 impl Scheduler {
+    /// Queues an anonymous job (for callers that are not an HTTP request: the tests).
     pub async fn submit(&self, requests: Vec<Request>, kind: Kind) -> Result<u64, ApiError> {
-        ask(&self.tx, |reply| Msg::Submit {
+        let mut s = self.submit_for(requests, kind, None).await?;
+        Ok(s.answered())
+    }
+
+    /// Queues a job of `owner`'s for an HTTP request that has yet to answer. Dropped at any
+    /// point before [`Submission::answered`] (its connection closed, a half-close
+    /// included, and hyper dropped the handler), the job is cancelled: no work runs that
+    /// nobody can receive. That holds while the scheduler's reply is on its way too: the
+    /// reply is then read on a task of its own and the job it names cancelled.
+    pub async fn submit_for(
+        &self,
+        requests: Vec<Request>,
+        kind: Kind,
+        owner: Option<Credential>,
+    ) -> Result<Submission, ApiError> {
+        let (reply, rx) = oneshot::channel();
+        let gone = || ApiError::from(Error::unavailable("the scheduler has stopped"));
+        let msg = Msg::Submit {
             requests,
             kind,
+            owner,
             reply,
+        };
+        // Dropped while waiting for room in the channel, nothing was sent: nothing to undo.
+        self.tx.send(msg).await.map_err(|_| gone())?;
+        let mut pending = PendingReply {
+            rx: Some(rx),
+            scheduler: self.clone(),
+        };
+        let rx = pending.rx.as_mut().expect("just set");
+        let id = rx.await.map_err(|_| gone())?;
+        pending.rx = None;
+        Ok(Submission {
+            scheduler: self.clone(),
+            id: Some(id?),
         })
-        .await
     }
     pub async fn list(&self, kind: &'static str) -> Vec<JobStatus> {
         let (reply, rx) = oneshot::channel();
@@ -339,6 +377,61 @@ impl Scheduler {
     }
     pub async fn send(&self, m: Msg) {
         let _ = self.tx.send(m).await;
+    }
+}
+
+/// A job an HTTP request queued and has not answered for yet: dropped before
+/// [`Self::answered`], it cancels the job (see [`Scheduler::submit_for`]).
+pub struct Submission {
+    scheduler: Scheduler,
+    id: Option<u64>,
+}
+
+impl Submission {
+    /// The job's number.
+    pub fn id(&self) -> u64 {
+        self.id.expect("a submission holds its job until answered")
+    }
+
+    /// The request has its answer (or the job has finished): dropping no longer cancels.
+    pub fn answered(&mut self) -> u64 {
+        let id = self.id();
+        self.id = None;
+        id
+    }
+}
+
+impl Drop for Submission {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            tracing::info!(job = %self.scheduler.shared.ids.format(id), "the request went away before its answer; cancelling its job");
+            self.scheduler.cancel_detached(id);
+        }
+    }
+}
+
+/// The scheduler's answer to a submission, while it is awaited: dropped unread, the job it
+/// names (if any) is cancelled once it arrives.
+struct PendingReply {
+    rx: Option<oneshot::Receiver<Result<u64, ApiError>>>,
+    scheduler: Scheduler,
+}
+
+impl Drop for PendingReply {
+    fn drop(&mut self) {
+        let Some(rx) = self.rx.take() else { return };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let scheduler = self.scheduler.clone();
+        rt.spawn(async move {
+            if let Ok(Ok(id)) = rx.await {
+                drop(Submission {
+                    scheduler,
+                    id: Some(id),
+                });
+            }
+        });
     }
 }
 

@@ -84,6 +84,19 @@ pub async fn start_split(
     decode: DecodeSite,
     sp: usize,
 ) -> (Router, Scheduler) {
+    let (state, scheduler) = start_state(model, s, decode, sp).await;
+    (app(state), scheduler)
+}
+
+/// As [`start_split`], the router's state not yet made a router (for a test that changes
+/// it). Its callers may list jobs without a credential (`--anonymous-list`), as the tests
+/// that do not test ownership send none.
+pub async fn start_state(
+    model: Arc<Model>,
+    s: Setup,
+    decode: DecodeSite,
+    sp: usize,
+) -> (AppState, Scheduler) {
     let opts = EngineOptions {
         strategy: Strategy::OffloadSharded,
         dp: s.dp,
@@ -114,8 +127,10 @@ pub async fn start_split(
         model_name: s.name.into(),
         bounds: s.bounds,
         forwarding: Forwarding::default(),
+        sp,
+        anonymous_list: true,
     };
-    (app(state), e.scheduler)
+    (state, e.scheduler)
 }
 
 /// One request with a body of `content_type`.

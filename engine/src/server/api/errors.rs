@@ -20,7 +20,8 @@ pub(super) const OTHER_MODEL: &str = "`model` names a model this server does not
 pub(super) const QUEUE_FULL: &str = "Queue full; see Retry-After";
 pub(super) const NOT_READY: &str = "Not ready, shutting down, or the engine failed";
 pub(super) const NO_JOB: &str =
-    "No such job (or it is another replica's, and that replica is gone: 410)";
+    "No such job of the caller's (another credential's job is not found either), or it is another replica's and that replica is gone: 410";
+pub(super) const BAD_CREDENTIAL: &str = "An Authorization header that is not `Bearer <token>`";
 pub(super) const NOT_KEPT: &str =
     "Finished, but no longer kept (--result-ttl-seconds, --result-bytes)";
 
@@ -37,9 +38,18 @@ impl IntoResponse for ApiError {
             },
         });
         let mut r = (status, body).into_response();
-        if let Error::QueueFull { retry_after, .. } = e {
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, header::HeaderValue::from(*retry_after));
+        match e {
+            Error::QueueFull { retry_after, .. } => {
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, header::HeaderValue::from(*retry_after));
+            }
+            Error::Unauthorized { .. } => {
+                r.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    header::HeaderValue::from_static("Bearer"),
+                );
+            }
+            _ => {}
         }
         r
     }

@@ -7,28 +7,17 @@ use axum::extract::State;
 use axum::Json;
 use base64::Engine as _;
 
-use super::errors::{BAD_BODY, NOT_JSON, NOT_READY, OTHER_MODEL, QUEUE_FULL, TIMEOUT, TOO_LARGE};
+use super::errors::{
+    BAD_BODY, BAD_CREDENTIAL, NOT_JSON, NOT_READY, OTHER_MODEL, QUEUE_FULL, TIMEOUT, TOO_LARGE,
+};
 use super::state::{read_body, AppState};
 use super::validate::parse_images;
 use crate::server::error::ApiError;
 use crate::server::kind::Kind;
+use crate::server::owner::Caller;
 use crate::server::requests::{ImageRequest, ResponseFormat};
 use crate::server::responses::{ErrorBody, ImageData, ImageResponse, OutputFormat};
-use crate::server::scheduler::{JobState, Scheduler};
-
-/// Cancels a synchronous request's job when its client goes away before it finishes.
-struct CancelOnDrop {
-    scheduler: Scheduler,
-    id: Option<u64>,
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if let Some(id) = self.id {
-            self.scheduler.cancel_detached(id);
-        }
-    }
-}
+use crate::server::scheduler::JobState;
 
 fn now_unix() -> u64 {
     SystemTime::now()
@@ -43,7 +32,8 @@ fn result_url(id: &str, index: usize) -> String {
 /// Generate images and wait for them
 ///
 /// OpenAI's image API. The images come back in the answer (`b64_json`) or as the job's
-/// result URLs (`url`); a client that goes away cancels the job.
+/// result URLs (`url`, readable with the same bearer token as the request); a client that
+/// goes away (a half-close included) cancels the job.
 #[utoipa::path(
     post,
     path = "/v1/images/generations",
@@ -55,6 +45,7 @@ fn result_url(id: &str, index: usize) -> String {
     responses(
         (status = 200, description = "The images", body = ImageResponse),
         (status = 400, description = BAD_BODY, body = ErrorBody),
+        (status = 401, description = BAD_CREDENTIAL, body = ErrorBody),
         (status = 404, description = OTHER_MODEL, body = ErrorBody),
         (status = 408, description = TIMEOUT, body = ErrorBody),
         (status = 413, description = TOO_LARGE, body = ErrorBody),
@@ -68,19 +59,20 @@ fn result_url(id: &str, index: usize) -> String {
 )]
 pub(super) async fn generate(
     State(s): State<AppState>,
+    caller: Caller,
     req: axum::extract::Request,
 ) -> Result<Json<ImageResponse>, ApiError> {
     s.scheduler.shared.ready()?;
     let (requests, format) = parse_images(read_body(&s, req).await?, &s)?;
     let n = requests.len();
     let size = format!("{}x{}", requests[0].width, requests[0].height);
-    let id = s.scheduler.submit(requests, Kind::Image).await?;
-    let mut guard = CancelOnDrop {
-        scheduler: s.scheduler.clone(),
-        id: Some(id),
-    };
-    s.scheduler.wait(id).await;
-    guard.id = None;
+    let mut job = s
+        .scheduler
+        .submit_for(requests, Kind::Image, caller.0)
+        .await?;
+    s.scheduler.wait(job.id()).await;
+    // Finished: nothing is left to cancel.
+    let id = job.answered();
     let status = s.scheduler.status(id).await?;
     let mut data = Vec::with_capacity(n);
     for i in 0..n {

@@ -8,12 +8,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::errors::{
-    BAD_BODY, NOT_JSON, NOT_KEPT, NOT_READY, NO_JOB, OTHER_MODEL, QUEUE_FULL, TIMEOUT, TOO_LARGE,
+    BAD_BODY, BAD_CREDENTIAL, NOT_JSON, NOT_KEPT, NOT_READY, NO_JOB, OTHER_MODEL, QUEUE_FULL,
+    TIMEOUT, TOO_LARGE,
 };
-use super::state::{here, query, read_body, AppState};
+use super::state::{caller_job, here, query, read_body, AppState};
 use super::validate::parse_images;
 use crate::server::error::ApiError;
 use crate::server::kind::Kind;
+use crate::server::owner::Caller;
 use crate::server::requests::{ImageRequest, ResultQuery};
 use crate::server::responses::{Download, ErrorBody};
 use crate::server::scheduler::JobStatus;
@@ -21,7 +23,10 @@ use crate::server::scheduler::JobStatus;
 /// Queue a generation job
 ///
 /// The image request of `POST /v1/images/generations`, answered at once; poll
-/// `GET /v1/jobs/{id}`, then download `GET /v1/jobs/{id}/result`.
+/// `GET /v1/jobs/{id}`, then download `GET /v1/jobs/{id}/result`. The job belongs to the
+/// request's bearer token (none: anonymous), and only that token sees, downloads or
+/// cancels it. A client whose connection closes (or half-closes) before the answer has its
+/// job cancelled.
 #[utoipa::path(
     post,
     path = "/v1/jobs",
@@ -34,6 +39,7 @@ use crate::server::scheduler::JobStatus;
         (status = 202, description = "Queued; Location names the job", body = JobStatus,
             headers(("location" = String, description = "The job: /v1/jobs/{id}"))),
         (status = 400, description = BAD_BODY, body = ErrorBody),
+        (status = 401, description = BAD_CREDENTIAL, body = ErrorBody),
         (status = 404, description = OTHER_MODEL, body = ErrorBody),
         (status = 408, description = TIMEOUT, body = ErrorBody),
         (status = 413, description = TOO_LARGE, body = ErrorBody),
@@ -46,12 +52,17 @@ use crate::server::scheduler::JobStatus;
 )]
 pub(super) async fn submit_job(
     State(s): State<AppState>,
+    caller: Caller,
     req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     s.scheduler.shared.ready()?;
     let (requests, _) = parse_images(read_body(&s, req).await?, &s)?;
-    let id = s.scheduler.submit(requests, Kind::Image).await?;
-    let status = s.scheduler.status(id).await?;
+    let mut job = s
+        .scheduler
+        .submit_for(requests, Kind::Image, caller.0)
+        .await?;
+    let status = s.scheduler.status(job.id()).await?;
+    job.answered();
     let location = format!("/v1/jobs/{}", status.id);
     Ok((
         StatusCode::ACCEPTED,
@@ -74,9 +85,10 @@ pub(super) async fn submit_job(
 )]
 pub(super) async fn job_status(
     State(s): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<JobStatus>, ApiError> {
-    Ok(Json(s.scheduler.status(here(&s, &id)?).await?))
+    Ok(Json(caller_job(&s, caller, &id).await?))
 }
 
 /// Cancel a queued or running job
@@ -94,8 +106,10 @@ pub(super) async fn job_status(
 )]
 pub(super) async fn cancel_job(
     State(s): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<JobStatus>, ApiError> {
+    caller_job(&s, caller, &id).await?;
     Ok(Json(s.scheduler.cancel(here(&s, &id)?).await?))
 }
 
@@ -123,10 +137,12 @@ pub(super) async fn cancel_job(
 )]
 pub(super) async fn job_result(
     State(s): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
     q: Result<Query<ResultQuery>, QueryRejection>,
 ) -> Result<Download, ApiError> {
     let q = query(q)?;
+    caller_job(&s, caller, &id).await?;
     let m = s
         .scheduler
         .result(here(&s, &id)?, q.index.unwrap_or(0))

@@ -31,8 +31,9 @@ mod tests {
     use serde_json::Value;
     use utoipa::{IntoParams, PartialSchema};
 
-    use super::validate::{MAX_FPS, MAX_GUIDANCE};
+    use super::validate::MAX_GUIDANCE;
     use super::videos::MAX_LIST;
+    use crate::bounds::{MAX_FPS, MIN_FPS};
     use crate::server::requests::{ImageRequest, ListQuery, VideoRequest};
 
     fn maximum(schema: impl serde::Serialize, field: &str) -> Option<f64> {
@@ -40,10 +41,16 @@ mod tests {
         v["properties"][field]["maximum"].as_f64()
     }
 
+    fn minimum(schema: impl serde::Serialize, field: &str) -> Option<f64> {
+        let v = serde_json::to_value(schema).unwrap();
+        v["properties"][field]["minimum"].as_f64()
+    }
+
     /// The bounds the document states are the ones the handlers check.
     #[test]
     fn the_documented_bounds_are_the_checked_ones() {
         assert_eq!(maximum(VideoRequest::schema(), "fps"), Some(MAX_FPS));
+        assert_eq!(minimum(VideoRequest::schema(), "fps"), Some(MIN_FPS));
         for field in ["guidance", "guidance_2"] {
             for schema in [ImageRequest::schema(), VideoRequest::schema()] {
                 assert_eq!(maximum(schema, field), Some(MAX_GUIDANCE as f64), "{field}");

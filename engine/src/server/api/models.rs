@@ -37,7 +37,11 @@ fn model_card(s: &AppState) -> ModelCard {
 /// any is a 422 naming the field, before it is queued.
 fn limits(s: &AppState) -> Limits {
     let (b, video) = (&s.bounds.request, s.model.family.video().is_some());
+    let cost = s.model.checkpoint.activation_cost();
     Limits {
+        min_latent_tokens: s.sp.max(1) as u64,
+        pixels_per_latent_token: cost.pixels_per_token,
+        frames_per_latent_frame: cost.frames_per_latent,
         max_width: b.max_width,
         max_height: b.max_height,
         max_frames: if video { b.max_frames } else { 1 },

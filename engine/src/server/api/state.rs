@@ -11,9 +11,11 @@ use serde::de::DeserializeOwned;
 use crate::bounds::RequestBounds;
 use crate::engine::Model;
 use crate::server::body;
+use crate::server::error::ApiError;
 use crate::server::forward::Forwarding;
 use crate::server::ids::Owner;
-use crate::server::scheduler::Scheduler;
+use crate::server::owner::Caller;
+use crate::server::scheduler::{JobStatus, Scheduler};
 use crate::Error;
 
 /// What the server accepts, beyond what the model can do.
@@ -38,6 +40,12 @@ pub struct AppState {
     pub bounds: Bounds,
     /// How requests for another replica's jobs reach it.
     pub forwarding: Forwarding,
+    /// Ranks one request's sequence is split over (`--sp`): a request needs at least one
+    /// latent token for each.
+    pub sp: usize,
+    /// Whether a caller without a credential may list jobs (`--anonymous-list`): it then
+    /// sees every anonymous caller's ([`crate::server::owner`]).
+    pub anonymous_list: bool,
 }
 
 /// The name a model folder is served under by default: its last path component.
@@ -73,4 +81,21 @@ pub(super) fn here(s: &AppState, id: &str) -> Result<u64, Error> {
             what: format!("job `{id}` on this replica"),
         }),
     }
+}
+
+/// The status of the job `id` names when it is `caller`'s; another caller's job is not
+/// found, exactly as one that never existed ([`crate::server::owner`]).
+pub(super) async fn caller_job(
+    s: &AppState,
+    caller: Caller,
+    id: &str,
+) -> Result<JobStatus, ApiError> {
+    let st = s.scheduler.status(here(s, id)?).await?;
+    if !caller.owns(st.owner) {
+        return Err(Error::NotFound {
+            what: format!("job `{id}`"),
+        }
+        .into());
+    }
+    Ok(st)
 }

@@ -4,7 +4,6 @@
 
 use super::models::check_model_name;
 use super::state::AppState;
-use crate::engine::Model;
 use crate::execution::work::{Condition, Request, DEFAULT_MAX_SEQUENCE_LENGTH};
 use crate::server::requests::{Generation, ImageRequest, ResponseFormat, VideoRequest};
 use crate::Error;
@@ -168,9 +167,13 @@ fn condition(body: &Generation, s: &AppState) -> Result<Condition, Error> {
     }
 }
 
-fn validated(model: &Model, requests: Vec<Request>) -> Result<Vec<Request>, Error> {
+/// Each request as the model checks it, then split over the server's `sp` ranks: enough
+/// latent tokens for each ([`crate::bounds::split_tokens`], what the family checks again
+/// when a group takes it), so it is refused now rather than failing once queued.
+fn validated(s: &AppState, requests: Vec<Request>) -> Result<Vec<Request>, Error> {
+    let cost = s.model.checkpoint.activation_cost();
     for r in &requests {
-        model.validate(r).map_err(|e| match e {
+        s.model.validate(r).map_err(|e| match e {
             Error::Core(layerwise_core::Error::Invalid { field, msg })
                 if field == "width" || field == "height" =>
             {
@@ -178,6 +181,8 @@ fn validated(model: &Model, requests: Vec<Request>) -> Result<Vec<Request>, Erro
             }
             other => other,
         })?;
+        let (w, h, f) = (r.width as u64, r.height as u64, r.frames as u64);
+        crate::bounds::split_tokens(crate::bounds::latent_tokens(&cost, w, h, f), s.sp as u64)?;
     }
     Ok(requests)
 }
@@ -206,7 +211,7 @@ pub(super) fn parse_images(
             ..base.clone()
         })
         .collect();
-    Ok((validated(&s.model, requests)?, format))
+    Ok((validated(s, requests)?, format))
 }
 
 /// Checks a video request (`POST /v1/videos`) as [`parse_images`] does an image one: its
@@ -224,13 +229,7 @@ pub(super) fn parse_video(body: VideoRequest, s: &AppState) -> Result<(Request, 
         )
     })?;
     let mut r = request(&g, s, family.native_size())?;
-    let fps = length.fps.unwrap_or(spec.default_fps);
-    if !(fps > 0.0 && fps <= MAX_FPS) {
-        return Err(Error::invalid(
-            "fps",
-            format!("{fps}: expected a frame rate in (0, {MAX_FPS}]"),
-        ));
-    }
+    let fps = crate::bounds::check_fps("fps", length.fps.unwrap_or(spec.default_fps))?;
     let max = s.bounds.request.max_frames as usize;
     r.frames = match (length.frames, length.seconds) {
         (Some(_), Some(_)) => {
@@ -278,13 +277,10 @@ pub(super) fn parse_video(body: VideoRequest, s: &AppState) -> Result<(Request, 
         }
     };
     r.fps = Some(fps);
-    let mut v = validated(&s.model, vec![r])?;
+    let mut v = validated(s, vec![r])?;
     Ok((v.remove(0), fps))
 }
 
 /// The largest guidance scale taken: far past any model's useful range (diffusers' defaults
 /// are 4–5), where outputs saturate to nothing.
 pub(super) const MAX_GUIDANCE: f32 = 100.0;
-
-/// The fastest frame rate a clip may be written at.
-pub(super) const MAX_FPS: f64 = 240.0;

@@ -8,12 +8,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::errors::{
-    BAD_BODY, NOT_JSON, NOT_KEPT, NOT_READY, OTHER_MODEL, QUEUE_FULL, TIMEOUT, TOO_LARGE,
+    BAD_BODY, BAD_CREDENTIAL, NOT_JSON, NOT_KEPT, NOT_READY, OTHER_MODEL, QUEUE_FULL, TIMEOUT,
+    TOO_LARGE,
 };
-use super::state::{here, query, read_body, AppState};
+use super::state::{caller_job, here, query, read_body, AppState};
 use super::validate::parse_video;
 use crate::server::error::ApiError;
 use crate::server::kind::Kind;
+use crate::server::owner::Caller;
 use crate::server::requests::{ContentQuery, ListQuery, Order, Variant, VideoRequest};
 use crate::server::responses::{
     Download, ErrorBody, ListTag, Video, VideoDeleted, VideoDeletedTag, VideoList,
@@ -26,7 +28,10 @@ const POLL_AFTER_MS: &str = "250";
 
 /// Queue a text-to-video job (OpenAI's video API)
 ///
-/// Poll `GET /v1/videos/{id}`, then download `GET /v1/videos/{id}/content`.
+/// Poll `GET /v1/videos/{id}`, then download `GET /v1/videos/{id}/content`. The job
+/// belongs to the request's bearer token (`Authorization: Bearer <token>`; none: anonymous),
+/// and only that token sees, lists, downloads or deletes it. A client whose connection
+/// closes (or half-closes) before the answer has its job cancelled.
 #[utoipa::path(
     post,
     path = "/v1/videos",
@@ -39,6 +44,7 @@ const POLL_AFTER_MS: &str = "250";
         (status = 202, description = "Queued; Location names the job", body = Video,
             headers(("location" = String, description = "The video: /v1/videos/{id}"))),
         (status = 400, description = BAD_BODY, body = ErrorBody),
+        (status = 401, description = BAD_CREDENTIAL, body = ErrorBody),
         (status = 404, description = OTHER_MODEL, body = ErrorBody),
         (status = 408, description = TIMEOUT, body = ErrorBody),
         (status = 413, description = TOO_LARGE, body = ErrorBody),
@@ -51,15 +57,17 @@ const POLL_AFTER_MS: &str = "250";
 )]
 pub(super) async fn create_video(
     State(s): State<AppState>,
+    caller: Caller,
     req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     s.scheduler.shared.ready()?;
     let (request, fps) = parse_video(read_body(&s, req).await?, &s)?;
-    let id = s
+    let mut job = s
         .scheduler
-        .submit(vec![request], Kind::Video { fps })
+        .submit_for(vec![request], Kind::Video { fps }, caller.0)
         .await?;
-    let status = s.scheduler.status(id).await?;
+    let status = s.scheduler.status(job.id()).await?;
+    job.answered();
     Ok((
         StatusCode::ACCEPTED,
         [(header::LOCATION, format!("/v1/videos/{}", status.id))],
@@ -71,7 +79,11 @@ pub(super) async fn create_video(
 /// The most videos one list page holds.
 pub(super) const MAX_LIST: usize = 100;
 
-/// The video jobs the server still holds, newest first
+/// The caller's video jobs the server still holds, newest first
+///
+/// Only the jobs of the request's bearer token (`Authorization: Bearer <token>`). Without
+/// one the list is a 401, unless the server runs with `--anonymous-list`: then it holds the
+/// jobs every anonymous caller made.
 #[utoipa::path(
     get,
     path = "/v1/videos",
@@ -80,20 +92,29 @@ pub(super) const MAX_LIST: usize = 100;
     responses(
         (status = 200, description = "The list", body = VideoList),
         (status = 400, description = "A query string the route cannot read", body = ErrorBody),
+        (status = 401, description = "No credential (and the server lists anonymous jobs only with --anonymous-list), or an Authorization header that is not `Bearer <token>`", body = ErrorBody),
         (status = 404, description = "`after` names no video the server holds", body = ErrorBody),
         (status = 422, description = "`limit` or `order` out of range (error.field names it)", body = ErrorBody),
     )
 )]
 pub(super) async fn list_videos(
     State(s): State<AppState>,
+    caller: Caller,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<VideoList>, ApiError> {
     let q = query(q)?;
+    if caller.0.is_none() && !s.anonymous_list {
+        return Err(Error::Unauthorized {
+            msg: "listing videos needs a credential (`Authorization: Bearer <token>`): the list holds the jobs its token created; this server lists anonymous jobs only with --anonymous-list".into(),
+        }
+        .into());
+    }
     let limit = q.limit.unwrap_or(20);
     if limit == 0 || limit > MAX_LIST {
         return Err(Error::invalid("limit", format!("{limit}: expected 1..={MAX_LIST}")).into());
     }
     let mut all = s.scheduler.list(Kind::VIDEO).await;
+    all.retain(|st| caller.owns(st.owner));
     if Order::of(q.order.as_deref())? == Order::Asc {
         all.reverse();
     }
@@ -123,9 +144,9 @@ pub(super) async fn list_videos(
     }))
 }
 
-/// A video job by id (an image job's id is not a video's).
-async fn video_status(s: &AppState, id: &str) -> Result<JobStatus, ApiError> {
-    let st = s.scheduler.status(here(s, id)?).await?;
+/// The caller's video job by id (an image job's id is not a video's).
+async fn video_status(s: &AppState, caller: Caller, id: &str) -> Result<JobStatus, ApiError> {
+    let st = caller_job(s, caller, id).await?;
     if st.kind != Kind::VIDEO {
         return Err(Error::NotFound {
             what: format!("video `{id}` (it is an image job: GET /v1/jobs/{id})"),
@@ -144,14 +165,15 @@ async fn video_status(s: &AppState, id: &str) -> Result<JobStatus, ApiError> {
     responses(
         (status = 200, description = "The video job", body = Video,
             headers(("openai-poll-after-ms" = String, description = "While it runs: how often to poll, in milliseconds"))),
-        (status = 404, description = "No such video job (or an image job's id)", body = ErrorBody),
+        (status = 404, description = "No such video job of the caller's (another credential's is not found either; nor is an image job's id)", body = ErrorBody),
     )
 )]
 pub(super) async fn get_video(
     State(s): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let st = video_status(&s, &id).await?;
+    let st = video_status(&s, caller, &id).await?;
     let mut r = Json(Video::new(&st, &s.model_name)).into_response();
     if !st.state.terminal() {
         // How often OpenAI's client polls (`videos.poll`) while the job runs.
@@ -174,14 +196,15 @@ pub(super) async fn get_video(
     params(("id" = String, Path, description = "The video's id")),
     responses(
         (status = 200, description = "Deleted", body = VideoDeleted),
-        (status = 404, description = "No such video job", body = ErrorBody),
+        (status = 404, description = "No such video job of the caller's (another credential's is not found either)", body = ErrorBody),
     )
 )]
 pub(super) async fn delete_video(
     State(s): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<VideoDeleted>, ApiError> {
-    video_status(&s, &id).await?;
+    video_status(&s, caller, &id).await?;
     let st = s.scheduler.delete(here(&s, &id)?).await?;
     Ok(Json(VideoDeleted {
         id: st.id,
@@ -203,7 +226,7 @@ pub(super) async fn delete_video(
             (Download = "image/png"),
         )),
         (status = 400, description = "A query string the route cannot read", body = ErrorBody),
-        (status = 404, description = "No such video job", body = ErrorBody),
+        (status = 404, description = "No such video job of the caller's (another credential's is not found either)", body = ErrorBody),
         (status = 409, description = "Not finished (yet), or cancelled", body = ErrorBody),
         (status = 410, description = NOT_KEPT, body = ErrorBody),
         (status = 422, description = "An unknown variant", body = ErrorBody),
@@ -212,11 +235,12 @@ pub(super) async fn delete_video(
 )]
 pub(super) async fn video_content(
     State(s): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
     q: Result<Query<ContentQuery>, QueryRejection>,
 ) -> Result<Download, ApiError> {
     let q = query(q)?;
-    video_status(&s, &id).await?;
+    video_status(&s, caller, &id).await?;
     let m = s.scheduler.result(here(&s, &id)?, 0).await?;
     Ok(match Variant::of(q.variant.as_deref())? {
         Variant::Video => Download(m.content_type, m.bytes.clone()),
