@@ -300,9 +300,9 @@ impl Scheduler {
 
     /// Queues a job of `owner`'s for an HTTP request that has yet to answer. Dropped at any
     /// point before [`Submission::answered`] (its connection closed, a half-close
-    /// included, and hyper dropped the handler), the job is cancelled: no work runs that
-    /// nobody can receive. That holds while the scheduler's reply is on its way too: the
-    /// reply is then read on a task of its own and the job it names cancelled.
+    /// included, and hyper dropped the handler or its answer), the job is cancelled: no work
+    /// runs that nobody can receive. That holds while the scheduler's reply is on its way
+    /// too: the reply is then read on a task of its own and the job it names cancelled.
     pub async fn submit_for(
         &self,
         requests: Vec<Request>,

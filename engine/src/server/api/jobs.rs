@@ -7,6 +7,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use super::delivery::deliver;
 use super::errors::{
     BAD_BODY, BAD_CREDENTIAL, NOT_JSON, NOT_KEPT, NOT_READY, NO_JOB, OTHER_MODEL, QUEUE_FULL,
     TIMEOUT, TOO_LARGE,
@@ -57,19 +58,18 @@ pub(super) async fn submit_job(
 ) -> Result<Response, ApiError> {
     s.scheduler.shared.ready()?;
     let (requests, _) = parse_images(read_body(&s, req).await?, &s)?;
-    let mut job = s
+    let job = s
         .scheduler
         .submit_for(requests, Kind::Image, caller.0)
         .await?;
     let status = s.scheduler.status(job.id()).await?;
-    job.answered();
     let location = format!("/v1/jobs/{}", status.id);
-    Ok((
+    let answer = (
         StatusCode::ACCEPTED,
         [(header::LOCATION, location)],
         Json(status),
-    )
-        .into_response())
+    );
+    Ok(deliver(answer.into_response(), job))
 }
 
 /// A job's state, queue position, progress and timings

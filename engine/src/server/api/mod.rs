@@ -11,8 +11,10 @@
 //!
 //! One file a resource ([`images`], [`jobs`], [`videos`], [`models`], [`health`]), beside
 //! what they share: the state and request reading ([`state`]), the value checks
-//! ([`validate`]), the error answers ([`errors`]) and the router ([`router`]).
+//! ([`validate`]), the error answers ([`errors`]), answers that carry their job until sent
+//! ([`delivery`]) and the router ([`router`]).
 
+mod delivery;
 mod errors;
 mod health;
 mod images;

@@ -7,6 +7,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use super::delivery::deliver;
 use super::errors::{
     BAD_BODY, BAD_CREDENTIAL, NOT_JSON, NOT_KEPT, NOT_READY, OTHER_MODEL, QUEUE_FULL, TIMEOUT,
     TOO_LARGE,
@@ -62,18 +63,17 @@ pub(super) async fn create_video(
 ) -> Result<Response, ApiError> {
     s.scheduler.shared.ready()?;
     let (request, fps) = parse_video(read_body(&s, req).await?, &s)?;
-    let mut job = s
+    let job = s
         .scheduler
         .submit_for(vec![request], Kind::Video { fps }, caller.0)
         .await?;
     let status = s.scheduler.status(job.id()).await?;
-    job.answered();
-    Ok((
+    let answer = (
         StatusCode::ACCEPTED,
         [(header::LOCATION, format!("/v1/videos/{}", status.id))],
         Json(Video::new(&status, &s.model_name)),
-    )
-        .into_response())
+    );
+    Ok(deliver(answer.into_response(), job))
 }
 
 /// The most videos one list page holds.
