@@ -104,4 +104,35 @@ mod tests {
         let min = layerwise_core::strategy::MIN_STREAMING_SLOTS;
         assert!(rule.starts_with(&format!("self >= {min} ")), "{rule}");
     }
+
+    /// Each workload bound's CEL rule is the range `layerwise serve` checks its flag
+    /// against at start, so `kubectl apply` and the engine refuse the same values.
+    #[test]
+    fn the_workload_rules_are_the_engines_flag_ranges() {
+        use layerwise_core::bounds::*;
+        let crd = serde_json::to_value(&all()[0].1).unwrap();
+        let workload = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+            ["spec"]["properties"]["workload"]["properties"];
+        for range in [
+            WIDTH_RANGE,
+            HEIGHT_RANGE,
+            FRAMES_RANGE,
+            STEPS_RANGE,
+            N_RANGE,
+            PROMPT_TOKENS_RANGE,
+        ] {
+            let field = &workload[range.workload_field];
+            let rule = &field["x-kubernetes-validations"][0];
+            assert_eq!(
+                rule["rule"],
+                range.cel().as_str(),
+                "{}: {field}",
+                range.flag
+            );
+            assert_eq!(rule["message"], range.cel_message().as_str());
+            assert!(range.check(range.min).is_ok() && range.check(range.max).is_ok());
+            assert!(range.check(range.min - 1).is_err());
+            assert!(range.check(range.max + 1).is_err());
+        }
+    }
 }
