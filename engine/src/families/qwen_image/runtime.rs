@@ -4,7 +4,8 @@
 //! follows diffusers' `QwenImagePipeline`: the prompt template, the encoder's last hidden
 //! states past the template's first 34 tokens, packed 2×2 latent patches, sigmas
 //! `linspace(1, 1/steps, steps)` shifted by the image's sequence length, and true
-//! classifier-free guidance whenever the scale is above 1, its result rescaled to the
+//! classifier-free guidance when the scale is above 1 and a negative prompt is given (an
+//! empty one counts; without one the pipeline runs unguided), its result rescaled to the
 //! conditional prediction's norm per token.
 
 use std::path::Path;
@@ -161,6 +162,10 @@ impl FamilyRuntime for QwenImageRuntime {
         (50, 4.0)
     }
 
+    fn guided(&self, r: &Request) -> bool {
+        runs_guided(r)
+    }
+
     fn validate(&self, r: &Request) -> Result<()> {
         let ck = &self.checkpoint;
         let Condition::Prompt { prompt, negative } = &r.condition else {
@@ -193,7 +198,7 @@ impl FamilyRuntime for QwenImageRuntime {
             return Err(Error::invalid("max_sequence_length", "must be at least 1"));
         }
         self.prompt.check(prompt, "prompt", r.max_sequence_length)?;
-        if r.guidance > 1.0 {
+        if let Some(negative) = negative.as_deref().filter(|_| runs_guided(r)) {
             self.prompt
                 .check(negative, "negative_prompt", r.max_sequence_length)?;
         }
@@ -229,6 +234,19 @@ impl FamilyRuntime for QwenImageRuntime {
     }
 }
 
+/// The pipeline's `do_true_cfg`: a scale above 1 and a negative prompt given (an empty one
+/// counts). Without one `QwenImagePipeline` runs unguided, whatever the scale.
+fn runs_guided(r: &Request) -> bool {
+    r.guidance > 1.0
+        && matches!(
+            &r.condition,
+            Condition::Prompt {
+                negative: Some(_),
+                ..
+            }
+        )
+}
+
 struct RankShared {
     encoder: Qwen25VlEncoder,
     transformer: QwenImageTransformer,
@@ -252,11 +270,8 @@ impl RankModel for QwenImageRank {
         let ck = &r.checkpoint;
         let shape = latent_shape(ck, &req);
         let latents = crate::families::checks::start_latents(&req, &shape)?;
-        // The pipeline's `do_true_cfg`: a scale above 1 (and a negative prompt, which every
-        // request here has: empty unless given).
-        let guided = req.guidance > 1.0;
         let mut ids = vec![r.prompt.ids(prompt, "prompt")?];
-        if guided {
+        if let Some(negative) = negative.as_deref().filter(|_| runs_guided(&req)) {
             ids.push(r.prompt.ids(negative, "negative_prompt")?);
         }
         let up = ck.vae_config.upscale();
