@@ -30,7 +30,7 @@ use crate::execution::work::{Condition, Output, Request};
 use crate::families::encode_once::{EncodeOnce, EncodeThenSteps};
 use crate::families::steps::{guided, output};
 use crate::families::FamilyCheckpoint;
-use crate::samplers::flow::{FlowMatchEuler, FlowMatchEulerConfig, Sampler};
+use crate::samplers::flow::{FlowMatchEulerConfig, Sampler};
 use crate::{Error, Result};
 
 /// Reads `scheduler/scheduler_config.json`: the pipeline drives a
@@ -55,6 +55,9 @@ fn load_scheduler(path: &Path) -> Result<FlowMatchEulerConfig> {
     Ok(c)
 }
 
+/// `QwenImagePipeline.__call__`'s num_inference_steps (its true_cfg_scale is 4).
+const DEFAULT_STEPS: usize = 50;
+
 /// A Qwen-Image pipeline folder, checked and mapped once for every rank.
 pub struct QwenImageRuntime {
     pub checkpoint: QwenImageCheckpoint,
@@ -66,9 +69,19 @@ pub struct QwenImageRuntime {
 }
 
 impl QwenImageRuntime {
+    /// Loads the tokenizer and the scheduler and checks that every request the model's
+    /// limits allow can run on them ([`super::start_checks`]), then maps the weights.
     pub fn new(checkpoint: QwenImageCheckpoint) -> Result<QwenImageRuntime> {
         let prompt = Arc::new(QwenTokenizer::load(&checkpoint.tokenizer)?);
-        let scheduler = load_scheduler(&checkpoint.folder.scheduler_config())?;
+        super::start_checks::tokenizer(&prompt)?;
+        let scheduler_path = checkpoint.folder.scheduler_config();
+        let scheduler = load_scheduler(&scheduler_path)?;
+        super::start_checks::scheduler(
+            &scheduler,
+            &scheduler_path,
+            DEFAULT_STEPS,
+            native_tokens(&checkpoint),
+        )?;
         Ok(QwenImageRuntime {
             streamed: vec![
                 Mapped::map(checkpoint.text_encoder.clone())?,
@@ -94,6 +107,14 @@ impl QwenImageRuntime {
             self.checkpoint.transformer_config.in_channels,
         ]
     }
+}
+
+/// Packed tokens of an image at the model's native size: the largest the scheduler must
+/// shift for the folder to open.
+fn native_tokens(ck: &QwenImageCheckpoint) -> usize {
+    let (w, h) = ck.native_size();
+    let side = ck.pixels_per_token_side();
+    (w / side) * (h / side)
 }
 
 /// The latents of a request as the VAE reads them (and as requests give and receive them):
@@ -158,8 +179,7 @@ impl FamilyRuntime for QwenImageRuntime {
     }
 
     fn defaults(&self) -> (usize, f32) {
-        // `QwenImagePipeline.__call__`'s num_inference_steps and true_cfg_scale.
-        (50, 4.0)
+        (DEFAULT_STEPS, 4.0)
     }
 
     fn guided(&self, r: &Request) -> bool {
@@ -193,7 +213,13 @@ impl FamilyRuntime for QwenImageRuntime {
                 ),
             ));
         }
-        FlowMatchEuler::for_image(&self.scheduler, r.steps, self.packed_shape(r)[1])?;
+        super::start_checks::schedule(
+            &self.scheduler,
+            &self.checkpoint.folder.scheduler_config(),
+            r.steps,
+            self.packed_shape(r)[1],
+            native_tokens(ck),
+        )?;
         if r.max_sequence_length == 0 {
             return Err(Error::invalid("max_sequence_length", "must be at least 1"));
         }
@@ -278,10 +304,12 @@ impl RankModel for QwenImageRank {
         let (h, w) = (req.height / up, req.width / up);
         let packed = pack(&latents.to_device(&r.device)?)?;
         Ok(Box::new(EncodeOnce::new(QwenImageTask {
-            sampler: Box::new(FlowMatchEuler::for_image(
+            sampler: Box::new(super::start_checks::schedule(
                 &r.scheduler,
+                &ck.folder.scheduler_config(),
                 req.steps,
                 packed.dim(1)?,
+                native_tokens(ck),
             )?),
             latents: packed,
             latent_hw: (h, w),
