@@ -171,14 +171,16 @@ def prompt_ids(pipe, prompt):
 
 def reference(pipe, prompt, negative_prompt, height, width, steps, guidance, init):
     """QwenImagePipeline.__call__ from the given packed initial latents; returns the tensors
-    `run` saves. Guidance > 1 is true classifier-free guidance against the negative prompt."""
-    guided = guidance > 1.0
+    `run` saves. The pipeline's own rule (`do_true_cfg`): true classifier-free guidance when
+    the scale is above 1 and a negative prompt is given (None: none is, and it runs unguided
+    whatever the scale)."""
+    guided = guidance > 1.0 and negative_prompt is not None
     record = StepRecorder()
     with torch.no_grad():
         embeds, _ = pipe.encode_prompt(prompt, device="cpu")
         result = pipe(
             prompt=prompt,
-            negative_prompt=negative_prompt if guided else None,
+            negative_prompt=negative_prompt,
             true_cfg_scale=guidance,
             height=height,
             width=width,
@@ -222,12 +224,15 @@ def cmd_run(a):
 # --- fixture ----------------------------------------------------------------------------------------
 
 # A guided image whose prompt and negative prompt differ in length (so do their sequences),
-# on a non-square 4x6 patch grid; and an unguided one on another grid.
+# on a non-square 4x6 patch grid; an unguided one on another grid; and one at the default
+# scale with no negative prompt, which the pipeline runs unguided.
 FIXTURE_REQUESTS = {
     "guided": dict(prompt="A fox in the snow.", negative_prompt="blurry, low quality",
                    height=64, width=96, steps=3, guidance=4.0),
     "unguided": dict(prompt="A red fox runs through a snowy forest at dawn.",
                      negative_prompt="", height=48, width=32, steps=2, guidance=1.0),
+    "no_negative": dict(prompt="A fox in the snow.", negative_prompt=None,
+                        height=32, width=64, steps=2, guidance=4.0),
 }
 
 
@@ -276,7 +281,8 @@ def main(argv=None):
     r = sub.add_parser("run")
     r.add_argument("model")
     r.add_argument("--prompt", required=True)
-    r.add_argument("--negative-prompt", default="")
+    r.add_argument("--negative-prompt", default=None,
+                   help="left out: none, as QwenImagePipeline's default (unguided)")
     r.add_argument("--height", type=int, default=64)
     r.add_argument("--width", type=int, default=96)
     r.add_argument("--steps", type=int, default=3)

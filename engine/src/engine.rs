@@ -73,7 +73,7 @@ impl Model {
                             height: r.height as u64,
                             frames: r.frames as u64,
                             batch: 1,
-                            guidance: r.guidance > 1.0,
+                            guidance: self.family.guided(r),
                             text_tokens,
                         },
                         sp as u64,

@@ -41,7 +41,7 @@ fn reference(name: &str) -> (Request, std::collections::HashMap<String, Tensor>)
         ..Request::image(
             Condition::Prompt {
                 prompt: d["prompt"].as_str().unwrap().into(),
-                negative: d["negative_prompt"].as_str().unwrap().into(),
+                negative: d["negative_prompt"].as_str().map(Into::into),
             },
             n("width"),
             n("height"),
@@ -73,6 +73,7 @@ fn parity(name: &str) {
         height: req.height,
         fps: 24.0,
     };
+    let negative = negative.as_deref().unwrap_or("");
     let (cond, uncond) = tok.request(prompt, negative, &target).unwrap();
     assert_eq!(cond, ids(&refs["input_ids"]), "{name}: prompt ids");
     assert_eq!(
@@ -125,9 +126,9 @@ fn prompt_request(seed: u64, steps: usize, frames: usize, guidance: f32) -> Requ
             Condition::Prompt {
                 prompt: format!("a red fox {seed}"),
                 negative: if seed.is_multiple_of(2) {
-                    "blurry".into()
+                    Some("blurry".into())
                 } else {
-                    String::new()
+                    None
                 },
             },
             64,

@@ -432,7 +432,7 @@ fn a_wan_model_quantizes_and_runs_identically_across_strategies() {
         ..Request::image(
             layerwise_engine::execution::work::Condition::Prompt {
                 prompt: "a red fox".into(),
-                negative: String::new(),
+                negative: None,
             },
             32,
             32,

@@ -68,7 +68,7 @@ fn prompt(width: usize, height: usize, frames: usize) -> Request {
         ..Request::image(
             Condition::Prompt {
                 prompt: "a red fox in the snow".into(),
-                negative: "blurry".into(),
+                negative: Some("blurry".into()),
             },
             width,
             height,

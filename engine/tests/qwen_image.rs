@@ -1,6 +1,7 @@
 //! The Qwen-Image family end to end: parity with diffusers' own QwenImagePipeline on the
 //! committed tiny pipeline (saved by diffusers and transformers themselves, with its outputs
-//! for a guided and an unguided image), the strategy contracts with its two streamed groups
+//! for a guided and an unguided image, and one at the default scale with no negative prompt,
+//! which the pipeline runs unguided), the strategy contracts with its two streamed groups
 //! (the text encoder once per request, the transformer every step), and the bad inputs a
 //! user meets first.
 
@@ -45,7 +46,7 @@ fn reference(name: &str) -> (Request, std::collections::HashMap<String, Tensor>)
         ..Request::image(
             Condition::Prompt {
                 prompt: d["prompt"].as_str().unwrap().into(),
-                negative: d["negative_prompt"].as_str().unwrap().into(),
+                negative: d["negative_prompt"].as_str().map(Into::into),
             },
             n("width"),
             n("height"),
@@ -85,6 +86,21 @@ fn an_unguided_image_matches_diffusers() {
     parity("unguided");
 }
 
+/// `QwenImagePipeline(prompt=P)` at its default scale of 4 with no negative prompt runs
+/// unguided (true CFG needs one): so does the engine.
+#[test]
+fn the_default_scale_without_a_negative_prompt_matches_diffusers() {
+    let (req, _) = reference("no_negative");
+    let Condition::Prompt { negative, .. } = &req.condition else {
+        unreachable!()
+    };
+    assert!(
+        negative.is_none() && req.guidance > 1.0,
+        "the case under test"
+    );
+    parity("no_negative");
+}
+
 fn prompt_request(seed: u64, steps: usize, guidance: f32, (w, h): (usize, usize)) -> Request {
     Request {
         seed,
@@ -94,9 +110,9 @@ fn prompt_request(seed: u64, steps: usize, guidance: f32, (w, h): (usize, usize)
             Condition::Prompt {
                 prompt: format!("a red fox {seed}"),
                 negative: if seed.is_multiple_of(2) {
-                    "blurry".into()
+                    Some("blurry".into())
                 } else {
-                    String::new()
+                    None
                 },
             },
             w,

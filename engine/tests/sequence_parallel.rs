@@ -64,7 +64,7 @@ fn prompt(seed: u64, steps: usize, frames: usize, guidance: f32, size: (usize, u
         ..Request::image(
             Condition::Prompt {
                 prompt: format!("a red fox {seed}"),
-                negative: "blurry".into(),
+                negative: Some("blurry".into()),
             },
             size.0,
             size.1,

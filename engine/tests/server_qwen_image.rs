@@ -112,6 +112,24 @@ async fn images_from_prompts_as_the_openai_client_asks() {
     );
     assert_ne!(image(body("blurry", 2.0)).await, first, "the scale is read");
 
+    // QwenImagePipeline's rule: true CFG needs a negative prompt. Without one the default
+    // scale runs unguided (the image of scale 1); an empty one given guides against it.
+    let without = |guidance: f64| {
+        json!({ "model": NAME, "prompt": "a red fox", "guidance": guidance,
+                "size": "32x48", "steps": 2, "seed": 3 })
+    };
+    let unguided = image(without(1.0)).await;
+    assert_eq!(
+        image(without(4.0)).await,
+        unguided,
+        "no negative prompt: unguided at any scale"
+    );
+    assert_ne!(
+        image(body("", 4.0)).await,
+        unguided,
+        "an empty negative prompt given: guided"
+    );
+
     // A size off the 16-pixel grid is refused naming the field, before anything is queued;
     // so is a clip.
     let (s, _, v) = post(

@@ -38,7 +38,7 @@ fn reference_request(name: &str) -> (Request, std::collections::HashMap<String, 
         ..Request::image(
             Condition::Prompt {
                 prompt: desc["prompt"].as_str().unwrap().into(),
-                negative: desc["negative_prompt"].as_str().unwrap().into(),
+                negative: desc["negative_prompt"].as_str().map(Into::into),
             },
             n("width"),
             n("height"),
@@ -99,7 +99,7 @@ fn prompt_request(seed: u64, steps: usize, frames: usize, guidance: f32) -> Requ
         ..Request::image(
             Condition::Prompt {
                 prompt: format!("a red fox {seed}"),
-                negative: "blurry".into(),
+                negative: Some("blurry".into()),
             },
             32,
             32,
@@ -235,7 +235,7 @@ fn bad_input_names_what_is_wrong() {
     r.frames = 5;
     r.condition = Condition::Prompt {
         prompt: "fox ".repeat(40),
-        negative: String::new(),
+        negative: None,
     };
     expect_err(model.validate(&r), &["prompt", "over the limit of 16"]);
     r.condition = Condition::Class(3);

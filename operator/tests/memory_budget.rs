@@ -142,7 +142,7 @@ fn request(family: &str, frames: usize) -> Request {
     let condition = match family {
         "wan" => Condition::Prompt {
             prompt: "a red fox in the snow".into(),
-            negative: String::new(),
+            negative: None,
         },
         _ => Condition::Class(3),
     };

@@ -20,14 +20,11 @@ pub(crate) struct RequestArgs {
     /// Text-conditioned families (Wan): what to draw.
     #[arg(long, env = "LAYERWISE_PROMPT")]
     pub(crate) prompt: Option<String>,
-    /// Text-conditioned families: what to steer away from (under guidance).
-    #[arg(
-        long,
-        env = "LAYERWISE_NEGATIVE_PROMPT",
-        default_value = "",
-        requires = "prompt"
-    )]
-    pub(crate) negative_prompt: String,
+    /// Text-conditioned families: what to steer away from (under guidance). Left out, each
+    /// family does as its diffusers pipeline: Wan and Cosmos3 guide against an empty
+    /// prompt, Qwen-Image runs unguided (its true CFG needs a negative prompt).
+    #[arg(long, env = "LAYERWISE_NEGATIVE_PROMPT", requires = "prompt")]
+    pub(crate) negative_prompt: Option<String>,
     /// Frames of a clip: 4k + 1 for Wan (81 is five seconds at 16 fps); 1 is an image.
     #[arg(long, env = "LAYERWISE_FRAMES", default_value_t = 1)]
     pub(crate) frames: usize,

@@ -65,6 +65,12 @@ pub trait FamilyRuntime: Send + Sync {
     }
     /// Steps and guidance scale of a request that names neither.
     fn defaults(&self) -> (usize, f32);
+    /// Whether `req` runs under classifier-free guidance, as the family's diffusers pipeline
+    /// decides: here a scale above 1 (`WanPipeline`, `DiTPipeline`); a family whose rule
+    /// differs says so. What the rank runs and what admission reserves both read it.
+    fn guided(&self, req: &Request) -> bool {
+        req.guidance > 1.0
+    }
     /// Checks a request before it takes a rank (a clear error naming the field).
     fn validate(&self, req: &Request) -> Result<()>;
     /// Device bytes a rank keeps outside the slots: prologues, epilogues and, when

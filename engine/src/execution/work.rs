@@ -20,8 +20,14 @@ pub const DEFAULT_MAX_SEQUENCE_LENGTH: usize = crate::bounds::DEFAULT_MAX_PROMPT
 pub enum Condition {
     /// A class-conditional family's class (DiT: an ImageNet class).
     Class(u32),
-    /// A text-conditioned family's prompt, and what to steer away from.
-    Prompt { prompt: String, negative: String },
+    /// A text-conditioned family's prompt, and what to steer away from: `None` when the
+    /// caller gave no negative prompt, which is not the same as an empty one (diffusers'
+    /// `QwenImagePipeline` runs unguided without one, `WanPipeline` and
+    /// `Cosmos3OmniPipeline` guide against an empty one: each family's `guided` says).
+    Prompt {
+        prompt: String,
+        negative: Option<String>,
+    },
 }
 
 /// One image or clip to generate.

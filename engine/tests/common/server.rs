@@ -193,7 +193,7 @@ pub fn prompt_request(
         ..Request::image(
             Condition::Prompt {
                 prompt: prompt.into(),
-                negative: String::new(),
+                negative: None,
             },
             w,
             h,

@@ -133,7 +133,7 @@ pub(super) fn plan_rows(
         max_frames: r.frames as u64,
         max_steps: r.steps as u64,
         max_n: 1,
-        guidance: r.guidance > 1.0,
+        guidance: model.family.guided(r),
         max_prompt_tokens: match r.condition {
             Condition::Prompt { .. } => r.max_sequence_length as u64,
             Condition::Class(_) => 0,

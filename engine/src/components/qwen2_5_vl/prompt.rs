@@ -42,6 +42,9 @@ pub fn templated(prompt: &str) -> String {
 pub struct QwenTokenizer {
     tokenizer: tokenizers::Tokenizer,
     dir: PathBuf,
+    /// The file the vocabulary came from (`tokenizer.json` or `vocab.json`): what a
+    /// tokenizer fault names.
+    source: PathBuf,
 }
 
 /// A token name as `tokenizer_config.json` writes it: a string or an AddedToken object.
@@ -187,6 +190,7 @@ impl QwenTokenizer {
         Ok(QwenTokenizer {
             tokenizer,
             dir: dir.to_path_buf(),
+            source,
         })
     }
 
@@ -195,17 +199,25 @@ impl QwenTokenizer {
         &self.dir
     }
 
+    /// The file the vocabulary came from, which a tokenizer fault names.
+    pub fn source(&self) -> &Path {
+        &self.source
+    }
+
     /// The id of a token (a special token such as `<|im_end|>`), if the vocabulary has it.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.tokenizer.token_to_id(token)
     }
 
-    /// Every id `text` tokenizes to, untruncated; tokenizer failures name `field`.
+    /// Every id `text` tokenizes to, untruncated. A byte-level vocabulary encodes any text,
+    /// so a failure is the tokenizer file's fault (a 5xx naming it), not the `field`'s.
     fn tokenize(&self, text: &str, field: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .tokenizer
-            .encode(text, true)
-            .map_err(|e| Error::invalid(field, format!("the tokenizer failed: {e}")))?;
+        let enc = self.tokenizer.encode(text, true).map_err(|e| {
+            Error::checkpoint(
+                &self.source,
+                format!("the tokenizer failed on the {field}: {e}"),
+            )
+        })?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -217,17 +229,17 @@ impl QwenTokenizer {
     /// The ids the text encoder reads for `prompt` (`field` names it in errors: `prompt`
     /// or `negative_prompt`), as the pipeline tokenizes them: the template, cut at
     /// [`MAX_TOKENS`] (as diffusers does, silently, tail of the template included). An
-    /// error when no row would be left after the drop of [`TEMPLATE_DROP`].
+    /// error naming the tokenizer file when no row would be left after the drop of
+    /// [`TEMPLATE_DROP`]: the template alone is longer than that with Qwen's vocabulary.
     pub fn ids(&self, prompt: &str, field: &str) -> Result<Vec<u32>> {
         let mut ids = self.tokenize(&templated(prompt), field)?;
         ids.truncate(MAX_TOKENS);
         if ids.len() <= TEMPLATE_DROP {
-            return Err(Error::invalid(
-                field,
+            return Err(Error::checkpoint(
+                &self.source,
                 format!(
-                    "the template tokenizes to {} tokens, none left after the pipeline drops its first {TEMPLATE_DROP}: the tokenizer at {} is not Qwen-Image's",
+                    "the {field} in the pipeline's template tokenizes to {} tokens, none left after the pipeline drops its first {TEMPLATE_DROP}: this is not Qwen-Image's tokenizer",
                     ids.len(),
-                    self.dir.display()
                 ),
             ));
         }

@@ -95,6 +95,10 @@ impl FamilyRuntime for Cosmos3Runtime {
         (35, 6.0)
     }
 
+    fn guided(&self, r: &Request) -> bool {
+        runs_guided(r)
+    }
+
     fn validate(&self, r: &Request) -> Result<()> {
         let ck = &self.checkpoint;
         let Condition::Prompt { prompt, negative } = &r.condition else {
@@ -116,6 +120,7 @@ impl FamilyRuntime for Cosmos3Runtime {
             ));
         }
         self.scheduler.sampler(r.steps)?;
+        let negative = negative.as_deref().unwrap_or("");
         crate::families::checks::prompt_lengths(r, [prompt, negative], "", |t| {
             self.tokenizer.token_count(t)
         })?;
@@ -178,6 +183,12 @@ struct RankShared {
     device: Device,
 }
 
+/// The pipeline's `do_classifier_free_guidance`: any scale but 1, against the negative
+/// prompt or an empty one.
+fn runs_guided(r: &Request) -> bool {
+    r.guidance != 1.0
+}
+
 struct Cosmos3Rank(Arc<RankShared>);
 
 impl RankModel for Cosmos3Rank {
@@ -194,9 +205,10 @@ impl RankModel for Cosmos3Rank {
             split.size(),
         )?;
         let latents = crate::families::checks::start_latents(&req, &shape)?;
+        // The pipeline reads no negative prompt as an empty one.
+        let negative = negative.as_deref().unwrap_or("");
         let (cond, uncond) = r.tokenizer.request(prompt, negative, &target(&req))?;
-        // The pipeline's `do_classifier_free_guidance`: any scale but 1.
-        let guided = req.guidance != 1.0;
+        let guided = runs_guided(&req);
         let mut ids = vec![cond];
         if guided {
             ids.push(uncond);

@@ -18,6 +18,8 @@ pub mod prompt;
 #[cfg(feature = "runtime")]
 pub mod runtime;
 #[cfg(feature = "runtime")]
+pub mod start_checks;
+#[cfg(feature = "runtime")]
 pub mod synth;
 pub mod transformer;
 pub mod vae;

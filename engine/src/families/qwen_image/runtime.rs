@@ -4,7 +4,8 @@
 //! follows diffusers' `QwenImagePipeline`: the prompt template, the encoder's last hidden
 //! states past the template's first 34 tokens, packed 2×2 latent patches, sigmas
 //! `linspace(1, 1/steps, steps)` shifted by the image's sequence length, and true
-//! classifier-free guidance whenever the scale is above 1, its result rescaled to the
+//! classifier-free guidance when the scale is above 1 and a negative prompt is given (an
+//! empty one counts; without one the pipeline runs unguided), its result rescaled to the
 //! conditional prediction's norm per token.
 
 use std::path::Path;
@@ -29,7 +30,7 @@ use crate::execution::work::{Condition, Output, Request};
 use crate::families::encode_once::{EncodeOnce, EncodeThenSteps};
 use crate::families::steps::{guided, output};
 use crate::families::FamilyCheckpoint;
-use crate::samplers::flow::{FlowMatchEuler, FlowMatchEulerConfig, Sampler};
+use crate::samplers::flow::{FlowMatchEulerConfig, Sampler};
 use crate::{Error, Result};
 
 /// Reads `scheduler/scheduler_config.json`: the pipeline drives a
@@ -54,6 +55,9 @@ fn load_scheduler(path: &Path) -> Result<FlowMatchEulerConfig> {
     Ok(c)
 }
 
+/// `QwenImagePipeline.__call__`'s num_inference_steps (its true_cfg_scale is 4).
+const DEFAULT_STEPS: usize = 50;
+
 /// A Qwen-Image pipeline folder, checked and mapped once for every rank.
 pub struct QwenImageRuntime {
     pub checkpoint: QwenImageCheckpoint,
@@ -65,9 +69,19 @@ pub struct QwenImageRuntime {
 }
 
 impl QwenImageRuntime {
+    /// Loads the tokenizer and the scheduler and checks that every request the model's
+    /// limits allow can run on them ([`super::start_checks`]), then maps the weights.
     pub fn new(checkpoint: QwenImageCheckpoint) -> Result<QwenImageRuntime> {
         let prompt = Arc::new(QwenTokenizer::load(&checkpoint.tokenizer)?);
-        let scheduler = load_scheduler(&checkpoint.folder.scheduler_config())?;
+        super::start_checks::tokenizer(&prompt)?;
+        let scheduler_path = checkpoint.folder.scheduler_config();
+        let scheduler = load_scheduler(&scheduler_path)?;
+        super::start_checks::scheduler(
+            &scheduler,
+            &scheduler_path,
+            DEFAULT_STEPS,
+            native_tokens(&checkpoint),
+        )?;
         Ok(QwenImageRuntime {
             streamed: vec![
                 Mapped::map(checkpoint.text_encoder.clone())?,
@@ -93,6 +107,14 @@ impl QwenImageRuntime {
             self.checkpoint.transformer_config.in_channels,
         ]
     }
+}
+
+/// Packed tokens of an image at the model's native size: the largest the scheduler must
+/// shift for the folder to open.
+fn native_tokens(ck: &QwenImageCheckpoint) -> usize {
+    let (w, h) = ck.native_size();
+    let side = ck.pixels_per_token_side();
+    (w / side) * (h / side)
 }
 
 /// The latents of a request as the VAE reads them (and as requests give and receive them):
@@ -157,8 +179,11 @@ impl FamilyRuntime for QwenImageRuntime {
     }
 
     fn defaults(&self) -> (usize, f32) {
-        // `QwenImagePipeline.__call__`'s num_inference_steps and true_cfg_scale.
-        (50, 4.0)
+        (DEFAULT_STEPS, 4.0)
+    }
+
+    fn guided(&self, r: &Request) -> bool {
+        runs_guided(r)
     }
 
     fn validate(&self, r: &Request) -> Result<()> {
@@ -188,12 +213,18 @@ impl FamilyRuntime for QwenImageRuntime {
                 ),
             ));
         }
-        FlowMatchEuler::for_image(&self.scheduler, r.steps, self.packed_shape(r)[1])?;
+        super::start_checks::schedule(
+            &self.scheduler,
+            &self.checkpoint.folder.scheduler_config(),
+            r.steps,
+            self.packed_shape(r)[1],
+            native_tokens(ck),
+        )?;
         if r.max_sequence_length == 0 {
             return Err(Error::invalid("max_sequence_length", "must be at least 1"));
         }
         self.prompt.check(prompt, "prompt", r.max_sequence_length)?;
-        if r.guidance > 1.0 {
+        if let Some(negative) = negative.as_deref().filter(|_| runs_guided(r)) {
             self.prompt
                 .check(negative, "negative_prompt", r.max_sequence_length)?;
         }
@@ -229,6 +260,19 @@ impl FamilyRuntime for QwenImageRuntime {
     }
 }
 
+/// The pipeline's `do_true_cfg`: a scale above 1 and a negative prompt given (an empty one
+/// counts). Without one `QwenImagePipeline` runs unguided, whatever the scale.
+fn runs_guided(r: &Request) -> bool {
+    r.guidance > 1.0
+        && matches!(
+            &r.condition,
+            Condition::Prompt {
+                negative: Some(_),
+                ..
+            }
+        )
+}
+
 struct RankShared {
     encoder: Qwen25VlEncoder,
     transformer: QwenImageTransformer,
@@ -252,21 +296,20 @@ impl RankModel for QwenImageRank {
         let ck = &r.checkpoint;
         let shape = latent_shape(ck, &req);
         let latents = crate::families::checks::start_latents(&req, &shape)?;
-        // The pipeline's `do_true_cfg`: a scale above 1 (and a negative prompt, which every
-        // request here has: empty unless given).
-        let guided = req.guidance > 1.0;
         let mut ids = vec![r.prompt.ids(prompt, "prompt")?];
-        if guided {
+        if let Some(negative) = negative.as_deref().filter(|_| runs_guided(&req)) {
             ids.push(r.prompt.ids(negative, "negative_prompt")?);
         }
         let up = ck.vae_config.upscale();
         let (h, w) = (req.height / up, req.width / up);
         let packed = pack(&latents.to_device(&r.device)?)?;
         Ok(Box::new(EncodeOnce::new(QwenImageTask {
-            sampler: Box::new(FlowMatchEuler::for_image(
+            sampler: Box::new(super::start_checks::schedule(
                 &r.scheduler,
+                &ck.folder.scheduler_config(),
                 req.steps,
                 packed.dim(1)?,
+                native_tokens(ck),
             )?),
             latents: packed,
             latent_hw: (h, w),

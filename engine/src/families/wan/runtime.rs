@@ -99,7 +99,10 @@ impl FamilyRuntime for WanRuntime {
     fn validate(&self, r: &Request) -> Result<()> {
         let ck = &self.checkpoint;
         let (prompt, negative) = match &r.condition {
-            Condition::Prompt { prompt, negative } => (prompt, negative),
+            // `WanPipeline`: no negative prompt reads as an empty one.
+            Condition::Prompt { prompt, negative } => {
+                (prompt.as_str(), negative.as_deref().unwrap_or(""))
+            }
             Condition::Class(_) => {
                 return Err(Error::invalid(
                     "class_label",
@@ -232,7 +235,7 @@ impl RankModel for WanRank {
         let guided = req.guidance > 1.0;
         let mut prompts = vec![prompt.clone()];
         if guided {
-            prompts.push(negative.clone());
+            prompts.push(negative.clone().unwrap_or_default());
         }
         Ok(Box::new(EncodeOnce::new(WanTask {
             sampler: c.scheduler.sampler(req.steps)?,

@@ -141,6 +141,16 @@ impl FlowMatchEulerConfig {
         Ok(())
     }
 
+    /// Whether a request of `steps` steps is one this scheduler runs (the client's part of a
+    /// schedule; a schedule that still fails is the config's fault).
+    pub fn check_steps(&self, steps: usize) -> Result<()> {
+        check_steps(
+            steps,
+            self.num_train_timesteps,
+            terminal(self.shift_terminal),
+        )
+    }
+
     /// `set_timesteps(steps)`: (timesteps, sigmas).
     fn schedule(&self, steps: usize) -> (Vec<f32>, Vec<f32>) {
         let n = self.num_train_timesteps;

@@ -116,10 +116,7 @@ fn condition(body: &Generation, s: &AppState) -> Result<Condition, Error> {
         }
         let prompt = prompt
             .ok_or_else(|| Error::invalid("prompt", "required: the text to generate from"))?;
-        return Ok(Condition::Prompt {
-            prompt,
-            negative: negative.unwrap_or_default(),
-        });
+        return Ok(Condition::Prompt { prompt, negative });
     };
     if negative.as_deref().is_some_and(|n| !n.trim().is_empty()) {
         return Err(Error::invalid(

@@ -1,0 +1,91 @@
+//! Corrupt checkpoints that used to open cleanly and then fail requests: a Qwen-Image
+//! scheduler or tokenizer config no request can run on, a chat template that renders without
+//! bound, and config type errors. Each folder is written by the synth tools and then
+//! corrupted; each must be refused when it opens (what `serve` and `inspect` both do), fast,
+//! naming the file and the field.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use layerwise_engine::engine::Model;
+use serde_json::Value;
+
+/// Rewrites the JSON file `path` with `edit` applied.
+fn edit_json(path: &Path, edit: impl FnOnce(&mut Value)) {
+    let mut v: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+/// Opens `root` as `serve` does and returns the refusal, which must name every one of
+/// `parts`; prints how long the refusal took.
+fn refused(root: &Path, parts: &[&str]) -> String {
+    let t = Instant::now();
+    let e = match Model::open(root) {
+        Ok(_) => panic!(
+            "{} opened; expected a refusal naming {parts:?}",
+            root.display()
+        ),
+        Err(e) => e,
+    };
+    let msg = e.to_string();
+    eprintln!(
+        "refused in {:.1} ms: {msg}",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    for p in parts {
+        assert!(msg.contains(p), "`{msg}` does not name {p}");
+    }
+    assert_eq!(
+        e.http_status(),
+        500,
+        "a checkpoint's fault, not a client's: {msg}"
+    );
+    msg
+}
+
+fn qwen_image(dir: &Path) -> PathBuf {
+    common::qwen_image_tiny(dir, 1)
+}
+
+#[test]
+fn a_qwen_image_scheduler_that_fails_large_images_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = qwen_image(dir.path());
+    let config = root.join("scheduler/scheduler_config.json");
+    // exp(mu) overflows for images past a few hundred tokens: small requests would run and
+    // large ones would each be refused as a bad `steps`.
+    edit_json(&config, |v| v["max_shift"] = 1000.0.into());
+    refused(&root, &["scheduler_config.json", "max_shift"]);
+}
+
+#[test]
+fn a_qwen_image_scheduler_too_short_for_the_default_steps_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = qwen_image(dir.path());
+    let config = root.join("scheduler/scheduler_config.json");
+    edit_json(&config, |v| v["num_train_timesteps"] = 10.into());
+    refused(
+        &root,
+        &["scheduler_config.json", "num_train_timesteps", "50 steps"],
+    );
+}
+
+#[test]
+fn a_qwen_image_tokenizer_that_swallows_the_template_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = qwen_image(dir.path());
+    // One added token spanning the template's system message: the template tokenizes to a
+    // handful of ids and nothing is left after the pipeline drops its first 34, for every
+    // prompt.
+    let prefix = layerwise_engine::components::qwen2_5_vl::prompt::PROMPT_TEMPLATE
+        .split("{}")
+        .next()
+        .unwrap();
+    edit_json(&root.join("tokenizer/tokenizer_config.json"), |v| {
+        v["added_tokens_decoder"] = serde_json::json!({ "300": { "content": prefix } });
+    });
+    refused(&root, &["tokenizer", "none left"]);
+}
