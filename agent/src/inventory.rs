@@ -1,6 +1,9 @@
 //! What the node has: accelerators (NVML, loaded at run time), host memory, and the pods'
-//! cgroup limit. Where NVML cannot be used (no driver library in the agent's container), the
-//! accelerators come from the Node's GPU Feature Discovery labels instead; a node with
+//! cgroup limit. NVML needs no privilege: the NVIDIA container toolkit (or a CDI spec, or a
+//! DRA driver) injects the driver library and the device nodes it opens into the agent's
+//! container. Where NVML cannot be used (nothing injected), the accelerators come from the
+//! Node's GPU Feature Discovery labels instead, with the fast peer link from
+//! [`FAST_PEER_LINK_LABEL`] (GPU Feature Discovery says nothing about NVLink); a node with
 //! neither reports no accelerators and keeps working.
 
 use std::collections::BTreeMap;
@@ -79,10 +82,15 @@ impl Inventory {
 pub const GFD_PRODUCT: &str = "nvidia.com/gpu.product";
 pub const GFD_COUNT: &str = "nvidia.com/gpu.count";
 pub const GFD_MEMORY_MIB: &str = "nvidia.com/gpu.memory";
+/// Whether the node's devices share a fast peer link (NVLink, NVSwitch), `"true"` or
+/// `"false"`, where the agent cannot read it from NVML: put there by whoever knows the
+/// hardware (a Node Feature Discovery rule, the node pool's labels). Absent: no link.
+pub const FAST_PEER_LINK_LABEL: &str = "layerwise.dev/fast-peer-link";
 
 /// The accelerators a Node's GPU Feature Discovery labels describe, with the device count
-/// taken from the labels or else from the node's allocatable `nvidia.com/gpu`. The labels say
-/// nothing about NVLink, so `fast_peer_link` is false: the planner then keeps `auto` off the
+/// taken from the labels or else from the node's allocatable `nvidia.com/gpu`. GPU Feature
+/// Discovery's labels say nothing about NVLink, so the fast peer link is
+/// [`FAST_PEER_LINK_LABEL`]'s; without it, false: the planner then keeps `auto` off the
 /// strategies that need a fast peer link, and an explicit strategy still works.
 ///
 /// `Ok(None)` when the node carries no GPU labels; `Err` names a label that is there but
@@ -110,6 +118,15 @@ pub fn from_gfd_labels(
     if count == 0 || mib == 0 {
         return Ok(None);
     }
+    let fast_peer_link = match labels.get(FAST_PEER_LINK_LABEL).map(|v| v.trim()) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(format!(
+                "node label {FAST_PEER_LINK_LABEL}={other:?} is neither \"true\" nor \"false\""
+            ))
+        }
+    };
     Ok(Some(AcceleratorInventory {
         resource_name: NVIDIA_RESOURCE.into(),
         product: labels
@@ -118,7 +135,8 @@ pub fn from_gfd_labels(
             .unwrap_or_else(|| "unknown".into()),
         count,
         memory_bytes: mib << 20,
-        fast_peer_link: false,
+        // A link between devices needs two of them.
+        fast_peer_link: fast_peer_link && count > 1,
     }))
 }
 
@@ -257,6 +275,28 @@ mod tests {
         );
         let err = from_gfd_labels(&no_count, None).unwrap_err();
         assert!(err.contains(GFD_COUNT), "{err}");
+        // The fast peer link, where a label says so (and only between two devices or more).
+        let mut linked = a100.clone();
+        linked.insert(FAST_PEER_LINK_LABEL.into(), "true".into());
+        assert!(
+            from_gfd_labels(&linked, None)
+                .unwrap()
+                .unwrap()
+                .fast_peer_link
+        );
+        linked.insert(GFD_COUNT.into(), "1".into());
+        assert!(
+            !from_gfd_labels(&linked, None)
+                .unwrap()
+                .unwrap()
+                .fast_peer_link
+        );
+        linked.insert(FAST_PEER_LINK_LABEL.into(), "yes".into());
+        let err = from_gfd_labels(&linked, None).unwrap_err();
+        assert!(
+            err.contains(FAST_PEER_LINK_LABEL) && err.contains("yes"),
+            "{err}"
+        );
         // The inventory uses the labels only when NVML found nothing.
         let mut inv = Inventory {
             labelled: vec![from_gfd_labels(&a100, None).unwrap().unwrap()],

@@ -112,7 +112,7 @@ pub async fn run(ctx: Context, shutdown: impl Future<Output = ()>) -> Result<()>
         if inventory.labelled.is_empty() {
             info!(%note, "no accelerators reported");
         } else {
-            info!(%note, accelerators = ?inventory.labelled, "accelerators from the Node's GPU Feature Discovery labels");
+            warn!(%note, accelerators = ?inventory.labelled, "NVML unavailable (no driver library or device injected into the agent's container): accelerators from the Node's GPU Feature Discovery labels, the fast peer link from {}", inventory::FAST_PEER_LINK_LABEL);
         }
     }
     let mut l = Loop {

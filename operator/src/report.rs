@@ -140,6 +140,9 @@ pub struct Report {
     events: Vec<Event>,
     /// The status this reconcile has written so far ([`Report::record`]), if any.
     written: Option<DiffusionDeploymentStatus>,
+    /// The conditions this reconcile has set: the others of [`cond::STEPS`] were not
+    /// reached when it stops ([`cond::unreached`]).
+    reached: Vec<String>,
 }
 
 impl Report {
@@ -155,11 +158,15 @@ impl Report {
             generation: dd.metadata.generation,
             events: Vec::new(),
             written: None,
+            reached: Vec::new(),
         }
     }
 
     /// Sets condition `type_`.
     pub fn set(&mut self, type_: &str, ok: bool, reason: &str, message: impl Into<String>) {
+        if !self.reached.iter().any(|t| t == type_) {
+            self.reached.push(type_.into());
+        }
         set(
             &mut self.status.conditions,
             type_,
@@ -220,6 +227,16 @@ impl Report {
             self.set(condition, false, reason, &message);
         }
         self.set(cond::DEGRADED, stop.degraded(), reason, message);
+        let reached = std::mem::take(&mut self.reached);
+        cond::unreached(
+            &mut self.status.conditions,
+            |t| reached.iter().any(|r| r == t),
+            condition,
+            reason,
+            self.generation,
+            self.now,
+        );
+        self.reached = reached;
     }
 
     /// Publishes the events queued so far and writes the status as it stands now, if it
@@ -228,14 +245,26 @@ impl Report {
     /// apiserver hands out one Service ClusterIP at a time), and the plan is a decision
     /// people read whether or not its pods exist yet.
     pub async fn record(&mut self, ctx: &Context, dd: &DiffusionDeployment) -> Result<()> {
+        self.summarize(true);
         publish(ctx, dd, std::mem::take(&mut self.events)).await;
         self.write_if_changed(ctx, dd).await
     }
 
     /// Publishes the queued events, then writes the status if it changed.
     pub async fn commit(mut self, ctx: &Context, dd: &DiffusionDeployment) -> Result<()> {
+        self.summarize(false);
         publish(ctx, dd, std::mem::take(&mut self.events)).await;
         self.write_if_changed(ctx, dd).await
+    }
+
+    /// Sets the summary conditions from the step conditions ([`cond::summarize`]).
+    fn summarize(&mut self, deploying: bool) {
+        cond::summarize(
+            &mut self.status.conditions,
+            deploying,
+            self.generation,
+            self.now,
+        );
     }
 
     /// Writes the status unless it is what this reconcile last wrote (or, before any

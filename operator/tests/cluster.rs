@@ -74,6 +74,24 @@ async fn lifecycle(w: &World) -> Result<()> {
         refused.contains("/etc/ssh") && refused.contains("/models"),
         "{refused}"
     );
+    // A person must act: Stalled (kstatus' Failed), not Ready; the steps the reconcile never
+    // reached are Unknown, not False.
+    let s = status_of(&api, "outside").await?;
+    for (c, want) in [
+        ("Stalled", ("True", "ModelOutsideRoots")),
+        ("Ready", ("False", "ModelOutsideRoots")),
+        ("Reconciling", ("False", "Stalled")),
+        ("ModelProfiled", ("Unknown", "NotReached")),
+        ("Available", ("Unknown", "NotReached")),
+    ] {
+        let got = condition(&s, c);
+        assert_eq!(
+            got.as_ref().map(|g| (g.0.as_str(), g.1.as_str())),
+            Some(want),
+            "{c}: {:?}",
+            s.conditions
+        );
+    }
     let deploys: Api<Deployment> = Api::namespaced(client.clone(), ns);
     assert!(deploys.get_opt("outside").await?.is_none());
     assert!(event_reasons(client, ns)
@@ -104,6 +122,31 @@ async fn lifecycle(w: &World) -> Result<()> {
     })
     .await?;
     eprintln!("plan + Available after {:?}", t0.elapsed());
+    // The summary condition follows, as `kubectl wait` and kstatus-based tools read it.
+    ok(
+        tool(
+            "kubectl",
+            &[
+                "wait",
+                "--for=condition=Ready",
+                "--timeout=60s",
+                "-n",
+                ns,
+                "diffusiondeployment/big",
+            ],
+            None,
+        )?,
+        "kubectl wait --for=condition=Ready",
+    )?;
+    let s = status_of(&api, "big").await?;
+    for c in ["Reconciling", "Stalled"] {
+        assert_eq!(
+            condition(&s, c).map(|c| c.0),
+            Some("False".into()),
+            "{c}: {:?}",
+            s.conditions
+        );
+    }
     let plan = status.plan.clone().unwrap();
     assert_eq!(plan.strategy, crds::Strategy::Resident, "{plan:?}");
     assert_eq!(plan.nodes, vec!["h200-0".to_string()]);

@@ -5,10 +5,12 @@
 //! accelerator nodes. [`cluster::client`] brings it up once per test process (or reuses the
 //! one `KUBECONFIG` names); [`shapes`] reads the fleet it was given; [`net`] checks the rule
 //! that everything the tests start talks only to loopback; [`images`] runs the
-//! project's container images; [`dra`] is a fake DRA driver's node and ResourceSlice.
+//! project's container images; [`dra`] is a fake DRA driver's node and ResourceSlice;
+//! [`engine_objects`] are the engine pods and Services the operator's own code makes.
 
 pub mod cluster;
 pub mod dra;
+pub mod engine_objects;
 pub mod fixtures;
 pub mod images;
 pub mod net;

@@ -104,6 +104,8 @@ async fn every_value_set_lints_renders_and_passes_a_server_side_dry_run() -> Res
     let kube_version = client.apiserver_version().await?.git_version;
     let chart = chart()?;
     let ns = cluster::create_namespace(&client, "chart").await?;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let mut made: Vec<String> = Vec::new();
     let result = async {
         for set in value_sets()? {
             let what = set.as_deref().unwrap_or("the defaults");
@@ -128,10 +130,28 @@ async fn every_value_set_lints_renders_and_passes_a_server_side_dry_run() -> Res
                 tool("helm", &template, None)?,
                 &format!("helm template of {what}"),
             )?;
+            // A set that watches one namespace puts the operator's Role there: that
+            // namespace must exist for the dry run, as it must for an install.
+            for line in manifests.lines() {
+                let Some(other) = line.trim().strip_prefix("namespace: ") else {
+                    continue;
+                };
+                if other != ns && !made.iter().any(|m| m == other) {
+                    let new = serde_json::from_value(serde_json::json!({
+                        "metadata": { "name": other }
+                    }))?;
+                    match namespaces.create(&PostParams::default(), &new).await {
+                        Ok(_) => made.push(other.to_string()),
+                        Err(kube::Error::Api(e)) if e.code == 409 => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            // Every namespaced object the chart renders names its namespace.
             ok(
                 tool(
                     "kubectl",
-                    &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
+                    &["apply", "--dry-run=server", "-f", "-"],
                     Some(&manifests),
                 )?,
                 &format!("server-side dry run of {what}"),
@@ -140,6 +160,9 @@ async fn every_value_set_lints_renders_and_passes_a_server_side_dry_run() -> Res
         Ok::<_, anyhow::Error>(())
     }
     .await;
+    for other in &made {
+        tools::finish_teardown(&client, other, Vec::new()).await?;
+    }
     tools::finish_teardown(&client, &ns, Vec::new()).await?;
     result
 }
@@ -156,6 +179,10 @@ fn the_schema_refuses_bad_values_by_name() -> Result<()> {
         (
             "agent.prewarm.cgroup=kubepods/../..",
             "/agent/prewarm/cgroup",
+        ),
+        (
+            "monitoring.podMonitor.enabled=true,monitoring.serviceMonitor.enabled=true",
+            "/monitoring/serviceMonitor/enabled",
         ),
         ("enginePods.runtimeClass=nvidia", "runtimeClass"),
         (
@@ -213,26 +240,12 @@ fn env_of(container: &serde_json::Value) -> Vec<(String, String)> {
         .collect()
 }
 
-/// By default the chart runs the prewarm readers in a cgroup whose memory limit is the
-/// cache budget, so the budget is enforced by the kernel, and gives the agent what making
-/// that cgroup takes (root, privileged, the host's cgroup tree writable). Without one the
-/// agent is unprivileged and the cgroup tree read-only.
+/// By default the agent is unprivileged and non-root, with the host's cgroup tree read-only,
+/// and its cache budget is its container's memory limit: the prewarm readers run in the
+/// container, so the kernel keeps the cache they bring in within it. A host-level prewarm
+/// cgroup is an explicit opt-in (`agent.privileged`), refused without it.
 #[test]
-fn the_agent_enforces_its_cache_budget_in_a_prewarm_cgroup_by_default() -> Result<()> {
-    let ds = agent_daemonset(&["agent.prewarm.cacheBudget=200Gi"])?;
-    let c = &ds["spec"]["template"]["spec"]["containers"][0];
-    let env = env_of(c);
-    let has = |k: &str, v: &str| env.iter().any(|(n, x)| n == k && x == v);
-    ensure!(
-        has("LAYERWISE_AGENT_PREWARM_CGROUP", "layerwise-prewarm")
-            && has("LAYERWISE_AGENT_CACHE_BUDGET", "200Gi"),
-        "{env:?}"
-    );
-    let sc = &c["securityContext"];
-    ensure!(
-        sc["privileged"] == true && sc["runAsUser"] == 0 && sc["readOnlyRootFilesystem"] == true,
-        "{sc}"
-    );
+fn the_agent_is_unprivileged_by_default_and_privileged_only_on_request() -> Result<()> {
     let cgroup_mount = |c: &serde_json::Value| {
         c["volumeMounts"].as_array().and_then(|m| {
             m.iter()
@@ -240,27 +253,91 @@ fn the_agent_enforces_its_cache_budget_in_a_prewarm_cgroup_by_default() -> Resul
                 .cloned()
         })
     };
-    let m = cgroup_mount(c).context("no /sys/fs/cgroup mount")?;
-    ensure!(m["readOnly"] == false, "{m}");
-
-    let ds = agent_daemonset(&["agent.prewarm.cgroup="])?;
+    let ds = agent_daemonset(&["agent.prewarm.cacheBudget=200Gi"])?;
     let pod = &ds["spec"]["template"]["spec"];
     let c = &pod["containers"][0];
+    let env = env_of(c);
+    let has = |k: &str, v: &str| env.iter().any(|(n, x)| n == k && x == v);
     ensure!(
-        !env_of(c)
-            .iter()
-            .any(|(n, _)| n == "LAYERWISE_AGENT_PREWARM_CGROUP"),
-        "{c}"
+        has("LAYERWISE_AGENT_CACHE_BUDGET", "200Gi")
+            && !env
+                .iter()
+                .any(|(n, _)| n == "LAYERWISE_AGENT_PREWARM_CGROUP"),
+        "{env:?}"
+    );
+    ensure!(
+        c["resources"]["limits"]["memory"] == "200Gi",
+        "{}",
+        c["resources"]
     );
     let sc = &c["securityContext"];
     ensure!(
         sc["privileged"] == false
+            && sc["allowPrivilegeEscalation"] == false
+            && sc["capabilities"]["drop"][0] == "ALL"
             && sc.get("runAsUser").is_none()
-            && pod["securityContext"]["runAsNonRoot"] == true,
+            && pod["securityContext"]["runAsNonRoot"] == true
+            && pod["securityContext"]["runAsUser"] == 65532,
         "{sc}"
     );
     let m = cgroup_mount(c).context("no /sys/fs/cgroup mount")?;
     ensure!(m["readOnly"] == true, "{m}");
+    // No budget: no limit.
+    let ds = agent_daemonset(&[])?;
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    ensure!(c["resources"].get("limits").is_none(), "{}", c["resources"]);
+
+    // The opt-in: a host-level prewarm cgroup, with what making it takes.
+    let ds = agent_daemonset(&[
+        "agent.privileged=true",
+        "agent.prewarm.cgroup=layerwise-prewarm",
+        "agent.prewarm.cacheBudget=200Gi",
+    ])?;
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    ensure!(
+        env_of(c)
+            .iter()
+            .any(|(n, v)| n == "LAYERWISE_AGENT_PREWARM_CGROUP" && v == "layerwise-prewarm"),
+        "{c}"
+    );
+    let sc = &c["securityContext"];
+    ensure!(
+        sc["privileged"] == true && sc["runAsUser"] == 0 && sc["readOnlyRootFilesystem"] == true,
+        "{sc}"
+    );
+    // The cgroup's limit is the budget, not the container's.
+    ensure!(c["resources"].get("limits").is_none(), "{}", c["resources"]);
+    let m = cgroup_mount(c).context("no /sys/fs/cgroup mount")?;
+    ensure!(m["readOnly"] == false, "{m}");
+
+    // A prewarm cgroup without the opt-in, and a limit that contradicts the budget: refused
+    // by name.
+    let chart = chart()?;
+    for (sets, named) in [
+        (
+            &["agent.prewarm.cgroup=layerwise-prewarm"][..],
+            "/agent/privileged",
+        ),
+        (
+            &[
+                "agent.prewarm.cacheBudget=1Gi",
+                "agent.resources.limits.memory=2Gi",
+            ][..],
+            "agent.resources.limits.memory",
+        ),
+    ] {
+        let mut args = vec!["template", "layerwise", &chart, "--kube-version", "1.36.0"];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        let out = tool("helm", &args, None)?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && stderr.contains(named),
+            "{sets:?}: want an error naming {named}, got {}: {stderr}",
+            out.status
+        );
+    }
     Ok(())
 }
 
@@ -551,4 +628,492 @@ async fn each_agent_writes_only_its_own_nodes_diffusionnode() -> Result<()> {
     }
     tools::finish_teardown(&client, &ns, errors).await?;
     result
+}
+
+/// Every object `helm template` renders with `sets` (and `files`, value files), as JSON.
+fn render(
+    sets: &[&str],
+    files: &[&str],
+    release: &str,
+    ns: &str,
+) -> Result<Vec<serde_json::Value>> {
+    let chart = chart()?;
+    let mut args = vec![
+        "template",
+        release,
+        &chart,
+        "--namespace",
+        ns,
+        "--kube-version",
+        "1.36.0",
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    for file in files {
+        args.extend(["-f", file]);
+    }
+    let text = ok(tool("helm", &args, None)?, "helm template")?;
+    // Helm separates the documents with `---` lines.
+    let mut objects = Vec::new();
+    for doc in text.split("\n---\n") {
+        let value: serde_json::Value = serde_yaml::from_str(doc)?;
+        if !value.is_null() {
+            objects.push(value);
+        }
+    }
+    Ok(objects)
+}
+
+/// The objects of `kind` among `objects`.
+fn of_kind<'a>(objects: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json::Value> {
+    objects.iter().filter(|o| o["kind"] == kind).collect()
+}
+
+/// Whether a role's rules grant `verb` on `resource` (of any API group).
+fn grants(role: &serde_json::Value, verb: &str, resource: &str) -> bool {
+    role["rules"].as_array().into_iter().flatten().any(|r| {
+        let has = |key: &str, want: &str| {
+            r[key]
+                .as_array()
+                .is_some_and(|v| v.iter().any(|x| x == want || x == "*"))
+        };
+        has("verbs", verb) && has("resources", resource)
+    })
+}
+
+/// With operator.watchNamespace the operator's writes are a Role in that namespace: no
+/// ClusterRole of the chart lets it create Deployments, Services or Secrets anywhere, and
+/// only cluster-scoped reads stay cluster-wide. Without it, the ClusterRole carries them.
+#[test]
+fn watching_one_namespace_the_operator_is_granted_there_only() -> Result<()> {
+    let objects = render(&["operator.watchNamespace=diffusion"], &[], "lw", "ops")?;
+    let operator = "lw-layerwise-operator";
+    // The operator's ClusterRoles: those bound to its service account.
+    let bound: Vec<&serde_json::Value> = of_kind(&objects, "ClusterRoleBinding")
+        .into_iter()
+        .filter(|b| b["subjects"][0]["name"] == operator)
+        .map(|b| &b["roleRef"]["name"])
+        .collect();
+    let cluster_roles: Vec<&serde_json::Value> = of_kind(&objects, "ClusterRole")
+        .into_iter()
+        .filter(|r| bound.contains(&&r["metadata"]["name"]))
+        .collect();
+    let ops = cluster_roles
+        .iter()
+        .find(|r| r["metadata"]["name"] == operator)
+        .context("no operator ClusterRole")?;
+    for (verb, resource) in [
+        ("create", "deployments"),
+        ("patch", "deployments"),
+        ("create", "services"),
+        ("patch", "services"),
+        ("create", "secrets"),
+        ("list", "pods"),
+        ("patch", "diffusiondeployments"),
+    ] {
+        for role in &cluster_roles {
+            ensure!(
+                !grants(role, verb, resource),
+                "ClusterRole {} grants {verb} {resource} with watchNamespace set",
+                role["metadata"]["name"]
+            );
+        }
+    }
+    for (verb, resource) in [
+        ("list", "nodes"),
+        ("watch", "diffusionnodes"),
+        ("patch", "diffusionnodes"),
+    ] {
+        ensure!(
+            grants(ops, verb, resource),
+            "the ClusterRole lost {verb} {resource}"
+        );
+    }
+    let role = of_kind(&objects, "Role")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == operator)
+        .context("no operator Role")?;
+    ensure!(role["metadata"]["namespace"] == "diffusion", "{role}");
+    for (verb, resource) in [
+        ("create", "deployments"),
+        ("create", "services"),
+        ("create", "secrets"),
+        ("patch", "diffusiondeployments/status"),
+    ] {
+        ensure!(
+            grants(role, verb, resource),
+            "the Role lacks {verb} {resource}"
+        );
+    }
+    let binding = of_kind(&objects, "RoleBinding")
+        .into_iter()
+        .find(|b| b["metadata"]["name"] == operator)
+        .context("no operator RoleBinding")?;
+    ensure!(
+        binding["metadata"]["namespace"] == "diffusion"
+            && binding["roleRef"]["kind"] == "Role"
+            && binding["subjects"][0]["name"] == operator
+            && binding["subjects"][0]["namespace"] == "ops",
+        "{binding}"
+    );
+
+    // Every namespace: one ClusterRole with both parts, no Role but the Lease's.
+    let objects = render(&[], &[], "lw", "ops")?;
+    let ops = of_kind(&objects, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == operator)
+        .context("no operator ClusterRole")?;
+    for (verb, resource) in [
+        ("create", "deployments"),
+        ("create", "secrets"),
+        ("list", "nodes"),
+    ] {
+        ensure!(
+            grants(ops, verb, resource),
+            "the ClusterRole lacks {verb} {resource}"
+        );
+    }
+    let roles: Vec<_> = of_kind(&objects, "Role")
+        .iter()
+        .map(|r| r["metadata"]["name"].clone())
+        .collect();
+    ensure!(roles == [format!("{operator}-lease")], "{roles:?}");
+    Ok(())
+}
+
+/// Against the apiserver: the chart's aggregated roles put DiffusionDeployments into the
+/// built-in `view` and `edit` ClusterRoles, so a namespace user bound to `view` reads them
+/// and may not write them, one bound to `edit` writes them; the operator, watching one
+/// namespace, may create Deployments and Secrets there and nowhere else, and still reads
+/// Nodes.
+#[tokio::test]
+async fn namespace_users_get_diffusiondeployments_through_view_and_edit() -> Result<()> {
+    use crds::DiffusionDeployment;
+    use serde_json::json;
+
+    let client = cluster::client().await?;
+    tools::install_crds(&client, WAIT).await?;
+    let ns = cluster::create_namespace(&client, "access").await?;
+    let other = cluster::create_namespace(&client, "access-other").await?;
+    // Release named after the namespace: its ClusterRoles are this test's own.
+    let manifests = ok(
+        tool(
+            "helm",
+            &[
+                "template",
+                &ns,
+                &chart()?,
+                "--namespace",
+                &ns,
+                "--kube-version",
+                "1.36.0",
+                "--set",
+                &format!("operator.watchNamespace={ns}"),
+                "--show-only",
+                "templates/operator-rbac.yaml",
+                "--show-only",
+                "templates/user-rbac.yaml",
+            ],
+            None,
+        )?,
+        "helm template of the RBAC",
+    )?;
+    ok(
+        tool("kubectl", &["apply", "-f", "-"], Some(&manifests))?,
+        "kubectl apply of the RBAC",
+    )?;
+    let bindings = format!(
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: alice-view, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {ns}-alice}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: bob-edit, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: edit}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {ns}-bob}}]
+"#
+    );
+    ok(
+        tool("kubectl", &["apply", "-f", "-"], Some(&bindings))?,
+        "kubectl apply of the users' bindings",
+    )?;
+    let result = async {
+        let dd = |name: &str| -> Result<DiffusionDeployment> {
+            Ok(serde_json::from_value(json!({
+                "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionDeployment",
+                "metadata": { "name": name },
+                "spec": {
+                    "model": { "family": "dit", "location": { "hostPath": "/models/m" } },
+                    "workload": { "maxWidth": 512, "maxHeight": 512 },
+                },
+            }))?)
+        };
+        let admin: Api<DiffusionDeployment> = Api::namespaced(client.clone(), &ns);
+        admin
+            .create(&PostParams::default(), &dd("by-admin")?)
+            .await?;
+        let alice: Api<DiffusionDeployment> =
+            Api::namespaced(tools::impersonating(&format!("{ns}-alice")).await?, &ns);
+        let bob: Api<DiffusionDeployment> =
+            Api::namespaced(tools::impersonating(&format!("{ns}-bob")).await?, &ns);
+        // The aggregation controller folds the chart's roles into view and edit.
+        cluster::wait_until("view to include diffusiondeployments", WAIT, || async {
+            Ok(match alice.get("by-admin").await {
+                Ok(d) => Ok(d),
+                Err(e) => Err(e.to_string()),
+            })
+        })
+        .await?;
+        ensure!(!alice.list(&Default::default()).await?.items.is_empty());
+        let refused = alice.create(&PostParams::default(), &dd("by-alice")?).await;
+        ensure!(
+            matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403),
+            "a viewer created a DiffusionDeployment: {refused:?}"
+        );
+        cluster::wait_until("edit to include diffusiondeployments", WAIT, || async {
+            Ok(
+                match bob.create(&PostParams::default(), &dd("by-bob")?).await {
+                    Ok(d) => Ok(d),
+                    Err(e) => Err(e.to_string()),
+                },
+            )
+        })
+        .await?;
+        // The operator: the watched namespace only, for what it makes there.
+        let sa = format!("system:serviceaccount:{ns}:{ns}-layerwise-operator");
+        let can = |verb: &str, resource: &str, namespace: Option<&str>| -> Result<bool> {
+            // `<resource>/<subresource>` here, `--subresource` for kubectl.
+            let (resource, sub) = resource.split_once('/').unwrap_or((resource, ""));
+            let sub = format!("--subresource={sub}");
+            let mut args = vec!["auth", "can-i", verb, resource, "--as", &sa];
+            if sub != "--subresource=" {
+                args.push(&sub);
+            }
+            if let Some(n) = namespace {
+                args.extend(["-n", n]);
+            }
+            let out = tool("kubectl", &args, None)?;
+            Ok(String::from_utf8_lossy(&out.stdout).trim() == "yes")
+        };
+        for (verb, resource) in [
+            ("create", "deployments.apps"),
+            ("create", "services"),
+            ("create", "secrets"),
+            ("patch", "diffusiondeployments.layerwise.dev/status"),
+        ] {
+            ensure!(
+                can(verb, resource, Some(&ns))?,
+                "the operator may not {verb} {resource} in {ns}"
+            );
+            ensure!(
+                !can(verb, resource, Some(&other))?,
+                "the operator may {verb} {resource} in {other}"
+            );
+        }
+        ensure!(
+            can("list", "nodes", None)?,
+            "the operator may not list nodes"
+        );
+        ensure!(
+            can("patch", "diffusionnodes.layerwise.dev", None)?,
+            "the operator may not patch diffusionnodes"
+        );
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    let mut errors = Vec::new();
+    if let Err(e) = ok(
+        tool(
+            "kubectl",
+            &["delete", "--ignore-not-found", "-f", "-"],
+            Some(&manifests),
+        )?,
+        "kubectl delete of the RBAC",
+    ) {
+        errors.push(e);
+    }
+    tools::finish_teardown(&client, &other, Vec::new()).await?;
+    tools::finish_teardown(&client, &ns, errors).await?;
+    result
+}
+
+/// Whether `selector` (a monitor's `selector`, a LabelSelector with `matchLabels`) selects an
+/// object with `labels`.
+fn selects(selector: &serde_json::Value, labels: &serde_json::Value) -> bool {
+    selector["matchLabels"]
+        .as_object()
+        .is_some_and(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
+/// Whether a monitor's `namespaceSelector` takes `namespace` (its own when it has none).
+fn in_namespaces(monitor: &serde_json::Value, namespace: &str) -> bool {
+    let sel = &monitor["spec"]["namespaceSelector"];
+    if sel["any"] == true {
+        return true;
+    }
+    match sel["matchNames"].as_array() {
+        Some(names) => names.iter().any(|n| n == namespace),
+        None => monitor["metadata"]["namespace"] == namespace,
+    }
+}
+
+/// How many scrape targets the monitors among `objects` make of `pod`: each PodMonitor
+/// endpoint that selects it and names one of its container ports, and each ServiceMonitor
+/// endpoint that selects one of `services` whose selector takes the pod and whose port of
+/// that name reaches a container port of the pod.
+fn targets(
+    objects: &[serde_json::Value],
+    services: &[serde_json::Value],
+    pod: &serde_json::Value,
+) -> usize {
+    let ns = pod["metadata"]["namespace"].as_str().unwrap_or_default();
+    let labels = &pod["metadata"]["labels"];
+    let ports: Vec<&serde_json::Value> = pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+        .collect();
+    let has_port = |name: &serde_json::Value| {
+        ports
+            .iter()
+            .any(|p| &p["name"] == name || &p["containerPort"] == name)
+    };
+    let mut n = 0;
+    for m in of_kind(objects, "PodMonitor") {
+        if in_namespaces(m, ns) && selects(&m["spec"]["selector"], labels) {
+            n += m["spec"]["podMetricsEndpoints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| has_port(&e["port"]))
+                .count();
+        }
+    }
+    for m in of_kind(objects, "ServiceMonitor") {
+        for s in services {
+            let s_ns = s["metadata"]["namespace"].as_str().unwrap_or_default();
+            let takes_pod = s_ns == ns
+                && s["spec"]["selector"]
+                    .as_object()
+                    .is_some_and(|sel| sel.iter().all(|(k, v)| labels.get(k) == Some(v)));
+            if !takes_pod
+                || !in_namespaces(m, s_ns)
+                || !selects(&m["spec"]["selector"], &s["metadata"]["labels"])
+            {
+                continue;
+            }
+            for e in m["spec"]["endpoints"].as_array().into_iter().flatten() {
+                let port = s["spec"]["ports"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|p| p["name"] == e["port"]);
+                if port.is_some_and(|p| has_port(&p["targetPort"])) {
+                    n += 1;
+                }
+            }
+        }
+    }
+    n
+}
+
+/// Every documented value set, and each engine monitor on its own: each engine pod the
+/// operator makes (built by the operator's code, in the watched namespace), each operator pod
+/// and each agent pod is scraped by exactly one monitor endpoint when monitoring is on, none
+/// when it is off; the operator through its metrics Service, whose target port is the
+/// operator container's `metrics` port.
+#[test]
+fn each_engine_pod_and_the_operator_are_scraped_once() -> Result<()> {
+    use layerwise_e2e::engine_objects::{diffusion_deployment, engine_objects};
+
+    let mut sets: Vec<(String, Vec<String>, Vec<String>)> = value_sets()?
+        .into_iter()
+        .map(|f| {
+            let name = f.clone().unwrap_or_else(|| "the defaults".into());
+            (name, Vec::new(), f.into_iter().collect())
+        })
+        .collect();
+    for one in ["podMonitor", "serviceMonitor"] {
+        sets.push((
+            format!("{one} alone"),
+            vec![format!("monitoring.{one}.enabled=true")],
+            Vec::new(),
+        ));
+    }
+    let mut monitored_sets = 0;
+    for (what, set_args, files) in &sets {
+        let sets: Vec<&str> = set_args.iter().map(String::as_str).collect();
+        let files: Vec<&str> = files.iter().map(String::as_str).collect();
+        let objects = render(&sets, &files, "lw", "ops")?;
+        let monitored = !of_kind(&objects, "PodMonitor").is_empty()
+            || !of_kind(&objects, "ServiceMonitor").is_empty();
+        let want = usize::from(monitored);
+        monitored_sets += want;
+        let watched = objects
+            .iter()
+            .filter(|o| o["kind"] == "Deployment")
+            .flat_map(|d| {
+                d["spec"]["template"]["spec"]["containers"][0]["env"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .find(|e| e["name"] == "LAYERWISE_WATCH_NAMESPACE")
+            .and_then(|e| e["value"].as_str().map(String::from))
+            .unwrap_or_else(|| "models".into());
+        let dd = diffusion_deployment(
+            "tiny",
+            &watched,
+            serde_json::json!({ "persistentVolumeClaim": { "claimName": "models" } }),
+        )?;
+        let (pod, service) = engine_objects(&dd)?;
+        let mut services: Vec<serde_json::Value> =
+            of_kind(&objects, "Service").into_iter().cloned().collect();
+        services.push(serde_json::to_value(&service)?);
+        let engine = serde_json::to_value(&pod)?;
+        let n = targets(&objects, &services, &engine);
+        ensure!(
+            n == want,
+            "{what}: the engine pod is scraped {n} times, want {want}"
+        );
+        // The chart's own pods, as their controllers template them.
+        for (kind, name) in [
+            ("Deployment", "lw-layerwise-operator"),
+            ("DaemonSet", "lw-layerwise-agent"),
+        ] {
+            let Some(owner) = of_kind(&objects, kind)
+                .into_iter()
+                .find(|o| o["metadata"]["name"] == name)
+            else {
+                continue;
+            };
+            let mut pod = owner["spec"]["template"].clone();
+            pod["metadata"]["namespace"] = "ops".into();
+            let n = targets(&objects, &services, &pod);
+            ensure!(
+                n == want,
+                "{what}: the {kind} {name}'s pod is scraped {n} times, want {want}"
+            );
+        }
+        // The operator's Service reaches its metrics port, monitored or not.
+        let svc = services
+            .iter()
+            .find(|s| s["metadata"]["name"] == "lw-layerwise-operator-metrics")
+            .with_context(|| format!("{what}: no operator metrics Service"))?;
+        ensure!(
+            svc["spec"]["ports"][0]["targetPort"] == "metrics",
+            "{what}: {svc}"
+        );
+    }
+    ensure!(
+        monitored_sets >= 3,
+        "only {monitored_sets} value sets turn monitoring on"
+    );
+    Ok(())
 }

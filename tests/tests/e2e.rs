@@ -28,6 +28,7 @@ use base64::Engine as _;
 use crds::{DiffusionDeployment, DiffusionNode, ModelState};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams};
 use kube::{Api, Client, ResourceExt};
 use layerwise_e2e::cluster::{self, wait_until};
@@ -432,16 +433,46 @@ spec:
         .await
     }
 
-    /// The operator pods whose /metrics say they lead.
+    /// The operator pods whose /metrics say they lead, each scraped as a monitor of the
+    /// chart's operator metrics Service would: at the container port its target port names.
     async fn operator_leaders(&self, runner: &NodeRunner) -> Result<Vec<String>> {
         let prefix = format!("{}-layerwise-operator-", self.release);
+        let services: Api<Service> = Api::namespaced(self.client.clone(), &self.ns);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        let service = services
+            .get(&format!("{}-layerwise-operator-metrics", self.release))
+            .await
+            .context("the chart's operator metrics Service")?;
+        let target = service
+            .spec
+            .and_then(|s| s.ports)
+            .and_then(|p| p.into_iter().find(|p| p.name.as_deref() == Some("metrics")))
+            .and_then(|p| p.target_port)
+            .context("the operator metrics Service has no `metrics` port with a target port")?;
         let mut leaders = Vec::new();
         for r in runner
             .running()
             .iter()
             .filter(|r| r.pod.starts_with(&prefix))
         {
-            let addr = SocketAddr::new(r.ip, OPERATOR_PORT);
+            let pod = pods.get(&r.pod).await?;
+            let port = match &target {
+                IntOrString::Int(p) => *p,
+                IntOrString::String(name) => pod
+                    .spec
+                    .iter()
+                    .flat_map(|s| &s.containers)
+                    .flat_map(|c| c.ports.iter().flatten())
+                    .find(|p| p.name.as_deref() == Some(name.as_str()))
+                    .map(|p| p.container_port)
+                    .with_context(|| format!("operator pod {} has no port {name}", r.pod))?,
+            };
+            ensure!(
+                port == i32::from(OPERATOR_PORT),
+                "the Service's target port resolves to {port} on {}, the chart's port is {OPERATOR_PORT}",
+                r.pod
+            );
+            let addr = SocketAddr::new(r.ip, port as u16);
             let m = http(addr, "GET", "/metrics", None, REQUEST_TIMEOUT).await?;
             ensure!(
                 m.status == 200,
@@ -475,14 +506,13 @@ spec:
         phase("helm install");
         // 1. The chart, as a user installs it (CRDs are already there), with the pods handed
         //    to the node runner, a short resync so the test is quick, and the CPU engine
-        //    image. No prewarm cgroup: it needs a privileged agent, which the runner does not
-        //    run, and the chart's one sits at the root of this machine's cgroup tree.
+        //    image. The agent as the chart runs it by default: unprivileged, non-root.
         let values = self.work.join("values.yaml");
         std::fs::write(
             &values,
             format!(
                 "operator:\n  watchNamespace: {ns}\n  resyncSeconds: 1\n  engineImage:\n    repository: layerwise-engine\n  podAnnotations:\n    {a}: {v}\n\
-                 agent:\n  reinventorySeconds: 2\n  prewarm:\n    memoryFloor: \"0\"\n    cgroup: \"\"\n  podAnnotations:\n    {a}: {v}\n",
+                 agent:\n  reinventorySeconds: 2\n  prewarm:\n    memoryFloor: \"0\"\n  podAnnotations:\n    {a}: {v}\n",
                 ns = self.ns,
                 a = runner::ANNOTATION,
                 v = runner::ANNOTATION_VALUE
@@ -554,6 +584,21 @@ spec:
         let dns: Api<DiffusionNode> = Api::all(self.client.clone());
         wait_until("the model warm on every GPU node", WAIT, || async {
             check_runner(runner)?;
+            // While the nodes profile, the steps after ModelProfiled are not reached: they
+            // read Unknown, not a value of some other generation.
+            if let Some(s) = dds.get(NAME).await?.status {
+                let of = |t: &str| s.conditions.iter().find(|c| c.type_ == t);
+                if of("ModelProfiled").is_some_and(|c| c.status == "False") {
+                    for t in ["Planned", "Available", "Ready"] {
+                        let status = of(t).map(|c| c.status.as_str());
+                        let want = if t == "Ready" { "False" } else { "Unknown" };
+                        ensure!(
+                            status == Some(want),
+                            "{t} is {status:?} while profiling: {s:?}"
+                        );
+                    }
+                }
+            }
             let mut states = Vec::new();
             for node in &self.gpu_nodes {
                 let dn = dns.get_opt(node).await?;
@@ -583,11 +628,42 @@ spec:
             })
         })
         .await?;
+        // The summary condition GitOps tools and `kubectl wait` read follows.
+        let resource = format!("diffusiondeployment/{NAME}");
+        ok(
+            tool(
+                "kubectl",
+                &[
+                    "wait",
+                    "--for=condition=Ready",
+                    "--timeout=120s",
+                    "-n",
+                    &self.ns,
+                    &resource,
+                ],
+                None,
+            )?,
+            "kubectl wait --for=condition=Ready",
+        )?;
         let dd = dds.get(NAME).await?;
+        for (c, want) in [("Reconciling", false), ("Stalled", false)] {
+            ensure!(
+                condition(&dd, c) == Some(want),
+                "{c} is not {want}: {:?}",
+                dd.status
+            );
+        }
         let plan = dd.status.as_ref().and_then(|s| s.plan.clone());
         let plan = plan.context("Available without a plan")?;
+        // The unprivileged agents report the nodes' fast peer link (from the Node's label,
+        // without NVML), so the plan has one.
         ensure!(
-            (plan.strategy.as_str(), plan.dp, plan.slots) == ("offload-sharded", 2, 2),
+            (
+                plan.strategy.as_str(),
+                plan.dp,
+                plan.slots,
+                plan.fast_peer_link
+            ) == ("offload-sharded", 2, 2, true),
             "plan {plan:?}"
         );
         for c in ["ModelProfiled", "Planned", "CacheWarm"] {
