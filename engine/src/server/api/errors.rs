@@ -8,7 +8,6 @@ use axum::Json;
 
 use crate::server::error::ApiError;
 use crate::server::responses::{ErrorBody, ErrorDetail};
-use crate::Error;
 
 // What the document says of the errors many routes share.
 pub(super) const BAD_BODY: &str =
@@ -37,9 +36,9 @@ impl IntoResponse for ApiError {
             },
         });
         let mut r = (status, body).into_response();
-        if let Error::QueueFull { retry_after, .. } = e {
+        if let Some(retry_after) = e.retry_after() {
             r.headers_mut()
-                .insert(header::RETRY_AFTER, header::HeaderValue::from(*retry_after));
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(retry_after));
         }
         r
     }
