@@ -161,6 +161,17 @@ impl Error {
         }
     }
 
+    /// Seconds a client should wait before trying again (`Retry-After`), for the errors
+    /// a retry can cure: a full queue, and a replica that is starting, shutting down or
+    /// restarting (another replica behind the Service may take it at once).
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Error::QueueFull { retry_after, .. } => Some(*retry_after),
+            Error::Unavailable { .. } => Some(1),
+            _ => None,
+        }
+    }
+
     /// A short, stable label for metrics and the API's `error.type`.
     pub fn label(&self) -> &'static str {
         match self {

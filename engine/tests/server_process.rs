@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::process::{spawn, Server, BIN, T};
+use layerwise_engine::server::shutdown::DrainPlan;
 use layerwise_engine::tools::loadgen::http;
 use serde_json::{json, Value};
 
@@ -146,8 +147,44 @@ async fn a_burst_of_ten_times_the_queue_gets_429s_and_memory_returns_to_idle() {
     );
 }
 
+impl Server {
+    /// Submits an asynchronous job and returns its id.
+    async fn submit(&self, body: Value) -> String {
+        let r = self.call("POST", "/v1/jobs", Some(body)).await;
+        assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
+        r.json().unwrap()["id"].as_str().unwrap().to_string()
+    }
+
+    /// Polls job `id` until it has ended; returns its status.
+    async fn ended(&self, id: &str) -> Value {
+        let deadline = Instant::now() + T;
+        loop {
+            let r = self.call("GET", &format!("/v1/jobs/{id}"), None).await;
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+            let st = r.json().unwrap();
+            if ["succeeded", "failed", "cancelled"].contains(&st["state"].as_str().unwrap()) {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "job {id} never ended: {st}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn sigterm(&self) {
+        // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
+        assert_eq!(
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) },
+            0
+        );
+    }
+}
+
+/// A drain finishes the work: after SIGTERM readiness fails and new jobs get a retryable
+/// 503 with Retry-After, while the running job and the one queued behind it both finish
+/// and their results stay readable; once both are read the process exits 0, long before
+/// its 60 s grace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_finishes_running_work_fails_queued_with_503_and_exits_0() {
+async fn sigterm_finishes_running_and_queued_jobs_and_keeps_their_results_readable() {
     let dir = tempfile::tempdir().unwrap();
     let model = common::tiny(dir.path(), 8);
     let mut s = spawn(
@@ -155,41 +192,83 @@ async fn sigterm_finishes_running_work_fails_queued_with_503_and_exits_0() {
         &["--dp", "1", "--max-queue", "8", "--grace-seconds", "60"],
     );
     s.wait_ready().await;
-    let addr = s.addr;
-    let send = |steps: usize, seed: u64| {
-        tokio::spawn(async move {
-            let body = json!({ "class_label": 1, "seed": seed, "steps": steps, "size": "128x128" })
-                .to_string();
-            http(
-                addr,
-                "POST",
-                "/v1/images/generations",
-                Some(body.as_bytes()),
-                T,
-            )
-            .await
-            .unwrap()
-        })
-    };
+    let job = |steps: usize, seed: u64| json!({ "class_label": 1, "seed": seed, "steps": steps, "size": "128x128" });
     // About 3 s of work on 2 cores: long enough to still run when SIGTERM lands.
-    let running = send(250, 1);
+    let running = s.submit(job(250, 1)).await;
     s.wait_gauges(0.0, 1.0).await;
-    let queued = [send(5, 2), send(5, 3)];
-    s.wait_gauges(2.0, 1.0).await;
-    // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
-    assert_eq!(unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) }, 0);
-    for q in queued {
-        let r = q.await.unwrap();
-        assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
-        assert!(r.json().unwrap()["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("shutting down"));
+    let queued = s.submit(job(5, 2)).await;
+    s.wait_gauges(1.0, 1.0).await;
+    let t = Instant::now();
+    s.sigterm();
+    // Out of the Service at once; new work is refused, retryably.
+    let deadline = Instant::now() + T;
+    while s.call("GET", "/readyz", None).await.status != 503 {
+        assert!(Instant::now() < deadline, "still ready after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let r = running.await.unwrap();
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let r = s.call("POST", "/v1/jobs", Some(job(5, 3))).await;
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert!(r.json().unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("shutting down"));
+    for id in [&running, &queued] {
+        let st = s.ended(id).await;
+        assert_eq!(st["state"], "succeeded", "{st}");
+        let r = s.call("GET", &format!("/v1/jobs/{id}/result"), None).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.header("content-type"), Some("image/png"));
+    }
+    // Every job ended and was read: the process leaves without waiting out the grace.
     let status = s.exit_status(T);
     assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+}
+
+/// A grace shorter than a step: once the grace is nearly spent the running job fails with a
+/// retryable 503 its client can read, its pass stops at the next block, and the process is
+/// gone within the grace: before the listener's own stop, since nothing runs any more and
+/// the failure was read. An outside test once measured 26-35 s for a 3 s grace: the step's
+/// length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grace_shorter_than_a_step_stops_the_pass_and_exits_within_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // 160 blocks at 512x512: a step of tens of seconds on 2 busy cores (several on idle
+    // ones), each block a fraction of one.
+    let model = common::tiny(dir.path(), 160);
+    let grace = Duration::from_secs(8);
+    let plan = DrainPlan::new(grace);
+    let mut s = spawn(
+        &model,
+        &["--dp", "1", "--grace-seconds", &grace.as_secs().to_string()],
+    );
+    s.wait_ready().await;
+    let id = s
+        .submit(json!({ "class_label": 1, "seed": 1, "steps": 10, "size": "512x512" }))
+        .await;
+    s.wait_gauges(0.0, 1.0).await;
+    let t = Instant::now();
+    s.sigterm();
+    let st = s.ended(&id).await;
+    let failed = t.elapsed();
+    assert_eq!(st["state"], "failed", "{st}");
+    assert_eq!(st["error_type"], "unavailable", "{st}");
+    assert!(st["error"].as_str().unwrap().contains("grace"), "{st}");
+    let status = s.exit_status(Duration::from_secs(60));
+    let exited = t.elapsed();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    eprintln!(
+        "grace {grace:?} ({plan:?}): job failed after {failed:?} at step {} of 10, process gone after {exited:?}",
+        st["steps_done"]
+    );
+    assert!(st["steps_done"].as_u64().unwrap() < 10, "{st}");
+    // Gone before the listener's stop: the rank reported its stopped pass in time.
+    assert!(
+        exited < plan.stop,
+        "{exited:?}, the listener stops at {:?}",
+        plan.stop
+    );
 }
 
 /// What the server answers on a raw connection after writing `head` (a status line, or
@@ -264,8 +343,7 @@ async fn slow_and_idle_clients_cannot_hold_the_server() {
         .await
         .unwrap();
     let t = Instant::now();
-    // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
-    assert_eq!(unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) }, 0);
+    s.sigterm();
     let status = s.exit_status(Duration::from_secs(15));
     assert_eq!(status.code(), Some(0), "{status:?}");
     assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());

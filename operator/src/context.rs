@@ -11,6 +11,7 @@ use kube::runtime::events::Recorder;
 use kube::Client;
 
 use crate::autoscaler::LoadSource;
+use crate::backoff::Backoff;
 use crate::planner::Limits;
 use crate::requests::Requests;
 use crate::stores::{Applied, Stores};
@@ -69,6 +70,8 @@ pub struct Context {
     pub applied: Applied,
     /// The prepare requests on DiffusionNodes, written by one writer per node.
     pub requests: Requests,
+    /// How long each failing deployment waits before its next try.
+    pub backoff: Backoff,
 }
 
 /// How this replica takes part in leader election.

@@ -18,6 +18,7 @@ use kube::{Api, Client, ResourceExt};
 use tracing::{debug, warn};
 
 use crate::autoscaler::LoadSource;
+use crate::backoff::Backoff;
 use crate::context::{Context, Settings, MANAGER};
 use crate::error::{Error, Result};
 use crate::phases;
@@ -61,6 +62,7 @@ pub async fn lead(
     let watches = stores::watch(&client, controller.store(), settings.namespace.as_deref());
     let (stores, sync) = (watches.stores, watches.synced);
     let requests = Requests::new(client.clone(), stores.diffusion_nodes.clone(), MANAGER);
+    let owners = crate::node_owner::run(client.clone(), stores.clone());
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
@@ -73,6 +75,7 @@ pub async fn lead(
         no_pool: Mutex::new(HashSet::new()),
         applied: Applied::default(),
         requests,
+        backoff: Backoff::default(),
     });
     let run = controller
         // The engine Deployments and Services, from the stores' own watches.
@@ -104,12 +107,13 @@ pub async fn lead(
     };
     tokio::select! {
         () = run => {}
-        () = synced => {}
+        () = async { tokio::join!(synced, owners); } => {}
     }
 }
 
 pub async fn reconcile(dd: Arc<DiffusionDeployment>, ctx: Arc<Context>) -> Result<Action> {
     let started = Instant::now();
+    let key = backoff_key(&dd);
     // At debug, with the runtime's span: which object and what caused this reconcile.
     debug!("reconcile starts");
     let result = async {
@@ -130,12 +134,23 @@ pub async fn reconcile(dd: Arc<DiffusionDeployment>, ctx: Arc<Context>) -> Resul
     .await;
     let label = result.as_ref().err().map(Error::metric_label);
     ctx.telemetry.metrics.reconciled(started.elapsed(), label);
+    if result.is_ok() {
+        ctx.backoff.succeeded(&key);
+    }
     result
 }
 
-pub fn error_policy(dd: Arc<DiffusionDeployment>, err: &Error, _ctx: Arc<Context>) -> Action {
-    warn!(deployment = %dd.name_any(), error = %err, label = err.metric_label(), "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+/// Retries a failing deployment after its own backoff (see [`crate::backoff`]).
+pub fn error_policy(dd: Arc<DiffusionDeployment>, err: &Error, ctx: Arc<Context>) -> Action {
+    let wait = ctx.backoff.failed(&backoff_key(&dd));
+    warn!(deployment = %dd.name_any(), error = %err, label = err.metric_label(), retry_in = ?wait, "reconcile failed");
+    Action::requeue(wait)
+}
+
+/// A deployment's key in the backoff: its uid, so a deployment deleted and made again
+/// under the same name starts afresh.
+fn backoff_key(dd: &DiffusionDeployment) -> String {
+    dd.uid().unwrap_or_else(|| dd.name_any())
 }
 
 async fn cleanup(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
@@ -160,6 +175,7 @@ async fn cleanup(dd: &DiffusionDeployment, ctx: &Context) -> Result<Action> {
         ctx.no_budget.lock().expect("not poisoned").remove(&uid);
         ctx.no_pool.lock().expect("not poisoned").remove(&uid);
         ctx.applied.forget(&uid);
+        ctx.backoff.succeeded(&uid);
     }
     if !withdrawn.is_empty() {
         withdrawn.sort();

@@ -13,6 +13,7 @@
 //! a cluster.
 
 pub mod autoscaler;
+pub mod backoff;
 pub mod client;
 pub mod conditions;
 pub mod context;
@@ -22,6 +23,7 @@ pub mod error;
 pub mod http;
 pub mod inference_pool;
 pub mod leader;
+pub mod node_owner;
 pub mod phases;
 pub mod placement;
 pub mod plan_cli;

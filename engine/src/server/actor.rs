@@ -18,7 +18,7 @@ use super::kind::Kind;
 use super::metrics::Metrics;
 use super::owner::Credential;
 use super::scheduler::{
-    DecodeJob, JobState, JobStatus, Media, Msg, RankSource, Retention, Scheduler, Shared,
+    DecodeJob, Drained, JobState, JobStatus, Media, Msg, RankSource, Retention, Scheduler, Shared,
 };
 use crate::execution::work::{Condition, Output, Request};
 use crate::execution::work::{Taken, Work, WorkKey};
@@ -62,11 +62,33 @@ pub(super) struct Job {
     finished: Option<Instant>,
     finished_unix: Option<u64>,
     waiters: Vec<oneshot::Sender<()>>,
+    /// Outputs some client has downloaded, and whether one has seen the job ended (its
+    /// status or result read after it ended): a draining server stays up for the rest.
+    read: Vec<bool>,
+    seen_ended: bool,
 }
 
 impl Job {
     fn media_bytes(&self) -> usize {
         self.media.iter().flatten().map(|m| m.len()).sum()
+    }
+
+    /// Ended, but its client may not know yet: a success with outputs still kept that
+    /// nobody downloaded, or a failure nobody has read. A cancelled job's client cancelled
+    /// it.
+    fn unread(&self) -> bool {
+        match self.state {
+            JobState::Succeeded => {
+                !self.expired
+                    && self
+                        .media
+                        .iter()
+                        .zip(&self.read)
+                        .any(|(m, r)| m.is_some() && !r)
+            }
+            JobState::Failed => !self.seen_ended,
+            _ => false,
+        }
     }
 }
 
@@ -118,14 +140,17 @@ impl Actor {
                 let _ = reply.send(self.submit(requests, kind, owner));
             }
             Msg::List { kind, reply } => {
-                let mut all: Vec<(Instant, JobStatus)> = self
+                let mut all: Vec<(Instant, u64, JobStatus)> = self
                     .jobs
                     .iter()
                     .filter(|(_, j)| j.kind.label() == kind)
-                    .filter_map(|(id, j)| Some((j.created, self.status(*id).ok()?)))
+                    .filter_map(|(id, j)| Some((j.created, *id, self.status(*id).ok()?)))
                     .collect();
-                all.sort_by_key(|(created, _)| std::cmp::Reverse(*created));
-                let _ = reply.send(all.into_iter().map(|(_, s)| s).collect());
+                all.sort_by_key(|(created, ..)| std::cmp::Reverse(*created));
+                for (_, id, _) in &all {
+                    self.seen(*id);
+                }
+                let _ = reply.send(all.into_iter().map(|(.., s)| s).collect());
             }
             Msg::Delete { id, reply } => {
                 if let Some(j) = self.jobs.get(&id) {
@@ -138,9 +163,21 @@ impl Actor {
             }
             Msg::Status { id, reply } => {
                 let _ = reply.send(self.status(id));
+                self.seen(id);
             }
             Msg::Result { id, index, reply } => {
-                let _ = reply.send(self.result(id, index));
+                let r = self.result(id, index);
+                self.seen(id);
+                if let (Ok(_), Some(j)) = (&r, self.jobs.get_mut(&id)) {
+                    j.read[index] = true;
+                }
+                let _ = reply.send(r);
+            }
+            Msg::Drained { reply } => {
+                let _ = reply.send(Drained {
+                    working: self.queue.len() + self.in_flight.len(),
+                    unread: self.jobs.values().filter(|j| j.unread()).count(),
+                });
             }
             Msg::Wait { id, reply } => match self.jobs.get_mut(&id) {
                 Some(j) if !j.state.terminal() => j.waiters.push(reply),
@@ -189,8 +226,17 @@ impl Actor {
             Msg::Fatal { msg } => self.fatal(msg),
             Msg::Close => self.close(),
             Msg::Abort => self.fail_live(|| {
-                Error::unavailable("shut down before the request finished (grace period over)")
+                Error::unavailable(
+                    "this replica is shutting down and its grace period ran out before the request finished; submit it again (another replica takes it)",
+                )
             }),
+        }
+    }
+
+    /// Notes that a client has read job `id` (once it ended, the client knows how).
+    fn seen(&mut self, id: u64) {
+        if let Some(j) = self.jobs.get_mut(&id) {
+            j.seen_ended |= j.state.terminal();
         }
     }
 
@@ -215,7 +261,10 @@ impl Actor {
             return Err(Error::unavailable(format!("engine failed: {f}")).into());
         }
         if self.closed {
-            return Err(Error::unavailable("shutting down").into());
+            return Err(Error::unavailable(
+                "shutting down; submit again (another replica takes it)",
+            )
+            .into());
         }
         // Everything accepted and not yet on a rank counts against the queue: the outputs
         // waiting for a rank and those waiting for (or in) the decoder. So at most
@@ -263,6 +312,8 @@ impl Actor {
                 finished: None,
                 finished_unix: None,
                 waiters: Vec::new(),
+                read: vec![false; n],
+                seen_ended: false,
             },
         );
         self.queue
@@ -446,19 +497,11 @@ impl Actor {
         }
     }
 
+    /// Takes no more jobs; what is queued still runs (the ranks leave once the queue is
+    /// empty and they are idle).
     fn close(&mut self) {
         self.closed = true;
         self.shared.closing.store(true, Ordering::SeqCst);
-        let queued: Vec<u64> = self.queue.iter().map(|k| k.id).collect();
-        for id in queued {
-            self.end(
-                id,
-                JobState::Failed,
-                Some(Error::unavailable(
-                    "shutting down; the request was still queued",
-                )),
-            );
-        }
         for (_, w) in self.work_waiters.drain(..) {
             let _ = w.send(());
         }

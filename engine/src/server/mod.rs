@@ -52,7 +52,7 @@ use api::{AppState, Bounds};
 use forward::Forwarding;
 use ids::{JobIds, JobKey};
 use scheduler::{Retention, Scheduler};
-use shutdown::{exit_code, shut_down, watchdog};
+use shutdown::{exit_code, shut_down, watchdog, DrainPlan};
 
 /// `layerwise serve` options.
 #[derive(Args, Debug, Clone)]
@@ -81,7 +81,9 @@ pub struct ServeArgs {
     /// Connections served at once; more wait in the listen backlog.
     #[arg(long, env = "LAYERWISE_MAX_CONNECTIONS", default_value_t = 512)]
     pub max_connections: usize,
-    /// Seconds running requests get to finish after SIGTERM.
+    /// Seconds a drain (SIGTERM) may take: queued and running jobs finish and finished
+    /// results stay readable; in its last quarter (1 to 10 s) what still runs fails with a
+    /// retryable 503, and the process is gone by its end.
     #[arg(long, env = "LAYERWISE_GRACE_SECONDS", default_value_t = 30)]
     pub grace_seconds: u64,
     /// Finished jobs whose status is kept for `GET /v1/jobs/{id}` and `/v1/videos/{id}`.
@@ -126,9 +128,6 @@ impl ServeArgs {
         Ok(self.contract.bounds.request_bounds(limits)?.checked()?)
     }
 }
-
-/// How long connections may still take past the grace period at shutdown.
-const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 
 /// Runs the server until SIGTERM/SIGINT (exit 0) or an engine failure (exit 1).
 pub fn serve(a: ServeArgs) -> Result<ExitCode> {
@@ -263,20 +262,15 @@ async fn run(
     tracing::info!(%addr, dp = a.contract.run.dp, strategy = %opts.strategy, ?replica, "serving");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let grace = Duration::from_secs(a.grace_seconds);
-    let controller = tokio::spawn(shut_down(
-        sched.clone(),
-        engine_rx,
-        grace,
-        opts.timeout,
-        stop_tx,
-    ));
+    let plan = DrainPlan::new(Duration::from_secs(a.grace_seconds));
+    let controller = tokio::spawn(shut_down(sched.clone(), engine_rx, plan, stop_tx));
     let limits = http::HttpLimits {
         header_timeout: Duration::from_secs(a.header_timeout_seconds),
         max_connections: a.max_connections,
-        // Running requests get the grace period, then fail at once: their connections
-        // answer within it and a moment more; no client can hold the shutdown longer.
-        drain: grace + DRAIN_MARGIN,
+        // The listener stays open through the drain (results are read then); what is
+        // still open when it closes gets the rest of the grace, so no client can hold
+        // the pod past it.
+        drain: plan.connections,
     };
     http::serve(listener, api::app(state), limits, async {
         let _ = stop_rx.await;

@@ -220,10 +220,22 @@ pub enum Msg {
     Fatal {
         msg: String,
     },
-    /// Stop taking work; fail what is queued.
+    /// Take no more jobs; what is queued still runs.
     Close,
-    /// The grace period is over: fail what still runs.
+    /// The grace period is running out: fail what is still queued or running.
     Abort,
+    /// How far a drain has come.
+    Drained {
+        reply: oneshot::Sender<Drained>,
+    },
+}
+
+/// How far a drain has come: outputs still queued or in flight, and ended jobs whose
+/// clients have not read how they ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    pub working: usize,
+    pub unread: usize,
 }
 
 /// State the scheduler task publishes for cheap reads (readiness, the prefetch hint).
@@ -374,6 +386,12 @@ impl Scheduler {
                 let _ = self.tx.try_send(msg);
             }
         }
+    }
+    /// How far a drain has come (`None` once the scheduler has stopped).
+    pub async fn drained(&self) -> Option<Drained> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Msg::Drained { reply }).await.ok()?;
+        rx.await.ok()
     }
     pub async fn send(&self, m: Msg) {
         let _ = self.tx.send(m).await;

@@ -1,6 +1,15 @@
 //! How serving ends: the controller that waits for a signal or an engine failure and drains
-//! the running requests, the exit code and reason it leaves, and the watchdog that fails a
-//! server whose ranks stopped making progress.
+//! the server, the exit code and reason it leaves, and the watchdog that fails a server
+//! whose ranks stopped making progress.
+//!
+//! A drain (SIGTERM: a scale-down, a rollout, a node drain) finishes the work rather than
+//! dropping it: readiness fails at once, so the Service stops sending new clients; new jobs
+//! are refused with a retryable 503; queued and running jobs keep running; finished results
+//! stay readable (other replicas forward reads of this one's jobs here). The last part of
+//! the grace is kept for reading: jobs still queued or running then fail with a retryable
+//! 503 (a running pass stops at its next block), so their clients can see it. The process
+//! leaves as soon as nothing runs and every ended job has been read, and at the latest when
+//! the grace is over.
 
 use std::time::{Duration, Instant};
 
@@ -15,18 +24,47 @@ pub(super) struct Ending {
     /// `Some(why)` when the engine failed while serving (empty when the scheduler was told
     /// and recorded why).
     failed: Option<String>,
-    /// The engine thread's result after draining, where it came in time.
+    /// The engine thread's result, where it came before the server stopped.
     engine: Option<std::result::Result<Result<()>, tokio::sync::oneshot::error::RecvError>>,
 }
 
-/// Waits for SIGTERM, SIGINT or an engine failure; then closes the queue and tells the
-/// server to stop accepting (`stop`). After a signal, running requests get `grace` to
-/// finish, then are aborted, and the engine `timeout` more to end.
+/// When, counted from the signal, each part of a drain of `grace` ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainPlan {
+    /// Jobs still queued or running then fail (retryably).
+    pub abort: Duration,
+    /// The listener closes; open connections get the rest of the grace.
+    pub stop: Duration,
+    /// How long open connections get after the listener closes.
+    pub connections: Duration,
+}
+
+impl DrainPlan {
+    /// The last quarter of the grace (at least 1 s, at most 10 s, never more than the grace)
+    /// is for clients to read how their jobs ended; open connections get the last half of
+    /// that (at most 5 s), so the process is gone within the grace.
+    pub fn new(grace: Duration) -> DrainPlan {
+        let read = (grace / 4)
+            .clamp(Duration::from_secs(1), Duration::from_secs(10))
+            .min(grace);
+        let connections = (read / 2).min(Duration::from_secs(5));
+        DrainPlan {
+            abort: grace - read,
+            stop: grace - connections,
+            connections,
+        }
+    }
+}
+
+/// How often a drain asks whether it is done.
+const DRAIN_POLL: Duration = Duration::from_millis(100);
+
+/// Waits for SIGTERM, SIGINT or an engine failure; then drains as [`DrainPlan`] says (or,
+/// after a failure, stops at once), and tells the server to stop accepting (`stop`).
 pub(super) async fn shut_down(
     sched: Scheduler,
     mut engine_rx: tokio::sync::oneshot::Receiver<Result<()>>,
-    grace: Duration,
-    timeout: Duration,
+    plan: DrainPlan,
     stop: tokio::sync::oneshot::Sender<()>,
 ) -> Ending {
     let shared = sched.shared.clone();
@@ -48,27 +86,59 @@ pub(super) async fn shut_down(
             Some(why)
         }
     };
-    // Stop accepting and fail what is queued; running requests get the grace period.
+    let signalled = Instant::now();
+    // Readiness fails and new jobs are refused from here; queued ones still run.
     sched.send(Msg::Close).await;
-    let _ = stop.send(());
     if let Some(why) = failed {
+        let _ = stop.send(());
         return Ending {
             failed: Some(why),
             engine: None,
         };
     }
-    tracing::info!(?grace, "shutting down: draining running requests");
-    let deadline = Instant::now() + grace;
-    let engine = tokio::select! {
-        r = &mut engine_rx => Some(r),
-        _ = tokio::time::sleep_until(deadline.into()) => {
-            sched.send(Msg::Abort).await;
-            tokio::time::timeout(timeout, engine_rx).await.ok()
-        }
-    };
+    tracing::info!(?plan, "shutting down: finishing queued and running jobs");
+    let engine = drain(&sched, engine_rx, signalled, plan).await;
+    let _ = stop.send(());
     Ending {
         failed: None,
         engine,
+    }
+}
+
+/// Runs a drain begun at `signalled`: until nothing runs and every ended job was read, or
+/// the plan's stop; jobs still running at its abort fail. Returns the engine's result if it
+/// came.
+async fn drain(
+    sched: &Scheduler,
+    mut engine_rx: tokio::sync::oneshot::Receiver<Result<()>>,
+    signalled: Instant,
+    plan: DrainPlan,
+) -> Option<std::result::Result<Result<()>, tokio::sync::oneshot::error::RecvError>> {
+    let (abort_at, stop_at) = (signalled + plan.abort, signalled + plan.stop);
+    let mut engine = None;
+    let mut aborted = false;
+    let mut poll = tokio::time::interval(DRAIN_POLL);
+    loop {
+        tokio::select! {
+            r = &mut engine_rx, if engine.is_none() => engine = Some(r),
+            _ = tokio::time::sleep_until(abort_at.into()), if !aborted => {
+                aborted = true;
+                tracing::warn!("grace nearly over: failing the jobs still queued or running");
+                sched.send(Msg::Abort).await;
+            }
+            _ = tokio::time::sleep_until(stop_at.into()) => {
+                tracing::info!("grace over: stopping");
+                return engine;
+            }
+            _ = poll.tick() => match sched.drained().await {
+                Some(d) if d.working == 0 && d.unread == 0 => {
+                    tracing::info!(took = ?signalled.elapsed(), "drained: every job ended and was read");
+                    return engine;
+                }
+                Some(_) => {}
+                None => return engine,
+            },
+        }
     }
 }
 
@@ -113,5 +183,43 @@ pub(super) async fn watchdog(s: Scheduler, timeout: Duration) {
             s.send(Msg::Fatal { msg }).await;
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(grace: u64) -> DrainPlan {
+        DrainPlan::new(Duration::from_secs(grace))
+    }
+
+    #[test]
+    fn the_last_quarter_of_the_grace_is_for_reading_and_everything_ends_within_it() {
+        let secs = Duration::from_secs_f64;
+        assert_eq!(
+            plan(30),
+            DrainPlan {
+                abort: secs(22.5),
+                stop: secs(26.25),
+                connections: secs(3.75)
+            }
+        );
+        // A short grace still leaves a second to read; a long one at most 10 s.
+        assert_eq!(plan(3).abort, secs(2.0));
+        assert_eq!(plan(600).abort, secs(590.0));
+        assert_eq!(plan(600).connections, secs(5.0));
+        for g in [0, 1, 2, 3, 8, 30, 600] {
+            let p = plan(g);
+            assert!(p.abort <= p.stop && p.stop + p.connections == Duration::from_secs(g));
+        }
+        assert_eq!(
+            plan(0),
+            DrainPlan {
+                abort: Duration::ZERO,
+                stop: Duration::ZERO,
+                connections: Duration::ZERO
+            }
+        );
     }
 }

@@ -20,7 +20,7 @@ use super::claims::{device_claims, engine_resources};
 use super::contract::{engine_args, engine_env, ENGINE_PORT};
 use super::objects::{labels, owned_meta, selector_labels};
 use super::platform::{union, EnginePods};
-use super::volumes::volumes;
+use super::volumes::{shm, volumes};
 
 /// Seconds a deleted engine pod keeps serving before it is sent SIGTERM: load balancers and
 /// Service endpoints take a moment to stop sending it requests, and the engine stops
@@ -30,7 +30,45 @@ pub const DRAIN_DELAY_SECONDS: i64 = 5;
 /// The pod template annotation that records the plan (so a new plan rolls the pods).
 pub const PLAN_ANNOTATION: &str = "layerwise.dev/plan";
 
-const HOSTNAME: &str = "kubernetes.io/hostname";
+/// The field a node selector term names a node by: its name, which the
+/// `kubernetes.io/hostname` label need not equal (cloud providers and autoscalers set them
+/// apart). Kubernetes takes one value per field requirement, so each node is a term of its
+/// own (terms are ORed).
+const NODE_NAME_FIELD: &str = "metadata.name";
+/// The label templates made before pods were placed by node name used; read back so such a
+/// template's nodes are still understood.
+const LEGACY_HOSTNAME: &str = "kubernetes.io/hostname";
+
+/// The term that matches node `name` by its name.
+fn named(name: &str) -> NodeSelectorTerm {
+    NodeSelectorTerm {
+        match_fields: Some(vec![NodeSelectorRequirement {
+            key: NODE_NAME_FIELD.into(),
+            operator: "In".into(),
+            values: Some(vec![name.to_string()]),
+        }]),
+        ..Default::default()
+    }
+}
+
+/// The nodes a term names: by name, or (templates made before) by the hostname label.
+fn names_in(term: &NodeSelectorTerm) -> Vec<String> {
+    let fields = term
+        .match_fields
+        .iter()
+        .flatten()
+        .filter(|r| r.key == NODE_NAME_FIELD);
+    let legacy = term
+        .match_expressions
+        .iter()
+        .flatten()
+        .filter(|r| r.key == LEGACY_HOSTNAME);
+    fields
+        .chain(legacy)
+        .filter(|r| r.operator == "In")
+        .flat_map(|r| r.values.clone().unwrap_or_default())
+        .collect()
+}
 
 /// What an engine Deployment's pod template was scheduled by: the plan summary it records,
 /// the nodes it requires and the (warm) nodes it prefers; `None` when it has no plan.
@@ -50,26 +88,18 @@ pub fn scheduling_of(d: &Deployment) -> Option<(String, Vec<String>, Vec<String>
         .as_ref()?
         .node_affinity
         .as_ref()?;
-    let hostnames = |term: &NodeSelectorTerm| -> Vec<String> {
-        term.match_expressions
-            .iter()
-            .flatten()
-            .filter(|r| r.key == HOSTNAME && r.operator == "In")
-            .flat_map(|r| r.values.clone().unwrap_or_default())
-            .collect()
-    };
     let required = affinity
         .required_during_scheduling_ignored_during_execution
         .as_ref()?
         .node_selector_terms
         .iter()
-        .flat_map(&hostnames)
+        .flat_map(names_in)
         .collect();
     let preferred = affinity
         .preferred_during_scheduling_ignored_during_execution
         .iter()
         .flatten()
-        .flat_map(|t| hostnames(&t.preference))
+        .flat_map(|t| names_in(&t.preference))
         .collect();
     Some((summary, required, preferred))
 }
@@ -121,7 +151,11 @@ pub fn deployment(
 ) -> Deployment {
     let spec = &dd.spec;
     let engine = &spec.engine;
-    let (volumes, mounts) = volumes(spec);
+    let (mut volumes, mut mounts) = volumes(spec);
+    if let Some((volume, mount)) = shm(plan) {
+        volumes.push(volume);
+        mounts.push(mount);
+    }
     let mut pod_labels = engine.pod_labels.clone();
     pod_labels.extend(labels(dd));
     let mut pod_annotations = engine.pod_annotations.clone();
@@ -202,36 +236,22 @@ pub fn deployment(
     }
 }
 
-/// Pods go only to the plan's nodes, preferring those where the model is already `warm`.
+/// Pods go only to the plan's nodes, by name, preferring those where the model is already
+/// `warm`.
 fn node_affinity(plan: &Plan, warm: &[String]) -> NodeAffinity {
-    let mut affinity = NodeAffinity {
+    NodeAffinity {
         required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-            node_selector_terms: vec![NodeSelectorTerm {
-                match_expressions: Some(vec![NodeSelectorRequirement {
-                    key: HOSTNAME.into(),
-                    operator: "In".into(),
-                    values: Some(plan.nodes.clone()),
-                }]),
-                ..Default::default()
-            }],
+            node_selector_terms: plan.nodes.iter().map(|n| named(n)).collect(),
         }),
-        ..Default::default()
-    };
-    if !warm.is_empty() {
-        affinity.preferred_during_scheduling_ignored_during_execution =
-            Some(vec![PreferredSchedulingTerm {
-                weight: 100,
-                preference: NodeSelectorTerm {
-                    match_expressions: Some(vec![NodeSelectorRequirement {
-                        key: HOSTNAME.into(),
-                        operator: "In".into(),
-                        values: Some(warm.to_vec()),
-                    }]),
-                    ..Default::default()
-                },
-            }]);
+        preferred_during_scheduling_ignored_during_execution: (!warm.is_empty()).then(|| {
+            warm.iter()
+                .map(|n| PreferredSchedulingTerm {
+                    weight: 100,
+                    preference: named(n),
+                })
+                .collect()
+        }),
     }
-    affinity
 }
 
 /// The engine container: the image, command, environment, probes, the model and /tmp

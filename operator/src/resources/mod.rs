@@ -5,7 +5,7 @@
 //! - [`contract`]: what a pod tells the engine, its plan as the engine's own contract;
 //! - [`deployment`]: the Deployment's pod template and the Service in front of its pods;
 //! - [`claims`]: the container's accelerators and memory, and its claim on devices;
-//! - [`volumes`]: the model and scratch volumes and their mounts;
+//! - [`volumes`]: the model, scratch and shared-memory volumes and their mounts;
 //! - [`objects`]: the labels and the other objects a DiffusionDeployment owns;
 //! - [`platform`]: what the platform gives every engine pod.
 
@@ -30,4 +30,4 @@ pub use objects::{
     JOB_KEY,
 };
 pub use platform::EnginePods;
-pub use volumes::MODEL_MOUNT;
+pub use volumes::{MODEL_MOUNT, SHM_BYTES_PER_RANK};

@@ -295,6 +295,97 @@ fn a_template_reads_back_the_plan_and_nodes_it_was_scheduled_by() {
 }
 
 #[test]
+fn pods_are_placed_by_node_name_not_the_hostname_label() {
+    let mut p = plan();
+    p.nodes = vec!["ip-10-0-0-1.ec2.internal".into(), "n1".into()];
+    let d = deployment(
+        &dd(json!({})),
+        &p,
+        1,
+        "img",
+        &EnginePods::default(),
+        &["n1".into()],
+    );
+    let affinity = serde_json::to_value(
+        d.spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+            .affinity
+            .unwrap()
+            .node_affinity
+            .unwrap(),
+    )
+    .unwrap();
+    // One term per node (Kubernetes takes one value per field requirement); terms are ORed.
+    let by_name = |n: &str| json!({ "matchFields": [{ "key": "metadata.name", "operator": "In", "values": [n] }] });
+    assert_eq!(
+        affinity,
+        json!({
+            "requiredDuringSchedulingIgnoredDuringExecution": { "nodeSelectorTerms": [
+                by_name("ip-10-0-0-1.ec2.internal"), by_name("n1")
+            ] },
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                { "weight": 100, "preference": by_name("n1") }
+            ],
+        })
+    );
+    assert!(!affinity.to_string().contains("kubernetes.io/hostname"));
+}
+
+#[test]
+fn a_template_made_with_the_hostname_label_still_reads_back_its_nodes() {
+    let mut d = deployment(
+        &dd(json!({})),
+        &plan(),
+        1,
+        "img",
+        &EnginePods::default(),
+        &[],
+    );
+    let legacy = json!({ "requiredDuringSchedulingIgnoredDuringExecution": { "nodeSelectorTerms": [
+        { "matchExpressions": [{ "key": "kubernetes.io/hostname", "operator": "In", "values": ["a", "b"] }] }
+    ] } });
+    let spec = d.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
+    spec.affinity.as_mut().unwrap().node_affinity = Some(serde_json::from_value(legacy).unwrap());
+    assert_eq!(
+        scheduling_of(&d).unwrap().1,
+        vec!["a".to_string(), "b".to_string()]
+    );
+}
+
+#[test]
+fn pods_of_more_than_one_rank_get_a_memory_backed_dev_shm_sized_by_their_ranks() {
+    let shm_of = |dp: u32, sp: u32| {
+        let mut p = plan();
+        (p.dp, p.sp) = (dp, sp);
+        let pod = deployment(&dd(json!({})), &p, 1, "img", &EnginePods::default(), &[])
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        let volume = pod.volumes.unwrap().into_iter().find(|v| v.name == "dshm");
+        let mounted = pod.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == "dshm" && m.mount_path == "/dev/shm");
+        volume.map(|v| {
+            assert!(mounted);
+            let e = v.empty_dir.unwrap();
+            assert_eq!(e.medium.as_deref(), Some("Memory"));
+            e.size_limit.unwrap().0.parse::<u64>().unwrap()
+        })
+    };
+    assert_eq!(shm_of(1, 1), None);
+    let two = shm_of(2, 1).unwrap();
+    assert_eq!(shm_of(1, 2), Some(two));
+    assert_eq!(shm_of(4, 2).unwrap() - two, 6 * SHM_BYTES_PER_RANK);
+}
+
+#[test]
 fn request_bounds_default_to_one_frame_images() {
     let b = request_bounds(&dd(json!({})).spec.workload);
     assert_eq!(

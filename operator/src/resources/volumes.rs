@@ -1,11 +1,13 @@
 //! The engine pod's volumes and the container's mounts of them: the model (its hostPath, or
-//! its claim read-only) at [`MODEL_MOUNT`], and a scratch `/tmp` under a read-only root.
+//! its claim read-only) at [`MODEL_MOUNT`], a scratch `/tmp` under a read-only root, and for
+//! pods of more than one rank a memory-backed `/dev/shm` sized for NCCL.
 
-use crds::DiffusionDeploymentSpec;
+use crds::{DiffusionDeploymentSpec, Plan};
 use k8s_openapi::api::core::v1::{
     EmptyDirVolumeSource, HostPathVolumeSource, PersistentVolumeClaimVolumeSource, Volume,
     VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 /// Where the model volume is mounted in the engine container.
 pub const MODEL_MOUNT: &str = "/model";
@@ -70,4 +72,39 @@ fn model_volume(spec: &DiffusionDeploymentSpec) -> (Volume, Option<String>) {
             )
         }
     }
+}
+
+/// Shared memory NCCL's shared-memory transport may take per rank: the buffers of its three
+/// protocols (about 9 MiB by default) for a send and a receive connection on each of up to
+/// 16 channels.
+pub const SHM_BYTES_PER_RANK: u64 = 16 * 2 * (9 << 20);
+/// What the container runtime's own `/dev/shm` holds, kept for everything else in the pod.
+const SHM_BASE_BYTES: u64 = 64 << 20;
+
+/// `/dev/shm` for a pod of `plan` with more than one rank: a memory-backed emptyDir (the
+/// runtime's 64 MiB is less than NCCL's shared-memory transport can need between ranks of
+/// one pod). Its pages count against the pod's memory limit as they are written, which
+/// leaves room for them beside the model's page cache. `None` for a single rank: nothing to
+/// share.
+pub(super) fn shm(plan: &Plan) -> Option<(Volume, VolumeMount)> {
+    let ranks = plan.devices();
+    if ranks <= 1 {
+        return None;
+    }
+    let bytes = SHM_BASE_BYTES + SHM_BYTES_PER_RANK * ranks as u64;
+    Some((
+        Volume {
+            name: "dshm".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: Some(Quantity(bytes.to_string())),
+            }),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "dshm".into(),
+            mount_path: "/dev/shm".into(),
+            ..Default::default()
+        },
+    ))
 }

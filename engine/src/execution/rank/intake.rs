@@ -2,7 +2,7 @@
 //! work, returns what streams no more, takes new work when free, and tells the
 //! coordinator what it wants next.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::failure::finite;
@@ -10,26 +10,31 @@ use super::state::{Active, RankWork};
 use crate::execution::backend::{Backend, Collective};
 use crate::execution::family::Task;
 use crate::execution::lockstep::Flags;
-use crate::execution::work::Output;
+use crate::execution::work::{Output, WorkKey};
 use crate::measure::PhaseKind;
 use crate::{Error, Result};
+
+/// Whether the scheduler has given up on a request (cancelled, failed, or out of grace at
+/// shutdown): checked at pass boundaries and before each block of a pass.
+pub(super) fn cancelled(flag: &Option<Arc<AtomicBool>>) -> bool {
+    flag.as_ref().is_some_and(|c| c.load(Ordering::Relaxed))
+}
+
+/// What a rank reports for a request it stopped because the scheduler gave up on it (the
+/// scheduler has already ended the job and drops the report).
+pub(super) fn cancel_error(key: WorkKey) -> Error {
+    Error::Conflict {
+        what: format!("request {} was cancelled", key.id),
+    }
+}
 
 impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
     /// At a pass boundary: drops cancelled work, finishes what streams no more, then takes
     /// new work if free. Returns this rank's view for the coordinator.
     pub(super) fn at_boundary(&mut self) -> Result<Flags> {
         let (rank, source) = (self.group, self.run.source);
-        if let Some(a) = self
-            .active
-            .take_if(|a| a.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)))
-        {
-            source.finished(
-                rank,
-                a.key,
-                Err(Error::Conflict {
-                    what: format!("request {} was cancelled", a.key.id),
-                }),
-            );
+        if let Some(a) = self.active.take_if(|a| cancelled(&a.cancel)) {
+            source.finished(rank, a.key, Err(cancel_error(a.key)));
         }
         if let Some(a) = self.active.take_if(|a| a.task.wants().is_none()) {
             let out = self.finish_task(a.task);

@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use super::intake::{cancel_error, cancelled};
 use super::report::RankResult;
 use super::state::{Placement, RankWork, Run, Tally};
 use crate::execution::backend::{Backend, Collective};
@@ -157,6 +158,7 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
             }
             *failure = Some(e);
         };
+        let cancel = self.active.as_ref().and_then(|a| a.cancel.clone());
         let mut task = self.active.as_mut().filter(|_| busy).map(|a| &mut a.task);
         if let Some(t) = task.as_mut() {
             if let Err(e) = t.begin() {
@@ -165,6 +167,15 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
         }
         let (trace, rank) = (self.run.opts.trace.as_deref(), self.rank);
         self.pipe.pass(d.group, d.next, |i, w| {
+            // A request the scheduler gave up on (cancelled, or out of grace at shutdown)
+            // stops at the next block: the pass still streams every block in lockstep with
+            // the peers, but computes nothing more of it, so a long step ends in the time
+            // the transfers take.
+            if let (Some(k), None, true) = (key, &failure, task.is_some()) {
+                if cancelled(&cancel) {
+                    failed(cancel_error(k), &mut failure);
+                }
+            }
             if let (Some(t), None) = (task.as_mut(), &failure) {
                 let start = trace.map(|t| t.now_us());
                 if let Err(e) = t.block(i, w) {

@@ -8,7 +8,6 @@ use axum::Json;
 
 use crate::server::error::ApiError;
 use crate::server::responses::{ErrorBody, ErrorDetail};
-use crate::Error;
 
 // What the document says of the errors many routes share.
 pub(super) const BAD_BODY: &str =
@@ -38,18 +37,15 @@ impl IntoResponse for ApiError {
             },
         });
         let mut r = (status, body).into_response();
-        match e {
-            Error::QueueFull { retry_after, .. } => {
-                r.headers_mut()
-                    .insert(header::RETRY_AFTER, header::HeaderValue::from(*retry_after));
-            }
-            Error::Unauthorized { .. } => {
-                r.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    header::HeaderValue::from_static("Bearer"),
-                );
-            }
-            _ => {}
+        if let Some(retry_after) = e.retry_after() {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(retry_after));
+        }
+        if let Error::Unauthorized { .. } = e {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
         }
         r
     }
