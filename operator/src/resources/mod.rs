@@ -12,6 +12,8 @@
 mod claims;
 mod contract;
 mod deployment;
+pub mod drain;
+pub mod image;
 mod objects;
 mod platform;
 mod volumes;
