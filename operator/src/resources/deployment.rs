@@ -18,16 +18,10 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::claims::{device_claims, engine_resources};
 use super::contract::{engine_args, engine_env, ENGINE_PORT};
-use super::drain;
+use super::drain::{self, DRAIN_DELAY_SECONDS};
 use super::objects::{labels, owned_meta, selector_labels};
 use super::platform::{union, EnginePods};
 use super::volumes::{shm, volumes};
-
-/// Seconds a deleted engine pod keeps serving before it is sent SIGTERM: load balancers and
-/// Service endpoints take a moment to stop sending it requests. On SIGTERM the engine fails
-/// readiness and refuses new jobs; queued and running work then gets its drain grace
-/// ([`super::drain`]).
-pub const DRAIN_DELAY_SECONDS: i64 = 5;
 
 /// The pod template annotation that records the plan (so a new plan rolls the pods).
 pub const PLAN_ANNOTATION: &str = "layerwise.dev/plan";

@@ -8,7 +8,11 @@
 use crds::Plan;
 use layerwise_core::contract::DEFAULT_GRACE_SECONDS;
 
-use super::deployment::DRAIN_DELAY_SECONDS;
+/// Seconds a deleted engine pod keeps serving before it is sent SIGTERM: load balancers and
+/// Service endpoints take a moment to stop sending it requests. On SIGTERM the engine fails
+/// readiness and refuses new jobs; queued and running work then gets its drain grace
+/// (below).
+pub const DRAIN_DELAY_SECONDS: i64 = 5;
 
 /// The predicted latency is a model: the grace gives it half again...
 const LATENCY_FACTOR: f64 = 1.5;
