@@ -515,3 +515,61 @@ async fn any_replica_answers_for_every_job() {
         assert_eq!(forwarded(s.addr, "ok").await, 0);
     }
 }
+
+/// A job on a draining replica is still read through the Service: once SIGTERM takes the
+/// owner out of the Service (its readiness fails, the proxy drops it), the other replica
+/// forwards the client's polls and download to it until the job has finished and been read;
+/// then the owner exits, well within its grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_on_a_draining_replica_is_read_through_the_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let dit = common::tiny(dir.path(), 8);
+    let env = [("LAYERWISE_JOB_KEY", KEY)];
+    let args = ["--dp", "1", "--grace-seconds", "60"];
+    let mut owner = spawn_with(&dit, "127.0.0.1:0", &args, &env);
+    let other = spawn_with(&dit, "127.0.0.1:0", &args, &env);
+    owner.wait_ready().await;
+    other.wait_ready().await;
+    let proxy = Proxy::start(vec![owner.addr, other.addr]).await;
+    // About 3 s of work on 2 cores: still running when SIGTERM lands.
+    let body = json!({ "class_label": 1, "seed": 5, "steps": 250, "size": "128x128" });
+    let r = call(owner.addr, "POST", "/v1/jobs", Some(body)).await;
+    assert_eq!(r.status, 202, "{}", text(&r));
+    let id = r.json().unwrap()["id"].as_str().unwrap().to_string();
+    let t = Instant::now();
+    // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
+    assert_eq!(
+        unsafe { libc::kill(owner.child.id() as i32, libc::SIGTERM) },
+        0
+    );
+    assert_eq!(call(owner.addr, "GET", "/readyz", None).await.status, 503);
+    // The endpoints controller drops the unready pod: every connection goes to the other.
+    *proxy.backends.lock().unwrap() = vec![other.addr];
+    let deadline = Instant::now() + T;
+    loop {
+        let r = call(proxy.addr, "GET", &format!("/v1/jobs/{id}"), None).await;
+        assert_eq!(r.status, 200, "{}", text(&r));
+        let st = r.json().unwrap();
+        if st["state"] == "succeeded" {
+            break;
+        }
+        assert_eq!(st["state"], "running", "{st}");
+        assert!(Instant::now() < deadline, "never finished: {st}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = call(proxy.addr, "GET", &format!("/v1/jobs/{id}/result"), None).await;
+    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.header("content-type"), Some("image/png"));
+    assert!(forwarded(other.addr, "ok").await >= 2);
+    // Read: the owner leaves without waiting out its 60 s grace.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = owner.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the drained owner did not exit");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    eprintln!("owner drained and exited {:?} after SIGTERM", t.elapsed());
+}

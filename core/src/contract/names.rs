@@ -26,3 +26,9 @@ pub const ENV_JOB_KEY: &str = "LAYERWISE_JOB_KEY";
 /// Environment variable of `layerwise serve --pod-ip`, which the operator's pods take from
 /// the downward API.
 pub const ENV_POD_IP: &str = "LAYERWISE_POD_IP";
+/// Environment variable of `layerwise serve --grace-seconds`, which the operator sets from
+/// the deployment's drain grace (and the pod's termination grace from it).
+pub const ENV_GRACE_SECONDS: &str = "LAYERWISE_GRACE_SECONDS";
+/// `--grace-seconds` when nothing sets it, and the operator's drain grace when its plan
+/// predicts no latency.
+pub const DEFAULT_GRACE_SECONDS: u64 = 30;

@@ -22,6 +22,12 @@ pub struct DiffusionDeploymentStatus {
     /// The plan in force (kept when a later spec is infeasible, since its pods still run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<Plan>,
+    /// The engine image the pods run: recorded when they are first made (the operator's
+    /// default then, or `spec.engine.image`) and kept across operator upgrades. It changes
+    /// only with `spec.engine.image`, or while the annotation
+    /// `layerwise.dev/engine-image-follows-operator` is `"true"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_image: Option<String>,
     /// Engine pods wanted.
     #[serde(default)]
     pub replicas: i32,

@@ -84,7 +84,7 @@ pub struct ServeArgs {
     /// Seconds a drain (SIGTERM) may take: queued and running jobs finish and finished
     /// results stay readable; in its last quarter (1 to 10 s) what still runs fails with a
     /// retryable 503, and the process is gone by its end.
-    #[arg(long, env = "LAYERWISE_GRACE_SECONDS", default_value_t = 30)]
+    #[arg(long, env = contract::ENV_GRACE_SECONDS, default_value_t = contract::DEFAULT_GRACE_SECONDS)]
     pub grace_seconds: u64,
     /// Finished jobs whose status is kept for `GET /v1/jobs/{id}` and `/v1/videos/{id}`.
     #[arg(long, env = "LAYERWISE_KEEP_FINISHED", default_value_t = 256)]

@@ -34,11 +34,22 @@ pub(super) async fn deploy(
         r.event(EventType::Normal, "JobKeyCreated", "Deploy", note);
     }
     let (placed, warm) = kept_placement(plan, existing.as_ref(), warm);
+    let image = resources::image::engine_image(
+        dd,
+        r.old.engine_image.as_deref(),
+        existing.as_ref(),
+        &ctx.settings.engine_image,
+    );
+    if let Some(was) = r.old.engine_image.as_deref().filter(|was| *was != image) {
+        let note = format!("engine image changed from {was} to {image}: rolling the engine pods");
+        r.event(EventType::Normal, "EngineImageChanged", "Deploy", note);
+    }
+    r.status.engine_image = Some(image.clone());
     let desired = resources::deployment(
         dd,
         &placed,
         replicas,
-        &ctx.settings.engine_image,
+        &image,
         &ctx.settings.engine_pods,
         &warm,
     );

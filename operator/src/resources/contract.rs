@@ -92,17 +92,27 @@ pub(super) fn engine_args(spec: &DiffusionDeploymentSpec, plan: &Plan) -> Vec<St
     args
 }
 
-/// The engine's environment: the job routing, the contract's, then the spec's own.
+/// The engine's environment: the job routing, the contract's, the drain grace (which the
+/// pod's termination grace follows), then the spec's own.
 pub(super) fn engine_env(dd: &DiffusionDeployment, plan: &Plan) -> Vec<EnvVar> {
     let spec = &dd.spec;
     let contract = engine_contract(spec, plan).env();
+    let grace = (
+        contract::ENV_GRACE_SECONDS,
+        super::drain::grace_seconds(plan).to_string(),
+    );
     job_routing_env(dd)
         .into_iter()
-        .chain(contract.into_iter().map(|(name, value)| EnvVar {
-            name: name.into(),
-            value: Some(value),
-            ..Default::default()
-        }))
+        .chain(
+            contract
+                .into_iter()
+                .chain([grace])
+                .map(|(name, value)| EnvVar {
+                    name: name.into(),
+                    value: Some(value),
+                    ..Default::default()
+                }),
+        )
         .chain(spec.engine.env.iter().cloned())
         .collect()
 }

@@ -18,14 +18,10 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::claims::{device_claims, engine_resources};
 use super::contract::{engine_args, engine_env, ENGINE_PORT};
+use super::drain::{self, DRAIN_DELAY_SECONDS};
 use super::objects::{labels, owned_meta, selector_labels};
 use super::platform::{union, EnginePods};
 use super::volumes::{shm, volumes};
-
-/// Seconds a deleted engine pod keeps serving before it is sent SIGTERM: load balancers and
-/// Service endpoints take a moment to stop sending it requests, and the engine stops
-/// accepting on SIGTERM. Queued and running work then gets the engine's grace period.
-pub const DRAIN_DELAY_SECONDS: i64 = 5;
 
 /// The pod template annotation that records the plan (so a new plan rolls the pods).
 pub const PLAN_ANNOTATION: &str = "layerwise.dev/plan";
@@ -226,7 +222,9 @@ pub fn deployment(
                     automount_service_account_token: Some(false),
                     priority_class_name: engine.priority_class_name.clone(),
                     resource_claims: device_claims(plan),
-                    termination_grace_period_seconds: Some(60),
+                    termination_grace_period_seconds: Some(drain::termination_grace_seconds(
+                        drain::grace_seconds(plan),
+                    )),
                     ..Default::default()
                 }),
             },

@@ -12,6 +12,8 @@
 mod claims;
 mod contract;
 mod deployment;
+pub mod drain;
+pub mod image;
 mod objects;
 mod platform;
 mod volumes;
@@ -21,9 +23,8 @@ mod tests;
 
 pub use claims::DEVICE_CLAIM;
 pub use contract::{decode_site, engine_contract, request_bounds, ENGINE_PORT};
-pub use deployment::{
-    deployment, plan_summary, scheduling_of, service, DRAIN_DELAY_SECONDS, PLAN_ANNOTATION,
-};
+pub use deployment::{deployment, plan_summary, scheduling_of, service, PLAN_ANNOTATION};
+pub use drain::DRAIN_DELAY_SECONDS;
 pub(crate) use objects::owned_meta;
 pub use objects::{
     disruption_budget, job_key_secret, job_key_secret_name, selector_labels, selector_string,

@@ -10,11 +10,13 @@ use crds::{
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{LocalObjectReference, PodSpec, Toleration};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
 use layerwise_core::bounds::{self, RequestBounds};
 use layerwise_core::bounds::{
     ENV_GUIDANCE_ALLOWED, ENV_MAX_FRAMES, ENV_MAX_HEIGHT, ENV_MAX_N, ENV_MAX_PROMPT_TOKENS,
     ENV_MAX_STEPS, ENV_MAX_WIDTH,
 };
+use layerwise_core::contract::{DEFAULT_GRACE_SECONDS, ENV_GRACE_SECONDS};
 use layerwise_core::decode;
 use serde_json::json;
 
@@ -383,6 +385,83 @@ fn pods_of_more_than_one_rank_get_a_memory_backed_dev_shm_sized_by_their_ranks()
     let two = shm_of(2, 1).unwrap();
     assert_eq!(shm_of(1, 2), Some(two));
     assert_eq!(shm_of(4, 2).unwrap() - two, 6 * SHM_BYTES_PER_RANK);
+}
+
+#[test]
+fn the_drain_grace_holds_the_largest_requests_predicted_latency_and_sets_the_pods() {
+    let with = |latency: Option<f64>| {
+        let mut p = plan();
+        p.predicted_latency_seconds = latency;
+        p
+    };
+    assert_eq!(drain::grace_seconds(&with(None)), DEFAULT_GRACE_SECONDS);
+    assert_eq!(
+        drain::grace_seconds(&with(Some(2.0))),
+        DEFAULT_GRACE_SECONDS
+    );
+    assert_eq!(
+        drain::grace_seconds(&with(Some(f64::NAN))),
+        DEFAULT_GRACE_SECONDS
+    );
+    // A 5-minute video: 460 s, the engine's work part of which (three quarters) holds it.
+    let video = drain::grace_seconds(&with(Some(300.0)));
+    assert_eq!(video, 460);
+    assert!(video as f64 * 0.75 >= 300.0);
+    // The pod: the grace in the engine's environment, the termination grace after the
+    // preStop delay and a margin.
+    let d = deployment(
+        &dd(json!({})),
+        &with(Some(300.0)),
+        1,
+        "img",
+        &EnginePods::default(),
+        &[],
+    );
+    let pod = d.spec.unwrap().template.spec.unwrap();
+    let env = pod.containers[0].env.clone().unwrap();
+    let grace = env
+        .iter()
+        .find(|e| e.name == ENV_GRACE_SECONDS)
+        .expect("the grace");
+    assert_eq!(grace.value.as_deref(), Some("460"));
+    assert_eq!(
+        pod.termination_grace_period_seconds,
+        Some(DRAIN_DELAY_SECONDS + 460 + 5)
+    );
+}
+
+#[test]
+fn the_engine_image_is_kept_across_operator_upgrades_until_the_user_asks() {
+    use super::image::{engine_image, FOLLOW_OPERATOR};
+    let plain = dd(json!({}));
+    // A new deployment takes the operator's default; after that the recorded one stays
+    // whatever the operator's default becomes.
+    assert_eq!(engine_image(&plain, None, None, "engine:v2"), "engine:v2");
+    assert_eq!(
+        engine_image(&plain, Some("engine:v1"), None, "engine:v2"),
+        "engine:v1"
+    );
+    // Made before the status recorded it: the image its pods run now.
+    let running = deployment(&plain, &plan(), 1, "engine:v1", &EnginePods::default(), &[]);
+    assert_eq!(
+        engine_image(&plain, None, Some(&running), "engine:v2"),
+        "engine:v1"
+    );
+    // The user asks: the annotation follows the operator, the spec names its own.
+    let mut follows = plain.clone();
+    follows
+        .annotations_mut()
+        .insert(FOLLOW_OPERATOR.into(), "true".into());
+    assert_eq!(
+        engine_image(&follows, Some("engine:v1"), None, "engine:v2"),
+        "engine:v2"
+    );
+    let mut pinned = plain.clone();
+    pinned.spec.engine.image = Some("mine:1".into());
+    assert_eq!(
+        engine_image(&pinned, Some("engine:v1"), None, "engine:v2"),
+        "mine:1"
+    );
 }
 
 #[test]
