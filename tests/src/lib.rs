@@ -5,7 +5,8 @@
 //! accelerator nodes. [`cluster::client`] brings it up once per test process (or reuses the
 //! one `KUBECONFIG` names); [`shapes`] reads the fleet it was given; [`net`] checks the rule
 //! that everything the tests start talks only to loopback; [`images`] runs the
-//! project's container images; [`dra`] is a fake DRA driver's node and ResourceSlice.
+//! project's container images; [`dra`] is a fake DRA driver's node and ResourceSlice;
+//! [`s3`] is a real S3-compatible server (SeaweedFS) for the model sources.
 
 pub mod cluster;
 pub mod dra;
@@ -13,5 +14,6 @@ pub mod fixtures;
 pub mod images;
 pub mod net;
 pub mod runner;
+pub mod s3;
 pub mod shapes;
 pub mod tools;

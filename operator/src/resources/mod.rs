@@ -17,6 +17,8 @@ mod platform;
 mod volumes;
 
 #[cfg(test)]
+mod model_mount_tests;
+#[cfg(test)]
 mod tests;
 
 pub use claims::DEVICE_CLAIM;
@@ -30,4 +32,4 @@ pub use objects::{
     JOB_KEY,
 };
 pub use platform::EnginePods;
-pub use volumes::MODEL_MOUNT;
+pub use volumes::{model_path, MODEL_MOUNT};

@@ -1,14 +1,31 @@
 //! The engine pod's volumes and the container's mounts of them: the model (its hostPath, or
-//! its claim read-only) at [`MODEL_MOUNT`], and a scratch `/tmp` under a read-only root.
+//! its claim read-only) at [`MODEL_MOUNT`], and a scratch `/tmp` under a read-only root; and
+//! the pipeline folder the engine opens under that mount ([`model_path`]).
+
+use std::path::{Path, PathBuf};
 
 use crds::DiffusionDeploymentSpec;
 use k8s_openapi::api::core::v1::{
     EmptyDirVolumeSource, HostPathVolumeSource, PersistentVolumeClaimVolumeSource, Volume,
     VolumeMount,
 };
+use layerwise_core::checkpoint::hf_cache;
 
 /// Where the model volume is mounted in the engine container.
 pub const MODEL_MOUNT: &str = "/model";
+
+/// The pipeline folder the engine opens: the mount itself, or, for a Hugging Face hub cache
+/// repository (`spec.model.location.revision`), its snapshot at that revision. The mount is
+/// the whole repository either way, so the snapshot's links into `blobs/` resolve inside the
+/// engine's model roots (the mount); a ref (`main`) the engine follows through `refs/`
+/// ([`layerwise_core::checkpoint::hf_cache`]).
+pub fn model_path(spec: &DiffusionDeploymentSpec) -> PathBuf {
+    let mount = Path::new(MODEL_MOUNT);
+    match &spec.model.location.revision {
+        Some(rev) => mount.join(hf_cache::SNAPSHOTS).join(rev),
+        None => mount.to_path_buf(),
+    }
+}
 
 /// The pod's volumes and the container's mounts of them, for `spec`'s model.
 pub(super) fn volumes(spec: &DiffusionDeploymentSpec) -> (Vec<Volume>, Vec<VolumeMount>) {
