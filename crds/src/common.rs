@@ -24,7 +24,8 @@ pub struct ModelLocation {
     /// A pipeline folder in an S3-compatible object store, copied into each node's model
     /// cache by its agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub s3: Option<S3Source>,
+    // Boxed: every node's requests carry a location, most of them without it.
+    pub s3: Option<Box<S3Source>>,
     /// Set where the folder (`hostPath`, or the claim's `subPath`) is a Hugging Face hub cache
     /// repository (`models--org--name`, holding `blobs/`, `refs/` and `snapshots/`): the
     /// pipeline is its snapshot at this revision, a commit hash (`snapshots/<commit>`) or a
