@@ -42,7 +42,10 @@ pub struct S3Server {
     child: Child,
     /// `http://127.0.0.1:<port>`.
     pub endpoint: String,
-    master: SocketAddr,
+    /// The master's and the filer's addresses as `weed shell` takes them (`host:http.grpc`:
+    /// their gRPC ports are not the default offsets).
+    master: String,
+    filer: String,
     _data: tempfile::TempDir,
 }
 
@@ -108,7 +111,8 @@ impl S3Server {
         let mut s = S3Server {
             child,
             endpoint: format!("http://127.0.0.1:{}", ports[6]),
-            master: SocketAddr::from(([127, 0, 0, 1], ports[0])),
+            master: format!("127.0.0.1:{}.{}", ports[0], ports[1]),
+            filer: format!("127.0.0.1:{}.{}", ports[4], ports[5]),
             _data: data,
         };
         let s3 = SocketAddr::from(([127, 0, 0, 1], ports[6]));
@@ -139,6 +143,7 @@ impl S3Server {
             let out = Command::new(weed()?)
                 .arg("shell")
                 .arg(format!("-master={}", self.master))
+                .arg(format!("-filer={}", self.filer))
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
