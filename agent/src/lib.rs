@@ -9,6 +9,7 @@
 //! small modules with unit tests; side effects (files, cgroups, NVML, Kubernetes) at the edges.
 
 pub mod bucket;
+pub mod cache;
 pub mod cgroup;
 pub mod error;
 pub mod http;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crds::{ModelLocation, ModelState, Profile};
+use layerwise_core::checkpoint::hf_cache;
 use tokio::sync::mpsc;
 
 use crate::cgroup::PrewarmCgroup;
@@ -86,12 +87,31 @@ pub fn root_dirs(model_root: Option<&Path>, roots: &[String]) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The folder of a model request on this node.
+/// The folder of a model request on this node: its pipeline folder, or, for a Hugging Face
+/// hub cache repository (a `revision`), the repository's snapshot at that revision (whose
+/// links into the repository's `blobs/` the profiler and warmer follow inside the roots).
 ///
 /// With `roots` (the chart's `agent.modelRoots`), the path must lie inside one of them, and
 /// so must the folder it leads to once its symlinks are followed: a DiffusionDeployment
 /// cannot make the agent read any other host folder.
 pub fn resolve(
+    id: &str,
+    location: &ModelLocation,
+    model_root: Option<&Path>,
+    roots: &[String],
+) -> Result<PathBuf> {
+    let dir = folder(id, location, model_root, roots)?;
+    let Some(revision) = &location.revision else {
+        return Ok(dir);
+    };
+    hf_cache::snapshot(&dir, revision).map_err(|e| Error::Model {
+        id: id.into(),
+        msg: format!("location {}: {e}", location.describe()),
+    })
+}
+
+/// The folder a request's host path names on this node, checked against the roots.
+fn folder(
     id: &str,
     location: &ModelLocation,
     model_root: Option<&Path>,
@@ -339,7 +359,7 @@ mod tests {
     fn at(p: &str) -> ModelLocation {
         ModelLocation {
             host_path: Some(p.into()),
-            persistent_volume_claim: None,
+            ..Default::default()
         }
     }
 
@@ -361,8 +381,9 @@ mod tests {
             host_path: None,
             persistent_volume_claim: Some(crds::PvcSource {
                 claim_name: "weights".into(),
-                sub_path: None,
+                ..Default::default()
             }),
+            ..Default::default()
         };
         assert!(resolve("a/b", &pvc, None, &[])
             .unwrap_err()
@@ -390,6 +411,43 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("through a symlink"), "{e}");
+    }
+
+    /// A hub cache repository under the model roots: the request names the repository and
+    /// a revision, and the agent profiles and warms its snapshot, whose files link into the
+    /// repository's blobs (inside the roots); a revision the repository lacks is named.
+    #[test]
+    fn a_hub_cache_revision_resolves_to_its_snapshot_inside_the_roots() {
+        use layerwise_engine::tools::synth::hub_cache::into_hub_cache;
+        let d = tempfile::tempdir().unwrap();
+        let node = d.path();
+        let repo = node.join("models/hub/models--org--tiny");
+        let commit = "0123456789abcdef0123456789abcdef01234567";
+        let snapshot = into_hub_cache(&synth(node, "tiny"), &repo, commit).unwrap();
+        let roots = vec!["/models".to_string()];
+        let location = |rev: &str| ModelLocation {
+            host_path: Some("/models/hub/models--org--tiny".into()),
+            revision: Some(rev.into()),
+            ..Default::default()
+        };
+        for rev in ["main", commit] {
+            let dir = resolve("a/b", &location(rev), Some(node), &roots).unwrap();
+            assert_eq!(dir, snapshot);
+        }
+        let profile = layerwise_engine::families::profile(&snapshot).unwrap();
+        assert_eq!(profile.family, "dit");
+        let files = profiler::model_files(&snapshot, &root_dirs(Some(node), &roots)).unwrap();
+        assert!(
+            files.iter().any(|f| f.ends_with("transformer/config.json")),
+            "{files:?}"
+        );
+        let e = resolve("a/b", &location("v9"), Some(node), &roots)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("a/b") && e.contains("@v9") && e.contains("refs/v9"),
+            "{e}"
+        );
     }
 
     /// A sparse pipeline folder of `preset` (headers only) under `dir`.

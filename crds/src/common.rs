@@ -4,11 +4,14 @@ use kube::KubeSchema;
 use layerwise_core::Strategy;
 use serde::{Deserialize, Serialize};
 
-/// Where a model's pipeline folder is on the nodes. Exactly one of `hostPath` and
-/// `persistentVolumeClaim` is set.
+use crate::source::{ClaimMode, S3Source};
+
+/// Where a model's pipeline folder is: exactly one source of `hostPath`,
+/// `persistentVolumeClaim` and `s3`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.hostPath) != has(self.persistentVolumeClaim)").message("set exactly one of hostPath and persistentVolumeClaim"))]
+#[x_kube(validation = Rule::new("[has(self.hostPath), has(self.persistentVolumeClaim), has(self.s3)].filter(x, x).size() == 1").message("set exactly one source: hostPath, persistentVolumeClaim or s3"))]
+#[x_kube(validation = Rule::new("!has(self.revision) || !has(self.s3)").message("revision names a snapshot of a Hugging Face hub cache folder (hostPath or persistentVolumeClaim), not of s3"))]
 pub struct ModelLocation {
     /// Absolute path of the pipeline folder on every node that may run the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -18,6 +21,21 @@ pub struct ModelLocation {
     /// A PersistentVolumeClaim (in the deployment's namespace) holding the pipeline folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistent_volume_claim: Option<PvcSource>,
+    /// A pipeline folder in an S3-compatible object store, copied into each node's model
+    /// cache by its agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Boxed: every node's requests carry a location, most of them without it.
+    pub s3: Option<Box<S3Source>>,
+    /// Set where the folder (`hostPath`, or the claim's `subPath`) is a Hugging Face hub cache
+    /// repository (`models--org--name`, holding `blobs/`, `refs/` and `snapshots/`): the
+    /// pipeline is its snapshot at this revision, a commit hash (`snapshots/<commit>`) or a
+    /// branch or tag whose commit `refs/<revision>` names (`main`). The whole repository
+    /// folder is mounted, so the snapshot's links into `blobs/` resolve, and the engine reads
+    /// only inside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z0-9][A-Za-z0-9._-]*$')").message("revision must be a commit hash or a ref name: letters, digits, '.', '_' and '-', starting with a letter or digit"))]
+    #[schemars(length(min = 1, max = 128))]
+    pub revision: Option<String>,
 }
 
 /// A PersistentVolumeClaim and the folder inside it.
@@ -31,6 +49,10 @@ pub struct PvcSource {
     #[x_kube(validation = Rule::new("!self.startsWith('/') && !self.matches('(^|/)[.][.](/|$)')").message("subPath must be relative and must not contain '..'"))]
     #[schemars(length(max = 1024))]
     pub sub_path: Option<String>,
+    /// How the engine pods read the claim's files: `InPlace` (mounted read-only) or
+    /// `Staged` (copied into the node model cache).
+    #[serde(default)]
+    pub mode: ClaimMode,
 }
 
 /// Whether the host path `path` lies inside one of `roots`, judged by path components:
@@ -47,8 +69,19 @@ pub fn within_roots(path: &str, roots: &[String]) -> bool {
 }
 
 impl ModelLocation {
-    /// A short human form: the host path, or `pvc:<claim>/<subPath>`.
+    /// A short human form: the host path, or `pvc:<claim>/<subPath>`, and `@<revision>` for
+    /// a hub cache repository.
     pub fn describe(&self) -> String {
+        let at = self
+            .revision
+            .as_ref()
+            .map(|r| format!("@{r}"))
+            .unwrap_or_default();
+        format!("{}{at}", self.describe_folder())
+    }
+
+    /// The folder named, without the revision.
+    fn describe_folder(&self) -> String {
         match (&self.host_path, &self.persistent_volume_claim) {
             (Some(p), _) => p.clone(),
             (None, Some(pvc)) => format!(
@@ -56,7 +89,10 @@ impl ModelLocation {
                 pvc.claim_name,
                 pvc.sub_path.as_deref().unwrap_or("")
             ),
-            (None, None) => "<none>".into(),
+            (None, None) => match &self.s3 {
+                Some(s3) => s3.describe(),
+                None => "<none>".into(),
+            },
         }
     }
 }

@@ -12,6 +12,7 @@
 pub mod common;
 pub mod deployment;
 pub mod node;
+pub mod source;
 
 pub use common::{quantity_bytes, ModelLocation, PvcSource, StrategyChoice};
 pub use deployment::{
@@ -27,6 +28,7 @@ pub use node::{
     AcceleratorInventory, DiffusionNode, DiffusionNodeSpec, DiffusionNodeStatus, ModelRequest,
     ModelState, NodeModelStatus,
 };
+pub use source::{ClaimMode, S3Source, SecretName};
 
 /// The API group of every kind here.
 pub const GROUP: &str = "layerwise.dev";

@@ -330,7 +330,7 @@ mod tests {
             family: "dit".into(),
             location: crds::ModelLocation {
                 host_path: Some(path.into()),
-                persistent_volume_claim: None,
+                ..Default::default()
             },
         }
     }

@@ -572,7 +572,7 @@ async fn one_node(w: &World, node: &str) -> Result<()> {
         family: "dit".into(),
         location: crds::ModelLocation {
             host_path: Some(path.into()),
-            persistent_volume_claim: None,
+            ..Default::default()
         },
     };
     // Another writer's JSON patch (an operator serving other namespaces, or a person).

@@ -7,6 +7,7 @@
 //! that everything the tests start talks only to loopback; [`images`] runs the
 //! project's container images; [`dra`] is a fake DRA driver's node and ResourceSlice;
 //! [`engine_objects`] are the engine pods and Services the operator's own code makes.
+//! [`s3`] is a real S3-compatible server (SeaweedFS) for the model sources.
 
 pub mod cluster;
 pub mod dra;
@@ -15,5 +16,6 @@ pub mod fixtures;
 pub mod images;
 pub mod net;
 pub mod runner;
+pub mod s3;
 pub mod shapes;
 pub mod tools;

@@ -333,7 +333,7 @@ async fn agent_image_reports_its_node_and_warms_a_model() -> Result<()> {
         family: "dit".into(),
         location: crds::ModelLocation {
             host_path: Some("/models/tiny".into()),
-            persistent_volume_claim: None,
+            ..Default::default()
         },
     };
     let dn = DiffusionNode::new(

@@ -18,6 +18,7 @@ mod files;
 mod folder;
 pub mod fp8;
 pub mod header;
+pub mod hf_cache;
 mod mapped;
 
 pub use activation::{ActivationCost, PhaseBytes, RequestShape, F32_BYTES};

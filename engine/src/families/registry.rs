@@ -19,7 +19,10 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     /// Opens `root` as the family of `registry` its `model_index.json` names.
+    /// A hub cache path naming its snapshot by a ref (`…/snapshots/main`) opens the snapshot
+    /// that ref names ([`crate::checkpoint::hf_cache::resolve_model_path`]).
     pub fn open_in(root: &std::path::Path, registry: &[FamilyEntry]) -> crate::Result<Checkpoint> {
+        let root = &crate::checkpoint::hf_cache::resolve_model_path(root)?;
         let folder = crate::checkpoint::ModelFolder::new(root)?;
         let entry = registry
             .iter()

@@ -28,6 +28,12 @@ use super::phase::Phase;
 /// configured roots: nothing is asked of the nodes and no pod mounts it otherwise.
 pub(super) async fn locate(dd: &DiffusionDeployment, ctx: &Context) -> Result<Phase<Located>> {
     let location = &dd.spec.model.location;
+    if let Some(why) = volume::unserved(location) {
+        return Ok(ControlFlow::Break(Stop::ClaimUnusable {
+            reason: why.reason,
+            message: why.message,
+        }));
+    }
     let located = match (&location.host_path, &location.persistent_volume_claim) {
         (Some(path), _) => Located {
             host_path: path.clone(),
@@ -73,7 +79,8 @@ pub(super) async fn locate(dd: &DiffusionDeployment, ctx: &Context) -> Result<Ph
         (None, None) => {
             return Ok(ControlFlow::Break(Stop::ClaimUnusable {
                 reason: "NoModelLocation",
-                message: "the model names neither hostPath nor persistentVolumeClaim".into(),
+                message: "the model names no source: set hostPath, persistentVolumeClaim or s3"
+                    .into(),
             }))
         }
     };
@@ -153,13 +160,15 @@ pub(super) async fn prepare(
         .into_iter()
         .map(|i| all[i].clone())
         .collect();
-    // The agents read host folders: a claim reaches them as its volume's folder.
+    // The agents read host folders: a claim reaches them as its volume's folder (a hub
+    // cache repository's with the revision to read of it).
     let request = crds::ModelRequest {
         id: id.clone(),
         family: spec.model.family.clone(),
         location: crds::ModelLocation {
             host_path: Some(located.host_path.clone()),
-            persistent_volume_claim: None,
+            revision: spec.model.location.revision.clone(),
+            ..Default::default()
         },
     };
     // The asks and withdraws go out together, each through its node's writer: a new

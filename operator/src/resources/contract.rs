@@ -15,7 +15,7 @@ use layerwise_core::contract::{
 use layerwise_core::decode::{DecodeChoice, DecodeSite};
 
 use super::objects::{job_key_secret_name, JOB_KEY};
-use super::volumes::MODEL_MOUNT;
+use super::volumes::{model_path, MODEL_MOUNT};
 
 /// The port the engine serves HTTP (requests, `/metrics`, probes) on.
 pub const ENGINE_PORT: i32 = 8080;
@@ -53,7 +53,7 @@ pub fn decode_site(plan: &Plan) -> DecodeSite {
 pub fn engine_contract(spec: &DiffusionDeploymentSpec, plan: &Plan) -> EngineContract {
     EngineContract {
         run: RunArgs {
-            model: MODEL_MOUNT.into(),
+            model: model_path(spec),
             dp: plan.dp as usize,
             sp: plan.sp as usize,
             // A plan that streams nothing runs no slots: the engine's default stands.

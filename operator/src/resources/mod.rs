@@ -19,6 +19,8 @@ mod platform;
 mod volumes;
 
 #[cfg(test)]
+mod model_mount_tests;
+#[cfg(test)]
 mod tests;
 
 pub use claims::DEVICE_CLAIM;
@@ -31,4 +33,4 @@ pub use objects::{
     JOB_KEY,
 };
 pub use platform::EnginePods;
-pub use volumes::{MODEL_MOUNT, SHM_BYTES_PER_RANK};
+pub use volumes::{model_path, MODEL_MOUNT, SHM_BYTES_PER_RANK};

@@ -33,7 +33,7 @@ fn dd(workload: serde_json::Value) -> DiffusionDeployment {
     .unwrap()
 }
 
-fn plan() -> Plan {
+pub(super) fn plan() -> Plan {
     Plan {
         strategy: Strategy::OffloadSharded,
         dp: 8,

@@ -1,6 +1,9 @@
 //! The engine pod's volumes and the container's mounts of them: the model (its hostPath, or
 //! its claim read-only) at [`MODEL_MOUNT`], a scratch `/tmp` under a read-only root, and for
-//! pods of more than one rank a memory-backed `/dev/shm` sized for NCCL.
+//! pods of more than one rank a memory-backed `/dev/shm` sized for NCCL; and the pipeline
+//! folder the engine opens under that mount ([`model_path`]).
+
+use std::path::{Path, PathBuf};
 
 use crds::{DiffusionDeploymentSpec, Plan};
 use k8s_openapi::api::core::v1::{
@@ -8,9 +11,23 @@ use k8s_openapi::api::core::v1::{
     VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use layerwise_core::checkpoint::hf_cache;
 
 /// Where the model volume is mounted in the engine container.
 pub const MODEL_MOUNT: &str = "/model";
+
+/// The pipeline folder the engine opens: the mount itself, or, for a Hugging Face hub cache
+/// repository (`spec.model.location.revision`), its snapshot at that revision. The mount is
+/// the whole repository either way, so the snapshot's links into `blobs/` resolve inside the
+/// engine's model roots (the mount); a ref (`main`) the engine follows through `refs/`
+/// ([`layerwise_core::checkpoint::hf_cache`]).
+pub fn model_path(spec: &DiffusionDeploymentSpec) -> PathBuf {
+    let mount = Path::new(MODEL_MOUNT);
+    match &spec.model.location.revision {
+        Some(rev) => mount.join(hf_cache::SNAPSHOTS).join(rev),
+        None => mount.to_path_buf(),
+    }
+}
 
 /// The pod's volumes and the container's mounts of them, for `spec`'s model.
 pub(super) fn volumes(spec: &DiffusionDeploymentSpec) -> (Vec<Volume>, Vec<VolumeMount>) {

@@ -10,6 +10,7 @@
 //! `pipeline` and `write` modules, never `presets` or this root's re-exports: `presets`
 //! reads the registry, which names every family, so reaching it from a family would loop.
 
+pub mod hub_cache;
 pub mod pipeline;
 pub mod presets;
 pub mod write;

@@ -1,0 +1,288 @@
+//! The node model cache filled from a real S3-compatible server (SeaweedFS, on loopback)
+//! holding a synthetic checkpoint: the copy is published whole and profiles like the
+//! original; a second fill finds it; an interrupted fill resumes from its journal; and each
+//! fault is refused by its name, with nothing half-published and the node's other models
+//! untouched.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use layerwise_agent::cache::fill::{fill, Credentials, FillOptions, Progress, Source};
+use layerwise_agent::cache::{Cache, Fault, StageError};
+use layerwise_e2e::s3::{S3Server, ACCESS_KEY, SECRET_KEY};
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as ObjectPath;
+use object_store::ObjectStore;
+
+fn creds() -> Credentials {
+    Credentials {
+        access_key_id: ACCESS_KEY.into(),
+        secret_access_key: SECRET_KEY.into(),
+        session_token: None,
+    }
+}
+
+fn source(s: &S3Server, bucket: &str, prefix: &str) -> Source {
+    Source {
+        spec: crds::S3Source {
+            endpoint: Some(s.endpoint.clone()),
+            bucket: bucket.into(),
+            prefix: prefix.into(),
+            region: Some("us-east-1".into()),
+            path_style: true,
+            credentials_secret: Some(crds::SecretName {
+                name: "keys".into(),
+            }),
+        },
+        credentials: Some(creds()),
+    }
+}
+
+fn client(s: &S3Server, bucket: &str) -> Arc<dyn ObjectStore> {
+    Arc::new(
+        AmazonS3Builder::new()
+            .with_endpoint(&s.endpoint)
+            .with_allow_http(true)
+            .with_bucket_name(bucket)
+            .with_region("us-east-1")
+            .with_access_key_id(ACCESS_KEY)
+            .with_secret_access_key(SECRET_KEY)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// Every file under `dir`, relative, sorted.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Uploads the pipeline folder `dir` under `prefix`.
+async fn upload(store: &dyn ObjectStore, dir: &Path, prefix: &str) {
+    for rel in files(dir) {
+        let key = ObjectPath::from(format!("{prefix}/{}", rel.display()));
+        let bytes = std::fs::read(dir.join(&rel)).unwrap();
+        store.put(&key, bytes.into()).await.unwrap();
+    }
+}
+
+/// A tiny DiT pipeline with real weights (so its files have real sizes).
+fn pipeline(dir: &Path, layers: usize) -> PathBuf {
+    use layerwise_engine::tools::synth::{synth, SynthOptions};
+    let out = dir.join(format!("tiny-{layers}"));
+    let mut o = SynthOptions::preset("tiny").unwrap();
+    o.set_layers(layers);
+    o.seed = 11;
+    synth(&out, &o).unwrap();
+    out
+}
+
+/// The fault a fill of `src` into `cache` fails with.
+async fn fail(cache: &Cache, src: &Source) -> StageError {
+    fill(
+        cache,
+        src,
+        &BTreeSet::new(),
+        small_chunks(),
+        &Progress::default(),
+    )
+    .await
+    .unwrap_err()
+}
+
+fn small_chunks() -> FillOptions {
+    FillOptions {
+        chunk_bytes: 4096,
+        parallel: 4,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SeaweedFS, built by tests/tools/build-seaweedfs (a cold build takes long): run with --ignored"]
+async fn a_model_in_s3_is_staged_whole_found_again_and_resumed() {
+    let s = S3Server::start().unwrap();
+    s.create_bucket("models").unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let original = pipeline(d.path(), 2);
+    let store = client(&s, "models");
+    upload(store.as_ref(), &original, "org/tiny").await;
+    let cache = Cache::open(&d.path().join("cache"), 1 << 30).unwrap();
+    let src = source(&s, "models", "org/tiny/");
+    let none = BTreeSet::new();
+
+    // Interrupted after some chunks (an agent restarted mid-download): nothing published.
+    let progress = Progress::default();
+    let first = fill(
+        &cache,
+        &src,
+        &none,
+        FillOptions {
+            parallel: 1,
+            ..small_chunks()
+        },
+        &progress,
+    );
+    let stopped = tokio::time::timeout(Duration::from_secs(120), async {
+        tokio::pin!(first);
+        loop {
+            tokio::select! {
+                r = &mut first => panic!("the fill finished before it was interrupted: {r:?}"),
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {
+                    if progress.done.load(Ordering::Relaxed) > 64 << 10 { break; }
+                }
+            }
+        }
+    })
+    .await;
+    assert!(stopped.is_ok(), "the fill never got far: {}", s.log());
+    let before = progress.done.load(Ordering::Relaxed);
+    assert!(
+        cache.lookup(&src.key()).is_none(),
+        "a half-downloaded copy is visible"
+    );
+
+    // The next fill resumes: what the journal holds is counted at once, not fetched again.
+    let progress = Progress::default();
+    let dir = fill(&cache, &src, &none, small_chunks(), &progress)
+        .await
+        .unwrap();
+    let total = progress.total.load(Ordering::Relaxed);
+    assert_eq!(progress.done.load(Ordering::Relaxed), total);
+    assert!(before > 0 && before < total, "{before} of {total}");
+    for rel in files(&original) {
+        assert_eq!(
+            std::fs::read(dir.join(&rel)).unwrap(),
+            std::fs::read(original.join(&rel)).unwrap(),
+            "{}",
+            rel.display()
+        );
+    }
+    let profile = layerwise_engine::families::profile(&dir).unwrap();
+    assert_eq!(profile.family, "dit");
+    // Found again: no store needed.
+    drop(s);
+    let again = fill(&cache, &src, &none, small_chunks(), &Progress::default())
+        .await
+        .unwrap();
+    assert_eq!(again, dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs SeaweedFS, built by tests/tools/build-seaweedfs (a cold build takes long): run with --ignored"]
+async fn faults_are_refused_by_name_with_nothing_half_published() {
+    let s = S3Server::start().unwrap();
+    s.create_bucket("models").unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let original = pipeline(d.path(), 2);
+    let store = client(&s, "models");
+    upload(store.as_ref(), &original, "good").await;
+    let cache = Cache::open(&d.path().join("cache"), 1 << 30).unwrap();
+    let none = BTreeSet::new();
+    let opts = small_chunks();
+
+    // A model already staged stays untouched by every failure below.
+    let good = source(&s, "models", "good");
+    let kept = fill(&cache, &good, &none, opts, &Progress::default())
+        .await
+        .unwrap();
+
+    // Wrong credentials (into another cache: this one already holds the copy).
+    let other = Cache::open(&d.path().join("other"), 1 << 30).unwrap();
+    let mut wrong = source(&s, "models", "good");
+    wrong.credentials = Some(Credentials {
+        secret_access_key: "not-the-secret".into(),
+        ..creds()
+    });
+    let e = fail(&other, &wrong).await;
+    assert_eq!(e.fault, Fault::AccessDenied, "{e}");
+    assert!(
+        !e.msg.contains("not-the-secret") && !e.msg.contains(SECRET_KEY),
+        "{e}"
+    );
+    wrong.credentials = None;
+    let e = fail(&other, &wrong).await;
+    assert_eq!(e.fault, Fault::AccessDenied, "anonymous: {e}");
+
+    let e = fail(&cache, &source(&s, "absent", "x")).await;
+    assert_eq!(e.fault, Fault::NoSuchBucket, "{e}");
+
+    let e = fail(&cache, &source(&s, "models", "nothing-here")).await;
+    assert_eq!(e.fault, Fault::ObjectNotFound, "{e}");
+    assert!(e.msg.contains("s3://models/nothing-here"), "{e}");
+
+    // A weights file truncated in the store: its header no longer fits the file.
+    let weights = original.join("transformer/diffusion_pytorch_model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    upload(store.as_ref(), &original, "truncated").await;
+    store
+        .put(
+            &ObjectPath::from("truncated/transformer/diffusion_pytorch_model.safetensors"),
+            bytes[..bytes.len() / 2].to_vec().into(),
+        )
+        .await
+        .unwrap();
+    let truncated = source(&s, "models", "truncated");
+    let e = fail(&cache, &truncated).await;
+    assert_eq!(e.fault, Fault::IntegrityMismatch, "{e}");
+    assert!(e.msg.contains("diffusion_pytorch_model.safetensors"), "{e}");
+    assert!(cache.lookup(&truncated.key()).is_none());
+
+    // An object replaced while it downloads: the ranged GETs carry the listed ETag.
+    let big = vec![7u8; 4 << 20];
+    store
+        .put(&ObjectPath::from("moving/blob.bin"), big.clone().into())
+        .await
+        .unwrap();
+    let moving = source(&s, "models", "moving");
+    let progress = Progress::default();
+    let slow = FillOptions {
+        chunk_bytes: 1024,
+        parallel: 1,
+    };
+    let run = fill(&cache, &moving, &none, slow, &progress);
+    tokio::pin!(run);
+    let e = loop {
+        tokio::select! {
+            r = &mut run => break r.unwrap_err(),
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {
+                if progress.done.load(Ordering::Relaxed) > 0 {
+                    let mut other = big.clone();
+                    other[0] = 8;
+                    store.put(&ObjectPath::from("moving/blob.bin"), other.into()).await.unwrap();
+                    break run.await.unwrap_err();
+                }
+            }
+        }
+    };
+    assert_eq!(e.fault, Fault::ObjectChanged, "{e}");
+    assert!(e.fault.transient());
+    assert!(cache.lookup(&moving.key()).is_none());
+
+    // A cache too small for the model: refused before a byte is fetched.
+    let tight = Cache::open(&d.path().join("tight"), 1024).unwrap();
+    let progress = Progress::default();
+    let e = fill(&tight, &good, &none, opts, &progress)
+        .await
+        .unwrap_err();
+    assert_eq!(e.fault, Fault::CacheFull, "{e}");
+    assert_eq!(progress.done.load(Ordering::Relaxed), 0);
+
+    assert!(kept.join("model_index.json").is_file());
+    assert_eq!(cache.lookup(&good.key()), Some(kept));
+}
