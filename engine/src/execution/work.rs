@@ -47,7 +47,7 @@ pub struct Request {
     /// axis) condition on it; every family's clip is written at it.
     pub fps: Option<f64>,
     /// The step cache this request runs under (`None`: every block of every step).
-    pub cache: Option<crate::cache::StepCache>,
+    pub cache: Option<crate::cache::config::StepCache>,
 }
 
 impl Request {
@@ -81,7 +81,7 @@ pub struct Output {
     /// prompt first and the negative prompt second.
     pub text_embeddings: Option<Tensor>,
     /// What the request's step cache decided, when it ran under one.
-    pub cache: Option<crate::cache::CacheReport>,
+    pub cache: Option<crate::cache::run::CacheReport>,
 }
 
 /// Which output of which request: every message between ranks and their source carries it.
