@@ -25,6 +25,30 @@ pub struct CacheReport {
     pub calibration: Vec<Vec<f64>>,
 }
 
+impl CacheReport {
+    /// One line for a person: the steps each guidance row computed, and a calibration's
+    /// ratios as the setting that uses them.
+    pub fn summary(&self) -> String {
+        let kind = self.kind.map_or("none", CacheKind::name);
+        let rows = self.computed.first().map_or(0, Vec::len);
+        let ran: Vec<String> = (0..rows)
+            .map(|r| {
+                let n = self.computed.iter().filter(|s| s[r]).count();
+                format!("{n} of {}", self.computed.len())
+            })
+            .collect();
+        let mut line = format!(
+            "cache {kind}: steps computed per guidance row {}",
+            ran.join(", ")
+        );
+        if let Some(ratios) = self.calibration.first() {
+            let setting = serde_json::json!({ "kind": "mag", "ratios": ratios });
+            line += &format!("; calibrated: --cache '{setting}'");
+        }
+        line
+    }
+}
+
 /// The pass in progress.
 struct Pass {
     group: usize,
