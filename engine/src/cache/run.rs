@@ -21,7 +21,7 @@ pub struct CacheReport {
     /// Per denoising step, per guidance row: whether the row's blocks ran.
     pub computed: Vec<Vec<bool>>,
     /// MagCache calibration: the ratios recorded, per transformer group and row, in the
-    /// order the calibrations completed.
+    /// order the calibrations completed, then those still open at the end.
     pub calibration: Vec<Vec<f64>>,
 }
 
@@ -315,7 +315,17 @@ impl StepCacheRun {
         &self.report
     }
 
-    pub fn into_report(self) -> CacheReport {
+    /// The report, with the calibrations still open at the end (a two-expert model's
+    /// experts each see only their share of the steps, so theirs never complete): each
+    /// group's first row's ratios so far.
+    pub fn into_report(mut self) -> CacheReport {
+        for rows in self.states.values_mut() {
+            if let Some(r) = rows.first_mut().filter(|r| !r.calibration.is_empty()) {
+                self.report
+                    .calibration
+                    .push(std::mem::take(&mut r.calibration));
+            }
+        }
         self.report
     }
 }
