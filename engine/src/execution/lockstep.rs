@@ -224,6 +224,27 @@ impl Coordinator {
             self.cv.notify_all();
             return Ok(s.vote_last);
         }
+        let s = self.wait_round(
+            s,
+            rank,
+            round,
+            |s| s.vote_round,
+            |_| "for the other ranks' vote after a pass's first block".into(),
+        )?;
+        Ok(s.vote_last)
+    }
+
+    /// Waits, holding `s`, until `round_of` has moved past `round` (what the last rank
+    /// to arrive does), and returns the lock; gives up when another rank poisoned the
+    /// coordinator, or poisons it after the timeout, with `waiting` saying for what.
+    fn wait_round<'s>(
+        &self,
+        mut s: std::sync::MutexGuard<'s, State>,
+        rank: usize,
+        round: u64,
+        round_of: impl Fn(&State) -> u64,
+        waiting: impl Fn(&State) -> String,
+    ) -> Result<std::sync::MutexGuard<'s, State>> {
         let start = Instant::now();
         loop {
             if let Some(p) = &s.poisoned {
@@ -233,15 +254,12 @@ impl Coordinator {
                     cause: p.clone(),
                 }));
             }
-            if s.vote_round != round {
-                return Ok(s.vote_last);
+            if round_of(&s) != round {
+                return Ok(s);
             }
             let left = self.timeout.saturating_sub(start.elapsed());
             if left.is_zero() {
-                let why = format!(
-                    "rank {rank} waited {:?} for the other ranks' vote after a pass's first block",
-                    self.timeout
-                );
+                let why = format!("rank {rank} waited {:?} {}", self.timeout, waiting(&s));
                 s.poisoned = Some(why.clone());
                 self.cv.notify_all();
                 return Err(Error::Rank { rank, msg: why });
@@ -294,30 +312,20 @@ impl Coordinator {
             self.cv.notify_all();
             return Ok((d, s.last_handoffs.clone()));
         }
-        let start = Instant::now();
-        loop {
-            if let Some(p) = &s.poisoned {
-                return Err(abandoned(p));
-            }
-            // The next round cannot be decided before this rank arrives at it, so the
-            // last decision and handoffs are this round's.
-            if s.round != round {
-                return Ok((s.last.expect("decided"), s.last_handoffs.clone()));
-            }
-            let left = self.timeout.saturating_sub(start.elapsed());
-            if left.is_zero() {
-                let missing: Vec<usize> =
-                    (0..self.size).filter(|&q| s.arrived[q].is_none()).collect();
-                let why = format!(
-                    "rank {rank} waited {:?} at a pass boundary (ranks not arrived: {missing:?})",
-                    self.timeout
-                );
-                s.poisoned = Some(why.clone());
-                self.cv.notify_all();
-                return Err(Error::Rank { rank, msg: why });
-            }
-            s = self.cv.wait_timeout(s, left).expect("coordinator lock").0;
-        }
+        let size = self.size;
+        let s = self.wait_round(
+            s,
+            rank,
+            round,
+            |s| s.round,
+            |s| {
+                let missing: Vec<usize> = (0..size).filter(|&q| s.arrived[q].is_none()).collect();
+                format!("at a pass boundary (ranks not arrived: {missing:?})")
+            },
+        )?;
+        // The next round cannot be decided before this rank arrives at it, so the last
+        // decision and handoffs are this round's.
+        Ok((s.last.expect("decided"), s.last_handoffs.clone()))
     }
 }
 
