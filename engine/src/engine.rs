@@ -112,6 +112,7 @@ impl Model {
         if let Some(fps) = r.fps {
             crate::bounds::check_fps("fps", fps)?;
         }
+        crate::cache::check(self.family.name(), self.family.step_caches(), r)?;
         self.family.validate(r)
     }
 
@@ -208,6 +209,9 @@ impl Model {
             bytes_copied_per_step: per_step(ranks.iter().map(|r| r.bytes_copied).sum(), steps),
             bytes_gathered_per_step: per_step(ranks.iter().map(|r| r.bytes_gathered).sum(), steps),
             bytes_staged: ranks.iter().map(|r| r.bytes_staged).sum(),
+            blocks_computed: ranks.iter().map(|r| r.blocks_computed).sum(),
+            blocks_saved: ranks.iter().map(|r| r.blocks_saved).sum(),
+            blocks_dropped: ranks.iter().map(|r| r.blocks_dropped).sum(),
             peak_pinned_host_bytes: ranks.iter().map(|r| r.pinned_host_bytes).max().unwrap_or(0),
             peak_device_bytes: ranks.iter().map(|r| r.peak).max().unwrap_or(0),
             peak_device_bytes_by_kind: by_kind,
@@ -261,6 +265,12 @@ pub struct RunStats {
     pub bytes_gathered_per_step: u64,
     /// Bytes of `bytes_copied` staged through the ranks' rings (`--host-memory pin`).
     pub bytes_staged: u64,
+    /// Block computations over all ranks (a rank joining a pass its request does not
+    /// want computes nothing), those the requests' step caches saved, and blocks moved
+    /// ahead of a First-Block Cache decision that then skipped them (moved, unread).
+    pub blocks_computed: u64,
+    pub blocks_saved: u64,
+    pub blocks_dropped: u64,
     /// Page-locked host bytes a rank held for staging at its peak, worst rank (its ring
     /// under `--host-memory pin`; 0 when copies read the mapping or its registration).
     pub peak_pinned_host_bytes: u64,

@@ -7,6 +7,7 @@
 //! the node agent needs.
 
 #[cfg(feature = "runtime")]
+pub mod cache;
 pub mod cli;
 pub mod components;
 #[cfg(feature = "runtime")]

@@ -57,6 +57,7 @@ impl RequestArgs {
                     frames: self.frames,
                     max_sequence_length: self.max_sequence_length,
                     init_latents: init.as_ref().map(|t| t.narrow(0, i, 1)).transpose()?,
+                    cache: self.cache.clone(),
                     ..Request::image(condition, width, height)
                 })
             })
@@ -344,6 +345,13 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
             .with_context(|| format!("writing {}", p.display()))?;
     }
     print_stats(&stats);
+    for (i, r) in outputs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, o)| Some((i, o.cache.as_ref()?)))
+    {
+        println!("output {i}: {}", r.summary());
+    }
     Ok(())
 }
 

@@ -8,6 +8,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::need::Need;
 use super::seq::Split;
 use super::weights::Weights;
 use super::work::{Output, Request};
@@ -111,6 +112,11 @@ pub trait FamilyRuntime: Send + Sync {
     fn sequence_parallel(&self) -> Option<(usize, String)> {
         None
     }
+    /// The step caches this family's denoising passes honour ([`crate::cache`]); a
+    /// request asking for another is refused by name.
+    fn step_caches(&self) -> &'static [crate::cache::CacheKind] {
+        &[]
+    }
 }
 
 /// One rank's resident weights; starts requests on that rank.
@@ -129,6 +135,20 @@ pub trait Task: Send {
     fn wants(&self) -> Option<usize>;
     /// The group it will want after the pass it wants now has run (prefetch hint).
     fn wants_after(&self) -> Option<usize>;
+    /// Which blocks of the pass over [`Self::wants`]'s group it computes, as known
+    /// before the pass (a step cache's schedule); every block unless it says otherwise.
+    fn needs(&self) -> Need {
+        Need::All
+    }
+    /// The same for the pass over [`Self::wants_after`]'s group (prefetch hint).
+    fn needs_after(&self) -> Need {
+        Need::All
+    }
+    /// Whether it computes block `index` of the pass in progress (after
+    /// [`Self::begin`]); a block it does not compute is not handed to [`Self::block`].
+    fn runs_block(&self, _index: usize) -> bool {
+        true
+    }
     /// Before the pass over [`Self::wants`]'s group.
     fn begin(&mut self) -> Result<()>;
     /// Block `index` of that group, with its weights.

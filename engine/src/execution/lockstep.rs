@@ -14,10 +14,16 @@
 //! group differs from its peers' (a new prompt to encode, the other expert) waits at most
 //! one pass per rank ahead of it. The next pass is predicted by the same rule from what
 //! every rank will want after this one, and committed when prefetched.
+//!
+//! What the pass computes is the union of the needs of the ranks it serves (a step cache
+//! may skip a step whole, or decide after the first block, [`Need`]), and likewise for
+//! the pass announced after it; a pass planned [`Need::Head`] meets again after block 0
+//! ([`Coordinator::vote`]) so every rank gathers the rest, or none does.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use super::need::{Need, PassPlan};
 use super::work::{Request, WorkKey};
 use crate::error::Abandoned;
 use crate::{Error, Result};
@@ -42,6 +48,10 @@ pub struct Flags {
     pub closed: bool,
     /// The source's arrival generation this rank saw before it looked for work.
     pub generation: u64,
+    /// The blocks its request computes in the pass over `want`, and in the one over
+    /// `then` (queued work that has not started needs every block).
+    pub need: Need,
+    pub then_need: Need,
 }
 
 impl Flags {
@@ -54,6 +64,8 @@ impl Flags {
             then: None,
             closed: true,
             generation: u64::MAX,
+            need: Need::Nothing,
+            then_need: Need::Nothing,
         }
     }
 }
@@ -73,6 +85,8 @@ pub struct Decision {
     pub exit: bool,
     /// Nobody has work: pause until an arrival newer than this generation.
     pub generation: u64,
+    /// The union of the needs of this pass's ranks, and of the next pass's.
+    pub plan: PassPlan,
 }
 
 /// Picks the group for a pass from each rank's wanted group and how many passes it has
@@ -102,13 +116,15 @@ impl Decision {
         let group = chosen.unwrap_or(0);
         // Who wants what after this pass: a rank whose group ran moves on to `then`.
         let (mut after, mut waits) = (Vec::with_capacity(flags.len()), Vec::new());
+        let (mut need, mut after_need) = (Need::Nothing, Vec::with_capacity(flags.len()));
         for (f, n) in flags.iter().zip(waited) {
             let served = run && f.want == Some(group);
-            after.push(if served || f.want.is_none() {
-                f.then
-            } else {
-                f.want
-            });
+            if served {
+                need = need.union(f.need);
+            }
+            let moves_on = served || f.want.is_none();
+            after.push(if moves_on { f.then } else { f.want });
+            after_need.push(if moves_on { f.then_need } else { f.need });
             waits.push(match f.want {
                 Some(_) if !served && run => n + 1,
                 Some(_) if !served => *n,
@@ -116,7 +132,13 @@ impl Decision {
             });
         }
         let next = if run { choose(&after, &waits) } else { None };
+        let next_need = after
+            .iter()
+            .zip(&after_need)
+            .filter(|(a, _)| next.is_some() && **a == next)
+            .fold(Need::Nothing, |u, (_, &n)| u.union(n));
         let d = Decision {
+            plan: PassPlan { need, next_need },
             run,
             group,
             next,
@@ -140,6 +162,12 @@ struct State {
     /// Each rank's handoff of the round being gathered, and of the last one decided.
     handoffs: Vec<Option<Handoff>>,
     last_handoffs: Vec<Option<Handoff>>,
+    /// The vote after a Head pass's block 0: its round, the ranks that have voted, the
+    /// union so far and the last result.
+    vote_round: u64,
+    votes: usize,
+    vote_any: bool,
+    vote_last: bool,
 }
 
 /// The barrier of one group of ranks.
@@ -164,6 +192,10 @@ impl Coordinator {
                 poisoned: None,
                 handoffs: vec![None; size],
                 last_handoffs: vec![None; size],
+                vote_round: 0,
+                votes: 0,
+                vote_any: false,
+                vote_last: false,
             }),
             cv: Condvar::new(),
         }
@@ -175,6 +207,65 @@ impl Coordinator {
         let mut s = self.state.lock().expect("coordinator lock");
         s.poisoned.get_or_insert(why);
         self.cv.notify_all();
+    }
+
+    /// After block 0 of a pass planned [`Need::Head`]: rank `rank` votes `yes` when its
+    /// request computes the other blocks; returns, once every rank has voted, whether
+    /// any did.
+    pub fn vote(&self, rank: usize, yes: bool) -> Result<bool> {
+        let mut s = self.state.lock().expect("coordinator lock");
+        let round = s.vote_round;
+        s.votes += 1;
+        s.vote_any |= yes;
+        if s.votes == self.size {
+            s.vote_last = s.vote_any;
+            (s.votes, s.vote_any) = (0, false);
+            s.vote_round += 1;
+            self.cv.notify_all();
+            return Ok(s.vote_last);
+        }
+        let s = self.wait_round(
+            s,
+            rank,
+            round,
+            |s| s.vote_round,
+            |_| "for the other ranks' vote after a pass's first block".into(),
+        )?;
+        Ok(s.vote_last)
+    }
+
+    /// Waits, holding `s`, until `round_of` has moved past `round` (what the last rank
+    /// to arrive does), and returns the lock; gives up when another rank poisoned the
+    /// coordinator, or poisons it after the timeout, with `waiting` saying for what.
+    fn wait_round<'s>(
+        &self,
+        mut s: std::sync::MutexGuard<'s, State>,
+        rank: usize,
+        round: u64,
+        round_of: impl Fn(&State) -> u64,
+        waiting: impl Fn(&State) -> String,
+    ) -> Result<std::sync::MutexGuard<'s, State>> {
+        let start = Instant::now();
+        loop {
+            if let Some(p) = &s.poisoned {
+                return Err(Error::Abandoned(Abandoned {
+                    rank,
+                    what: "pass coordinator",
+                    cause: p.clone(),
+                }));
+            }
+            if round_of(&s) != round {
+                return Ok(s);
+            }
+            let left = self.timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                let why = format!("rank {rank} waited {:?} {}", self.timeout, waiting(&s));
+                s.poisoned = Some(why.clone());
+                self.cv.notify_all();
+                return Err(Error::Rank { rank, msg: why });
+            }
+            s = self.cv.wait_timeout(s, left).expect("coordinator lock").0;
+        }
     }
 
     /// Rank `rank` arrives with `flags`; returns once every rank has arrived.
@@ -221,30 +312,20 @@ impl Coordinator {
             self.cv.notify_all();
             return Ok((d, s.last_handoffs.clone()));
         }
-        let start = Instant::now();
-        loop {
-            if let Some(p) = &s.poisoned {
-                return Err(abandoned(p));
-            }
-            // The next round cannot be decided before this rank arrives at it, so the
-            // last decision and handoffs are this round's.
-            if s.round != round {
-                return Ok((s.last.expect("decided"), s.last_handoffs.clone()));
-            }
-            let left = self.timeout.saturating_sub(start.elapsed());
-            if left.is_zero() {
-                let missing: Vec<usize> =
-                    (0..self.size).filter(|&q| s.arrived[q].is_none()).collect();
-                let why = format!(
-                    "rank {rank} waited {:?} at a pass boundary (ranks not arrived: {missing:?})",
-                    self.timeout
-                );
-                s.poisoned = Some(why.clone());
-                self.cv.notify_all();
-                return Err(Error::Rank { rank, msg: why });
-            }
-            s = self.cv.wait_timeout(s, left).expect("coordinator lock").0;
-        }
+        let size = self.size;
+        let s = self.wait_round(
+            s,
+            rank,
+            round,
+            |s| s.round,
+            |s| {
+                let missing: Vec<usize> = (0..size).filter(|&q| s.arrived[q].is_none()).collect();
+                format!("at a pass boundary (ranks not arrived: {missing:?})")
+            },
+        )?;
+        // The next round cannot be decided before this rank arrives at it, so the last
+        // decision and handoffs are this round's.
+        Ok((s.last.expect("decided"), s.last_handoffs.clone()))
     }
 }
 
@@ -259,6 +340,8 @@ mod tests {
             then,
             closed,
             generation,
+            need: Need::All,
+            then_need: Need::All,
         }
     }
 

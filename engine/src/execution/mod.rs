@@ -11,6 +11,7 @@ pub mod family;
 pub mod fault;
 pub mod host_buffer;
 pub mod lockstep;
+pub mod need;
 pub mod pipeline;
 pub mod rank;
 pub mod rss;

@@ -52,6 +52,8 @@ pub struct Request {
     /// conditioning reads it (Cosmos3: its prompt's duration sentence and its rotary time
     /// axis) condition on it; every family's clip is written at it.
     pub fps: Option<f64>,
+    /// The step cache this request runs under (`None`: every block of every step).
+    pub cache: Option<crate::cache::config::StepCache>,
 }
 
 impl Request {
@@ -69,6 +71,7 @@ impl Request {
             max_sequence_length: DEFAULT_MAX_SEQUENCE_LENGTH,
             init_latents: None,
             fps: None,
+            cache: None,
         }
     }
 }
@@ -83,6 +86,8 @@ pub struct Output {
     /// Text embeddings the request was conditioned on (text families): [2, S, D] with the
     /// prompt first and the negative prompt second.
     pub text_embeddings: Option<Tensor>,
+    /// What the request's step cache decided, when it ran under one.
+    pub cache: Option<crate::cache::run::CacheReport>,
 }
 
 /// Which output of which request: every message between ranks and their source carries it.

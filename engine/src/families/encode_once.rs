@@ -1,9 +1,15 @@
 //! The shape every text family's request takes on a rank: one pass over the text
 //! encoder's group that encodes the prompts once, then one pass per denoising step over
 //! the step's group. [`EncodeOnce`] keeps that order, the step count and the encoded text;
-//! a family writes only what its passes compute ([`EncodeThenSteps`]).
+//! a family writes only what its passes compute ([`EncodeThenSteps`]). A request under a
+//! step cache ([`crate::cache`]) is driven here too: the family hands over its hidden
+//! states and its output, the cache decides which blocks run.
 
+use candle_core::Tensor;
+
+use crate::cache::StepCacheRun;
 use crate::execution::family::Task;
+use crate::execution::need::Need;
 use crate::execution::weights::Weights;
 use crate::execution::work::Output;
 use crate::Result;
@@ -36,7 +42,29 @@ pub trait EncodeThenSteps: Send {
         w: &dyn Weights,
     ) -> Result<()>;
     /// After step `step`'s pass: guide and advance the latents.
-    fn end_step(&mut self, text: &Self::Text, step: usize) -> Result<()>;
+    fn end_step(&mut self, text: &Self::Text, step: usize) -> Result<()> {
+        let out = self.step_output(text, step)?;
+        self.step_advance(text, step, out)
+    }
+
+    /// For the step caches: the hidden states the step's blocks transform, between
+    /// [`Self::begin_step`] and the step's end (a family that offers caches has them).
+    fn cache_hidden(&mut self) -> Option<&mut Tensor> {
+        None
+    }
+    /// For the step caches, the first half of [`Self::end_step`]: the transformer's
+    /// output for every guidance row, before guidance.
+    fn step_output(&mut self, _text: &Self::Text, _step: usize) -> Result<Tensor> {
+        Err(crate::Error::bug(
+            "step cache: this family splits no step end",
+        ))
+    }
+    /// The second half: guide `out` and advance the latents.
+    fn step_advance(&mut self, _text: &Self::Text, _step: usize, _out: Tensor) -> Result<()> {
+        Err(crate::Error::bug(
+            "step cache: this family splits no step end",
+        ))
+    }
 
     /// The output, with the encoded text when the encoding pass ran.
     fn finish(self, text: Option<Self::Text>) -> Result<Output>;
@@ -47,6 +75,7 @@ pub struct EncodeOnce<T: EncodeThenSteps> {
     inner: T,
     text: Option<T::Text>,
     step: usize,
+    cache: Option<StepCacheRun>,
 }
 
 impl<T: EncodeThenSteps> EncodeOnce<T> {
@@ -55,8 +84,22 @@ impl<T: EncodeThenSteps> EncodeOnce<T> {
             inner,
             text: None,
             step: 0,
+            cache: None,
         }
     }
+
+    /// Runs the steps under `cache` (none: every block of every step).
+    pub fn with_cache(mut self, cache: Option<StepCacheRun>) -> Self {
+        self.cache = cache;
+        self
+    }
+}
+
+/// The family's hidden states, which a family that offers caches must hand over.
+fn hidden<T: EncodeThenSteps>(inner: &mut T) -> Result<&mut Tensor> {
+    inner
+        .cache_hidden()
+        .ok_or_else(|| crate::Error::bug("step cache: the family hands over no hidden states"))
 }
 
 impl<T: EncodeThenSteps> Task for EncodeOnce<T> {
@@ -74,18 +117,65 @@ impl<T: EncodeThenSteps> Task for EncodeOnce<T> {
         }
     }
 
+    fn needs(&self) -> Need {
+        match (&self.text, &self.cache) {
+            (Some(_), Some(c)) => self
+                .inner
+                .step_group(self.step)
+                .map_or(Need::All, |g| c.need(g, 0)),
+            _ => Need::All,
+        }
+    }
+
+    fn needs_after(&self) -> Need {
+        let Some(c) = &self.cache else {
+            return Need::All;
+        };
+        let (now, after) = match &self.text {
+            None => (None, self.inner.step_group(0)),
+            Some(_) => (
+                self.inner.step_group(self.step),
+                self.inner.step_group(self.step + 1),
+            ),
+        };
+        // The next pass over the same group is its second call from now.
+        after.map_or(Need::All, |g| c.need(g, usize::from(now == Some(g))))
+    }
+
+    fn runs_block(&self, index: usize) -> bool {
+        match (&self.text, &self.cache) {
+            (Some(_), Some(c)) => c.runs(index),
+            _ => true,
+        }
+    }
+
     fn begin(&mut self) -> Result<()> {
         match &mut self.text {
             None => self.inner.begin_encode(),
-            Some(text) => self.inner.begin_step(text, self.step),
+            Some(text) => {
+                self.inner.begin_step(text, self.step)?;
+                if let Some(c) = &mut self.cache {
+                    let group = self.inner.step_group(self.step);
+                    let group = group.ok_or_else(|| crate::Error::bug("step past the last"))?;
+                    c.begin(group, hidden(&mut self.inner)?)?;
+                }
+                Ok(())
+            }
         }
     }
 
     fn block(&mut self, index: usize, w: &dyn Weights) -> Result<()> {
-        match &self.text {
-            None => self.inner.encode_block(index, w),
-            Some(text) => self.inner.step_block(text, self.step, index, w),
+        let Some(text) = &self.text else {
+            return self.inner.encode_block(index, w);
+        };
+        let Some(c) = &mut self.cache else {
+            return self.inner.step_block(text, self.step, index, w);
+        };
+        if !c.runs(index) {
+            return Ok(());
         }
+        self.inner.step_block(text, self.step, index, w)?;
+        c.after_block(index, hidden(&mut self.inner)?)
     }
 
     fn end(&mut self) -> Result<Option<(usize, usize)>> {
@@ -93,13 +183,25 @@ impl<T: EncodeThenSteps> Task for EncodeOnce<T> {
             self.text = Some(self.inner.end_encode()?);
             return Ok(None);
         };
-        self.inner.end_step(text, self.step)?;
+        match &mut self.cache {
+            None => self.inner.end_step(text, self.step)?,
+            Some(c) => {
+                c.end_blocks(hidden(&mut self.inner)?)?;
+                let out = self.inner.step_output(text, self.step)?;
+                let out = c.output(out)?;
+                self.inner.step_advance(text, self.step, out)?;
+            }
+        }
         self.step += 1;
         Ok(Some((self.step, self.inner.total())))
     }
 
     fn finish(self: Box<Self>) -> Result<Output> {
-        let EncodeOnce { inner, text, .. } = *self;
-        inner.finish(text)
+        let EncodeOnce {
+            inner, text, cache, ..
+        } = *self;
+        let mut out = inner.finish(text)?;
+        out.cache = cache.map(StepCacheRun::into_report);
+        Ok(out)
     }
 }

@@ -40,6 +40,7 @@ pub fn output(
         image: image.transpose()?.map(cpu).transpose()?,
         latents: cpu(latents.clone())?,
         text_embeddings: text_embeddings.map(cpu).transpose()?,
+        cache: None,
     })
 }
 

@@ -11,10 +11,13 @@
 //! It ends with this machine's rates, measured, in the form `spec.accelerator.rates` takes
 //! ([`rates`], which `layerwise rates` prints alone).
 //!
+//! `--cache KIND` compares the step cache off and on instead ([`cache`]).
+//!
 //! By concern: what runs ([`options`]), running it ([`runs`]), `plan`'s calibration
 //! ([`plan`]), the report ([`report`]) and the measured rates ([`rates`]).
 
 mod args;
+mod cache;
 mod options;
 mod plan;
 mod rates;
@@ -38,6 +41,10 @@ use runs::{run_rounds, warm_page_cache};
 
 pub(super) fn bench(a: BenchArgs) -> Result<()> {
     let model = Model::open(&a.engine.run.model)?;
+    if let Some(c) = &a.request.cache {
+        warm_page_cache(&model)?;
+        return cache::bench_cache(&a, &model, c);
+    }
     let deepest = model
         .group_bytes()?
         .iter()

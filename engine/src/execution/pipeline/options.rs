@@ -28,6 +28,11 @@ pub struct PipelineStats {
     pub bytes_copied: u64,
     pub bytes_gathered: u64,
     pub blocks_computed: u64,
+    /// Blocks of passes this rank ran that no rank of the pod computed (a step cache
+    /// skipped them): neither copied nor gathered.
+    pub blocks_skipped: u64,
+    /// Blocks issued ahead of a First-Block Cache vote that then said no: moved, unread.
+    pub blocks_dropped: u64,
     /// Bytes copied through the staging ring (all of `bytes_copied` when it is on).
     pub bytes_staged: u64,
     /// Page-locked host bytes this rank holds for staging (its ring; 0 without one).

@@ -10,6 +10,7 @@ use super::state::{Active, RankWork};
 use crate::execution::backend::{Backend, Collective};
 use crate::execution::family::Task;
 use crate::execution::lockstep::Flags;
+use crate::execution::need::Need;
 use crate::execution::work::{Output, WorkKey};
 use crate::measure::PhaseKind;
 use crate::{Error, Result};
@@ -47,11 +48,15 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
             .as_ref()
             .and_then(|a| a.task.wants_after())
             .or_else(|| source.pending(rank).then(|| self.run.family.first_group()));
+        let task = self.active.as_ref().map(|a| &a.task);
         Ok(Flags {
             want,
             then,
             closed,
             generation,
+            need: task.map_or(Need::Nothing, |t| t.needs()),
+            // Queued work that has not started computes every block.
+            then_need: task.map_or(Need::All, |t| t.needs_after()),
         })
     }
 

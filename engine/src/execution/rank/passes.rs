@@ -11,6 +11,7 @@ use super::state::{Placement, RankWork, Run, Tally};
 use crate::execution::backend::{Backend, Collective};
 use crate::execution::budget::DeviceBudget;
 use crate::execution::lockstep::{Coordinator, Decision, Flags};
+use crate::execution::need::PassWork;
 use crate::execution::pipeline::{Pipeline, PipelineOptions};
 use crate::execution::trace::Lane;
 use crate::execution::work::PassReport;
@@ -97,7 +98,7 @@ impl Run<'_> {
                 continue;
             }
             let busy = work.active.as_ref().and_then(|a| a.task.wants()) == Some(d.group);
-            work.pass(&d, busy)?;
+            work.pass(&d, busy, coord)?;
         }
         work.finish(slots)
     }
@@ -106,11 +107,11 @@ impl Run<'_> {
 impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
     /// Runs the pass `d` decided, computing when `busy` (this rank's request wants its
     /// group), and reports it.
-    fn pass(&mut self, d: &Decision, busy: bool) -> Result<()> {
+    fn pass(&mut self, d: &Decision, busy: bool, coord: &Coordinator) -> Result<()> {
         let t0 = Instant::now();
         let stall_before = self.pipe.stats().stall;
         let phase = busy.then(|| self.pipe.phase());
-        let failure = self.compute(d, busy)?;
+        let failure = self.compute(d, busy, coord)?;
         let t = &mut self.tally;
         let switched = t.last_group.is_some_and(|g| g != d.group);
         t.last_group = Some(d.group);
@@ -145,49 +146,41 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
     }
 
     /// The pass through the pipeline, with this rank's request computing each block when
-    /// `busy`. A request's own failure ends that request, never the pass: the rank keeps
-    /// joining the collectives so its peers are not disturbed. Returns that failure.
-    fn compute(&mut self, d: &Decision, busy: bool) -> Result<Option<Error>> {
-        let mut failure: Option<Error> = None;
+    /// `busy` (and its step cache wants it). A request's own failure ends that request,
+    /// never the pass: the rank keeps joining the collectives so its peers are not
+    /// disturbed. Returns that failure.
+    fn compute(&mut self, d: &Decision, busy: bool, coord: &Coordinator) -> Result<Option<Error>> {
         let key = self.active.as_ref().map(|a| a.key);
-        let (exchange, member) = (self.exchange.as_deref(), self.member);
-        // A failure stops this rank's share at once; its group's others stop waiting.
-        let failed = |e: Error, failure: &mut Option<Error>| {
-            if let (Some(x), Some(k)) = (exchange, key) {
-                x.abort(k, member, &e.to_string());
-            }
-            *failure = Some(e);
-        };
         let cancel = self.active.as_ref().and_then(|a| a.cancel.clone());
         let mut task = self.active.as_mut().filter(|_| busy).map(|a| &mut a.task);
+        let mut failure = None;
         if let Some(t) = task.as_mut() {
             if let Err(e) = t.begin() {
-                failed(e, &mut failure);
+                failure = Some(e);
             }
         }
-        let (trace, rank) = (self.run.opts.trace.as_deref(), self.rank);
-        self.pipe.pass(d.group, d.next, |i, w| {
-            // A request the scheduler gave up on (cancelled, or out of grace at shutdown)
-            // stops at the next block: the pass still streams every block in lockstep with
-            // the peers, but computes nothing more of it, so a long step ends in the time
-            // the transfers take.
-            if let (Some(k), None, true) = (key, &failure, task.is_some()) {
-                if cancelled(&cancel) {
-                    failed(cancel_error(k), &mut failure);
-                }
-            }
-            if let (Some(t), None) = (task.as_mut(), &failure) {
-                let start = trace.map(|t| t.now_us());
-                if let Err(e) = t.block(i, w) {
-                    failed(e, &mut failure);
-                }
-                if let (Some(t), Some(s)) = (trace, start) {
-                    t.record(rank, Lane::Compute, i, s);
-                }
-            }
-            Ok(())
-        })?;
-        Ok(failure)
+        let mut work = BlockWork {
+            task,
+            failure,
+            exchange: self.exchange.as_deref(),
+            key,
+            member: self.member,
+            rank: self.rank,
+            trace: self.run.opts.trace.as_deref(),
+            coord,
+            cancel,
+            computed: 0,
+        };
+        if let Some(e) = &work.failure {
+            work.abort(e.to_string());
+        }
+        self.pipe.pass(d.group, d.next, d.plan, &mut work)?;
+        if busy {
+            let blocks = self.run.streamed.layouts[d.group].blocks.len() as u64;
+            self.tally.blocks_saved += blocks.saturating_sub(work.computed);
+            self.tally.blocks_computed += work.computed;
+        }
+        Ok(work.failure)
     }
 
     /// After a busy pass (started at `t0`): the request's failure in it, or its own at
@@ -221,5 +214,71 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
                 self.active = Some(a);
             }
         }
+    }
+}
+
+/// One rank's compute in a pass ([`PassWork`]): its request's blocks, while it has not
+/// failed, and its vote on the rest of a Head pass.
+struct BlockWork<'a> {
+    task: Option<&'a mut Box<dyn crate::execution::family::Task>>,
+    failure: Option<Error>,
+    exchange: Option<&'a dyn crate::execution::seq::SeqExchange>,
+    key: Option<crate::execution::work::WorkKey>,
+    member: usize,
+    rank: usize,
+    trace: Option<&'a crate::execution::trace::Trace>,
+    coord: &'a Coordinator,
+    /// Set when the scheduler gave up on the request (cancelled, or out of grace at
+    /// shutdown).
+    cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Blocks its request computed.
+    computed: u64,
+}
+
+impl BlockWork<'_> {
+    /// A failure stops this rank's share at once; its group's others stop waiting.
+    fn abort(&self, why: String) {
+        if let (Some(x), Some(k)) = (self.exchange, self.key) {
+            x.abort(k, self.member, &why);
+        }
+    }
+}
+
+impl PassWork for BlockWork<'_> {
+    fn block(&mut self, index: usize, w: &dyn crate::execution::weights::Weights) -> Result<()> {
+        // A request the scheduler gave up on stops at the next block: the pass still
+        // streams every block in lockstep with the peers, but computes nothing more of it,
+        // so a long step ends in the time the transfers take.
+        if let (Some(k), None, true) = (self.key, &self.failure, self.task.is_some()) {
+            if cancelled(&self.cancel) {
+                let e = cancel_error(k);
+                self.abort(e.to_string());
+                self.failure = Some(e);
+            }
+        }
+        let (Some(t), None) = (self.task.as_mut(), &self.failure) else {
+            return Ok(());
+        };
+        if !t.runs_block(index) {
+            return Ok(());
+        }
+        let start = self.trace.map(|t| t.now_us());
+        self.computed += 1;
+        if let Err(e) = t.block(index, w) {
+            self.abort(e.to_string());
+            self.failure = Some(e);
+        }
+        if let (Some(t), Some(s)) = (self.trace, start) {
+            t.record(self.rank, Lane::Compute, index, s);
+        }
+        Ok(())
+    }
+
+    fn rest(&mut self) -> Result<bool> {
+        let mine = match (&self.task, &self.failure) {
+            (Some(t), None) => t.runs_block(1),
+            _ => false,
+        };
+        self.coord.vote(self.rank, mine)
     }
 }

@@ -40,6 +40,13 @@ pub struct RankResult {
     pub measured: crate::measure::PhasePeaks,
     /// Bytes of an element of the dtype its blocks computed in.
     pub compute_bytes: u64,
+    /// Blocks it computed; blocks of its busy passes its request's step cache did not
+    /// compute; blocks of its passes no rank computed (never moved); blocks moved ahead
+    /// of a vote that then skipped them.
+    pub blocks_computed: u64,
+    pub blocks_saved: u64,
+    pub blocks_skipped: u64,
+    pub blocks_dropped: u64,
 }
 
 impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
@@ -67,6 +74,10 @@ impl<B: Backend, C: Collective<B>> RankWork<'_, B, C> {
             peak_by_kind: self.budget.peak_by_kind(),
             measured: t.measured,
             compute_bytes: self.run.dtype.size_in_bytes() as u64,
+            blocks_computed: t.blocks_computed,
+            blocks_saved: t.blocks_saved,
+            blocks_skipped: s.blocks_skipped,
+            blocks_dropped: s.blocks_dropped,
         })
     }
 }

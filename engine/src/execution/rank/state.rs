@@ -90,6 +90,10 @@ pub(super) struct Tally {
     pub(super) last_busy: bool,
     /// The peaks its busy passes and decodes held above their starts.
     pub(super) measured: crate::measure::PhasePeaks,
+    /// Blocks of its busy passes its request did not compute (a step cache skipped them).
+    pub(super) blocks_saved: u64,
+    /// Blocks its requests computed.
+    pub(super) blocks_computed: u64,
 }
 
 /// One rank between its start and its exit: the request it works on, its pipeline, and

@@ -12,6 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use super::transformer::model::{WanState, WanTransformer};
 use super::transformer::WanTransformerConfig;
 use super::{WanCheckpoint, TEXT_ENCODER, TRANSFORMER, TRANSFORMER_2};
+use crate::cache::{CacheKind, StepCacheRun};
 use crate::checkpoint::Mapped;
 use crate::components::resident::load_component;
 use crate::components::umt5::model::zero_padding;
@@ -183,6 +184,10 @@ impl FamilyRuntime for WanRuntime {
         Ok(Box::new(self.vae_decoder(device)?))
     }
 
+    fn step_caches(&self) -> &'static [CacheKind] {
+        &[CacheKind::FirstBlock, CacheKind::Mag, CacheKind::Taylorseer]
+    }
+
     fn sequence_parallel(&self) -> Option<(usize, String)> {
         let heads = self.checkpoint.transformer_config.num_attention_heads;
         Some((
@@ -237,6 +242,11 @@ impl RankModel for WanRank {
         if guided {
             prompts.push(negative.clone().unwrap_or_default());
         }
+        let cache = req
+            .cache
+            .as_ref()
+            .map(|c| StepCacheRun::new(c, req.steps, split.size()))
+            .transpose()?;
         Ok(Box::new(EncodeOnce::new(WanTask {
             sampler: c.scheduler.sampler(req.steps)?,
             latents: latents.to_device(&r.device)?,
@@ -249,7 +259,8 @@ impl RankModel for WanRank {
             encoder: None,
             state: None,
             split,
-        })))
+        })
+        .with_cache(cache)))
     }
 }
 
@@ -358,14 +369,22 @@ impl EncodeThenSteps for WanTask {
         expert.block(index, w, st, &mut self.split)
     }
 
-    fn end_step(&mut self, _text: &Self::Text, step: usize) -> Result<()> {
+    fn cache_hidden(&mut self) -> Option<&mut Tensor> {
+        self.state.as_mut().map(|s| &mut s.x)
+    }
+
+    fn step_output(&mut self, _text: &Self::Text, step: usize) -> Result<Tensor> {
         let st = self
             .state
             .take()
             .ok_or_else(|| Error::bug("step: no activations after the pass"))?;
         let g = self.expert_group(step);
         let rank = self.rank.clone();
-        let out = rank.experts[g - TRANSFORMER].epilogue(st, &mut self.split)?;
+        rank.experts[g - TRANSFORMER].epilogue(st, &mut self.split)
+    }
+
+    fn step_advance(&mut self, _text: &Self::Text, step: usize, out: Tensor) -> Result<()> {
+        let g = self.expert_group(step);
         let noise = if self.guided {
             let scale = if g == TRANSFORMER {
                 self.guidance

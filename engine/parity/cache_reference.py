@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Reference side of the step caches' parity: diffusers' own hooks on the committed tiny Wan 2.1
+pipeline (engine/tests/fixtures/wan21-tiny), which engine/tests/step_cache.rs checks.
+
+    $(engine/parity/venv | tail -n 1) engine/parity/cache_reference.py engine/tests/fixtures
+
+For each case (a cache, its parameters, guided or not) it applies the hook to the pipeline's
+transformer (`apply_first_block_cache`, `apply_mag_cache`, `apply_taylorseer_cache`), runs
+`WanPipeline` on the CPU in float32 from the fixture's initial latents, and writes to
+DIR/wan21-tiny-cache-reference.safetensors:
+
+  <case>.latents   final latents (before the VAE)
+  <case>.computed  [steps, rows] int64: 1 where the transformer's last block really ran for that
+                   row (cache context `cond`, then `uncond` under guidance)
+  mag_calibrate.ratios  the ratios MagCache's calibration run records (context `cond`)
+
+and the cases with their settings to DIR/wan21-tiny-cache-reference.json. Which blocks ran is
+read from a forward hook on the last block's self-attention, which only runs when the block
+computes (a skipping hook returns before calling the block).
+
+Notes on the settings: TaylorSeer runs in its lite mode (`use_lite_mode=True`: the blocks are
+skipped, `proj_out` predicted), the one that skips blocks; its default patterns (`^blocks.*attn`)
+match no module of WanTransformer3DModel (its attentions are `attn1` and `attn2`), so the default
+mode changes nothing on Wan. The Taylor factors are kept in float32 (diffusers' default is
+bfloat16), as the engine keeps them.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from wan_reference import FIXTURE_REQUEST, load_pipe, versions  # noqa: E402
+
+STEPS = 12
+# The committed fixture's request (prompt, negative prompt, frames, size, max_sequence_length), at
+# more steps so that the caches have steps to skip.
+REQUEST = {k: v for k, v in FIXTURE_REQUEST.items() if not k.startswith("guidance")} | {"steps": STEPS}
+
+
+def flux_ratios():
+    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
+
+    return [float(x) for x in FLUX_MAG_RATIOS]
+
+
+# name -> (cache setting as the engine reads it, guidance)
+def cases():
+    fbc = {"kind": "first_block", "threshold": 0.09}
+    mag = {"kind": "mag", "ratios": flux_ratios()}  # diffusers' defaults otherwise
+    ts1 = {"kind": "taylorseer", "cache_interval": 3, "disable_cache_before_step": 2, "max_order": 1}
+    ts2 = {"kind": "taylorseer", "cache_interval": 4, "disable_cache_before_step": 3, "max_order": 2,
+           "disable_cache_after_step": 10}
+    return {
+        "first_block_guided": (fbc, 5.0),
+        "first_block_unguided": (fbc, 1.0),
+        "mag_guided": (mag, 5.0),
+        "mag_unguided": (mag, 1.0),
+        "mag_calibrate": ({"kind": "mag", "calibrate": True}, 5.0),
+        "taylorseer_guided": (ts1, 5.0),
+        "taylorseer_unguided": (ts2, 1.0),
+    }
+
+
+def apply(transformer, c):
+    from diffusers.hooks import (
+        FirstBlockCacheConfig,
+        MagCacheConfig,
+        TaylorSeerCacheConfig,
+        apply_first_block_cache,
+        apply_mag_cache,
+        apply_taylorseer_cache,
+    )
+
+    if c["kind"] == "first_block":
+        apply_first_block_cache(transformer, FirstBlockCacheConfig(threshold=c["threshold"]))
+    elif c["kind"] == "mag":
+        apply_mag_cache(
+            transformer,
+            MagCacheConfig(
+                mag_ratios=c.get("ratios"),
+                calibrate=c.get("calibrate", False),
+                num_inference_steps=STEPS,
+            ),
+        )
+    elif c["kind"] == "taylorseer":
+        apply_taylorseer_cache(
+            transformer,
+            TaylorSeerCacheConfig(
+                cache_interval=c["cache_interval"],
+                disable_cache_before_step=c["disable_cache_before_step"],
+                disable_cache_after_step=c.get("disable_cache_after_step"),
+                max_order=c["max_order"],
+                taylor_factors_dtype=torch.float32,
+                use_lite_mode=True,
+            ),
+        )
+
+
+def run_case(model, init, cache, guidance):
+    import diffusers.hooks.mag_cache as mc
+
+    pipe = load_pipe(model)
+    t = pipe.transformer
+    rows = 2 if guidance > 1.0 else 1
+    calls, ran = [0], set()
+
+    def count(_m, _a):
+        calls[0] += 1
+
+    def mark(_m, _a, _o):
+        ran.add(calls[0] - 1)
+
+    t.register_forward_pre_hook(count)
+    t.blocks[-1].attn1.register_forward_hook(mark)
+    calibrated = []
+    orig_advance = mc.MagCacheBlockHook._advance_step
+
+    def advance(self, state):
+        if self.config.calibrate and state.step_index + 1 >= self.config.num_inference_steps:
+            calibrated.append(list(state.calibration_ratios))
+        return orig_advance(self, state)
+
+    mc.MagCacheBlockHook._advance_step = advance
+    try:
+        apply(t, cache)
+        out = pipe(
+            prompt=REQUEST["prompt"],
+            negative_prompt=REQUEST["negative_prompt"],
+            height=REQUEST["height"],
+            width=REQUEST["width"],
+            num_frames=REQUEST["frames"],
+            num_inference_steps=STEPS,
+            guidance_scale=guidance,
+            latents=init.clone(),
+            output_type="latent",
+            max_sequence_length=REQUEST["max_sequence_length"],
+        )
+    finally:
+        mc.MagCacheBlockHook._advance_step = orig_advance
+    assert calls[0] == STEPS * rows, calls
+    computed = torch.tensor([[int(s * rows + r in ran) for r in range(rows)] for s in range(STEPS)])
+    return out.frames.float().contiguous(), computed, calibrated
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", help="e.g. engine/tests/fixtures")
+    p.add_argument("--only", default=None, help="one case (to inspect it)")
+    a = p.parse_args()
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    model = os.path.join(a.dir, "wan21-tiny")
+    init = load_file(os.path.join(a.dir, "wan21-tiny-reference.safetensors"))["init_latents"]
+    tensors, desc = {}, {"model": "wan21-tiny", **REQUEST, "cases": {}, "versions": versions()}
+    for name, (cache, guidance) in cases().items():
+        if a.only and name != a.only:
+            continue
+        latents, computed, calibrated = run_case(model, init, cache, guidance)
+        tensors[f"{name}.latents"] = latents
+        tensors[f"{name}.computed"] = computed.contiguous()
+        if calibrated:
+            tensors[f"{name}.ratios"] = torch.tensor(calibrated[0], dtype=torch.float32)
+        desc["cases"][name] = {"cache": cache, "guidance": guidance}
+        print(f"{name}: computed {computed.t().tolist()}", flush=True)
+    if a.only:
+        return
+    save_file(tensors, os.path.join(a.dir, "wan21-tiny-cache-reference.safetensors"))
+    with open(os.path.join(a.dir, "wan21-tiny-cache-reference.json"), "w") as f:
+        json.dump(desc, f, indent=2)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

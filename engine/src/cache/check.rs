@@ -1,0 +1,38 @@
+//! Whether a family honours a request's step cache: the kinds it offers, by name, and
+//! the setting's own bounds.
+
+use super::config::CacheKind;
+use crate::execution::work::Request;
+use crate::{Error, Result};
+
+/// Refuses a request's cache that `family` (named `name`) cannot honour, by name.
+pub fn check(name: &str, honoured: &[CacheKind], r: &Request) -> Result<()> {
+    let Some(c) = &r.cache else { return Ok(()) };
+    c.check("cache")?;
+    if c.kind() == CacheKind::Sea {
+        return Err(Error::invalid(
+            "cache",
+            "`sea` (SeaCache) is not implemented by this engine; diffusers applies it to \
+             Cosmos3 only",
+        ));
+    }
+    if !honoured.contains(&c.kind()) {
+        let offered = if honoured.is_empty() {
+            "none".to_string()
+        } else {
+            honoured
+                .iter()
+                .map(|k| k.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return Err(Error::invalid(
+            "cache",
+            format!(
+                "`{}` is not available for the {name} family (it offers: {offered})",
+                c.kind()
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,287 @@
+//! What a request asks of the step caches: the kind and its parameters, with diffusers
+//! 0.42's defaults (`FirstBlockCacheConfig`, `MagCacheConfig`, `TaylorSeerCacheConfig`),
+//! checked once here so the flag, the API field and the deployment's setting refuse the
+//! same things with the same words.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// The step caches by name, as flags, the API and the CRD spell them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheKind {
+    /// diffusers' First-Block Cache.
+    FirstBlock,
+    /// diffusers' MagCache.
+    Mag,
+    /// diffusers' TaylorSeer, in its lite form (whole block stack skipped, the
+    /// transformer's output predicted).
+    Taylorseer,
+    /// diffusers' SeaCache (Cosmos3 only there); not implemented by this engine.
+    Sea,
+}
+
+impl CacheKind {
+    pub const ALL: [CacheKind; 4] = [
+        CacheKind::FirstBlock,
+        CacheKind::Mag,
+        CacheKind::Taylorseer,
+        CacheKind::Sea,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheKind::FirstBlock => "first_block",
+            CacheKind::Mag => "mag",
+            CacheKind::Taylorseer => "taylorseer",
+            CacheKind::Sea => "sea",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<CacheKind> {
+        CacheKind::ALL.into_iter().find(|k| k.name() == s)
+    }
+}
+
+impl std::fmt::Display for CacheKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One request's step cache and its parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum StepCache {
+    /// The other blocks run when the first block's residual moved by more than
+    /// `threshold` (relative mean absolute change) since the last step that ran them.
+    FirstBlock {
+        #[serde(default = "defaults::fbc_threshold")]
+        threshold: f64,
+    },
+    /// Skips the block stack while the accumulated error of the magnitude ratios stays
+    /// within `threshold`, at most `max_skip_steps` in a row, never in the first
+    /// `retention_ratio` of the steps. `ratios` are the model's (interpolated to the
+    /// request's steps); `calibrate` runs every step and records them instead.
+    Mag {
+        #[serde(default = "defaults::mag_threshold")]
+        threshold: f64,
+        #[serde(default = "defaults::mag_max_skip_steps")]
+        max_skip_steps: usize,
+        #[serde(default = "defaults::mag_retention_ratio")]
+        retention_ratio: f64,
+        #[serde(default)]
+        ratios: Option<Vec<f64>>,
+        #[serde(default)]
+        calibrate: bool,
+    },
+    /// Runs the blocks in the first `disable_cache_before_step` steps, then once every
+    /// `cache_interval` steps (and from `disable_cache_after_step` on), predicting the
+    /// transformer's output between them from a Taylor series of order `max_order`.
+    Taylorseer {
+        #[serde(default = "defaults::ts_interval")]
+        cache_interval: usize,
+        #[serde(default = "defaults::ts_before")]
+        disable_cache_before_step: usize,
+        #[serde(default)]
+        disable_cache_after_step: Option<usize>,
+        #[serde(default = "defaults::ts_order")]
+        max_order: usize,
+    },
+    /// Named so that it is refused by name, not taken for a typo.
+    Sea {
+        #[serde(default = "defaults::sea_threshold")]
+        threshold: f64,
+    },
+}
+
+/// diffusers 0.42's defaults.
+mod defaults {
+    pub fn fbc_threshold() -> f64 {
+        0.05
+    }
+    pub fn mag_threshold() -> f64 {
+        0.06
+    }
+    pub fn mag_max_skip_steps() -> usize {
+        3
+    }
+    pub fn mag_retention_ratio() -> f64 {
+        0.2
+    }
+    pub fn ts_interval() -> usize {
+        5
+    }
+    pub fn ts_before() -> usize {
+        3
+    }
+    pub fn ts_order() -> usize {
+        1
+    }
+    pub fn sea_threshold() -> f64 {
+        0.25
+    }
+}
+
+impl StepCache {
+    /// `kind` with diffusers' default parameters (MagCache without ratios calibrates).
+    pub fn default_of(kind: CacheKind) -> StepCache {
+        match kind {
+            CacheKind::FirstBlock => StepCache::FirstBlock {
+                threshold: defaults::fbc_threshold(),
+            },
+            CacheKind::Mag => StepCache::Mag {
+                threshold: defaults::mag_threshold(),
+                max_skip_steps: defaults::mag_max_skip_steps(),
+                retention_ratio: defaults::mag_retention_ratio(),
+                ratios: None,
+                calibrate: true,
+            },
+            CacheKind::Taylorseer => StepCache::Taylorseer {
+                cache_interval: defaults::ts_interval(),
+                disable_cache_before_step: defaults::ts_before(),
+                disable_cache_after_step: None,
+                max_order: defaults::ts_order(),
+            },
+            CacheKind::Sea => StepCache::Sea {
+                threshold: defaults::sea_threshold(),
+            },
+        }
+    }
+
+    pub fn kind(&self) -> CacheKind {
+        match self {
+            StepCache::FirstBlock { .. } => CacheKind::FirstBlock,
+            StepCache::Mag { .. } => CacheKind::Mag,
+            StepCache::Taylorseer { .. } => CacheKind::Taylorseer,
+            StepCache::Sea { .. } => CacheKind::Sea,
+        }
+    }
+
+    /// Reads `field` (a flag or an API field: the name errors carry) as JSON
+    /// (`{"kind":"mag","ratios":[..]}`) or a kind's name alone (its defaults).
+    pub fn parse(field: &str, s: &str) -> Result<StepCache> {
+        let s = s.trim();
+        if let Some(k) = CacheKind::parse(s) {
+            let c = StepCache::default_of(k);
+            c.check(field)?;
+            return Ok(c);
+        }
+        let c: StepCache = serde_json::from_str(s).map_err(|e| {
+            Error::invalid(
+                field,
+                format!(
+                    "`{s}` is neither a cache kind ({}) nor a JSON cache setting: {e}",
+                    kinds()
+                ),
+            )
+        })?;
+        c.check(field)?;
+        Ok(c)
+    }
+
+    /// The parameters' bounds, each error naming `field.parameter`.
+    pub fn check(&self, field: &str) -> Result<()> {
+        let bad = |p: &str, msg: String| Err(Error::invalid(format!("{field}.{p}"), msg));
+        let unit = |x: f64| x.is_finite() && (0.0..=1.0).contains(&x);
+        match self {
+            StepCache::FirstBlock { threshold } | StepCache::Sea { threshold }
+                if !threshold.is_finite() || *threshold < 0.0 =>
+            {
+                bad(
+                    "threshold",
+                    format!("must be finite and ≥ 0, got {threshold}"),
+                )
+            }
+            StepCache::Mag { threshold, .. } if !threshold.is_finite() || *threshold < 0.0 => bad(
+                "threshold",
+                format!("must be finite and ≥ 0, got {threshold}"),
+            ),
+            StepCache::Mag {
+                retention_ratio, ..
+            } if !unit(*retention_ratio) => bad(
+                "retention_ratio",
+                format!("must be within [0, 1], got {retention_ratio}"),
+            ),
+            StepCache::Mag {
+                ratios: None,
+                calibrate: false,
+                ..
+            } => bad(
+                "ratios",
+                "MagCache needs the model's magnitude ratios; run once with \"calibrate\": true \
+                 to record them"
+                    .into(),
+            ),
+            StepCache::Mag {
+                ratios: Some(r), ..
+            } if r.is_empty() || r.iter().any(|x| !x.is_finite() || *x <= 0.0) => {
+                bad("ratios", "must be one or more finite ratios above 0".into())
+            }
+            StepCache::Taylorseer { cache_interval, .. } if *cache_interval == 0 => {
+                bad("cache_interval", "must be at least 1".into())
+            }
+            StepCache::Taylorseer {
+                disable_cache_before_step: 0,
+                ..
+            } => bad(
+                "disable_cache_before_step",
+                "must be at least 1: a prediction needs a step computed before it".into(),
+            ),
+            StepCache::Taylorseer { max_order, .. } if *max_order > 4 => {
+                bad("max_order", format!("must be at most 4, got {max_order}"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The kinds' names, for errors.
+pub fn kinds() -> String {
+    CacheKind::ALL.map(CacheKind::name).join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_alone_takes_diffusers_defaults_and_json_overrides_them() {
+        assert_eq!(
+            StepCache::parse("cache", "first_block").unwrap(),
+            StepCache::FirstBlock { threshold: 0.05 }
+        );
+        assert_eq!(
+            StepCache::parse("cache", "taylorseer").unwrap(),
+            StepCache::Taylorseer {
+                cache_interval: 5,
+                disable_cache_before_step: 3,
+                disable_cache_after_step: None,
+                max_order: 1
+            }
+        );
+        let m = StepCache::parse("cache", r#"{"kind":"mag","ratios":[1.0,0.9]}"#).unwrap();
+        assert!(
+            matches!(m, StepCache::Mag { threshold, max_skip_steps: 3, .. } if threshold == 0.06)
+        );
+        assert!(matches!(
+            StepCache::parse("cache", "mag").unwrap(),
+            StepCache::Mag {
+                calibrate: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn bad_settings_name_the_parameter() {
+        let e = |s: &str| StepCache::parse("--cache", s).unwrap_err().to_string();
+        assert!(e("fastest").contains("--cache"), "{}", e("fastest"));
+        assert!(e(r#"{"kind":"mag"}"#).contains("--cache.ratios"));
+        assert!(e(r#"{"kind":"first_block","threshold":-1}"#).contains("--cache.threshold"));
+        assert!(e(r#"{"kind":"taylorseer","cache_interval":0}"#).contains("cache_interval"));
+        assert!(e(r#"{"kind":"mag","ratios":[1],"retention_ratio":2}"#).contains("retention_ratio"));
+        assert!(e(r#"{"kind":"first_block","treshold":0.1}"#).contains("treshold"));
+    }
+}

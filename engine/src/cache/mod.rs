@@ -1,0 +1,16 @@
+//! Step caches: diffusers 0.42's First-Block Cache, MagCache and TaylorSeer (lite), which
+//! reuse a transformer's residual or output on steps where its input barely moved. They
+//! live apart from the families because the decisions are the same for every family
+//! whose transformer is one stack of blocks over one hidden stream: a family hands over
+//! its hidden states and its output ([`crate::families::encode_once`]) and says which
+//! kinds it honours ([`crate::execution::family::FamilyRuntime::step_caches`]); a block
+//! no row of a pass computes is skipped, and its weights are not needed.
+
+mod check;
+pub mod config;
+pub mod run;
+mod state;
+
+pub use check::check;
+pub use config::{kinds, CacheKind, StepCache};
+pub use run::{CacheReport, StepCacheRun};

@@ -1,0 +1,171 @@
+//! The step caches against diffusers' own hooks (`apply_first_block_cache`,
+//! `apply_mag_cache`, `apply_taylorseer_cache`) on the committed tiny Wan 2.1 pipeline:
+//! the same skip decision for every step and guidance row, final latents within Wan's
+//! parity tolerance, guided and unguided; MagCache's calibration records the same ratios;
+//! and the kinds a family cannot honour are refused by name.
+
+mod common;
+
+use common::{expect_err, opts, read_safetensors, rel_err};
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::Tensor;
+use layerwise_engine::cache::StepCache;
+use layerwise_engine::engine::{Model, RunStats};
+use layerwise_engine::execution::work::{Condition, Output, Request};
+use layerwise_engine::Strategy;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+struct Reference {
+    desc: serde_json::Value,
+    tensors: HashMap<String, Tensor>,
+    init: Tensor,
+}
+
+fn reference() -> Reference {
+    let desc: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(fixtures().join("wan21-tiny-cache-reference.json")).unwrap(),
+    )
+    .unwrap();
+    let tensors = read_safetensors(&fixtures().join("wan21-tiny-cache-reference.safetensors"));
+    let init = read_safetensors(&fixtures().join("wan21-tiny-reference.safetensors"))
+        ["init_latents"]
+        .clone();
+    Reference {
+        desc,
+        tensors,
+        init,
+    }
+}
+
+fn request(r: &Reference, cache: Option<StepCache>, guidance: f32) -> Request {
+    let d = &r.desc;
+    let n = |k: &str| d[k].as_u64().unwrap() as usize;
+    Request {
+        steps: n("steps"),
+        guidance,
+        frames: n("frames"),
+        max_sequence_length: n("max_sequence_length"),
+        init_latents: Some(r.init.clone()),
+        cache,
+        ..Request::image(
+            Condition::Prompt {
+                prompt: d["prompt"].as_str().unwrap().into(),
+                negative: d["negative_prompt"].as_str().unwrap().into(),
+            },
+            n("width"),
+            n("height"),
+        )
+    }
+}
+
+fn run(
+    model: &Model,
+    reqs: Vec<Request>,
+    strategy: Strategy,
+    dp: usize,
+) -> (Vec<Output>, RunStats) {
+    model.run(reqs, &opts(strategy, dp, 2, false)).unwrap()
+}
+
+/// The reference's `[steps, rows]` decisions as rows of booleans per step.
+fn decisions(t: &Tensor) -> Vec<Vec<bool>> {
+    t.to_vec2::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.into_iter().map(|x| x == 1.0).collect())
+        .collect()
+}
+
+#[test]
+fn each_cache_decides_and_ends_as_diffusers_hook_does() {
+    let r = reference();
+    let model = Model::open(&fixtures().join("wan21-tiny")).unwrap();
+    let cases = r.desc["cases"].as_object().unwrap().clone();
+    assert!(cases.len() >= 7, "the reference holds every case");
+    let uncached = |g: f32| run(&model, vec![request(&r, None, g)], Strategy::Offload, 1).0;
+    let plain = [uncached(5.0), uncached(1.0)];
+    let mut skipped_somewhere = 0;
+    for (name, case) in cases {
+        let cache: StepCache = serde_json::from_value(case["cache"].clone()).unwrap();
+        let guidance = case["guidance"].as_f64().unwrap() as f32;
+        let (out, stats) = run(
+            &model,
+            vec![request(&r, Some(cache), guidance)],
+            Strategy::OffloadSharded,
+            2,
+        );
+        let report = out[0].cache.as_ref().expect("a cached run reports");
+        let want = decisions(&r.tensors[&format!("{name}.computed")]);
+        assert_eq!(report.computed, want, "{name}: decisions per step and row");
+        let e = rel_err(&out[0].latents, &r.tensors[&format!("{name}.latents")]);
+        eprintln!("{name}: latents {e:.2e} (max rel), computed {want:?}");
+        assert!(e < 1e-3, "{name}: latents {e}");
+        let skips = want.iter().flatten().filter(|&&c| !c).count();
+        if skips > 0 {
+            skipped_somewhere += 1;
+            // A cache that skipped changed the result by more than the parity tolerance.
+            let base = &plain[(guidance <= 1.0) as usize][0].latents;
+            let moved = rel_err(&out[0].latents, base);
+            eprintln!("{name}: {moved:.2e} from the uncached latents");
+            assert!(moved > 2e-3, "{name}: skips left no trace ({moved})");
+        }
+        // Every block of a step no row computes is saved (two blocks a pass).
+        let both_skipped = want.iter().filter(|row| row.iter().all(|c| !c)).count() as u64;
+        let head = u64::from(name.starts_with("first_block"));
+        assert_eq!(
+            stats.blocks_saved,
+            both_skipped * (2 - head),
+            "{name}: blocks saved"
+        );
+        if let Some(ratios) = r.tensors.get(&format!("{name}.ratios")) {
+            let ours = &report.calibration[0];
+            let theirs: Vec<f64> = ratios
+                .to_vec1::<f32>()
+                .unwrap()
+                .into_iter()
+                .map(f64::from)
+                .collect();
+            assert_eq!(ours.len(), theirs.len(), "{name}: calibration length");
+            for (a, b) in ours.iter().zip(&theirs) {
+                assert!(
+                    (a - b).abs() < 1e-4 * b.abs().max(1.0),
+                    "{name}: ratios {ours:?} vs {theirs:?}"
+                );
+            }
+        }
+    }
+    assert!(skipped_somewhere >= 5, "the cases exercise skipping");
+}
+
+#[test]
+fn a_kind_the_family_cannot_honour_is_refused_by_name() {
+    let r = reference();
+    let model = Model::open(&fixtures().join("wan21-tiny")).unwrap();
+    let sea = StepCache::parse("cache", "sea").unwrap();
+    expect_err(
+        model.validate(&request(&r, Some(sea), 5.0)),
+        &["cache", "sea"],
+    );
+    let bad = StepCache::Mag {
+        threshold: 0.06,
+        max_skip_steps: 3,
+        retention_ratio: 0.2,
+        ratios: None,
+        calibrate: false,
+    };
+    expect_err(
+        model.validate(&request(&r, Some(bad), 5.0)),
+        &["cache.ratios"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let dit = Model::open(&common::tiny(dir.path(), 2)).unwrap();
+    let mut req = common::request(0, 2, 1.0);
+    req.cache = Some(StepCache::parse("cache", "first_block").unwrap());
+    expect_err(dit.validate(&req), &["cache", "first_block", "dit"]);
+}
