@@ -24,7 +24,7 @@ fn req(seed: u64, steps: usize, guidance: f32, cache: Option<StepCache>) -> Requ
         ..Request::image(
             Condition::Prompt {
                 prompt: format!("a red fox {seed}"),
-                negative: "blurry".into(),
+                negative: Some("blurry".into()),
             },
             32,
             32,

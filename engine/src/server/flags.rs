@@ -9,8 +9,6 @@
 
 use crate::{Error, Result};
 
-use super::ServeArgs;
-
 /// One flag's accepted values, inclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlagRange {
@@ -118,26 +116,3 @@ pub const FORWARD_TIMEOUT_SECONDS: FlagRange = FlagRange {
     max: 3600,
     why: "0 would fail every request sent on to a job's owner",
 };
-
-/// Every flag of `a` outside its range is refused, the first named. (The request bounds'
-/// flags are checked where they are read against the model's limits,
-/// [`ServeArgs::request_bounds`].)
-pub fn check(a: &ServeArgs) -> Result<()> {
-    let n = |v: usize| v as u64;
-    for (range, value) in [
-        (TIMEOUT_SECONDS, a.backend.timeout_seconds),
-        (MAX_QUEUE, n(a.max_queue)),
-        (BODY_LIMIT, n(a.body_limit)),
-        (HEADER_TIMEOUT_SECONDS, a.header_timeout_seconds),
-        (BODY_TIMEOUT_SECONDS, a.body_timeout_seconds),
-        (MAX_CONNECTIONS, n(a.max_connections)),
-        (GRACE_SECONDS, a.grace_seconds),
-        (KEEP_FINISHED, n(a.keep_finished)),
-        (RESULT_BYTES, n(a.result_bytes)),
-        (RESULT_TTL_SECONDS, a.result_ttl_seconds),
-        (FORWARD_TIMEOUT_SECONDS, a.forward_timeout_seconds),
-    ] {
-        range.check(value)?;
-    }
-    Ok(())
-}

@@ -122,6 +122,29 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// The bounds these flags set for a model that runs at most `limits`
     /// ([`crate::contract::BoundsArgs::request_bounds`]).
+    /// Every operator flag within its range ([`flags`]), else an error naming the first
+    /// outside and its range. (The request bounds' flags are checked where they are read
+    /// against the model's limits, [`Self::request_bounds`].)
+    pub fn check_ranges(&self) -> Result<()> {
+        let n = |v: usize| v as u64;
+        for (range, value) in [
+            (flags::TIMEOUT_SECONDS, self.backend.timeout_seconds),
+            (flags::MAX_QUEUE, n(self.max_queue)),
+            (flags::BODY_LIMIT, n(self.body_limit)),
+            (flags::HEADER_TIMEOUT_SECONDS, self.header_timeout_seconds),
+            (flags::BODY_TIMEOUT_SECONDS, self.body_timeout_seconds),
+            (flags::MAX_CONNECTIONS, n(self.max_connections)),
+            (flags::GRACE_SECONDS, self.grace_seconds),
+            (flags::KEEP_FINISHED, n(self.keep_finished)),
+            (flags::RESULT_BYTES, n(self.result_bytes)),
+            (flags::RESULT_TTL_SECONDS, self.result_ttl_seconds),
+            (flags::FORWARD_TIMEOUT_SECONDS, self.forward_timeout_seconds),
+        ] {
+            range.check(value)?;
+        }
+        Ok(())
+    }
+
     /// Each bound within its range ([`RequestBounds::checked`], the ranges the
     /// DiffusionDeployment's rules state).
     pub fn request_bounds(&self, limits: &ModelLimits) -> Result<RequestBounds> {
@@ -132,7 +155,7 @@ impl ServeArgs {
 /// Runs the server until SIGTERM/SIGINT (exit 0) or an engine failure (exit 1).
 pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     let strategy = a.contract.strategy;
-    flags::check(&a)?;
+    a.check_ranges()?;
     let model = Arc::new(Model::open(&a.contract.run.model)?);
     let trace = a.trace.as_ref().map(|_| Trace::new(1_000_000));
     // Device memory kept free for the largest request the bounds admit: what the planner

@@ -41,7 +41,7 @@ impl IntoResponse for ApiError {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from(retry_after));
         }
-        if let Error::Unauthorized { .. } = e {
+        if let crate::Error::Unauthorized { .. } = e {
             r.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
                 header::HeaderValue::from_static("Bearer"),
