@@ -89,3 +89,27 @@ fn a_qwen_image_tokenizer_that_swallows_the_template_is_refused_at_start() {
     });
     refused(&root, &["tokenizer", "none left"]);
 }
+
+/// Cosmos3's chat template, replaced by `source`.
+fn cosmos3_with_template(dir: &Path, source: &str) -> PathBuf {
+    let root = common::cosmos3_tiny(dir, 1);
+    std::fs::write(root.join("text_tokenizer/chat_template.jinja"), source).unwrap();
+    root
+}
+
+#[test]
+fn a_chat_template_that_renders_without_bound_is_refused_at_start() {
+    let normal = layerwise_engine::components::qwen2_5_vl::synth::SYNTH_CHAT_TEMPLATE;
+    // A megabyte of padding after every prompt: each request would tokenize and run it.
+    let dir = tempfile::tempdir().unwrap();
+    let root = cosmos3_with_template(dir.path(), &format!("{normal}{{{{ 'x' * 1000000 }}}}"));
+    refused(&root, &["chat_template.jinja", "renders over"]);
+    // A loop of ten billion turns: stopped by its fuel, not by a watchdog.
+    let dir = tempfile::tempdir().unwrap();
+    let spin = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+    let root = cosmos3_with_template(dir.path(), &format!("{spin}{normal}"));
+    refused(&root, &["chat_template.jinja", "instructions"]);
+    // The template as synthesized opens.
+    let dir = tempfile::tempdir().unwrap();
+    Model::open(&cosmos3_with_template(dir.path(), normal)).unwrap();
+}
