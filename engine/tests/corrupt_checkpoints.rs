@@ -113,3 +113,58 @@ fn a_chat_template_that_renders_without_bound_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     Model::open(&cosmos3_with_template(dir.path(), normal)).unwrap();
 }
+
+/// `layerwise inspect ROOT`'s failure, which must name every one of `parts`.
+fn inspect_refuses(root: &Path, parts: &[&str]) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_layerwise"))
+        .args(["inspect", "--model-roots"])
+        .arg(root.parent().unwrap())
+        .arg(root)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "inspect passed {}: {err}",
+        root.display()
+    );
+    for p in parts {
+        assert!(err.contains(p), "`{err}` does not name {p}");
+    }
+}
+
+#[test]
+fn config_type_errors_name_the_file_and_field_in_serve_and_inspect_alike() {
+    // A scheduler field of the wrong type: serve refused it naming `(document)`, and inspect
+    // never read the scheduler at all.
+    let dir = tempfile::tempdir().unwrap();
+    let root = qwen_image(dir.path());
+    let config = root.join("scheduler/scheduler_config.json");
+    edit_json(&config, |v| v["shift"] = "three".into());
+    let msg = refused(&root, &["scheduler_config.json", "`shift`"]);
+    assert!(!msg.contains("(document)"), "{msg}");
+    inspect_refuses(&root, &["scheduler_config.json", "`shift`"]);
+    // A field of the wrong type in the scheduler and in a model's config: the field, not
+    // the value.
+    let dir = tempfile::tempdir().unwrap();
+    let root = qwen_image(dir.path());
+    let config = root.join("scheduler/scheduler_config.json");
+    edit_json(&config, |v| v["time_shift_type"] = 7.into());
+    refused(&root, &["scheduler_config.json", "`time_shift_type`"]);
+    edit_json(&config, |v| v["time_shift_type"] = "exponential".into());
+    edit_json(&root.join("transformer/config.json"), |v| {
+        v["num_layers"] = "one".into()
+    });
+    refused(&root, &["transformer/config.json", "`num_layers`"]);
+    inspect_refuses(&root, &["transformer/config.json", "`num_layers`"]);
+    // The files serve checks beyond the headers, inspect checks too.
+    let dir = tempfile::tempdir().unwrap();
+    let root = qwen_image(dir.path());
+    edit_json(&root.join("scheduler/scheduler_config.json"), |v| {
+        v["num_train_timesteps"] = 10.into()
+    });
+    inspect_refuses(&root, &["scheduler_config.json", "num_train_timesteps"]);
+    let dir = tempfile::tempdir().unwrap();
+    let root = cosmos3_with_template(dir.path(), "{{ 'x' * 1000000 }}");
+    inspect_refuses(&root, &["chat_template.jinja"]);
+}
