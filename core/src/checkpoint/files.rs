@@ -103,15 +103,102 @@ pub fn read_small(path: &Path) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Reads and parses a JSON config file, naming the file on failure.
+/// Reads and parses a JSON config file, naming the file and the field on failure.
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let text = read_small(path)?;
-    serde_json::from_slice(&text).map_err(|e| {
-        let field = e.to_string();
-        Error::config(
-            path,
-            field.split('`').nth(1).unwrap_or("(document)"),
-            e.to_string(),
-        )
-    })
+    let mut de = serde_json::Deserializer::from_slice(&text);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| config_error(path, e))?;
+    // Anything after the document (`{} {}`) is as corrupt as no document.
+    de.end()
+        .map_err(|e| Error::config(path, "(document)", e.to_string()))?;
+    Ok(value)
+}
+
+/// Parses a config document already read as JSON, naming the file and the field on failure.
+pub fn parse_json<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    doc: serde_json::Value,
+) -> Result<T> {
+    serde_path_to_error::deserialize(doc).map_err(|e| config_error(path, e))
+}
+
+/// The config error of a failed parse: the field is the path to the value at fault
+/// (`text_config.rope_scaling.mrope_section`), or the field serde names as missing or
+/// unknown at the top level; `(document)` only for a file that is not JSON at all.
+fn config_error(path: &Path, e: serde_path_to_error::Error<serde_json::Error>) -> Error {
+    let at = e.path().to_string();
+    let inner = e.into_inner();
+    let msg = inner.to_string();
+    let named = || {
+        let quoted = msg.split('`').nth(1)?;
+        (msg.starts_with("missing field") || msg.starts_with("unknown field"))
+            .then(|| quoted.to_string())
+    };
+    let field = match at.as_str() {
+        "." | "" => named().unwrap_or_else(|| "(document)".into()),
+        _ => match named() {
+            // A missing field inside a nested object: its full path.
+            Some(f) => format!("{at}.{f}"),
+            None => at,
+        },
+    };
+    Error::config(path, field, msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct Inner {
+        mrope_section: Vec<usize>,
+    }
+
+    #[derive(serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct Config {
+        num_layers: usize,
+        #[serde(default)]
+        kind: Option<Kind>,
+        #[serde(default)]
+        rope: Option<Inner>,
+    }
+
+    #[derive(serde::Deserialize, Debug)]
+    #[serde(rename_all = "lowercase")]
+    enum Kind {
+        Exponential,
+    }
+
+    fn field(text: &str) -> String {
+        let dir = std::env::temp_dir().join(format!("layerwise-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(format!("c{}.json", text.len()));
+        std::fs::write(&p, text).unwrap();
+        match read_json::<Config>(&p).unwrap_err() {
+            Error::Config { field, path, .. } => {
+                assert_eq!(path, p);
+                field
+            }
+            e => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn type_errors_name_the_field_not_the_value_or_the_document() {
+        assert_eq!(field(r#"{"num_layers": "two"}"#), "num_layers");
+        assert_eq!(field(r#"{"num_layers": 2, "kind": "linear"}"#), "kind");
+        assert_eq!(
+            field(r#"{"num_layers": 2, "rope": {"mrope_section": [1, "x"]}}"#),
+            "rope.mrope_section[1]"
+        );
+        assert_eq!(
+            field(r#"{"num_layers": 2, "rope": {}}"#),
+            "rope.mrope_section"
+        );
+        assert_eq!(field(r#"{}"#), "num_layers");
+        assert_eq!(field(r#"not json"#), "(document)");
+        assert_eq!(field(r#""a string""#), "(document)");
+    }
 }

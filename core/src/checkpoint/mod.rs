@@ -27,7 +27,7 @@ pub use config_limits::{
     at_most, layers_at_most, MAX_CONFIG_BLOCKS_PER_LEVEL, MAX_CONFIG_LATENT_SIDE,
     MAX_CONFIG_LAYERS, MAX_CONFIG_LEVELS,
 };
-pub use files::{confine, read_json, read_small, regular_file, MAX_SMALL_FILE};
+pub use files::{confine, parse_json, read_json, read_small, regular_file, MAX_SMALL_FILE};
 pub use folder::ModelFolder;
 pub use header::{Header, TensorInfo};
 pub use mapped::Mapped;

@@ -215,7 +215,11 @@ pub(super) fn gib(b: u64) -> String {
 
 pub(super) fn inspect(dir: &Path, json: bool) -> Result<()> {
     let t = std::time::Instant::now();
-    let p = crate::families::profile(dir)?;
+    // Opened as `serve` opens it: the family's runtime loads and checks the tokenizer, the
+    // chat template and the scheduler beside the headers, so a folder `inspect` passes is
+    // one `serve` starts on (weights are mapped, not read).
+    let model = crate::engine::Model::open(dir)?;
+    let p = model.checkpoint.profile()?;
     let took = t.elapsed();
     if json {
         println!("{}", serde_json::to_string_pretty(&p)?);
@@ -286,7 +290,7 @@ pub(super) fn inspect(dir: &Path, json: bool) -> Result<()> {
         }
     );
     println!(
-        "profiled in      {:.1} ms (headers only)",
+        "checked in       {:.1} ms (headers, configs, tokenizer, template, scheduler)",
         took.as_secs_f64() * 1e3
     );
     Ok(())

@@ -6,6 +6,8 @@
 
 pub mod attention;
 pub mod autoencoder_kl;
+#[cfg(feature = "runtime")]
+pub mod chat_template;
 pub mod config_checks;
 pub mod config_json;
 pub mod flops;

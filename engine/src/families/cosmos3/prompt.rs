@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::components::chat_template::ChatTemplate;
 use crate::components::qwen2_5_vl::prompt::token_name;
 use crate::components::qwen2_5_vl::synth::VISION_START;
 use crate::{Error, Result};
@@ -30,8 +31,8 @@ pub struct Target {
 /// The text tokenizer of a Cosmos3 folder with its chat template.
 pub struct Cosmos3Tokenizer {
     tokenizer: tokenizers::Tokenizer,
-    /// The chat template, parsed once at load.
-    env: minijinja::Environment<'static>,
+    /// The chat template, parsed once at load and rendered within its bounds.
+    template: ChatTemplate,
     special: Value,
     eos: u32,
     vision_start: u32,
@@ -73,13 +74,6 @@ pub fn with_templates(text: &str, t: &Target, negative: bool) -> String {
     )
 }
 
-fn render_error(dir: &Path, e: minijinja::Error) -> Error {
-    Error::checkpoint(
-        dir.join("chat_template.jinja"),
-        format!("the chat template does not render: {e}"),
-    )
-}
-
 impl Cosmos3Tokenizer {
     /// Loads `dir/tokenizer.json`, `dir/tokenizer_config.json` and the chat template
     /// (`chat_template.jinja`, else the config's `chat_template`).
@@ -91,12 +85,13 @@ impl Cosmos3Tokenizer {
         let config_path = dir.join("tokenizer_config.json");
         let config: Value = crate::checkpoint::read_json(&config_path)?;
         let file = dir.join("chat_template.jinja");
-        let template = if file.is_file() {
-            String::from_utf8(crate::checkpoint::read_small(&file)?)
-                .map_err(|_| Error::checkpoint(&file, "not UTF-8 text"))?
+        let (template, template_path) = if file.is_file() {
+            let text = String::from_utf8(crate::checkpoint::read_small(&file)?)
+                .map_err(|_| Error::checkpoint(&file, "not UTF-8 text"))?;
+            (text, file)
         } else {
             match config.get("chat_template") {
-                Some(Value::String(s)) => s.clone(),
+                Some(Value::String(s)) => (s.clone(), config_path.clone()),
                 _ => {
                     return Err(Error::config(
                         &config_path,
@@ -130,31 +125,32 @@ impl Cosmos3Tokenizer {
                 special.insert(key.into(), Value::String(v));
             }
         }
-        let mut env = minijinja::Environment::new();
-        minijinja_contrib::add_to_environment(&mut env);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_template_owned("chat", template)
-            .map_err(|e| render_error(dir, e))?;
         let t = Cosmos3Tokenizer {
             tokenizer,
-            env,
+            template: ChatTemplate::parse(template, &template_path)?,
             special: Value::Object(special),
             eos,
             vision_start,
             system_prompt,
             dir: dir.to_path_buf(),
         };
-        // A template that does not render is the folder's fault: say so at open.
-        t.render("", false)?;
+        // A template that does not render, or not within its bounds of size and time, is the
+        // folder's fault: say so at open, for both system messages.
+        for image in [false, true] {
+            let (ctx, bytes) = t.context("", image);
+            t.template.render_at_start(ctx, bytes)?;
+        }
         Ok(t)
     }
 
-    /// The chat template over a system message (when the pipeline adds one) and `text`.
-    fn render(&self, text: &str, image: bool) -> Result<String> {
-        let fail = |e| render_error(&self.dir, e);
+    /// The chat template's context for a system message (when the pipeline adds one) and
+    /// `text`, with the bytes of text its messages hold.
+    fn context(&self, text: &str, image: bool) -> (Value, usize) {
         let mut messages = Vec::new();
+        let mut bytes = text.len();
         if self.system_prompt {
             let system = if image { SYSTEM_IMAGE } else { SYSTEM_VIDEO };
+            bytes += system.len();
             messages.push(serde_json::json!({"role": "system", "content": system}));
         }
         messages.push(serde_json::json!({"role": "user", "content": text}));
@@ -162,11 +158,22 @@ impl Cosmos3Tokenizer {
         ctx.insert("messages".into(), Value::Array(messages));
         ctx.insert("add_generation_prompt".into(), Value::Bool(true));
         ctx.insert("add_vision_id".into(), Value::Bool(false));
-        self.env
-            .get_template("chat")
-            .map_err(fail)?
-            .render(minijinja::Value::from_serialize(&ctx))
-            .map_err(fail)
+        (Value::Object(ctx), bytes)
+    }
+
+    /// The chat template over a system message (when the pipeline adds one) and `text`.
+    fn render(&self, text: &str, image: bool) -> Result<String> {
+        let (ctx, bytes) = self.context(text, image);
+        self.template.render(&ctx, bytes)
+    }
+
+    /// A tokenizer failure: the tokenizer file's fault (a byte-level vocabulary encodes any
+    /// text), naming it.
+    fn failed(&self, e: impl std::fmt::Display) -> Error {
+        Error::checkpoint(
+            self.dir.join("tokenizer.json"),
+            format!("the tokenizer failed on the prompt: {e}"),
+        )
     }
 
     /// The ids the understanding pathway reads for `text` (already with its templates).
@@ -175,7 +182,7 @@ impl Cosmos3Tokenizer {
         let enc = self
             .tokenizer
             .encode(rendered.as_str(), false)
-            .map_err(|e| Error::invalid("prompt", format!("the tokenizer failed: {e}")))?;
+            .map_err(|e| self.failed(e))?;
         let mut ids = enc.get_ids().to_vec();
         ids.extend([self.eos, self.vision_start]);
         Ok(ids)
@@ -200,7 +207,7 @@ impl Cosmos3Tokenizer {
         let enc = self
             .tokenizer
             .encode(text, false)
-            .map_err(|e| Error::invalid("prompt", format!("the tokenizer failed: {e}")))?;
+            .map_err(|e| self.failed(e))?;
         Ok(enc.len())
     }
 }

@@ -96,11 +96,7 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(
     path: &Path,
     doc: serde_json::Value,
 ) -> Result<T> {
-    serde_json::from_value(doc).map_err(|e| {
-        let msg = e.to_string();
-        let field = msg.split('`').nth(1).unwrap_or("(document)").to_string();
-        Error::config(path, field, msg)
-    })
+    Ok(crate::checkpoint::parse_json(path, doc)?)
 }
 
 #[cfg(test)]
