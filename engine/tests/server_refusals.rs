@@ -82,7 +82,7 @@ fn clip(fps: f64) -> Request {
         ..Request::image(
             Condition::Prompt {
                 prompt: "a fox".into(),
-                negative: String::new(),
+                negative: None,
             },
             48,
             32,

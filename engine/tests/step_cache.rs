@@ -56,7 +56,7 @@ fn request(r: &Reference, cache: Option<StepCache>, guidance: f32) -> Request {
         ..Request::image(
             Condition::Prompt {
                 prompt: d["prompt"].as_str().unwrap().into(),
-                negative: d["negative_prompt"].as_str().unwrap().into(),
+                negative: Some(d["negative_prompt"].as_str().unwrap().into()),
             },
             n("width"),
             n("height"),
