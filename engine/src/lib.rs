@@ -37,5 +37,6 @@ pub mod tools;
 pub use error::{Error, Result};
 pub use layerwise_core::Strategy;
 pub use layerwise_core::{
-    bounds, checkpoint, contract, decode, layout, memory, metric_names, slots, strategy, timing,
+    bounds, checkpoint, contract, decode, exposition, layout, memory, metric_names, slots,
+    strategy, timing,
 };
