@@ -18,6 +18,7 @@ pub mod ids;
 pub mod kind;
 pub mod launch;
 pub mod metrics;
+pub mod openai_fields;
 pub mod openapi;
 pub mod requests;
 pub mod responses;

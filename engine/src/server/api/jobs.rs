@@ -10,10 +10,11 @@ use axum::Json;
 use super::errors::{
     BAD_BODY, NOT_JSON, NOT_KEPT, NOT_READY, NO_JOB, OTHER_MODEL, QUEUE_FULL, TIMEOUT, TOO_LARGE,
 };
-use super::state::{here, query, read_body, AppState};
+use super::state::{here, query, read_openai_body, AppState};
 use super::validate::parse_images;
 use crate::server::error::ApiError;
 use crate::server::kind::Kind;
+use crate::server::openai_fields::Api;
 use crate::server::requests::{ImageRequest, ResultQuery};
 use crate::server::responses::{Download, ErrorBody};
 use crate::server::scheduler::JobStatus;
@@ -49,13 +50,16 @@ pub(super) async fn submit_job(
     req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     s.scheduler.shared.ready()?;
-    let (requests, _) = parse_images(read_body(&s, req).await?, &s)?;
+    let (body, openai) = read_openai_body(&s, req, Api::Images).await?;
+    let (requests, _) = parse_images(body, &s)?;
     let id = s.scheduler.submit(requests, Kind::Image).await?;
     let status = s.scheduler.status(id).await?;
+    openai.log(&status.id);
     let location = format!("/v1/jobs/{}", status.id);
     Ok((
         StatusCode::ACCEPTED,
         [(header::LOCATION, location)],
+        openai,
         Json(status),
     )
         .into_response())

@@ -10,10 +10,11 @@ use axum::Json;
 use super::errors::{
     BAD_BODY, NOT_JSON, NOT_KEPT, NOT_READY, OTHER_MODEL, QUEUE_FULL, TIMEOUT, TOO_LARGE,
 };
-use super::state::{here, query, read_body, AppState};
+use super::state::{here, query, read_openai_body, AppState};
 use super::validate::parse_video;
 use crate::server::error::ApiError;
 use crate::server::kind::Kind;
+use crate::server::openai_fields::Api;
 use crate::server::requests::{ContentQuery, ListQuery, Order, Variant, VideoRequest};
 use crate::server::responses::{
     Download, ErrorBody, ListTag, Video, VideoDeleted, VideoDeletedTag, VideoList,
@@ -54,12 +55,14 @@ pub(super) async fn create_video(
     req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     s.scheduler.shared.ready()?;
-    let (request, fps) = parse_video(read_body(&s, req).await?, &s)?;
+    let (body, openai) = read_openai_body(&s, req, Api::Videos).await?;
+    let (request, fps) = parse_video(body, &s)?;
     let id = s
         .scheduler
         .submit(vec![request], Kind::Video { fps })
         .await?;
     let status = s.scheduler.status(id).await?;
+    openai.log(&status.id);
     Ok((
         StatusCode::ACCEPTED,
         [(header::LOCATION, format!("/v1/videos/{}", status.id))],
