@@ -19,6 +19,8 @@ pub mod families;
 pub mod http;
 #[cfg(feature = "runtime")]
 pub mod launch;
+#[cfg(feature = "logging")]
+pub mod logging;
 #[cfg(feature = "runtime")]
 pub mod measure;
 #[cfg(feature = "runtime")]

@@ -200,7 +200,7 @@ fn agent_daemonset(sets: &[&str]) -> Result<serde_json::Value> {
         args.extend(["--set", set]);
     }
     let text = ok(tool("helm", &args, None)?, "helm template of the agent")?;
-    Ok(serde_yaml::from_str(&text)?)
+    Ok(serde_saphyr::from_str(&text)?)
 }
 
 /// The agent container's environment as (name, value) pairs.
