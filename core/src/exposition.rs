@@ -116,9 +116,12 @@ struct Family {
     samples: Vec<Sample>,
 }
 
+/// A sample's labels, name and value each, in their order.
+type Labels = Vec<(String, String)>;
+
 struct Sample {
     name: String,
-    labels: Vec<(String, String)>,
+    labels: Labels,
     value: f64,
 }
 
@@ -281,10 +284,12 @@ fn name_problems(name: &str, kind: &str) -> Vec<String> {
     out
 }
 
+/// One histogram series: its buckets (`le`, count) and its `_count`.
+type Series = (Vec<(f64, f64)>, Option<f64>);
+
 fn check_histogram(name: &str, samples: &[Sample], problems: &mut Vec<String>) {
     // Series by their labels other than `le`.
-    let mut groups: BTreeMap<Vec<(String, String)>, (Vec<(f64, f64)>, Option<f64>)> =
-        BTreeMap::new();
+    let mut groups: BTreeMap<Labels, Series> = BTreeMap::new();
     for s in samples {
         let rest: Vec<_> = s
             .labels
@@ -383,7 +388,7 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
 }
 
 /// Labels up to the closing brace, and what follows it.
-fn parse_labels(mut s: &str) -> Result<(Vec<(String, String)>, &str), String> {
+fn parse_labels(mut s: &str) -> Result<(Labels, &str), String> {
     let mut out = Vec::new();
     loop {
         if let Some(after) = s.strip_prefix('}') {
