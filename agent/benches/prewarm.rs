@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use layerwise_agent::pagecache;
 use layerwise_agent::prewarm::{self, Options};
-use layerwise_agent::units::parse_bytes;
+use layerwise_core::bytesize::parse_bytes;
 
 fn make_file(path: &Path, bytes: u64) {
     if std::fs::metadata(path)

@@ -21,7 +21,6 @@ pub mod node;
 pub mod pagecache;
 pub mod prewarm;
 pub mod profiler;
-pub mod units;
 pub mod worker;
 
 pub use error::{Error, Result};

@@ -17,8 +17,9 @@ use layerwise_agent::models::{self, Settings};
 use layerwise_agent::node::{self, Context};
 use layerwise_agent::pagecache::{self, Residency};
 use layerwise_agent::prewarm::{self, Options};
-use layerwise_agent::units::parse_bytes;
 use layerwise_agent::{meminfo, profiler, worker};
+use layerwise_core::bytesize::parse_bytes;
+use layerwise_engine::logging::{self, LogArgs};
 use tracing::{info, warn};
 
 #[derive(Parser)]
@@ -30,6 +31,8 @@ use tracing::{info, warn};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 #[derive(Subcommand)]
@@ -156,14 +159,9 @@ struct PrewarmArgs {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LAYERWISE_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match Cli::parse().cmd {
+    let cli = Cli::parse();
+    logging::init(cli.log.log_format, "info")?;
+    match cli.cmd {
         Cmd::PrewarmWorker => Ok(worker::serve_stdio()?),
         Cmd::ProfileWorker { memory_limit_bytes } => Ok(profiler::serve_stdio(memory_limit_bytes)?),
         Cmd::Prewarm(a) => prewarm_once(a),
@@ -325,4 +323,48 @@ fn prewarm_once(a: PrewarmArgs) -> Result<()> {
         println!("{why}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_format_is_a_flag_of_every_command() {
+        let cli = Cli::try_parse_from(["layerwise-agent", "prewarm", "--log-format", "json", "/m"])
+            .unwrap();
+        assert_eq!(cli.log.log_format, logging::LogFormat::Json);
+    }
+
+    #[test]
+    fn sizes_take_the_one_grammar() {
+        // `16GB` was a size to the agent and not to the CRDs, `16e9` the other way round.
+        for (text, bytes) in [
+            ("16GB", 16_000_000_000),
+            ("16e9", 16_000_000_000),
+            ("16GiB", 16 << 30),
+        ] {
+            let cli =
+                Cli::try_parse_from(["layerwise-agent", "prewarm", "--memory-floor", text, "/m"])
+                    .unwrap();
+            let Cmd::Prewarm(a) = cli.cmd else {
+                unreachable!()
+            };
+            assert_eq!(a.warm.memory_floor, bytes, "{text}");
+        }
+        let e = Cli::try_parse_from([
+            "layerwise-agent",
+            "prewarm",
+            "--memory-floor",
+            "16 parsecs",
+            "/m",
+        ])
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("--memory-floor") && e.contains("an unknown unit"),
+            "{e}"
+        );
+    }
 }

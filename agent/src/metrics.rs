@@ -5,6 +5,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
@@ -101,6 +102,11 @@ impl Metrics {
             "Memory usage (page cache) of the prewarm cgroup",
             m.prewarm_cgroup_usage_bytes.clone(),
         );
+        r.register(
+            "build",
+            "The agent's version and source revision",
+            Info::new(layerwise_core::metric_names::build_info_labels()),
+        );
         m
     }
 
@@ -156,7 +162,36 @@ mod tests {
             text.contains("layerwise_agent_errors_total{kind=\"worker\"} 1"),
             "{text}"
         );
+        assert!(
+            text.contains("layerwise_agent_build_info{version=\""),
+            "{text}"
+        );
         m.remove_model("ns/a");
         assert!(!m.encode().contains("ns/a"));
+    }
+
+    #[test]
+    fn what_metrics_serves_passes_prometheus_rules() {
+        // `/metrics` serves `encode()` as it is; every family gets a series first.
+        let m = Metrics::new();
+        let l = Metrics::model("ns/a");
+        m.bytes_warmed.get_or_create(&l).inc_by(1);
+        m.warm_throughput.get_or_create(&l).set(2.5);
+        m.resident_bytes.get_or_create(&l).set(1);
+        m.model_bytes.get_or_create(&l).set(1);
+        m.error(&crate::Error::Worker("x".into()));
+        m.host_available_bytes.set(1);
+        m.device_free_bytes
+            .get_or_create(&DeviceLabels {
+                device: "0".into(),
+                product: "H100".into(),
+            })
+            .set(1);
+        let text = m.encode();
+        assert_eq!(
+            layerwise_core::exposition::lint(&text),
+            Vec::<String>::new(),
+            "{text}"
+        );
     }
 }

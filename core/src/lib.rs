@@ -16,16 +16,20 @@
 //! - [`timing`]: the one step-time model, which the planner and the engine's `bench`
 //!   choose resident blocks and components by;
 //! - [`topology`]: dp groups of sp ranks, and how a request's sequence splits over a group;
-//! - [`metric_names`]: the engine's metrics, by the names the autoscaler reads.
+//! - [`bytesize`]: the one grammar of a byte size (Kubernetes quantities and typed units);
+//! - [`metric_names`]: the engine's metrics, by the names the autoscaler reads, and
+//!   [`exposition`]: the Prometheus rules every binary's `/metrics` is tested against.
 //!
 //! The engine's families and execution build on this crate; nothing here reads them.
 //! See docs/architecture.md for the map.
 
 pub mod bounds;
+pub mod bytesize;
 pub mod checkpoint;
 pub mod contract;
 pub mod decode;
 pub mod error;
+pub mod exposition;
 pub mod family;
 pub mod layout;
 pub mod memory;

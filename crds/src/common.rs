@@ -181,68 +181,6 @@ mod roots_tests {
     }
 }
 
-/// The bytes a Kubernetes memory quantity names (`"16Gi"`, `"17179869184"`, `"16G"`,
-/// `"1.5Ti"`, `"16e9"`), rounded down; `None` for anything else or a negative amount.
-pub fn quantity_bytes(q: &str) -> Option<u64> {
-    let q = q.trim();
-    let split = q
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(q.len());
-    let (number, suffix) = q.split_at(split);
-    let scale: f64 = match suffix {
-        "" => 1.0,
-        "Ki" => 1024f64,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "m" => 1e-3,
-        s if s.starts_with(['e', 'E']) => 10f64.powi(s[1..].parse::<i32>().ok()?),
-        _ => return None,
-    };
-    if number.is_empty() {
-        return None;
-    }
-    // Exact for whole numbers of bytes without a fraction (the usual case).
-    if let (Ok(n), true) = (number.parse::<u64>(), scale >= 1.0 && scale.fract() == 0.0) {
-        return n.checked_mul(scale as u64);
-    }
-    let v = number.parse::<f64>().ok()? * scale;
-    (v.is_finite() && v >= 0.0 && v < u64::MAX as f64).then(|| v.floor() as u64)
-}
-
-#[cfg(test)]
-mod quantity_tests {
-    use super::quantity_bytes;
-
-    #[test]
-    fn memory_quantities() {
-        for (q, want) in [
-            ("17179869184", Some(17_179_869_184)),
-            ("16Gi", Some(16 << 30)),
-            ("16384Mi", Some(16 << 30)),
-            ("1.5Ti", Some(3 << 39)),
-            ("16G", Some(16_000_000_000)),
-            ("129000Ki", Some(129_000 * 1024)),
-            ("16e9", Some(16_000_000_000)),
-            ("1500m", Some(1)),
-            ("", None),
-            ("Gi", None),
-            ("16GB", None),
-            ("-1Gi", None),
-        ] {
-            assert_eq!(quantity_bytes(q), want, "{q}");
-        }
-    }
-}
-
 #[cfg(test)]
 mod strategy_tests {
     use super::{Strategy, StrategyChoice};

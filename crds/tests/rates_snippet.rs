@@ -28,16 +28,16 @@ fn a_pasted_snippet_parses_through_the_crd() {
             .expect("the snippet starts at spec");
         let yaml = format!("{DEPLOYMENT}{body}");
         let dd: DiffusionDeployment =
-            serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+            serde_saphyr::from_str(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
         assert_eq!(
             dd.spec.accelerator.rates.as_ref(),
             Some(&measured),
             "{yaml}"
         );
         // And on its own, as YAML.
-        let v: serde_yaml::Value = serde_yaml::from_str(&snippet).unwrap();
+        let v: serde_json::Value = serde_saphyr::from_str(&snippet).unwrap();
         let alone: AcceleratorRates =
-            serde_yaml::from_value(v["spec"]["accelerator"]["rates"].clone()).unwrap();
+            serde_json::from_value(v["spec"]["accelerator"]["rates"].clone()).unwrap();
         assert_eq!(alone, measured);
     }
 }

@@ -5,7 +5,9 @@ Usage: openai_check.py DIT_URL DIT_MODEL WAN_URL WAN_MODEL QWEN_URL QWEN_MODEL O
 Images from a class-conditional DiT server (a prompt naming an ImageNet class, or an empty
 prompt beside `class_label`), from a text-to-video Wan server and from a text-to-image
 Qwen-Image server (two at once, guided by a negative prompt); the whole video flow on the
-Wan server (create, poll, download the MP4 and its thumbnail, list, delete). Writes the MP4
+Wan server (create, poll, download the MP4 and its thumbnail, list, delete); and OpenAI's
+image fields this server has no knob for, each sent alone and all together (200s, the
+ignored ones named in x-ignored-fields). Writes the MP4
 and a JSON summary under OUT_DIR for the caller to check; exits non-zero on the first
 failure, with what failed.
 """
@@ -35,6 +37,46 @@ def expect_error(kind, call):
     raise AssertionError(f"expected {kind.__name__}")
 
 
+# OpenAI's image fields this server has no knob for, each as OpenAI's client sends it: each
+# alone gets a 200, and the ones ignored come back named in x-ignored-fields.
+OPENAI_FIELDS = [
+    ("quality", "high", True),
+    ("style", "vivid", True),
+    ("complexity", "low", True),
+    ("moderation", "low", True),
+    ("output_compression", 100, True),
+    ("partial_images", 0, True),
+    ("user", "check-user", False),
+    ("safety_identifier", "check-id", False),
+    ("output_format", "png", False),
+    ("background", "opaque", False),
+    ("stream", False, False),
+    ("size", "auto", False),
+]
+
+
+def check_openai_fields(dit, dit_model):
+    for name, value, ignored in OPENAI_FIELDS:
+        raw = dit.images.with_raw_response.generate(
+            model=dit_model, prompt="goldfish", **{name: value}, extra_body={"steps": 1})
+        assert raw.http_response.status_code == 200, (name, raw.http_response.status_code)
+        header = raw.headers.get("x-ignored-fields")
+        assert header == (name if ignored else None), (name, header)
+        assert base64.b64decode(raw.parse().data[0].b64_json)[1:4] == b"PNG", name
+    everything = {name: value for name, value, _ in OPENAI_FIELDS}
+    raw = dit.images.with_raw_response.generate(model=dit_model, prompt="goldfish", **everything,
+                                                extra_body={"steps": 1})
+    assert raw.headers["x-ignored-fields"] == ", ".join(n for n, _, i in OPENAI_FIELDS if i), raw.headers
+    e = expect_error(openai.UnprocessableEntityError,
+                     lambda: dit.images.generate(model=dit_model, prompt="goldfish",
+                                                 output_format="jpeg"))
+    assert "output_format" in str(e), e
+    e = expect_error(openai.UnprocessableEntityError,
+                     lambda: dit.images.generate(model=dit_model, prompt="goldfish",
+                                                 extra_body={"sharpness": 3}))
+    assert "sharpness" in str(e), e
+
+
 def main():
     dit_url, dit_model, wan_url, wan_model, qwen_url, qwen_model, out = sys.argv[1:8]
     out = Path(out)
@@ -59,6 +101,7 @@ def main():
     e = expect_error(openai.UnprocessableEntityError,
                      lambda: dit.videos.create(model=dit_model, prompt="goldfish"))
     summary["dit_png_bytes"] = len(png)
+    check_openai_fields(dit, dit_model)
 
     wan = client(wan_url)
     assert [m.id for m in wan.models.list().data] == [wan_model]
@@ -69,7 +112,7 @@ def main():
     video = wan.videos.create(model=wan_model, prompt="a red fox running through fresh snow",
                               seconds="1", size="48x32",
                               extra_body={"fps": 8, "steps": 3, "negative_prompt": "static",
-                                          "guidance_2": 3.0, "seed": 2})
+                                          "guidance_2": 3.0, "seed": 2, "user": "check-user"})
     assert video.status in ("queued", "in_progress"), video
     assert video.size == "48x32" and video.model == wan_model, video
     done = wan.videos.poll(video.id, poll_interval_ms=20)

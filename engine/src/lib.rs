@@ -20,6 +20,8 @@ pub mod families;
 pub mod http;
 #[cfg(feature = "runtime")]
 pub mod launch;
+#[cfg(feature = "logging")]
+pub mod logging;
 #[cfg(feature = "runtime")]
 pub mod measure;
 #[cfg(feature = "runtime")]
@@ -38,5 +40,6 @@ pub mod tools;
 pub use error::{Error, Result};
 pub use layerwise_core::Strategy;
 pub use layerwise_core::{
-    bounds, checkpoint, contract, decode, layout, memory, metric_names, slots, strategy, timing,
+    bounds, checkpoint, contract, decode, exposition, layout, memory, metric_names, slots,
+    strategy, timing,
 };

@@ -495,16 +495,23 @@ async fn every_status_code_in_process() {
         "layerwise_request_duration_seconds_bucket",
         "layerwise_step_duration_seconds_count",
         "layerwise_stall_seconds_total{rank=\"0\"}",
-        "layerwise_bytes_copied_total{rank=\"0\"}",
-        "layerwise_bytes_gathered_total{rank=\"0\"}",
+        "layerwise_copied_bytes_total{rank=\"0\"}",
+        "layerwise_gathered_bytes_total{rank=\"0\"}",
         "layerwise_device_bytes{rank=\"0\"}",
-        "layerwise_rank_busy_fraction{rank=\"0\"}",
+        "layerwise_rank_busy_ratio{rank=\"0\"}",
         "layerwise_outputs_requested_total{modality=\"image\"}",
         "layerwise_frames_generated_total",
-        "layerwise_video_seconds_per_second 0.0",
+        "layerwise_queue_wait_seconds_bucket{le=\"3600.0\"}",
+        "layerwise_engine_build_info{version=",
     ] {
         assert!(m.contains(name), "{name} missing from\n{m}");
     }
+    // The page as served passes Prometheus' exposition and naming rules.
+    assert_eq!(
+        layerwise_engine::exposition::lint(&m),
+        Vec::<String>::new(),
+        "{m}"
+    );
 }
 
 fn expected_png(model: &Model, r: &Request) -> Vec<u8> {

@@ -81,6 +81,28 @@ mod tests {
             body.contains("layerwise_operator_plans_total{strategy=\"resident\"} 1"),
             "{body}"
         );
+        assert!(
+            body.contains("layerwise_operator_build_info{version=\""),
+            "{body}"
+        );
         assert_eq!(get(&t, "/nothing").await.0, StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn metrics_pass_prometheus_rules() {
+        // Every family with a series, so the rules see each one's samples.
+        let t = Arc::new(Telemetry::default());
+        t.metrics
+            .reconciled(std::time::Duration::from_millis(3), Some("kube"));
+        t.metrics.stopped("Unschedulable");
+        t.metrics.planned("resident");
+        t.metrics.scrape_failed("ns/d", 1);
+        t.metrics.api_request("get", "pods");
+        let (_, body) = get(&t, "/metrics").await;
+        assert_eq!(
+            layerwise_core::exposition::lint(&body),
+            Vec::<String>::new(),
+            "{body}"
+        );
     }
 }

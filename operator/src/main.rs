@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
 use clap::{Parser, Subcommand};
+use layerwise_engine::logging::{self, LogArgs, LogFormat};
 use layerwise_operator::autoscaler::HttpLoad;
 use layerwise_operator::plan_cli::{self, LimitArgs, PlanArgs};
 use layerwise_operator::resources::EnginePods;
@@ -24,6 +25,8 @@ struct Cli {
     command: Option<Command>,
     #[command(flatten)]
     run: Args,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -110,18 +113,13 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Plan(args)) => std::process::exit(plan_cli::run(&args)?),
-        None => serve(cli.run),
+        None => serve(cli.run, cli.log.log_format),
     }
 }
 
 #[tokio::main]
-async fn serve(args: Args) -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LAYERWISE_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+async fn serve(args: Args, log_format: LogFormat) -> Result<()> {
+    logging::init(log_format, "info")?;
     ensure!(
         args.lease_grace_seconds >= 1 && args.lease_grace_seconds < args.lease_seconds,
         "--lease-grace-seconds ({}) must be at least 1 and less than --lease-seconds ({})",
@@ -203,5 +201,17 @@ async fn shutdown() {
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_format_is_a_flag_of_the_operator() {
+        let cli = Cli::try_parse_from(["layerwise-operator", "--log-format", "json"]).unwrap();
+        assert_eq!(cli.log.log_format, LogFormat::Json);
+        assert!(Cli::try_parse_from(["layerwise-operator", "--log-format", "xml"]).is_err());
     }
 }

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use crds::{DiffusionDeploymentSpec, DiffusionNode, Plan};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
+use layerwise_core::bytesize::parse_bytes;
 
 /// What a Node offers pods, from its allocatable resources.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +49,7 @@ pub fn offer(node: &Node, resource: &str) -> Option<Offer> {
 
 fn allocatable_memory(node: &Node) -> Option<u64> {
     let allocatable = node.status.as_ref()?.allocatable.as_ref()?;
-    crds::quantity_bytes(&allocatable.get("memory")?.0)
+    parse_bytes(&allocatable.get("memory")?.0).ok()
 }
 
 /// What `node` offers of the devices its ResourceSlices publish (`dra`: devices by node),

@@ -12,6 +12,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -115,6 +116,11 @@ impl Metrics {
             "api_requests",
             "Requests sent to the Kubernetes API, by verb and resource",
             m.api_requests.clone(),
+        );
+        r.register(
+            "build",
+            "The operator's version and source revision",
+            Info::new(layerwise_core::metric_names::build_info_labels()),
         );
         m
     }

@@ -321,8 +321,7 @@ async fn examples(w: &World, root: &Path, pv: &str) -> Result<()> {
         let mut docs = Vec::new();
         let mut names = Vec::new();
         let mut on_claim = false;
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let mut v: serde_json::Value = serde::Deserialize::deserialize(doc)?;
+        for mut v in serde_saphyr::from_multiple::<serde_json::Value>(&text)? {
             match v["kind"].as_str() {
                 Some("DiffusionDeployment") => {
                     let name = v["metadata"]["name"]

@@ -279,7 +279,7 @@ fn the_wan_examples_plan_as_the_operator_records_them() {
     let (folder, model, profile) = preset(dir.path(), "wan2.2-a14b");
     let yaml = published::yaml_block(&doc, "family: wan\n");
     let f = file(dir.path(), "wan22.yaml", yaml);
-    let dd: DiffusionDeployment = serde_yaml::from_str(yaml).unwrap();
+    let dd: DiffusionDeployment = serde_saphyr::from_str(yaml).unwrap();
     let x = |file, extra: &[&str], dd: &DiffusionDeployment, node: &Node| {
         crossed(&model, &folder, &profile, file, extra, dd, node)
     };
@@ -334,7 +334,7 @@ fn the_sp_example_meets_its_latency_bound_as_the_operator_plans_it() {
     let (folder, model, profile) = preset(dir.path(), "wan2.1-14b");
     let yaml = published::yaml_block(&doc, "maxLatencySeconds:");
     let f = file(dir.path(), "wan21.yaml", yaml);
-    let dd: DiffusionDeployment = serde_yaml::from_str(yaml).unwrap();
+    let dd: DiffusionDeployment = serde_saphyr::from_str(yaml).unwrap();
     let p = crossed(&model, &folder, &profile, Some(&f), &[], &dd, &h100()).unwrap();
     assert!(p.latency_bound_met.is_some(), "{:?}", p.reasons);
     let bounded_sp = p.sp;
@@ -365,7 +365,7 @@ fn the_cosmos3_and_qwen_image_examples_plan_as_the_operator_records_them() {
     let (folder, model, profile) = preset(dir.path(), "cosmos3-super");
     let yaml = published::yaml_block(&doc, "family: cosmos3\n");
     let f = file(dir.path(), "cosmos3.yaml", yaml);
-    let dd: DiffusionDeployment = serde_yaml::from_str(yaml).unwrap();
+    let dd: DiffusionDeployment = serde_saphyr::from_str(yaml).unwrap();
     let mut t2i = dd.clone();
     let w = &mut t2i.spec.workload;
     (w.max_width, w.max_height, w.max_frames) = (1024, 1024, 1);
@@ -378,7 +378,7 @@ fn the_cosmos3_and_qwen_image_examples_plan_as_the_operator_records_them() {
     let (folder, model, profile) = preset(dir.path(), "qwen-image");
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds/examples/qwen-image.yaml");
     let dd: DiffusionDeployment =
-        serde_yaml::from_str(&std::fs::read_to_string(&example).unwrap()).unwrap();
+        serde_saphyr::from_str(&std::fs::read_to_string(&example).unwrap()).unwrap();
     let mut strategies = Vec::new();
     for node in [a100(), l40s(), l4()] {
         let p = crossed(&model, &folder, &profile, Some(&example), &[], &dd, &node).unwrap();
@@ -397,7 +397,7 @@ fn a_profile_json_plans_as_its_folder_and_the_text_says_every_term_and_reason() 
     let (folder, _, profile) = preset(dir.path(), "wan2.2-a14b");
     let yaml = published::yaml_block(&doc, "family: wan\n");
     let f = file(dir.path(), "wan22.yaml", yaml);
-    let dd: DiffusionDeployment = serde_yaml::from_str(yaml).unwrap();
+    let dd: DiffusionDeployment = serde_saphyr::from_str(yaml).unwrap();
     // What `layerwise inspect --json` prints: the engine's profile, pretty JSON.
     let json = dir.path().join("profile.json");
     let inspected = layerwise_engine::families::profile(&folder).unwrap();

@@ -418,7 +418,7 @@ const COSMOS3_PLANS: [Option<(Strategy, u32, u32)>; 8] = [
 fn the_documented_qwen_image_plans_are_the_planners_and_fit_the_engines_accounting() {
     let doc = std::fs::read_to_string(doc_path()).unwrap();
     let dd = documented(&doc, "qwen-image");
-    let example: DiffusionDeployment = serde_yaml::from_str(
+    let example: DiffusionDeployment = serde_saphyr::from_str(
         &std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds/examples/qwen-image.yaml"),
         )

@@ -227,7 +227,7 @@ fn agent_daemonset(sets: &[&str]) -> Result<serde_json::Value> {
         args.extend(["--set", set]);
     }
     let text = ok(tool("helm", &args, None)?, "helm template of the agent")?;
-    Ok(serde_yaml::from_str(&text)?)
+    Ok(serde_saphyr::from_str(&text)?)
 }
 
 /// The agent container's environment as (name, value) pairs.
@@ -654,15 +654,8 @@ fn render(
         args.extend(["-f", file]);
     }
     let text = ok(tool("helm", &args, None)?, "helm template")?;
-    // Helm separates the documents with `---` lines.
-    let mut objects = Vec::new();
-    for doc in text.split("\n---\n") {
-        let value: serde_json::Value = serde_yaml::from_str(doc)?;
-        if !value.is_null() {
-            objects.push(value);
-        }
-    }
-    Ok(objects)
+    let objects = serde_saphyr::from_multiple::<serde_json::Value>(&text)?;
+    Ok(objects.into_iter().filter(|v| !v.is_null()).collect())
 }
 
 /// The objects of `kind` among `objects`.

@@ -37,6 +37,8 @@ struct Cli {
     cmd: Cmd,
     #[command(flatten)]
     roots: RootsArgs,
+    #[command(flatten)]
+    log: crate::logging::LogArgs,
 }
 
 #[derive(Subcommand)]
@@ -156,15 +158,6 @@ pub fn may_use_gpu(args: &[OsString]) -> bool {
 /// Runs the command line `args` (the program name first) and returns the exit code:
 /// 0, 1 with `Error: ...` on stderr when the command failed, 2 for bad usage.
 pub fn main(args: Vec<OsString>) -> i32 {
-    // The executable and the CUDA library each hold their own subscriber; whichever runs
-    // the command sets it up once.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LAYERWISE_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
@@ -172,6 +165,9 @@ pub fn main(args: Vec<OsString>) -> i32 {
             return e.exit_code();
         }
     };
+    // The executable and the CUDA library each hold their own subscriber; whichever runs
+    // the command sets it up once.
+    let _ = crate::logging::init(cli.log.log_format, "warn");
     let confined = match cli.roots.model_roots.as_slice() {
         [] => Ok(()),
         roots => crate::checkpoint::confine(roots),

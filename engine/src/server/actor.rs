@@ -338,6 +338,10 @@ impl Actor {
             .get_mut(&key.id)
             .expect("queued images belong to live jobs");
         j.images[key.index as usize] = Image::Running(rank);
+        self.shared
+            .metrics
+            .queue_wait_seconds
+            .observe(j.created.elapsed().as_secs_f64());
         j.state = JobState::Running;
         j.started.get_or_insert_with(Instant::now);
         self.in_flight.insert(key, Flight::Rank(rank));

@@ -18,18 +18,14 @@ use serde_json::{Map, Value};
 
 use crate::Error;
 
-/// Reads `req`'s body (at most `limit` bytes, within `deadline`) as a `T`.
-pub async fn read<T: DeserializeOwned>(
-    req: Request,
-    limit: usize,
-    deadline: Duration,
-) -> Result<T, Error> {
+/// Reads `req`'s body (at most `limit` bytes, within `deadline`) as fields by name, for a
+/// caller that takes some out before the rest is read as a type.
+pub async fn read_fields(req: Request, limit: usize, deadline: Duration) -> Result<Fields, Error> {
     tokio::time::timeout(deadline, Fields::read(req, limit))
         .await
         .unwrap_or(Err(Error::RequestTimeout {
             seconds: deadline.as_secs(),
-        }))?
-        .parse()
+        }))
 }
 
 /// A body's fields by name. Name order, whichever way the body came (serde_json's maps
@@ -139,6 +135,29 @@ impl Fields {
             };
         }
         Ok(Fields(fields))
+    }
+
+    /// Takes the fields named in `names` out, as a body of their own.
+    pub fn split_off(&mut self, names: &[&str]) -> Fields {
+        Fields(
+            names
+                .iter()
+                .filter_map(|n| self.0.remove_entry(*n))
+                .collect(),
+        )
+    }
+
+    /// Field `name`'s value when it is text: a JSON string, or a form's text.
+    pub fn text(&self, name: &str) -> Option<&str> {
+        match self.0.get(name)? {
+            Raw::Json(Value::String(s)) | Raw::Text(s) => Some(s),
+            Raw::Json(_) => None,
+        }
+    }
+
+    /// Drops field `name`.
+    pub fn remove(&mut self, name: &str) {
+        self.0.remove(name);
     }
 
     /// The fields as a `T`: a name `T` does not have, or a value its field cannot take, is a

@@ -12,6 +12,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use super::kind::Kind;
@@ -21,8 +22,6 @@ use crate::metric_names as names;
 
 type Labels = Vec<(String, String)>;
 
-/// The window `layerwise_video_seconds_per_second` averages over.
-const RATE_WINDOW: Duration = Duration::from_secs(60);
 type FCounter = Counter<f64, AtomicU64>;
 type FGauge = Gauge<f64, AtomicU64>;
 
@@ -41,20 +40,18 @@ pub struct Metrics {
     rejected: Family<Labels, Counter>,
     forwarded: Family<Labels, Counter>,
     pub request_seconds: Histogram,
+    pub queue_wait_seconds: Histogram,
     pub step_seconds: Histogram,
     stall_seconds: Family<Labels, FCounter>,
-    bytes_copied: Family<Labels, Counter>,
-    bytes_gathered: Family<Labels, Counter>,
+    copied_bytes: Family<Labels, Counter>,
+    gathered_bytes: Family<Labels, Counter>,
     device_bytes: Family<Labels, Gauge>,
     phase_peak_bytes: Family<Labels, Gauge>,
     busy_seconds: Family<Labels, FCounter>,
-    busy_fraction: Family<Labels, FGauge>,
+    busy_ratio: Family<Labels, FGauge>,
     requested: Family<Labels, Counter>,
     frames: Counter,
     video_seconds: FCounter,
-    video_rate: FGauge,
-    /// Seconds of video finished in the last [`RATE_WINDOW`], with when.
-    recent_video: Mutex<std::collections::VecDeque<(Instant, f64)>>,
     /// Per rank: pipeline counters at the last report, to export deltas.
     last: Mutex<Vec<(PipelineStats, f64)>>,
 }
@@ -71,25 +68,29 @@ impl Metrics {
             finished: Family::default(),
             rejected: Family::default(),
             forwarded: Family::default(),
-            request_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
+            request_seconds: Histogram::new(names::LATENCY_BUCKETS),
+            queue_wait_seconds: Histogram::new(names::LATENCY_BUCKETS),
             step_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             stall_seconds: Family::default(),
-            bytes_copied: Family::default(),
-            bytes_gathered: Family::default(),
+            copied_bytes: Family::default(),
+            gathered_bytes: Family::default(),
             device_bytes: Family::default(),
             phase_peak_bytes: Family::default(),
             busy_seconds: Family::default(),
-            busy_fraction: Family::default(),
+            busy_ratio: Family::default(),
             requested: Family::default(),
             frames: Counter::default(),
             video_seconds: FCounter::default(),
-            video_rate: FGauge::default(),
-            recent_video: Mutex::new(std::collections::VecDeque::new()),
             last: Mutex::new(vec![(PipelineStats::default(), 0.0); dp]),
         };
         m.register_outputs(&mut registry);
         m.register_requests(&mut registry);
         m.register_ranks(&mut registry);
+        registry.register(
+            names::ENGINE_BUILD.short,
+            "The engine's version and source revision",
+            Info::new(names::build_info_labels()),
+        );
         Metrics { registry, ..m }
     }
 
@@ -106,14 +107,9 @@ impl Metrics {
             self.frames.clone(),
         );
         registry.register(
-            names::VIDEO_SECONDS_GENERATED.short,
+            names::GENERATED_VIDEO_SECONDS.short,
             "Seconds of video finished (frames over the clip's frame rate)",
             self.video_seconds.clone(),
-        );
-        registry.register(
-            names::VIDEO_SECONDS_PER_SECOND.short,
-            "Seconds of video finished per second of wall time, over the last minute",
-            self.video_rate.clone(),
         );
     }
 
@@ -154,6 +150,11 @@ impl Metrics {
             "End-to-end request latency (submit to last image)",
             self.request_seconds.clone(),
         );
+        registry.register(
+            names::QUEUE_WAIT_SECONDS.short,
+            "Time an image waited in the queue before a rank took it",
+            self.queue_wait_seconds.clone(),
+        );
     }
 
     /// The ranks: steps, stalls, bytes moved and held, busy time.
@@ -169,14 +170,14 @@ impl Metrics {
             self.stall_seconds.clone(),
         );
         registry.register(
-            names::BYTES_COPIED.short,
+            names::COPIED_BYTES.short,
             "Host-to-device weight bytes copied",
-            self.bytes_copied.clone(),
+            self.copied_bytes.clone(),
         );
         registry.register(
-            names::BYTES_GATHERED.short,
+            names::GATHERED_BYTES.short,
             "Weight bytes received by all-gather",
-            self.bytes_gathered.clone(),
+            self.gathered_bytes.clone(),
         );
         registry.register(
             names::DEVICE_BYTES.short,
@@ -194,9 +195,9 @@ impl Metrics {
             self.busy_seconds.clone(),
         );
         registry.register(
-            names::RANK_BUSY_FRACTION.short,
+            names::RANK_BUSY_RATIO.short,
             "Busy seconds over seconds since start, per rank",
-            self.busy_fraction.clone(),
+            self.busy_ratio.clone(),
         );
     }
 
@@ -228,10 +229,10 @@ impl Metrics {
         self.stall_seconds
             .get_or_create(&l)
             .inc_by(r.pipeline.stall.saturating_sub(prev.stall).as_secs_f64());
-        self.bytes_copied
+        self.copied_bytes
             .get_or_create(&l)
             .inc_by(r.pipeline.bytes_copied - prev.bytes_copied);
-        self.bytes_gathered
+        self.gathered_bytes
             .get_or_create(&l)
             .inc_by(r.pipeline.bytes_gathered - prev.bytes_gathered);
         *prev = r.pipeline.clone();
@@ -250,7 +251,7 @@ impl Metrics {
                 .inc_by(r.elapsed.as_secs_f64());
         }
         let up = self.started.elapsed().as_secs_f64().max(1e-9);
-        self.busy_fraction.get_or_create(&l).set(*busy_total / up);
+        self.busy_ratio.get_or_create(&l).set(*busy_total / up);
     }
 
     /// A request for `n` outputs of `kind` was queued.
@@ -266,10 +267,6 @@ impl Metrics {
         if let Kind::Video { fps } = kind {
             let seconds = frames as f64 / fps;
             self.video_seconds.inc_by(seconds);
-            self.recent_video
-                .lock()
-                .expect("metrics lock")
-                .push_back((Instant::now(), seconds));
         }
     }
 
@@ -279,21 +276,6 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
-        {
-            let mut recent = self.recent_video.lock().expect("metrics lock");
-            while recent
-                .front()
-                .is_some_and(|(t, _)| t.elapsed() > RATE_WINDOW)
-            {
-                recent.pop_front();
-            }
-            let window = RATE_WINDOW
-                .as_secs_f64()
-                .min(self.started.elapsed().as_secs_f64())
-                .max(1e-9);
-            self.video_rate
-                .set(recent.iter().fold(0.0, |a, (_, s)| a + s) / window);
-        }
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
@@ -333,6 +315,11 @@ mod tests {
             .collect();
         let named: std::collections::BTreeSet<&str> = names::ALL.iter().map(|m| m.full).collect();
         assert_eq!(exported, named);
+        assert_eq!(
+            crate::exposition::lint(&text),
+            Vec::<String>::new(),
+            "{text}"
+        );
     }
 
     #[test]
@@ -367,7 +354,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("layerwise_bytes_copied_total{rank=\"1\"} 100"),
+            text.contains("layerwise_copied_bytes_total{rank=\"1\"} 100"),
             "deltas, not sums: {text}"
         );
         assert!(

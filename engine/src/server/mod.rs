@@ -19,6 +19,7 @@ pub mod ids;
 pub mod kind;
 pub mod launch;
 pub mod metrics;
+pub mod openai_fields;
 pub mod openapi;
 pub mod owner;
 pub mod requests;

@@ -9,6 +9,7 @@ use crds::{DeviceAllocation, DiffusionDeployment};
 use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceClaimTemplate, ResourceSlice};
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
+use layerwise_core::bytesize::parse_bytes;
 
 use crate::context::Context;
 use crate::error::{kube, Result};
@@ -22,7 +23,7 @@ fn memory_of(driver: &str, device: &Device) -> Option<u64> {
     let cap = caps
         .get("memory")
         .or_else(|| caps.get(&format!("{driver}/memory")))?;
-    crds::quantity_bytes(&cap.value.0)
+    parse_bytes(&cap.value.0).ok()
 }
 
 /// What one node's ResourceSlices offer of a class.

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use anyhow::{bail, ensure, Context as _, Result};
 use crds::{DiffusionDeploymentSpec, Profile};
+use layerwise_core::bytesize::parse_bytes;
 use layerwise_core::timing::Rates;
 use serde_json::{json, Value};
 
@@ -116,7 +117,7 @@ pub fn spec(
 fn deployment_spec(file: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("--deployment {}: cannot read it", file.display()))?;
-    let mut doc: Value = serde_yaml::from_str(&text)
+    let mut doc: Value = serde_saphyr::from_str(&text)
         .with_context(|| format!("--deployment {}: not YAML or JSON", file.display()))?;
     let kind = doc["kind"].as_str().unwrap_or_default();
     ensure!(
@@ -197,20 +198,12 @@ pub fn linked_by_default(product: &str) -> bool {
     r.peer > r.host_to_device
 }
 
-/// The bytes of `value` for `flag`: a Kubernetes quantity (`80Gi`, `81559Mi`, `48G`; the
-/// project's one grammar, [`crds::common::quantity_bytes`]), with `GiB`-style suffixes read
-/// as their `Gi` counterparts.
+/// The bytes of `value` for `flag`, in the project's one grammar
+/// ([`layerwise_core::bytesize`]: `80Gi`, `81559Mi`, `48G`, `80GiB`, `48GB`).
 pub fn bytes(flag: &str, value: &str) -> Result<u64> {
-    let v = value.trim();
-    let quantity = match v.strip_suffix("iB") {
-        Some(stem) => format!("{stem}i"),
-        None => v.to_string(),
-    };
-    match crds::common::quantity_bytes(&quantity) {
-        Some(0) => bail!("{flag} {value:?}: must be more than 0 bytes"),
-        Some(b) => Ok(b),
-        None => bail!(
-            "{flag} {value:?}: not a size; write a quantity such as 80Gi, 81559Mi, 48G or 1Ti"
-        ),
+    match parse_bytes(value) {
+        Ok(0) => bail!("{flag} {value:?}: must be more than 0 bytes"),
+        Ok(b) => Ok(b),
+        Err(e) => bail!("{flag}: {e}"),
     }
 }

@@ -32,7 +32,7 @@ pub fn yaml_block<'a>(doc: &'a str, needle: &str) -> &'a str {
 
 /// [`yaml_block`] read as a DiffusionDeployment.
 pub fn documented(doc: &str, needle: &str) -> DiffusionDeployment {
-    serde_yaml::from_str(yaml_block(doc, needle))
+    serde_saphyr::from_str(yaml_block(doc, needle))
         .expect("the documented DiffusionDeployment parses")
 }
 

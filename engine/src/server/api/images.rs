@@ -10,10 +10,11 @@ use base64::Engine as _;
 use super::errors::{
     BAD_BODY, BAD_CREDENTIAL, NOT_JSON, NOT_READY, OTHER_MODEL, QUEUE_FULL, TIMEOUT, TOO_LARGE,
 };
-use super::state::{read_body, AppState};
+use super::state::{read_openai_body, AppState};
 use super::validate::parse_images;
 use crate::server::error::ApiError;
 use crate::server::kind::Kind;
+use crate::server::openai_fields::{Api, Tolerated};
 use crate::server::owner::Caller;
 use crate::server::requests::{ImageRequest, ResponseFormat};
 use crate::server::responses::{ErrorBody, ImageData, ImageResponse, OutputFormat};
@@ -61,15 +62,17 @@ pub(super) async fn generate(
     State(s): State<AppState>,
     caller: Caller,
     req: axum::extract::Request,
-) -> Result<Json<ImageResponse>, ApiError> {
+) -> Result<(Tolerated, Json<ImageResponse>), ApiError> {
     s.scheduler.shared.ready()?;
-    let (requests, format) = parse_images(read_body(&s, req).await?, &s)?;
+    let (body, openai) = read_openai_body(&s, req, Api::Images).await?;
+    let (requests, format) = parse_images(body, &s)?;
     let n = requests.len();
     let size = format!("{}x{}", requests[0].width, requests[0].height);
     let mut job = s
         .scheduler
         .submit_for(requests, Kind::Image, caller.0)
         .await?;
+    openai.log(&s.scheduler.shared.ids.format(job.id()));
     s.scheduler.wait(job.id()).await;
     // Finished: nothing is left to cancel.
     let id = job.answered();
@@ -95,13 +98,16 @@ pub(super) async fn generate(
             }
         });
     }
-    Ok(Json(ImageResponse {
-        created: now_unix(),
-        id: status.id.clone(),
-        model: s.model_name.clone(),
-        size,
-        output_format: OutputFormat::Png,
-        data,
-        timings: status,
-    }))
+    Ok((
+        openai,
+        Json(ImageResponse {
+            created: now_unix(),
+            id: status.id.clone(),
+            model: s.model_name.clone(),
+            size,
+            output_format: OutputFormat::Png,
+            data,
+            timings: status,
+        }),
+    ))
 }

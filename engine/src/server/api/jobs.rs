@@ -12,10 +12,11 @@ use super::errors::{
     BAD_BODY, BAD_CREDENTIAL, NOT_JSON, NOT_KEPT, NOT_READY, NO_JOB, OTHER_MODEL, QUEUE_FULL,
     TIMEOUT, TOO_LARGE,
 };
-use super::state::{caller_job, here, query, read_body, AppState};
+use super::state::{caller_job, here, query, read_openai_body, AppState};
 use super::validate::parse_images;
 use crate::server::error::ApiError;
 use crate::server::kind::Kind;
+use crate::server::openai_fields::Api;
 use crate::server::owner::Caller;
 use crate::server::requests::{ImageRequest, ResultQuery};
 use crate::server::responses::{Download, ErrorBody};
@@ -57,16 +58,19 @@ pub(super) async fn submit_job(
     req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     s.scheduler.shared.ready()?;
-    let (requests, _) = parse_images(read_body(&s, req).await?, &s)?;
+    let (body, openai) = read_openai_body(&s, req, Api::Images).await?;
+    let (requests, _) = parse_images(body, &s)?;
     let job = s
         .scheduler
         .submit_for(requests, Kind::Image, caller.0)
         .await?;
     let status = s.scheduler.status(job.id()).await?;
+    openai.log(&status.id);
     let location = format!("/v1/jobs/{}", status.id);
     let answer = (
         StatusCode::ACCEPTED,
         [(header::LOCATION, location)],
+        openai,
         Json(status),
     );
     Ok(deliver(answer.into_response(), job))

@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 use super::state::AppState;
 use super::{health, images, jobs, models, videos};
 use crate::server::error::ApiError;
-use crate::server::{forward, openapi};
+use crate::server::{forward, openai_fields, openapi};
 use crate::Error;
 
 /// The router; tests drive it in-process with `oneshot`. Every route is here once, as a
@@ -35,7 +35,7 @@ pub fn app(state: AppState) -> Router {
             },
             forward::route_job,
         ));
-    let (router, document) = OpenApiRouter::with_openapi(openapi::Head::openapi())
+    let (router, mut document) = OpenApiRouter::with_openapi(openapi::Head::openapi())
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .routes(routes!(health::metrics))
@@ -47,6 +47,7 @@ pub fn app(state: AppState) -> Router {
         .routes(routes!(jobs::submit_job))
         .merge(jobs)
         .split_for_parts();
+    openai_fields::document(&mut document);
     router
         .method_not_allowed_fallback(no_method)
         .layer(Extension(openapi::Served::new(&document)))

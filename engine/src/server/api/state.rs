@@ -10,12 +10,12 @@ use serde::de::DeserializeOwned;
 
 use crate::bounds::RequestBounds;
 use crate::engine::Model;
-use crate::server::body;
 use crate::server::error::ApiError;
 use crate::server::forward::Forwarding;
 use crate::server::ids::Owner;
 use crate::server::owner::Caller;
 use crate::server::scheduler::{JobStatus, Scheduler};
+use crate::server::{body, openai_fields};
 use crate::Error;
 
 /// What the server accepts, beyond what the model can do.
@@ -64,12 +64,16 @@ pub(super) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, Error> 
     })
 }
 
-/// A request's body as `T`, within the server's bounds on its size and its time.
-pub(super) async fn read_body<T: DeserializeOwned>(
+/// A generation request's body as `T`, with OpenAI's fields of `api` taken out first
+/// ([`openai_fields::take`]), and what came of them.
+pub(super) async fn read_openai_body<T: DeserializeOwned>(
     s: &AppState,
     req: axum::extract::Request,
-) -> Result<T, Error> {
-    body::read(req, s.bounds.body_limit, s.bounds.body_timeout).await
+    api: openai_fields::Api,
+) -> Result<(T, openai_fields::Tolerated), Error> {
+    let mut fields = body::read_fields(req, s.bounds.body_limit, s.bounds.body_timeout).await?;
+    let tolerated = openai_fields::take(&mut fields, api)?;
+    Ok((fields.parse()?, tolerated))
 }
 
 /// This replica's number for the job `id` names (the middleware in [`crate::server::forward`] sends the

@@ -12,10 +12,11 @@ use super::errors::{
     BAD_BODY, BAD_CREDENTIAL, NOT_JSON, NOT_KEPT, NOT_READY, OTHER_MODEL, QUEUE_FULL, TIMEOUT,
     TOO_LARGE,
 };
-use super::state::{caller_job, here, query, read_body, AppState};
+use super::state::{caller_job, here, query, read_openai_body, AppState};
 use super::validate::parse_video;
 use crate::server::error::ApiError;
 use crate::server::kind::Kind;
+use crate::server::openai_fields::Api;
 use crate::server::owner::Caller;
 use crate::server::requests::{ContentQuery, ListQuery, Order, Variant, VideoRequest};
 use crate::server::responses::{
@@ -62,12 +63,14 @@ pub(super) async fn create_video(
     req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     s.scheduler.shared.ready()?;
-    let (request, fps) = parse_video(read_body(&s, req).await?, &s)?;
+    let (body, openai) = read_openai_body(&s, req, Api::Videos).await?;
+    let (request, fps) = parse_video(body, &s)?;
     let job = s
         .scheduler
         .submit_for(vec![request], Kind::Video { fps }, caller.0)
         .await?;
     let status = s.scheduler.status(job.id()).await?;
+    openai.log(&status.id);
     let answer = (
         StatusCode::ACCEPTED,
         [(header::LOCATION, format!("/v1/videos/{}", status.id))],
