@@ -8,6 +8,7 @@
 
 #[cfg(feature = "runtime")]
 pub mod cache;
+#[cfg(feature = "runtime")]
 pub mod cli;
 pub mod components;
 #[cfg(feature = "runtime")]
