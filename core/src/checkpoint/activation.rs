@@ -47,6 +47,12 @@ pub struct ActivationCost {
     /// stream) beside the latent tokens.
     #[serde(default)]
     pub bytes_per_text_token: u64,
+    /// Tokens a family's prompt template adds to each sequence beyond the prompt's own
+    /// (which `max_sequence_length` bounds): a chat template's system message and markers,
+    /// metadata sentences, end tokens. 0 for a family that pads its prompt to the bound.
+    /// Every prompt term reads `text_tokens` plus these.
+    #[serde(default)]
+    pub template_tokens: u64,
     /// Bytes per prompt token per sequence at the peak of a text-encoder layer (its
     /// hidden states, projections and feed-forward), for families that encode prompts on
     /// the device.
@@ -67,6 +73,25 @@ pub struct ActivationCost {
     /// the prompt), 1 where a family runs them one after the other.
     #[serde(default = "two")]
     pub guidance_samples: u64,
+    /// Whether each block computes the samples of one pass in turn (the same weights, one
+    /// sequence after the other, as Cosmos3 runs its prompt and negative prompt of their
+    /// own lengths) rather than as one batch: a block's peak is then one sample's, with
+    /// what each other holds while it waits ([`Self::waiting_bytes_per_token`]). The time
+    /// model is unchanged: the weights still pass once for every sample.
+    #[serde(default)]
+    pub samples_in_turn: bool,
+    /// Under [`Self::samples_in_turn`]: bytes per latent token that each sample not
+    /// computing holds through a block (its hidden states and rotary tables).
+    #[serde(default)]
+    pub waiting_bytes_per_token: u64,
+    /// As [`Self::waiting_bytes_per_token`], per prompt token: what a waiting sample holds
+    /// of its prompt through a transformer block (its text keys and values).
+    #[serde(default)]
+    pub waiting_bytes_per_text_token: u64,
+    /// As [`Self::waiting_bytes_per_token`] for a text-encoder layer, per prompt token: a
+    /// waiting sequence's hidden states and what it keeps of the layers behind it.
+    #[serde(default)]
+    pub encoder_waiting_bytes_per_token: u64,
     /// Bytes per latent token per sample that sequence parallelism adds to a rank's block
     /// peak: the attention's queries, keys, values and output held in both layouts while
     /// an all-to-all moves them (tokens split, then heads split). 0 for a family whose
@@ -165,13 +190,25 @@ impl ActivationCost {
         let pixels = shape.width as u128 * shape.height as u128;
         let tokens =
             (pixels * latent_frames as u128).div_ceil(self.pixels_per_token.max(1) as u128);
-        let text = shape.text_tokens as u128;
+        // A prompt's sequences: its own tokens up to the bound and the template's around
+        // them (none for a family that reads no prompt).
+        let text = match shape.text_tokens {
+            0 => 0,
+            t => t as u128 + self.template_tokens as u128,
+        };
         let per_output = if shape.guidance {
             self.guidance_samples.max(1) as u128
         } else {
             1
         };
-        let samples = shape.batch as u128 * per_output;
+        let all = shape.batch as u128 * per_output;
+        // Samples computing at once, and those waiting their turn beside them.
+        let samples = if self.samples_in_turn {
+            shape.batch as u128
+        } else {
+            all
+        };
+        let waiting = all - samples;
         let share = tokens.div_ceil(sp as u128);
         let exchange = if sp > 1 {
             at(self.exchange_bytes_per_token)
@@ -190,16 +227,22 @@ impl ActivationCost {
         };
         let prompt = at(self.bytes_per_text_token) * text;
         let rest = samples * ((at(self.bytes_per_token) + exchange) * share + prompt);
-        let transformer = match self.attention_bytes_per_token {
-            0 => rest + attention,
-            a => rest.max(samples * ((at(a) + exchange) * share + prompt) + attention),
-        };
+        let held = waiting
+            * (at(self.waiting_bytes_per_token) * share
+                + at(self.waiting_bytes_per_text_token) * text);
+        let transformer = held
+            + match self.attention_bytes_per_token {
+                0 => rest + attention,
+                a => rest.max(samples * ((at(a) + exchange) * share + prompt) + attention),
+            };
         let encoder_scores = self.encoder_bytes_per_token_pair as u128 * text * text;
         let encoder_rest = samples * at(self.encoder_bytes_per_token) * text;
-        let encoder = match self.encoder_attention_bytes_per_token {
-            0 => encoder_rest + samples * encoder_scores,
-            a => encoder_rest.max(samples * (at(a) * text + encoder_scores)),
-        };
+        let encoder_held = waiting * at(self.encoder_waiting_bytes_per_token) * text;
+        let encoder = encoder_held
+            + match self.encoder_attention_bytes_per_token {
+                0 => encoder_rest + samples * encoder_scores,
+                a => encoder_rest.max(samples * (at(a) * text + encoder_scores)),
+            };
         let decode = self.decode_peak(shape.width, shape.height);
         let fits = |b: u128| (b <= (u64::MAX / 4) as u128).then_some(b as u64);
         Some(PhaseBytes {
@@ -240,10 +283,15 @@ mod tests {
             frames_per_latent: 1,
             decoder_frames: 1,
             bytes_per_text_token: 100,
+            template_tokens: 0,
             encoder_bytes_per_token: 400,
             encoder_attention_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 8,
             guidance_samples: 2,
+            samples_in_turn: false,
+            waiting_bytes_per_token: 0,
+            waiting_bytes_per_text_token: 0,
+            encoder_waiting_bytes_per_token: 0,
             exchange_bytes_per_token: 0,
         }
     }
@@ -303,6 +351,40 @@ mod tests {
             .checked_phases(&shape(10), 1, F32_BYTES)
             .unwrap();
         assert_eq!(b.transformer, p.transformer + 777);
+    }
+
+    #[test]
+    fn samples_in_turn_hold_one_peak_and_the_others_waiting() {
+        let batched = ActivationCost {
+            template_tokens: 6,
+            ..cost()
+        };
+        let turn = ActivationCost {
+            samples_in_turn: true,
+            waiting_bytes_per_token: 30,
+            waiting_bytes_per_text_token: 7,
+            encoder_waiting_bytes_per_token: 50,
+            ..batched.clone()
+        };
+        // A 10-token prompt with 6 template tokens: 16 tokens a sequence.
+        let b = batched.checked_phases(&shape(10), 1, F32_BYTES).unwrap();
+        assert_eq!(b.transformer, 2 * (1000 * 16 + 100 * 16));
+        let t = turn.checked_phases(&shape(10), 1, F32_BYTES).unwrap();
+        // One sample's block, and the other waiting with its tokens and its prompt.
+        assert_eq!(t.transformer, (1000 * 16 + 100 * 16) + (30 * 16 + 7 * 16));
+        assert_eq!(t.text_encoder, (400 * 16 + 8 * 256) + 50 * 16);
+        // Unguided: nothing waits, and the two read alike.
+        let one = RequestShape {
+            guidance: false,
+            ..shape(10)
+        };
+        assert_eq!(
+            turn.checked_phases(&one, 1, F32_BYTES),
+            batched.checked_phases(&one, 1, F32_BYTES)
+        );
+        // A family that reads no prompt pays no template.
+        let none = batched.checked_phases(&shape(0), 1, F32_BYTES).unwrap();
+        assert_eq!(none.transformer, 2 * 1000 * 16);
     }
 
     #[test]

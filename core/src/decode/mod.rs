@@ -231,10 +231,15 @@ mod tests {
             frames_per_latent: 4,
             decoder_frames: 6,
             bytes_per_text_token: 0,
+            template_tokens: 0,
             encoder_bytes_per_token: 0,
             encoder_attention_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 0,
             guidance_samples: 2,
+            samples_in_turn: false,
+            waiting_bytes_per_token: 0,
+            waiting_bytes_per_text_token: 0,
+            encoder_waiting_bytes_per_token: 0,
             exchange_bytes_per_token: 0,
         }
     }

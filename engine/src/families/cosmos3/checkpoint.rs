@@ -26,6 +26,9 @@ pub struct Cosmos3Checkpoint {
     pub vae: Component,
     /// The pipeline prepends its system prompt (`default_use_system_prompt`).
     pub system_prompt: bool,
+    /// Tokens the chat template and metadata sentences add to a prompt, at most
+    /// ([`super::prompt::Cosmos3Tokenizer::template_tokens`]).
+    pub template_tokens: u64,
 }
 
 impl Cosmos3Checkpoint {
@@ -93,8 +96,10 @@ impl Cosmos3Checkpoint {
                 ),
             ));
         }
+        let template_tokens = template_tokens(&tokenizer, system_prompt)? as u64;
         Ok(Cosmos3Checkpoint {
             folder,
+            template_tokens,
             tokenizer,
             config,
             vae_config,
@@ -124,6 +129,19 @@ impl Cosmos3Checkpoint {
     pub fn embedding_table(&self) -> &'static str {
         EMBED_TOKENS
     }
+}
+
+/// Tokens the pipeline's templates add to a prompt, at most: counted by the folder's own
+/// tokenizer where the runtime is built (the engine, `inspect`), else bounded by their
+/// bytes ([`super::template::byte_bound`], the agent's and operator's reading).
+#[cfg(feature = "runtime")]
+fn template_tokens(tokenizer: &Path, system_prompt: bool) -> Result<usize> {
+    super::prompt::Cosmos3Tokenizer::load(tokenizer, system_prompt)?.template_tokens()
+}
+
+#[cfg(not(feature = "runtime"))]
+fn template_tokens(_: &Path, system_prompt: bool) -> Result<usize> {
+    Ok(super::template::byte_bound(system_prompt))
 }
 
 impl FamilyCheckpoint for Cosmos3Checkpoint {
@@ -190,10 +208,12 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
             // out, the MLP's two projections and their product. Attention runs in query
             // chunks within a fixed budget.
             bytes_per_token: 4 * (3 * d + 2 * qw + 3 * kvw + 3 * ff),
-            // One chunk's scores and softmax, all heads, f32: what a sequence short
-            // enough for a single chunk holds in place of the budget.
+            // One chunk's scores and their softmax, all heads, f32: what a sequence short
+            // enough for a single chunk holds in place of the budget. Measured on the CPU
+            // at the published widths, the two overlap: 7 bytes a pair and head, not 8
+            // (engine/tests/memory_measured.rs).
             attention_bytes_per_token: 0,
-            bytes_per_token_pair: 8 * c.num_attention_heads as u64,
+            bytes_per_token_pair: 7 * c.num_attention_heads as u64,
             attention_bytes: crate::components::attention::ATTENTION_CHUNK_BYTES,
             vae_bytes_per_pixel: 4
                 * 3
@@ -207,14 +227,25 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
             // The understanding pathway's keys (normed, rotated) and values, kept for every
             // layer for the whole request, and the layer's key/value concatenation.
             bytes_per_text_token: 4 * 2 * kvw * (layers + 1),
+            // The prompt is not padded: a sequence is its own tokens and the templates'.
+            template_tokens: self.template_tokens,
             // An understanding layer over the prompt: x, its norm, q, k, v, attention out
-            // and the MLP; its causal attention runs in query chunks too.
+            // and the MLP, and the keys and values of the layers behind it.
             encoder_bytes_per_token: 4 * (3 * d + 2 * qw + 3 * kvw + 3 * ff) + 4 * 2 * kvw * layers,
             encoder_attention_bytes_per_token: 0,
-            encoder_bytes_per_token_pair: 0,
-            // The conditional and unconditional sequences (their prompts differ in length)
-            // are both live through each block.
+            // Its causal attention over a short prompt in one chunk: the scores, the mask
+            // added to them and their softmax, which overlap to 6 bytes a pair and head
+            // (measured as above).
+            encoder_bytes_per_token_pair: 6 * c.num_attention_heads as u64,
+            // The conditional and unconditional sequences run one after the other through
+            // each block: the one waiting holds its hidden states (and, generating, its
+            // rotary tables and its prompt's keys and values; understanding, the keys and
+            // values of the layers behind it).
             guidance_samples: 2,
+            samples_in_turn: true,
+            waiting_bytes_per_token: 4 * (d + 2 * c.head_dim as u64),
+            waiting_bytes_per_text_token: 4 * 2 * kvw * layers,
+            encoder_waiting_bytes_per_token: 4 * d + 4 * 2 * kvw * layers,
             // Under sequence parallelism: the generation pathway's q, k, v and attention
             // output alive in both layouts across an all-to-all.
             exchange_bytes_per_token: 4 * (2 * qw + 2 * kvw),

@@ -23,6 +23,7 @@ pub mod prompt;
 pub mod runtime;
 #[cfg(feature = "runtime")]
 pub mod synth;
+pub mod template;
 
 pub use checkpoint::Cosmos3Checkpoint;
 pub use config::Cosmos3Config;

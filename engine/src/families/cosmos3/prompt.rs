@@ -14,19 +14,8 @@ use crate::components::qwen2_5_vl::prompt::token_name;
 use crate::components::qwen2_5_vl::synth::VISION_START;
 use crate::{Error, Result};
 
-const SYSTEM_IMAGE: &str =
-    "You are a helpful assistant who will generate images from a give prompt.";
-const SYSTEM_VIDEO: &str =
-    "You are a helpful assistant who will generate videos from a give prompt.";
-
-/// What a prompt is for: the metadata sentences and the system message depend on it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Target {
-    pub frames: usize,
-    pub width: usize,
-    pub height: usize,
-    pub fps: f64,
-}
+pub use super::template::{with_templates, Target};
+use super::template::{SYSTEM_IMAGE, SYSTEM_VIDEO};
 
 /// The text tokenizer of a Cosmos3 folder with its chat template.
 pub struct Cosmos3Tokenizer {
@@ -38,40 +27,6 @@ pub struct Cosmos3Tokenizer {
     vision_start: u32,
     system_prompt: bool,
     dir: PathBuf,
-}
-
-/// `base.rstrip(".") + ". " + addition`, or `addition` alone after an empty base.
-fn append(base: &str, addition: &str) -> String {
-    let base = base.trim_end_matches('.');
-    if base.is_empty() {
-        addition.to_string()
-    } else {
-        format!("{base}. {addition}")
-    }
-}
-
-/// The prompt (or, `negative`, the negative prompt) with the pipeline's metadata sentences.
-pub fn with_templates(text: &str, t: &Target, negative: bool) -> String {
-    let not = if negative { "not " } else { "" };
-    let mut text = text.to_string();
-    if t.frames != 1 {
-        let duration = t.frames as f64 / t.fps;
-        text = append(
-            &text,
-            &format!(
-                "The video is {not}{duration:.1} seconds long and is {not}of {:.0} FPS.",
-                t.fps
-            ),
-        );
-    }
-    let kind = if t.frames == 1 { "image" } else { "video" };
-    append(
-        &text,
-        &format!(
-            "This {kind} is {not}of {}x{} resolution.",
-            t.height, t.width
-        ),
-    )
 }
 
 impl Cosmos3Tokenizer {
@@ -202,6 +157,24 @@ impl Cosmos3Tokenizer {
         ))
     }
 
+    /// Tokens the templates add around a prompt, at most, for the widest outputs
+    /// ([`super::template::widest_targets`]): what the activation model reserves beside the prompt's own tokens
+    /// ([`layerwise_core::checkpoint::ActivationCost::template_tokens`]). The largest over
+    /// an image and clips at both ends of the frame rate, prompt and negative prompt.
+    pub fn template_tokens(&self) -> Result<usize> {
+        // A one-letter prompt, less its own token: the sentences join a prompt after ". ",
+        // which an empty one goes without.
+        let own = self.token_count("x")?;
+        let mut most = 0;
+        for t in super::template::widest_targets() {
+            for negative in [false, true] {
+                let ids = self.ids(&with_templates("x", &t, negative), t.frames == 1)?;
+                most = most.max(ids.len().saturating_sub(own));
+            }
+        }
+        Ok(most)
+    }
+
     /// Tokens `text` itself takes (no template), for the prompt-length bound.
     pub fn token_count(&self, text: &str) -> Result<usize> {
         let enc = self
@@ -209,33 +182,5 @@ impl Cosmos3Tokenizer {
             .encode(text, false)
             .map_err(|e| self.failed(e))?;
         Ok(enc.len())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn templates_read_as_the_pipeline_writes_them() {
-        let video = Target {
-            frames: 121,
-            width: 1280,
-            height: 720,
-            fps: 24.0,
-        };
-        assert_eq!(
-            with_templates("A fox.", &video, false),
-            "A fox. The video is 5.0 seconds long and is of 24 FPS. This video is of 720x1280 resolution."
-        );
-        assert_eq!(
-            with_templates("", &video, true),
-            "The video is not 5.0 seconds long and is not of 24 FPS. This video is not of 720x1280 resolution."
-        );
-        let image = Target { frames: 1, ..video };
-        assert_eq!(
-            with_templates("A fox", &image, false),
-            "A fox. This image is of 720x1280 resolution."
-        );
     }
 }

@@ -124,6 +124,24 @@ impl FamilyRuntime for Cosmos3Runtime {
         crate::families::checks::prompt_lengths(r, [prompt, negative], "", |t| {
             self.tokenizer.token_count(t)
         })?;
+        // The memory model reserves the bound plus the templates' tokens at their widest
+        // numbers; a frame rate or size whose sentences run longer would overrun it.
+        let (cond, uncond) = self.tokenizer.request(prompt, negative, &target(r))?;
+        let most = r.max_sequence_length + ck.template_tokens as usize;
+        for (field, ids) in [("prompt", cond), ("negative_prompt", uncond)] {
+            if ids.len() > most {
+                return Err(Error::invalid(
+                    field,
+                    format!(
+                        "{} tokens with the pipeline's templates (its metadata sentences \
+                         for this size and frame rate) is over the {most} reserved: \
+                         max_sequence_length and {} for the templates",
+                        ids.len(),
+                        ck.template_tokens
+                    ),
+                ));
+            }
+        }
         crate::families::checks::init_latents(
             r,
             &crate::families::checks::clip_latents(

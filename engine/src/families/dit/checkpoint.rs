@@ -112,10 +112,15 @@ impl FamilyCheckpoint for DitCheckpoint {
             decoder_frames: 1,
             // Class-conditional: no prompt. Guidance batches the null class beside each.
             bytes_per_text_token: 0,
+            template_tokens: 0,
             encoder_bytes_per_token: 0,
             encoder_attention_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 0,
             guidance_samples: 2,
+            samples_in_turn: false,
+            waiting_bytes_per_token: 0,
+            waiting_bytes_per_text_token: 0,
+            encoder_waiting_bytes_per_token: 0,
             exchange_bytes_per_token: 0,
         }
     }

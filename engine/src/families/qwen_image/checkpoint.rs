@@ -242,12 +242,17 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
             // tensors per token, and the prompt's embeddings kept for the whole request.
             bytes_per_text_token: tr.activation_bytes_per_token()
                 + 4 * tr.joint_attention_dim as u64,
+            template_tokens: 0,
             encoder_bytes_per_token: self.text_encoder_config.encoder_bytes_per_token(),
             encoder_attention_bytes_per_token: 0,
             encoder_bytes_per_token_pair: 0,
             // The prompt and the negative prompt run as two sequences of their own lengths,
             // both live through each block.
             guidance_samples: 2,
+            samples_in_turn: false,
+            waiting_bytes_per_token: 0,
+            waiting_bytes_per_text_token: 0,
+            encoder_waiting_bytes_per_token: 0,
             exchange_bytes_per_token: 0,
         }
     }

@@ -343,6 +343,7 @@ impl FamilyCheckpoint for WanCheckpoint {
             // kept for every block (its cross-attention keys and values are gone by the
             // feed-forward).
             bytes_per_text_token: 4 * d,
+            template_tokens: 0,
             // A UMT5 layer peaks in its gated feed-forward (measured linear in the
             // prompt's tokens): x, its norm and the layer's output, the two projections,
             // GELU's temporary and their product.
@@ -353,6 +354,10 @@ impl FamilyCheckpoint for WanCheckpoint {
             encoder_bytes_per_token_pair: 4 * 3 * te_heads,
             // The prompt and the negative prompt go through as a batch of two.
             guidance_samples: 2,
+            samples_in_turn: false,
+            waiting_bytes_per_token: 0,
+            waiting_bytes_per_text_token: 0,
+            encoder_waiting_bytes_per_token: 0,
             // Under sequence parallelism: the self-attention's q, k, v and output, each
             // [tokens, d], alive in both layouts across an all-to-all.
             exchange_bytes_per_token: 4 * 4 * d,
