@@ -16,10 +16,16 @@
 {{- end }}
 {{- end }}
 
+{{/* The labels of an object that has no selector labels of its own. */}}
 {{- define "layerwise.labels" -}}
+{{ include "layerwise.metaLabels" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The labels beside a selector's (which carry the instance), so no key is written twice. */}}
+{{- define "layerwise.metaLabels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/part-of: layerwise
-app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
