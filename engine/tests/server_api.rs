@@ -23,6 +23,7 @@ use layerwise_engine::media::image::encode_png;
 use layerwise_engine::server::api::{app, AppState};
 use layerwise_engine::server::forward::Forwarding;
 use layerwise_engine::server::ids::JobIds;
+use layerwise_engine::server::openai_fields::{OpenAiImageFields, OpenAiVideoFields};
 use layerwise_engine::server::scheduler::{DecodeJob, Retention, Scheduler};
 use layerwise_engine::server::ApiError;
 use layerwise_engine::Strategy;
@@ -893,15 +894,24 @@ async fn the_served_document_is_the_routers_and_the_request_types() {
         assert!(schemas.get(name).is_some(), "{r} refers to nothing");
     }
 
-    // Request bodies: both content types, the schema of the request type, and its fields.
+    // Request bodies: both content types, the schema of the request type, and its fields
+    // with OpenAI's other fields the endpoint tolerates.
+    let image_fields: BTreeSet<&str> = field_names::<ImageRequest>()
+        .union(&field_names::<OpenAiImageFields>())
+        .copied()
+        .collect();
+    let video_fields: BTreeSet<&str> = field_names::<VideoRequest>()
+        .union(&field_names::<OpenAiVideoFields>())
+        .copied()
+        .collect();
     for (path, schema, fields) in [
         (
             "/v1/images/generations",
             "ImageRequest",
-            field_names::<ImageRequest>(),
+            image_fields.clone(),
         ),
-        ("/v1/jobs", "ImageRequest", field_names::<ImageRequest>()),
-        ("/v1/videos", "VideoRequest", field_names::<VideoRequest>()),
+        ("/v1/jobs", "ImageRequest", image_fields),
+        ("/v1/videos", "VideoRequest", video_fields),
     ] {
         let content = &doc["paths"][path]["post"]["requestBody"]["content"];
         for ct in ["application/json", "multipart/form-data"] {

@@ -541,7 +541,7 @@ fn cel(ns: &str) -> Result<()> {
         ),
         (
             json!({ "model": { "location": { "persistentVolumeClaim": { "claimName": "c" } } } }),
-            "set exactly one of hostPath and persistentVolumeClaim",
+            "set exactly one source: hostPath, persistentVolumeClaim or s3",
         ),
         (json!({ "dp": 0 }), "dp must be at least 1"),
         (

@@ -483,7 +483,7 @@ fn bad_input_is_refused_naming_what_is_wrong() {
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
             args(&folder, Some(&f), &n, &["--device-memory=80 gigs"]),
-            "--device-memory \"80 gigs\": not a size",
+            "--device-memory: `80 gigs`: an unknown unit",
         ),
         (
             args(&folder, Some(&f), &n, &["--host-memory=0"]),

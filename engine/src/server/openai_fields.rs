@@ -366,6 +366,17 @@ pub fn document(doc: &mut OpenApi) {
     let Some(components) = doc.components.as_mut() else {
         return;
     };
+    // The value sets the fields' schemas refer to by name.
+    for (name, schema) in [
+        (Quality::name(), Quality::schema()),
+        (Style::name(), Style::schema()),
+        (Complexity::name(), Complexity::schema()),
+        (ImageFormat::name(), ImageFormat::schema()),
+        (Background::name(), Background::schema()),
+        (Moderation::name(), Moderation::schema()),
+    ] {
+        components.schemas.insert(name.into_owned(), schema);
+    }
     for (name, extra) in [
         ("ImageRequest", OpenAiImageFields::schema()),
         ("VideoRequest", OpenAiVideoFields::schema()),
