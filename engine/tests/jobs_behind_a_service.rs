@@ -542,7 +542,13 @@ async fn a_job_on_a_draining_replica_is_read_through_the_service() {
         unsafe { libc::kill(owner.child.id() as i32, libc::SIGTERM) },
         0
     );
-    assert_eq!(call(owner.addr, "GET", "/readyz", None).await.status, 503);
+    // The signal is delivered asynchronously: readiness fails as soon as the server's handler
+    // has run, which the kubelet's probe (here, this loop) observes a moment later.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while call(owner.addr, "GET", "/readyz", None).await.status != 503 {
+        assert!(Instant::now() < deadline, "readiness never failed after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // The endpoints controller drops the unready pod: every connection goes to the other.
     *proxy.backends.lock().unwrap() = vec![other.addr];
     let deadline = Instant::now() + T;
