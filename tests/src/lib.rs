@@ -7,7 +7,8 @@
 //! that everything the tests start talks only to loopback; [`images`] runs the
 //! project's container images; [`dra`] is a fake DRA driver's node and ResourceSlice;
 //! [`engine_objects`] are the engine pods and Services the operator's own code makes.
-//! [`s3`] is a real S3-compatible server (SeaweedFS) for the model sources.
+//! [`s3`] is a real S3-compatible server (SeaweedFS) for the model sources; [`scenario`] is
+//! what the tests that run the chart under the node runner share.
 
 pub mod cluster;
 pub mod dra;
@@ -17,5 +18,6 @@ pub mod images;
 pub mod net;
 pub mod runner;
 pub mod s3;
+pub mod scenario;
 pub mod shapes;
 pub mod tools;

@@ -190,6 +190,7 @@ fn the_schema_refuses_bad_values_by_name() -> Result<()> {
             "/enginePods/tolerations/0/operator",
         ),
         ("imagePullSecrets[0].nam=regcred", "/imagePullSecrets/0"),
+        ("logFormat=yaml", "/logFormat"),
     ] {
         let args = [
             "template",
@@ -628,6 +629,41 @@ async fn each_agent_writes_only_its_own_nodes_diffusionnode() -> Result<()> {
     }
     tools::finish_teardown(&client, &ns, errors).await?;
     result
+}
+
+/// `logFormat` reaches the operator and every agent as `--log-format`, `text` unless set
+/// (the binaries' own default); the operator passes its own on to the engine pods it makes
+/// (`engine_pods_log_as_the_operator_does_unless_their_spec_says_otherwise` in the operator),
+/// and `auto_offload_sharded.rs` runs both containers with `json` and reads their lines.
+#[test]
+fn the_log_format_reaches_the_operator_and_the_agents() -> Result<()> {
+    for (sets, want) in [(&[][..], "text"), (&["logFormat=json"][..], "json")] {
+        let objects = render(sets, &[], "lw", "layerwise")?;
+        let mut seen = Vec::new();
+        for kind in ["Deployment", "DaemonSet"] {
+            for o in of_kind(&objects, kind) {
+                let c = &o["spec"]["template"]["spec"]["containers"][0];
+                let args: Vec<&str> = c["args"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|a| a.as_str())
+                    .collect();
+                ensure!(
+                    args.windows(2).any(|w| w == ["--log-format", want]),
+                    "{kind} {}: args {args:?} with {sets:?}",
+                    o["metadata"]["name"]
+                );
+                seen.push(c["command"][0].as_str().unwrap_or_default().to_string());
+            }
+        }
+        seen.sort();
+        ensure!(
+            seen == ["layerwise-agent", "layerwise-operator"],
+            "containers checked: {seen:?}"
+        );
+    }
+    Ok(())
 }
 
 /// Every object `helm template` renders with `sets` (and `files`, value files), as JSON.
