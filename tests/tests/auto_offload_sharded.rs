@@ -13,6 +13,13 @@
 //! staying resident does not. What the cluster then records is the chart, the agent's label
 //! inventory, the DiffusionNode and the operator agreeing with that sizing.
 //!
+//! The install is also where the chart's other promises to an on-call engineer are checked
+//! against the running binaries: `logFormat: json` reaches the operator and the agents as
+//! `--log-format json` and every line they write is a JSON object, and the chart's monitors
+//! (the PodMonitor set, which brings the operator's ServiceMonitor and the agents'
+//! PodMonitor) select each operator and agent pod once, and each answers there with
+//! exposition text that passes the format's rules and carries its `_build_info`.
+//!
 //! Its nodes are its own (not `type: kwok`, so the default fleet's tests do not count them),
 //! with loopback addresses above the default fleet's, and the chart's agents are kept to them
 //! by `agent.nodeSelector`; the test removes them, and their DiffusionNodes, when done.
@@ -27,16 +34,21 @@ use crds::{DiffusionDeployment, DiffusionNode, Plan};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
+use layerwise_core::exposition;
 use layerwise_e2e::cluster::{self, wait_until};
 use layerwise_e2e::images;
+use layerwise_e2e::monitors;
 use layerwise_e2e::runner::{self, NodeRunner};
 use layerwise_e2e::scenario::{check_runner, path_str, synth};
 use layerwise_e2e::tools::{self, ok, tool};
+use layerwise_engine::tools::loadgen::http;
 use layerwise_operator::plan_cli::{self, LimitArgs, Link, NodeArgs, PlanArgs, WorkloadArgs};
 use serde_json::json;
 
 /// How long any one step may take (cold processes on two shared cores).
 const WAIT: Duration = Duration::from_secs(180);
+/// How long a scrape may take (Prometheus' default scrape timeout).
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The images the pods run (the engine image only writes the model).
 const IMAGES: [&str; 3] = ["operator", "agent", "engine"];
 const MODEL_PATH: &str = "/models/tiny";
@@ -53,6 +65,9 @@ const HOST_OVERHEAD_MIB: u64 = 2048;
 const MAX_SLOTS: u32 = 4;
 /// The host memory the sizing assumes; the agents report the machine's own, which is more.
 const HOST_MEMORY: &str = "8Gi";
+/// The chart's operator replicas (its default), and one agent on each of the two nodes.
+const OPERATORS: usize = 2;
+const AGENTS: usize = 2;
 /// Loopback numbers of this test's nodes: above any default fleet's (`up` allows 253).
 const LINKED_N: u32 = 250;
 const UNLINKED_N: u32 = 251;
@@ -71,6 +86,7 @@ async fn auto_streams_offload_sharded_over_a_labelled_fast_link_with_the_agent_u
     images::ensure(&IMAGES)?;
     let client = cluster::client().await?;
     tools::install_crds(&client, WAIT).await?;
+    monitors::install()?;
     let ns = cluster::create_namespace(&client, "offload-sharded").await?;
     // The namespace's unique tail (its time in hex) names the release and the nodes.
     let suffix = ns.rsplit('-').next().unwrap_or(&ns).to_string();
@@ -177,13 +193,15 @@ async fn scenario(
     runner: &NodeRunner,
 ) -> Result<()> {
     // The chart's agent defaults (unprivileged, non-root, no NVML) untouched: only which
-    // nodes it runs on, the node runner's annotation, and a quick resync.
+    // nodes it runs on, the node runner's annotation, and a quick resync. The operators run
+    // on the test's nodes too: the node runner runs pods there only.
     let values = work.join("values.yaml");
     std::fs::write(
         &values,
         format!(
-            "logFormat: json\noperator:\n  watchNamespace: {ns}\n  resyncSeconds: 1\n  deviceOverheadMiB: {DEVICE_OVERHEAD_MIB}\n  hostOverheadMiB: {HOST_OVERHEAD_MIB}\n  maxSlots: {MAX_SLOTS}\n  podAnnotations:\n    {a}: {v}\n\
-             agent:\n  reinventorySeconds: 2\n  nodeSelector:\n    {FLEET_LABEL}: {ns}\n  prewarm:\n    memoryFloor: \"0\"\n  podAnnotations:\n    {a}: {v}\n",
+            "logFormat: json\noperator:\n  watchNamespace: {ns}\n  resyncSeconds: 1\n  deviceOverheadMiB: {DEVICE_OVERHEAD_MIB}\n  hostOverheadMiB: {HOST_OVERHEAD_MIB}\n  maxSlots: {MAX_SLOTS}\n  nodeSelector:\n    {FLEET_LABEL}: {ns}\n  podAnnotations:\n    {a}: {v}\n\
+             agent:\n  reinventorySeconds: 2\n  nodeSelector:\n    {FLEET_LABEL}: {ns}\n  prewarm:\n    memoryFloor: \"0\"\n  podAnnotations:\n    {a}: {v}\n\
+             monitoring:\n  podMonitor:\n    enabled: true\n",
             a = runner::ANNOTATION,
             v = runner::ANNOTATION_VALUE
         ),
@@ -207,7 +225,7 @@ async fn scenario(
         "helm install",
     )?;
     // The chart's operators and one agent on each of the test's nodes, none privileged.
-    let want = nodes.len() + 2;
+    let want = OPERATORS + AGENTS;
     wait_until("the operators and the agents ready", WAIT, || async {
         check_runner(runner)?;
         let ready = runner.running().iter().filter(|r| r.ready).count();
@@ -223,13 +241,14 @@ async fn scenario(
         .into_iter()
         .filter(|r| r.pod.starts_with(&format!("{release}-layerwise-agent-")))
         .collect();
-    ensure!(agents.len() == nodes.len(), "agents: {agents:?}");
+    ensure!(agents.len() == AGENTS, "agents: {agents:?}");
     for a in &agents {
         // Non-root, no capabilities, no new privileges, read-only root: no way to NVML.
         images::check_chart_security(a.pid, &format!("agent pod {}", a.pod))?;
     }
 
     check_json_logs(runner, release, &work.join("pods"))?;
+    check_scrapes(client, ns, release, runner).await?;
 
     let mut yaml = String::new();
     for node in nodes {
@@ -306,6 +325,52 @@ fn check_json_logs(runner: &NodeRunner, release: &str, logs: &Path) -> Result<()
             );
         }
     }
+    Ok(())
+}
+
+/// As Prometheus would scrape them: the chart's monitors select each operator pod (through
+/// its metrics Service's ServiceMonitor) and each agent pod (its PodMonitor) exactly once,
+/// and each answers at the target with exposition text that passes the format's rules and
+/// carries its binary's `_build_info`.
+async fn check_scrapes(
+    client: &Client,
+    ns: &str,
+    release: &str,
+    runner: &NodeRunner,
+) -> Result<()> {
+    let targets = monitors::targets(client, ns).await?;
+    let prefix = format!("{release}-layerwise-");
+    let mut scraped = 0;
+    for r in runner
+        .running()
+        .iter()
+        .filter(|r| r.pod.starts_with(&prefix))
+    {
+        let of: Vec<&monitors::Target> = targets.iter().filter(|t| t.pod == r.pod).collect();
+        let [t] = of[..] else {
+            bail!("pod {} is scraped by {of:?}", r.pod);
+        };
+        let (kind, info) = if r.pod.starts_with(&format!("{prefix}operator-")) {
+            ("ServiceMonitor/", "layerwise_operator_build_info{")
+        } else {
+            ("PodMonitor/", "layerwise_agent_build_info{")
+        };
+        ensure!(t.monitor.starts_with(kind), "pod {}: {t:?}", r.pod);
+        let m = http(t.addr, "GET", &t.path, None, SCRAPE_TIMEOUT).await?;
+        ensure!(m.status == 200, "{t:?}: HTTP {}", m.status);
+        let body = String::from_utf8_lossy(&m.body);
+        let wrong = exposition::lint(&body);
+        ensure!(wrong.is_empty(), "{t:?}: {wrong:#?}");
+        ensure!(
+            body.lines().any(|l| l.starts_with(info)),
+            "{t:?}: no {info}..}} sample"
+        );
+        scraped += 1;
+    }
+    ensure!(
+        scraped == OPERATORS + AGENTS,
+        "{scraped} of the chart's pods scraped, want {OPERATORS} operators and {AGENTS} agents"
+    );
     Ok(())
 }
 

@@ -11,40 +11,11 @@ use kube::api::PostParams;
 use kube::Api;
 use layerwise_e2e::cluster;
 use layerwise_e2e::images::{self, expect_in};
+use layerwise_e2e::monitors::{self, in_namespaces, selects};
 use layerwise_e2e::tools::{self, ok, tool};
 
 /// How long the CRDs get to be served.
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Just enough of the Prometheus Operator's CRDs for the apiserver to take the chart's
-/// monitors in a dry run (any fields; the real CRDs validate them on a real cluster).
-const MONITOR_CRDS: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: podmonitors.monitoring.coreos.com}
-spec:
-  group: monitoring.coreos.com
-  scope: Namespaced
-  names: {kind: PodMonitor, plural: podmonitors, singular: podmonitor, listKind: PodMonitorList}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: servicemonitors.monitoring.coreos.com}
-spec:
-  group: monitoring.coreos.com
-  scope: Namespaced
-  names: {kind: ServiceMonitor, plural: servicemonitors, singular: servicemonitor, listKind: ServiceMonitorList}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
-"#;
 
 /// The chart's folder, as a string for the tools' arguments.
 fn chart() -> Result<String> {
@@ -77,30 +48,7 @@ fn value_sets() -> Result<Vec<Option<String>>> {
 async fn every_value_set_lints_renders_and_passes_a_server_side_dry_run() -> Result<()> {
     let client = cluster::client().await?;
     tools::install_crds(&client, WAIT).await?;
-    ok(
-        tool(
-            "kubectl",
-            &["apply", "--server-side", "-f", "-"],
-            Some(MONITOR_CRDS),
-        )?,
-        "kubectl apply of the monitor CRDs",
-    )?;
-    for crd in [
-        "podmonitors.monitoring.coreos.com",
-        "servicemonitors.monitoring.coreos.com",
-    ] {
-        let name = format!("crd/{crd}");
-        let args = [
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            &name,
-        ];
-        ok(
-            tool("kubectl", &args, None)?,
-            "kubectl wait for the monitor CRDs",
-        )?;
-    }
+    monitors::install()?;
     let kube_version = client.apiserver_version().await?.git_version;
     let chart = chart()?;
     let ns = cluster::create_namespace(&client, "chart").await?;
@@ -972,25 +920,6 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {ns}-bob}}]
 }
 
 /// Whether `selector` (a monitor's `selector`, a LabelSelector with `matchLabels`) selects an
-/// object with `labels`.
-fn selects(selector: &serde_json::Value, labels: &serde_json::Value) -> bool {
-    selector["matchLabels"]
-        .as_object()
-        .is_some_and(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)))
-}
-
-/// Whether a monitor's `namespaceSelector` takes `namespace` (its own when it has none).
-fn in_namespaces(monitor: &serde_json::Value, namespace: &str) -> bool {
-    let sel = &monitor["spec"]["namespaceSelector"];
-    if sel["any"] == true {
-        return true;
-    }
-    match sel["matchNames"].as_array() {
-        Some(names) => names.iter().any(|n| n == namespace),
-        None => monitor["metadata"]["namespace"] == namespace,
-    }
-}
-
 /// How many scrape targets the monitors among `objects` make of `pod`: each PodMonitor
 /// endpoint that selects it and names one of its container ports, and each ServiceMonitor
 /// endpoint that selects one of `services` whose selector takes the pod and whose port of
