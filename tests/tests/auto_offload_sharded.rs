@@ -270,6 +270,7 @@ async fn scenario(
             })
         })
         .await?;
+        check_plan(node, &plan)?;
         // What the node's agent reported, from the labels alone.
         let dn = dns.get(&node.name).await?;
         let accelerators = dn.status.as_ref().map(|s| s.accelerators.clone());
@@ -283,7 +284,6 @@ async fn scenario(
             "{}: the agent reported {accelerators:?}",
             node.name
         );
-        check_plan(node, &plan)?;
         eprintln!(
             "offload-sharded: {} (fast-peer-link={}) planned {} dp={} slots={} fastPeerLink={}",
             node.name,
