@@ -78,6 +78,10 @@ pub struct Setup {
     pub election: Option<Election>,
     /// What every engine pod gets from the platform (the chart's values).
     pub engine_pods: EnginePods,
+    /// The operator's default engine image (the chart's, which follows its version).
+    pub engine_image: String,
+    /// The fewest nodes a deployment asks to prepare its model.
+    pub prepare_nodes: usize,
 }
 
 impl Default for Setup {
@@ -86,6 +90,8 @@ impl Default for Setup {
             resync: Duration::from_secs(1),
             election: None,
             engine_pods: EnginePods::default(),
+            engine_image: "layerwise:test".into(),
+            prepare_nodes: 8,
         }
     }
 }
@@ -171,13 +177,13 @@ impl World {
         let client = client::counted(config, telemetry.clone())?;
         let identity = setup.election.as_ref().map(|e| e.identity.clone());
         let settings = Settings {
-            engine_image: "layerwise:test".into(),
+            engine_image: setup.engine_image,
             engine_pods: setup.engine_pods,
             limits: Limits::default(),
             resync: setup.resync,
             namespace: Some(self.ns.clone()),
             model_roots: vec!["/models".into()],
-            prepare_nodes: 8,
+            prepare_nodes: setup.prepare_nodes,
             election: setup.election,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
