@@ -27,14 +27,15 @@ use anyhow::{ensure, Context as _, Result};
 use crds::{DiffusionDeployment, DiffusionNode};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use layerwise_e2e::cluster::wait_until;
 use layerwise_e2e::shapes::Shape;
 use layerwise_operator::requests::model_id;
 use serde_json::json;
 use world::{
-    deployment_manifest, event_reasons, profile, status_of, Fixed, Operator, Setup, World, WAIT,
+    deployment_manifest, engine_pods, event_reasons, profile, status_of, Fixed, Operator, Setup,
+    World, WAIT,
 };
 
 /// ~25 GiB: resident on one 80 GiB GPU.
@@ -138,19 +139,6 @@ async fn remove(client: &Client, i: u8) -> Result<()> {
     Ok(())
 }
 
-/// The deployment's engine pods not being deleted.
-async fn pods_of(client: &Client, ns: &str, name: &str) -> Result<Vec<Pod>> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={name}"));
-    Ok(pods
-        .list(&lp)
-        .await?
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect())
-}
-
 fn running(p: &Pod) -> bool {
     p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
@@ -166,7 +154,7 @@ fn node_of(p: &Pod) -> String {
 async fn placement(client: &Client, ns: &str, name: &str) -> Result<(BTreeMap<String, u32>, u32)> {
     let mut on = BTreeMap::new();
     let mut waiting = 0;
-    for p in pods_of(client, ns, name).await? {
+    for p in engine_pods(client, ns, name).await? {
         if running(&p) {
             *on.entry(node_of(&p)).or_default() += 1;
         } else {
@@ -191,15 +179,12 @@ async fn placed(
         || async {
             let plan = status_of(&api, name).await?.plan.map(|p| p.nodes);
             let got = placement(&w.client, &w.ns, name).await?;
-            Ok(
-                if plan.as_deref() == Some(&nodes.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                    && got == want
-                {
-                    Ok(())
-                } else {
-                    Err(format!("plan on {plan:?}, pods {got:?}"))
-                },
-            )
+            let planned = plan.as_ref().is_some_and(|p| p.iter().eq(nodes.iter()));
+            Ok(if planned && got == want {
+                Ok(())
+            } else {
+                Err(format!("plan on {plan:?}, pods {got:?}"))
+            })
         },
     )
     .await
@@ -207,6 +192,27 @@ async fn placed(
 
 fn on(pairs: &[(&str, u32)]) -> BTreeMap<String, u32> {
     pairs.iter().map(|(n, c)| (n.to_string(), *c)).collect()
+}
+
+/// Waits until `node`'s DiffusionNode is owned by it (by uid), as the operator makes it.
+async fn owned(client: &Client, node: &Node) -> Result<()> {
+    let dns: Api<DiffusionNode> = Api::all(client.clone());
+    let name = node.name_any();
+    wait_until(&format!("{name} owned by its Node"), WAIT, || async {
+        let dn = dns.get(&name).await?;
+        let owners = dn.owner_references();
+        Ok(
+            if owners
+                .iter()
+                .any(|o| o.kind == "Node" && Some(&o.uid) == node.metadata.uid.as_ref())
+            {
+                Ok(())
+            } else {
+                Err(format!("owners {owners:?}"))
+            },
+        )
+    })
+    .await
 }
 
 /// The model ids a DiffusionNode is asked to prepare.
@@ -260,37 +266,24 @@ async fn joins_and_leaves(w: &World) -> Result<()> {
     };
     // `content` fits on the one node there is; `waiting` wants three replicas where the
     // node has one GPU left for it.
-    api.create(
-        &PostParams::default(),
-        &serde_json::from_value(deployment_manifest("content", spec(1)))?,
-    )
-    .await?;
+    let content = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(deployment_manifest("content", spec(1)))?,
+        )
+        .await?;
     placed(w, "content", &[&n0], (on(&[(&n0, 1)]), 0)).await?;
-    api.create(
-        &PostParams::default(),
-        &serde_json::from_value(deployment_manifest("waiting", spec(3)))?,
-    )
-    .await?;
+    let waiting = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(deployment_manifest("waiting", spec(3)))?,
+        )
+        .await?;
     placed(w, "waiting", &[&n0], (on(&[(&n0, 1)]), 2)).await?;
-    let waiting_id = format!("{ns}/waiting");
-    let content_id = format!("{ns}/content");
+    let (content_id, waiting_id) = (model_id(&content), model_id(&waiting));
 
     // The first node's DiffusionNode is owned by its Node.
-    let dns: Api<DiffusionNode> = Api::all(client.clone());
-    let owned_by = |dn: &DiffusionNode, node: &Node| {
-        dn.owner_references()
-            .iter()
-            .any(|o| o.kind == "Node" && Some(&o.uid) == node.metadata.uid.as_ref())
-    };
-    wait_until(&format!("{n0} owned by its Node"), WAIT, || async {
-        let dn = dns.get(&n0).await?;
-        Ok(if owned_by(&dn, &first) {
-            Ok(())
-        } else {
-            Err(format!("owners {:?}", dn.owner_references()))
-        })
-    })
-    .await?;
+    owned(client, &first).await?;
 
     // A node joins, as an autoscaler adds one: its Node, then its agent's DiffusionNode.
     let t = Instant::now();
@@ -326,27 +319,16 @@ async fn joins_and_leaves(w: &World) -> Result<()> {
         !asked.contains(&content_id) && !asked_now.contains(&content_id),
         "{n1} asked to warm {content_id}, whose node holds its replica: {asked_now:?}"
     );
-    let d = Api::<DiffusionDeployment>::namespaced(client.clone(), ns)
-        .get("waiting")
-        .await?;
-    ensure!(model_id(&d) == waiting_id);
 
     // The node goes, as an autoscaler removes it: its agent stops with it, and the garbage
     // collector takes its DiffusionNode once the operator has made the Node its owner.
-    wait_until(&format!("{n1} owned by its Node"), WAIT, || async {
-        let dn = dns.get(&n1).await?;
-        Ok(if owned_by(&dn, &second) {
-            Ok(())
-        } else {
-            Err(format!("owners {:?}", dn.owner_references()))
-        })
-    })
-    .await?;
+    owned(client, &second).await?;
     w.extra_shapes.lock().unwrap()[0] = joining(1);
     let t = Instant::now();
     Api::<Node>::all(client.clone())
         .delete(&n1, &DeleteParams::default())
         .await?;
+    let dns: Api<DiffusionNode> = Api::all(client.clone());
     wait_until(&format!("{n1}'s DiffusionNode collected"), WAIT, || async {
         Ok(match dns.get_opt(&n1).await? {
             None => Ok(()),
@@ -393,7 +375,7 @@ async fn joins_and_leaves(w: &World) -> Result<()> {
 
 /// Engine pods of `name`: uid and image of each.
 async fn engines(w: &World, name: &str) -> Result<BTreeMap<String, String>> {
-    Ok(pods_of(&w.client, &w.ns, name)
+    Ok(engine_pods(&w.client, &w.ns, name)
         .await?
         .into_iter()
         .map(|p| {

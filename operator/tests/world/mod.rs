@@ -234,7 +234,8 @@ impl World {
             .unwrap_or_default()
         {
             let patch = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": dn.name_any() } });
-            if let Err(e) = dns
+            // A DiffusionNode gone since the list (its Node removed) has nothing to clear.
+            match dns
                 .patch_status(
                     &dn.name_any(),
                     &PatchParams::apply(&agent_manager(&self.ns)).force(),
@@ -242,10 +243,12 @@ impl World {
                 )
                 .await
             {
-                errors.push(anyhow::Error::from(e).context(format!(
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => errors.push(anyhow::Error::from(e).context(format!(
                     "clearing the fake agent's status on {}",
                     dn.name_any()
-                )));
+                ))),
             }
         }
         if let Err(e) = tools::helm_uninstall(&self.release, &self.ns) {
@@ -396,8 +399,8 @@ pub fn condition(
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-/// Pods of the deployment that are Running, with their nodes.
-pub async fn running_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<(String, String)>> {
+/// The deployment's engine pods that are not being deleted.
+pub async fn engine_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<Pod>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={name}"));
     Ok(pods
@@ -405,10 +408,16 @@ pub async fn running_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<(
         .await?
         .items
         .into_iter()
-        .filter(|p| {
-            p.metadata.deletion_timestamp.is_none()
-                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-        })
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect())
+}
+
+/// Pods of the deployment that are Running, with their nodes.
+pub async fn running_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<(String, String)>> {
+    Ok(engine_pods(client, ns, name)
+        .await?
+        .into_iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
         .map(|p| {
             (
                 p.name_any(),
