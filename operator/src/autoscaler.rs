@@ -123,6 +123,11 @@ pub async fn read(source: &dyn LoadSource, pods: &[Arc<Pod>]) -> Vec<Result<PodL
     futures::future::join_all(pods.iter().map(|p| source.load(p))).await
 }
 
+/// The annotation a ReplicaSet ranks pods by when it removes some (lower goes first).
+pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// When the operator last wrote [`DELETION_COST`] on the pod (Unix seconds).
+pub const DELETION_COST_AT: &str = "layerwise.dev/deletion-cost-at";
+
 /// A pod's `controller.kubernetes.io/pod-deletion-cost` from its load: the requests it has
 /// queued or running, so a ReplicaSet scaling down removes the pods with the least work
 /// first (an idle pod costs 0). Capped at `i32::MAX`, the annotation's range.

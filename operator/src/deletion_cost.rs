@@ -30,12 +30,7 @@ use crate::autoscaler::{self, PodLoad};
 use crate::context::Context;
 use crate::resources;
 
-/// The annotation a ReplicaSet ranks pods by when it removes some (lower goes first).
-pub const COST: &str = "controller.kubernetes.io/pod-deletion-cost";
-/// When the operator last wrote [`COST`] on the pod (Unix seconds).
-pub const COST_AT: &str = "layerwise.dev/deletion-cost-at";
-/// The annotations the operator's store of engine pods keeps.
-pub const ANNOTATIONS: [&str; 2] = [COST, COST_AT];
+pub use crate::autoscaler::{DELETION_COST as COST, DELETION_COST_AT as COST_AT};
 /// The fewest seconds between two writes of one pod's cost, but for a scale-down.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(10);
 

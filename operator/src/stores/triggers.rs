@@ -15,6 +15,7 @@ use kube::ResourceExt;
 use serde::Serialize;
 use tracing::warn;
 
+use crate::autoscaler::{DELETION_COST, DELETION_COST_AT};
 use crate::error::Result;
 use crate::placement::selector_matches;
 
@@ -35,12 +36,12 @@ pub(super) fn trim_node(n: &mut Node) {
 
 /// Keeps what the scrape, the unschedulable check, the surge check and the deletion costs
 /// read of an engine pod: its name, namespace, labels and deletion, the deletion-cost
-/// annotations ([`crate::deletion_cost`]), its node and its containers' requests, its phase
+/// annotations ([`crate::autoscaler::DELETION_COST`]), its node and its containers' requests, its phase
 /// and IP, and the scheduler's condition.
 pub(super) fn trim_pod(p: &mut Pod) {
     p.managed_fields_mut().clear();
     p.annotations_mut()
-        .retain(|k, _| crate::deletion_cost::ANNOTATIONS.contains(&k.as_str()));
+        .retain(|k, _| [DELETION_COST, DELETION_COST_AT].contains(&k.as_str()));
     p.metadata.owner_references = None;
     p.spec = p.spec.take().and_then(|s| {
         let node_name = s.node_name?;
