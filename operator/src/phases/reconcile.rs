@@ -67,7 +67,8 @@ async fn phases(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Resu
     if let Some(template) = &template {
         claim_devices(dd, ctx, template, r).await?;
     }
-    let (replicas, existing) = replicas(dd, ctx, r).await?;
+    let (replicas, existing, loads) = replicas(dd, ctx, r).await?;
+    crate::deletion_cost::keep(dd, ctx, replicas, existing.as_ref(), loads).await;
     let applied = deploy(dd, ctx, &plan, replicas, existing, &warm, r).await?;
     let unplaced = unscheduled(dd, ctx, replicas, &applied);
     observe(&plan, replicas, &warm, &applied, &unplaced, r);
