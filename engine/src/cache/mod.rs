@@ -6,11 +6,13 @@
 //! kinds it honours ([`crate::execution::family::FamilyRuntime::step_caches`]); a block
 //! no row of a pass computes is skipped, and its weights are not needed.
 
+pub mod bound;
 mod check;
 pub mod config;
 pub mod run;
 mod state;
 
+pub use bound::request_setting;
 pub use check::check;
 pub use config::{kinds, CacheKind, StepCache};
 pub use run::{CacheReport, StepCacheRun};
