@@ -3,7 +3,8 @@
 //! (`layerwise_engine::cache::StepCache::check`), the DiffusionDeployment's
 //! `workload.cache` (whose CEL rules [`ParamRange::cel`] writes), the memory model (what a
 //! request's cache holds, [`CacheHold`], counted in the activations) and the time model
-//! (the share of the steps whose blocks run, [`CacheHold::computed_share`]). The setting's
+//! (the share of the steps whose blocks run, `StepCache::computed_share`, which
+//! [`crate::timing::Work::with_computed_share`] takes). The setting's
 //! type lives with the engine's caches; this module holds only the figures both sides must
 //! agree on, so `kubectl apply`, `layerwise serve` and the planner cannot drift.
 
@@ -96,6 +97,8 @@ pub const RATIO: ParamRange = ParamRange {
     max: 10.0,
     integer: false,
 };
+/// Most MagCache ratios a setting lists: one per step at most.
+pub const RATIO_COUNT: u64 = crate::bounds::STEPS_RANGE.max;
 /// TaylorSeer's `cache_interval`.
 pub const CACHE_INTERVAL: ParamRange = ParamRange {
     param: "cache_interval",
@@ -150,31 +153,31 @@ pub const FIRST_BLOCK_EXPECTED_SHARE: f64 = 0.8;
 
 /// What one request's step cache holds on a rank, per output sample (each guidance row
 /// keeps its own state), in tensors of the sizes the activation cost states per latent
-/// token ([`crate::checkpoint::ActivationCost::hidden_bytes_per_token`] and
-/// [`crate::checkpoint::ActivationCost::output_bytes_per_token`]).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+/// token ([`crate::checkpoint::ActivationCost::hidden_bytes_per_token`],
+/// [`crate::checkpoint::ActivationCost::output_bytes_per_token`]): the memory model adds
+/// them to a transformer block's peak
+/// ([`crate::checkpoint::ActivationCost::checked_phases`]), since they live through every
+/// pass of the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CacheHold {
     /// Hidden-state tensors kept between steps by every transformer that keeps its own
     /// state (First-Block Cache: the first block's and the tail's residuals; MagCache: the
     /// stack's residual).
     pub held_hidden: u64,
     /// Hidden-state tensors a pass holds beside the block it runs (the stack's input, the
-    /// first block's output).
+    /// first block's output), for the transformer running.
     pub pass_hidden: u64,
-    /// Output-sized tensors kept between steps (TaylorSeer: `max_order + 1` divided
-    /// differences).
+    /// Output-sized tensors kept between steps by every transformer that keeps its own
+    /// state (TaylorSeer: `max_order + 1` divided differences).
     pub held_outputs: u64,
-    /// The share of the steps whose blocks run (1: all), for the time model.
-    pub computed_share: f64,
 }
 
 impl CacheHold {
-    /// No cache: nothing held, every step computed.
+    /// No cache: nothing held.
     pub const NONE: CacheHold = CacheHold {
         held_hidden: 0,
         pass_hidden: 0,
         held_outputs: 0,
-        computed_share: 1.0,
     };
 }
 

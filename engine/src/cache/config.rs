@@ -255,26 +255,40 @@ impl StepCache {
 }
 
 impl StepCache {
-    /// What this setting holds on a rank and the share of `steps` steps whose blocks run
-    /// ([`CacheHold`]): the memory model counts the one in a request's activations, the
-    /// time model the other. Held tensors as [`super::run::StepCacheRun`] keeps them per
-    /// guidance row and transformer: First-Block Cache the first block's and the tail's
-    /// residuals, with the stack's input and the first block's output beside the pass;
-    /// MagCache the stack's residual, with its input beside the pass; TaylorSeer
-    /// `max_order + 1` divided differences of the transformer's output. The share is
-    /// the schedule's own where it is known before the run (TaylorSeer's interval,
-    /// MagCache's ratios), [`layerwise_core::step_cache::FIRST_BLOCK_EXPECTED_SHARE`] for
-    /// First-Block Cache, whose decision reads the data, and 1 for a calibration.
-    pub fn hold(&self, steps: usize) -> CacheHold {
+    /// What this setting holds on a rank per guidance row ([`CacheHold`]), which the
+    /// memory model counts in a request's activations: tensors as
+    /// [`super::run::StepCacheRun`] keeps them per row and transformer. First-Block Cache
+    /// keeps the first block's and the tail's residuals, and a pass holds the stack's
+    /// input and the first block's output beside its blocks; MagCache keeps the stack's
+    /// residual, and a pass its input; TaylorSeer keeps `max_order + 1` divided
+    /// differences of the transformer's output.
+    pub fn hold(&self) -> CacheHold {
+        let (held_hidden, pass_hidden, held_outputs) = match self {
+            StepCache::FirstBlock { .. } => (2, 2, 0),
+            StepCache::Mag { .. } => (1, 1, 0),
+            StepCache::Taylorseer { max_order, .. } => (0, 0, *max_order as u64 + 1),
+            // Refused before it runs.
+            StepCache::Sea { .. } => (0, 0, 0),
+        };
+        CacheHold {
+            held_hidden,
+            pass_hidden,
+            held_outputs,
+        }
+    }
+
+    /// The share of a request's `steps` steps whose blocks run, for the time model: the
+    /// schedule's own where it is known before the run (TaylorSeer's interval, MagCache's
+    /// ratios), [`layerwise_core::step_cache::FIRST_BLOCK_EXPECTED_SHARE`] for First-Block
+    /// Cache, whose decision reads the data (a conservative figure), and 1 for a
+    /// calibration (which runs every step).
+    pub fn computed_share(&self, steps: usize) -> f64 {
         let steps = steps.max(1);
-        let share = |computed: usize| computed as f64 / steps as f64;
-        match self {
-            StepCache::FirstBlock { .. } => CacheHold {
-                held_hidden: 2,
-                pass_hidden: 2,
-                held_outputs: 0,
-                computed_share: layerwise_core::step_cache::FIRST_BLOCK_EXPECTED_SHARE,
-            },
+        let computed = match self {
+            StepCache::FirstBlock { .. } => {
+                return layerwise_core::step_cache::FIRST_BLOCK_EXPECTED_SHARE
+            }
+            StepCache::Sea { .. } => steps,
             StepCache::Mag {
                 threshold,
                 max_skip_steps,
@@ -291,38 +305,25 @@ impl StepCache {
                     steps,
                 );
                 let fresh = RowState::default();
-                CacheHold {
-                    held_hidden: 1,
-                    pass_hidden: 1,
-                    held_outputs: 0,
-                    computed_share: share((0..steps).filter(|&k| mag.peek(&fresh, k)).count()),
-                }
+                (0..steps).filter(|&k| mag.peek(&fresh, k)).count()
             }
             StepCache::Taylorseer {
                 cache_interval,
                 disable_cache_before_step,
                 disable_cache_after_step,
-                max_order,
-            } => CacheHold {
-                held_hidden: 0,
-                pass_hidden: 0,
-                held_outputs: *max_order as u64 + 1,
-                computed_share: share(
-                    (0..steps as i64)
-                        .filter(|&k| {
-                            taylor_schedule(
-                                k,
-                                *cache_interval,
-                                *disable_cache_before_step,
-                                *disable_cache_after_step,
-                            )
-                        })
-                        .count(),
-                ),
-            },
-            // Refused before it runs.
-            StepCache::Sea { .. } => CacheHold::NONE,
-        }
+                ..
+            } => (0..steps as i64)
+                .filter(|&k| {
+                    taylor_schedule(
+                        k,
+                        *cache_interval,
+                        *disable_cache_before_step,
+                        *disable_cache_after_step,
+                    )
+                })
+                .count(),
+        };
+        computed as f64 / steps as f64
     }
 }
 
@@ -361,6 +362,25 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn the_share_computed_follows_the_schedule() {
+        // TaylorSeer at diffusers' defaults over 50 steps: the first 3, then every 5th.
+        let ts = StepCache::default_of(CacheKind::Taylorseer);
+        let computed = (0..50i64).filter(|&k| k < 3 || (k - 4) % 5 == 0).count();
+        assert_eq!(ts.computed_share(50), computed as f64 / 50.0);
+        assert!(ts.computed_share(50) < 0.4);
+        assert_eq!(ts.hold().held_outputs, 2);
+        // A calibration runs every step; ratios of 1 accumulate no error and skip the most.
+        assert_eq!(
+            StepCache::default_of(CacheKind::Mag).computed_share(20),
+            1.0
+        );
+        let flat = StepCache::parse("c", r#"{"kind":"mag","ratios":[1.0]}"#).unwrap();
+        let share = flat.computed_share(20);
+        // 4 retained steps, then one computed in every 4 (3 skipped in a row).
+        assert_eq!(share, 8.0 / 20.0, "{share}");
     }
 
     #[test]

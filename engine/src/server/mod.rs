@@ -191,8 +191,15 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         // An image family refuses frames, so its largest request is one frame.
         reserved.max_frames = 1;
     }
+    // The step cache's tensors beside them: its setting is the most any request holds
+    // (a request may ask for less, never more), the figure the planner reserved.
+    let cache = a.cache.as_ref().map_or_else(Default::default, |c| c.hold());
     let activations = reserved
-        .activation_bytes_per_rank(&model.checkpoint.activation_cost(), a.contract.run.sp as u64)
+        .cached_activation_bytes_per_rank(
+            &model.checkpoint.activation_cost(),
+            a.contract.run.sp as u64,
+            cache,
+        )
         .ok_or_else(|| {
             Error::invalid(
                 "max-width",
