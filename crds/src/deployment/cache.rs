@@ -129,3 +129,73 @@ impl WorkloadCache {
         layerwise_engine::cache::StepCache::parse("workload.cache", &self.flag_value())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cache_schema() -> serde_json::Value {
+        let crd = serde_json::to_value(&crate::all()[0].1).unwrap();
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+            ["workload"]["properties"]["cache"]
+            .clone()
+    }
+
+    /// Each parameter's CEL rule is the range the engine checks `--cache` and a
+    /// request's `cache` against, so `kubectl apply` and `layerwise serve` refuse the
+    /// same values; `ratios` carries the same range in its items' schema.
+    #[test]
+    fn the_parameter_rules_are_the_engines_ranges() {
+        let schema = cache_schema();
+        let props = &schema["properties"];
+        for r in ranges::ALL {
+            let field = &props[r.crd_field];
+            if r.crd_field == "ratios" {
+                assert_eq!(field["items"]["minimum"], json!(r.min), "{field}");
+                assert_eq!(field["items"]["maximum"], json!(r.max), "{field}");
+                continue;
+            }
+            let rule = &field["x-kubernetes-validations"][0];
+            assert_eq!(rule["rule"], r.cel().as_str(), "{}: {field}", r.param);
+            assert_eq!(rule["message"], r.cel_message().as_str());
+        }
+        let kinds: Vec<&str> = layerwise_engine::cache::CacheKind::ALL
+            .iter()
+            .map(|k| k.name())
+            .collect();
+        assert_eq!(props["kind"]["enum"], json!(kinds));
+        let rules = schema["x-kubernetes-validations"].as_array().unwrap();
+        assert!(rules
+            .iter()
+            .any(|r| r["message"].as_str().unwrap().contains("mag needs ratios")));
+    }
+
+    /// What the CRD takes, the engine's parser reads as the same setting, unset
+    /// parameters at diffusers' defaults; a value the rules would refuse, the engine
+    /// refuses naming `workload.cache.<parameter>`.
+    #[test]
+    fn the_engine_reads_the_setting_with_its_own_parser() {
+        let c: WorkloadCache = serde_json::from_value(
+            json!({"kind": "taylorseer", "cacheInterval": 4, "maxOrder": 2}),
+        )
+        .unwrap();
+        assert_eq!(
+            c.step_cache().unwrap(),
+            layerwise_engine::cache::StepCache::Taylorseer {
+                cache_interval: 4,
+                disable_cache_before_step: 3,
+                disable_cache_after_step: None,
+                max_order: 2,
+            }
+        );
+        let bad: WorkloadCache =
+            serde_json::from_value(json!({"kind": "first_block", "threshold": 1.5})).unwrap();
+        let e = bad.step_cache().unwrap_err().to_string();
+        assert!(e.contains("workload.cache.threshold"), "{e}");
+        // The time model's share: TaylorSeer every fourth step after three.
+        let (hold, share) = c.terms(50);
+        assert_eq!(hold.held_outputs, 3);
+        assert!(share > 0.2 && share < 0.4, "{share}");
+    }
+}

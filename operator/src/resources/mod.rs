@@ -19,6 +19,8 @@ mod platform;
 mod volumes;
 
 #[cfg(test)]
+mod cache_tests;
+#[cfg(test)]
 mod model_mount_tests;
 #[cfg(test)]
 mod tests;
