@@ -6,7 +6,7 @@
 use layerwise_core::step_cache::CacheHold;
 use serde::{Deserialize, Serialize};
 
-use super::state::{taylor_schedule, MagParams, RowState};
+use super::schedule::{taylor_schedule, MagAcc, MagParams};
 use crate::{Error, Result};
 
 /// The step caches by name, as flags, the API and the CRD spell them.
@@ -304,8 +304,9 @@ impl StepCache {
                     *calibrate,
                     steps,
                 );
-                let fresh = RowState::default();
-                (0..steps).filter(|&k| mag.peek(&fresh, k)).count()
+                (0..steps)
+                    .filter(|&k| mag.peek_from(MagAcc::default(), false, k))
+                    .count()
             }
             StepCache::Taylorseer {
                 cache_interval,
