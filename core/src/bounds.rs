@@ -335,7 +335,26 @@ impl RequestBounds {
     /// [`Self::activation_bytes`] on each rank of a group of `sp` that splits a request's
     /// sequence ([`ActivationCost::checked_bytes_per_rank`]).
     pub fn activation_bytes_per_rank(&self, cost: &ActivationCost, sp: u64) -> Option<u64> {
-        cost.checked_bytes_per_rank(&self.shape(), sp)
+        self.cached_activation_bytes_per_rank(cost, sp, crate::step_cache::CacheHold::NONE)
+    }
+
+    /// [`Self::activation_bytes_per_rank`] for a server whose step cache holds `cache`
+    /// per sample (what its setting, each request's bound, holds): what the planner
+    /// reserves for a deployment's `workload.cache` and `layerwise serve --cache` keeps
+    /// free, the one figure for both.
+    pub fn cached_activation_bytes_per_rank(
+        &self,
+        cost: &ActivationCost,
+        sp: u64,
+        cache: crate::step_cache::CacheHold,
+    ) -> Option<u64> {
+        cost.checked_bytes_per_rank(
+            &RequestShape {
+                cache,
+                ..self.shape()
+            },
+            sp,
+        )
     }
 
     /// The largest request within these bounds, as the activation formula reads it.
@@ -347,6 +366,7 @@ impl RequestBounds {
             batch: self.max_n,
             guidance: self.guidance,
             text_tokens: self.max_prompt_tokens,
+            cache: crate::step_cache::CacheHold::NONE,
         }
     }
 }

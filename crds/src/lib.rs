@@ -19,7 +19,7 @@ pub use deployment::{
     Accelerator, AcceleratorRates, Autoscaling, AutoscalingMode, ComponentPlacement, ComponentPlan,
     DeviceAllocation, DiffusionDeployment, DiffusionDeploymentSpec, DiffusionDeploymentStatus,
     DisruptionBudget, EndpointPickerRef, EngineSpec, FailureMode, InferencePoolRouting,
-    MemoryBreakdown, ModelSpec, Plan, PlanRates, PortNumber, Rollout, Workload,
+    MemoryBreakdown, ModelSpec, Plan, PlanRates, PortNumber, Rollout, Workload, WorkloadCache,
 };
 pub use layerwise_core::checkpoint::ActivationCost;
 pub use layerwise_core::profile::{ComponentProfile, Profile};

@@ -75,6 +75,7 @@ impl Model {
                             batch: 1,
                             guidance: self.family.guided(r),
                             text_tokens,
+                            cache: r.cache.as_ref().map_or_else(Default::default, |c| c.hold()),
                         },
                         sp as u64,
                         compute_bytes,

@@ -58,6 +58,9 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
             waiting_bytes_per_text_token: 0,
             encoder_waiting_bytes_per_token: 0,
             exchange_bytes_per_token: 0,
+            hidden_bytes_per_token: 0,
+            output_bytes_per_token: 0,
+            cache_states: 1,
         },
         decoder_bytes: vae,
         groups: vec![GroupBytes {

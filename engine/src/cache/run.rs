@@ -74,15 +74,7 @@ impl StepCacheRun {
     /// The cache for a request of `steps` steps whose sequence is split `split` ways
     /// (a decision that reads the whole sequence is refused when it is split).
     pub fn new(cfg: &StepCache, steps: usize, split: usize) -> Result<StepCacheRun> {
-        let whole = matches!(
-            cfg,
-            StepCache::FirstBlock { .. }
-                | StepCache::Mag {
-                    calibrate: true,
-                    ..
-                }
-        );
-        if whole && split > 1 {
+        if cfg.reads_whole_sequence() && split > 1 {
             return Err(Error::invalid(
                 "cache",
                 format!(

@@ -282,6 +282,7 @@ pub(super) fn inspect(dir: &Path, json: bool) -> Result<()> {
             batch: 1,
             guidance: true,
             text_tokens,
+            cache: Default::default(),
         })),
         if text_tokens > 0 {
             format!(" and a {text_tokens}-token prompt")

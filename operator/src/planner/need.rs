@@ -33,8 +33,18 @@ pub fn activation_bytes(profile: &Profile, w: &Workload) -> Option<u64> {
 /// the engine's own formula ([`RequestBounds::activation_bytes_per_rank`]), which its start
 /// check calls with its `--sp`.
 pub fn activation_bytes_per_rank(profile: &Profile, w: &Workload, sp: u32) -> Option<u64> {
-    crate::resources::request_bounds(w)
-        .activation_bytes_per_rank(&profile.activation, u64::from(sp))
+    crate::resources::request_bounds(w).cached_activation_bytes_per_rank(
+        &profile.activation,
+        u64::from(sp),
+        cache_hold(w),
+    )
+}
+
+/// What the workload's step cache holds per sample (nothing without one).
+pub fn cache_hold(w: &Workload) -> layerwise_core::step_cache::CacheHold {
+    w.cache
+        .as_ref()
+        .map_or_else(Default::default, |c| c.terms(w.max_steps).0)
 }
 
 /// What the engine pods' decoder keeps on each device where they decode (`site`): its

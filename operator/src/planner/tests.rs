@@ -290,6 +290,7 @@ fn arb_workload() -> impl Strategy<Value = Workload> {
         guidance: g,
         max_prompt_tokens: 512,
         max_latency_seconds: None,
+        cache: None,
     })
 }
 
