@@ -546,7 +546,10 @@ async fn a_job_on_a_draining_replica_is_read_through_the_service() {
     // has run, which the kubelet's probe (here, this loop) observes a moment later.
     let deadline = Instant::now() + Duration::from_secs(5);
     while call(owner.addr, "GET", "/readyz", None).await.status != 503 {
-        assert!(Instant::now() < deadline, "readiness never failed after SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "readiness never failed after SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // The endpoints controller drops the unready pod: every connection goes to the other.

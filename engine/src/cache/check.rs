@@ -9,13 +9,6 @@ use crate::{Error, Result};
 pub fn check(name: &str, honoured: &[CacheKind], r: &Request) -> Result<()> {
     let Some(c) = &r.cache else { return Ok(()) };
     c.check("cache")?;
-    if c.kind() == CacheKind::Sea {
-        return Err(Error::invalid(
-            "cache",
-            "`sea` (SeaCache) is not implemented by this engine; diffusers applies it to \
-             Cosmos3 only",
-        ));
-    }
     if !honoured.contains(&c.kind()) {
         let offered = if honoured.is_empty() {
             "none".to_string()

@@ -18,7 +18,7 @@ pub enum CacheKind {
     /// diffusers' TaylorSeer, in its lite form (whole block stack skipped, the
     /// transformer's output predicted).
     Taylorseer,
-    /// diffusers' SeaCache (Cosmos3 only there); not implemented by this engine.
+    /// diffusers' SeaCache (applied to Cosmos3 there).
     Sea,
 }
 
@@ -89,10 +89,24 @@ pub enum StepCache {
         #[serde(default = "defaults::ts_order")]
         max_order: usize,
     },
-    /// Named so that it is refused by name, not taken for a typo.
+    /// Skips the decoder stack while the accumulated relative change of the latents'
+    /// SEA indicator stays under `threshold`, never in the first `retention_steps` nor
+    /// the last `cache_end_steps`, at most `max_consecutive_cached` in a row (0: no
+    /// limit), predicting its residual at `residual_order` 0 (the last) or 1 (the line
+    /// through the last two).
     Sea {
         #[serde(default = "defaults::sea_threshold")]
         threshold: f64,
+        #[serde(default = "defaults::one")]
+        residual_order: usize,
+        #[serde(default = "defaults::one")]
+        retention_steps: usize,
+        #[serde(default = "defaults::one")]
+        cache_end_steps: usize,
+        #[serde(default = "defaults::sea_max_consecutive")]
+        max_consecutive_cached: usize,
+        #[serde(default = "defaults::sea_power_exp")]
+        power_exp: f64,
     },
 }
 
@@ -122,6 +136,15 @@ mod defaults {
     pub fn sea_threshold() -> f64 {
         0.25
     }
+    pub fn one() -> usize {
+        1
+    }
+    pub fn sea_max_consecutive() -> usize {
+        2
+    }
+    pub fn sea_power_exp() -> f64 {
+        3.0
+    }
 }
 
 impl StepCache {
@@ -146,6 +169,11 @@ impl StepCache {
             },
             CacheKind::Sea => StepCache::Sea {
                 threshold: defaults::sea_threshold(),
+                residual_order: 1,
+                retention_steps: 1,
+                cache_end_steps: 1,
+                max_consecutive_cached: defaults::sea_max_consecutive(),
+                power_exp: defaults::sea_power_exp(),
             },
         }
     }
@@ -186,7 +214,7 @@ impl StepCache {
         let bad = |p: &str, msg: String| Err(Error::invalid(format!("{field}.{p}"), msg));
         let unit = |x: f64| x.is_finite() && (0.0..=1.0).contains(&x);
         match self {
-            StepCache::FirstBlock { threshold } | StepCache::Sea { threshold }
+            StepCache::FirstBlock { threshold } | StepCache::Sea { threshold, .. }
                 if !threshold.is_finite() || *threshold < 0.0 =>
             {
                 bad(
@@ -232,6 +260,14 @@ impl StepCache {
             StepCache::Taylorseer { max_order, .. } if *max_order > 4 => {
                 bad("max_order", format!("must be at most 4, got {max_order}"))
             }
+            StepCache::Sea { residual_order, .. } if *residual_order > 1 => bad(
+                "residual_order",
+                format!("must be 0 or 1, got {residual_order}"),
+            ),
+            StepCache::Sea { power_exp, .. } if !power_exp.is_finite() || *power_exp <= 0.0 => bad(
+                "power_exp",
+                format!("must be finite and > 0, got {power_exp}"),
+            ),
             _ => Ok(()),
         }
     }

@@ -9,6 +9,7 @@
 mod check;
 pub mod config;
 pub mod run;
+mod sea;
 mod state;
 
 pub use check::check;
