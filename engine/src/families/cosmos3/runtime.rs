@@ -178,7 +178,12 @@ impl FamilyRuntime for Cosmos3Runtime {
     }
 
     fn step_caches(&self) -> &'static [CacheKind] {
-        &[CacheKind::Sea]
+        &[
+            CacheKind::Sea,
+            CacheKind::FirstBlock,
+            CacheKind::Mag,
+            CacheKind::Taylorseer,
+        ]
     }
 
     fn sequence_parallel(&self) -> Option<(usize, String)> {
