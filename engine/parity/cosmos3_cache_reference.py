@@ -29,8 +29,8 @@ First-Block Cache and MagCache do not run on Cosmos3 in diffusers 0.42.1 as ship
 look the block's streams up by the literal names `hidden_states` and `encoder_hidden_states`,
 while the block registry names Cosmos3's `gen_seq` and `und_seq` (`hidden_states_argument_name`,
 `encoder_hidden_states_argument_name`), so First-Block Cache fails at its first step and MagCache
-at its first skip. For those two this script reads the names through the registry (`by_name`
-below, the one change) and runs diffusers' hooks otherwise as they are: the reference is the
+at its first skip. For those two this script reads the names through the registry
+(`cache_hooks.by_name`, the one change) and runs diffusers' hooks otherwise as they are: the reference is the
 hooks' own definition over the generation stream.
 
 On Cosmos3 diffusers cuts SeaCache's residual after the pathways' final norms (`norm`,
@@ -51,17 +51,12 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cache_hooks import Recorder, apply, by_name, flux_ratios  # noqa: E402
 from cosmos3_reference import FIXTURE_REQUESTS, latent_shape, load_pipe  # noqa: E402
 from wan_reference import versions  # noqa: E402
 
 STEPS = 12
 SEED = 7
-
-
-def flux_ratios():
-    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
-
-    return [float(x) for x in FLUX_MAG_RATIOS]
 
 
 # name -> (request of the fixture, cache setting as the engine reads it, guidance)
@@ -91,99 +86,15 @@ def cases():
     }
 
 
-def by_name():
-    """The hooks' stream lookups through the registry's argument names (see the docstring)."""
-    from diffusers.hooks._helpers import TransformerBlockMetadata
-
-    lookup = TransformerBlockMetadata._get_parameter_from_args_kwargs
-
-    def named(self, identifier, args=(), kwargs=None):
-        names = {"hidden_states": self.hidden_states_argument_name,
-                 "encoder_hidden_states": self.encoder_hidden_states_argument_name}
-        return lookup(self, names.get(identifier, identifier), args, kwargs)
-
-    TransformerBlockMetadata._get_parameter_from_args_kwargs = named
-
-
-def apply(transformer, c):
-    from diffusers import SeaCacheConfig
-    from diffusers.hooks import (
-        FirstBlockCacheConfig,
-        MagCacheConfig,
-        TaylorSeerCacheConfig,
-        apply_first_block_cache,
-        apply_mag_cache,
-        apply_taylorseer_cache,
-    )
-
-    if c["kind"] == "sea":
-        keys = ("threshold", "residual_order", "retention_steps", "cache_end_steps",
-                "max_consecutive_cached", "power_exp")
-        transformer.enable_cache(SeaCacheConfig(**{k: c[k] for k in keys if k in c}))
-    elif c["kind"] == "first_block":
-        apply_first_block_cache(transformer, FirstBlockCacheConfig(threshold=c["threshold"]))
-    elif c["kind"] == "mag":
-        apply_mag_cache(
-            transformer,
-            MagCacheConfig(
-                threshold=c.get("threshold", 0.06),
-                mag_ratios=c.get("ratios"),
-                calibrate=c.get("calibrate", False),
-                num_inference_steps=STEPS,
-            ),
-        )
-    elif c["kind"] == "taylorseer":
-        apply_taylorseer_cache(
-            transformer,
-            TaylorSeerCacheConfig(
-                cache_interval=c["cache_interval"],
-                disable_cache_before_step=c["disable_cache_before_step"],
-                disable_cache_after_step=c.get("disable_cache_after_step"),
-                max_order=c["max_order"],
-                taylor_factors_dtype=torch.float32,
-                use_lite_mode=True,
-            ),
-        )
-
-
 def run_case(model, req, cache, guidance, init):
-    import diffusers.hooks.mag_cache as mc
-
     pipe = load_pipe(model)
     t = pipe.transformer
     rows = 1 if guidance == 1.0 else 2
-    calls, ran = [0], set()
-
-    def count(_m, _a, _k):
-        calls[0] += 1
-
-    def mark(_m, _a, _o):
-        ran.add(calls[0] - 1)
-
-    t.register_forward_pre_hook(count, with_kwargs=True)
     if cache["kind"] == "taylorseer":
-        # Wrapped before the hook takes `forward` as the original: runs only when computed.
-        proj_out = t.proj_out.forward
-
-        def marked(*a, **k):
-            ran.add(calls[0] - 1)
-            return proj_out(*a, **k)
-
-        t.proj_out.forward = marked
+        rec = Recorder(t, t.proj_out, wrap=True)
     else:
-        # A module inside the last layer: the layer's own forward hooks fire even when a
-        # cache hook returns without calling the layer.
-        t.layers[-1].mlp_moe_gen.register_forward_hook(mark)
-    calibrated = []
-    orig_advance = mc.MagCacheBlockHook._advance_step
-
-    def advance(self, state):
-        if self.config.calibrate and state.step_index + 1 >= self.config.num_inference_steps:
-            calibrated.append(list(state.calibration_ratios))
-        return orig_advance(self, state)
-
-    mc.MagCacheBlockHook._advance_step = advance
-    apply(t, cache)
+        rec = Recorder(t, t.layers[-1].mlp_moe_gen)
+    apply(t, cache, STEPS)
     with torch.no_grad():
         out = pipe(
             prompt=req["prompt"],
@@ -198,11 +109,9 @@ def run_case(model, req, cache, guidance, init):
             output_type="latent",
             enable_safety_check=False,
         )
-    mc.MagCacheBlockHook._advance_step = orig_advance
-    assert calls[0] == STEPS * rows, calls
-    computed = torch.tensor([[int(s * rows + r in ran) for r in range(rows)] for s in range(STEPS)])
+    computed = rec.close(STEPS, rows)
     latents = out.video if hasattr(out, "video") else out[0]
-    return latents.float().contiguous(), computed, calibrated
+    return latents.float().contiguous(), computed, rec.calibrated
 
 
 def main():
