@@ -10,6 +10,7 @@
 
 mod common;
 
+use common::cache::{check_case, decisions};
 use common::{expect_err, opts, read_safetensors, rel_err};
 
 use std::collections::HashMap;
@@ -73,15 +74,6 @@ fn run(
     model.run(reqs, &opts(strategy, dp, 2, false)).unwrap()
 }
 
-/// The reference's `[steps, rows]` decisions as rows of booleans per step.
-fn decisions(t: &Tensor) -> Vec<Vec<bool>> {
-    t.to_vec2::<f32>()
-        .unwrap()
-        .into_iter()
-        .map(|r| r.into_iter().map(|x| x == 1.0).collect())
-        .collect()
-}
-
 fn model() -> Model {
     Model::open(&fixtures().join("cosmos3-tiny")).unwrap()
 }
@@ -96,52 +88,29 @@ fn each_cache_decides_and_ends_as_diffusers_hook_does() {
     let mut skipped_somewhere = 0;
     for name in cases.keys() {
         let cache = cache_of(&r, name);
-        let head = u64::from(matches!(cache, StepCache::FirstBlock { .. }));
+        let first_block = matches!(cache, StepCache::FirstBlock { .. });
         let (out, stats) = run(
             &model,
             vec![request(&r, name, Some(cache))],
             Strategy::OffloadSharded,
             2,
         );
-        let report = out[0].cache.as_ref().expect("a cached run reports");
-        let want = decisions(&r.tensors[&format!("{name}.computed")]);
-        assert_eq!(report.computed, want, "{name}: decisions per step and row");
-        let e = rel_err(&out[0].latents, &r.tensors[&format!("{name}.latents")]);
-        eprintln!("{name}: latents {e:.2e} (max rel), computed {want:?}");
-        assert!(e <= 1e-4, "{name}: latents {e}");
-        // Every generation block of a step no row computes is saved (all but block 0
-        // under First-Block Cache).
-        let skipped = want.iter().filter(|row| row.iter().all(|c| !c)).count() as u64;
-        assert_eq!(
-            stats.blocks_saved,
-            skipped * (layers - head),
-            "{name}: blocks saved"
-        );
-        if skipped > 0 {
-            skipped_somewhere += 1;
-            // The uncached run from the same latents: the skips must have left a trace
-            // larger than the tolerance, or the comparison proves nothing.
+        let plain = || {
             let (plain, _) = run(&model, vec![request(&r, name, None)], Strategy::Offload, 1);
-            let moved = rel_err(&out[0].latents, &plain[0].latents);
-            eprintln!("{name}: {moved:.2e} from the uncached latents");
-            assert!(moved > 1e-3, "{name}: skips left no trace ({moved})");
-        }
-        if let Some(ratios) = r.tensors.get(&format!("{name}.ratios")) {
-            let ours = &report.calibration[0];
-            let theirs: Vec<f64> = ratios
-                .to_vec1::<f32>()
-                .unwrap()
-                .into_iter()
-                .map(f64::from)
-                .collect();
-            assert_eq!(ours.len(), theirs.len(), "{name}: calibration length");
-            for (a, b) in ours.iter().zip(&theirs) {
-                assert!(
-                    (a - b).abs() < 1e-4 * b.abs().max(1.0),
-                    "{name}: ratios {ours:?} vs {theirs:?}"
-                );
-            }
-        }
+            plain[0].latents.clone()
+        };
+        let same = |t: &Tensor| t.clone();
+        let skipped = check_case(
+            name,
+            first_block,
+            &out[0],
+            stats.blocks_saved,
+            layers,
+            &r.tensors,
+            same,
+            plain,
+        );
+        skipped_somewhere += usize::from(skipped);
     }
     assert!(skipped_somewhere >= 11, "the cases exercise skipping");
 }

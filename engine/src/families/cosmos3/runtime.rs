@@ -21,7 +21,7 @@ use crate::execution::seq::Split;
 use crate::execution::weights::{self, Weights};
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::encode_once::{EncodeOnce, EncodeThenSteps};
-use crate::families::steps::{guide, guided, output};
+use crate::families::steps::{guide, guided_rows, output};
 use crate::families::FamilyCheckpoint;
 use crate::samplers::flow::{FlowScheduler, Sampler};
 use crate::cache::{CacheKind, StepCacheRun};
@@ -389,8 +389,7 @@ impl EncodeThenSteps for Cosmos3Task {
     }
 
     fn step_advance(&mut self, _text: &Self::Text, _step: usize, out: Tensor) -> Result<()> {
-        let rows = (0..out.dim(0)?).map(|r| Ok(out.narrow(0, r, 1)?));
-        let velocity = guided(rows, |c, u| guide(c, u, self.guidance))?;
+        let velocity = guided_rows(&out, |c, u| guide(c, u, self.guidance))?;
         self.latents = self.sampler.step(&velocity, &self.latents)?;
         Ok(())
     }
