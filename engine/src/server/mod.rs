@@ -173,8 +173,18 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         // An image family refuses frames, so its largest request is one frame.
         reserved.max_frames = 1;
     }
+    // In the element the ranks will compute in, as the planner charged it.
+    let element = model.compute_element(&a.backend.options(
+        &a.contract.run,
+        strategy,
+        a.contract.kept.resident_blocks,
+    ))?;
     let activations = reserved
-        .activation_bytes_per_rank(&model.checkpoint.activation_cost(), a.contract.run.sp as u64)
+        .activation_bytes_per_rank(
+            &model.checkpoint.activation_cost(),
+            a.contract.run.sp as u64,
+            element,
+        )
         .ok_or_else(|| {
             Error::invalid(
                 "max-width",

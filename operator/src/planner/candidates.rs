@@ -13,7 +13,7 @@ use layerwise_core::timing::{self, GroupCompute, Work};
 use layerwise_core::topology::MAX_SP;
 
 use super::inputs::{Candidate, Limits, NodeShape, Overrides};
-use super::need::{activation_bytes_per_rank, decoder_bytes};
+use super::need::{activation_bytes_per_rank, compute_element, decoder_bytes};
 use super::refusal::Refusal;
 
 /// Whether `profile`'s family splits a request's sequence over ranks: it declares the
@@ -285,8 +285,11 @@ pub(super) struct Site<'a> {
 impl Site<'_> {
     /// Activation bytes on each rank of a group of `sp`: the engine's formula.
     pub(super) fn act(&self, sp: u32) -> Option<u64> {
-        self.bounds
-            .activation_bytes_per_rank(&self.profile.activation, u64::from(sp))
+        self.bounds.activation_bytes_per_rank(
+            &self.profile.activation,
+            u64::from(sp),
+            compute_element(self.profile),
+        )
     }
 
     /// The request at the bounds, its sequence split over `sp` ranks.
