@@ -26,7 +26,7 @@ pub use layerwise_core::profile::{ComponentProfile, Profile};
 pub use layerwise_core::Strategy;
 pub use node::{
     AcceleratorInventory, DiffusionNode, DiffusionNodeSpec, DiffusionNodeStatus, ModelRequest,
-    ModelState, NodeModelStatus,
+    ModelState, NodeModelStatus, StagingState, StagingStatus,
 };
 pub use source::{ClaimMode, S3Source, SecretName};
 
