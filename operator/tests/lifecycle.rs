@@ -19,7 +19,7 @@
 mod world;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -198,13 +198,17 @@ fn on(pairs: &[(&str, u32)]) -> BTreeMap<String, u32> {
 async fn owned(client: &Client, node: &Node) -> Result<()> {
     let dns: Api<DiffusionNode> = Api::all(client.clone());
     let name = node.name_any();
-    wait_until(&format!("{name} owned by its Node"), WAIT, || async {
-        let dn = dns.get(&name).await?;
+    let owned = wait_until(&format!("{name} owned by its Node"), WAIT, || async {
+        // The agent may not have made it yet.
+        let Some(dn) = dns.get_opt(&name).await? else {
+            return Ok(Err("no DiffusionNode yet".to_string()));
+        };
+        let uid = node.metadata.uid.as_ref();
         let owners = dn.owner_references();
         Ok(
             if owners
                 .iter()
-                .any(|o| o.kind == "Node" && Some(&o.uid) == node.metadata.uid.as_ref())
+                .any(|o| o.kind == "Node" && Some(&o.uid) == uid)
             {
                 Ok(())
             } else {
@@ -212,7 +216,15 @@ async fn owned(client: &Client, node: &Node) -> Result<()> {
             },
         )
     })
-    .await
+    .await;
+    // By the second: the Node's creationTimestamp has no finer grain.
+    if let Some(made) = &node.metadata.creation_timestamp {
+        let took = k8s_openapi::jiff::Timestamp::now()
+            .duration_since(made.0)
+            .as_secs_f64();
+        eprintln!("{name}'s DiffusionNode owned by its Node {took:.1} s after the Node was made");
+    }
+    owned
 }
 
 /// The model ids a DiffusionNode is asked to prepare.
@@ -258,6 +270,8 @@ async fn joins_and_leaves(w: &World) -> Result<()> {
     let api: Api<DiffusionDeployment> = Api::namespaced(client.clone(), ns);
     let first = join(client, 0).await?;
     w.extra_shapes.lock().unwrap().push(joining(1));
+    // Its agent reports, and the operator makes the Node own the DiffusionNode.
+    owned(client, &first).await?;
     let (n0, n1) = (format!("{JOINING}-0"), format!("{JOINING}-1"));
     // One replica a GPU, on the joining nodes only.
     let spec = |replicas: i32| {
@@ -282,26 +296,21 @@ async fn joins_and_leaves(w: &World) -> Result<()> {
     placed(w, "waiting", &[&n0], (on(&[(&n0, 1)]), 2)).await?;
     let (content_id, waiting_id) = (model_id(&content), model_id(&waiting));
 
-    // The first node's DiffusionNode is owned by its Node.
-    owned(client, &first).await?;
-
     // A node joins, as an autoscaler adds one: its Node, then its agent's DiffusionNode.
     let t = Instant::now();
     let second = join(client, 1).await?;
     w.extra_shapes.lock().unwrap()[0] = joining(2);
-    let asked = wait_until(
-        &format!("{n1} asked to warm {waiting_id}"),
-        WAIT,
-        || async {
-            let asked = asked_of(client, &n1).await?;
-            Ok(if asked.contains(&waiting_id) {
-                Ok(asked)
-            } else {
-                Err(format!("asked for {asked:?}"))
-            })
-        },
-    )
-    .await?;
+    let what = format!("{n1} asked to warm {waiting_id}");
+    let asking = wait_until(&what, WAIT, || async {
+        let asked = asked_of(client, &n1).await?;
+        Ok(if asked.contains(&waiting_id) {
+            Ok(asked)
+        } else {
+            Err(format!("asked for {asked:?}"))
+        })
+    });
+    let (asked, owned_second) = tokio::join!(asking, owned(client, &second));
+    let asked = asked?;
     eprintln!(
         "{n1} asked to warm the model {:?} after it joined",
         t.elapsed()
@@ -322,8 +331,20 @@ async fn joins_and_leaves(w: &World) -> Result<()> {
 
     // The node goes, as an autoscaler removes it: its agent stops with it, and the garbage
     // collector takes its DiffusionNode once the operator has made the Node its owner.
-    owned(client, &second).await?;
+    owned_second?;
     w.extra_shapes.lock().unwrap()[0] = joining(1);
+    // The fake agent's round under way may still report the node; a real agent stops
+    // with its node.
+    let round = w.agent_rounds.load(Ordering::SeqCst);
+    wait_until("the fake agent done with the node", WAIT, || async {
+        let now = w.agent_rounds.load(Ordering::SeqCst);
+        Ok(if now >= round + 2 {
+            Ok(())
+        } else {
+            Err(format!("{} rounds", now - round))
+        })
+    })
+    .await?;
     let t = Instant::now();
     Api::<Node>::all(client.clone())
         .delete(&n1, &DeleteParams::default())

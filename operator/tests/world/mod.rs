@@ -41,6 +41,9 @@ pub struct World {
     /// Nodes a test added to the fleet, which the fake agent reports as it does the
     /// shapes file's.
     pub extra_shapes: ExtraShapes,
+    /// Rounds the fake agent has finished over the fleet: a round that started after a
+    /// change to `extra_shapes` has ended once this has grown by two.
+    pub agent_rounds: Arc<AtomicU64>,
 }
 
 /// Node shapes beside the shapes file's, shared with the fake agent.
@@ -135,11 +138,13 @@ impl World {
                 .unwrap_err());
         }
         let extra_shapes = ExtraShapes::default();
+        let agent_rounds = Arc::new(AtomicU64::new(0));
         let agent = tokio::spawn(fake_agent(
             client.clone(),
             ns.clone(),
             answer,
             extra_shapes.clone(),
+            agent_rounds.clone(),
         ));
         Ok(World {
             client,
@@ -148,6 +153,7 @@ impl World {
             agent,
             operators: Vec::new(),
             extra_shapes,
+            agent_rounds,
         })
     }
 
@@ -281,7 +287,13 @@ pub type Answer = Arc<dyn Fn(&ModelRequest) -> Result<Profile, String> + Send + 
 /// shapes file's and `extra`'s) has a DiffusionNode reporting its shape, and answers each
 /// prepare request from `ns` with `answer`'s profile, warm on the H200 node and warming
 /// elsewhere.
-pub async fn fake_agent(client: Client, ns: String, answer: Answer, extra: ExtraShapes) {
+pub async fn fake_agent(
+    client: Client,
+    ns: String,
+    answer: Answer,
+    extra: ExtraShapes,
+    rounds: Arc<AtomicU64>,
+) {
     let dns: Api<DiffusionNode> = Api::all(client.clone());
     let file = layerwise_e2e::shapes::load().expect("shapes file");
     loop {
@@ -347,6 +359,7 @@ pub async fn fake_agent(client: Client, ns: String, answer: Answer, extra: Extra
                     .await;
             }
         }
+        rounds.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
