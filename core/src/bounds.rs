@@ -343,12 +343,7 @@ impl RequestBounds {
         sp: u64,
         element: ComputeElement,
     ) -> Option<u64> {
-        self.cached_activation_bytes_per_rank(
-            cost,
-            sp,
-            crate::step_cache::CacheHold::NONE,
-            element,
-        )
+        self.cached_activation_bytes_per_rank(cost, sp, crate::step_cache::CacheHold::NONE, element)
     }
 
     /// [`Self::activation_bytes_per_rank`] for a server whose step cache holds `cache`

@@ -159,7 +159,12 @@ impl StepCache {
             ) => {
                 let setting = "its setting";
                 if threshold > st {
-                    return over("threshold", threshold.to_string(), format!("at most {st}"), setting);
+                    return over(
+                        "threshold",
+                        threshold.to_string(),
+                        format!("at most {st}"),
+                        setting,
+                    );
                 }
                 if retention_steps < sr {
                     return over(
