@@ -433,5 +433,44 @@ mod tests {
             Some(&json!({"kind":"mag","threshold":0.01}))
         )
         .is_ok());
+        // SeaCache: each parameter that would skip more, hold more or read another
+        // indicator is refused by name; fewer skips are fine.
+        let sea = StepCache::default_of(super::super::CacheKind::Sea);
+        for (v, p) in [
+            (json!({"kind":"sea","threshold":0.5}), "cache.threshold"),
+            (
+                json!({"kind":"sea","retention_steps":0}),
+                "cache.retention_steps",
+            ),
+            (
+                json!({"kind":"sea","cache_end_steps":0}),
+                "cache.cache_end_steps",
+            ),
+            (
+                json!({"kind":"sea","max_consecutive_cached":0}),
+                "cache.max_consecutive_cached",
+            ),
+            (
+                json!({"kind":"sea","max_consecutive_cached":3}),
+                "cache.max_consecutive_cached",
+            ),
+            (json!({"kind":"sea","power_exp":2.0}), "cache.power_exp"),
+        ] {
+            let msg = e(Some(&sea), v.clone());
+            assert!(msg.contains(p), "{v}: {msg}");
+        }
+        let lower = StepCache::parse("c", r#"{"kind":"sea","residual_order":0}"#).unwrap();
+        assert!(
+            e(Some(&lower), json!({"kind":"sea","residual_order":1})).contains("residual_order")
+        );
+        for v in [
+            json!({"kind":"sea","threshold":0.1}),
+            json!({"kind":"sea","max_consecutive_cached":1,"retention_steps":3}),
+        ] {
+            assert!(
+                request_setting("cache", Some(&sea), Some(&v)).is_ok(),
+                "{v}"
+            );
+        }
     }
 }
