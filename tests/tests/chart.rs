@@ -579,6 +579,86 @@ async fn each_agent_writes_only_its_own_nodes_diffusionnode() -> Result<()> {
     result
 }
 
+/// The notes `helm install` prints after an install show next commands that work: the
+/// pods the first selects are the chart's operator and agents, and the DiffusionDeployment
+/// the second applies passes the CRD's schema and rules in a server-side dry run, with its
+/// model under one of the chart's model roots (the operator refuses others).
+#[tokio::test]
+async fn the_install_notes_show_next_commands_that_work() -> Result<()> {
+    let client = cluster::client().await?;
+    tools::install_crds(&client, WAIT).await?;
+    let ns = cluster::create_namespace(&client, "notes").await?;
+    let result = async {
+        let chart = chart()?;
+        let args = [
+            "install",
+            "lw",
+            &chart,
+            "--namespace",
+            &ns,
+            "--skip-crds",
+            "--dry-run=server",
+        ];
+        let out = ok(tool("helm", &args, None)?, "helm install --dry-run")?;
+        let notes = out
+            .split_once("\nNOTES:\n")
+            .map(|(_, n)| n)
+            .context("helm printed no notes")?;
+        let selector = "-l app.kubernetes.io/instance=lw";
+        ensure!(
+            notes.contains(&format!("kubectl -n {ns} get pods {selector}")),
+            "{notes}"
+        );
+        let objects = render(&[], &[], "lw", &ns)?;
+        for kind in ["Deployment", "DaemonSet"] {
+            for o in of_kind(&objects, kind) {
+                let labels = &o["spec"]["template"]["metadata"]["labels"];
+                ensure!(
+                    labels["app.kubernetes.io/instance"] == "lw",
+                    "{kind} {}: pod labels {labels}",
+                    o["metadata"]["name"]
+                );
+            }
+        }
+        let yaml = notes
+            .split_once("<<'YAML'\n")
+            .and_then(|(_, rest)| rest.split_once("\nYAML\n"))
+            .map(|(yaml, _)| yaml)
+            .context("no DiffusionDeployment between <<'YAML' and YAML in the notes")?;
+        let applied = ok(
+            tool(
+                "kubectl",
+                &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
+                Some(yaml),
+            )?,
+            "kubectl apply of the notes' DiffusionDeployment",
+        )?;
+        ensure!(applied.contains("diffusiondeployment"), "{applied}");
+        let dd: serde_json::Value = serde_saphyr::from_str(yaml)?;
+        let path = dd["spec"]["model"]["location"]["hostPath"]
+            .as_str()
+            .context("the notes' model is not a hostPath")?;
+        let values: serde_json::Value = serde_saphyr::from_str(&std::fs::read_to_string(
+            std::path::Path::new(&chart).join("values.yaml"),
+        )?)?;
+        let roots = values["agent"]["modelRoots"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        ensure!(
+            roots
+                .iter()
+                .filter_map(|r| r.as_str())
+                .any(|r| path.starts_with(&format!("{}/", r.trim_end_matches('/')))),
+            "the notes' model {path} is under none of agent.modelRoots {roots:?}"
+        );
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    tools::finish_teardown(&client, &ns, Vec::new()).await?;
+    result
+}
+
 /// `logFormat` reaches the operator and every agent as `--log-format`, `text` unless set
 /// (the binaries' own default); the operator passes its own on to the engine pods it makes
 /// (`engine_pods_log_as_the_operator_does_unless_their_spec_says_otherwise` in the operator),
