@@ -250,9 +250,18 @@ async fn faults_are_refused_by_name_with_nothing_half_published() {
         !e.msg.contains("not-the-secret") && !e.msg.contains(SECRET_KEY),
         "{e}"
     );
+    // Nor do they get the copy this cache already holds for the same source.
+    let e = fail(&cache, &wrong).await;
+    assert_eq!(e.fault, Fault::AccessDenied, "the cached copy: {e}");
     wrong.credentials = None;
     let e = fail(&other, &wrong).await;
     assert_eq!(e.fault, Fault::AccessDenied, "anonymous: {e}");
+    let e = fail(&cache, &wrong).await;
+    assert_eq!(
+        e.fault,
+        Fault::AccessDenied,
+        "anonymous, the cached copy: {e}"
+    );
 
     let e = fail(&cache, &source(&s, "absent", "x")).await;
     assert_eq!(e.fault, Fault::NoSuchBucket, "{e}");

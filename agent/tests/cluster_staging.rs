@@ -117,6 +117,14 @@ async fn the_agent_stages_a_model_from_s3_then_profiles_and_warms_the_copy() -> 
     let api: Api<DiffusionNode> = Api::all(client.clone());
     let existed = api.get_opt(NODE).await?.is_some();
     let namespaces: Api<Namespace> = Api::all(client.clone());
+    // A namespace an earlier run deleted takes its Secrets with it as it terminates.
+    wait_until("the earlier run's namespace gone", WAIT, || async {
+        Ok(match namespaces.get_opt(NS).await? {
+            Some(ns) if ns.metadata.deletion_timestamp.is_some() => Err("terminating".to_string()),
+            _ => Ok(()),
+        })
+    })
+    .await?;
     namespaces
         .patch(
             NS,

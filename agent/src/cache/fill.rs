@@ -155,7 +155,9 @@ pub async fn fill(
 ) -> Staged<PathBuf> {
     let key = source.key();
     if let Some(dir) = cache.lookup(&key) {
-        let bytes = cache.manifest(&key)?.bytes();
+        let manifest = cache.manifest(&key)?;
+        readable(source, &manifest).await?;
+        let bytes = manifest.bytes();
         progress.total.store(bytes, Ordering::Relaxed);
         progress.done.store(bytes, Ordering::Relaxed);
         return Ok(dir);
@@ -236,6 +238,29 @@ pub async fn fill(
         files: files.into_iter().map(|(_, f)| f).collect(),
     };
     cache.publish(&key, &manifest)
+}
+
+/// Checks that `source`'s credentials may read the store before its copy, which another
+/// request may have staged with other credentials, is handed out: a HEAD of one of its files.
+/// A store that cannot be reached does not take a node's copy away (it was verified when
+/// staged); a refusal (credentials, bucket, object) does.
+async fn readable(source: &Source, manifest: &Manifest) -> Staged<()> {
+    let Some(first) = manifest.files.first() else {
+        return Ok(());
+    };
+    let store = source.store()?;
+    let prefix = source.spec.prefix.trim_matches('/');
+    let key = match prefix {
+        "" => first.path.clone(),
+        p => format!("{p}/{}", first.path),
+    };
+    match store.head(&ObjectPath::from(key.as_str())).await {
+        Ok(_) => Ok(()),
+        Err(e) => match store_error(&source.spec.describe(), e) {
+            e if e.fault == Fault::StoreUnavailable => Ok(()),
+            e => Err(e),
+        },
+    }
 }
 
 /// One file being downloaded: its object, its open file and journal, the chunks to fetch.
