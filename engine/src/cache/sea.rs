@@ -287,16 +287,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_gate_skips_within_the_budget_and_forces_the_edges() {
-        let p = SeaParams {
+    /// diffusers' defaults.
+    fn defaults() -> SeaParams {
+        SeaParams {
             threshold: 0.25,
             residual_order: 1,
             retention_steps: 1,
             cache_end_steps: 1,
             max_consecutive_cached: 2,
             power_exp: 3.0,
-        };
+        }
+    }
+
+    #[test]
+    fn the_gate_skips_within_the_budget_and_forces_the_edges() {
+        let p = defaults();
         let mut g = SeaGate::default();
         let same = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
         let decisions: Vec<bool> = (0..7)
@@ -314,14 +319,7 @@ mod tests {
 
     #[test]
     fn the_prefetch_guess_follows_the_forced_steps_and_the_last_distance() {
-        let p = SeaParams {
-            threshold: 0.25,
-            residual_order: 1,
-            retention_steps: 1,
-            cache_end_steps: 1,
-            max_consecutive_cached: 2,
-            power_exp: 3.0,
-        };
+        let p = defaults();
         let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
         let mut g = SeaGate::default();
         g.resolve(&p, 0, 6, one.clone(), false).unwrap();
