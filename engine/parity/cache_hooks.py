@@ -117,3 +117,55 @@ class Recorder:
         self._mc.MagCacheBlockHook._advance_step = self._advance
         assert self.calls == steps * rows, (self.calls, steps, rows)
         return torch.tensor([[int(s * rows + r in self.ran) for r in range(rows)] for s in range(steps)])
+
+
+def hook_cases(fbc_threshold, mag_threshold, guidance):
+    """The First-Block Cache, MagCache and TaylorSeer cases each family's reference runs, guided
+    at `guidance` and unguided: name -> (setting as the engine reads it, guidance). MagCache
+    takes Flux's ratios (and `mag_threshold`, or diffusers' default where None)."""
+    fbc = {"kind": "first_block", "threshold": fbc_threshold}
+    mag = {"kind": "mag", "ratios": flux_ratios()}
+    if mag_threshold is not None:
+        mag["threshold"] = mag_threshold
+    ts1 = {"kind": "taylorseer", "cache_interval": 3, "disable_cache_before_step": 2, "max_order": 1}
+    ts2 = {"kind": "taylorseer", "cache_interval": 4, "disable_cache_before_step": 3, "max_order": 2,
+           "disable_cache_after_step": 10}
+    return {
+        "first_block_guided": (fbc, guidance),
+        "first_block_unguided": (fbc, 1.0),
+        "mag_guided": (mag, guidance),
+        "mag_unguided": (mag, 1.0),
+        "mag_calibrate": ({"kind": "mag", "calibrate": True}, guidance),
+        "taylorseer_guided": (ts1, guidance),
+        "taylorseer_unguided": (ts2, 1.0),
+    }
+
+
+def write_reference(out_dir, stem, cases, run_one, desc, only=None):
+    """Runs `run_one(index, name, case)` for each case (or `only` that one, printing it and
+    writing nothing) and writes OUT_DIR/STEM.safetensors and OUT_DIR/STEM.json. `run_one`
+    returns (the case's entry in the JSON, its own tensors, the final latents, the decisions
+    [steps, rows] and MagCache's calibrations)."""
+    import json
+    import os
+
+    from safetensors.torch import save_file
+
+    tensors, desc = {}, {**desc, "cases": {}}
+    for i, (name, case) in enumerate(cases.items()):
+        if only and name != only:
+            continue
+        entry, own, latents, computed, calibrated = run_one(i, name, case)
+        tensors.update({f"{name}.{k}": v.contiguous() for k, v in own.items()})
+        tensors[f"{name}.latents"] = latents.float().contiguous()
+        tensors[f"{name}.computed"] = computed.contiguous()
+        if calibrated:
+            tensors[f"{name}.ratios"] = torch.tensor(calibrated[0], dtype=torch.float32)
+        desc["cases"][name] = entry
+        print(f"{name}: computed {computed.t().tolist()}", flush=True)
+    if only:
+        return
+    save_file(tensors, os.path.join(out_dir, f"{stem}.safetensors"))
+    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
+        json.dump(desc, f, indent=2)
+        f.write("\n")

@@ -40,7 +40,6 @@ through the SEA filter (a 3D spectral filter over frames, rows and columns at th
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -48,10 +47,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
 import torch
-from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cache_hooks import Recorder, apply, by_name, flux_ratios  # noqa: E402
+from cache_hooks import Recorder, apply, by_name, hook_cases, write_reference  # noqa: E402
 from cosmos3_reference import FIXTURE_REQUESTS, latent_shape, load_pipe  # noqa: E402
 from wan_reference import versions  # noqa: E402
 
@@ -59,30 +57,22 @@ STEPS = 12
 SEED = 7
 
 
-# name -> (request of the fixture, cache setting as the engine reads it, guidance)
+# name -> (request of the fixture, cache setting as the engine reads it, guidance): SeaCache's
+# cases, then the other hooks' with the video request guided and the image unguided.
 def cases():
-    fbc = {"kind": "first_block", "threshold": 0.1}
-    mag = {"kind": "mag", "ratios": flux_ratios(), "threshold": 0.1}
-    ts = {"kind": "taylorseer", "cache_interval": 3, "disable_cache_before_step": 2, "max_order": 1}
-    ts2 = {"kind": "taylorseer", "cache_interval": 4, "disable_cache_before_step": 3, "max_order": 2,
-           "disable_cache_after_step": 10}
     sea = {"kind": "sea", "threshold": 0.25}  # diffusers' defaults otherwise
     zero = {"kind": "sea", "threshold": 0.4, "residual_order": 0, "max_consecutive_cached": 3,
             "retention_steps": 2, "cache_end_steps": 2}
     loose = {"kind": "sea", "threshold": 0.6, "max_consecutive_cached": 0}
+    hooks = {name: ("video" if guidance > 1.0 else "image", cache, guidance)
+             for name, (cache, guidance) in hook_cases(0.1, 0.1, 4.0).items()}
     return {
         "video_guided": ("video", sea, 4.0),
         "video_unguided": ("video", sea, 1.0),
         "video_order0_guided": ("video", zero, 4.0),
         "image_guided": ("image", loose, 6.0),
         "image_unguided": ("image", sea, 1.0),
-        "first_block_video_guided": ("video", fbc, 4.0),
-        "first_block_image_unguided": ("image", fbc, 1.0),
-        "mag_video_guided": ("video", mag, 4.0),
-        "mag_image_unguided": ("image", mag, 1.0),
-        "mag_calibrate": ("video", {"kind": "mag", "calibrate": True}, 4.0),
-        "taylorseer_video_guided": ("video", ts, 4.0),
-        "taylorseer_image_unguided": ("image", ts2, 1.0),
+        **hooks,
     }
 
 
@@ -122,29 +112,19 @@ def main():
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     by_name()
     model = os.path.join(a.dir, "cosmos3-tiny")
-    tensors = {}
-    desc = {"model": "cosmos3-tiny", "steps": STEPS, "cases": {}, "versions": versions()}
-    for i, (name, (which, cache, guidance)) in enumerate(cases().items()):
-        if a.only and name != a.only:
-            continue
+
+    def run_one(i, _name, case):
+        which, cache, guidance = case
         req = FIXTURE_REQUESTS[which]
         shape = latent_shape(req["frames"], req["height"], req["width"])
         init = torch.randn(shape, generator=torch.Generator().manual_seed(SEED + i))
         latents, computed, calibrated = run_case(model, req, cache, guidance, init)
-        if calibrated:
-            tensors[f"{name}.ratios"] = torch.tensor(calibrated[0], dtype=torch.float32)
-        tensors[f"{name}.init"] = init.contiguous()
-        tensors[f"{name}.latents"] = latents
-        tensors[f"{name}.computed"] = computed.contiguous()
         request = {k: req[k] for k in ("prompt", "negative_prompt", "frames", "height", "width")}
-        desc["cases"][name] = {"request": request, "cache": cache, "guidance": guidance}
-        print(f"{name}: computed {computed.t().tolist()}", flush=True)
-    if a.only:
-        return
-    save_file(tensors, os.path.join(a.dir, "cosmos3-tiny-cache-reference.safetensors"))
-    with open(os.path.join(a.dir, "cosmos3-tiny-cache-reference.json"), "w") as f:
-        json.dump(desc, f, indent=2)
-        f.write("\n")
+        entry = {"request": request, "cache": cache, "guidance": guidance}
+        return entry, {"init": init}, latents, computed, calibrated
+
+    desc = {"model": "cosmos3-tiny", "steps": STEPS, "versions": versions()}
+    write_reference(a.dir, "cosmos3-tiny-cache-reference", cases(), run_one, desc, a.only)
 
 
 if __name__ == "__main__":

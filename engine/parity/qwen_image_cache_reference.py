@@ -23,17 +23,15 @@ on `QwenImageTransformerBlock` as diffusers registers it (the image stream is th
 """
 
 import argparse
-import json
 import os
 import sys
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
-from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cache_hooks import Recorder, apply, flux_ratios  # noqa: E402
+from cache_hooks import Recorder, apply, hook_cases, write_reference  # noqa: E402
 from qwen_image_reference import latent_shape, load_pipe  # noqa: E402
 from wan_reference import versions  # noqa: E402
 
@@ -44,20 +42,7 @@ REQUEST = dict(prompt="A fox in the snow.", negative_prompt="blurry, low quality
 
 # name -> (cache setting as the engine reads it, guidance)
 def cases():
-    fbc = {"kind": "first_block", "threshold": 0.45}
-    mag = {"kind": "mag", "ratios": flux_ratios(), "threshold": 0.1}
-    ts = {"kind": "taylorseer", "cache_interval": 3, "disable_cache_before_step": 2, "max_order": 1}
-    ts2 = {"kind": "taylorseer", "cache_interval": 4, "disable_cache_before_step": 3, "max_order": 2,
-           "disable_cache_after_step": 10}
-    return {
-        "first_block_guided": (fbc, 4.0),
-        "first_block_unguided": (fbc, 1.0),
-        "mag_guided": (mag, 4.0),
-        "mag_unguided": (mag, 1.0),
-        "mag_calibrate": ({"kind": "mag", "calibrate": True}, 4.0),
-        "taylorseer_guided": (ts, 4.0),
-        "taylorseer_unguided": (ts2, 1.0),
-    }
+    return hook_cases(0.45, 0.1, 4.0)
 
 
 def run_case(model, cache, guidance, init):
@@ -91,27 +76,16 @@ def main():
     a = p.parse_args()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     model = os.path.join(a.dir, "qwen-image-tiny")
-    tensors = {}
-    desc = {"model": "qwen-image-tiny", "steps": STEPS, **REQUEST, "cases": {}, "versions": versions()}
-    for i, (name, (cache, guidance)) in enumerate(cases().items()):
-        if a.only and name != a.only:
-            continue
+
+    def run_one(i, _name, case):
+        cache, guidance = case
         shape = latent_shape(REQUEST["height"], REQUEST["width"])
         init = torch.randn(shape, generator=torch.Generator().manual_seed(SEED + i))
         latents, computed, calibrated = run_case(model, cache, guidance, init)
-        tensors[f"{name}.init"] = init.contiguous()
-        tensors[f"{name}.latents"] = latents
-        tensors[f"{name}.computed"] = computed.contiguous()
-        if calibrated:
-            tensors[f"{name}.ratios"] = torch.tensor(calibrated[0], dtype=torch.float32)
-        desc["cases"][name] = {"cache": cache, "guidance": guidance}
-        print(f"{name}: computed {computed.t().tolist()}", flush=True)
-    if a.only:
-        return
-    save_file(tensors, os.path.join(a.dir, "qwen-image-tiny-cache-reference.safetensors"))
-    with open(os.path.join(a.dir, "qwen-image-tiny-cache-reference.json"), "w") as f:
-        json.dump(desc, f, indent=2)
-        f.write("\n")
+        return {"cache": cache, "guidance": guidance}, {"init": init}, latents, computed, calibrated
+
+    desc = {"model": "qwen-image-tiny", "steps": STEPS, **REQUEST, "versions": versions()}
+    write_reference(a.dir, "qwen-image-tiny-cache-reference", cases(), run_one, desc, a.only)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,9 @@
 
 mod common;
 
-use common::cache::check_case;
-use common::{expect_err, opts, read_safetensors};
+use common::cache::{check_case, Reference};
+use common::{expect_err, opts};
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
@@ -23,20 +22,6 @@ use layerwise_engine::Strategy;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-struct Reference {
-    desc: serde_json::Value,
-    tensors: HashMap<String, Tensor>,
-}
-
-fn reference() -> Reference {
-    let desc: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(fixtures().join("qwen-image-tiny-cache-reference.json")).unwrap(),
-    )
-    .unwrap();
-    let tensors = read_safetensors(&fixtures().join("qwen-image-tiny-cache-reference.safetensors"));
-    Reference { desc, tensors }
 }
 
 fn request(r: &Reference, name: &str, cache: Option<StepCache>) -> Request {
@@ -65,19 +50,15 @@ fn request(r: &Reference, name: &str, cache: Option<StepCache>) -> Request {
     }
 }
 
-fn cache_of(r: &Reference, name: &str) -> StepCache {
-    serde_json::from_value(r.desc["cases"][name]["cache"].clone()).unwrap()
-}
-
 #[test]
 fn each_cache_decides_and_ends_as_diffusers_hook_does() {
-    let r = reference();
+    let r = Reference::load("qwen-image-tiny-cache-reference");
     let model = Model::open(&fixtures().join("qwen-image-tiny")).unwrap();
     let cases = r.desc["cases"].as_object().unwrap().clone();
     assert!(cases.len() >= 7, "the reference holds every case");
     let mut skipped_somewhere = 0;
     for (i, name) in cases.keys().enumerate() {
-        let cache = cache_of(&r, name);
+        let cache = r.cache(name);
         let first_block = matches!(cache, StepCache::FirstBlock { .. });
         // Alternately one rank and two (each request on its own rank).
         let dp = 1 + i % 2;
@@ -99,7 +80,7 @@ fn each_cache_decides_and_ends_as_diffusers_hook_does() {
             first_block,
             &out[0],
             stats.blocks_saved,
-            2,
+            (2, 1e-4),
             &r.tensors,
             packed,
             plain,
@@ -111,7 +92,7 @@ fn each_cache_decides_and_ends_as_diffusers_hook_does() {
 
 #[test]
 fn seacache_is_refused_by_name() {
-    let r = reference();
+    let r = Reference::load("qwen-image-tiny-cache-reference");
     let model = Model::open(&fixtures().join("qwen-image-tiny")).unwrap();
     let sea = StepCache::parse("cache", "sea").unwrap();
     let name = "mag_guided";
@@ -120,6 +101,6 @@ fn seacache_is_refused_by_name() {
         &["cache", "sea", "qwen-image"],
     );
     model
-        .validate(&request(&r, name, Some(cache_of(&r, name))))
+        .validate(&request(&r, name, Some(r.cache(name))))
         .unwrap();
 }

@@ -6,16 +6,16 @@
 
 mod common;
 
-use common::cache::{check_calibration, decisions};
-use common::{expect_err, opts, read_safetensors, rel_err};
+use common::cache::{check_case, run};
+use common::{expect_err, read_safetensors};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
 use layerwise_engine::cache::StepCache;
-use layerwise_engine::engine::{Model, RunStats};
-use layerwise_engine::execution::work::{Condition, Output, Request};
+use layerwise_engine::engine::Model;
+use layerwise_engine::execution::work::{Condition, Request};
 use layerwise_engine::Strategy;
 
 fn fixtures() -> PathBuf {
@@ -65,15 +65,6 @@ fn request(r: &Reference, cache: Option<StepCache>, guidance: f32) -> Request {
     }
 }
 
-fn run(
-    model: &Model,
-    reqs: Vec<Request>,
-    strategy: Strategy,
-    dp: usize,
-) -> (Vec<Output>, RunStats) {
-    model.run(reqs, &opts(strategy, dp, 2, false)).unwrap()
-}
-
 #[test]
 fn each_cache_decides_and_ends_as_diffusers_hook_does() {
     let r = reference();
@@ -92,30 +83,18 @@ fn each_cache_decides_and_ends_as_diffusers_hook_does() {
             Strategy::OffloadSharded,
             2,
         );
-        let report = out[0].cache.as_ref().expect("a cached run reports");
-        let want = decisions(&r.tensors[&format!("{name}.computed")]);
-        assert_eq!(report.computed, want, "{name}: decisions per step and row");
-        let e = rel_err(&out[0].latents, &r.tensors[&format!("{name}.latents")]);
-        eprintln!("{name}: latents {e:.2e} (max rel), computed {want:?}");
-        assert!(e < 1e-3, "{name}: latents {e}");
-        let skips = want.iter().flatten().filter(|&&c| !c).count();
-        if skips > 0 {
-            skipped_somewhere += 1;
-            // A cache that skipped changed the result by more than the parity tolerance.
-            let base = &plain[(guidance <= 1.0) as usize][0].latents;
-            let moved = rel_err(&out[0].latents, base);
-            eprintln!("{name}: {moved:.2e} from the uncached latents");
-            assert!(moved > 2e-3, "{name}: skips left no trace ({moved})");
-        }
-        // Every block of a step no row computes is saved (two blocks a pass).
-        let both_skipped = want.iter().filter(|row| row.iter().all(|c| !c)).count() as u64;
-        let head = u64::from(name.starts_with("first_block"));
-        assert_eq!(
+        let plain = || plain[(guidance <= 1.0) as usize][0].latents.clone();
+        let skipped = check_case(
+            &name,
+            name.starts_with("first_block"),
+            &out[0],
             stats.blocks_saved,
-            both_skipped * (2 - head),
-            "{name}: blocks saved"
+            (2, 1e-3),
+            &r.tensors,
+            |t| t.clone(),
+            plain,
         );
-        check_calibration(&name, report, &r.tensors);
+        skipped_somewhere += usize::from(skipped);
     }
     assert!(skipped_somewhere >= 5, "the cases exercise skipping");
 }

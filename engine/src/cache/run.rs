@@ -278,7 +278,14 @@ impl StepCacheRun {
                     Need::Head
                 };
             }
-            StepCache::Sea { .. } => ahead > 0 || self.gated(group).is_none_or(|(_, c)| c),
+            StepCache::Sea { .. } => match ahead {
+                0 => self.gated(group).is_none_or(|(_, c)| c),
+                1 => self
+                    .gates
+                    .get(&group)
+                    .is_none_or(|g| g.guess_next(self.sea.as_ref().expect("sea"), self.steps)),
+                _ => true,
+            },
             StepCache::Mag { .. } => {
                 let mag = self.mag.as_ref().expect("mag");
                 any(&|s| mag.peek(s, ahead))

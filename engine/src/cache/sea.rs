@@ -30,6 +30,8 @@ pub struct SeaGate {
     previous_indicator: Option<Tensor>,
     accumulated_distance: f64,
     consecutive_cached: usize,
+    /// The last distance measured, for the guess of the step after the one gated.
+    last_distance: Option<f64>,
     /// The decision for the step gated last, until its pass ends: (step, compute).
     pub pending: Option<(usize, bool)>,
 }
@@ -53,7 +55,9 @@ impl SeaGate {
         let mut candidate = 0.0;
         let natural = match &self.previous_indicator {
             Some(prev) if !(retained || in_end || max_consecutive) => {
-                candidate = self.accumulated_distance + relative_l1(&indicator, prev)?;
+                let d = relative_l1(&indicator, prev)?;
+                self.last_distance = Some(d);
+                candidate = self.accumulated_distance + d;
                 candidate >= p.threshold
             }
             _ => true,
@@ -69,6 +73,30 @@ impl SeaGate {
         }
         self.pending = Some((step, compute));
         Ok(compute)
+    }
+
+    /// A guess, for the prefetch, of whether the step after the one gated last computes
+    /// (its latents are not known before the gated step has run): certain where the gate
+    /// forces it (the edges, the run-length limit), otherwise whether the last distance
+    /// measured, added again, would reach the threshold. A wrong guess costs a stall (the
+    /// step computes, nothing was prefetched) or blocks dropped (it skips, they moved).
+    pub fn guess_next(&self, p: &SeaParams, steps: usize) -> bool {
+        let Some((step, computed)) = self.pending else {
+            return true;
+        };
+        let next = step + 1;
+        let consecutive = if computed { 0 } else { self.consecutive_cached };
+        let accumulated = if computed {
+            0.0
+        } else {
+            self.accumulated_distance
+        };
+        next < p.retention_steps
+            || next + p.cache_end_steps >= steps
+            || (p.max_consecutive_cached > 0 && consecutive >= p.max_consecutive_cached)
+            || self
+                .last_distance
+                .is_none_or(|d| accumulated + d >= p.threshold)
     }
 
     /// After a step whose stack ran (`_record_full_execution`).
@@ -259,16 +287,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_gate_skips_within_the_budget_and_forces_the_edges() {
-        let p = SeaParams {
+    /// diffusers' defaults.
+    fn defaults() -> SeaParams {
+        SeaParams {
             threshold: 0.25,
             residual_order: 1,
             retention_steps: 1,
             cache_end_steps: 1,
             max_consecutive_cached: 2,
             power_exp: 3.0,
-        };
+        }
+    }
+
+    #[test]
+    fn the_gate_skips_within_the_budget_and_forces_the_edges() {
+        let p = defaults();
         let mut g = SeaGate::default();
         let same = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
         let decisions: Vec<bool> = (0..7)
@@ -282,5 +315,27 @@ mod tests {
             .collect();
         // An unchanged indicator: retention, two skips, a forced run, two skips, the end.
         assert_eq!(decisions, [true, false, false, true, false, false, true]);
+    }
+
+    #[test]
+    fn the_prefetch_guess_follows_the_forced_steps_and_the_last_distance() {
+        let p = defaults();
+        let one = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap();
+        let mut g = SeaGate::default();
+        g.resolve(&p, 0, 6, one.clone(), false).unwrap();
+        // No distance measured yet: the next step is guessed to compute.
+        assert!(g.guess_next(&p, 6));
+        g.computed();
+        // A tenth's change: the next one, alike, would stay under the threshold.
+        g.resolve(&p, 1, 6, (&one * 1.1).unwrap(), true).unwrap();
+        assert!(!g.guess_next(&p, 6));
+        // Three tenths: it would reach it.
+        g.resolve(&p, 2, 6, (&one * 1.43).unwrap(), true).unwrap();
+        assert!(g.guess_next(&p, 6));
+        // The last step is forced whatever the distance.
+        let mut g = SeaGate::default();
+        g.resolve(&p, 3, 6, one.clone(), false).unwrap();
+        g.resolve(&p, 4, 6, one.clone(), true).unwrap();
+        assert!(g.guess_next(&p, 6));
     }
 }
