@@ -390,14 +390,35 @@ pub fn condition(
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-/// Pods of the deployment that are Running, with their nodes.
-pub async fn running_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<(String, String)>> {
+/// The engine pods of deployment `name`, as the apiserver lists them now.
+pub async fn engine_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<Pod>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={name}"));
-    Ok(pods
-        .list(&lp)
+    Ok(pods.list(&lp).await?.items)
+}
+
+/// Checks that the apiserver refuses a deployment with `extra` in its spec, with an error
+/// that says `says`.
+pub async fn refused(
+    api: &Api<DiffusionDeployment>,
+    extra: serde_json::Value,
+    says: &str,
+) -> Result<()> {
+    let dd: DiffusionDeployment =
+        serde_json::from_value(deployment_manifest("refused", extra.clone()))?;
+    let err = api
+        .create(&kube::api::PostParams::default(), &dd)
+        .await
+        .err()
+        .ok_or_else(|| anyhow::anyhow!("{extra} was accepted"))?;
+    anyhow::ensure!(err.to_string().contains(says), "{extra}: {err}");
+    Ok(())
+}
+
+/// Pods of the deployment that are Running, with their nodes.
+pub async fn running_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<(String, String)>> {
+    Ok(engine_pods(client, ns, name)
         .await?
-        .items
         .into_iter()
         .filter(|p| {
             p.metadata.deletion_timestamp.is_none()
