@@ -15,6 +15,7 @@
 //! - [`slots`]: how many slots a rank streams through and how many blocks it keeps;
 //! - [`timing`]: the one step-time model, which the planner and the engine's `bench`
 //!   choose resident blocks and components by;
+//! - [`step_cache`]: the step caches' parameter ranges and what a request's cache holds;
 //! - [`topology`]: dp groups of sp ranks, and how a request's sequence splits over a group;
 //! - [`bytesize`]: the one grammar of a byte size (Kubernetes quantities and typed units);
 //! - [`metric_names`]: the engine's metrics, by the names the autoscaler reads, and
@@ -26,6 +27,7 @@
 pub mod bounds;
 pub mod bytesize;
 pub mod checkpoint;
+pub mod compute_dtype;
 pub mod contract;
 pub mod decode;
 pub mod error;
@@ -36,6 +38,7 @@ pub mod memory;
 pub mod metric_names;
 pub mod profile;
 pub mod slots;
+pub mod step_cache;
 pub mod strategy;
 pub mod timing;
 pub mod topology;

@@ -34,18 +34,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cache_hooks import Recorder, apply, flux_ratios  # noqa: E402
 from wan_reference import FIXTURE_REQUEST, load_pipe, versions  # noqa: E402
 
 STEPS = 12
 # The committed fixture's request (prompt, negative prompt, frames, size, max_sequence_length), at
 # more steps so that the caches have steps to skip.
 REQUEST = {k: v for k, v in FIXTURE_REQUEST.items() if not k.startswith("guidance")} | {"steps": STEPS}
-
-
-def flux_ratios():
-    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
-
-    return [float(x) for x in FLUX_MAG_RATIOS]
 
 
 # name -> (cache setting as the engine reads it, guidance)
@@ -66,85 +61,26 @@ def cases():
     }
 
 
-def apply(transformer, c):
-    from diffusers.hooks import (
-        FirstBlockCacheConfig,
-        MagCacheConfig,
-        TaylorSeerCacheConfig,
-        apply_first_block_cache,
-        apply_mag_cache,
-        apply_taylorseer_cache,
-    )
-
-    if c["kind"] == "first_block":
-        apply_first_block_cache(transformer, FirstBlockCacheConfig(threshold=c["threshold"]))
-    elif c["kind"] == "mag":
-        apply_mag_cache(
-            transformer,
-            MagCacheConfig(
-                mag_ratios=c.get("ratios"),
-                calibrate=c.get("calibrate", False),
-                num_inference_steps=STEPS,
-            ),
-        )
-    elif c["kind"] == "taylorseer":
-        apply_taylorseer_cache(
-            transformer,
-            TaylorSeerCacheConfig(
-                cache_interval=c["cache_interval"],
-                disable_cache_before_step=c["disable_cache_before_step"],
-                disable_cache_after_step=c.get("disable_cache_after_step"),
-                max_order=c["max_order"],
-                taylor_factors_dtype=torch.float32,
-                use_lite_mode=True,
-            ),
-        )
-
-
 def run_case(model, init, cache, guidance):
-    import diffusers.hooks.mag_cache as mc
-
     pipe = load_pipe(model)
     t = pipe.transformer
     rows = 2 if guidance > 1.0 else 1
-    calls, ran = [0], set()
-
-    def count(_m, _a):
-        calls[0] += 1
-
-    def mark(_m, _a, _o):
-        ran.add(calls[0] - 1)
-
-    t.register_forward_pre_hook(count)
-    t.blocks[-1].attn1.register_forward_hook(mark)
-    calibrated = []
-    orig_advance = mc.MagCacheBlockHook._advance_step
-
-    def advance(self, state):
-        if self.config.calibrate and state.step_index + 1 >= self.config.num_inference_steps:
-            calibrated.append(list(state.calibration_ratios))
-        return orig_advance(self, state)
-
-    mc.MagCacheBlockHook._advance_step = advance
-    try:
-        apply(t, cache)
-        out = pipe(
-            prompt=REQUEST["prompt"],
-            negative_prompt=REQUEST["negative_prompt"],
-            height=REQUEST["height"],
-            width=REQUEST["width"],
-            num_frames=REQUEST["frames"],
-            num_inference_steps=STEPS,
-            guidance_scale=guidance,
-            latents=init.clone(),
-            output_type="latent",
-            max_sequence_length=REQUEST["max_sequence_length"],
-        )
-    finally:
-        mc.MagCacheBlockHook._advance_step = orig_advance
-    assert calls[0] == STEPS * rows, calls
-    computed = torch.tensor([[int(s * rows + r in ran) for r in range(rows)] for s in range(STEPS)])
-    return out.frames.float().contiguous(), computed, calibrated
+    rec = Recorder(t, t.blocks[-1].attn1)
+    apply(t, cache, STEPS)
+    out = pipe(
+        prompt=REQUEST["prompt"],
+        negative_prompt=REQUEST["negative_prompt"],
+        height=REQUEST["height"],
+        width=REQUEST["width"],
+        num_frames=REQUEST["frames"],
+        num_inference_steps=STEPS,
+        guidance_scale=guidance,
+        latents=init.clone(),
+        output_type="latent",
+        max_sequence_length=REQUEST["max_sequence_length"],
+    )
+    computed = rec.close(STEPS, rows)
+    return out.frames.float().contiguous(), computed, rec.calibrated
 
 
 def main():

@@ -6,7 +6,6 @@
 //! `runtime` feature this crate is that core and the model families' metadata, which is all
 //! the node agent needs.
 
-#[cfg(feature = "runtime")]
 pub mod cache;
 #[cfg(feature = "runtime")]
 pub mod cli;

@@ -40,6 +40,7 @@ fn profile_of_a_tiny_checkpoint_adds_up() {
             batch: 1,
             guidance: true,
             text_tokens: 0,
+            cache: Default::default(),
         })
     };
     assert!(at(128) > at(64));
@@ -68,6 +69,7 @@ fn a_text_familys_activations_grow_with_its_prompt() {
         batch: 1,
         guidance,
         text_tokens,
+        cache: Default::default(),
     };
     let (short, long) = (a.bytes(&shape(16, true)), a.bytes(&shape(4096, true)));
     assert!(long > short, "{short} {long}");

@@ -42,6 +42,7 @@ fn unready(model: Arc<Model>, dp: usize) -> (Router, Receiver<DecodeJob>) {
         forwarding: Forwarding::default(),
         sp: 1,
         anonymous_list: false,
+        cache: None,
     });
     (app, rx)
 }

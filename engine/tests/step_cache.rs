@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::cache::{check_calibration, decisions};
 use common::{expect_err, opts, read_safetensors, rel_err};
 
 use std::collections::HashMap;
@@ -73,15 +74,6 @@ fn run(
     model.run(reqs, &opts(strategy, dp, 2, false)).unwrap()
 }
 
-/// The reference's `[steps, rows]` decisions as rows of booleans per step.
-fn decisions(t: &Tensor) -> Vec<Vec<bool>> {
-    t.to_vec2::<f32>()
-        .unwrap()
-        .into_iter()
-        .map(|r| r.into_iter().map(|x| x == 1.0).collect())
-        .collect()
-}
-
 #[test]
 fn each_cache_decides_and_ends_as_diffusers_hook_does() {
     let r = reference();
@@ -123,22 +115,7 @@ fn each_cache_decides_and_ends_as_diffusers_hook_does() {
             both_skipped * (2 - head),
             "{name}: blocks saved"
         );
-        if let Some(ratios) = r.tensors.get(&format!("{name}.ratios")) {
-            let ours = &report.calibration[0];
-            let theirs: Vec<f64> = ratios
-                .to_vec1::<f32>()
-                .unwrap()
-                .into_iter()
-                .map(f64::from)
-                .collect();
-            assert_eq!(ours.len(), theirs.len(), "{name}: calibration length");
-            for (a, b) in ours.iter().zip(&theirs) {
-                assert!(
-                    (a - b).abs() < 1e-4 * b.abs().max(1.0),
-                    "{name}: ratios {ours:?} vs {theirs:?}"
-                );
-            }
-        }
+        check_calibration(&name, report, &r.tensors);
     }
     assert!(skipped_somewhere >= 5, "the cases exercise skipping");
 }

@@ -13,6 +13,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 pub const MODEL_PROFILED: &str = "ModelProfiled";
+/// Only for a model the agents stage (`s3`): True once a candidate node has a complete copy
+/// ([`crate::staging`]).
+pub const MODEL_STAGED: &str = "ModelStaged";
 pub const PLANNED: &str = "Planned";
 pub const CACHE_WARM: &str = "CacheWarm";
 pub const AVAILABLE: &str = "Available";

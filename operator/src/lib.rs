@@ -36,6 +36,7 @@ pub mod report;
 pub mod requests;
 pub mod resources;
 pub mod settle;
+pub mod staging;
 pub mod stores;
 pub mod surge;
 pub mod telemetry;

@@ -145,7 +145,7 @@ fn one_gpu_pods(name: &str, node: &str, replicas: i32) -> Result<DiffusionDeploy
 
 /// The deployment's pods now: (uid, ready, being deleted).
 async fn pods_of(client: &Client, ns: &str, name: &str) -> Result<Vec<(String, bool, bool)>> {
-    Ok(world::engine_pods(client, ns, name)
+    Ok(world::all_engine_pods(client, ns, name)
         .await?
         .into_iter()
         .map(|p| {

@@ -58,6 +58,9 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
             waiting_bytes_per_text_token: 0,
             encoder_waiting_bytes_per_token: 0,
             exchange_bytes_per_token: 0,
+            hidden_bytes_per_token: 0,
+            output_bytes_per_token: 0,
+            cache_states: 1,
         },
         decoder_bytes: vae,
         groups: vec![GroupBytes {
@@ -66,6 +69,7 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
         }],
         limits: Default::default(),
         compute: Vec::new(),
+        compute_dtypes: layerwise_core::compute_dtype::f32_only(),
         decode: None,
     }
 }

@@ -15,6 +15,7 @@
 
 pub mod fill;
 mod journal;
+pub mod stage;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -49,6 +50,8 @@ pub enum Fault {
     StoreUnavailable,
     /// Reading or writing the cache folder failed.
     CacheIo,
+    /// The credentials Secret is missing, unreadable, or lacks a key.
+    CredentialsUnavailable,
 }
 
 impl Fault {
@@ -63,6 +66,7 @@ impl Fault {
             Fault::IntegrityMismatch => "IntegrityMismatch",
             Fault::StoreUnavailable => "StoreUnavailable",
             Fault::CacheIo => "CacheIo",
+            Fault::CredentialsUnavailable => "CredentialsUnavailable",
         }
     }
 
@@ -157,9 +161,14 @@ impl Cache {
         self.cap
     }
 
+    /// The cache folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Where the published copy of `key` is (whether or not it exists).
     pub fn ready_dir(&self, key: &str) -> PathBuf {
-        self.dir.join(READY).join(key)
+        ready_path(&self.dir, key)
     }
 
     fn partial_dir(&self, key: &str) -> PathBuf {
@@ -267,6 +276,12 @@ impl Cache {
         sync_dir(&parent).map_err(|e| StageError::io(&parent, e))?;
         Ok(ready)
     }
+}
+
+/// Where the published copy of `key` is in a cache folder at `dir` (as the agent reads it,
+/// or as the node's pods mount it).
+pub fn ready_path(dir: &Path, key: &str) -> PathBuf {
+    dir.join(READY).join(key)
 }
 
 /// Which published copies to evict, least recently used first, so that `need` more bytes fit

@@ -98,6 +98,19 @@ pub struct ActivationCost {
     /// transformer does not split its sequence.
     #[serde(default)]
     pub exchange_bytes_per_token: u64,
+    /// Bytes per latent token per sample of one hidden state of the transformer's stream
+    /// (f32): what a step cache keeps per residual ([`crate::step_cache::CacheHold`]). 0
+    /// for a profile written before the caches (no cache is then counted).
+    #[serde(default)]
+    pub hidden_bytes_per_token: u64,
+    /// Bytes per latent token per sample of the transformer's output (f32): what
+    /// TaylorSeer keeps per order.
+    #[serde(default)]
+    pub output_bytes_per_token: u64,
+    /// Transformers that each keep their own cache state through a request (a two-expert
+    /// model's both).
+    #[serde(default = "one")]
+    pub cache_states: u64,
 }
 
 fn one() -> u64 {
@@ -122,6 +135,8 @@ pub struct RequestShape {
     /// Tokens of the (padded) prompt: its `max_sequence_length`; 0 for a family that reads
     /// no prompt.
     pub text_tokens: u64,
+    /// What the request's step cache holds (nothing without one).
+    pub cache: crate::step_cache::CacheHold,
 }
 
 /// Peak bytes of each phase of one request on one rank, as [`ActivationCost`] predicts
@@ -230,7 +245,18 @@ impl ActivationCost {
         let held = waiting
             * (at(self.waiting_bytes_per_token) * share
                 + at(self.waiting_bytes_per_text_token) * text);
+        // A step cache's tensors live through every pass: each row's (the hidden states
+        // on this rank's share of the tokens, the output whole), in every transformer
+        // that keeps its own state, and what the running pass holds beside its block.
+        let c = &shape.cache;
+        let states = self.cache_states.max(1) as u128;
+        let cached = all
+            * (at(self.hidden_bytes_per_token)
+                * share
+                * (c.held_hidden as u128 * states + c.pass_hidden as u128)
+                + self.output_bytes_per_token as u128 * tokens * c.held_outputs as u128 * states);
         let transformer = held
+            + cached
             + match self.attention_bytes_per_token {
                 0 => rest + attention,
                 a => rest.max(samples * ((at(a) + exchange) * share + prompt) + attention),
@@ -293,6 +319,9 @@ mod tests {
             waiting_bytes_per_text_token: 0,
             encoder_waiting_bytes_per_token: 0,
             exchange_bytes_per_token: 0,
+            hidden_bytes_per_token: 0,
+            output_bytes_per_token: 0,
+            cache_states: 1,
         }
     }
 
@@ -305,6 +334,7 @@ mod tests {
             batch: 1,
             guidance: true,
             text_tokens,
+            cache: Default::default(),
         }
     }
 
@@ -385,6 +415,63 @@ mod tests {
         // A family that reads no prompt pays no template.
         let none = batched.checked_phases(&shape(0), 1, F32_BYTES).unwrap();
         assert_eq!(none.transformer, 2 * 1000 * 16);
+    }
+
+    #[test]
+    fn a_step_caches_tensors_sit_on_the_block_peak() {
+        use crate::step_cache::CacheHold;
+        let c = ActivationCost {
+            hidden_bytes_per_token: 64,
+            output_bytes_per_token: 16,
+            cache_states: 2,
+            ..cost()
+        };
+        let plain = c.checked_phases(&shape(10), 1, F32_BYTES).unwrap();
+        let with = |cache: CacheHold, sp: u64| {
+            c.checked_phases(&RequestShape { cache, ..shape(10) }, sp, F32_BYTES)
+                .unwrap()
+        };
+        // No cache, no term: a profile without the figures reads as before.
+        assert_eq!(with(CacheHold::NONE, 1), plain);
+        // First-Block Cache: two residuals kept by each of two experts, two beside the
+        // pass; 16 tokens, 2 guided samples.
+        let fbc = CacheHold {
+            held_hidden: 2,
+            pass_hidden: 2,
+            held_outputs: 0,
+        };
+        let f = with(fbc, 1);
+        assert_eq!(f.transformer - plain.transformer, 2 * 64 * 16 * (2 * 2 + 2));
+        assert_eq!(
+            (f.text_encoder, f.decode),
+            (plain.text_encoder, plain.decode)
+        );
+        // In bf16 the hidden states halve; split over 2 ranks each holds its share.
+        let bf16 = c
+            .checked_phases(
+                &RequestShape {
+                    cache: fbc,
+                    ..shape(10)
+                },
+                1,
+                2,
+            )
+            .unwrap();
+        let plain_bf16 = c.checked_phases(&shape(10), 1, 2).unwrap();
+        assert_eq!(bf16.transformer - plain_bf16.transformer, 2 * 32 * 16 * 6);
+        let half =
+            with(fbc, 2).transformer - c.checked_phases(&shape(10), 2, 4).unwrap().transformer;
+        assert_eq!(half, 2 * 64 * 8 * 6);
+        // TaylorSeer of order 1: two whole outputs per sample and expert.
+        let ts = CacheHold {
+            held_hidden: 0,
+            pass_hidden: 0,
+            held_outputs: 2,
+        };
+        assert_eq!(
+            with(ts, 1).transformer - plain.transformer,
+            2 * 16 * 16 * 2 * 2
+        );
     }
 
     #[test]

@@ -241,6 +241,9 @@ mod tests {
             waiting_bytes_per_text_token: 0,
             encoder_waiting_bytes_per_token: 0,
             exchange_bytes_per_token: 0,
+            hidden_bytes_per_token: 0,
+            output_bytes_per_token: 0,
+            cache_states: 1,
         }
     }
 

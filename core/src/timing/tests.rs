@@ -219,6 +219,9 @@ fn rates_by_product_and_work_at_bounds() {
         waiting_bytes_per_text_token: 0,
         encoder_waiting_bytes_per_token: 0,
         exchange_bytes_per_token: 0,
+        hidden_bytes_per_token: 0,
+        output_bytes_per_token: 0,
+        cache_states: 1,
     };
     let b = RequestBounds {
         max_width: 1024,

@@ -46,6 +46,23 @@ impl Work {
         }
     }
 
+    /// This request under a step cache that runs the per-step groups' blocks on `share`
+    /// of its steps (`StepCache::computed_share` of the engine's setting): the steps the
+    /// model times are those computed, rounded up, at least one. A skipped step copies
+    /// and computes nothing of those groups; what it still does (First-Block Cache's first
+    /// block, the sampler) is inside the share the setting states.
+    pub fn with_computed_share(self, share: f64) -> Work {
+        let share = if share.is_finite() {
+            share.clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        Work {
+            steps: ((self.steps as f64 * share).ceil() as u64).max(1),
+            ..self
+        }
+    }
+
     /// This request with its latent sequence split over `sp` ranks (at least 1).
     pub fn with_sp(self, sp: u64) -> Work {
         Work {

@@ -71,6 +71,11 @@ pub struct Workload {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self > 0.0").message("maxLatencySeconds must be positive"))]
     pub max_latency_seconds: Option<f64>,
+    /// The step cache every request runs with unless it turns it off or asks for less
+    /// skipping (unset: none, and requests may not ask for one): the planner reserves the
+    /// tensors it holds and times the steps it computes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<super::cache::WorkloadCache>,
 }
 
 fn default_side() -> u64 {
@@ -100,6 +105,7 @@ impl Default for Workload {
             guidance: true,
             max_prompt_tokens: default_prompt_tokens(),
             max_latency_seconds: None,
+            cache: None,
         }
     }
 }

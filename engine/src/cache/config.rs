@@ -3,8 +3,10 @@
 //! checked once here so the flag, the API field and the deployment's setting refuse the
 //! same things with the same words.
 
+use layerwise_core::step_cache::CacheHold;
 use serde::{Deserialize, Serialize};
 
+use super::schedule::{taylor_schedule, MagAcc, MagParams};
 use crate::{Error, Result};
 
 /// The step caches by name, as flags, the API and the CRD spell them.
@@ -18,7 +20,7 @@ pub enum CacheKind {
     /// diffusers' TaylorSeer, in its lite form (whole block stack skipped, the
     /// transformer's output predicted).
     Taylorseer,
-    /// diffusers' SeaCache (Cosmos3 only there); not implemented by this engine.
+    /// diffusers' SeaCache (applied to Cosmos3 there).
     Sea,
 }
 
@@ -89,10 +91,24 @@ pub enum StepCache {
         #[serde(default = "defaults::ts_order")]
         max_order: usize,
     },
-    /// Named so that it is refused by name, not taken for a typo.
+    /// Skips the decoder stack while the accumulated relative change of the latents'
+    /// SEA indicator stays under `threshold`, never in the first `retention_steps` nor
+    /// the last `cache_end_steps`, at most `max_consecutive_cached` in a row (0: no
+    /// limit), predicting its residual at `residual_order` 0 (the last) or 1 (the line
+    /// through the last two).
     Sea {
         #[serde(default = "defaults::sea_threshold")]
         threshold: f64,
+        #[serde(default = "defaults::one")]
+        residual_order: usize,
+        #[serde(default = "defaults::one")]
+        retention_steps: usize,
+        #[serde(default = "defaults::one")]
+        cache_end_steps: usize,
+        #[serde(default = "defaults::sea_max_consecutive")]
+        max_consecutive_cached: usize,
+        #[serde(default = "defaults::sea_power_exp")]
+        power_exp: f64,
     },
 }
 
@@ -122,6 +138,15 @@ mod defaults {
     pub fn sea_threshold() -> f64 {
         0.25
     }
+    pub fn one() -> usize {
+        1
+    }
+    pub fn sea_max_consecutive() -> usize {
+        2
+    }
+    pub fn sea_power_exp() -> f64 {
+        3.0
+    }
 }
 
 impl StepCache {
@@ -146,6 +171,11 @@ impl StepCache {
             },
             CacheKind::Sea => StepCache::Sea {
                 threshold: defaults::sea_threshold(),
+                residual_order: 1,
+                retention_steps: 1,
+                cache_end_steps: 1,
+                max_consecutive_cached: defaults::sea_max_consecutive(),
+                power_exp: defaults::sea_power_exp(),
             },
         }
     }
@@ -157,6 +187,25 @@ impl StepCache {
             StepCache::Taylorseer { .. } => CacheKind::Taylorseer,
             StepCache::Sea { .. } => CacheKind::Sea,
         }
+    }
+
+    /// Whether the decision reads the whole sequence at every step (First-Block Cache,
+    /// MagCache's calibration), which a rank of a split sequence does not hold.
+    pub fn reads_whole_sequence(&self) -> bool {
+        matches!(
+            self,
+            StepCache::FirstBlock { .. }
+                | StepCache::Mag {
+                    calibrate: true,
+                    ..
+                }
+        )
+    }
+
+    /// `--cache`'s value (`generate` and `serve` read it alike), refused with the flag's
+    /// name and what is wrong.
+    pub fn parse_flag(s: &str) -> std::result::Result<StepCache, String> {
+        StepCache::parse("--cache", s).map_err(|e| e.to_string())
     }
 
     /// Reads `field` (a flag or an API field: the name errors carry) as JSON
@@ -181,59 +230,142 @@ impl StepCache {
         Ok(c)
     }
 
-    /// The parameters' bounds, each error naming `field.parameter`.
+    /// The parameters' bounds ([`layerwise_core::step_cache`]'s ranges, which the
+    /// DiffusionDeployment's CEL rules state too), each error naming `field.parameter`.
     pub fn check(&self, field: &str) -> Result<()> {
-        let bad = |p: &str, msg: String| Err(Error::invalid(format!("{field}.{p}"), msg));
-        let unit = |x: f64| x.is_finite() && (0.0..=1.0).contains(&x);
+        use layerwise_core::step_cache as r;
+        let bad = |p: &str, msg: &str| Err(Error::invalid(format!("{field}.{p}"), msg));
         match self {
-            StepCache::FirstBlock { threshold } | StepCache::Sea { threshold }
-                if !threshold.is_finite() || *threshold < 0.0 =>
-            {
-                bad(
-                    "threshold",
-                    format!("must be finite and ≥ 0, got {threshold}"),
-                )
-            }
-            StepCache::Mag { threshold, .. } if !threshold.is_finite() || *threshold < 0.0 => bad(
-                "threshold",
-                format!("must be finite and ≥ 0, got {threshold}"),
-            ),
-            StepCache::Mag {
-                retention_ratio, ..
-            } if !unit(*retention_ratio) => bad(
-                "retention_ratio",
-                format!("must be within [0, 1], got {retention_ratio}"),
-            ),
-            StepCache::Mag {
-                ratios: None,
-                calibrate: false,
+            StepCache::FirstBlock { threshold } => r::THRESHOLD.check(field, *threshold)?,
+            StepCache::Sea {
+                threshold,
+                residual_order,
+                power_exp,
                 ..
-            } => bad(
-                "ratios",
-                "MagCache needs the model's magnitude ratios; run once with \"calibrate\": true \
-                 to record them"
-                    .into(),
-            ),
-            StepCache::Mag {
-                ratios: Some(r), ..
-            } if r.is_empty() || r.iter().any(|x| !x.is_finite() || *x <= 0.0) => {
-                bad("ratios", "must be one or more finite ratios above 0".into())
+            } => {
+                r::THRESHOLD.check(field, *threshold)?;
+                if *residual_order > 1 {
+                    return bad("residual_order", "must be 0 or 1");
+                }
+                if !power_exp.is_finite() || *power_exp <= 0.0 {
+                    return bad("power_exp", "must be finite and above 0");
+                }
             }
-            StepCache::Taylorseer { cache_interval, .. } if *cache_interval == 0 => {
-                bad("cache_interval", "must be at least 1".into())
+            StepCache::Mag {
+                threshold,
+                max_skip_steps,
+                retention_ratio,
+                ratios,
+                calibrate,
+            } => {
+                r::THRESHOLD.check(field, *threshold)?;
+                r::MAX_SKIP_STEPS.check(field, *max_skip_steps as f64)?;
+                r::RETENTION_RATIO.check(field, *retention_ratio)?;
+                match ratios {
+                    None if !calibrate => {
+                        return bad(
+                            "ratios",
+                            "MagCache needs the model's magnitude ratios; run once with \
+                             \"calibrate\": true to record them",
+                        )
+                    }
+                    Some(v) if v.is_empty() => {
+                        return bad("ratios", "must be one or more finite ratios above 0")
+                    }
+                    Some(v) => v.iter().try_for_each(|x| r::RATIO.check(field, *x))?,
+                    None => {}
+                }
             }
             StepCache::Taylorseer {
-                disable_cache_before_step: 0,
-                ..
-            } => bad(
-                "disable_cache_before_step",
-                "must be at least 1: a prediction needs a step computed before it".into(),
-            ),
-            StepCache::Taylorseer { max_order, .. } if *max_order > 4 => {
-                bad("max_order", format!("must be at most 4, got {max_order}"))
+                cache_interval,
+                disable_cache_before_step,
+                disable_cache_after_step,
+                max_order,
+            } => {
+                r::CACHE_INTERVAL.check(field, *cache_interval as f64)?;
+                r::DISABLE_BEFORE.check(field, *disable_cache_before_step as f64)?;
+                if let Some(after) = disable_cache_after_step {
+                    r::DISABLE_AFTER.check(field, *after as f64)?;
+                }
+                r::MAX_ORDER.check(field, *max_order as f64)?;
             }
-            _ => Ok(()),
         }
+        Ok(())
+    }
+}
+
+impl StepCache {
+    /// What this setting holds on a rank per guidance row ([`CacheHold`]), which the
+    /// memory model counts in a request's activations: tensors as
+    /// [`super::run::StepCacheRun`] keeps them per row and transformer. First-Block Cache
+    /// keeps the first block's and the tail's residuals, and a pass holds the stack's
+    /// input and the first block's output beside its blocks; MagCache keeps the stack's
+    /// residual, and a pass its input; TaylorSeer keeps `max_order + 1` divided
+    /// differences of the transformer's output.
+    pub fn hold(&self) -> CacheHold {
+        let (held_hidden, pass_hidden, held_outputs) = match self {
+            StepCache::FirstBlock { .. } => (2, 2, 0),
+            StepCache::Mag { .. } => (1, 1, 0),
+            StepCache::Taylorseer { max_order, .. } => (0, 0, *max_order as u64 + 1),
+            // The last `residual_order + 1` residuals of the decoder stack, its input
+            // during a pass, and the previous step's SEA indicator (latent-shaped).
+            StepCache::Sea { residual_order, .. } => (*residual_order as u64 + 1, 1, 1),
+        };
+        CacheHold {
+            held_hidden,
+            pass_hidden,
+            held_outputs,
+        }
+    }
+
+    /// The share of a request's `steps` steps whose blocks run, for the time model: the
+    /// schedule's own where it is known before the run (TaylorSeer's interval, MagCache's
+    /// ratios), [`layerwise_core::step_cache::FIRST_BLOCK_EXPECTED_SHARE`] for First-Block
+    /// Cache, whose decision reads the data (a conservative figure), and 1 for a
+    /// calibration (which runs every step).
+    pub fn computed_share(&self, steps: usize) -> f64 {
+        let steps = steps.max(1);
+        let computed = match self {
+            StepCache::FirstBlock { .. } => {
+                return layerwise_core::step_cache::FIRST_BLOCK_EXPECTED_SHARE
+            }
+            StepCache::Sea { .. } => steps,
+            StepCache::Mag {
+                threshold,
+                max_skip_steps,
+                retention_ratio,
+                ratios,
+                calibrate,
+            } => {
+                let mag = MagParams::new(
+                    *threshold,
+                    *max_skip_steps,
+                    *retention_ratio,
+                    ratios.as_deref(),
+                    *calibrate,
+                    steps,
+                );
+                (0..steps)
+                    .filter(|&k| mag.peek_from(MagAcc::default(), false, k))
+                    .count()
+            }
+            StepCache::Taylorseer {
+                cache_interval,
+                disable_cache_before_step,
+                disable_cache_after_step,
+                ..
+            } => (0..steps as i64)
+                .filter(|&k| {
+                    taylor_schedule(
+                        k,
+                        *cache_interval,
+                        *disable_cache_before_step,
+                        *disable_cache_after_step,
+                    )
+                })
+                .count(),
+        };
+        computed as f64 / steps as f64
     }
 }
 
@@ -272,6 +404,25 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn the_share_computed_follows_the_schedule() {
+        // TaylorSeer at diffusers' defaults over 50 steps: the first 3, then every 5th.
+        let ts = StepCache::default_of(CacheKind::Taylorseer);
+        let computed = (0..50i64).filter(|&k| k < 3 || (k - 4) % 5 == 0).count();
+        assert_eq!(ts.computed_share(50), computed as f64 / 50.0);
+        assert!(ts.computed_share(50) < 0.4);
+        assert_eq!(ts.hold().held_outputs, 2);
+        // A calibration runs every step; ratios of 1 accumulate no error and skip the most.
+        assert_eq!(
+            StepCache::default_of(CacheKind::Mag).computed_share(20),
+            1.0
+        );
+        let flat = StepCache::parse("c", r#"{"kind":"mag","ratios":[1.0]}"#).unwrap();
+        let share = flat.computed_share(20);
+        // 4 retained steps, then one computed in every 4 (3 skipped in a row).
+        assert_eq!(share, 8.0 / 20.0, "{share}");
     }
 
     #[test]

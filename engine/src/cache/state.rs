@@ -7,6 +7,8 @@ use candle_core::{DType, Tensor, D};
 
 use crate::Result;
 
+pub use super::schedule::{taylor_schedule, MagAcc, MagParams};
+
 /// A row's state; each cache reads its own fields.
 pub struct RowState {
     // First-Block Cache (`FBCSharedBlockState`).
@@ -24,6 +26,8 @@ pub struct RowState {
     pub last_update_step: Option<i64>,
     /// Divided differences, order 0 first.
     pub factors: Vec<Tensor>,
+    // SeaCache (`SeaCacheContextState.history`; its gate is shared by the rows).
+    pub sea: super::sea::SeaHistory,
 }
 
 impl Default for RowState {
@@ -37,6 +41,7 @@ impl Default for RowState {
             current_step: -1,
             last_update_step: None,
             factors: Vec::new(),
+            sea: Default::default(),
         }
     }
 }
@@ -54,63 +59,7 @@ pub fn fbc_should_compute(
     Ok((absmean / prev_absmean) as f64 > threshold)
 }
 
-/// MagCache's step counter and accumulators, apart from its residual so a decision ahead
-/// can be simulated on a copy.
-#[derive(Debug, Clone, Copy)]
-pub struct MagAcc {
-    pub step_index: usize,
-    pub accumulated_ratio: f32,
-    pub accumulated_err: f32,
-    pub accumulated_steps: usize,
-}
-
-impl Default for MagAcc {
-    fn default() -> Self {
-        MagAcc {
-            step_index: 0,
-            accumulated_ratio: 1.0,
-            accumulated_err: 0.0,
-            accumulated_steps: 0,
-        }
-    }
-}
-
-/// MagCache's parameters for one request.
-pub struct MagParams {
-    pub threshold: f32,
-    pub max_skip_steps: usize,
-    /// Steps from which skipping may start (`int(retention_ratio × steps + 0.5)`).
-    pub retention_step: usize,
-    /// Ratios per step, interpolated to the request's steps (float32, as diffusers'
-    /// tensor holds them); empty when calibrating.
-    pub ratios: Vec<f32>,
-    pub steps: usize,
-    pub calibrate: bool,
-}
-
 impl MagParams {
-    pub fn new(
-        threshold: f64,
-        max_skip_steps: usize,
-        retention_ratio: f64,
-        ratios: Option<&[f64]>,
-        calibrate: bool,
-        steps: usize,
-    ) -> MagParams {
-        let ratios = match ratios {
-            Some(r) if !calibrate => nearest_interp(r, steps),
-            _ => Vec::new(),
-        };
-        MagParams {
-            threshold: threshold as f32,
-            max_skip_steps,
-            retention_step: (retention_ratio * steps as f64 + 0.5) as usize,
-            ratios,
-            steps,
-            calibrate,
-        }
-    }
-
     /// `MagCacheHeadHook.new_forward`'s decision, updating the accumulators.
     pub fn should_compute(&self, s: &mut RowState) -> bool {
         let has_prev = s.previous_residual.is_some();
@@ -120,42 +69,7 @@ impl MagParams {
     /// The decision the row takes `ahead` calls from now (0: the next one), on a copy
     /// of its state: a schedule the prefetcher can read before the pass.
     pub fn peek(&self, s: &RowState, ahead: usize) -> bool {
-        let (mut acc, mut has_prev) = (s.mag, s.previous_residual.is_some());
-        for k in 0..=ahead {
-            let compute = self.decide(&mut acc, has_prev);
-            if k == ahead {
-                return compute;
-            }
-            has_prev |= compute;
-            if self.step(&mut acc) {
-                has_prev = false;
-            }
-        }
-        true
-    }
-
-    fn decide(&self, s: &mut MagAcc, has_prev: bool) -> bool {
-        if self.calibrate {
-            return true;
-        }
-        let step = s.step_index;
-        let scale = self.ratios.get(step).copied().unwrap_or(1.0);
-        if step < self.retention_step {
-            return true;
-        }
-        s.accumulated_ratio *= scale;
-        s.accumulated_steps += 1;
-        s.accumulated_err += (1.0 - s.accumulated_ratio).abs();
-        if has_prev
-            && s.accumulated_err <= self.threshold
-            && s.accumulated_steps <= self.max_skip_steps
-        {
-            return false;
-        }
-        s.accumulated_ratio = 1.0;
-        s.accumulated_steps = 0;
-        s.accumulated_err = 0.0;
-        true
+        self.peek_from(s.mag, s.previous_residual.is_some(), ahead)
     }
 
     /// After a step that ran the blocks: the calibration ratio, then the residual kept.
@@ -189,34 +103,6 @@ impl MagParams {
     }
 }
 
-impl MagParams {
-    /// Advances the step counter; true when it started over.
-    fn step(&self, s: &mut MagAcc) -> bool {
-        s.step_index += 1;
-        if s.step_index < self.steps {
-            return false;
-        }
-        *s = MagAcc::default();
-        true
-    }
-}
-
-/// diffusers' `nearest_interp`: `round(i × (n − 1) / (len − 1))` in float32, rounding
-/// half to even as `torch.round` does.
-pub fn nearest_interp(src: &[f64], len: usize) -> Vec<f32> {
-    let src: Vec<f32> = src.iter().map(|&x| x as f32).collect();
-    if src.len() == len {
-        return src;
-    }
-    if len == 1 {
-        return vec![*src.last().expect("ratios are not empty")];
-    }
-    let scale = ((src.len() - 1) as f64 / (len - 1) as f64) as f32;
-    (0..len)
-        .map(|i| src[((i as f32) * scale).round_ties_even() as usize])
-        .collect()
-}
-
 /// TaylorSeer's schedule (`TaylorSeerCacheHook._measure_should_compute`), advancing the
 /// row's step.
 pub fn taylor_should_compute(
@@ -227,14 +113,6 @@ pub fn taylor_should_compute(
 ) -> bool {
     s.current_step += 1;
     taylor_schedule(s.current_step, interval, before, after)
-}
-
-/// Whether TaylorSeer computes at its `step`-th call (from 0).
-pub fn taylor_schedule(step: i64, interval: usize, before: usize, after: Option<usize>) -> bool {
-    let warmup = step < before as i64;
-    let refresh = (step - before as i64 - 1).rem_euclid(interval as i64) == 0;
-    let cooldown = after.is_some_and(|a| step >= a as i64);
-    warmup || refresh || cooldown
 }
 
 /// `TaylorSeerState.update`: the new output and its divided differences up to `order`.
@@ -276,6 +154,7 @@ pub fn taylor_predict(s: &RowState) -> Result<Tensor> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::schedule::nearest_interp;
     use super::*;
 
     #[test]

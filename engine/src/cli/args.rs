@@ -54,13 +54,8 @@ pub(crate) struct RequestArgs {
     /// `mag`, `taylorseer`), or its JSON setting, e.g.
     /// `{"kind":"first_block","threshold":0.1}` or `{"kind":"mag","ratios":[1.0,0.98,..]}`
     /// (`mag` alone calibrates: it runs every step and prints the ratios to pass).
-    #[arg(long, env = "LAYERWISE_CACHE", value_parser = parse_cache)]
+    #[arg(long, env = layerwise_core::step_cache::ENV_CACHE, value_parser = crate::cache::StepCache::parse_flag)]
     pub(crate) cache: Option<crate::cache::StepCache>,
-}
-
-/// `--cache`'s value, refused with the flag's name and what is wrong.
-fn parse_cache(s: &str) -> Result<crate::cache::StepCache, String> {
-    crate::cache::StepCache::parse("--cache", s).map_err(|e| e.to_string())
 }
 
 #[derive(Args)]

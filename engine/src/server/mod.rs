@@ -10,6 +10,7 @@
 pub mod actor;
 pub mod api;
 pub mod body;
+pub mod cache_field;
 pub mod decoders;
 pub mod error;
 pub mod field;
@@ -115,6 +116,14 @@ pub struct ServeArgs {
     /// that created them and anonymous callers share none.
     #[arg(long, env = "LAYERWISE_ANONYMOUS_LIST", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub anonymous_list: bool,
+    /// The step cache (off by default), as `generate --cache` takes it: a kind with
+    /// diffusers' defaults (`first_block`, `taylorseer`) or its JSON setting (MagCache
+    /// with its calibrated `ratios`). Every request runs with it unless it asks otherwise,
+    /// and none may ask for more: another kind, more skipping or more cached memory (the
+    /// API's `cache` field; docs/serving.md). A kind the model's family cannot honour is
+    /// refused at start.
+    #[arg(long, env = layerwise_core::step_cache::ENV_CACHE, value_parser = crate::cache::StepCache::parse_flag)]
+    pub cache: Option<crate::cache::StepCache>,
     /// Record every copy, gather and compute span into this Chrome trace file (at exit).
     #[arg(long, env = "LAYERWISE_TRACE")]
     pub trace: Option<PathBuf>,
@@ -158,6 +167,15 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
     let strategy = a.contract.strategy;
     a.check_ranges()?;
     let model = Arc::new(Model::open(&a.contract.run.model)?);
+    if let Some(c) = &a.cache {
+        crate::cache::bound::check_server(
+            "--cache",
+            c,
+            model.family.name(),
+            model.family.step_caches(),
+            a.contract.run.sp,
+        )?;
+    }
     let trace = a.trace.as_ref().map(|_| Trace::new(1_000_000));
     // Device memory kept free for the largest request the bounds admit: what the planner
     // reserved for this pod.
@@ -173,8 +191,22 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         // An image family refuses frames, so its largest request is one frame.
         reserved.max_frames = 1;
     }
+    // The step cache's tensors beside them: its setting is the most any request holds
+    // (a request may ask for less, never more), the figure the planner reserved. In the
+    // element the ranks will compute in, as the planner charged it.
+    let cache = a.cache.as_ref().map_or_else(Default::default, |c| c.hold());
+    let element = model.compute_element(&a.backend.options(
+        &a.contract.run,
+        strategy,
+        a.contract.kept.resident_blocks,
+    ))?;
     let activations = reserved
-        .activation_bytes_per_rank(&model.checkpoint.activation_cost(), a.contract.run.sp as u64)
+        .cached_activation_bytes_per_rank(
+            &model.checkpoint.activation_cost(),
+            a.contract.run.sp as u64,
+            cache,
+            element,
+        )
         .ok_or_else(|| {
             Error::invalid(
                 "max-width",
@@ -334,5 +366,6 @@ fn app_state(
         },
         sp: a.contract.run.sp,
         anonymous_list: a.anonymous_list,
+        cache: a.cache.clone(),
     }
 }

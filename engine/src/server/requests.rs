@@ -26,6 +26,8 @@ pub struct Generation {
     pub seed: Option<u64>,
     pub max_sequence_length: Option<u64>,
     pub class_label: Option<u64>,
+    /// The step cache asked for ([`super::cache_field`]), as given.
+    pub cache: Option<serde_json::Value>,
 }
 
 /// An image request (`POST /v1/images/generations`, `POST /v1/jobs`). Class-conditional
@@ -82,6 +84,10 @@ pub struct ImageRequest {
     #[serde(default, deserialize_with = "field::integer")]
     #[schema(maximum = 4294967295.0)]
     pub class_label: Option<u64>,
+    /// Extension: the step cache (see the schema's description).
+    #[serde(default, deserialize_with = "super::cache_field::setting")]
+    #[schema(schema_with = super::cache_field::schema)]
+    pub cache: Option<serde_json::Value>,
     /// Images (at most --max-n); image i uses seed + i.
     #[serde(default, deserialize_with = "field::integer")]
     #[schema(minimum = 1, default = 1)]
@@ -106,6 +112,7 @@ impl ImageRequest {
             seed,
             max_sequence_length,
             class_label,
+            cache,
             n,
             response_format,
         } = self;
@@ -120,6 +127,7 @@ impl ImageRequest {
             seed,
             max_sequence_length,
             class_label,
+            cache,
         };
         (common, n, response_format)
     }
@@ -239,6 +247,10 @@ pub struct VideoRequest {
     #[serde(default, deserialize_with = "field::integer")]
     #[schema(maximum = 4294967295.0)]
     pub class_label: Option<u64>,
+    /// Extension: the step cache (see the schema's description).
+    #[serde(default, deserialize_with = "super::cache_field::setting")]
+    #[schema(schema_with = super::cache_field::schema)]
+    pub cache: Option<serde_json::Value>,
     /// Clip length in seconds, a string or a number (documented by [`seconds_schema`]).
     #[serde(default, deserialize_with = "field::number_or_text")]
     #[schema(schema_with = seconds_schema)]
@@ -268,6 +280,7 @@ impl VideoRequest {
             seed,
             max_sequence_length,
             class_label,
+            cache,
             seconds,
             frames,
             fps,
@@ -283,6 +296,7 @@ impl VideoRequest {
             seed,
             max_sequence_length,
             class_label,
+            cache,
         };
         let length = VideoLength {
             seconds,
@@ -441,6 +455,7 @@ mod tests {
                 "integer" => json!(3),
                 "number" => json!(2.5),
                 "string" => values.first().cloned().unwrap_or(json!("3")),
+                "object" => json!({"kind": "off"}),
                 t => panic!("{name}: no sample of {t}"),
             };
             assert!(json(Value::Null).is_ok(), "{name}: null");

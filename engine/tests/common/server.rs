@@ -129,6 +129,7 @@ pub async fn start_state(
         forwarding: Forwarding::default(),
         sp,
         anonymous_list: true,
+        cache: None,
     };
     (state, e.scheduler)
 }

@@ -13,7 +13,7 @@ use layerwise_core::timing::{self, GroupCompute, Work};
 use layerwise_core::topology::MAX_SP;
 
 use super::inputs::{Candidate, Limits, NodeShape, Overrides};
-use super::need::{activation_bytes_per_rank, decoder_bytes};
+use super::need::{activation_bytes_per_rank, compute_element, decoder_bytes};
 use super::refusal::Refusal;
 
 /// Whether `profile`'s family splits a request's sequence over ranks: it declares the
@@ -278,6 +278,8 @@ pub(super) struct Site<'a> {
     /// The request the step-time model times: the workload at its bounds, on this
     /// profile's tokens (unsplit: [`Site::work`] splits it).
     pub work: Work,
+    /// What the workload's step cache holds per sample.
+    pub cache: layerwise_core::step_cache::CacheHold,
     /// What each of the profile's groups computes.
     pub compute: Vec<GroupCompute>,
 }
@@ -285,8 +287,12 @@ pub(super) struct Site<'a> {
 impl Site<'_> {
     /// Activation bytes on each rank of a group of `sp`: the engine's formula.
     pub(super) fn act(&self, sp: u32) -> Option<u64> {
-        self.bounds
-            .activation_bytes_per_rank(&self.profile.activation, u64::from(sp))
+        self.bounds.cached_activation_bytes_per_rank(
+            &self.profile.activation,
+            u64::from(sp),
+            self.cache,
+            compute_element(self.profile),
+        )
     }
 
     /// The request at the bounds, its sequence split over `sp` ranks.
@@ -366,7 +372,14 @@ pub(super) fn sites<'a>(
             profile: c.profile,
             bounds,
             decoder,
-            work: Work::at_bounds(&c.profile.activation, &bounds),
+            // Under a step cache the steps timed are those it computes.
+            work: Work::at_bounds(&c.profile.activation, &bounds).with_computed_share(
+                workload
+                    .cache
+                    .as_ref()
+                    .map_or(1.0, |cache| cache.terms(workload.max_steps).1),
+            ),
+            cache: super::need::cache_hold(workload),
             compute: c.profile.group_compute(),
         });
     }

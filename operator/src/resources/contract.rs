@@ -93,7 +93,7 @@ pub(super) fn engine_args(spec: &DiffusionDeploymentSpec, plan: &Plan) -> Vec<St
 }
 
 /// The engine's environment: the job routing, the contract's, the drain grace (which the
-/// pod's termination grace follows), then the spec's own.
+/// pod's termination grace follows), the workload's step cache, then the spec's own.
 pub(super) fn engine_env(dd: &DiffusionDeployment, plan: &Plan) -> Vec<EnvVar> {
     let spec = &dd.spec;
     let contract = engine_contract(spec, plan).env();
@@ -101,12 +101,19 @@ pub(super) fn engine_env(dd: &DiffusionDeployment, plan: &Plan) -> Vec<EnvVar> {
         contract::ENV_GRACE_SECONDS,
         super::drain::grace_seconds(plan).to_string(),
     );
+    // The workload's step cache, as `serve --cache` reads it.
+    let cache = spec
+        .workload
+        .cache
+        .as_ref()
+        .map(|c| (layerwise_core::step_cache::ENV_CACHE, c.flag_value()));
     job_routing_env(dd)
         .into_iter()
         .chain(
             contract
                 .into_iter()
                 .chain([grace])
+                .chain(cache)
                 .map(|(name, value)| EnvVar {
                     name: name.into(),
                     value: Some(value),

@@ -156,7 +156,9 @@ pub fn deployment(
     let mut pod_annotations = engine.pod_annotations.clone();
     pod_annotations.insert(PLAN_ANNOTATION.into(), plan_summary(plan));
 
-    let container = engine_container(dd, plan, default_image, mounts);
+    let mut container = engine_container(dd, plan, default_image, mounts);
+    let env = container.env.get_or_insert_with(Vec::new);
+    env.splice(0..0, platform.env());
 
     let pull_secrets: Vec<LocalObjectReference> = union(
         &platform

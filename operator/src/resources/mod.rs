@@ -21,6 +21,8 @@ pub mod rollout;
 mod volumes;
 
 #[cfg(test)]
+mod cache_tests;
+#[cfg(test)]
 mod model_mount_tests;
 #[cfg(test)]
 mod tests;

@@ -122,7 +122,7 @@ fn best(
     for _ in 0..a.rounds.max(1) {
         let mut opts = a.engine.options(strategy, ResidentBlocks::Fixed(0));
         (opts.dp, opts.decode) = (dp, false);
-        opts.activations = model.activation_bytes(requests, opts.sp)?;
+        opts.activations = model.reserved_activations(requests, &opts)?;
         let (out, stats) = model
             .run(requests.to_vec(), &opts)
             .with_context(|| format!("{strategy} dp={dp}"))?;

@@ -249,6 +249,9 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
             // Under sequence parallelism: the generation pathway's q, k, v and attention
             // output alive in both layouts across an all-to-all.
             exchange_bytes_per_token: 4 * (2 * qw + 2 * kvw),
+            hidden_bytes_per_token: 0,
+            output_bytes_per_token: 0,
+            cache_states: 1,
         }
     }
     fn as_any(&self) -> &dyn std::any::Any {

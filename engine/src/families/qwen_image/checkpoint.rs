@@ -254,6 +254,9 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
             waiting_bytes_per_text_token: 0,
             encoder_waiting_bytes_per_token: 0,
             exchange_bytes_per_token: 0,
+            hidden_bytes_per_token: 0,
+            output_bytes_per_token: 0,
+            cache_states: 1,
         }
     }
     /// The text encoder's layers ([`crate::components::qwen2_5_vl::flops::encoder_block`])

@@ -361,6 +361,12 @@ impl FamilyCheckpoint for WanCheckpoint {
             // Under sequence parallelism: the self-attention's q, k, v and output, each
             // [tokens, d], alive in both layouts across an all-to-all.
             exchange_bytes_per_token: 4 * 4 * d,
+            // A step cache's residuals are hidden states [tokens, d]; TaylorSeer keeps the
+            // transformer's output, out channels × patch volume values a token; each
+            // expert keeps its own.
+            hidden_bytes_per_token: 4 * d,
+            output_bytes_per_token: 4 * (tr.out() * tr.patch_volume()) as u64,
+            cache_states: if self.transformer_2.is_some() { 2 } else { 1 },
         }
     }
     /// The text encoder's blocks ([`crate::components::umt5::flops::encoder_block`]) and

@@ -46,6 +46,9 @@ pub struct AppState {
     /// Whether a caller without a credential may list jobs (`--anonymous-list`): it then
     /// sees every anonymous caller's ([`crate::server::owner`]).
     pub anonymous_list: bool,
+    /// The step cache (`--cache`): each request's default and bound
+    /// ([`crate::cache::bound`]).
+    pub cache: Option<crate::cache::StepCache>,
 }
 
 /// The name a model folder is served under by default: its last path component.

@@ -89,8 +89,13 @@ fn request(body: &Generation, s: &AppState, native: (usize, usize)) -> Result<Re
             "this model has one transformer; a second guidance scale needs two experts",
         ));
     }
+    // The server's setting is the default and the bound; the model refuses a kind its
+    // family cannot honour when it sees the request (the server's own was checked at
+    // start, and a request may ask for no other).
+    let cache = crate::cache::request_setting("cache", s.cache.as_ref(), body.cache.as_ref())?;
     Ok(Request {
         seed: body.seed.unwrap_or(0),
+        cache,
         steps: steps as usize,
         guidance,
         guidance_2,
