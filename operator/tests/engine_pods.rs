@@ -173,14 +173,7 @@ async fn run(w: &World, runtime_class: &str) -> Result<()> {
             "whenUnsatisfiable must be DoNotSchedule or ScheduleAnyway",
         ),
     ] {
-        let dd: DiffusionDeployment =
-            serde_json::from_value(deployment_manifest("refused", bad.clone()))?;
-        let err = api
-            .create(&PostParams::default(), &dd)
-            .await
-            .err()
-            .with_context(|| format!("{bad} was accepted"))?;
-        ensure!(err.to_string().contains(says), "{bad}: {err}");
+        world::refused(&api, bad, says).await?;
     }
 
     let dd = deployment_manifest(

@@ -145,12 +145,8 @@ fn one_gpu_pods(name: &str, node: &str, replicas: i32) -> Result<DiffusionDeploy
 
 /// The deployment's pods now: (uid, ready, being deleted).
 async fn pods_of(client: &Client, ns: &str, name: &str) -> Result<Vec<(String, bool, bool)>> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={name}"));
-    Ok(pods
-        .list(&lp)
+    Ok(world::all_engine_pods(client, ns, name)
         .await?
-        .items
         .into_iter()
         .map(|p| {
             let ready = p
@@ -238,14 +234,28 @@ async fn a_one_replica_plan_change_with_room_surges_and_keeps_a_pod_ready() -> R
     .await
 }
 
-async fn surge(w: &World, node: &str) -> Result<()> {
+/// Starts one-replica deployment `name` on `node`, waits for its pod to serve and for
+/// `RolloutSurge` to say `status` and `reason`; the API, the pod's uid and the message.
+async fn one_replica(
+    w: &World,
+    name: &str,
+    node: &str,
+    status: &str,
+    reason: &str,
+) -> Result<(Api<DiffusionDeployment>, String, String)> {
     let (client, ns) = (&w.client, w.ns.as_str());
     let api: Api<DiffusionDeployment> = Api::namespaced(client.clone(), ns);
-    api.create(&PostParams::default(), &one_gpu_pods("one", node, 1)?)
+    api.create(&PostParams::default(), &one_gpu_pods(name, node, 1)?)
         .await?;
-    let first = one_serving(client, ns, "one", None).await?;
+    let first = one_serving(client, ns, name, None).await?;
+    let msg = surge_condition(&api, name, status, reason).await?;
+    Ok((api, first, msg))
+}
+
+async fn surge(w: &World, node: &str) -> Result<()> {
+    let (client, ns) = (&w.client, w.ns.as_str());
     // One GPU of two taken: room for the surge pod.
-    let msg = surge_condition(&api, "one", "True", "RoomForSurge").await?;
+    let (api, first, msg) = one_replica(w, "one", node, "True", "RoomForSurge").await?;
     ensure!(msg.contains(node), "{msg}");
     ensure!(rolling_update(client, ns, "one").await? == ("1".into(), "0".into()));
 
@@ -307,12 +317,8 @@ async fn without_room_for_a_surge_the_rollout_takes_a_pod_away_first_and_says_so
 
 async fn no_room(w: &World, node: &str) -> Result<()> {
     let (client, ns) = (&w.client, w.ns.as_str());
-    let api: Api<DiffusionDeployment> = Api::namespaced(client.clone(), ns);
-    api.create(&PostParams::default(), &one_gpu_pods("full", node, 1)?)
-        .await?;
-    let first = one_serving(client, ns, "full", None).await?;
     // The node's one GPU runs the pod: no room for a second.
-    let msg = surge_condition(&api, "full", "False", "NoRoomForSurge").await?;
+    let (api, first, msg) = one_replica(w, "full", node, "False", "NoRoomForSurge").await?;
     ensure!(
         msg.contains(&format!("{node}: 0 of 1 nvidia.com/gpu free"))
             && msg.contains("maxSurge 0, maxUnavailable 1"),
@@ -447,16 +453,7 @@ async fn refused(w: &World) -> Result<()> {
             "rollout.maxUnavailable must be",
         ),
     ] {
-        let dd: DiffusionDeployment = serde_json::from_value(deployment_manifest(
-            "refused",
-            json!({ "engine": { "rollout": bad.clone() } }),
-        ))?;
-        let err = api
-            .create(&PostParams::default(), &dd)
-            .await
-            .err()
-            .with_context(|| format!("{bad} was accepted"))?;
-        ensure!(err.to_string().contains(says), "{bad}: {err}");
+        world::refused(&api, json!({ "engine": { "rollout": bad } }), says).await?;
     }
     for good in [
         json!({ "maxSurge": 0, "maxUnavailable": 1 }),

@@ -412,17 +412,39 @@ pub fn condition(
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-/// The deployment's engine pods that are not being deleted.
-pub async fn engine_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<Pod>> {
+/// The engine pods of deployment `name`, those being deleted too, as the apiserver lists
+/// them now.
+pub async fn all_engine_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<Pod>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={name}"));
-    Ok(pods
-        .list(&lp)
+    Ok(pods.list(&lp).await?.items)
+}
+
+/// The deployment's engine pods that are not being deleted.
+pub async fn engine_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<Pod>> {
+    Ok(all_engine_pods(client, ns, name)
         .await?
-        .items
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .collect())
+}
+
+/// Checks that the apiserver refuses a deployment with `extra` in its spec, with an error
+/// that says `says`.
+pub async fn refused(
+    api: &Api<DiffusionDeployment>,
+    extra: serde_json::Value,
+    says: &str,
+) -> Result<()> {
+    let dd: DiffusionDeployment =
+        serde_json::from_value(deployment_manifest("refused", extra.clone()))?;
+    let err = api
+        .create(&kube::api::PostParams::default(), &dd)
+        .await
+        .err()
+        .ok_or_else(|| anyhow::anyhow!("{extra} was accepted"))?;
+    anyhow::ensure!(err.to_string().contains(says), "{extra}: {err}");
+    Ok(())
 }
 
 /// Pods of the deployment that are Running, with their nodes.
