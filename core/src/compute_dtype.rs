@@ -22,6 +22,18 @@ pub enum Backend {
     Gpu,
 }
 
+impl Backend {
+    /// The backend of ranks on devices of `kind`: what the planner reads from the
+    /// accelerator's resource ([`crate::decode::DeviceKind::of_resource`]), as it does
+    /// where the pods decode.
+    pub fn of(kind: crate::decode::DeviceKind) -> Backend {
+        match kind {
+            crate::decode::DeviceKind::Cuda => Backend::Gpu,
+            crate::decode::DeviceKind::Cpu => Backend::Cpu,
+        }
+    }
+}
+
 /// A dtype blocks compute in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
