@@ -505,7 +505,7 @@ fn where_the_decoder_does_not_fit_beside_the_ranks_the_pods_decode_on_the_host()
 fn gpu_element(model: &Model) -> layerwise_core::compute_dtype::ComputeElement {
     layerwise_core::compute_dtype::ComputeElement::auto(
         layerwise_core::compute_dtype::Backend::Gpu,
-        &model.group_bytes().unwrap(),
+        layerwise_core::memory::stored_dtypes(&model.group_bytes().unwrap()),
         model.checkpoint.compute_dtypes(),
     )
 }

@@ -122,7 +122,7 @@ pub struct Limits {
     /// Where the engine pods decode ([`DecodeSite::for_resource`] of the accelerator): on
     /// the device, the planner reserves the decoder's weights and largest decode there.
     pub decode: DecodeSite,
-    /// What the engine pods compute on ([`Backend::of`] the accelerator's device kind):
+    /// What the engine pods compute on ([`DeviceKind::backend`] of the accelerator's):
     /// it decides the element their activations are charged in
     /// ([`super::need::compute_element`]).
     pub backend: Backend,
@@ -137,7 +137,7 @@ impl Default for Limits {
             max_slots: 4,
             max_dp: 8,
             decode: DecodeSite::for_resource(crds::Accelerator::DEFAULT_RESOURCE),
-            backend: Backend::of(DeviceKind::of_resource(crds::Accelerator::DEFAULT_RESOURCE)),
+            backend: DeviceKind::of_resource(crds::Accelerator::DEFAULT_RESOURCE).backend(),
         }
     }
 }
@@ -150,7 +150,7 @@ impl Limits {
         const MIB: u64 = 1 << 20;
         Limits {
             decode: DecodeSite::for_resource(spec.accelerator.resource()),
-            backend: Backend::of(DeviceKind::of_resource(spec.accelerator.resource())),
+            backend: DeviceKind::of_resource(spec.accelerator.resource()).backend(),
             device_overhead: spec
                 .engine
                 .device_overhead_bytes
