@@ -6,12 +6,12 @@
 //! engine's `--compute-dtype auto` resolves through [`ComputeElement::auto`], and so do the
 //! planner (for its accelerators) and the engine's start budget (for its device), from the
 //! same inputs: the backend, the dtypes the streamed blocks are stored in (the
-//! [`GroupBytes`] both hold) and the dtypes the family computes in.
+//! `GroupBytes` both hold, [`crate::memory::stored_dtypes`]) and the dtypes the family
+//! computes in. Below the memory model and the decode site, which read it.
 
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::F32_BYTES;
-use crate::memory::GroupBytes;
 
 /// Where a rank computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,18 +75,16 @@ impl ComputeElement {
         }
     }
 
-    /// What `--compute-dtype auto` computes in on `backend` for streamed blocks of
-    /// `groups`, of a family that computes in `family` dtypes: [`Self::for_checkpoint`]
-    /// where the family computes in it, f32 where it does not. The one decision the
-    /// planner's activation term and the engine's (its budget and its ranks) both read.
-    pub fn auto(
+    /// What `--compute-dtype auto` computes in on `backend` for streamed blocks stored in
+    /// `stored` dtypes ([`crate::memory::stored_dtypes`]), of a family that computes in
+    /// `family` dtypes: [`Self::for_checkpoint`] where the family computes in it, f32
+    /// where it does not. The one decision the planner's activation term and the
+    /// engine's (its budget and its ranks) both read.
+    pub fn auto<'a>(
         backend: Backend,
-        groups: &[GroupBytes],
+        stored: impl IntoIterator<Item = &'a str>,
         family: &[ComputeElement],
     ) -> ComputeElement {
-        let stored = groups
-            .iter()
-            .flat_map(|g| g.blocks_by_dtype.keys().map(String::as_str));
         let want = ComputeElement::for_checkpoint(backend, stored);
         if family.contains(&want) {
             want
@@ -104,25 +102,15 @@ pub fn f32_only() -> Vec<ComputeElement> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
-
-    fn groups(dtypes: &[&str]) -> Vec<GroupBytes> {
-        let blocks_by_dtype: BTreeMap<String, Vec<u64>> =
-            dtypes.iter().map(|d| (d.to_string(), vec![1])).collect();
-        vec![GroupBytes {
-            component: "transformer".into(),
-            blocks_by_dtype,
-        }]
-    }
 
     #[test]
     fn auto_is_the_half_dtype_on_a_gpu_where_the_family_computes_in_it() {
         use ComputeElement::*;
         let all = [F32, Bf16, F16];
-        let gpu =
-            |d: &[&str], f: &[ComputeElement]| ComputeElement::auto(Backend::Gpu, &groups(d), f);
+        let gpu = |d: &[&str], f: &[ComputeElement]| {
+            ComputeElement::auto(Backend::Gpu, d.iter().copied(), f)
+        };
         assert_eq!(gpu(&["F32", "BF16"], &all), Bf16);
         assert_eq!(gpu(&["F16"], &all), F16);
         assert_eq!(gpu(&["F16", "BF16"], &all), Bf16);
@@ -131,10 +119,7 @@ mod tests {
         // A family that computes in f32 only is charged f32 on a GPU too.
         assert_eq!(gpu(&["BF16"], F32_ONLY), F32);
         // The CPU computes in f32 whatever the checkpoint holds.
-        assert_eq!(
-            ComputeElement::auto(Backend::Cpu, &groups(&["BF16"]), &all),
-            F32
-        );
+        assert_eq!(ComputeElement::auto(Backend::Cpu, ["BF16"], &all), F32);
         assert_eq!((F32.bytes(), Bf16.bytes(), F16.bytes()), (4, 2, 2));
     }
 

@@ -118,6 +118,14 @@ impl GroupBytes {
     }
 }
 
+/// Every dtype any block of `groups` holds (safetensors' names): what
+/// [`crate::compute_dtype::ComputeElement::auto`] reads of a checkpoint.
+pub fn stored_dtypes(groups: &[GroupBytes]) -> impl Iterator<Item = &str> {
+    groups
+        .iter()
+        .flat_map(|g| g.blocks_by_dtype.keys().map(String::as_str))
+}
+
 /// Which of `blocks` blocks stay on the device when `n` of them do: spread evenly, each
 /// stride starting with a kept block (block b when ⌊(L−b)·n/L⌋ > ⌊(L−b−1)·n/L⌋), so the
 /// copies that remain are spaced evenly between the computes and the first of a pass has

@@ -184,7 +184,11 @@ impl Profile {
         &self,
         backend: crate::compute_dtype::Backend,
     ) -> crate::compute_dtype::ComputeElement {
-        crate::compute_dtype::ComputeElement::auto(backend, &self.groups, &self.compute_dtypes)
+        crate::compute_dtype::ComputeElement::auto(
+            backend,
+            memory::stored_dtypes(&self.groups),
+            &self.compute_dtypes,
+        )
     }
 
     /// What one block of each group computes: the family's declaration, or where the

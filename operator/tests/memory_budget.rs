@@ -10,6 +10,7 @@ use std::path::Path;
 
 use crds::{DiffusionDeployment, Plan, Profile, Strategy, StrategyChoice};
 use layerwise_core::checkpoint::F32_BYTES;
+use layerwise_core::compute_dtype::Backend;
 use layerwise_core::contract::{ResidentBlocks, SlotsChoice};
 use layerwise_core::decode::{DecodeChoice, DecodeSite, DecoderBytes};
 use layerwise_core::memory::Placement;
@@ -395,7 +396,7 @@ fn a_plan_that_keeps_nothing_resident_also_runs_at_its_budget() {
     // The smallest device the lean plan fits: the planner streams every component there.
     let lean = planner::need(
         &profile,
-        planner::activation_bytes(&profile, &dd.spec.workload).unwrap(),
+        planner::activation_bytes(&profile, &dd.spec.workload, Backend::Gpu).unwrap(),
         planner::decoder_bytes(&profile, &dd.spec.workload, Limits::default().decode).unwrap(),
         &Placement::new(Strategy::OffloadSharded, 2, 2, profile.groups.len()),
         &Limits::default(),
@@ -457,7 +458,7 @@ fn where_the_decoder_does_not_fit_beside_the_ranks_the_pods_decode_on_the_host()
     synth(&dir, &SynthOptions::preset("tiny").unwrap()).unwrap();
     let dd = deployment("dit", Strategy::Offload, 1, 1);
     let profile = profile(&dir);
-    let act = planner::activation_bytes(&profile, &dd.spec.workload).unwrap();
+    let act = planner::activation_bytes(&profile, &dd.spec.workload, Backend::Gpu).unwrap();
     let decoder = planner::decoder_bytes(&profile, &dd.spec.workload, DecodeSite::Device).unwrap();
     assert!(decoder.weights > 0 && decoder.peak > 0);
     // The leanest plan the spec allows (nothing kept on the device beyond two slots), with
@@ -504,7 +505,7 @@ fn where_the_decoder_does_not_fit_beside_the_ranks_the_pods_decode_on_the_host()
 fn gpu_element(model: &Model) -> layerwise_core::compute_dtype::ComputeElement {
     layerwise_core::compute_dtype::ComputeElement::auto(
         layerwise_core::compute_dtype::Backend::Gpu,
-        &model.group_bytes().unwrap(),
+        layerwise_core::memory::stored_dtypes(&model.group_bytes().unwrap()),
         model.checkpoint.compute_dtypes(),
     )
 }

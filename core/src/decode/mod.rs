@@ -67,6 +67,17 @@ impl DeviceKind {
     }
 }
 
+impl DeviceKind {
+    /// What ranks on devices of this kind compute on, which decides the element their
+    /// activations are charged in ([`crate::compute_dtype`]).
+    pub fn backend(self) -> crate::compute_dtype::Backend {
+        match self {
+            DeviceKind::Cuda => crate::compute_dtype::Backend::Gpu,
+            DeviceKind::Cpu => crate::compute_dtype::Backend::Cpu,
+        }
+    }
+}
+
 /// Where the server's decoder runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecodeSite {

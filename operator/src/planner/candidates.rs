@@ -7,6 +7,7 @@ use std::fmt;
 
 use crds::{Profile, Strategy, StrategyChoice, Workload};
 use layerwise_core::bounds::RequestBounds;
+use layerwise_core::compute_dtype::Backend;
 use layerwise_core::decode::DecoderBytes;
 use layerwise_core::memory::Placement;
 use layerwise_core::timing::{self, GroupCompute, Work};
@@ -282,6 +283,8 @@ pub(super) struct Site<'a> {
     pub cache: layerwise_core::step_cache::CacheHold,
     /// What each of the profile's groups computes.
     pub compute: Vec<GroupCompute>,
+    /// What the pods compute on, which decides the activations' element.
+    pub backend: Backend,
 }
 
 impl Site<'_> {
@@ -291,7 +294,7 @@ impl Site<'_> {
             &self.profile.activation,
             u64::from(sp),
             self.cache,
-            compute_element(self.profile),
+            compute_element(self.profile, self.backend),
         )
     }
 
@@ -335,7 +338,7 @@ pub(super) fn sites<'a>(
                 ..Refusal::invalid(format!("workload.{} {b}", b.dimension.workload_field()))
             });
         }
-        if activation_bytes_per_rank(c.profile, workload, sp).is_none() {
+        if activation_bytes_per_rank(c.profile, workload, sp, limits.backend).is_none() {
             return Err(Refusal::beyond_any_device(
                 &c.node,
                 format!(
@@ -381,6 +384,7 @@ pub(super) fn sites<'a>(
             ),
             cache: super::need::cache_hold(workload),
             compute: c.profile.group_compute(),
+            backend: limits.backend,
         });
     }
     Ok(sites)

@@ -3,7 +3,8 @@
 //! data, so the search and its tests build them without a cluster.
 
 use crds::{DiffusionDeploymentSpec, Profile, StrategyChoice};
-use layerwise_core::decode::DecodeSite;
+use layerwise_core::compute_dtype::Backend;
+use layerwise_core::decode::{DecodeSite, DeviceKind};
 use layerwise_core::timing::{Rates, RatesFrom};
 
 /// One candidate node as the planner sees it.
@@ -121,6 +122,10 @@ pub struct Limits {
     /// Where the engine pods decode ([`DecodeSite::for_resource`] of the accelerator): on
     /// the device, the planner reserves the decoder's weights and largest decode there.
     pub decode: DecodeSite,
+    /// What the engine pods compute on ([`DeviceKind::backend`] of the accelerator's):
+    /// it decides the element their activations are charged in
+    /// ([`super::need::compute_element`]).
+    pub backend: Backend,
 }
 
 impl Default for Limits {
@@ -132,6 +137,7 @@ impl Default for Limits {
             max_slots: 4,
             max_dp: 8,
             decode: DecodeSite::for_resource(crds::Accelerator::DEFAULT_RESOURCE),
+            backend: DeviceKind::of_resource(crds::Accelerator::DEFAULT_RESOURCE).backend(),
         }
     }
 }
@@ -144,6 +150,7 @@ impl Limits {
         const MIB: u64 = 1 << 20;
         Limits {
             decode: DecodeSite::for_resource(spec.accelerator.resource()),
+            backend: DeviceKind::of_resource(spec.accelerator.resource()).backend(),
             device_overhead: spec
                 .engine
                 .device_overhead_bytes

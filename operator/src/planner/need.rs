@@ -24,21 +24,26 @@ pub struct Need {
     pub host_shared: u64,
 }
 
-/// Peak activation bytes for the largest allowed request, or `None` when the engine's formula
-/// would overflow (a request no device could hold).
-pub fn activation_bytes(profile: &Profile, w: &Workload) -> Option<u64> {
-    activation_bytes_per_rank(profile, w, 1)
+/// Peak activation bytes for the largest allowed request on ranks of `backend`, or `None`
+/// when the engine's formula would overflow (a request no device could hold).
+pub fn activation_bytes(profile: &Profile, w: &Workload, backend: Backend) -> Option<u64> {
+    activation_bytes_per_rank(profile, w, 1, backend)
 }
 
 /// [`activation_bytes`] on each rank of a group of `sp` that splits the request's sequence:
 /// the engine's own formula ([`RequestBounds::activation_bytes_per_rank`]), which its start
 /// check calls with its `--sp`, in the element its ranks compute in ([`compute_element`]).
-pub fn activation_bytes_per_rank(profile: &Profile, w: &Workload, sp: u32) -> Option<u64> {
+pub fn activation_bytes_per_rank(
+    profile: &Profile,
+    w: &Workload,
+    sp: u32,
+    backend: Backend,
+) -> Option<u64> {
     crate::resources::request_bounds(w).cached_activation_bytes_per_rank(
         &profile.activation,
         u64::from(sp),
         cache_hold(w),
-        compute_element(profile),
+        compute_element(profile, backend),
     )
 }
 
@@ -49,11 +54,12 @@ pub fn cache_hold(w: &Workload) -> layerwise_core::step_cache::CacheHold {
         .map_or_else(Default::default, |c| c.terms(w.max_steps).0)
 }
 
-/// The element the engine pods' blocks compute in on the accelerators the planner sizes:
-/// the engine's `--compute-dtype auto` on a GPU ([`Profile::compute_element`]), bf16 for a
-/// bf16 checkpoint of a family that computes in half precision, f32 for one that does not.
-pub fn compute_element(profile: &Profile) -> ComputeElement {
-    profile.compute_element(Backend::Gpu)
+/// The element the engine pods' blocks compute in on `backend` (the accelerator's,
+/// [`super::Limits::backend`]): the engine's `--compute-dtype auto`
+/// ([`Profile::compute_element`]); on a GPU, bf16 for a bf16 checkpoint of a family that
+/// computes in half precision, f32 for one that does not.
+pub fn compute_element(profile: &Profile, backend: Backend) -> ComputeElement {
+    profile.compute_element(backend)
 }
 
 /// What the engine pods' decoder keeps on each device where they decode (`site`): its

@@ -131,7 +131,7 @@ fn plan_recorded(
     // Why this sp: where the family splits its sequence, or where the spec or a latency
     // bound asked for something only sequence parallelism could give.
     let sp = (splits_sequence(profile) || overrides.sp.is_some() || bound.is_some()).then(|| {
-        let act = |sp| activation_bytes_per_rank(profile, workload, sp);
+        let act = |sp| activation_bytes_per_rank(profile, workload, sp, limits.backend);
         SpAccount {
             family: profile.family.clone(),
             splits: splits_sequence(profile),

@@ -15,6 +15,9 @@ use super::*;
 
 const GB: u64 = 1 << 30;
 
+/// The backend the planner's default accelerator (`nvidia.com/gpu`) computes on.
+const GPU: layerwise_core::compute_dtype::Backend = layerwise_core::compute_dtype::Backend::Gpu;
+
 /// A profile of `blocks` bf16 blocks of `block` bytes, `outside` bytes outside them, a VAE
 /// of `vae` bytes and a DiT-like activation cost.
 fn profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile {
@@ -200,7 +203,7 @@ fn refuses_short_device_memory_with_the_shortfall() {
     assert_eq!(err.shortage, Shortage::DeviceMemory);
     assert_eq!(err.node.as_deref(), Some("a"));
     assert_eq!(err.available, 80 * GB);
-    let act = activation_bytes(&medium(), &w).unwrap();
+    let act = activation_bytes(&medium(), &w, GPU).unwrap();
     // Refused with the decoder on the device and on the host: the host's figure, the
     // smaller.
     let cheapest = need(
@@ -353,7 +356,7 @@ proptest! {
         if let Ok(plan) = plan(&p, &nodes, &w, &o, &limits) {
             prop_assert!(!plan.nodes.is_empty());
             prop_assert_eq!(plan.device_bytes_per_rank, plan.device_breakdown.total());
-            let act = activation_bytes(&p, &w).unwrap();
+            let act = activation_bytes(&p, &w, GPU).unwrap();
             prop_assert_eq!(plan.device_breakdown.activations, act);
             let decoder = decoder_bytes(&p, &w, crate::resources::decode_site(&plan)).unwrap();
             let expected = need(&p, act, decoder, &Placement { resident_blocks: plan.resident_blocks, ..Placement::new(plan.strategy, u64::from(plan.devices()), u64::from(plan.slots), 1) }.with_component_blocks(&p.groups, &plan.resident_blocks_by_component), &limits);
@@ -383,7 +386,7 @@ proptest! {
     ) {
         let dp = if matches!(s, Planned::Sharded | Planned::OffloadSharded) { dp.max(2) } else { dp };
         let limits = Limits::default();
-        let act = activation_bytes(&p, &w).unwrap();
+        let act = activation_bytes(&p, &w, GPU).unwrap();
         let n = need(&p, act, decoder_bytes(&p, &w, limits.decode).unwrap(), &Placement::new(s, u64::from(dp), if s.streams() { u64::from(k) } else { 0 }, 1), &limits);
         let node = NodeShape {
             name: "fits".into(),
@@ -622,7 +625,7 @@ fn a_text_encoder_streams_where_its_memory_keeps_transformer_blocks() {
     let w = wl();
     // A device that holds the slots, the activations and the transformer blocks that hide
     // the rest, and 10 GB more: not the text encoder beside them.
-    let act = activation_bytes(&p, &w).unwrap();
+    let act = activation_bytes(&p, &w, GPU).unwrap();
     let dec = decoder_bytes(&p, &w, limits.decode).unwrap();
     let kept = Placement::new(Planned::Offload, 1, 2, 2).with_component_blocks(
         &p.groups,
@@ -798,14 +801,14 @@ fn h100s(name: &str) -> NodeShape {
 #[test]
 fn activations_that_do_not_fit_one_device_split_the_sequence() {
     let (p, w) = (video(), hd_video());
-    let one = activation_bytes(&p, &w).unwrap();
+    let one = activation_bytes(&p, &w, GPU).unwrap();
     assert!(one > 80 * GB, "{one}");
     let plan = plan(&p, &[h100s("a")], &w, &auto(), &Limits::default()).unwrap();
     assert_eq!(plan.sp, 2, "{:?}", plan.reasons);
     // The engine's per-rank formula, for the plan's sp, is what the plan reserves.
     assert_eq!(
         plan.device_breakdown.activations,
-        activation_bytes_per_rank(&p, &w, 2).unwrap()
+        activation_bytes_per_rank(&p, &w, 2, GPU).unwrap()
     );
     assert!(plan.device_breakdown.activations < one / 2 + one / 4);
     assert_eq!(plan.latency_bound_met, None);
@@ -902,7 +905,7 @@ fn a_fixed_sp_is_honoured_or_refused() {
     assert_eq!(four.sp, 4);
     assert_eq!(
         four.device_breakdown.activations,
-        activation_bytes_per_rank(&p, &hd_video(), 4).unwrap()
+        activation_bytes_per_rank(&p, &hd_video(), 4, GPU).unwrap()
     );
     assert!(
         four.reasons[1].contains("sp fixed by the spec"),
@@ -1025,8 +1028,8 @@ fn a_gpu_plan_charges_activations_in_the_dtype_its_ranks_compute_in() {
         compute_dtypes: vec![F32, Bf16, F16],
         ..f32_only.clone()
     };
-    assert_eq!(compute_element(&f32_only), F32);
-    assert_eq!(compute_element(&half), Bf16);
+    assert_eq!(compute_element(&f32_only, GPU), F32);
+    assert_eq!(compute_element(&half, GPU), Bf16);
     let act = |p: &Profile| {
         plan(p, &[a100("a")], &wl(), &auto(), &Limits::default())
             .unwrap()
@@ -1049,8 +1052,15 @@ fn a_gpu_plan_charges_activations_in_the_dtype_its_ranks_compute_in() {
         }
         p
     };
-    assert_eq!(compute_element(&stored("F16")), F16);
+    assert_eq!(compute_element(&stored("F16"), GPU), F16);
     assert_eq!(act(&stored("F16")), halved);
-    assert_eq!(compute_element(&stored("F32")), F32);
+    assert_eq!(compute_element(&stored("F32"), GPU), F32);
     assert_eq!(act(&stored("F32")), full);
+    // Pods given a resource the engine computes on with its CPU backend: f32.
+    let cpu = Limits {
+        backend: layerwise_core::compute_dtype::Backend::Cpu,
+        ..Limits::default()
+    };
+    let on_cpu = plan(&half, &[a100("a")], &wl(), &auto(), &cpu).unwrap();
+    assert_eq!(on_cpu.device_breakdown.activations, full);
 }

@@ -135,7 +135,7 @@ pub fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, pl
 fn gpu_element(model: &Model) -> layerwise_core::compute_dtype::ComputeElement {
     layerwise_core::compute_dtype::ComputeElement::auto(
         layerwise_core::compute_dtype::Backend::Gpu,
-        &model.group_bytes().unwrap(),
+        layerwise_core::memory::stored_dtypes(&model.group_bytes().unwrap()),
         model.checkpoint.compute_dtypes(),
     )
 }

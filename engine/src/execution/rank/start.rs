@@ -13,7 +13,7 @@ use crate::execution::dtype::{self, ComputeDtype};
 use crate::execution::family::FamilyRuntime;
 use crate::execution::work::WorkSource;
 use crate::layout::GroupLayout;
-use crate::memory::GroupBytes;
+use crate::memory::{stored_dtypes, GroupBytes};
 use crate::{Error, Result};
 use layerwise_core::compute_dtype::{Backend, ComputeElement};
 use layerwise_core::topology::Topology;
@@ -94,11 +94,8 @@ pub(crate) fn compute_dtype(
     let dtype = if choice == ComputeDtype::Auto {
         let backend = if gpu { Backend::Gpu } else { Backend::Cpu };
         let family_dtypes = family.checkpoint().compute_dtypes();
-        let e = ComputeElement::auto(backend, &groups, family_dtypes);
-        let stored = groups
-            .iter()
-            .flat_map(|g| g.blocks_by_dtype.keys().map(String::as_str));
-        if ComputeElement::for_checkpoint(backend, stored) != e {
+        let e = ComputeElement::auto(backend, stored_dtypes(&groups), family_dtypes);
+        if ComputeElement::for_checkpoint(backend, stored_dtypes(&groups)) != e {
             tracing::info!(
                 family = family.name(),
                 "the family computes in f32 only: computing in f32"
