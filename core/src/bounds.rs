@@ -335,7 +335,7 @@ impl RequestBounds {
     /// [`Self::activation_bytes`] on each rank of a group of `sp` that splits a request's
     /// sequence ([`ActivationCost::checked_bytes_per_rank`]).
     pub fn activation_bytes_per_rank(&self, cost: &ActivationCost, sp: u64) -> Option<u64> {
-        self.cached_activation_bytes_per_rank(cost, sp, crate::step_cache::CacheHold::NONE)
+        self.cached_activation_bytes_per_rank(cost, sp, crate::checkpoint::CacheHold::NONE)
     }
 
     /// [`Self::activation_bytes_per_rank`] for a server whose step cache holds `cache`
@@ -346,7 +346,7 @@ impl RequestBounds {
         &self,
         cost: &ActivationCost,
         sp: u64,
-        cache: crate::step_cache::CacheHold,
+        cache: crate::checkpoint::CacheHold,
     ) -> Option<u64> {
         cost.checked_bytes_per_rank(
             &RequestShape {
@@ -366,7 +366,7 @@ impl RequestBounds {
             batch: self.max_n,
             guidance: self.guidance,
             text_tokens: self.max_prompt_tokens,
-            cache: crate::step_cache::CacheHold::NONE,
+            cache: crate::checkpoint::CacheHold::NONE,
         }
     }
 }

@@ -137,4 +137,3 @@ pub fn taylor_schedule(step: i64, interval: usize, before: usize, after: Option<
     let cooldown = after.is_some_and(|a| step >= a as i64);
     warmup || refresh || cooldown
 }
-

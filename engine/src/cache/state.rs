@@ -7,7 +7,7 @@ use candle_core::{DType, Tensor, D};
 
 use crate::Result;
 
-pub use super::schedule::{nearest_interp, taylor_schedule, MagAcc, MagParams};
+pub use super::schedule::{taylor_schedule, MagAcc, MagParams};
 
 /// A row's state; each cache reads its own fields.
 pub struct RowState {
@@ -151,6 +151,7 @@ pub fn taylor_predict(s: &RowState) -> Result<Tensor> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::schedule::nearest_interp;
     use super::*;
 
     #[test]
