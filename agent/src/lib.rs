@@ -21,6 +21,7 @@ pub mod node;
 pub mod pagecache;
 pub mod prewarm;
 pub mod profiler;
+pub mod staged;
 pub mod worker;
 
 pub use error::{Error, Result};

@@ -10,6 +10,9 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use layerwise_agent::cache::fill::FillOptions;
+use layerwise_agent::cache::stage::Stager;
+use layerwise_agent::cache::Cache;
 use layerwise_agent::cgroup::PrewarmCgroup;
 use layerwise_agent::http::{self, AppState};
 use layerwise_agent::metrics::Metrics;
@@ -147,6 +150,45 @@ struct RunArgs {
     reinventory_seconds: u64,
     #[command(flatten)]
     warm: WarmArgs,
+    #[command(flatten)]
+    cache: CacheArgs,
+}
+
+#[derive(Args)]
+struct CacheArgs {
+    /// The node model cache: a host folder (mounted at the same path in the agent's
+    /// container, read-write) that models from S3 are staged into and engine pods mount
+    /// read-only. Unset: the agent stages nothing and fails such models by name.
+    #[arg(long, env = "LAYERWISE_AGENT_MODEL_CACHE")]
+    model_cache: Option<PathBuf>,
+    /// The cache's size cap (e.g. `500Gi`): least recently used models no deployment
+    /// references are evicted to stay under it, and a model that cannot fit is refused.
+    #[arg(long, env = "LAYERWISE_AGENT_MODEL_CACHE_SIZE", value_parser = parse_bytes, default_value = "100Gi")]
+    model_cache_size: u64,
+    /// Bytes per ranged GET (the resume granularity).
+    #[arg(long, env = "LAYERWISE_AGENT_STAGING_CHUNK", value_parser = parse_bytes, default_value = "16Mi")]
+    staging_chunk: u64,
+    /// Ranged GETs in flight at once.
+    #[arg(long, env = "LAYERWISE_AGENT_STAGING_PARALLEL", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    staging_parallel: u16,
+}
+
+impl CacheArgs {
+    fn stager(&self) -> Result<Option<Arc<Stager>>> {
+        let Some(dir) = &self.model_cache else {
+            return Ok(None);
+        };
+        if !dir.is_absolute() {
+            bail!("--model-cache {}: must be an absolute path", dir.display());
+        }
+        let cache = Cache::open(dir, self.model_cache_size)
+            .with_context(|| format!("--model-cache {}", dir.display()))?;
+        let options = FillOptions {
+            chunk_bytes: self.staging_chunk.max(1 << 16),
+            parallel: self.staging_parallel as usize,
+        };
+        Ok(Some(Arc::new(Stager::new(cache, dir.clone(), options))))
+    }
 }
 
 #[derive(Args)]
@@ -184,6 +226,10 @@ async fn run(a: RunArgs) -> Result<()> {
     if let Some(c) = &cgroup {
         info!(cgroup = c.path(), budget, "prewarm cgroup ready");
     }
+    let stager = a.cache.stager()?;
+    if let Some(s) = &stager {
+        info!(dir = %s.dir().display(), cap = s.cache().cap(), "node model cache ready");
+    }
     let settings = Arc::new(Settings {
         model_root: a.model_root,
         model_roots: a.model_roots,
@@ -195,6 +241,7 @@ async fn run(a: RunArgs) -> Result<()> {
         options: a.warm.options(),
         cgroup,
         budget,
+        model_cache: stager.as_ref().map(|s| s.dir().to_path_buf()),
     });
     let metrics = Arc::new(Metrics::new());
     let state = Arc::new(AppState::new(metrics.clone()));
@@ -225,6 +272,7 @@ async fn run(a: RunArgs) -> Result<()> {
         http: state,
         pods_cgroup: a.pods_cgroup,
         reinventory: Duration::from_secs(a.reinventory_seconds.max(1)),
+        stager,
     };
     let result = node::run(ctx, shutdown()).await;
     let _ = stop_tx.send(true);

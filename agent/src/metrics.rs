@@ -38,6 +38,19 @@ pub struct Metrics {
     pub device_free_bytes: Family<DeviceLabels, Gauge>,
     pub pods_cgroup_usage_bytes: Gauge,
     pub prewarm_cgroup_usage_bytes: Gauge,
+    /// Per model staged into the node model cache: bytes on disk, of the model, the rate,
+    /// the ETA, and failed tries by reason.
+    pub staged_bytes: Family<ModelLabels, Gauge>,
+    pub staging_total_bytes: Family<ModelLabels, Gauge>,
+    pub staging_rate: Family<ModelLabels, FGauge>,
+    pub staging_eta_seconds: Family<ModelLabels, Gauge>,
+    pub staging_failures: Family<ReasonLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub model: String,
+    pub reason: String,
 }
 
 impl Default for Metrics {
@@ -59,6 +72,11 @@ impl Metrics {
             device_free_bytes: Family::default(),
             pods_cgroup_usage_bytes: Gauge::default(),
             prewarm_cgroup_usage_bytes: Gauge::default(),
+            staged_bytes: Family::default(),
+            staging_total_bytes: Family::default(),
+            staging_rate: Family::default(),
+            staging_eta_seconds: Family::default(),
+            staging_failures: Family::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -103,6 +121,31 @@ impl Metrics {
             m.prewarm_cgroup_usage_bytes.clone(),
         );
         r.register(
+            "staged_bytes",
+            "Bytes of the model's copy in the node model cache",
+            m.staged_bytes.clone(),
+        );
+        r.register(
+            "staging_model_bytes",
+            "Bytes of the model being staged, as the store lists them",
+            m.staging_total_bytes.clone(),
+        );
+        r.register(
+            "staging_rate_bytes_per_second",
+            "Download rate of the model into the node model cache",
+            m.staging_rate.clone(),
+        );
+        r.register(
+            "staging_eta_seconds",
+            "Seconds until the model's copy is complete, at the current rate",
+            m.staging_eta_seconds.clone(),
+        );
+        r.register(
+            "staging_failures",
+            "Failed tries to stage the model, by reason",
+            m.staging_failures.clone(),
+        );
+        r.register(
             "build",
             "The agent's version and source revision",
             Info::new(layerwise_core::metric_names::build_info_labels()),
@@ -125,9 +168,40 @@ impl Metrics {
             .inc();
     }
 
+    /// Records a model's staging status; a failed try counts once under its reason.
+    pub fn staging(&self, id: &str, s: &crds::StagingStatus) {
+        let l = Self::model(id);
+        self.staged_bytes.get_or_create(&l).set(s.bytes as i64);
+        self.staging_total_bytes
+            .get_or_create(&l)
+            .set(s.total_bytes as i64);
+        self.staging_rate
+            .get_or_create(&l)
+            .set(s.bytes_per_second as f64);
+        self.staging_eta_seconds
+            .get_or_create(&l)
+            .set(s.eta_seconds.unwrap_or(0) as i64);
+        let failed = matches!(
+            s.state,
+            crds::StagingState::Retrying | crds::StagingState::Failed
+        );
+        if let (true, Some(reason)) = (failed, &s.reason) {
+            self.staging_failures
+                .get_or_create(&ReasonLabels {
+                    model: id.into(),
+                    reason: reason.clone(),
+                })
+                .inc();
+        }
+    }
+
     /// Forgets a model's series (it left the spec).
     pub fn remove_model(&self, id: &str) {
         let l = Self::model(id);
+        self.staged_bytes.remove(&l);
+        self.staging_total_bytes.remove(&l);
+        self.staging_rate.remove(&l);
+        self.staging_eta_seconds.remove(&l);
         self.bytes_warmed.remove(&l);
         self.warm_throughput.remove(&l);
         self.resident_bytes.remove(&l);
@@ -179,6 +253,18 @@ mod tests {
         m.warm_throughput.get_or_create(&l).set(2.5);
         m.resident_bytes.get_or_create(&l).set(1);
         m.model_bytes.get_or_create(&l).set(1);
+        m.staging(
+            "ns/a",
+            &crds::StagingStatus {
+                state: crds::StagingState::Retrying,
+                bytes: 10,
+                total_bytes: 40,
+                bytes_per_second: 5,
+                eta_seconds: Some(6),
+                reason: Some("AccessDenied".into()),
+                ..Default::default()
+            },
+        );
         m.error(&crate::Error::Worker("x".into()));
         m.host_available_bytes.set(1);
         m.device_free_bytes
@@ -188,6 +274,14 @@ mod tests {
             })
             .set(1);
         let text = m.encode();
+        for series in [
+            "layerwise_agent_staged_bytes{model=\"ns/a\"} 10",
+            "layerwise_agent_staging_model_bytes{model=\"ns/a\"} 40",
+            "layerwise_agent_staging_eta_seconds{model=\"ns/a\"} 6",
+            "layerwise_agent_staging_failures_total{model=\"ns/a\",reason=\"AccessDenied\"} 1",
+        ] {
+            assert!(text.contains(series), "{series} in {text}");
+        }
         assert_eq!(
             layerwise_core::exposition::lint(&text),
             Vec::<String>::new(),

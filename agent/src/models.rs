@@ -34,6 +34,21 @@ pub struct Settings {
     pub cgroup: Option<Arc<PrewarmCgroup>>,
     /// The page-cache budget, when one is set.
     pub budget: Option<u64>,
+    /// The node model cache's folder as this process reads it, when the agent has one: its
+    /// staged copies are read like folders inside the model roots.
+    pub model_cache: Option<PathBuf>,
+}
+
+impl Settings {
+    /// The folders a model's files may be read from: the model roots and the model cache
+    /// (none where the roots are unset: any folder).
+    pub fn roots(&self) -> Vec<PathBuf> {
+        let mut roots = root_dirs(self.model_root.as_deref(), &self.model_roots);
+        if !roots.is_empty() {
+            roots.extend(self.model_cache.clone());
+        }
+        roots
+    }
 }
 
 /// What a model task tells the node loop. `task` is the task's number, so reports from a
@@ -56,6 +71,12 @@ pub enum Update {
         id: String,
         task: u64,
         bytes: u64,
+    },
+    /// How the copy into the node model cache goes ([`crate::staged`]).
+    Staging {
+        id: String,
+        task: u64,
+        status: crds::StagingStatus,
     },
     Warmed {
         id: String,
@@ -117,6 +138,15 @@ fn folder(
     model_root: Option<&Path>,
     roots: &[String],
 ) -> Result<PathBuf> {
+    if let Some(s3) = &location.s3 {
+        return Err(Error::Model {
+            id: id.into(),
+            msg: format!(
+                "source {}: this agent has no node model cache to stage it into (its --model-cache flag, the chart's agent.modelCache)",
+                s3.describe()
+            ),
+        });
+    }
     let Some(host) = &location.host_path else {
         return Err(Error::Model {
             id: id.into(),
@@ -262,7 +292,7 @@ pub async fn prepare(
     // confined to the model roots: a hostile checkpoint fails its model, not the agent.
     let job = profiler::Job {
         dir: dir.clone(),
-        roots: root_dirs(settings.model_root.as_deref(), &settings.model_roots),
+        roots: settings.roots(),
     };
     let profiled = match profiler::run(&settings.worker_exe, &job, settings.profiler).await {
         Ok((profile, files)) => {

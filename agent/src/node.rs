@@ -54,6 +54,9 @@ pub struct Context {
     pub pods_cgroup: Option<String>,
     /// How often the inventory and residency are read again.
     pub reinventory: Duration,
+    /// The node model cache, where the agent has one: models whose source is `s3` are
+    /// staged into it.
+    pub stager: Option<Arc<crate::cache::stage::Stager>>,
 }
 
 /// One requested model as the loop tracks it.
@@ -293,6 +296,9 @@ impl Loop {
             .filter(|id| !wanted.contains_key(id.as_str()))
             .cloned()
             .collect();
+        if let Some(stager) = &self.ctx.stager {
+            stager.set_referenced(&crate::staged::sources(requests));
+        }
         for id in gone {
             info!(model = %id, "removed from the spec; stopping");
             self.entries.remove(&id);
@@ -345,8 +351,18 @@ impl Loop {
                 ),
             })
         };
-        match dir {
-            Ok(dir) => {
+        match (dir, &self.ctx.stager) {
+            (_, Some(stager)) if entry.request.location.s3.is_some() => {
+                entry.handle = Some(tokio::spawn(crate::staged::prepare(
+                    entry.request.clone(),
+                    task,
+                    stager.clone(),
+                    self.ctx.client.clone(),
+                    self.ctx.settings.clone(),
+                    self.tx.clone(),
+                )));
+            }
+            (Ok(dir), _) => {
                 entry.handle = Some(tokio::spawn(models::prepare(
                     id.clone(),
                     task,
@@ -356,7 +372,7 @@ impl Loop {
                     self.tx.clone(),
                 )));
             }
-            Err(e) => fail(&mut entry.status, &e, &self.ctx.metrics),
+            (Err(e), _) => fail(&mut entry.status, &e, &self.ctx.metrics),
         }
         self.entries.insert(id, entry);
         self.dirty = true;
@@ -368,6 +384,7 @@ impl Loop {
             Update::State { id, task, .. }
             | Update::Profiled { id, task, .. }
             | Update::Progress { id, task, .. }
+            | Update::Staging { id, task, .. }
             | Update::Warmed { id, task, .. }
             | Update::Failed { id, task, .. } => (id.clone(), *task),
         };
@@ -401,6 +418,13 @@ impl Loop {
                     .inc_by(bytes.saturating_sub(e.progress));
                 e.progress = e.progress.max(bytes);
                 return;
+            }
+            Update::Staging { status, .. } => {
+                m.staging(&id, &status);
+                if status.state != crds::StagingState::Staged {
+                    st.state = ModelState::Staging;
+                }
+                st.staging = Some(status);
             }
             Update::Warmed {
                 outcome, residency, ..

@@ -59,6 +59,7 @@ fn settings(limits: Limits, roots: &[&Path]) -> Arc<Settings> {
         options: Options::default(),
         cgroup: None,
         budget: None,
+        model_cache: None,
     })
 }
 

@@ -12,6 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{ActivationCost, RequestShape};
+use crate::compute_dtype::ComputeElement;
 use crate::{Error, Result};
 
 /// The slowest frame rate a clip is made at: below it a frame's duration overflows the
@@ -325,17 +326,24 @@ impl RequestBounds {
         ])
     }
 
-    /// Device bytes the largest request within these bounds needs for activations: the
-    /// one formula ([`ActivationCost::checked_bytes`]) the planner reserves and the engine
-    /// keeps free. `None` when no device could hold such a request.
-    pub fn activation_bytes(&self, cost: &ActivationCost) -> Option<u64> {
-        self.activation_bytes_per_rank(cost, 1)
+    /// Device bytes the largest request within these bounds needs for activations on a
+    /// rank whose blocks compute in `element`: the one formula
+    /// ([`ActivationCost::checked_phases`]) the planner reserves and the engine keeps
+    /// free. `None` when no device could hold such a request.
+    pub fn activation_bytes(&self, cost: &ActivationCost, element: ComputeElement) -> Option<u64> {
+        self.activation_bytes_per_rank(cost, 1, element)
     }
 
     /// [`Self::activation_bytes`] on each rank of a group of `sp` that splits a request's
-    /// sequence ([`ActivationCost::checked_bytes_per_rank`]).
-    pub fn activation_bytes_per_rank(&self, cost: &ActivationCost, sp: u64) -> Option<u64> {
-        self.cached_activation_bytes_per_rank(cost, sp, crate::checkpoint::CacheHold::NONE)
+    /// sequence ([`ActivationCost::checked_phases`]), in `element`
+    /// ([`crate::compute_dtype::ComputeElement::auto`] decides it for planner and engine).
+    pub fn activation_bytes_per_rank(
+        &self,
+        cost: &ActivationCost,
+        sp: u64,
+        element: ComputeElement,
+    ) -> Option<u64> {
+        self.cached_activation_bytes_per_rank(cost, sp, crate::checkpoint::CacheHold::NONE, element)
     }
 
     /// [`Self::activation_bytes_per_rank`] for a server whose step cache holds `cache`
@@ -347,14 +355,17 @@ impl RequestBounds {
         cost: &ActivationCost,
         sp: u64,
         cache: crate::checkpoint::CacheHold,
+        element: ComputeElement,
     ) -> Option<u64> {
-        cost.checked_bytes_per_rank(
+        cost.checked_phases(
             &RequestShape {
                 cache,
                 ..self.shape()
             },
             sp,
+            element.bytes(),
         )
+        .map(|p| p.peak())
     }
 
     /// The largest request within these bounds, as the activation formula reads it.

@@ -240,6 +240,12 @@ pub trait FamilyCheckpoint: std::fmt::Debug + Send + Sync {
     }
     /// What a request costs in activations: the formula the planner and the engine share.
     fn activation_cost(&self) -> crate::checkpoint::ActivationCost;
+    /// The dtypes its blocks compute in ([`crate::compute_dtype`]): f32 only unless the
+    /// family's forward passes run in half precision too. `--compute-dtype auto` and the
+    /// activation term of every plan read it.
+    fn compute_dtypes(&self) -> &'static [crate::compute_dtype::ComputeElement] {
+        crate::compute_dtype::F32_ONLY
+    }
     /// What the VAE decoder holds at its peak, per split of a decode
     /// ([`crate::decode::DecodeCost`]); `None` where the family does not describe it.
     fn decode_cost(&self) -> Option<crate::decode::DecodeCost> {

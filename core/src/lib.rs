@@ -27,6 +27,7 @@
 pub mod bounds;
 pub mod bytesize;
 pub mod checkpoint;
+pub mod compute_dtype;
 pub mod contract;
 pub mod decode;
 pub mod error;

@@ -82,6 +82,12 @@ pub struct Profile {
     /// that predate it ([`Self::group_compute`] then derives it from the bytes).
     #[serde(default)]
     pub compute: Vec<crate::family::GroupCompute>,
+    /// The dtypes the family's blocks compute in ([`crate::compute_dtype`]), which with
+    /// the backend and `groups`' dtypes decide the element the activation term is
+    /// charged in ([`Self::compute_element`]). f32 only in profiles of agents that
+    /// predate it (what they were always charged).
+    #[serde(default = "crate::compute_dtype::f32_only")]
+    pub compute_dtypes: Vec<crate::compute_dtype::ComputeElement>,
 }
 
 impl Profile {
@@ -167,7 +173,18 @@ impl Profile {
             groups: group_bytes,
             limits: ck.limits(),
             compute: ck.group_compute(),
+            compute_dtypes: ck.compute_dtypes().to_vec(),
         })
+    }
+
+    /// The element a rank on `backend` computes this model's blocks in under
+    /// `--compute-dtype auto`: the engine's own decision
+    /// ([`crate::compute_dtype::ComputeElement::auto`]).
+    pub fn compute_element(
+        &self,
+        backend: crate::compute_dtype::Backend,
+    ) -> crate::compute_dtype::ComputeElement {
+        crate::compute_dtype::ComputeElement::auto(backend, &self.groups, &self.compute_dtypes)
     }
 
     /// What one block of each group computes: the family's declaration, or where the

@@ -19,14 +19,14 @@ pub use deployment::{
     Accelerator, AcceleratorRates, Autoscaling, AutoscalingMode, ComponentPlacement, ComponentPlan,
     DeviceAllocation, DiffusionDeployment, DiffusionDeploymentSpec, DiffusionDeploymentStatus,
     DisruptionBudget, EndpointPickerRef, EngineSpec, FailureMode, InferencePoolRouting,
-    MemoryBreakdown, ModelSpec, Plan, PlanRates, PortNumber, Workload, WorkloadCache,
+    MemoryBreakdown, ModelSpec, Plan, PlanRates, PortNumber, Rollout, Workload, WorkloadCache,
 };
 pub use layerwise_core::checkpoint::ActivationCost;
 pub use layerwise_core::profile::{ComponentProfile, Profile};
 pub use layerwise_core::Strategy;
 pub use node::{
     AcceleratorInventory, DiffusionNode, DiffusionNodeSpec, DiffusionNodeStatus, ModelRequest,
-    ModelState, NodeModelStatus,
+    ModelState, NodeModelStatus, StagingState, StagingStatus,
 };
 pub use source::{ClaimMode, S3Source, SecretName};
 

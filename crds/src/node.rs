@@ -141,12 +141,71 @@ pub struct NodeModelStatus {
     /// What went wrong, naming the file or field at fault.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The copy in the node model cache, for a source the agent stages (`s3`): how far the
+    /// download is, and where the published copy is once complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staging: Option<StagingStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profiled_at: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warmed_at: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_at: Option<Time>,
+}
+
+/// A model's copy in the node model cache.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct StagingStatus {
+    pub state: StagingState,
+    /// Bytes of the copy on the node's disk (chunks resumed after a restart count).
+    #[serde(default)]
+    pub bytes: u64,
+    /// Bytes of the model in the store (0 until listed).
+    #[serde(default)]
+    pub total_bytes: u64,
+    /// Download rate over the last seconds.
+    #[serde(default)]
+    pub bytes_per_second: u64,
+    /// Seconds left at that rate, while downloading.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<u64>,
+    /// The published copy's folder on the node (what engine pods mount read-only), once
+    /// `Staged`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Why the last try failed (`CacheFull`, `AccessDenied`, `NoSuchBucket`,
+    /// `ObjectNotFound`, `ObjectChanged`, `IntegrityMismatch`, `StoreUnavailable`,
+    /// `CacheIo`, `CredentialsUnavailable`), while `Retrying` or `Failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The failure's message, naming the source, object or file (never a credential).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Tries so far that failed.
+    #[serde(default)]
+    pub failures: u32,
+}
+
+/// Where a node is with copying a model into its cache.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+pub enum StagingState {
+    /// Listing the store and making room.
+    #[default]
+    Listing,
+    Downloading,
+    /// Checking sizes, checksums and headers before publishing.
+    Verifying,
+    /// Published whole: the copy is complete.
+    Staged,
+    /// The last try failed with a fault that may pass by itself (an object replaced
+    /// mid-download, the store unreachable); the next starts after a short backoff.
+    Retrying,
+    /// The last try failed with a fault a person must fix (credentials, a missing bucket or
+    /// object, a corrupt object, a full cache); tried again after a longer backoff.
+    Failed,
 }
 
 /// Where a node is with a model.
@@ -156,6 +215,8 @@ pub struct NodeModelStatus {
 pub enum ModelState {
     #[default]
     Pending,
+    /// Copying the model into the node model cache (see `staging`).
+    Staging,
     Profiling,
     Warming,
     Warm,

@@ -26,14 +26,14 @@ bfloat16), as the engine keeps them.
 """
 
 import argparse
-import json
 import os
 import sys
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cache_hooks import Recorder, apply, hook_cases, write_reference  # noqa: E402
 from wan_reference import FIXTURE_REQUEST, load_pipe, versions  # noqa: E402
 
 STEPS = 12
@@ -42,109 +42,31 @@ STEPS = 12
 REQUEST = {k: v for k, v in FIXTURE_REQUEST.items() if not k.startswith("guidance")} | {"steps": STEPS}
 
 
-def flux_ratios():
-    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
-
-    return [float(x) for x in FLUX_MAG_RATIOS]
-
-
-# name -> (cache setting as the engine reads it, guidance)
+# name -> (cache setting as the engine reads it, guidance); MagCache at diffusers' threshold.
 def cases():
-    fbc = {"kind": "first_block", "threshold": 0.09}
-    mag = {"kind": "mag", "ratios": flux_ratios()}  # diffusers' defaults otherwise
-    ts1 = {"kind": "taylorseer", "cache_interval": 3, "disable_cache_before_step": 2, "max_order": 1}
-    ts2 = {"kind": "taylorseer", "cache_interval": 4, "disable_cache_before_step": 3, "max_order": 2,
-           "disable_cache_after_step": 10}
-    return {
-        "first_block_guided": (fbc, 5.0),
-        "first_block_unguided": (fbc, 1.0),
-        "mag_guided": (mag, 5.0),
-        "mag_unguided": (mag, 1.0),
-        "mag_calibrate": ({"kind": "mag", "calibrate": True}, 5.0),
-        "taylorseer_guided": (ts1, 5.0),
-        "taylorseer_unguided": (ts2, 1.0),
-    }
-
-
-def apply(transformer, c):
-    from diffusers.hooks import (
-        FirstBlockCacheConfig,
-        MagCacheConfig,
-        TaylorSeerCacheConfig,
-        apply_first_block_cache,
-        apply_mag_cache,
-        apply_taylorseer_cache,
-    )
-
-    if c["kind"] == "first_block":
-        apply_first_block_cache(transformer, FirstBlockCacheConfig(threshold=c["threshold"]))
-    elif c["kind"] == "mag":
-        apply_mag_cache(
-            transformer,
-            MagCacheConfig(
-                mag_ratios=c.get("ratios"),
-                calibrate=c.get("calibrate", False),
-                num_inference_steps=STEPS,
-            ),
-        )
-    elif c["kind"] == "taylorseer":
-        apply_taylorseer_cache(
-            transformer,
-            TaylorSeerCacheConfig(
-                cache_interval=c["cache_interval"],
-                disable_cache_before_step=c["disable_cache_before_step"],
-                disable_cache_after_step=c.get("disable_cache_after_step"),
-                max_order=c["max_order"],
-                taylor_factors_dtype=torch.float32,
-                use_lite_mode=True,
-            ),
-        )
+    return hook_cases(0.09, None, 5.0)
 
 
 def run_case(model, init, cache, guidance):
-    import diffusers.hooks.mag_cache as mc
-
     pipe = load_pipe(model)
     t = pipe.transformer
     rows = 2 if guidance > 1.0 else 1
-    calls, ran = [0], set()
-
-    def count(_m, _a):
-        calls[0] += 1
-
-    def mark(_m, _a, _o):
-        ran.add(calls[0] - 1)
-
-    t.register_forward_pre_hook(count)
-    t.blocks[-1].attn1.register_forward_hook(mark)
-    calibrated = []
-    orig_advance = mc.MagCacheBlockHook._advance_step
-
-    def advance(self, state):
-        if self.config.calibrate and state.step_index + 1 >= self.config.num_inference_steps:
-            calibrated.append(list(state.calibration_ratios))
-        return orig_advance(self, state)
-
-    mc.MagCacheBlockHook._advance_step = advance
-    try:
-        apply(t, cache)
-        out = pipe(
-            prompt=REQUEST["prompt"],
-            negative_prompt=REQUEST["negative_prompt"],
-            height=REQUEST["height"],
-            width=REQUEST["width"],
-            num_frames=REQUEST["frames"],
-            num_inference_steps=STEPS,
-            guidance_scale=guidance,
-            latents=init.clone(),
-            output_type="latent",
-            max_sequence_length=REQUEST["max_sequence_length"],
-        )
-    finally:
-        mc.MagCacheBlockHook._advance_step = orig_advance
-    assert calls[0] == STEPS * rows, calls
-    computed = torch.tensor([[int(s * rows + r in ran) for r in range(rows)] for s in range(STEPS)])
-    return out.frames.float().contiguous(), computed, calibrated
+    rec = Recorder(t, t.blocks[-1].attn1)
+    apply(t, cache, STEPS)
+    out = pipe(
+        prompt=REQUEST["prompt"],
+        negative_prompt=REQUEST["negative_prompt"],
+        height=REQUEST["height"],
+        width=REQUEST["width"],
+        num_frames=REQUEST["frames"],
+        num_inference_steps=STEPS,
+        guidance_scale=guidance,
+        latents=init.clone(),
+        output_type="latent",
+        max_sequence_length=REQUEST["max_sequence_length"],
+    )
+    computed = rec.close(STEPS, rows)
+    return out.frames.float().contiguous(), computed, rec.calibrated
 
 
 def main():
@@ -155,23 +77,14 @@ def main():
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     model = os.path.join(a.dir, "wan21-tiny")
     init = load_file(os.path.join(a.dir, "wan21-tiny-reference.safetensors"))["init_latents"]
-    tensors, desc = {}, {"model": "wan21-tiny", **REQUEST, "cases": {}, "versions": versions()}
-    for name, (cache, guidance) in cases().items():
-        if a.only and name != a.only:
-            continue
+
+    def run_one(_i, _name, case):
+        cache, guidance = case
         latents, computed, calibrated = run_case(model, init, cache, guidance)
-        tensors[f"{name}.latents"] = latents
-        tensors[f"{name}.computed"] = computed.contiguous()
-        if calibrated:
-            tensors[f"{name}.ratios"] = torch.tensor(calibrated[0], dtype=torch.float32)
-        desc["cases"][name] = {"cache": cache, "guidance": guidance}
-        print(f"{name}: computed {computed.t().tolist()}", flush=True)
-    if a.only:
-        return
-    save_file(tensors, os.path.join(a.dir, "wan21-tiny-cache-reference.safetensors"))
-    with open(os.path.join(a.dir, "wan21-tiny-cache-reference.json"), "w") as f:
-        json.dump(desc, f, indent=2)
-        f.write("\n")
+        return {"cache": cache, "guidance": guidance}, {}, latents, computed, calibrated
+
+    desc = {"model": "wan21-tiny", **REQUEST, "versions": versions()}
+    write_reference(a.dir, "wan21-tiny-cache-reference", cases(), run_one, desc, a.only)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ use crate::layout::GroupLayout;
 use crate::measure::{PhaseKind, PhasePeaks};
 use crate::memory::GroupBytes;
 use crate::{Error, Result, Strategy};
+use layerwise_core::compute_dtype::ComputeElement;
 
 /// A checkpoint opened, checked and mapped once for every rank.
 pub struct Model {
@@ -40,13 +41,39 @@ impl Model {
         self.family.layouts(dp)
     }
 
+    /// The element a run of `opts` computes its blocks in: the device it resolves to and
+    /// `--compute-dtype`, decided as its ranks decide ([`rank::compute_dtype`], the
+    /// planner's [`ComputeElement::auto`] under `auto`).
+    pub fn compute_element(&self, opts: &EngineOptions) -> Result<ComputeElement> {
+        let ranks = opts.dp.max(1) * opts.sp.max(1);
+        let device = crate::execution::cuda::resolve(opts.device, ranks)?;
+        let gpu = matches!(device, crate::execution::cuda::Resolved::Cuda { .. });
+        let d = rank::compute_dtype(
+            &*self.family,
+            opts.compute_dtype,
+            gpu,
+            &self.layouts(ranks)?,
+        )?;
+        crate::execution::dtype::element(d)
+            .ok_or_else(|| Error::invalid("compute-dtype", format!("{d:?} is not a compute dtype")))
+    }
+
+    /// Device bytes a run of `opts` keeps free on each rank for the largest of `requests`:
+    /// [`Self::activation_bytes`] at its `sp` in the element it computes in.
+    pub fn reserved_activations(&self, requests: &[Request], opts: &EngineOptions) -> Result<u64> {
+        self.activation_bytes(requests, opts.sp, self.compute_element(opts)?)
+    }
+
     /// Device bytes the largest of `requests` needs for activations on each rank of a
-    /// group of `sp` (each request runs on one group, one output at a time): what a rank
-    /// keeps free of its budget for them.
-    pub fn activation_bytes(&self, requests: &[Request], sp: usize) -> Result<u64> {
-        Ok(self
-            .phase_bytes(requests, sp, crate::checkpoint::F32_BYTES)?
-            .peak())
+    /// group of `sp` whose blocks compute in `element` (each request runs on one group,
+    /// one output at a time): what a rank keeps free of its budget for them.
+    pub fn activation_bytes(
+        &self,
+        requests: &[Request],
+        sp: usize,
+        element: ComputeElement,
+    ) -> Result<u64> {
+        Ok(self.phase_bytes(requests, sp, element.bytes())?.peak())
     }
 
     /// Each phase's predicted peak over `requests` on each rank of a group of `sp`, for

@@ -29,6 +29,9 @@ pub enum LogFormat {
     Json,
 }
 
+/// The environment variable of `--log-format`, which the operator sets in the engine pods.
+pub const ENV_LOG_FORMAT: &str = "LAYERWISE_LOG_FORMAT";
+
 /// The logging flags every binary takes.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct LogArgs {
@@ -37,7 +40,7 @@ pub struct LogArgs {
     /// from `LAYERWISE_LOG` (e.g. `info,layerwise_engine=debug`).
     #[arg(
         long,
-        env = "LAYERWISE_LOG_FORMAT",
+        env = ENV_LOG_FORMAT,
         value_enum,
         default_value_t = LogFormat::Text,
         global = true

@@ -162,7 +162,8 @@ fn each_rank_keeps_its_share_of_the_activations() {
     let dir = tempfile::tempdir().unwrap();
     let model = Model::open(&wan(dir.path())).unwrap();
     let req = vec![prompt(1, 1, 33, 5.0, (256, 256))];
-    let per = |sp| model.activation_bytes(&req, sp).unwrap();
+    let f32 = layerwise_core::compute_dtype::ComputeElement::F32;
+    let per = |sp| model.activation_bytes(&req, sp, f32).unwrap();
     let (one, two, four) = (per(1), per(2), per(4));
     assert!(two < one && four < two, "{one} {two} {four}");
     // The latent tokens' terms shrink with sp; the prompt's and the decoder's do not, so

@@ -6,15 +6,16 @@
 
 mod common;
 
-use common::{expect_err, opts, read_safetensors, rel_err};
+use common::cache::{check_case, run};
+use common::{expect_err, read_safetensors};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
 use layerwise_engine::cache::StepCache;
-use layerwise_engine::engine::{Model, RunStats};
-use layerwise_engine::execution::work::{Condition, Output, Request};
+use layerwise_engine::engine::Model;
+use layerwise_engine::execution::work::{Condition, Request};
 use layerwise_engine::Strategy;
 
 fn fixtures() -> PathBuf {
@@ -64,24 +65,6 @@ fn request(r: &Reference, cache: Option<StepCache>, guidance: f32) -> Request {
     }
 }
 
-fn run(
-    model: &Model,
-    reqs: Vec<Request>,
-    strategy: Strategy,
-    dp: usize,
-) -> (Vec<Output>, RunStats) {
-    model.run(reqs, &opts(strategy, dp, 2, false)).unwrap()
-}
-
-/// The reference's `[steps, rows]` decisions as rows of booleans per step.
-fn decisions(t: &Tensor) -> Vec<Vec<bool>> {
-    t.to_vec2::<f32>()
-        .unwrap()
-        .into_iter()
-        .map(|r| r.into_iter().map(|x| x == 1.0).collect())
-        .collect()
-}
-
 #[test]
 fn each_cache_decides_and_ends_as_diffusers_hook_does() {
     let r = reference();
@@ -100,45 +83,18 @@ fn each_cache_decides_and_ends_as_diffusers_hook_does() {
             Strategy::OffloadSharded,
             2,
         );
-        let report = out[0].cache.as_ref().expect("a cached run reports");
-        let want = decisions(&r.tensors[&format!("{name}.computed")]);
-        assert_eq!(report.computed, want, "{name}: decisions per step and row");
-        let e = rel_err(&out[0].latents, &r.tensors[&format!("{name}.latents")]);
-        eprintln!("{name}: latents {e:.2e} (max rel), computed {want:?}");
-        assert!(e < 1e-3, "{name}: latents {e}");
-        let skips = want.iter().flatten().filter(|&&c| !c).count();
-        if skips > 0 {
-            skipped_somewhere += 1;
-            // A cache that skipped changed the result by more than the parity tolerance.
-            let base = &plain[(guidance <= 1.0) as usize][0].latents;
-            let moved = rel_err(&out[0].latents, base);
-            eprintln!("{name}: {moved:.2e} from the uncached latents");
-            assert!(moved > 2e-3, "{name}: skips left no trace ({moved})");
-        }
-        // Every block of a step no row computes is saved (two blocks a pass).
-        let both_skipped = want.iter().filter(|row| row.iter().all(|c| !c)).count() as u64;
-        let head = u64::from(name.starts_with("first_block"));
-        assert_eq!(
+        let plain = || plain[(guidance <= 1.0) as usize][0].latents.clone();
+        let skipped = check_case(
+            &name,
+            name.starts_with("first_block"),
+            &out[0],
             stats.blocks_saved,
-            both_skipped * (2 - head),
-            "{name}: blocks saved"
+            (2, 1e-3),
+            &r.tensors,
+            |t| t.clone(),
+            plain,
         );
-        if let Some(ratios) = r.tensors.get(&format!("{name}.ratios")) {
-            let ours = &report.calibration[0];
-            let theirs: Vec<f64> = ratios
-                .to_vec1::<f32>()
-                .unwrap()
-                .into_iter()
-                .map(f64::from)
-                .collect();
-            assert_eq!(ours.len(), theirs.len(), "{name}: calibration length");
-            for (a, b) in ours.iter().zip(&theirs) {
-                assert!(
-                    (a - b).abs() < 1e-4 * b.abs().max(1.0),
-                    "{name}: ratios {ours:?} vs {theirs:?}"
-                );
-            }
-        }
+        skipped_somewhere += usize::from(skipped);
     }
     assert!(skipped_somewhere >= 5, "the cases exercise skipping");
 }

@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::cache::bytes_per_step;
 use common::{bits, opts, wan_tiny};
 
 use layerwise_engine::cache::StepCache;
@@ -55,15 +56,7 @@ fn a_step_no_rank_computes_is_neither_copied_nor_gathered() {
                 let reqs = (0..dp).map(|r| req(r as u64, s, 4.0, None)).collect();
                 model.run(reqs, &o).unwrap().1
             };
-            let (a, b) = (unit(steps), unit(steps + 1));
-            let step = (
-                b.bytes_copied - a.bytes_copied,
-                b.bytes_gathered - a.bytes_gathered,
-            );
-            let fixed = (
-                a.bytes_copied - steps as u64 * step.0,
-                a.bytes_gathered - steps as u64 * step.1,
-            );
+            let (fixed, step) = bytes_per_step(&unit(steps), &unit(steps + 1), steps);
             // Rank r's request warms up r + 1 steps: the ranks skip on different steps.
             let reqs: Vec<Request> = (0..dp)
                 .map(|r| req(r as u64, steps, 4.0, taylor(r + 1)))

@@ -2,9 +2,12 @@
 //! `/metrics`) to a replica count. The formula and the scale-down delay are pure functions;
 //! the load comes through [`LoadSource`] so tests can feed it.
 //!
+//! The same load ranks the pods for a scale-down ([`deletion_cost`]).
+//!
 //! A pod whose load cannot be read is not idle: what the others report is only a lower
 //! bound of the load, so it may scale up but never down (missing data holds the replicas).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -102,6 +105,34 @@ impl PodLoad {
 /// Where the autoscaler reads a pod's load.
 pub trait LoadSource: Send + Sync {
     fn load<'a>(&'a self, pod: &'a Pod) -> BoxFuture<'a, Result<PodLoad, String>>;
+}
+
+/// The pods whose load is read: running, and not being deleted.
+pub fn running(pods: &[Arc<Pod>]) -> Vec<Arc<Pod>> {
+    pods.iter()
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+        .cloned()
+        .collect()
+}
+
+/// Reads the load of each of `pods` from `source`, all at once.
+pub async fn read(source: &dyn LoadSource, pods: &[Arc<Pod>]) -> Vec<Result<PodLoad, String>> {
+    futures::future::join_all(pods.iter().map(|p| source.load(p))).await
+}
+
+/// The annotation a ReplicaSet ranks pods by when it removes some (lower goes first).
+pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// When the operator last wrote [`DELETION_COST`] on the pod (Unix seconds).
+pub const DELETION_COST_AT: &str = "layerwise.dev/deletion-cost-at";
+
+/// A pod's `controller.kubernetes.io/pod-deletion-cost` from its load: the requests it has
+/// queued or running, so a ReplicaSet scaling down removes the pods with the least work
+/// first (an idle pod costs 0). Capped at `i32::MAX`, the annotation's range.
+pub fn deletion_cost(load: &PodLoad) -> i32 {
+    i32::try_from(load.total()).unwrap_or(i32::MAX)
 }
 
 /// Reads the engine's queue depth and running requests (`metric_names::QUEUE_DEPTH` and
@@ -307,6 +338,14 @@ mod tests {
             step(0, all(0), &b(2, 4, 1, 60), None, Timestamp::UNIX_EPOCH).replicas,
             2
         );
+    }
+
+    #[test]
+    fn the_deletion_cost_is_the_work_a_pod_holds() {
+        let load = |queued, running| PodLoad { queued, running };
+        assert_eq!(deletion_cost(&load(0, 0)), 0);
+        assert_eq!(deletion_cost(&load(3, 1)), 4);
+        assert_eq!(deletion_cost(&load(u64::MAX / 2, 7)), i32::MAX);
     }
 
     #[test]

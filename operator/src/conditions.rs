@@ -13,6 +13,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 pub const MODEL_PROFILED: &str = "ModelProfiled";
+/// Only for a model the agents stage (`s3`): True once a candidate node has a complete copy
+/// ([`crate::staging`]).
+pub const MODEL_STAGED: &str = "ModelStaged";
 pub const PLANNED: &str = "Planned";
 pub const CACHE_WARM: &str = "CacheWarm";
 pub const AVAILABLE: &str = "Available";
@@ -25,6 +28,11 @@ pub const SCRAPE_FAILED: &str = "ScrapeFailed";
 /// applied; False (reason `InferencePoolUnavailable`) where the cluster does not serve the
 /// InferencePool API.
 pub const INFERENCE_POOL: &str = "InferencePool";
+/// Whether a rollout starts each new engine pod before an old one goes: True (reason
+/// `RoomForSurge`) where `spec.engine.rollout` asks for a surge and a planned node has room
+/// for the surge pod; False with reason `NoRoomForSurge` (naming what each node lacks) where
+/// none has, so rollouts take a pod away first, or `SurgeNotAsked` (see [`crate::surge`]).
+pub const ROLLOUT_SURGE: &str = "RolloutSurge";
 /// Summary: True when the engines serve as the spec asks (or it asks for zero replicas).
 pub const READY: &str = "Ready";
 /// Summary (kstatus' abnormal-true condition): True while the operator works towards

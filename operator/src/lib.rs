@@ -9,6 +9,9 @@
 //! [`telemetry`], [`http`] and the counting [`client`] say what it does; [`inference_pool`]
 //! keeps the Gateway API inference extension's InferencePool a deployment may ask for; [`dra`]
 //! reads the devices Dynamic Resource Allocation offers and claims them for the pods;
+//! [`surge`] chooses whether a rollout may start a pod beyond the replicas, and
+//! [`deletion_cost`] keeps each engine pod's deletion cost from its queue so a scale-down
+//! removes the idlest;
 //! [`plan_cli`] is the planner as a command (`layerwise-operator plan`), for sizing without
 //! a cluster.
 
@@ -18,6 +21,7 @@ pub mod client;
 pub mod conditions;
 pub mod context;
 pub mod controller;
+pub mod deletion_cost;
 pub mod dra;
 pub mod error;
 pub mod http;
@@ -32,7 +36,9 @@ pub mod report;
 pub mod requests;
 pub mod resources;
 pub mod settle;
+pub mod staging;
 pub mod stores;
+pub mod surge;
 pub mod telemetry;
 pub mod volume;
 

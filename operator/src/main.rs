@@ -132,6 +132,11 @@ async fn serve(args: Args, log_format: LogFormat) -> Result<()> {
         args.engine_tolerations.as_deref(),
     )
     .map_err(anyhow::Error::msg)?;
+    // The engines log as the operator does.
+    let engine_pods = EnginePods {
+        log_format,
+        ..engine_pods
+    };
     let telemetry = Arc::new(Telemetry::default());
     let config = kube::Config::infer()
         .await

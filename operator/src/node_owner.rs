@@ -16,10 +16,11 @@ use tracing::{debug, warn};
 use crate::context::MANAGER;
 use crate::stores::Stores;
 
-/// How often the DiffusionNodes are checked for their owner: new nodes' agents make them
-/// within seconds, and until then nothing is lost (only a Node removed in that window
-/// leaves its DiffusionNode behind until its agent's next node of that name).
-const PERIOD: Duration = Duration::from_secs(10);
+/// How often the DiffusionNodes are checked for their owner. A Node removed before its
+/// DiffusionNode is owned leaves it behind (until a node of that name comes again), so the
+/// window is kept short; the check reads the stores, and only a DiffusionNode without its
+/// owner costs a request.
+const PERIOD: Duration = Duration::from_secs(2);
 
 /// The owner references `dn` should carry with `node` as its owner, when they differ from
 /// what it carries: its others kept, a reference to an earlier Node of the same name

@@ -44,6 +44,13 @@ pub enum Stop {
         reason: &'static str,
         message: String,
     },
+    /// No candidate node has a complete copy of a staged model: `reason` is
+    /// [`crate::staging::STAGING`] while some may still finish, or
+    /// [`crate::staging::STAGING_FAILED`] when none can.
+    Staging {
+        reason: &'static str,
+        message: String,
+    },
     /// The nodes asked have not reported a profile yet.
     WaitingForProfile { nodes: usize, location: String },
     /// Every node asked failed to profile the model.
@@ -64,6 +71,7 @@ impl Stop {
             Stop::WaitingForProfile { .. } => "WaitingForProfile",
             Stop::ProfileFailed { .. } => "ProfileFailed",
             Stop::Unplannable { reason, .. }
+            | Stop::Staging { reason, .. }
             | Stop::ClaimUnusable { reason, .. }
             | Stop::DevicesUnusable { reason, .. } => reason,
         }
@@ -79,6 +87,7 @@ impl Stop {
             Stop::NoCandidateNodes { .. }
             | Stop::WaitingForProfile { .. }
             | Stop::ProfileFailed { .. } => cond::MODEL_PROFILED,
+            Stop::Staging { .. } => cond::MODEL_STAGED,
         }
     }
 
@@ -86,6 +95,7 @@ impl Stop {
     /// agents is progress, not a fault.
     pub fn degraded(&self) -> bool {
         !matches!(self, Stop::WaitingForProfile { .. })
+            && !matches!(self, Stop::Staging { reason, .. } if *reason == crate::staging::STAGING)
     }
 
     /// When to look again without a change to the deployment or its nodes (which the
@@ -99,7 +109,7 @@ impl Stop {
             | Stop::DevicesUnusable { .. } => {
                 Some(Duration::from_secs(30).min(resync.max(Duration::from_secs(5))))
             }
-            Stop::WaitingForProfile { .. } | Stop::ProfileFailed { .. } => {
+            Stop::WaitingForProfile { .. } | Stop::ProfileFailed { .. } | Stop::Staging { .. } => {
                 Some(resync.min(Duration::from_secs(5)))
             }
             Stop::Unplannable { .. } => Some(Duration::from_secs(60)),
@@ -124,6 +134,7 @@ impl Stop {
                 failures.join("; ")
             ),
             Stop::Unplannable { message, .. }
+            | Stop::Staging { message, .. }
             | Stop::ClaimUnusable { message, .. }
             | Stop::DevicesUnusable { message, .. } => message.clone(),
         }

@@ -41,21 +41,11 @@ impl Unusable {
     }
 }
 
-/// Why a source the API accepts is not served by this operator yet, where it is not: the
-/// `s3` source and a claim in `Staged` mode need the node model cache filled before planning
-/// (the agents' cache fills from S3, but this operator does not yet ask nodes to stage and
-/// place pods on the staged copies), so the deployment says so instead of planning around
-/// files no node has.
+/// Why a source the API accepts is not served by this operator yet, where it is not: a
+/// claim in `Staged` mode needs the agents to copy a claim's folder into their node model
+/// caches, which they do not (they stage `s3` sources, [`crate::staging`]), so the
+/// deployment says so instead of planning around files no node has.
 pub fn unserved(location: &crds::ModelLocation) -> Option<Unusable> {
-    if let Some(s3) = &location.s3 {
-        return Some(Unusable::new(
-            "StagingUnavailable",
-            format!(
-                "the model's source {} is copied into the nodes' model caches before it is served, and this operator does not stage models yet: mirror it into a folder on the nodes (hostPath) or a local volume",
-                s3.describe()
-            ),
-        ));
-    }
     let claim = location.persistent_volume_claim.as_ref()?;
     (claim.mode == crds::ClaimMode::Staged).then(|| {
         Unusable::new(
@@ -306,25 +296,13 @@ mod tests {
     }
 
     #[test]
-    fn sources_that_need_staging_are_refused_by_name_without_credentials() {
+    fn staged_claims_are_refused_by_name_and_s3_is_served() {
         let loc =
             |v: serde_json::Value| -> crds::ModelLocation { serde_json::from_value(v).unwrap() };
-        let s3 = loc(json!({ "s3": {
-            "endpoint": "http://127.0.0.1:8333", "bucket": "models", "prefix": "dit/",
-            "credentialsSecret": { "name": "store-keys" }
-        } }));
-        let why = unserved(&s3).expect("s3 is staged");
-        assert_eq!(why.reason, "StagingUnavailable");
-        assert!(
-            why.message
-                .contains("s3://models/dit/ at http://127.0.0.1:8333")
-                && !why.message.contains("store-keys"),
-            "{}",
-            why.message
-        );
         let staged =
             loc(json!({ "persistentVolumeClaim": { "claimName": "nfs", "mode": "Staged" } }));
         let why = unserved(&staged).expect("a staged claim");
+        assert_eq!(why.reason, "StagingUnavailable");
         assert!(
             why.message.contains("nfs") && why.message.contains("Staged"),
             "{}",
@@ -334,6 +312,7 @@ mod tests {
             json!({ "hostPath": "/models/m" }),
             json!({ "persistentVolumeClaim": { "claimName": "local" } }),
             json!({ "persistentVolumeClaim": { "claimName": "local", "mode": "InPlace" } }),
+            json!({ "s3": { "endpoint": "http://127.0.0.1:8333", "bucket": "models" } }),
         ] {
             assert_eq!(unserved(&loc(served.clone())), None, "{served}");
         }

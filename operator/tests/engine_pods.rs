@@ -138,6 +138,7 @@ async fn operator(w: &World, runtime_class: &str) -> Result<world::Operator> {
             image_pull_secrets: vec!["regcred".into()],
             runtime_class_name: Some(runtime_class.into()),
             tolerations: vec![toleration(PLATFORM_TAINT)],
+            ..EnginePods::default()
         }
     );
     let setup = Setup {

@@ -118,7 +118,11 @@ fn engine_options(
     device_memory: u64,
 ) -> EngineOptions {
     let act = resources::request_bounds(&dd.spec.workload)
-        .activation_bytes_per_rank(&model.checkpoint.activation_cost(), plan.sp as u64)
+        .activation_bytes_per_rank(
+            &model.checkpoint.activation_cost(),
+            plan.sp as u64,
+            gpu_element(model),
+        )
         .unwrap();
     EngineOptions {
         decoder: engine_decoder(model, dd, plan),
@@ -493,4 +497,14 @@ fn where_the_decoder_does_not_fit_beside_the_ranks_the_pods_decode_on_the_host()
     model.run(vec![request("dit", 1)], &opts).unwrap();
     // Short of even that: refused.
     assert!(plan_on(&profile, &dd, lean(DecoderBytes::default()) - 1).is_err());
+}
+
+/// The element the engine's ranks compute `model` in on a GPU under `--compute-dtype auto`,
+/// from the engine's own layouts and family (the planner reads the profile's copies).
+fn gpu_element(model: &Model) -> layerwise_core::compute_dtype::ComputeElement {
+    layerwise_core::compute_dtype::ComputeElement::auto(
+        layerwise_core::compute_dtype::Backend::Gpu,
+        &model.group_bytes().unwrap(),
+        model.checkpoint.compute_dtypes(),
+    )
 }

@@ -69,6 +69,7 @@ pub fn dit_profile(blocks: usize, block: u64, outside: u64, vae: u64) -> Profile
         }],
         limits: Default::default(),
         compute: Vec::new(),
+        compute_dtypes: layerwise_core::compute_dtype::f32_only(),
         decode: None,
     }
 }

@@ -11,40 +11,11 @@ use kube::api::PostParams;
 use kube::Api;
 use layerwise_e2e::cluster;
 use layerwise_e2e::images::{self, expect_in};
+use layerwise_e2e::monitors::{self, in_namespaces, selects};
 use layerwise_e2e::tools::{self, ok, tool};
 
 /// How long the CRDs get to be served.
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Just enough of the Prometheus Operator's CRDs for the apiserver to take the chart's
-/// monitors in a dry run (any fields; the real CRDs validate them on a real cluster).
-const MONITOR_CRDS: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: podmonitors.monitoring.coreos.com}
-spec:
-  group: monitoring.coreos.com
-  scope: Namespaced
-  names: {kind: PodMonitor, plural: podmonitors, singular: podmonitor, listKind: PodMonitorList}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: servicemonitors.monitoring.coreos.com}
-spec:
-  group: monitoring.coreos.com
-  scope: Namespaced
-  names: {kind: ServiceMonitor, plural: servicemonitors, singular: servicemonitor, listKind: ServiceMonitorList}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
-"#;
 
 /// The chart's folder, as a string for the tools' arguments.
 fn chart() -> Result<String> {
@@ -77,30 +48,7 @@ fn value_sets() -> Result<Vec<Option<String>>> {
 async fn every_value_set_lints_renders_and_passes_a_server_side_dry_run() -> Result<()> {
     let client = cluster::client().await?;
     tools::install_crds(&client, WAIT).await?;
-    ok(
-        tool(
-            "kubectl",
-            &["apply", "--server-side", "-f", "-"],
-            Some(MONITOR_CRDS),
-        )?,
-        "kubectl apply of the monitor CRDs",
-    )?;
-    for crd in [
-        "podmonitors.monitoring.coreos.com",
-        "servicemonitors.monitoring.coreos.com",
-    ] {
-        let name = format!("crd/{crd}");
-        let args = [
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            &name,
-        ];
-        ok(
-            tool("kubectl", &args, None)?,
-            "kubectl wait for the monitor CRDs",
-        )?;
-    }
+    monitors::install()?;
     let kube_version = client.apiserver_version().await?.git_version;
     let chart = chart()?;
     let ns = cluster::create_namespace(&client, "chart").await?;
@@ -190,6 +138,7 @@ fn the_schema_refuses_bad_values_by_name() -> Result<()> {
             "/enginePods/tolerations/0/operator",
         ),
         ("imagePullSecrets[0].nam=regcred", "/imagePullSecrets/0"),
+        ("logFormat=yaml", "/logFormat"),
     ] {
         let args = [
             "template",
@@ -630,6 +579,121 @@ async fn each_agent_writes_only_its_own_nodes_diffusionnode() -> Result<()> {
     result
 }
 
+/// The notes `helm install` prints after an install show next commands that work: the
+/// pods the first selects are the chart's operator and agents, and the DiffusionDeployment
+/// the second applies passes the CRD's schema and rules in a server-side dry run, with its
+/// model under one of the chart's model roots (the operator refuses others).
+#[tokio::test]
+async fn the_install_notes_show_next_commands_that_work() -> Result<()> {
+    let client = cluster::client().await?;
+    tools::install_crds(&client, WAIT).await?;
+    let ns = cluster::create_namespace(&client, "notes").await?;
+    let result = async {
+        let chart = chart()?;
+        let args = [
+            "install",
+            "lw",
+            &chart,
+            "--namespace",
+            &ns,
+            "--skip-crds",
+            "--dry-run=server",
+        ];
+        let out = ok(tool("helm", &args, None)?, "helm install --dry-run")?;
+        let notes = out
+            .split_once("\nNOTES:\n")
+            .map(|(_, n)| n)
+            .context("helm printed no notes")?;
+        let selector = "-l app.kubernetes.io/instance=lw";
+        ensure!(
+            notes.contains(&format!("kubectl -n {ns} get pods {selector}")),
+            "{notes}"
+        );
+        let objects = render(&[], &[], "lw", &ns)?;
+        for kind in ["Deployment", "DaemonSet"] {
+            for o in of_kind(&objects, kind) {
+                let labels = &o["spec"]["template"]["metadata"]["labels"];
+                ensure!(
+                    labels["app.kubernetes.io/instance"] == "lw",
+                    "{kind} {}: pod labels {labels}",
+                    o["metadata"]["name"]
+                );
+            }
+        }
+        let yaml = notes
+            .split_once("<<'YAML'\n")
+            .and_then(|(_, rest)| rest.split_once("\nYAML\n"))
+            .map(|(yaml, _)| yaml)
+            .context("no DiffusionDeployment between <<'YAML' and YAML in the notes")?;
+        let applied = ok(
+            tool(
+                "kubectl",
+                &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
+                Some(yaml),
+            )?,
+            "kubectl apply of the notes' DiffusionDeployment",
+        )?;
+        ensure!(applied.contains("diffusiondeployment"), "{applied}");
+        let dd: serde_json::Value = serde_saphyr::from_str(yaml)?;
+        let path = dd["spec"]["model"]["location"]["hostPath"]
+            .as_str()
+            .context("the notes' model is not a hostPath")?;
+        let values: serde_json::Value = serde_saphyr::from_str(&std::fs::read_to_string(
+            std::path::Path::new(&chart).join("values.yaml"),
+        )?)?;
+        let roots = values["agent"]["modelRoots"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        ensure!(
+            roots
+                .iter()
+                .filter_map(|r| r.as_str())
+                .any(|r| path.starts_with(&format!("{}/", r.trim_end_matches('/')))),
+            "the notes' model {path} is under none of agent.modelRoots {roots:?}"
+        );
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    tools::finish_teardown(&client, &ns, Vec::new()).await?;
+    result
+}
+
+/// `logFormat` reaches the operator and every agent as `--log-format`, `text` unless set
+/// (the binaries' own default); the operator passes its own on to the engine pods it makes
+/// (`engine_pods_log_as_the_operator_does_unless_their_spec_says_otherwise` in the operator),
+/// and `auto_offload_sharded.rs` runs both containers with `json` and reads their lines.
+#[test]
+fn the_log_format_reaches_the_operator_and_the_agents() -> Result<()> {
+    for (sets, want) in [(&[][..], "text"), (&["logFormat=json"][..], "json")] {
+        let objects = render(sets, &[], "lw", "layerwise")?;
+        let mut seen = Vec::new();
+        for kind in ["Deployment", "DaemonSet"] {
+            for o in of_kind(&objects, kind) {
+                let c = &o["spec"]["template"]["spec"]["containers"][0];
+                let args: Vec<&str> = c["args"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|a| a.as_str())
+                    .collect();
+                ensure!(
+                    args.windows(2).any(|w| w == ["--log-format", want]),
+                    "{kind} {}: args {args:?} with {sets:?}",
+                    o["metadata"]["name"]
+                );
+                seen.push(c["command"][0].as_str().unwrap_or_default().to_string());
+            }
+        }
+        seen.sort();
+        ensure!(
+            seen == ["layerwise-agent", "layerwise-operator"],
+            "containers checked: {seen:?}"
+        );
+    }
+    Ok(())
+}
+
 /// Every object `helm template` renders with `sets` (and `files`, value files), as JSON.
 fn render(
     sets: &[&str],
@@ -936,25 +1000,6 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {ns}-bob}}]
 }
 
 /// Whether `selector` (a monitor's `selector`, a LabelSelector with `matchLabels`) selects an
-/// object with `labels`.
-fn selects(selector: &serde_json::Value, labels: &serde_json::Value) -> bool {
-    selector["matchLabels"]
-        .as_object()
-        .is_some_and(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)))
-}
-
-/// Whether a monitor's `namespaceSelector` takes `namespace` (its own when it has none).
-fn in_namespaces(monitor: &serde_json::Value, namespace: &str) -> bool {
-    let sel = &monitor["spec"]["namespaceSelector"];
-    if sel["any"] == true {
-        return true;
-    }
-    match sel["matchNames"].as_array() {
-        Some(names) => names.iter().any(|n| n == namespace),
-        None => monitor["metadata"]["namespace"] == namespace,
-    }
-}
-
 /// How many scrape targets the monitors among `objects` make of `pod`: each PodMonitor
 /// endpoint that selects it and names one of its container ports, and each ServiceMonitor
 /// endpoint that selects one of `services` whose selector takes the pod and whose port of

@@ -34,6 +34,7 @@ use kube::{Api, Client, ResourceExt};
 use layerwise_e2e::cluster::{self, wait_until};
 use layerwise_e2e::images;
 use layerwise_e2e::runner::{self, NodeRunner};
+use layerwise_e2e::scenario::{check_runner, path_str, synth};
 use layerwise_e2e::tools::{self, ok, tool};
 use layerwise_engine::tools::loadgen::http;
 use serde_json::json;
@@ -135,31 +136,6 @@ fn phase(what: &str) {
     static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     let t = START.get_or_init(Instant::now).elapsed();
     eprintln!("e2e: {:>6.1}s {what}", t.as_secs_f64());
-}
-
-/// `layerwise synth --preset PRESET` into `dir`, in the engine image (as 65532, so `dir`
-/// is made writable for it; what it writes is readable by all).
-fn synth(preset: &str, dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
-    let mount = format!("{}:/out", path_str(dir)?);
-    images::podman_ok(&[
-        "run",
-        "--rm",
-        "--read-only",
-        "--network",
-        "none",
-        "-v",
-        &mount,
-        &images::tag("engine")?,
-        "synth",
-        "--preset",
-        preset,
-        "--out",
-        "/out",
-    ])
-    .with_context(|| format!("layerwise synth --preset {preset} in the engine image"))?;
-    Ok(())
 }
 
 /// Every DiffusionDeployment's `spec.engine` here: pods the node runner runs, of the image
@@ -944,31 +920,6 @@ spec:
             .await;
         tools::finish_teardown(&self.client, &self.ns, errors).await
     }
-}
-
-fn path_str(p: &Path) -> Result<&str> {
-    p.to_str()
-        .with_context(|| format!("{} is not UTF-8", p.display()))
-}
-
-/// Fails the wait at once when the runner could not run a pod or a container ended.
-fn check_runner(runner: &NodeRunner) -> Result<()> {
-    let failures = runner.failures();
-    if !failures.is_empty() {
-        bail!("the node runner could not run pods: {failures:#?}");
-    }
-    if let Some(e) = runner.exits().iter().find(|e| !e.stopping) {
-        bail!(
-            "{} in pod {} on {} ended ({:?}, {}): {}",
-            e.command,
-            e.pod,
-            e.node,
-            e.code,
-            e.reason.as_deref().unwrap_or("exited by itself"),
-            e.log_tail
-        );
-    }
-    Ok(())
 }
 
 fn condition(dd: &DiffusionDeployment, type_: &str) -> Option<bool> {

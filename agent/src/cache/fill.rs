@@ -45,32 +45,9 @@ pub struct Source {
 }
 
 impl Source {
-    /// The cache key of this source: the bucket and prefix, readable, and a hash over the
-    /// endpoint, bucket and prefix (two stores' same-named buckets are two copies).
+    /// The cache key of this source ([`key_of`]).
     pub fn key(&self) -> String {
-        let s = &self.spec;
-        let ident = format!(
-            "{}\n{}\n{}",
-            s.endpoint.as_deref().unwrap_or(""),
-            s.bucket,
-            s.prefix.trim_matches('/')
-        );
-        // FNV-1a: stable across builds, unlike the standard hasher.
-        let hash = ident.bytes().fold(0xcbf29ce484222325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100000001b3)
-        });
-        let readable: String = format!("{}-{}", s.bucket, s.prefix.trim_matches('/'))
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .take(80)
-            .collect();
-        format!("{readable}-{hash:016x}")
+        key_of(&self.spec)
     }
 
     fn store(&self) -> Staged<Arc<dyn ObjectStore>> {
@@ -113,6 +90,33 @@ impl Source {
     }
 }
 
+/// The cache key of a source: the bucket and prefix, readable, and a hash over the
+/// endpoint, bucket and prefix (two stores' same-named buckets are two copies).
+pub fn key_of(s: &crds::S3Source) -> String {
+    let ident = format!(
+        "{}\n{}\n{}",
+        s.endpoint.as_deref().unwrap_or(""),
+        s.bucket,
+        s.prefix.trim_matches('/')
+    );
+    // FNV-1a: stable across builds, unlike the standard hasher.
+    let hash = ident.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    });
+    let readable: String = format!("{}-{}", s.bucket, s.prefix.trim_matches('/'))
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(80)
+        .collect();
+    format!("{readable}-{hash:016x}")
+}
+
 /// How a fill cuts and runs its requests.
 #[derive(Clone, Copy, Debug)]
 pub struct FillOptions {
@@ -151,7 +155,9 @@ pub async fn fill(
 ) -> Staged<PathBuf> {
     let key = source.key();
     if let Some(dir) = cache.lookup(&key) {
-        let bytes = cache.manifest(&key)?.bytes();
+        let manifest = cache.manifest(&key)?;
+        readable(source, &manifest).await?;
+        let bytes = manifest.bytes();
         progress.total.store(bytes, Ordering::Relaxed);
         progress.done.store(bytes, Ordering::Relaxed);
         return Ok(dir);
@@ -204,23 +210,57 @@ pub async fn fill(
         });
     }
     let store = store.as_ref();
-    let requests = jobs.iter().flat_map(|j| {
-        j.missing
-            .iter()
-            .map(move |i| fetch_chunk(store, j, *i, chunk, progress))
-    });
-    futures::stream::iter(requests)
+    // (file, chunk) pairs by value: a stream of closures over borrowed jobs would make the
+    // fill's future fail the `Send` check of a spawned task (a higher-ranked lifetime).
+    let work: Vec<(usize, u64)> = jobs
+        .iter()
+        .enumerate()
+        .flat_map(|(j, job)| job.missing.iter().map(move |i| (j, *i)))
+        .collect();
+    let jobs = &jobs;
+    futures::stream::iter(work)
+        .map(|(j, i)| fetch_chunk(store, &jobs[j], i, chunk, progress))
         .buffer_unordered(opts.parallel.max(1))
         .try_collect::<Vec<()>>()
         .await?;
     for (_, entry) in &files {
-        verify(&partial.join(&entry.path), entry)?;
+        let path = partial.join(&entry.path);
+        if let Err(e) = verify(&path, entry) {
+            // A file that fails its check is discarded with its journal: the next fill
+            // fetches it whole instead of finding the same bad bytes journalled as done.
+            let _ = journal::forget(&partial, &entry.path);
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
     }
     let manifest = Manifest {
         source: what,
         files: files.into_iter().map(|(_, f)| f).collect(),
     };
     cache.publish(&key, &manifest)
+}
+
+/// Checks that `source`'s credentials may read the store before its copy, which another
+/// request may have staged with other credentials, is handed out: a HEAD of one of its files.
+/// A store that cannot be reached does not take a node's copy away (it was verified when
+/// staged); a refusal (credentials, bucket, object) does.
+async fn readable(source: &Source, manifest: &Manifest) -> Staged<()> {
+    let Some(first) = manifest.files.first() else {
+        return Ok(());
+    };
+    let store = source.store()?;
+    let prefix = source.spec.prefix.trim_matches('/');
+    let key = match prefix {
+        "" => first.path.clone(),
+        p => format!("{p}/{}", first.path),
+    };
+    match store.head(&ObjectPath::from(key.as_str())).await {
+        Ok(_) => Ok(()),
+        Err(e) => match store_error(&source.spec.describe(), e) {
+            e if e.fault == Fault::StoreUnavailable => Ok(()),
+            e => Err(e),
+        },
+    }
 }
 
 /// One file being downloaded: its object, its open file and journal, the chunks to fetch.

@@ -74,6 +74,15 @@ impl Journal {
     }
 }
 
+/// Drops the journal of the file `rel` of the copy at `partial` (its bytes are discarded, so
+/// the next fill fetches the whole file again).
+pub fn forget(partial: &Path, rel: &str) -> io::Result<()> {
+    match std::fs::remove_file(path_of(partial, rel)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// Drops every journal of the copy at `partial` (it is complete).
 pub fn remove(partial: &Path) -> io::Result<()> {
     match std::fs::remove_dir_all(partial.join(DIR)) {

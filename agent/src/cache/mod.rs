@@ -15,6 +15,7 @@
 
 pub mod fill;
 mod journal;
+pub mod stage;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -27,6 +28,10 @@ pub const MANIFEST: &str = ".layerwise-manifest.json";
 /// The folders of published and in-progress copies.
 const READY: &str = "ready";
 const PARTIAL: &str = "partial";
+/// Per published copy, an empty file whose mtime is the copy's last use (the LRU order):
+/// outside the copy, so marking a use never changes a file of the model (which the node
+/// loop would take for a changed model and prepare again).
+const USED: &str = "used";
 
 /// Why staging a model failed: a reason a condition or event names, and what happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +54,8 @@ pub enum Fault {
     StoreUnavailable,
     /// Reading or writing the cache folder failed.
     CacheIo,
+    /// The credentials Secret is missing, unreadable, or lacks a key.
+    CredentialsUnavailable,
 }
 
 impl Fault {
@@ -63,6 +70,7 @@ impl Fault {
             Fault::IntegrityMismatch => "IntegrityMismatch",
             Fault::StoreUnavailable => "StoreUnavailable",
             Fault::CacheIo => "CacheIo",
+            Fault::CredentialsUnavailable => "CredentialsUnavailable",
         }
     }
 
@@ -143,7 +151,7 @@ impl Cache {
     /// Opens (creating) the cache folder. A copy left half-downloaded stays for its download
     /// to resume.
     pub fn open(dir: &Path, cap: u64) -> Staged<Cache> {
-        for sub in [READY, PARTIAL] {
+        for sub in [READY, PARTIAL, USED] {
             let d = dir.join(sub);
             std::fs::create_dir_all(&d).map_err(|e| StageError::io(&d, e))?;
         }
@@ -157,9 +165,14 @@ impl Cache {
         self.cap
     }
 
+    /// The cache folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Where the published copy of `key` is (whether or not it exists).
     pub fn ready_dir(&self, key: &str) -> PathBuf {
-        self.dir.join(READY).join(key)
+        ready_path(&self.dir, key)
     }
 
     fn partial_dir(&self, key: &str) -> PathBuf {
@@ -169,14 +182,16 @@ impl Cache {
     /// The published copy of `key`, marked as used now (the LRU order), if there is one.
     pub fn lookup(&self, key: &str) -> Option<PathBuf> {
         let dir = self.ready_dir(key);
-        let manifest = dir.join(MANIFEST);
-        if !manifest.is_file() {
+        if !dir.join(MANIFEST).is_file() {
             return None;
         }
+        let stamp = self.dir.join(USED).join(key);
         let now = std::fs::FileTimes::new().set_modified(SystemTime::now());
         let _ = std::fs::File::options()
+            .create(true)
+            .truncate(false)
             .write(true)
-            .open(&manifest)
+            .open(&stamp)
             .and_then(|f| f.set_times(now));
         Some(dir)
     }
@@ -199,7 +214,8 @@ impl Cache {
             let Ok(manifest) = self.manifest(&key) else {
                 continue;
             };
-            let last_used = std::fs::metadata(e.path().join(MANIFEST))
+            let last_used = std::fs::metadata(self.dir.join(USED).join(&key))
+                .or_else(|_| std::fs::metadata(e.path().join(MANIFEST)))
                 .and_then(|m| m.modified())
                 .unwrap_or(SystemTime::UNIX_EPOCH);
             out.push(Entry {
@@ -243,6 +259,7 @@ impl Cache {
         let dir = self.ready_dir(key);
         let gone = self.dir.join(PARTIAL).join(format!(".evicting-{key}"));
         std::fs::rename(&dir, &gone).map_err(|e| StageError::io(&dir, e))?;
+        let _ = std::fs::remove_file(self.dir.join(USED).join(key));
         std::fs::remove_dir_all(&gone).map_err(|e| StageError::io(&gone, e))
     }
 
@@ -267,6 +284,12 @@ impl Cache {
         sync_dir(&parent).map_err(|e| StageError::io(&parent, e))?;
         Ok(ready)
     }
+}
+
+/// Where the published copy of `key` is in a cache folder at `dir` (as the agent reads it,
+/// or as the node's pods mount it).
+pub fn ready_path(dir: &Path, key: &str) -> PathBuf {
+    dir.join(READY).join(key)
 }
 
 /// Which published copies to evict, least recently used first, so that `need` more bytes fit

@@ -88,7 +88,20 @@ fn a_copy_is_invisible_until_published_whole_and_gone_once_evicted() {
     let dir = cache
         .publish("m", &manifest(&[("vae/config.json", 2)]))
         .unwrap();
+    let manifest_time = || {
+        std::fs::metadata(dir.join(MANIFEST))
+            .unwrap()
+            .modified()
+            .unwrap()
+    };
+    let before = manifest_time();
+    std::thread::sleep(Duration::from_millis(20));
     assert_eq!(cache.lookup("m").as_deref(), Some(dir.as_path()));
+    // A use is marked outside the copy: no file of the model changes (the node loop would
+    // take a changed file for a changed model and prepare it again).
+    assert_eq!(manifest_time(), before);
+    let used = cache.entries().unwrap()[0].last_used;
+    assert!(used > before, "{used:?} {before:?}");
     assert!(dir.join("vae/config.json").is_file());
     assert!(!partial.exists());
     let names: Vec<String> = std::fs::read_dir(&dir)

@@ -1,5 +1,5 @@
 //! The engine pods: the container's settings and the pod-level ones a model may add
-//! (spread, pull secrets, runtime class, a PodDisruptionBudget).
+//! (spread, pull secrets, runtime class, a PodDisruptionBudget, how a rollout replaces them).
 
 use std::collections::BTreeMap;
 
@@ -9,6 +9,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
+
+use super::rollout::Rollout;
 
 /// The engine container and extra pod settings.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
@@ -63,6 +65,11 @@ pub struct EngineSpec {
     /// (deleted again when this is removed). None when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disruption_budget: Option<DisruptionBudget>,
+    /// How a change to the pod template (a new plan, image or setting) replaces the engine
+    /// pods. Unset: one extra pod at a time and none taken away first, where a planned
+    /// node has room for it (see [`Rollout`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
 }
 
 /// How many engine pods a voluntary disruption (a node drain) must leave, or may take:

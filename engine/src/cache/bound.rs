@@ -132,18 +132,83 @@ impl StepCache {
         };
         use StepCache as C;
         match (self, server) {
-            (C::FirstBlock { threshold: a }, C::FirstBlock { threshold: s })
-            | (C::Sea { threshold: a }, C::Sea { threshold: s })
-                if a > s =>
-            {
-                over(
-                    "threshold",
-                    a.to_string(),
-                    format!("at most {s}"),
-                    "its setting",
-                )
+            (C::FirstBlock { threshold: a }, C::FirstBlock { threshold: s }) if a > s => over(
+                "threshold",
+                a.to_string(),
+                format!("at most {s}"),
+                "its setting",
+            ),
+            (C::FirstBlock { .. }, C::FirstBlock { .. }) => Ok(()),
+            (
+                C::Sea {
+                    threshold,
+                    residual_order,
+                    retention_steps,
+                    cache_end_steps,
+                    max_consecutive_cached,
+                    power_exp,
+                },
+                C::Sea {
+                    threshold: st,
+                    residual_order: so,
+                    retention_steps: sr,
+                    cache_end_steps: se,
+                    max_consecutive_cached: sm,
+                    power_exp: sp,
+                },
+            ) => {
+                let setting = "its setting";
+                if threshold > st {
+                    return over(
+                        "threshold",
+                        threshold.to_string(),
+                        format!("at most {st}"),
+                        setting,
+                    );
+                }
+                if retention_steps < sr {
+                    return over(
+                        "retention_steps",
+                        retention_steps.to_string(),
+                        format!("at least {sr}"),
+                        setting,
+                    );
+                }
+                if cache_end_steps < se {
+                    return over(
+                        "cache_end_steps",
+                        cache_end_steps.to_string(),
+                        format!("at least {se}"),
+                        setting,
+                    );
+                }
+                // 0 is no limit: the most skipping there is.
+                if *sm != 0 && (*max_consecutive_cached == 0 || max_consecutive_cached > sm) {
+                    return over(
+                        "max_consecutive_cached",
+                        max_consecutive_cached.to_string(),
+                        format!("1 to {sm}"),
+                        setting,
+                    );
+                }
+                if residual_order > so {
+                    return over(
+                        "residual_order",
+                        residual_order.to_string(),
+                        format!("at most {so}"),
+                        "the memory its plan reserved for the kept residuals",
+                    );
+                }
+                if power_exp != sp {
+                    return over(
+                        "power_exp",
+                        power_exp.to_string(),
+                        format!("only {sp}"),
+                        "the indicator its threshold was chosen for",
+                    );
+                }
+                Ok(())
             }
-            (C::FirstBlock { .. }, C::FirstBlock { .. }) | (C::Sea { .. }, C::Sea { .. }) => Ok(()),
             (
                 C::Mag {
                     threshold,
@@ -368,5 +433,44 @@ mod tests {
             Some(&json!({"kind":"mag","threshold":0.01}))
         )
         .is_ok());
+        // SeaCache: each parameter that would skip more, hold more or read another
+        // indicator is refused by name; fewer skips are fine.
+        let sea = StepCache::default_of(super::super::CacheKind::Sea);
+        for (v, p) in [
+            (json!({"kind":"sea","threshold":0.5}), "cache.threshold"),
+            (
+                json!({"kind":"sea","retention_steps":0}),
+                "cache.retention_steps",
+            ),
+            (
+                json!({"kind":"sea","cache_end_steps":0}),
+                "cache.cache_end_steps",
+            ),
+            (
+                json!({"kind":"sea","max_consecutive_cached":0}),
+                "cache.max_consecutive_cached",
+            ),
+            (
+                json!({"kind":"sea","max_consecutive_cached":3}),
+                "cache.max_consecutive_cached",
+            ),
+            (json!({"kind":"sea","power_exp":2.0}), "cache.power_exp"),
+        ] {
+            let msg = e(Some(&sea), v.clone());
+            assert!(msg.contains(p), "{v}: {msg}");
+        }
+        let lower = StepCache::parse("c", r#"{"kind":"sea","residual_order":0}"#).unwrap();
+        assert!(
+            e(Some(&lower), json!({"kind":"sea","residual_order":1})).contains("residual_order")
+        );
+        for v in [
+            json!({"kind":"sea","threshold":0.1}),
+            json!({"kind":"sea","max_consecutive_cached":1,"retention_steps":3}),
+        ] {
+            assert!(
+                request_setting("cache", Some(&sea), Some(&v)).is_ok(),
+                "{v}"
+            );
+        }
     }
 }

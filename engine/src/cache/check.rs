@@ -15,13 +15,6 @@ pub fn check(name: &str, honoured: &[CacheKind], r: &Request) -> Result<()> {
 /// `family` (named `name`) cannot honour it, by name.
 pub fn check_setting(field: &str, name: &str, honoured: &[CacheKind], c: &StepCache) -> Result<()> {
     c.check(field)?;
-    if c.kind() == CacheKind::Sea {
-        return Err(Error::invalid(
-            field,
-            "`sea` (SeaCache) is not implemented by this engine; diffusers applies it to \
-             Cosmos3 only",
-        ));
-    }
     if !honoured.contains(&c.kind()) {
         let offered = if honoured.is_empty() {
             "none".to_string()

@@ -20,7 +20,7 @@ pub enum CacheKind {
     /// diffusers' TaylorSeer, in its lite form (whole block stack skipped, the
     /// transformer's output predicted).
     Taylorseer,
-    /// diffusers' SeaCache (Cosmos3 only there); not implemented by this engine.
+    /// diffusers' SeaCache (applied to Cosmos3 there).
     Sea,
 }
 
@@ -91,10 +91,24 @@ pub enum StepCache {
         #[serde(default = "defaults::ts_order")]
         max_order: usize,
     },
-    /// Named so that it is refused by name, not taken for a typo.
+    /// Skips the decoder stack while the accumulated relative change of the latents'
+    /// SEA indicator stays under `threshold`, never in the first `retention_steps` nor
+    /// the last `cache_end_steps`, at most `max_consecutive_cached` in a row (0: no
+    /// limit), predicting its residual at `residual_order` 0 (the last) or 1 (the line
+    /// through the last two).
     Sea {
         #[serde(default = "defaults::sea_threshold")]
         threshold: f64,
+        #[serde(default = "defaults::one")]
+        residual_order: usize,
+        #[serde(default = "defaults::one")]
+        retention_steps: usize,
+        #[serde(default = "defaults::one")]
+        cache_end_steps: usize,
+        #[serde(default = "defaults::sea_max_consecutive")]
+        max_consecutive_cached: usize,
+        #[serde(default = "defaults::sea_power_exp")]
+        power_exp: f64,
     },
 }
 
@@ -124,6 +138,15 @@ mod defaults {
     pub fn sea_threshold() -> f64 {
         0.25
     }
+    pub fn one() -> usize {
+        1
+    }
+    pub fn sea_max_consecutive() -> usize {
+        2
+    }
+    pub fn sea_power_exp() -> f64 {
+        3.0
+    }
 }
 
 impl StepCache {
@@ -148,6 +171,11 @@ impl StepCache {
             },
             CacheKind::Sea => StepCache::Sea {
                 threshold: defaults::sea_threshold(),
+                residual_order: 1,
+                retention_steps: 1,
+                cache_end_steps: 1,
+                max_consecutive_cached: defaults::sea_max_consecutive(),
+                power_exp: defaults::sea_power_exp(),
             },
         }
     }
@@ -208,8 +236,20 @@ impl StepCache {
         use layerwise_core::step_cache as r;
         let bad = |p: &str, msg: &str| Err(Error::invalid(format!("{field}.{p}"), msg));
         match self {
-            StepCache::FirstBlock { threshold } | StepCache::Sea { threshold } => {
-                r::THRESHOLD.check(field, *threshold)?
+            StepCache::FirstBlock { threshold } => r::THRESHOLD.check(field, *threshold)?,
+            StepCache::Sea {
+                threshold,
+                residual_order,
+                power_exp,
+                ..
+            } => {
+                r::THRESHOLD.check(field, *threshold)?;
+                if *residual_order > 1 {
+                    return bad("residual_order", "must be 0 or 1");
+                }
+                if !power_exp.is_finite() || *power_exp <= 0.0 {
+                    return bad("power_exp", "must be finite and above 0");
+                }
             }
             StepCache::Mag {
                 threshold,
@@ -267,8 +307,9 @@ impl StepCache {
             StepCache::FirstBlock { .. } => (2, 2, 0),
             StepCache::Mag { .. } => (1, 1, 0),
             StepCache::Taylorseer { max_order, .. } => (0, 0, *max_order as u64 + 1),
-            // Refused before it runs.
-            StepCache::Sea { .. } => (0, 0, 0),
+            // The last `residual_order + 1` residuals of the decoder stack, its input
+            // during a pass, and the previous step's SEA indicator (latent-shaped).
+            StepCache::Sea { residual_order, .. } => (*residual_order as u64 + 1, 1, 1),
         };
         CacheHold {
             held_hidden,

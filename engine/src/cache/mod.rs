@@ -1,4 +1,5 @@
-//! Step caches: diffusers 0.42's First-Block Cache, MagCache and TaylorSeer (lite), which
+//! Step caches: diffusers 0.42's First-Block Cache, MagCache, TaylorSeer (lite) and
+//! SeaCache (`sea.rs`, which decides from the latents before a step), which
 //! reuse a transformer's residual or output on steps where its input barely moved. They
 //! live apart from the families because the decisions are the same for every family
 //! whose transformer is one stack of blocks over one hidden stream: a family hands over
@@ -18,6 +19,8 @@ pub mod config;
 #[cfg(feature = "runtime")]
 pub mod run;
 pub mod schedule;
+#[cfg(feature = "runtime")]
+mod sea;
 #[cfg(feature = "runtime")]
 mod state;
 

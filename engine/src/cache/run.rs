@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use candle_core::Tensor;
 
 use super::config::{CacheKind, StepCache};
+use super::sea::{self, SeaGate, SeaParams};
 use super::state::{self, MagParams, RowState};
 use crate::execution::need::Need;
 use crate::{Error, Result};
@@ -65,6 +66,10 @@ struct Pass {
 pub struct StepCacheRun {
     cfg: StepCache,
     mag: Option<MagParams>,
+    sea: Option<SeaParams>,
+    /// SeaCache's gate per transformer group, shared by the group's rows.
+    gates: BTreeMap<usize, SeaGate>,
+    steps: usize,
     states: BTreeMap<usize, Vec<RowState>>,
     pass: Option<Pass>,
     report: CacheReport,
@@ -101,9 +106,30 @@ impl StepCacheRun {
             )),
             _ => None,
         };
+        let sea = match *cfg {
+            StepCache::Sea {
+                threshold,
+                residual_order,
+                retention_steps,
+                cache_end_steps,
+                max_consecutive_cached,
+                power_exp,
+            } => Some(SeaParams {
+                threshold,
+                residual_order,
+                retention_steps,
+                cache_end_steps,
+                max_consecutive_cached,
+                power_exp,
+            }),
+            _ => None,
+        };
         Ok(StepCacheRun {
             cfg: cfg.clone(),
             mag,
+            sea,
+            gates: BTreeMap::new(),
+            steps,
             states: BTreeMap::new(),
             pass: None,
             report: CacheReport {
@@ -113,10 +139,51 @@ impl StepCacheRun {
         })
     }
 
+    /// Whether the cache decides from the step's latents before its pass ([`Self::gate`]):
+    /// SeaCache.
+    pub fn gates_ahead(&self) -> bool {
+        self.sea.is_some()
+    }
+
+    /// Whether the cached residual ends after the transformer's final norm rather than
+    /// after its last block: SeaCache, as diffusers cuts it on Cosmos3 (the only family it
+    /// applies it to with a norm boundary).
+    pub fn post_norm(&self) -> bool {
+        self.sea.is_some()
+    }
+
+    /// SeaCache's decision for step `step` over `group`, from the latents [C, T, H, W] the
+    /// step reads and its sigma; taken as soon as they are known, so the prefetcher reads
+    /// it before the pass.
+    pub fn gate(&mut self, group: usize, step: usize, latents: &Tensor, sigma: f64) -> Result<()> {
+        let p = self
+            .sea
+            .ok_or_else(|| Error::bug("cache: a gate for a cache without one"))?;
+        let indicator = sea::indicator(latents, sigma, p.power_exp)?;
+        let has_history = self
+            .states
+            .get(&group)
+            .is_some_and(|rows| rows.iter().all(|r| !r.sea.is_empty()));
+        self.gates.entry(group).or_default().resolve(
+            &p,
+            step,
+            self.steps,
+            indicator,
+            has_history,
+        )?;
+        Ok(())
+    }
+
+    /// The gated decision pending for `group`'s next pass.
+    fn gated(&self, group: usize) -> Option<(usize, bool)> {
+        self.gates.get(&group).and_then(|g| g.pending)
+    }
+
     /// Before a denoising pass over `group`'s blocks, with their input `x` [rows, ..]:
     /// the decisions known before any block runs.
     pub fn begin(&mut self, group: usize, x: &Tensor) -> Result<()> {
         let rows = x.dim(0)?;
+        let gated = self.gated(group);
         let states = self.states.entry(group).or_insert_with(|| {
             std::iter::repeat_with(RowState::default)
                 .take(rows)
@@ -128,10 +195,16 @@ impl StepCacheRun {
                 states.len()
             )));
         }
+        if self.sea.is_some() && gated.is_none() {
+            return Err(Error::bug(format!(
+                "seacache: a pass over group {group} that was not gated"
+            )));
+        }
         let compute = states
             .iter_mut()
             .map(|s| match &self.cfg {
-                StepCache::FirstBlock { .. } | StepCache::Sea { .. } => true,
+                StepCache::FirstBlock { .. } => true,
+                StepCache::Sea { .. } => gated.is_none_or(|(_, c)| c),
                 StepCache::Mag { .. } => self.mag.as_ref().expect("mag").should_compute(s),
                 StepCache::Taylorseer {
                     cache_interval,
@@ -205,7 +278,14 @@ impl StepCacheRun {
                     Need::Head
                 };
             }
-            StepCache::Sea { .. } => true,
+            StepCache::Sea { .. } => match ahead {
+                0 => self.gated(group).is_none_or(|(_, c)| c),
+                1 => self
+                    .gates
+                    .get(&group)
+                    .is_none_or(|g| g.guess_next(self.sea.as_ref().expect("sea"), self.steps)),
+                _ => true,
+            },
             StepCache::Mag { .. } => {
                 let mag = self.mag.as_ref().expect("mag");
                 any(&|s| mag.peek(s, ahead))
@@ -236,6 +316,7 @@ impl StepCacheRun {
     pub fn end_blocks(&mut self, x: &mut Tensor) -> Result<()> {
         let p = self.pass.as_ref().ok_or_else(no_pass)?;
         let states = self.states.get_mut(&p.group).expect("begun");
+        let gated = self.gates.get_mut(&p.group).and_then(|g| g.pending.take());
         let mut rows = Vec::with_capacity(states.len());
         let mut changed = false;
         for (r, s) in states.iter_mut().enumerate() {
@@ -269,11 +350,28 @@ impl StepCacheRun {
                     }
                     row
                 }
-                StepCache::Taylorseer { .. } | StepCache::Sea { .. } => row,
+                StepCache::Sea { .. } => {
+                    let sea = self.sea.as_ref().expect("sea");
+                    let (step, _) = gated.ok_or_else(no_pass)?;
+                    let input = p.input.narrow(0, r, 1)?;
+                    if compute {
+                        s.sea.record(sea, step, (&row - &input)?);
+                        row
+                    } else {
+                        changed = true;
+                        (input + s.sea.predict(sea, step)?)?
+                    }
+                }
+                StepCache::Taylorseer { .. } => row,
             });
         }
         if changed {
             *x = Tensor::cat(&rows, 0)?;
+        }
+        if p.compute.iter().any(|&c| c) {
+            if let Some(g) = self.gates.get_mut(&p.group) {
+                g.computed();
+            }
         }
         self.report.computed.push(p.compute.clone());
         Ok(())

@@ -26,6 +26,8 @@ pub struct RowState {
     pub last_update_step: Option<i64>,
     /// Divided differences, order 0 first.
     pub factors: Vec<Tensor>,
+    // SeaCache (`SeaCacheContextState.history`; its gate is shared by the rows).
+    pub sea: super::sea::SeaHistory,
 }
 
 impl Default for RowState {
@@ -39,6 +41,7 @@ impl Default for RowState {
             current_step: -1,
             last_update_step: None,
             factors: Vec::new(),
+            sea: Default::default(),
         }
     }
 }

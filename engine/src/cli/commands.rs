@@ -326,7 +326,7 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
     }
     let mut opts = a.engine.options(strategy, a.kept.resident_blocks);
     opts.resident_blocks_by_component = a.kept.resident_blocks_by_component.0.clone();
-    opts.activations = model.activation_bytes(&requests, a.engine.run.sp)?;
+    opts.activations = model.reserved_activations(&requests, &opts)?;
     opts.trace = a.trace.as_ref().map(|_| Trace::new(4_000_000));
     let (outputs, stats) = model.run(requests, &opts)?;
     if let (Some(t), Some(p)) = (&opts.trace, &a.trace) {

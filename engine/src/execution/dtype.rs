@@ -15,6 +15,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use candle_core::{DType, Tensor};
+use layerwise_core::compute_dtype::{Backend, ComputeElement};
 use safetensors::Dtype;
 
 use crate::{Error, Result};
@@ -41,19 +42,35 @@ impl ComputeDtype {
             ComputeDtype::F32 => DType::F32,
             ComputeDtype::Bf16 => DType::BF16,
             ComputeDtype::F16 => DType::F16,
-            ComputeDtype::Auto if !gpu => DType::F32,
+            // The planner's decision too ([`ComputeElement::for_checkpoint`]).
             ComputeDtype::Auto => {
-                // fp8 weights are dequantized into bf16, the dtype fp8 checkpoints are
-                // published from and the one their GPUs compute in.
-                if weights.contains(&Dtype::BF16) || weights.contains(&Dtype::F8_E4M3) {
-                    DType::BF16
-                } else if weights.contains(&Dtype::F16) {
-                    DType::F16
-                } else {
-                    DType::F32
-                }
+                let backend = if gpu { Backend::Gpu } else { Backend::Cpu };
+                let names: Vec<String> = weights.iter().map(|d| format!("{d:?}")).collect();
+                candle(ComputeElement::for_checkpoint(
+                    backend,
+                    names.iter().map(String::as_str),
+                ))
             }
         }
+    }
+}
+
+/// The candle dtype of a compute element.
+pub fn candle(e: ComputeElement) -> DType {
+    match e {
+        ComputeElement::F32 => DType::F32,
+        ComputeElement::Bf16 => DType::BF16,
+        ComputeElement::F16 => DType::F16,
+    }
+}
+
+/// The compute element of a candle dtype the blocks compute in; `None` for any other.
+pub fn element(d: DType) -> Option<ComputeElement> {
+    match d {
+        DType::F32 => Some(ComputeElement::F32),
+        DType::BF16 => Some(ComputeElement::Bf16),
+        DType::F16 => Some(ComputeElement::F16),
+        _ => None,
     }
 }
 

@@ -93,9 +93,15 @@ pub trait FamilyRuntime: Send + Sync {
                 0
             }
     }
-    /// The compute dtypes this family's forward passes run in ([`super::dtype`]).
-    fn compute_dtypes(&self) -> &'static [DType] {
-        &[DType::F32]
+    /// The compute dtypes this family's forward passes run in ([`super::dtype`]): what its
+    /// checkpoint declares ([`FamilyCheckpoint::compute_dtypes`]), which the profile
+    /// carries to the planner.
+    fn compute_dtypes(&self) -> Vec<DType> {
+        self.checkpoint()
+            .compute_dtypes()
+            .iter()
+            .map(|e| super::dtype::candle(*e))
+            .collect()
     }
     /// Loads one rank's resident weights onto `device`, for compute in `dtype` (one of
     /// [`Self::compute_dtypes`]).

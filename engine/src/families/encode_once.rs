@@ -52,6 +52,18 @@ pub trait EncodeThenSteps: Send {
     fn cache_hidden(&mut self) -> Option<&mut Tensor> {
         None
     }
+    /// For a cache whose residual ends after the transformer's final norm
+    /// ([`StepCacheRun::post_norm`]): the hidden states after the blocks, normed, which
+    /// the step's output then reads as they are left.
+    fn cache_normed_hidden(&mut self) -> Result<Option<&mut Tensor>> {
+        Ok(None)
+    }
+    /// For a cache that decides from the latents before a step ([`StepCacheRun::gate`]):
+    /// the latents [C, T, H, W] step `step` reads, as the transformer receives them, and
+    /// the step's sigma.
+    fn cache_gate(&self, _step: usize) -> Option<(Tensor, f64)> {
+        None
+    }
     /// For the step caches, the first half of [`Self::end_step`]: the transformer's
     /// output for every guidance row, before guidance.
     fn step_output(&mut self, _text: &Self::Text, _step: usize) -> Result<Tensor> {
@@ -93,6 +105,25 @@ impl<T: EncodeThenSteps> EncodeOnce<T> {
         self.cache = cache;
         self
     }
+}
+
+/// Step `step`'s gate, for a cache that decides before the pass: its decision is ready
+/// when the prefetcher asks what the pass needs.
+fn gate<T: EncodeThenSteps>(
+    inner: &T,
+    cache: &mut Option<StepCacheRun>,
+    step: usize,
+) -> Result<()> {
+    let Some(c) = cache.as_mut().filter(|c| c.gates_ahead()) else {
+        return Ok(());
+    };
+    let Some(group) = inner.step_group(step) else {
+        return Ok(());
+    };
+    let (latents, sigma) = inner
+        .cache_gate(step)
+        .ok_or_else(|| crate::Error::bug("step cache: the family hands over no latents"))?;
+    c.gate(group, step, &latents, sigma)
 }
 
 /// The family's hidden states, which a family that offers caches must hand over.
@@ -181,18 +212,27 @@ impl<T: EncodeThenSteps> Task for EncodeOnce<T> {
     fn end(&mut self) -> Result<Option<(usize, usize)>> {
         let Some(text) = &self.text else {
             self.text = Some(self.inner.end_encode()?);
+            gate(&self.inner, &mut self.cache, 0)?;
             return Ok(None);
         };
         match &mut self.cache {
             None => self.inner.end_step(text, self.step)?,
             Some(c) => {
-                c.end_blocks(hidden(&mut self.inner)?)?;
+                let x = if c.post_norm() {
+                    self.inner.cache_normed_hidden()?.ok_or_else(|| {
+                        crate::Error::bug("step cache: the family hands over no normed states")
+                    })?
+                } else {
+                    hidden(&mut self.inner)?
+                };
+                c.end_blocks(x)?;
                 let out = self.inner.step_output(text, self.step)?;
                 let out = c.output(out)?;
                 self.inner.step_advance(text, self.step, out)?;
             }
         }
         self.step += 1;
+        gate(&self.inner, &mut self.cache, self.step)?;
         Ok(Some((self.step, self.inner.total())))
     }
 

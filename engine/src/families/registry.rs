@@ -103,6 +103,11 @@ impl Checkpoint {
         self.inner.activation_cost()
     }
 
+    /// [`FamilyCheckpoint::compute_dtypes`]: what its blocks compute in.
+    pub fn compute_dtypes(&self) -> &'static [layerwise_core::compute_dtype::ComputeElement] {
+        self.inner.compute_dtypes()
+    }
+
     /// The family's own checkpoint type, when it is `T`.
     pub fn downcast<T: 'static>(&self) -> Option<&T> {
         self.inner.as_any().downcast_ref()

@@ -28,6 +28,16 @@ pub fn guided(
     }
 }
 
+/// [`guided`] over the rows of `out` [rows, ..] (the conditional prediction first), as a
+/// step cache hands a step's output back.
+pub fn guided_rows(
+    out: &Tensor,
+    combine: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let rows = (0..out.dim(0)?).map(|r| Ok(out.narrow(0, r, 1)?));
+    guided(rows, combine)
+}
+
 /// A request's output on the CPU: its final `latents`, the `image` decoded from them where
 /// the rank decodes, and the text embeddings it was conditioned on where it keeps them.
 pub fn output(

@@ -192,13 +192,20 @@ pub fn serve(a: ServeArgs) -> Result<ExitCode> {
         reserved.max_frames = 1;
     }
     // The step cache's tensors beside them: its setting is the most any request holds
-    // (a request may ask for less, never more), the figure the planner reserved.
+    // (a request may ask for less, never more), the figure the planner reserved. In the
+    // element the ranks will compute in, as the planner charged it.
     let cache = a.cache.as_ref().map_or_else(Default::default, |c| c.hold());
+    let element = model.compute_element(&a.backend.options(
+        &a.contract.run,
+        strategy,
+        a.contract.kept.resident_blocks,
+    ))?;
     let activations = reserved
         .cached_activation_bytes_per_rank(
             &model.checkpoint.activation_cost(),
             a.contract.run.sp as u64,
             cache,
+            element,
         )
         .ok_or_else(|| {
             Error::invalid(

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod cache;
 pub mod process;
 pub mod server;
 

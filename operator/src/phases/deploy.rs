@@ -45,13 +45,22 @@ pub(super) async fn deploy(
         r.event(EventType::Normal, "EngineImageChanged", "Deploy", note);
     }
     r.status.engine_image = Some(image.clone());
-    let desired = resources::deployment(
+    let mut desired = resources::deployment(
         dd,
         &placed,
         replicas,
         &image,
         &ctx.settings.engine_pods,
         &warm,
+    );
+    crate::surge::steer(
+        dd,
+        ctx,
+        &placed,
+        replicas,
+        &mut desired,
+        existing.as_ref(),
+        r,
     );
     let old_plan = existing.as_ref().and_then(template_plan);
     let applied = apply_engine(dd, ctx, &desired, existing, r).await?;

@@ -18,5 +18,6 @@ mod plan;
 mod prepare;
 mod reconcile;
 mod scale;
+mod stage;
 
 pub use reconcile::apply;

@@ -34,6 +34,14 @@ pub(super) async fn locate(dd: &DiffusionDeployment, ctx: &Context) -> Result<Ph
             message: why.message,
         }));
     }
+    if let Some(s3) = &location.s3 {
+        // The agents stage it into their caches: no folder to check until a copy exists.
+        return Ok(ControlFlow::Continue(Located {
+            host_path: String::new(),
+            nodes: None,
+            describe: s3.describe(),
+        }));
+    }
     let located = match (&location.host_path, &location.persistent_volume_claim) {
         (Some(path), _) => Located {
             host_path: path.clone(),
@@ -161,15 +169,20 @@ pub(super) async fn prepare(
         .map(|i| all[i].clone())
         .collect();
     // The agents read host folders: a claim reaches them as its volume's folder (a hub
-    // cache repository's with the revision to read of it).
-    let request = crds::ModelRequest {
-        id: id.clone(),
-        family: spec.model.family.clone(),
-        location: crds::ModelLocation {
+    // cache repository's with the revision to read of it); an s3 source as it is, for them
+    // to stage (the credentials stay in their Secret, named only).
+    let location = match &spec.model.location.s3 {
+        Some(_) => spec.model.location.clone(),
+        None => crds::ModelLocation {
             host_path: Some(located.host_path.clone()),
             revision: spec.model.location.revision.clone(),
             ..Default::default()
         },
+    };
+    let request = crds::ModelRequest {
+        id: id.clone(),
+        family: spec.model.family.clone(),
+        location,
     };
     // The asks and withdraws go out together, each through its node's writer: a new
     // deployment's first reconcile asks its whole prepare set, and each node's agent starts

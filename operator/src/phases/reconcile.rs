@@ -20,6 +20,7 @@ use super::phase::Phase;
 use super::plan::{plan, profiles};
 use super::prepare::{claim_devices, devices, locate, prepare};
 use super::scale::replicas;
+use super::stage::staged;
 
 /// The value of a phase, or the reconcile stops with its reason.
 macro_rules! proceed {
@@ -59,6 +60,9 @@ async fn phases(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Resu
     let located = proceed!(locate(dd, ctx).await?);
     let devices = proceed!(devices(dd, ctx).await?);
     let asked = proceed!(prepare(dd, ctx, &located, devices.as_ref(), r).await?);
+    // A staged model: the later phases see the published copy as a folder on the nodes.
+    let view = proceed!(staged(dd, &asked, r));
+    let dd = view.as_ref().unwrap_or(dd);
     let profiled = proceed!(profiles(dd, &asked, r));
     let (plan, warm, template) = proceed!(plan(dd, ctx, &profiled, devices.as_ref(), r));
     if r.old.plan.as_ref() != Some(&plan) || !r.was_true(cond::PLANNED) {
@@ -67,7 +71,8 @@ async fn phases(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Resu
     if let Some(template) = &template {
         claim_devices(dd, ctx, template, r).await?;
     }
-    let (replicas, existing) = replicas(dd, ctx, r).await?;
+    let (replicas, existing, loads) = replicas(dd, ctx, r).await?;
+    crate::deletion_cost::keep(dd, ctx, replicas, existing.as_ref(), loads).await;
     let applied = deploy(dd, ctx, &plan, replicas, existing, &warm, r).await?;
     let unplaced = unscheduled(dd, ctx, replicas, &applied);
     observe(&plan, replicas, &warm, &applied, &unplaced, r);

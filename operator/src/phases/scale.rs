@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use crds::{AutoscalingMode, DiffusionDeployment};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
@@ -15,6 +14,7 @@ use tracing::warn;
 use crate::autoscaler::{self, Bounds, Observed};
 use crate::conditions as cond;
 use crate::context::Context;
+use crate::deletion_cost::Loads;
 use crate::error::{kube, Result};
 use crate::report::Report;
 use crate::requests::model_id;
@@ -22,12 +22,14 @@ use crate::requests::model_id;
 use super::observe::engine_pods;
 
 /// The replicas wanted: the spec's, or the builtin autoscaler's from the engine pods' load.
-/// Returns them with the Deployment as it is now.
+/// Returns them with the Deployment as it is now and, where the autoscaler read them, the
+/// running pods' loads.
 pub(super) async fn replicas(
     dd: &DiffusionDeployment,
     ctx: &Context,
     r: &mut Report,
-) -> Result<(i32, Option<Deployment>)> {
+) -> Result<(i32, Option<Deployment>, Option<Loads>)> {
+    let mut loads = None;
     let spec = &dd.spec;
     let existing = engine_deployment(dd, ctx).await?;
     let running = existing.as_ref().and_then(|d| d.spec.as_ref()?.replicas);
@@ -51,7 +53,8 @@ pub(super) async fn replicas(
                 target: a.target_queue_per_replica,
                 delay: Duration::from_secs(u64::from(a.scale_down_delay_seconds)),
             };
-            let observed = scrape(dd, ctx, r).await;
+            let (observed, read) = scrape(dd, ctx, r).await;
+            loads = Some(read);
             let current = running.unwrap_or_else(|| spec.replicas.unwrap_or(a.min_replicas));
             let step = autoscaler::step(
                 current,
@@ -82,7 +85,7 @@ pub(super) async fn replicas(
             r.event(EventType::Normal, "Scaled", "Scale", note);
         }
     }
-    Ok((replicas, existing))
+    Ok((replicas, existing, loads))
 }
 
 /// The deployment's engine Deployment, from the store; from the API only when the store
@@ -115,21 +118,13 @@ async fn engine_deployment(dd: &DiffusionDeployment, ctx: &Context) -> Result<Op
 /// Reads the load of the deployment's running engine pods. A pod that does not answer is
 /// not counted as idle: the result says the read is incomplete (so replicas hold), the
 /// `ScrapeFailed` condition names the pods, the metric counts them and the log says why.
-async fn scrape(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Observed {
+async fn scrape(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> (Observed, Loads) {
     let id = model_id(dd);
-    let pods = engine_pods(dd, ctx);
-    let running: Vec<&Pod> = pods
-        .iter()
-        .map(|p| p.as_ref())
-        .filter(|p| {
-            p.metadata.deletion_timestamp.is_none()
-                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-        })
-        .collect();
-    let loads = futures::future::join_all(running.iter().map(|p| ctx.load.load(p))).await;
+    let running = autoscaler::running(&engine_pods(dd, ctx));
+    let loads = autoscaler::read(ctx.load.as_ref(), &running).await;
     let mut load = 0;
     let mut failed = Vec::new();
-    for (pod, result) in running.iter().zip(loads) {
+    for (pod, result) in running.iter().zip(&loads) {
         match result {
             Ok(l) => load += l.total(),
             Err(why) => failed.push(format!("{}: {why}", pod.name_any())),
@@ -156,10 +151,11 @@ async fn scrape(dd: &DiffusionDeployment, ctx: &Context, r: &mut Report) -> Obse
         }
         r.set(cond::SCRAPE_FAILED, true, "ScrapeFailed", msg);
     }
-    Observed {
+    let observed = Observed {
         load,
         complete: failed.is_empty(),
-    }
+    };
+    (observed, running.into_iter().zip(loads).collect())
 }
 
 /// `t` rounded up to a whole second (what a `Time` in status keeps).

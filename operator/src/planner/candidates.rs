@@ -13,7 +13,7 @@ use layerwise_core::timing::{self, GroupCompute, Work};
 use layerwise_core::topology::MAX_SP;
 
 use super::inputs::{Candidate, Limits, NodeShape, Overrides};
-use super::need::{activation_bytes_per_rank, decoder_bytes};
+use super::need::{activation_bytes_per_rank, compute_element, decoder_bytes};
 use super::refusal::Refusal;
 
 /// Whether `profile`'s family splits a request's sequence over ranks: it declares the
@@ -291,6 +291,7 @@ impl Site<'_> {
             &self.profile.activation,
             u64::from(sp),
             self.cache,
+            compute_element(self.profile),
         )
     }
 

@@ -39,7 +39,8 @@ mod search;
 pub use candidates::{sp_candidates, splits_sequence};
 pub use inputs::{Candidate, Limits, NodeReport, NodeShape, Overrides};
 pub use need::{
-    activation_bytes, activation_bytes_per_rank, cache_hold, decoder_bytes, need, Need,
+    activation_bytes, activation_bytes_per_rank, cache_hold, compute_element, decoder_bytes, need,
+    Need,
 };
 pub use plan::{plan, plan_candidates, plan_deployment, Recorded};
 pub use refusal::{Refusal, Shortage};

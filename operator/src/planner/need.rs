@@ -6,6 +6,7 @@
 use crds::{MemoryBreakdown, Profile, Workload};
 #[cfg(doc)]
 use layerwise_core::bounds::RequestBounds;
+use layerwise_core::compute_dtype::{Backend, ComputeElement};
 use layerwise_core::decode::{DecodeSite, DecoderBytes};
 use layerwise_core::memory::{self, Placement};
 
@@ -31,12 +32,13 @@ pub fn activation_bytes(profile: &Profile, w: &Workload) -> Option<u64> {
 
 /// [`activation_bytes`] on each rank of a group of `sp` that splits the request's sequence:
 /// the engine's own formula ([`RequestBounds::activation_bytes_per_rank`]), which its start
-/// check calls with its `--sp`.
+/// check calls with its `--sp`, in the element its ranks compute in ([`compute_element`]).
 pub fn activation_bytes_per_rank(profile: &Profile, w: &Workload, sp: u32) -> Option<u64> {
     crate::resources::request_bounds(w).cached_activation_bytes_per_rank(
         &profile.activation,
         u64::from(sp),
         cache_hold(w),
+        compute_element(profile),
     )
 }
 
@@ -45,6 +47,13 @@ pub fn cache_hold(w: &Workload) -> layerwise_core::step_cache::CacheHold {
     w.cache
         .as_ref()
         .map_or_else(Default::default, |c| c.terms(w.max_steps).0)
+}
+
+/// The element the engine pods' blocks compute in on the accelerators the planner sizes:
+/// the engine's `--compute-dtype auto` on a GPU ([`Profile::compute_element`]), bf16 for a
+/// bf16 checkpoint of a family that computes in half precision, f32 for one that does not.
+pub fn compute_element(profile: &Profile) -> ComputeElement {
+    profile.compute_element(Backend::Gpu)
 }
 
 /// What the engine pods' decoder keeps on each device where they decode (`site`): its

@@ -1009,3 +1009,48 @@ fn families_without_sequence_parallelism_are_never_split() {
     let err = plan(&medium(), &[h100s("a")], &w, &auto(), &Limits::default()).unwrap_err();
     assert_eq!(err.shortage, Shortage::DeviceMemory, "{err}");
 }
+
+/// The activation term is charged in the element the engine pods compute in: f32 for a
+/// family that computes in f32 only, the checkpoint's half dtype on a GPU for one that
+/// computes in it. Where every live tensor is of that element (no f32 scores; the decoder
+/// small beside a block), the bf16 plan's term is half the f32 plan's.
+#[test]
+fn a_gpu_plan_charges_activations_in_the_dtype_its_ranks_compute_in() {
+    use layerwise_core::compute_dtype::ComputeElement::{Bf16, F16, F32};
+    let mut f32_only = medium();
+    f32_only.activation.bytes_per_token_pair = 0;
+    f32_only.activation.attention_bytes = 0;
+    f32_only.activation.vae_bytes_per_pixel = 1;
+    let half = Profile {
+        compute_dtypes: vec![F32, Bf16, F16],
+        ..f32_only.clone()
+    };
+    assert_eq!(compute_element(&f32_only), F32);
+    assert_eq!(compute_element(&half), Bf16);
+    let act = |p: &Profile| {
+        plan(p, &[a100("a")], &wl(), &auto(), &Limits::default())
+            .unwrap()
+            .device_breakdown
+            .activations
+    };
+    let (full, halved) = (act(&f32_only), act(&half));
+    let shape = crate::resources::request_bounds(&wl()).shape();
+    let f32_phases = f32_only.activation.checked_phases(&shape, 1, 4).unwrap();
+    assert_eq!(full, f32_phases.peak());
+    assert_eq!(full, f32_phases.transformer, "the block's peak is the term");
+    assert_eq!(halved * 2, full);
+    // The checkpoint's dtype decides among the family's: f16 blocks compute in f16 (also
+    // half), f32 blocks in f32.
+    let stored = |d: &str| {
+        let mut p = half.clone();
+        for g in &mut p.groups {
+            let blocks = g.blocks_by_dtype.values().next().unwrap().clone();
+            g.blocks_by_dtype = BTreeMap::from([(d.to_string(), blocks)]);
+        }
+        p
+    };
+    assert_eq!(compute_element(&stored("F16")), F16);
+    assert_eq!(act(&stored("F16")), halved);
+    assert_eq!(compute_element(&stored("F32")), F32);
+    assert_eq!(act(&stored("F32")), full);
+}

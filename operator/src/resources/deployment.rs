@@ -3,9 +3,7 @@
 //! in front of its pods.
 
 use crds::{DiffusionDeployment, Plan};
-use k8s_openapi::api::apps::v1::{
-    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
-};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, HTTPGetAction, Lifecycle, LifecycleHandler,
     LocalObjectReference, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
@@ -21,6 +19,7 @@ use super::contract::{engine_args, engine_env, ENGINE_PORT};
 use super::drain::{self, DRAIN_DELAY_SECONDS};
 use super::objects::{labels, owned_meta, selector_labels};
 use super::platform::{union, EnginePods};
+use super::rollout;
 use super::volumes::{shm, volumes};
 
 /// The pod template annotation that records the plan (so a new plan rolls the pods).
@@ -157,7 +156,9 @@ pub fn deployment(
     let mut pod_annotations = engine.pod_annotations.clone();
     pod_annotations.insert(PLAN_ANNOTATION.into(), plan_summary(plan));
 
-    let container = engine_container(dd, plan, default_image, mounts);
+    let mut container = engine_container(dd, plan, default_image, mounts);
+    let env = container.env.get_or_insert_with(Vec::new);
+    env.splice(0..0, platform.env());
 
     let pull_secrets: Vec<LocalObjectReference> = union(
         &platform
@@ -178,14 +179,9 @@ pub fn deployment(
                 match_labels: Some(selector_labels(dd)),
                 ..Default::default()
             },
-            // Accelerators are scarce: replace pods one at a time without surging.
-            strategy: Some(DeploymentStrategy {
-                type_: Some("RollingUpdate".into()),
-                rolling_update: Some(RollingUpdateDeployment {
-                    max_surge: Some(IntOrString::Int(0)),
-                    max_unavailable: Some(IntOrString::Int(1)),
-                }),
-            }),
+            // What the spec asks; the deploy phase falls back to no surge where no planned
+            // node has room for a surge pod (see `crate::surge`).
+            strategy: Some(rollout::strategy(rollout::spec_update(engine))),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),

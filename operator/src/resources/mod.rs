@@ -7,7 +7,8 @@
 //! - [`claims`]: the container's accelerators and memory, and its claim on devices;
 //! - [`volumes`]: the model, scratch and shared-memory volumes and their mounts;
 //! - [`objects`]: the labels and the other objects a DiffusionDeployment owns;
-//! - [`platform`]: what the platform gives every engine pod.
+//! - [`platform`]: what the platform gives every engine pod;
+//! - [`rollout`]: how a rollout replaces the pods (`spec.engine.rollout`, or no surge).
 
 mod claims;
 mod contract;
@@ -16,6 +17,7 @@ pub mod drain;
 pub mod image;
 mod objects;
 mod platform;
+pub mod rollout;
 mod volumes;
 
 #[cfg(test)]

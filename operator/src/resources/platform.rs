@@ -1,7 +1,9 @@
 //! What the platform gives every engine pod, whatever DiffusionDeployment it runs: the
 //! chart's values, passed to the operator, beside what each spec asks for its model.
 
-use k8s_openapi::api::core::v1::Toleration;
+use clap::ValueEnum as _;
+use k8s_openapi::api::core::v1::{EnvVar, Toleration};
+use layerwise_engine::logging::{LogFormat, ENV_LOG_FORMAT};
 
 /// What the platform gives every engine pod, whatever DiffusionDeployment it runs: the
 /// chart's values, passed to the operator. Per-model settings are in the spec's `engine`
@@ -16,6 +18,9 @@ pub struct EnginePods {
     /// Tolerations every engine pod carries (the taints of the platform's accelerator
     /// nodes), beside the spec's `accelerator.tolerations`.
     pub tolerations: Vec<Toleration>,
+    /// How the engines write their logs: the operator's own `--log-format` (the chart's
+    /// `logFormat`), so one setting covers every binary of the platform.
+    pub log_format: LogFormat,
 }
 
 impl EnginePods {
@@ -44,7 +49,22 @@ impl EnginePods {
                 .filter(|s| !s.is_empty())
                 .map(String::from),
             tolerations,
+            log_format: LogFormat::default(),
         })
+    }
+
+    /// The environment every engine container starts with, before its spec's own (which
+    /// may set the same names): the engine's `--log-format` by its variable.
+    pub(super) fn env(&self) -> Vec<EnvVar> {
+        let format = self
+            .log_format
+            .to_possible_value()
+            .map(|v| v.get_name().to_string());
+        vec![EnvVar {
+            name: ENV_LOG_FORMAT.into(),
+            value: format,
+            ..Default::default()
+        }]
     }
 }
 

@@ -677,3 +677,32 @@ fn a_disruption_budget_is_made_only_when_the_spec_asks_and_selects_the_engine_po
         dep.spec.unwrap().selector.match_labels
     );
 }
+
+#[test]
+fn engine_pods_log_as_the_operator_does_unless_their_spec_says_otherwise() {
+    use layerwise_engine::logging::{LogFormat, ENV_LOG_FORMAT};
+    let env_of = |d: &DiffusionDeployment, format: LogFormat| {
+        let platform = EnginePods {
+            log_format: format,
+            ..EnginePods::default()
+        };
+        let dep = deployment(d, &plan(), 1, "img", &platform, &[]);
+        let pod = dep.spec.unwrap().template.spec.unwrap();
+        let env = pod.containers[0].env.clone().unwrap_or_default();
+        env.into_iter()
+            .filter(|e| e.name == ENV_LOG_FORMAT)
+            .map(|e| e.value.unwrap_or_default())
+            .collect::<Vec<_>>()
+    };
+    let d = dd(json!({}));
+    assert_eq!(env_of(&d, LogFormat::Json), ["json"]);
+    assert_eq!(env_of(&d, LogFormat::Text), ["text"]);
+    // The spec's own environment comes after the platform's: the last of a name wins.
+    let mut d = dd(json!({}));
+    d.spec.engine.env = vec![k8s_openapi::api::core::v1::EnvVar {
+        name: ENV_LOG_FORMAT.into(),
+        value: Some("text".into()),
+        ..Default::default()
+    }];
+    assert_eq!(env_of(&d, LogFormat::Json), ["json", "text"]);
+}

@@ -206,6 +206,35 @@ fn a_trimmed_pod_keeps_what_the_scrape_and_the_unschedulable_check_read() {
 }
 
 #[test]
+fn a_bound_pod_keeps_its_node_requests_and_deletion_cost() {
+    let mut p: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "e-2", "namespace": "ns", "annotations": {
+            "x": "y", "controller.kubernetes.io/pod-deletion-cost": "3",
+            "layerwise.dev/deletion-cost-at": "1700000000" } },
+        "spec": { "nodeName": "a100-0", "containers": [{ "name": "engine", "image": "i",
+            "args": ["serve"], "resources": { "requests": { "nvidia.com/gpu": "2" },
+                                              "limits": { "nvidia.com/gpu": "2" } } }] },
+    }))
+    .unwrap();
+    trim_pod(&mut p);
+    let keys: Vec<&String> = p.annotations().keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "controller.kubernetes.io/pod-deletion-cost",
+            "layerwise.dev/deletion-cost-at"
+        ]
+    );
+    let spec = p.spec.as_ref().unwrap();
+    assert_eq!(spec.node_name.as_deref(), Some("a100-0"));
+    let c = &spec.containers[0];
+    assert!(c.image.is_none() && c.args.is_none());
+    let r = c.resources.as_ref().unwrap();
+    assert_eq!(r.requests.as_ref().unwrap()["nvidia.com/gpu"].0, "2");
+    assert!(r.limits.is_none());
+}
+
+#[test]
 fn trimming_keeps_what_placement_reads() {
     let mut n: Node = serde_json::from_value(serde_json::json!({
         "metadata": { "name": "n", "labels": { "a": "b" }, "annotations": { "x": "y" },

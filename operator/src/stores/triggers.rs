@@ -15,6 +15,7 @@ use kube::ResourceExt;
 use serde::Serialize;
 use tracing::warn;
 
+use crate::autoscaler::{DELETION_COST, DELETION_COST_AT};
 use crate::error::Result;
 use crate::placement::selector_matches;
 
@@ -33,13 +34,36 @@ pub(super) fn trim_node(n: &mut Node) {
     });
 }
 
-/// Keeps what the scrape and the unschedulable check read of an engine pod: its name,
-/// namespace, labels and deletion, its phase and IP, and the scheduler's condition.
+/// Keeps what the scrape, the unschedulable check, the surge check and the deletion costs
+/// read of an engine pod: its name, namespace, labels and deletion, the deletion-cost
+/// annotations ([`crate::autoscaler::DELETION_COST`]), its node and its containers' requests, its phase
+/// and IP, and the scheduler's condition.
 pub(super) fn trim_pod(p: &mut Pod) {
     p.managed_fields_mut().clear();
-    p.annotations_mut().clear();
+    p.annotations_mut()
+        .retain(|k, _| [DELETION_COST, DELETION_COST_AT].contains(&k.as_str()));
     p.metadata.owner_references = None;
-    p.spec = None;
+    p.spec = p.spec.take().and_then(|s| {
+        let node_name = s.node_name?;
+        Some(k8s_openapi::api::core::v1::PodSpec {
+            node_name: Some(node_name),
+            containers: s
+                .containers
+                .into_iter()
+                .map(|c| k8s_openapi::api::core::v1::Container {
+                    name: c.name,
+                    resources: c.resources.map(|r| {
+                        k8s_openapi::api::core::v1::ResourceRequirements {
+                            requests: r.requests,
+                            ..Default::default()
+                        }
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        })
+    });
     p.status = p.status.take().map(|s| PodStatus {
         phase: s.phase,
         pod_ip: s.pod_ip,

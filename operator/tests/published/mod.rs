@@ -78,7 +78,11 @@ pub fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, pl
     assert_eq!(weights, reserved, "engine {weights} vs planned {reserved}");
     // Activations of a request at the pod's bounds: the engine's formula gives the planner's.
     let act = resources::request_bounds(&dd.spec.workload)
-        .activation_bytes_per_rank(&model.checkpoint.activation_cost(), u64::from(plan.sp))
+        .activation_bytes_per_rank(
+            &model.checkpoint.activation_cost(),
+            u64::from(plan.sp),
+            gpu_element(model),
+        )
         .unwrap();
     assert_eq!(act, b.activations);
     // The decoder beside each rank where the plan has room for it: the engine's figure,
@@ -124,4 +128,14 @@ pub fn engine_fits(model: &Model, dd: &DiffusionDeployment, node: &NodeShape, pl
     .unwrap_or_else(|e| panic!("the engine would not start {plan:?}: {e}"));
     assert_eq!(k_engine as u64, k);
     weights
+}
+
+/// The element the engine's ranks compute `model` in on a GPU under `--compute-dtype auto`,
+/// from the engine's own layouts and family (the planner reads the profile's copies).
+fn gpu_element(model: &Model) -> layerwise_core::compute_dtype::ComputeElement {
+    layerwise_core::compute_dtype::ComputeElement::auto(
+        layerwise_core::compute_dtype::Backend::Gpu,
+        &model.group_bytes().unwrap(),
+        model.checkpoint.compute_dtypes(),
+    )
 }

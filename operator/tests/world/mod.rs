@@ -41,6 +41,9 @@ pub struct World {
     /// Nodes a test added to the fleet, which the fake agent reports as it does the
     /// shapes file's.
     pub extra_shapes: ExtraShapes,
+    /// Rounds the fake agent has finished over the fleet: a round that started after a
+    /// change to `extra_shapes` has ended once this has grown by two.
+    pub agent_rounds: Arc<AtomicU64>,
 }
 
 /// Node shapes beside the shapes file's, shared with the fake agent.
@@ -78,6 +81,10 @@ pub struct Setup {
     pub election: Option<Election>,
     /// What every engine pod gets from the platform (the chart's values).
     pub engine_pods: EnginePods,
+    /// The operator's default engine image (the chart's, which follows its version).
+    pub engine_image: String,
+    /// The fewest nodes a deployment asks to prepare its model.
+    pub prepare_nodes: usize,
 }
 
 impl Default for Setup {
@@ -86,6 +93,8 @@ impl Default for Setup {
             resync: Duration::from_secs(1),
             election: None,
             engine_pods: EnginePods::default(),
+            engine_image: "layerwise:test".into(),
+            prepare_nodes: 8,
         }
     }
 }
@@ -129,11 +138,13 @@ impl World {
                 .unwrap_err());
         }
         let extra_shapes = ExtraShapes::default();
+        let agent_rounds = Arc::new(AtomicU64::new(0));
         let agent = tokio::spawn(fake_agent(
             client.clone(),
             ns.clone(),
             answer,
             extra_shapes.clone(),
+            agent_rounds.clone(),
         ));
         Ok(World {
             client,
@@ -142,6 +153,7 @@ impl World {
             agent,
             operators: Vec::new(),
             extra_shapes,
+            agent_rounds,
         })
     }
 
@@ -171,13 +183,13 @@ impl World {
         let client = client::counted(config, telemetry.clone())?;
         let identity = setup.election.as_ref().map(|e| e.identity.clone());
         let settings = Settings {
-            engine_image: "layerwise:test".into(),
+            engine_image: setup.engine_image,
             engine_pods: setup.engine_pods,
             limits: Limits::default(),
             resync: setup.resync,
             namespace: Some(self.ns.clone()),
             model_roots: vec!["/models".into()],
-            prepare_nodes: 8,
+            prepare_nodes: setup.prepare_nodes,
             election: setup.election,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -228,7 +240,8 @@ impl World {
             .unwrap_or_default()
         {
             let patch = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": dn.name_any() } });
-            if let Err(e) = dns
+            // A DiffusionNode gone since the list (its Node removed) has nothing to clear.
+            match dns
                 .patch_status(
                     &dn.name_any(),
                     &PatchParams::apply(&agent_manager(&self.ns)).force(),
@@ -236,10 +249,12 @@ impl World {
                 )
                 .await
             {
-                errors.push(anyhow::Error::from(e).context(format!(
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => errors.push(anyhow::Error::from(e).context(format!(
                     "clearing the fake agent's status on {}",
                     dn.name_any()
-                )));
+                ))),
             }
         }
         if let Err(e) = tools::helm_uninstall(&self.release, &self.ns) {
@@ -272,7 +287,13 @@ pub type Answer = Arc<dyn Fn(&ModelRequest) -> Result<Profile, String> + Send + 
 /// shapes file's and `extra`'s) has a DiffusionNode reporting its shape, and answers each
 /// prepare request from `ns` with `answer`'s profile, warm on the H200 node and warming
 /// elsewhere.
-pub async fn fake_agent(client: Client, ns: String, answer: Answer, extra: ExtraShapes) {
+pub async fn fake_agent(
+    client: Client,
+    ns: String,
+    answer: Answer,
+    extra: ExtraShapes,
+    rounds: Arc<AtomicU64>,
+) {
     let dns: Api<DiffusionNode> = Api::all(client.clone());
     let file = layerwise_e2e::shapes::load().expect("shapes file");
     loop {
@@ -338,6 +359,7 @@ pub async fn fake_agent(client: Client, ns: String, answer: Answer, extra: Extra
                     .await;
             }
         }
+        rounds.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
@@ -390,8 +412,8 @@ pub fn condition(
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-/// Pods of the deployment that are Running, with their nodes.
-pub async fn running_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<(String, String)>> {
+/// The deployment's engine pods that are not being deleted.
+pub async fn engine_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<Pod>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={name}"));
     Ok(pods
@@ -399,10 +421,16 @@ pub async fn running_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<(
         .await?
         .items
         .into_iter()
-        .filter(|p| {
-            p.metadata.deletion_timestamp.is_none()
-                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-        })
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect())
+}
+
+/// Pods of the deployment that are Running, with their nodes.
+pub async fn running_pods(client: &Client, ns: &str, name: &str) -> Result<Vec<(String, String)>> {
+    Ok(engine_pods(client, ns, name)
+        .await?
+        .into_iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
         .map(|p| {
             (
                 p.name_any(),

@@ -1,5 +1,5 @@
 //! `bench --cache KIND`: the same requests with the step cache off and on, side by side in
-//! one run, under `offload` at dp 1 and `offload-sharded` at dp 2: step time, the bytes
+//! one run, under `offload` at dp 1 and `offload-sharded` at dp 2 and 4: step time, the bytes
 //! each output moved (copied and gathered), the block computations the cache saved and
 //! the steps it computed. MagCache without ratios first runs its calibration on the same
 //! requests and then runs with the ratios it recorded, at diffusers' default threshold.
@@ -13,8 +13,13 @@ use crate::engine::{Model, RunStats};
 use crate::execution::work::Request;
 use crate::Strategy;
 
-/// The configurations compared: offload at dp 1, offload-sharded at dp 2.
-const CONFIGS: [(Strategy, usize); 2] = [(Strategy::Offload, 1), (Strategy::OffloadSharded, 2)];
+/// The configurations compared: offload at dp 1, offload-sharded at dp 2 and 4 (where a
+/// block moves when any rank's request computes it: the bytes saved are the union's).
+const CONFIGS: [(Strategy, usize); 3] = [
+    (Strategy::Offload, 1),
+    (Strategy::OffloadSharded, 2),
+    (Strategy::OffloadSharded, 4),
+];
 
 pub(super) fn bench_cache(a: &BenchArgs, model: &Model, cache: &StepCache) -> Result<()> {
     let plain: Vec<Request> = a
@@ -122,7 +127,7 @@ fn best(
     for _ in 0..a.rounds.max(1) {
         let mut opts = a.engine.options(strategy, ResidentBlocks::Fixed(0));
         (opts.dp, opts.decode) = (dp, false);
-        opts.activations = model.activation_bytes(requests, opts.sp)?;
+        opts.activations = model.reserved_activations(requests, &opts)?;
         let (out, stats) = model
             .run(requests.to_vec(), &opts)
             .with_context(|| format!("{strategy} dp={dp}"))?;

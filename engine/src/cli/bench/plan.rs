@@ -39,7 +39,7 @@ fn calibrate(
         let mut opts = a.engine.options(strategy, ResidentBlocks::Fixed(0));
         opts.device_memory = memory;
         opts.slots = SlotsChoice::Fixed(k as usize);
-        opts.activations = model.activation_bytes(requests, a.engine.run.sp)?;
+        opts.activations = model.reserved_activations(requests, &opts)?;
         opts.decode = false;
         let mut step = f64::INFINITY;
         for _ in 0..3 {
@@ -152,7 +152,7 @@ pub(super) fn plan_rows(
         .options(Strategy::Offload, ResidentBlocks::Fixed(0));
     let budget = opts
         .device_memory
-        .saturating_sub(model.activation_bytes(requests, a.engine.run.sp)?)
+        .saturating_sub(model.reserved_activations(requests, &opts)?)
         .saturating_sub(opts.overhead);
     let outside = model.family.resident_bytes(false);
     let fits = |p: &Placement| {

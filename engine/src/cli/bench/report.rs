@@ -13,6 +13,7 @@ use super::args::KeptBlocks;
 use super::options::Config;
 use super::runs::Rounds;
 use crate::cli::commands::gib;
+use crate::contract::ResidentBlocks;
 use crate::engine::{Model, RunStats};
 use crate::execution::work::Request;
 use crate::memory::GroupBytes;
@@ -93,7 +94,12 @@ pub(super) fn rows(
         .position(|c| c.strategy == Strategy::Resident)
         .unwrap_or(0);
     let ref_step = best[reference].0.step_seconds;
-    let ref_act = model.activation_bytes(requests, configs[reference].sp)?;
+    // Every configuration runs on the same device and dtype: one element for all rows.
+    let element = model.compute_element(
+        &a.engine
+            .options(Strategy::Resident, ResidentBlocks::Fixed(0)),
+    )?;
+    let ref_act = model.activation_bytes(requests, configs[reference].sp, element)?;
     let ref_bits = bits(&best[reference].1);
     // "Of the same strategy": at the same sp, so rows of one sp compare among themselves.
     let family = |c: &Config| format!("{} sp {}", c.strategy, c.sp);
@@ -107,7 +113,7 @@ pub(super) fn rows(
         .zip(best)
         .enumerate()
         .map(|(i, (c, (stats, latents)))| {
-            let act = model.activation_bytes(requests, c.sp)?;
+            let act = model.activation_bytes(requests, c.sp, element)?;
             Ok(Row {
                 resident_blocks_asked: c.kept.map_or("-".into(), |k| k.to_string()),
                 vs_resident: stats.step_seconds / ref_step,

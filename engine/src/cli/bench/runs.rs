@@ -59,7 +59,7 @@ pub(super) fn run_rounds(
                 opts.resident_blocks_by_component = by_component.clone();
             }
             opts.sp = c.sp;
-            opts.activations = model.activation_bytes(requests, c.sp)?;
+            opts.activations = model.reserved_activations(requests, &opts)?;
             opts.decode = false;
             let (out, stats) =
                 model

@@ -35,4 +35,5 @@ mod threads;
 pub use failure::first_cause;
 pub use options::EngineOptions;
 pub use report::RankResult;
+pub(crate) use start::compute_dtype;
 pub use start::{drive, topology};

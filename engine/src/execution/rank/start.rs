@@ -13,7 +13,9 @@ use crate::execution::dtype::{self, ComputeDtype};
 use crate::execution::family::FamilyRuntime;
 use crate::execution::work::WorkSource;
 use crate::layout::GroupLayout;
+use crate::memory::GroupBytes;
 use crate::{Error, Result};
+use layerwise_core::compute_dtype::{Backend, ComputeElement};
 use layerwise_core::topology::Topology;
 
 /// Runs `opts.dp × opts.sp` rank threads of `family` on `source` until it closes and
@@ -31,7 +33,8 @@ pub fn drive(
     let topology = topology(family, opts)?;
     let device = cuda::resolve(opts.device, topology.ranks())?;
     let layouts = family.layouts(topology.ranks())?;
-    let dtype = compute_dtype(family, opts.compute_dtype, &device, &layouts)?;
+    let gpu = matches!(device, Resolved::Cuda { .. });
+    let dtype = compute_dtype(family, opts.compute_dtype, gpu, &layouts)?;
     let sizing = Sizing::new(family, opts, layouts)?;
     let start = Start {
         family,
@@ -76,47 +79,51 @@ pub fn topology(family: &dyn FamilyRuntime, opts: &EngineOptions) -> Result<Topo
     Ok(t)
 }
 
-/// The dtype a run computes in: `--compute-dtype` resolved for the device and the dtypes
-/// the streamed blocks hold. An explicit dtype the family cannot compute in is refused;
-/// `auto` falls back to f32 for such a family, saying so.
-fn compute_dtype(
+/// The dtype a run computes in: `--compute-dtype` resolved for the device (`gpu` or the
+/// CPU) and the dtypes the streamed blocks hold. An explicit dtype the family cannot
+/// compute in is refused; `auto` is the planner's own decision
+/// ([`ComputeElement::auto`]), f32 for a family that computes in f32 only. The engine's
+/// activation budget reads it too ([`crate::engine::Model::compute_element`]).
+pub(crate) fn compute_dtype(
     family: &dyn FamilyRuntime,
     choice: ComputeDtype,
-    device: &Resolved,
+    gpu: bool,
     layouts: &[GroupLayout],
 ) -> Result<DType> {
-    let mut stored: Vec<safetensors::Dtype> = Vec::new();
-    for d in layouts.iter().flat_map(|l| l.dtypes.iter()) {
-        if !stored.contains(d) {
-            stored.push(*d);
+    let groups: Vec<GroupBytes> = layouts.iter().map(|l| GroupBytes::of("", l)).collect();
+    let dtype = if choice == ComputeDtype::Auto {
+        let backend = if gpu { Backend::Gpu } else { Backend::Cpu };
+        let family_dtypes = family.checkpoint().compute_dtypes();
+        let e = ComputeElement::auto(backend, &groups, family_dtypes);
+        let stored = groups
+            .iter()
+            .flat_map(|g| g.blocks_by_dtype.keys().map(String::as_str));
+        if ComputeElement::for_checkpoint(backend, stored) != e {
+            tracing::info!(
+                family = family.name(),
+                "the family computes in f32 only: computing in f32"
+            );
         }
-    }
-    let gpu = matches!(device, Resolved::Cuda { .. });
-    let want = choice.resolve(gpu, &stored);
-    let dtype = if family.compute_dtypes().contains(&want) {
-        want
-    } else if choice == ComputeDtype::Auto {
-        tracing::info!(
-            family = family.name(),
-            checkpoint = dtype::name(want),
-            "the family computes in f32 only: computing in f32"
-        );
-        DType::F32
+        dtype::candle(e)
     } else {
-        return Err(Error::invalid(
-            "compute-dtype",
-            format!(
-                "{choice}: the {} family computes in {} only",
-                family.name(),
-                family
-                    .compute_dtypes()
-                    .iter()
-                    .map(|d| dtype::name(*d))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ));
+        let want = choice.resolve(gpu, &[]);
+        let supported = family.compute_dtypes();
+        if !supported.contains(&want) {
+            return Err(Error::invalid(
+                "compute-dtype",
+                format!(
+                    "{choice}: the {} family computes in {} only",
+                    family.name(),
+                    supported
+                        .iter()
+                        .map(|d| dtype::name(*d))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        want
     };
-    tracing::info!(compute_dtype = dtype::name(dtype), ?stored, "compute dtype");
+    tracing::info!(compute_dtype = dtype::name(dtype), "compute dtype");
     Ok(dtype)
 }

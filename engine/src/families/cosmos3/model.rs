@@ -63,6 +63,28 @@ pub struct Generation {
     sin: Tensor,
     /// (latent frames, rows, columns) before padding to whole patches.
     latent: (usize, usize, usize),
+    /// `x` has been through the pathway's final norm ([`Cosmos3Transformer::final_norm`]).
+    normed: bool,
+}
+
+impl Generation {
+    /// The hidden states [n, d] (for a step cache).
+    pub fn hidden(&self) -> &Tensor {
+        &self.x
+    }
+
+    /// Replaces the hidden states by a step cache's [n, d], at the same boundary.
+    pub fn set_hidden(&mut self, x: Tensor) -> Result<()> {
+        if x.dims() != self.x.dims() {
+            return Err(Error::bug(format!(
+                "step cache: hidden states {:?} for {:?}",
+                x.dims(),
+                self.x.dims()
+            )));
+        }
+        self.x = x;
+        Ok(())
+    }
 }
 
 /// The transformer's shape and its resident weights.
@@ -389,6 +411,7 @@ impl Cosmos3Transformer {
             cos,
             sin,
             latent: (lt, lh, lw),
+            normed: false,
         })
     }
 
@@ -468,12 +491,24 @@ impl Cosmos3Transformer {
         Ok(())
     }
 
+    /// The generation pathway's final norm (`norm_moe_gen`), where diffusers' SeaCache
+    /// ends the residual it caches.
+    pub fn final_norm(&self, st: &mut Generation) -> Result<()> {
+        if !st.normed {
+            let w = self.resident.get("norm_moe_gen.weight")?;
+            st.x = rms_norm(&st.x, &w, self.cfg.rms_norm_eps)?;
+            st.normed = true;
+        }
+        Ok(())
+    }
+
     /// The velocity [1, C, T, H, W] from the generation pathway's last layer (every
     /// rank's tokens gathered first on a sequence-parallel group).
-    pub fn velocity(&self, st: Generation, split: &mut Split) -> Result<Tensor> {
+    pub fn velocity(&self, mut st: Generation, split: &mut Split) -> Result<Tensor> {
         let cfg = &self.cfg;
         let r = self.resident.as_ref();
-        let x = rms_norm(&st.x, &r.get("norm_moe_gen.weight")?, cfg.rms_norm_eps)?;
+        self.final_norm(&mut st)?;
+        let x = st.x.clone();
         let x = fused::linear_share(
             &x,
             &r.get("proj_out.weight")?,

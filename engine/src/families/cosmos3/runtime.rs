@@ -21,9 +21,10 @@ use crate::execution::seq::Split;
 use crate::execution::weights::{self, Weights};
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::encode_once::{EncodeOnce, EncodeThenSteps};
-use crate::families::steps::{guide, guided, output};
+use crate::families::steps::{guide, guided_rows, output};
 use crate::families::FamilyCheckpoint;
 use crate::samplers::flow::{FlowScheduler, Sampler};
+use crate::cache::{CacheKind, StepCacheRun};
 use crate::{Error, Result};
 
 /// The pipeline's frame rate (`fps=24.0`), which its prompt templates and rotary time axis read.
@@ -176,6 +177,15 @@ impl FamilyRuntime for Cosmos3Runtime {
         Ok(Box::new(self.vae_decoder(device)?))
     }
 
+    fn step_caches(&self) -> &'static [CacheKind] {
+        &[
+            CacheKind::Sea,
+            CacheKind::FirstBlock,
+            CacheKind::Mag,
+            CacheKind::Taylorseer,
+        ]
+    }
+
     fn sequence_parallel(&self) -> Option<(usize, String)> {
         let c = &self.checkpoint.config;
         Some((
@@ -231,6 +241,11 @@ impl RankModel for Cosmos3Rank {
         if guided {
             ids.push(uncond);
         }
+        let cache = req
+            .cache
+            .as_ref()
+            .map(|c| StepCacheRun::new(c, req.steps, split.size()))
+            .transpose()?;
         Ok(Box::new(EncodeOnce::new(Cosmos3Task {
             sampler: r.scheduler.sampler(req.steps)?,
             latents: latents.to_device(&r.device)?,
@@ -240,8 +255,10 @@ impl RankModel for Cosmos3Rank {
             fps: target(&req).fps,
             understanding: Vec::new(),
             generation: Vec::new(),
+            cached: None,
             split,
-        })))
+        })
+        .with_cache(cache)))
     }
 }
 
@@ -259,6 +276,9 @@ struct Cosmos3Task {
     understanding: Vec<Understanding>,
     /// The generation pass in flight, one state per sequence.
     generation: Vec<Generation>,
+    /// Under a step cache, the sequences' hidden states stacked [rows, n, d] as the cache
+    /// last saw them (and may have replaced them): the step's output reads them back.
+    cached: Option<Tensor>,
     /// This rank's share of the vision tokens, and the exchanges with its group's others.
     split: Split,
 }
@@ -332,13 +352,44 @@ impl EncodeThenSteps for Cosmos3Task {
         Ok(())
     }
 
-    fn end_step(&mut self, _text: &Self::Text, _step: usize) -> Result<()> {
+    fn cache_hidden(&mut self) -> Option<&mut Tensor> {
+        let rows: Vec<Tensor> = self.generation.iter().map(|g| g.hidden().clone()).collect();
+        self.cached = Tensor::stack(&rows, 0).ok();
+        self.cached.as_mut()
+    }
+
+    fn cache_normed_hidden(&mut self) -> Result<Option<&mut Tensor>> {
+        let tr = &self.rank.transformer;
+        for g in &mut self.generation {
+            tr.final_norm(g)?;
+        }
+        Ok(self.cache_hidden())
+    }
+
+    fn cache_gate(&self, step: usize) -> Option<(Tensor, f64)> {
+        // The pipeline's `vision_tokens` (the latents, in the compute dtype: f32 here) and
+        // `float(scheduler.sigmas[i])`.
+        let sigma = *self.sampler.sigmas().get(step)?;
+        Some((self.latents.get(0).ok()?, sigma as f64))
+    }
+
+    fn step_output(&mut self, _text: &Self::Text, _step: usize) -> Result<Tensor> {
+        if let Some(x) = self.cached.take() {
+            for (r, g) in self.generation.iter_mut().enumerate() {
+                g.set_hidden(x.get(r)?)?;
+            }
+        }
         let tr = &self.rank.transformer;
         let split = &mut self.split;
         let v = std::mem::take(&mut self.generation)
             .into_iter()
-            .map(|g| tr.velocity(g, split));
-        let velocity = guided(v, |c, u| guide(c, u, self.guidance))?;
+            .map(|g| tr.velocity(g, split))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&v, 0)?)
+    }
+
+    fn step_advance(&mut self, _text: &Self::Text, _step: usize, out: Tensor) -> Result<()> {
+        let velocity = guided_rows(&out, |c, u| guide(c, u, self.guidance))?;
         self.latents = self.sampler.step(&velocity, &self.latents)?;
         Ok(())
     }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::checkpoint::check::check_tensors;
 use crate::checkpoint::{ActivationCost, Component, ModelFolder};
+use layerwise_core::compute_dtype::ComputeElement;
 use crate::components::autoencoder_kl::{legacy_attention_alias, VaeConfig};
 use crate::families::dit::DitConfig;
 use crate::families::{BlockGroup, FamilyCheckpoint};
@@ -88,6 +89,10 @@ impl FamilyCheckpoint for DitCheckpoint {
     fn native_size(&self) -> (usize, usize) {
         let side = self.config.sample_size * self.vae_config.upscale();
         (side, side)
+    }
+    /// Its forward passes run in f32, bf16 and f16 alike.
+    fn compute_dtypes(&self) -> &'static [ComputeElement] {
+        &[ComputeElement::F32, ComputeElement::Bf16, ComputeElement::F16]
     }
     /// What a request costs in activations (f32), from the shapes the engine computes.
     fn activation_cost(&self) -> ActivationCost {

@@ -159,10 +159,6 @@ impl FamilyRuntime for DitRuntime {
         Ok(())
     }
 
-    fn compute_dtypes(&self) -> &'static [DType] {
-        &[DType::F32, DType::BF16, DType::F16]
-    }
-
     fn load_rank(&self, device: &Device, dtype: DType, decode: bool) -> Result<Box<dyn RankModel>> {
         let cfg = self.config().clone();
         let names = cfg.resident_specs().into_iter().map(|s| s.name);

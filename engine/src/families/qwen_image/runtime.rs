@@ -28,7 +28,8 @@ use crate::execution::seq::Split;
 use crate::execution::weights::Weights;
 use crate::execution::work::{Condition, Output, Request};
 use crate::families::encode_once::{EncodeOnce, EncodeThenSteps};
-use crate::families::steps::{guided, output};
+use crate::cache::{CacheKind, StepCacheRun};
+use crate::families::steps::{guided_rows, output};
 use crate::families::FamilyCheckpoint;
 use crate::samplers::flow::{FlowMatchEulerConfig, Sampler};
 use crate::{Error, Result};
@@ -186,6 +187,10 @@ impl FamilyRuntime for QwenImageRuntime {
         runs_guided(r)
     }
 
+    fn step_caches(&self) -> &'static [CacheKind] {
+        &[CacheKind::FirstBlock, CacheKind::Mag, CacheKind::Taylorseer]
+    }
+
     fn validate(&self, r: &Request) -> Result<()> {
         let ck = &self.checkpoint;
         let Condition::Prompt { prompt, negative } = &r.condition else {
@@ -288,7 +293,7 @@ struct RankShared {
 struct QwenImageRank(Arc<RankShared>);
 
 impl RankModel for QwenImageRank {
-    fn start(&self, req: Request, _: Split) -> Result<Box<dyn Task>> {
+    fn start(&self, req: Request, split: Split) -> Result<Box<dyn Task>> {
         let r = &self.0;
         let Condition::Prompt { prompt, negative } = &req.condition else {
             return Err(Error::invalid("prompt", "Qwen-Image is text-conditioned"));
@@ -303,6 +308,11 @@ impl RankModel for QwenImageRank {
         let up = ck.vae_config.upscale();
         let (h, w) = (req.height / up, req.width / up);
         let packed = pack(&latents.to_device(&r.device)?)?;
+        let cache = req
+            .cache
+            .as_ref()
+            .map(|c| StepCacheRun::new(c, req.steps, split.size()))
+            .transpose()?;
         Ok(Box::new(EncodeOnce::new(QwenImageTask {
             sampler: Box::new(super::start_checks::schedule(
                 &r.scheduler,
@@ -319,7 +329,9 @@ impl RankModel for QwenImageRank {
             guidance: req.guidance,
             encoder: Vec::new(),
             states: Vec::new(),
-        })))
+            cached: None,
+        })
+        .with_cache(cache)))
     }
 }
 
@@ -341,6 +353,9 @@ struct QwenImageTask {
     encoder: Vec<Qwen25VlState>,
     /// The transformer's pass in flight, one state per sequence.
     states: Vec<QwenImageState>,
+    /// Under a step cache, the sequences' image streams stacked [rows, S, D] as the cache
+    /// last saw them (and may have replaced them): the step's output reads them back.
+    cached: Option<Tensor>,
 }
 
 impl EncodeThenSteps for QwenImageTask {
@@ -418,12 +433,30 @@ impl EncodeThenSteps for QwenImageTask {
         Ok(())
     }
 
-    fn end_step(&mut self, _text: &Self::Text, _step: usize) -> Result<()> {
+    fn cache_hidden(&mut self) -> Option<&mut Tensor> {
+        // The image stream: the blocks' `hidden_states` as diffusers' block registry names
+        // them, which the caches' residuals are taken over.
+        let rows: Vec<&Tensor> = self.states.iter().map(|st| &st.img).collect();
+        self.cached = Tensor::cat(&rows, 0).ok();
+        self.cached.as_mut()
+    }
+
+    fn step_output(&mut self, _text: &Self::Text, _step: usize) -> Result<Tensor> {
+        if let Some(x) = self.cached.take() {
+            for (r, st) in self.states.iter_mut().enumerate() {
+                st.img = x.narrow(0, r, 1)?;
+            }
+        }
         let r = self.rank.clone();
         let v = std::mem::take(&mut self.states)
             .into_iter()
-            .map(|st| r.transformer.epilogue(st));
-        let noise = guided(v, |c, u| guide(c, u, self.guidance))?;
+            .map(|st| r.transformer.epilogue(st))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&v, 0)?)
+    }
+
+    fn step_advance(&mut self, _text: &Self::Text, _step: usize, out: Tensor) -> Result<()> {
+        let noise = guided_rows(&out, |c, u| guide(c, u, self.guidance))?;
         self.latents = self.sampler.step(&noise, &self.latents)?;
         Ok(())
     }
