@@ -343,7 +343,7 @@ impl RequestBounds {
         sp: u64,
         element: ComputeElement,
     ) -> Option<u64> {
-        self.cached_activation_bytes_per_rank(cost, sp, crate::step_cache::CacheHold::NONE, element)
+        self.cached_activation_bytes_per_rank(cost, sp, crate::checkpoint::CacheHold::NONE, element)
     }
 
     /// [`Self::activation_bytes_per_rank`] for a server whose step cache holds `cache`
@@ -354,7 +354,7 @@ impl RequestBounds {
         &self,
         cost: &ActivationCost,
         sp: u64,
-        cache: crate::step_cache::CacheHold,
+        cache: crate::checkpoint::CacheHold,
         element: ComputeElement,
     ) -> Option<u64> {
         cost.checked_phases(
@@ -377,7 +377,7 @@ impl RequestBounds {
             batch: self.max_n,
             guidance: self.guidance,
             text_tokens: self.max_prompt_tokens,
-            cache: crate::step_cache::CacheHold::NONE,
+            cache: crate::checkpoint::CacheHold::NONE,
         }
     }
 }

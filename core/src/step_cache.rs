@@ -151,35 +151,7 @@ pub const ALL: [ParamRange; 8] = [
 /// predicted on prompts that move more.
 pub const FIRST_BLOCK_EXPECTED_SHARE: f64 = 0.8;
 
-/// What one request's step cache holds on a rank, per output sample (each guidance row
-/// keeps its own state), in tensors of the sizes the activation cost states per latent
-/// token ([`crate::checkpoint::ActivationCost::hidden_bytes_per_token`],
-/// [`crate::checkpoint::ActivationCost::output_bytes_per_token`]): the memory model adds
-/// them to a transformer block's peak
-/// ([`crate::checkpoint::ActivationCost::checked_phases`]), since they live through every
-/// pass of the request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CacheHold {
-    /// Hidden-state tensors kept between steps by every transformer that keeps its own
-    /// state (First-Block Cache: the first block's and the tail's residuals; MagCache: the
-    /// stack's residual).
-    pub held_hidden: u64,
-    /// Hidden-state tensors a pass holds beside the block it runs (the stack's input, the
-    /// first block's output), for the transformer running.
-    pub pass_hidden: u64,
-    /// Output-sized tensors kept between steps by every transformer that keeps its own
-    /// state (TaylorSeer: `max_order + 1` divided differences).
-    pub held_outputs: u64,
-}
-
-impl CacheHold {
-    /// No cache: nothing held.
-    pub const NONE: CacheHold = CacheHold {
-        held_hidden: 0,
-        pass_hidden: 0,
-        held_outputs: 0,
-    };
-}
+pub use crate::checkpoint::CacheHold;
 
 #[cfg(test)]
 mod tests {

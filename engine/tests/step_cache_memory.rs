@@ -28,41 +28,35 @@ const STEPS: usize = 8;
 /// experts, the pass's own tensors dropped (MagCache lets its residual go after the last
 /// step, so the end holds less).
 fn held(cfg: &StepCache, hidden: usize, out_per_token: usize, experts: usize) -> u64 {
-    let run_steps = || -> (StepCacheRun, u64) {
-        let before = alloc::live();
-        let mut run = StepCacheRun::new(cfg, STEPS, 1).unwrap();
-        let mut most = 0;
-        for step in 0..STEPS {
-            for group in 0..experts {
-                let seed = (step * experts + group) as f64;
-                let x =
-                    Tensor::randn(seed as f32, 1.0, (ROWS, TOKENS, hidden), &Device::Cpu).unwrap();
-                run.begin(group, &x).unwrap();
-                let mut h = x.clone();
-                for block in 0..3 {
-                    if run.runs(block) {
-                        h = ((&h * 0.9).unwrap() + 0.01 * (block + 1) as f64).unwrap();
-                        run.after_block(block, &h).unwrap();
-                    }
+    let before = alloc::live();
+    let mut run = StepCacheRun::new(cfg, STEPS, 1).unwrap();
+    let mut most = 0;
+    for step in 0..STEPS {
+        for group in 0..experts {
+            let seed = (step * experts + group) as f64;
+            let x = Tensor::randn(seed as f32, 1.0, (ROWS, TOKENS, hidden), &Device::Cpu).unwrap();
+            run.begin(group, &x).unwrap();
+            let mut h = x.clone();
+            for block in 0..3 {
+                if run.runs(block) {
+                    h = ((&h * 0.9).unwrap() + 0.01 * (block + 1) as f64).unwrap();
+                    run.after_block(block, &h).unwrap();
                 }
-                run.end_blocks(&mut h).unwrap();
-                // The transformer's output (its values do not matter to what is held).
-                let out = Tensor::randn(
-                    seed as f32,
-                    1.0,
-                    (ROWS, TOKENS, out_per_token),
-                    &Device::Cpu,
-                )
-                .unwrap();
-                let kept = run.output(out).unwrap();
-                drop((x, h, kept));
-                most = most.max(alloc::live().saturating_sub(before));
             }
+            run.end_blocks(&mut h).unwrap();
+            // The transformer's output (its values do not matter to what is held).
+            let out = Tensor::randn(
+                seed as f32,
+                1.0,
+                (ROWS, TOKENS, out_per_token),
+                &Device::Cpu,
+            )
+            .unwrap();
+            let kept = run.output(out).unwrap();
+            drop((x, h, kept));
+            most = most.max(alloc::live().saturating_sub(before));
         }
-        (run, most)
-    };
-    let (run, most) = run_steps();
-    drop(run);
+    }
     most
 }
 

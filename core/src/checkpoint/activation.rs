@@ -99,7 +99,7 @@ pub struct ActivationCost {
     #[serde(default)]
     pub exchange_bytes_per_token: u64,
     /// Bytes per latent token per sample of one hidden state of the transformer's stream
-    /// (f32): what a step cache keeps per residual ([`crate::step_cache::CacheHold`]). 0
+    /// (f32): what a step cache keeps per residual ([`CacheHold`]). 0
     /// for a profile written before the caches (no cache is then counted).
     #[serde(default)]
     pub hidden_bytes_per_token: u64,
@@ -136,7 +136,37 @@ pub struct RequestShape {
     /// no prompt.
     pub text_tokens: u64,
     /// What the request's step cache holds (nothing without one).
-    pub cache: crate::step_cache::CacheHold,
+    pub cache: CacheHold,
+}
+
+/// What one request's step cache holds on a rank, per output sample (each guidance row
+/// keeps its own state), in tensors of the sizes the activation cost states per latent
+/// token ([`ActivationCost::hidden_bytes_per_token`],
+/// [`ActivationCost::output_bytes_per_token`]): the memory model adds
+/// them to a transformer block's peak
+/// ([`ActivationCost::checked_phases`]), since they live through every
+/// pass of the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CacheHold {
+    /// Hidden-state tensors kept between steps by every transformer that keeps its own
+    /// state (First-Block Cache: the first block's and the tail's residuals; MagCache: the
+    /// stack's residual).
+    pub held_hidden: u64,
+    /// Hidden-state tensors a pass holds beside the block it runs (the stack's input, the
+    /// first block's output), for the transformer running.
+    pub pass_hidden: u64,
+    /// Output-sized tensors kept between steps by every transformer that keeps its own
+    /// state (TaylorSeer: `max_order + 1` divided differences).
+    pub held_outputs: u64,
+}
+
+impl CacheHold {
+    /// No cache: nothing held.
+    pub const NONE: CacheHold = CacheHold {
+        held_hidden: 0,
+        pass_hidden: 0,
+        held_outputs: 0,
+    };
 }
 
 /// Peak bytes of each phase of one request on one rank, as [`ActivationCost`] predicts
@@ -419,7 +449,6 @@ mod tests {
 
     #[test]
     fn a_step_caches_tensors_sit_on_the_block_peak() {
-        use crate::step_cache::CacheHold;
         let c = ActivationCost {
             hidden_bytes_per_token: 64,
             output_bytes_per_token: 16,

@@ -21,7 +21,7 @@ pub mod header;
 pub mod hf_cache;
 mod mapped;
 
-pub use activation::{ActivationCost, PhaseBytes, RequestShape, F32_BYTES};
+pub use activation::{ActivationCost, CacheHold, PhaseBytes, RequestShape, F32_BYTES};
 pub use component::Component;
 pub use config_limits::{
     at_most, layers_at_most, MAX_CONFIG_BLOCKS_PER_LEVEL, MAX_CONFIG_LATENT_SIDE,
