@@ -4,12 +4,15 @@
 //! fault is refused by its name, with nothing half-published and the node's other models
 //! untouched.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::files;
 use layerwise_agent::cache::fill::{fill, Credentials, FillOptions, Progress, Source};
 use layerwise_agent::cache::{Cache, Fault, StageError};
 use layerwise_e2e::s3::{S3Server, ACCESS_KEY, SECRET_KEY};
@@ -53,24 +56,6 @@ fn client(s: &S3Server, bucket: &str) -> Arc<dyn ObjectStore> {
             .build()
             .unwrap(),
     )
-}
-
-/// Every file under `dir`, relative, sorted.
-fn files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p.strip_prefix(dir).unwrap().to_path_buf());
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 /// Uploads the pipeline folder `dir` under `prefix`.

@@ -3,13 +3,14 @@
 //! (inventory, profile, residency) for a model folder made here, and follows the spec as
 //! models are added and removed.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+mod common;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use common::{http_get, Agent, AGENT};
 use crds::{DiffusionNode, ModelState, NodeModelStatus};
 use kube::api::{Patch, PatchParams};
 use kube::Api;
@@ -18,52 +19,22 @@ use layerwise_e2e::tools::{install_crds, kubeconfig};
 use layerwise_engine::tools::synth::{synth, SynthOptions};
 use serde_json::json;
 
-const AGENT: &str = env!("CARGO_BIN_EXE_layerwise-agent");
 const NODE: &str = "a100-0";
 /// The field manager this test writes the spec with (the operator's role).
 const REQUESTER: &str = "layerwise-agent-e2e";
 const WAIT: Duration = Duration::from_secs(90);
 
-/// Sets this test's model requests on the node (server-side apply as REQUESTER).
+/// Sets this test's model requests on the node.
 async fn request(api: &Api<DiffusionNode>, models: &[(&str, &Path)]) -> Result<()> {
-    let models: Vec<_> = models
+    let models = models
         .iter()
         .map(|(id, dir)| json!({ "id": id, "family": "dit", "location": { "hostPath": dir } }))
         .collect();
-    let obj = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": NODE }, "spec": { "models": models } });
-    api.patch(
-        NODE,
-        &PatchParams::apply(REQUESTER).force(),
-        &Patch::Apply(&obj),
-    )
-    .await?;
-    Ok(())
+    common::request(api, NODE, REQUESTER, models).await
 }
 
 async fn model(api: &Api<DiffusionNode>, id: &str) -> Result<Option<NodeModelStatus>> {
-    Ok(api
-        .get(NODE)
-        .await?
-        .status
-        .and_then(|s| s.model(id).cloned()))
-}
-
-fn http_get(port: u16, path: &str) -> Result<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out)
-}
-
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    common::model(api, NODE, id).await
 }
 
 #[tokio::test]

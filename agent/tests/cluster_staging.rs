@@ -5,14 +5,15 @@
 //! it; the progress is in the status and the metrics; a wrong key and a missing Secret are
 //! reported by their names while the staged model stays warm.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
+use common::{files, http_get, Agent, AGENT};
 use crds::{DiffusionNode, ModelState, NodeModelStatus, StagingState};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Patch, PatchParams};
@@ -26,51 +27,15 @@ use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
 use serde_json::json;
 
-const AGENT: &str = env!("CARGO_BIN_EXE_layerwise-agent");
 /// A fake node of the test cluster no other agent test uses.
 const NODE: &str = "a100-1";
 const NS: &str = "agent-staging";
 const REQUESTER: &str = "layerwise-agent-staging-e2e";
 const WAIT: Duration = Duration::from_secs(120);
 
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn http_get(port: u16, path: &str) -> Result<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out)
-}
-
-/// Every file under `dir`, relative.
-fn files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p.strip_prefix(dir).unwrap().to_path_buf());
-            }
-        }
-    }
-    out
-}
-
 /// Sets this test's requests on the node: `(id, secret)` for the model under `org/tiny`.
 async fn request(api: &Api<DiffusionNode>, endpoint: &str, models: &[(&str, &str)]) -> Result<()> {
-    let models: Vec<_> = models
+    let models = models
         .iter()
         .map(|(id, secret)| {
             json!({ "id": id, "family": "dit", "location": { "s3": {
@@ -80,22 +45,11 @@ async fn request(api: &Api<DiffusionNode>, endpoint: &str, models: &[(&str, &str
             } } })
         })
         .collect();
-    let obj = json!({ "apiVersion": "layerwise.dev/v1alpha1", "kind": "DiffusionNode", "metadata": { "name": NODE }, "spec": { "models": models } });
-    api.patch(
-        NODE,
-        &PatchParams::apply(REQUESTER).force(),
-        &Patch::Apply(&obj),
-    )
-    .await?;
-    Ok(())
+    common::request(api, NODE, REQUESTER, models).await
 }
 
 async fn model(api: &Api<DiffusionNode>, id: &str) -> Result<Option<NodeModelStatus>> {
-    Ok(api
-        .get(NODE)
-        .await?
-        .status
-        .and_then(|s| s.model(id).cloned()))
+    common::model(api, NODE, id).await
 }
 
 async fn secret(api: &Api<Secret>, name: &str, secret_key: &str) -> Result<()> {
