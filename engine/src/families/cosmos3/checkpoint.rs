@@ -249,8 +249,10 @@ impl FamilyCheckpoint for Cosmos3Checkpoint {
             // Under sequence parallelism: the generation pathway's q, k, v and attention
             // output alive in both layouts across an all-to-all.
             exchange_bytes_per_token: 4 * (2 * qw + 2 * kvw),
-            hidden_bytes_per_token: 0,
-            output_bytes_per_token: 0,
+            // A step cache keeps residuals of the generation stream (hidden wide) and
+            // TaylorSeer the transformer's output, a patch's latents a token.
+            hidden_bytes_per_token: 4 * d,
+            output_bytes_per_token: 4 * c.patch_latent_dim as u64,
             cache_states: 1,
         }
     }

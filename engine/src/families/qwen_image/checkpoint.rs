@@ -254,8 +254,10 @@ impl FamilyCheckpoint for QwenImageCheckpoint {
             waiting_bytes_per_text_token: 0,
             encoder_waiting_bytes_per_token: 0,
             exchange_bytes_per_token: 0,
-            hidden_bytes_per_token: 0,
-            output_bytes_per_token: 0,
+            // A step cache keeps residuals of the image stream (hidden wide) and TaylorSeer
+            // the transformer's output, out channels × patch area a token.
+            hidden_bytes_per_token: 4 * tr.hidden() as u64,
+            output_bytes_per_token: 4 * tr.packed_out() as u64,
             cache_states: 1,
         }
     }
