@@ -321,6 +321,10 @@ async fn examples(w: &World, root: &Path, pv: &str) -> Result<()> {
         let mut docs = Vec::new();
         let mut names = Vec::new();
         let mut on_claim = false;
+        // A deployment whose nodeSelector names one class of node (offload.yaml's single
+        // L4) goes first too: the others' pods may land anywhere, that node included, and
+        // with surge rollouts a replaced pod's successor briefly doubles a deployment's.
+        let mut pinned = false;
         for mut v in serde_saphyr::from_multiple::<serde_json::Value>(&text)? {
             match v["kind"].as_str() {
                 Some("DiffusionDeployment") => {
@@ -341,6 +345,7 @@ async fn examples(w: &World, root: &Path, pv: &str) -> Result<()> {
                             format!("/models/store/{}", c["subPath"].as_str().unwrap_or(""))
                         }
                     };
+                    pinned |= v["spec"]["accelerator"]["nodeSelector"].is_object();
                     let family = v["spec"]["model"]["family"].as_str().unwrap_or_default();
                     let (preset, layers) = model_for(&path).with_context(|| {
                         format!(
@@ -377,7 +382,11 @@ async fn examples(w: &World, root: &Path, pv: &str) -> Result<()> {
             }
             docs.push(serde_json::to_string(&v)?);
         }
-        let group = if on_claim { &mut first } else { &mut rest };
+        let group = if on_claim || pinned {
+            &mut first
+        } else {
+            &mut rest
+        };
         group.push((file.clone(), docs, names));
     }
     ensure!(
